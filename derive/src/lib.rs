@@ -1,0 +1,189 @@
+//! `#[derive(Batch)]` for pinlane: structs (named, tuple, unit) and enums.
+//!
+//! Every field is visited and rebuilt through its own `Batch` impl, in declaration order;
+//! a field marked `#[batch(skip)]` is cloned unchanged (its type needs `Clone`, not
+//! `Batch`). Each type parameter gets a `Batch` bound. Re-exported by `pinlane` behind its
+//! default `derive` feature; use it as `pinlane::Batch`.
+
+use proc_macro::TokenStream;
+use proc_macro2::{Span, TokenStream as Tokens};
+use quote::{format_ident, quote};
+use syn::{parse_macro_input, parse_quote, Data, DeriveInput, Fields, Ident};
+
+#[proc_macro_derive(Batch, attributes(batch))]
+pub fn derive_batch(input: TokenStream) -> TokenStream {
+    let input = parse_macro_input!(input as DeriveInput);
+    match expand(input) {
+        Ok(t) => t.into(),
+        Err(e) => e.to_compile_error().into(),
+    }
+}
+
+/// Whether a field carries `#[batch(skip)]`; any other `#[batch(..)]` is an error.
+fn is_skipped(attrs: &[syn::Attribute]) -> syn::Result<bool> {
+    let mut skip = false;
+    for attr in attrs.iter().filter(|a| a.path().is_ident("batch")) {
+        attr.parse_nested_meta(|meta| {
+            if meta.path.is_ident("skip") {
+                skip = true;
+                Ok(())
+            } else {
+                Err(meta.error("unknown batch attribute; expected `skip`"))
+            }
+        })?;
+    }
+    Ok(skip)
+}
+
+/// One field: how to reach it, and whether it is skipped.
+struct FieldInfo {
+    /// `self.name` / `self.0` for structs, a binding for enum variants.
+    access: Tokens,
+    /// Field name for named fields; `None` for tuple fields.
+    name: Option<Ident>,
+    skip: bool,
+}
+
+fn fields_of(
+    fields: &Fields,
+    bind: bool,
+    skipped_types: &mut Vec<syn::Type>,
+) -> syn::Result<Vec<FieldInfo>> {
+    let mut out = Vec::new();
+    for (i, f) in fields.iter().enumerate() {
+        let skip = is_skipped(&f.attrs)?;
+        if skip {
+            skipped_types.push(f.ty.clone());
+        }
+        let access = match (&f.ident, bind) {
+            (Some(id), false) => quote!(self.#id),
+            (None, false) => {
+                let idx = syn::Index::from(i);
+                quote!(self.#idx)
+            }
+            (Some(id), true) => quote!(#id),
+            (None, true) => {
+                let id = format_ident!("__field{}", i);
+                quote!(#id)
+            }
+        };
+        out.push(FieldInfo {
+            access,
+            name: f.ident.clone(),
+            skip,
+        });
+    }
+    Ok(out)
+}
+
+fn visit_body(fields: &[FieldInfo], by_ref: bool) -> Tokens {
+    let calls = fields.iter().filter(|f| !f.skip).map(|f| {
+        let a = &f.access;
+        let r = if by_ref { quote!(&#a) } else { quote!(#a) };
+        quote!(::pinlane::Batch::visit(#r, __f);)
+    });
+    quote!(#(#calls)*)
+}
+
+/// The constructor's field list, each field rebuilt or cloned.
+fn rebuild_fields(fields: &[FieldInfo], shape: &Fields, by_ref: bool) -> Tokens {
+    let vals = fields.iter().map(|f| {
+        let a = &f.access;
+        let r = if by_ref { quote!(&#a) } else { quote!(#a) };
+        if f.skip {
+            quote!(::core::clone::Clone::clone(#r))
+        } else {
+            quote!(::pinlane::Batch::rebuild(#r, __f))
+        }
+    });
+    match shape {
+        Fields::Named(_) => {
+            let names = fields.iter().map(|f| f.name.as_ref());
+            quote!({ #(#names: #vals),* })
+        }
+        Fields::Unnamed(_) => quote!(( #(#vals),* )),
+        Fields::Unit => quote!(),
+    }
+}
+
+/// The pattern binding every field of a variant by reference.
+fn variant_pattern(fields: &[FieldInfo], shape: &Fields) -> Tokens {
+    let binds = fields.iter().map(|f| &f.access);
+    match shape {
+        Fields::Named(_) => quote!({ #(#binds),* }),
+        Fields::Unnamed(_) => quote!(( #(#binds),* )),
+        Fields::Unit => quote!(),
+    }
+}
+
+fn expand(input: DeriveInput) -> syn::Result<Tokens> {
+    let name = &input.ident;
+    let mut skipped_types = Vec::new();
+    let (visit, rebuild) = match &input.data {
+        Data::Struct(s) => {
+            let fields = fields_of(&s.fields, false, &mut skipped_types)?;
+            let v = visit_body(&fields, true);
+            let r = rebuild_fields(&fields, &s.fields, true);
+            (v, quote!(#name #r))
+        }
+        Data::Enum(e) => {
+            let mut visit_arms = Vec::new();
+            let mut rebuild_arms = Vec::new();
+            for var in &e.variants {
+                if let Some(a) = var.attrs.iter().find(|a| a.path().is_ident("batch")) {
+                    return Err(syn::Error::new_spanned(
+                        a,
+                        "#[batch(..)] goes on fields, not variants",
+                    ));
+                }
+                let vname = &var.ident;
+                let fields = fields_of(&var.fields, true, &mut skipped_types)?;
+                let pat = variant_pattern(&fields, &var.fields);
+                let v = visit_body(&fields, false);
+                let r = rebuild_fields(&fields, &var.fields, false);
+                visit_arms.push(quote!(#name::#vname #pat => { #v }));
+                rebuild_arms.push(quote!(#name::#vname #pat => #name::#vname #r));
+            }
+            if e.variants.is_empty() {
+                (quote!(match *self {}), quote!(match *self {}))
+            } else {
+                (
+                    quote!(match self { #(#visit_arms)* }),
+                    quote!(match self { #(#rebuild_arms,)* }),
+                )
+            }
+        }
+        Data::Union(u) => {
+            return Err(syn::Error::new(
+                u.union_token.span,
+                "Batch cannot be derived for unions",
+            ))
+        }
+    };
+
+    let mut generics = input.generics.clone();
+    for p in generics.type_params_mut() {
+        p.bounds.push(parse_quote!(::pinlane::Batch));
+    }
+    {
+        let wc = generics.make_where_clause();
+        for ty in skipped_types {
+            wc.predicates.push(parse_quote!(#ty: ::core::clone::Clone));
+        }
+    }
+    let (impl_g, ty_g, where_c) = generics.split_for_impl();
+    let lt = syn::Lifetime::new("'__batch", Span::call_site());
+    Ok(quote! {
+        #[automatically_derived]
+        impl #impl_g ::pinlane::Batch for #name #ty_g #where_c {
+            #[allow(unused_variables)]
+            fn visit<#lt>(&#lt self, __f: &mut dyn FnMut(&#lt ::pinlane::Tensor)) {
+                #visit
+            }
+            #[allow(unused_variables)]
+            fn rebuild(&self, __f: &mut dyn FnMut(&::pinlane::Tensor) -> ::pinlane::Tensor) -> Self {
+                #rebuild
+            }
+        }
+    })
+}

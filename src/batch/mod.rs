@@ -1,0 +1,109 @@
+//! Structure-preserving traversal: the [`Batch`] trait.
+//!
+//! A batch is any value that holds tensors somewhere inside: a tensor, a `Vec` of them, a
+//! map of names to tuples of them, a struct with `#[derive(Batch)]`, a dynamic [`Value`].
+//! [`Batch::visit`] calls a function on every tensor in a fixed order; [`Batch::rebuild`]
+//! builds the same value again with every tensor replaced, in that same order. Non-tensor
+//! leaves (numbers, strings, skipped fields) are cloned unchanged. The engine gathers
+//! tensors with one, moves them, and puts the results back with the other.
+//!
+//! | file | what it holds |
+//! | --- | --- |
+//! | `mod.rs` | the trait, [`tensors`], [`replace_tensors`] |
+//! | `std_impls.rs` | `Tensor`, `Vec`, arrays, tuples up to 12, `Option`, `Box`, `Arc`, `HashMap`, `BTreeMap`, leaves, [`impl_leaf!`](crate::impl_leaf) |
+//! | `value.rs` | [`Value`], a tree for batches whose shape is known only at run time |
+
+mod std_impls;
+mod value;
+
+pub use value::{Leaf, Value};
+
+use crate::tensor::Tensor;
+
+/// A value whose tensors can be visited and replaced, structure preserved.
+///
+/// Implemented for [`Tensor`], the std containers, non-tensor leaves, and anything with
+/// `#[derive(Batch)]`:
+///
+/// ```
+/// use pinlane::{Batch, Tensor};
+///
+/// #[derive(Batch, Clone, Debug, PartialEq)]
+/// struct Sample {
+///     image: Tensor,
+///     labels: Vec<Tensor>,
+///     #[batch(skip)]
+///     id: String,
+/// }
+///
+/// let s = Sample {
+///     image: Tensor::from_vec(vec![0u8; 12], [3, 2, 2]).unwrap(),
+///     labels: vec![Tensor::scalar(1i64), Tensor::scalar(2i64)],
+///     id: "a".into(),
+/// };
+/// assert_eq!(pinlane::batch::tensors(&s).len(), 3);
+/// let mut n = 0;
+/// let doubled = s.rebuild(&mut |t| {
+///     n += 1;
+///     t.clone()
+/// });
+/// assert_eq!(n, 3);
+/// assert_eq!(doubled, s);
+/// ```
+///
+/// Implementations must visit and rebuild the same tensors in the same order.
+pub trait Batch {
+    /// Calls `f` on every tensor, in order.
+    fn visit<'a>(&'a self, f: &mut dyn FnMut(&'a Tensor));
+
+    /// The same value with each tensor replaced by `f(tensor)`, called in visit order.
+    fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self
+    where
+        Self: Sized;
+}
+
+/// Every tensor of `batch`, in visit order.
+pub fn tensors<B: Batch + ?Sized>(batch: &B) -> Vec<&Tensor> {
+    let mut out = Vec::new();
+    batch.visit(&mut |t| out.push(t));
+    out
+}
+
+/// Rebuilds `batch` with its tensors replaced, in visit order, by `replacements`. If
+/// `replacements` runs short, the remaining tensors are kept as they are (clones).
+///
+/// ```
+/// use pinlane::{batch::replace_tensors, Tensor};
+/// let b = (Tensor::scalar(1u8), "keep", Tensor::scalar(2u8));
+/// let r = replace_tensors(&b, vec![Tensor::scalar(9u8)]);
+/// assert_eq!(r.0, Tensor::scalar(9u8));
+/// assert_eq!(r.1, "keep");
+/// assert_eq!(r.2, Tensor::scalar(2u8));
+/// ```
+pub fn replace_tensors<B: Batch>(batch: &B, replacements: Vec<Tensor>) -> B {
+    let mut it = replacements.into_iter();
+    batch.rebuild(&mut |t| it.next().unwrap_or_else(|| t.clone()))
+}
+
+/// Implements [`Batch`] for your own leaf types: values with no tensor inside, passed
+/// through unchanged (cloned).
+///
+/// ```
+/// #[derive(Clone, Debug, PartialEq)]
+/// struct Meta { step: u32 }
+/// pinlane::impl_leaf!(Meta);
+///
+/// let b = (Meta { step: 3 }, pinlane::Tensor::scalar(1.0f32));
+/// assert_eq!(pinlane::batch::tensors(&b).len(), 1);
+/// ```
+#[macro_export]
+macro_rules! impl_leaf {
+    ($($t:ty),* $(,)?) => {$(
+        impl $crate::Batch for $t {
+            fn visit<'a>(&'a self, _f: &mut dyn FnMut(&'a $crate::Tensor)) {}
+            fn rebuild(&self, _f: &mut dyn FnMut(&$crate::Tensor) -> $crate::Tensor) -> Self {
+                ::core::clone::Clone::clone(self)
+            }
+        }
+    )*};
+}

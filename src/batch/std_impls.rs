@@ -1,0 +1,145 @@
+//! [`Batch`] for `Tensor`, the std containers and the std leaf types.
+
+use super::Batch;
+use crate::tensor::Tensor;
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasher, Hash};
+use std::sync::Arc;
+
+impl Batch for Tensor {
+    fn visit<'a>(&'a self, f: &mut dyn FnMut(&'a Tensor)) {
+        f(self)
+    }
+    fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
+        f(self)
+    }
+}
+
+crate::impl_leaf!(
+    (),
+    bool,
+    char,
+    u8,
+    u16,
+    u32,
+    u64,
+    u128,
+    usize,
+    i8,
+    i16,
+    i32,
+    i64,
+    i128,
+    isize,
+    f32,
+    f64,
+    half::f16,
+    half::bf16,
+    String,
+    &'static str,
+    std::time::Duration,
+    crate::DType,
+    crate::Shape,
+);
+
+impl<T: Batch> Batch for Vec<T> {
+    fn visit<'a>(&'a self, f: &mut dyn FnMut(&'a Tensor)) {
+        self.iter().for_each(|x| x.visit(f))
+    }
+    fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
+        self.iter().map(|x| x.rebuild(f)).collect()
+    }
+}
+
+impl<T: Batch, const N: usize> Batch for [T; N] {
+    fn visit<'a>(&'a self, f: &mut dyn FnMut(&'a Tensor)) {
+        self.iter().for_each(|x| x.visit(f))
+    }
+    fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
+        // from_fn calls the closure for indices 0..N in order.
+        std::array::from_fn(|i| self[i].rebuild(f))
+    }
+}
+
+impl<T: Batch> Batch for Option<T> {
+    fn visit<'a>(&'a self, f: &mut dyn FnMut(&'a Tensor)) {
+        if let Some(x) = self {
+            x.visit(f)
+        }
+    }
+    fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
+        self.as_ref().map(|x| x.rebuild(f))
+    }
+}
+
+impl<T: Batch> Batch for Box<T> {
+    fn visit<'a>(&'a self, f: &mut dyn FnMut(&'a Tensor)) {
+        (**self).visit(f)
+    }
+    fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
+        Box::new((**self).rebuild(f))
+    }
+}
+
+impl<T: Batch> Batch for Arc<T> {
+    fn visit<'a>(&'a self, f: &mut dyn FnMut(&'a Tensor)) {
+        (**self).visit(f)
+    }
+    fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
+        Arc::new((**self).rebuild(f))
+    }
+}
+
+/// Keys are kept (cloned). Visit and rebuild both iterate `self`, which is unchanged in
+/// between, so they see the entries in the same order even though a `HashMap`'s order is
+/// unspecified.
+impl<K: Clone + Eq + Hash, V: Batch, S: BuildHasher + Clone> Batch for HashMap<K, V, S> {
+    fn visit<'a>(&'a self, f: &mut dyn FnMut(&'a Tensor)) {
+        self.values().for_each(|v| v.visit(f))
+    }
+    fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
+        let mut out = HashMap::with_capacity_and_hasher(self.len(), self.hasher().clone());
+        for (k, v) in self {
+            out.insert(k.clone(), v.rebuild(f));
+        }
+        out
+    }
+}
+
+impl<K: Clone + Ord, V: Batch> Batch for BTreeMap<K, V> {
+    fn visit<'a>(&'a self, f: &mut dyn FnMut(&'a Tensor)) {
+        self.values().for_each(|v| v.visit(f))
+    }
+    fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
+        self.iter()
+            .map(|(k, v)| (k.clone(), v.rebuild(f)))
+            .collect()
+    }
+}
+
+macro_rules! tuple_batch {
+    ($($name:ident $idx:tt),+) => {
+        impl<$($name: Batch),+> Batch for ($($name,)+) {
+            fn visit<'a>(&'a self, f: &mut dyn FnMut(&'a Tensor)) {
+                $(self.$idx.visit(f);)+
+            }
+            fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
+                // Tuple expressions evaluate left to right, so rebuild order = visit order.
+                ($(self.$idx.rebuild(f),)+)
+            }
+        }
+    };
+}
+
+tuple_batch!(A 0);
+tuple_batch!(A 0, B 1);
+tuple_batch!(A 0, B 1, C 2);
+tuple_batch!(A 0, B 1, C 2, D 3);
+tuple_batch!(A 0, B 1, C 2, D 3, E 4);
+tuple_batch!(A 0, B 1, C 2, D 3, E 4, F 5);
+tuple_batch!(A 0, B 1, C 2, D 3, E 4, F 5, G 6);
+tuple_batch!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7);
+tuple_batch!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8);
+tuple_batch!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9);
+tuple_batch!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10);
+tuple_batch!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11);

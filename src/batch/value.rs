@@ -1,0 +1,129 @@
+//! [`Value`]: a batch whose structure is known only at run time.
+
+use super::Batch;
+use crate::tensor::Tensor;
+use std::collections::BTreeMap;
+
+/// A dynamic batch tree: lists, tuples, string-keyed maps, tensors and plain leaves,
+/// nested freely (what a Python batch of dicts and lists looks like).
+///
+/// ```
+/// use pinlane::{Leaf, Tensor, Value};
+/// let v = Value::map([
+///     ("pixels", Value::from(Tensor::from_vec(vec![0u8; 6], [2, 3]).unwrap())),
+///     ("ids", Value::List(vec![Value::from(3i64), Value::from("x")])),
+/// ]);
+/// assert_eq!(pinlane::batch::tensors(&v).len(), 1);
+/// assert_eq!(v.get("ids").unwrap(), &Value::List(vec![Leaf::Int(3).into(), Leaf::Str("x".into()).into()]));
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub enum Value {
+    Tensor(Tensor),
+    List(Vec<Value>),
+    Tuple(Vec<Value>),
+    /// Keys are kept, in sorted order.
+    Map(BTreeMap<String, Value>),
+    Leaf(Leaf),
+}
+
+/// A non-tensor leaf of a [`Value`], passed through transfers unchanged.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Leaf {
+    None,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(String),
+    Bytes(Vec<u8>),
+}
+
+impl Value {
+    /// A map from `(key, value)` pairs.
+    pub fn map<K: Into<String>>(entries: impl IntoIterator<Item = (K, Value)>) -> Value {
+        Value::Map(entries.into_iter().map(|(k, v)| (k.into(), v)).collect())
+    }
+
+    /// The entry `key` of a map; `None` for other variants or a missing key.
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        match self {
+            Value::Map(m) => m.get(key),
+            _ => None,
+        }
+    }
+
+    /// The tensor, if this is a tensor.
+    pub fn as_tensor(&self) -> Option<&Tensor> {
+        match self {
+            Value::Tensor(t) => Some(t),
+            _ => None,
+        }
+    }
+}
+
+impl Batch for Value {
+    fn visit<'a>(&'a self, f: &mut dyn FnMut(&'a Tensor)) {
+        match self {
+            Value::Tensor(t) => f(t),
+            Value::List(v) | Value::Tuple(v) => v.iter().for_each(|x| x.visit(f)),
+            Value::Map(m) => m.values().for_each(|x| x.visit(f)),
+            Value::Leaf(_) => {}
+        }
+    }
+    fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
+        match self {
+            Value::Tensor(t) => Value::Tensor(f(t)),
+            Value::List(v) => Value::List(v.iter().map(|x| x.rebuild(f)).collect()),
+            Value::Tuple(v) => Value::Tuple(v.iter().map(|x| x.rebuild(f)).collect()),
+            Value::Map(m) => Value::Map(m.iter().map(|(k, x)| (k.clone(), x.rebuild(f))).collect()),
+            Value::Leaf(l) => Value::Leaf(l.clone()),
+        }
+    }
+}
+
+impl From<Tensor> for Value {
+    fn from(t: Tensor) -> Self {
+        Value::Tensor(t)
+    }
+}
+
+impl From<Leaf> for Value {
+    fn from(l: Leaf) -> Self {
+        Value::Leaf(l)
+    }
+}
+
+impl From<i64> for Value {
+    fn from(v: i64) -> Self {
+        Value::Leaf(Leaf::Int(v))
+    }
+}
+
+impl From<f64> for Value {
+    fn from(v: f64) -> Self {
+        Value::Leaf(Leaf::Float(v))
+    }
+}
+
+impl From<bool> for Value {
+    fn from(v: bool) -> Self {
+        Value::Leaf(Leaf::Bool(v))
+    }
+}
+
+impl From<&str> for Value {
+    fn from(v: &str) -> Self {
+        Value::Leaf(Leaf::Str(v.to_string()))
+    }
+}
+
+impl From<String> for Value {
+    fn from(v: String) -> Self {
+        Value::Leaf(Leaf::Str(v))
+    }
+}
+
+impl From<Vec<Value>> for Value {
+    fn from(v: Vec<Value>) -> Self {
+        Value::List(v)
+    }
+}

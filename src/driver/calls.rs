@@ -1,0 +1,105 @@
+//! Memory and copy calls: one checked function per driver call.
+//!
+//! Each takes a `&ContextGuard` as proof that the right context is current, so the engine
+//! binds a context once per batch, not once per call. The `unsafe fn`s list what the
+//! caller must guarantee; the memory layer (`src/memory/`) is their only caller.
+
+use super::{check, context, fault_point, ContextGuard, FaultKindTag, Stream};
+use crate::error::Result;
+use cudarc::driver::sys;
+
+/// A device address.
+pub(crate) type DevicePtr = sys::CUdeviceptr;
+
+/// Allocates `nbytes` (> 0) of page-locked, portable host memory.
+pub(crate) fn host_alloc(_ctx: &ContextGuard, nbytes: usize) -> Result<*mut u8> {
+    let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
+    // SAFETY: out-pointer to a live local; a context is current (the guard proves it).
+    let res = unsafe { sys::cuMemHostAlloc(&mut p, nbytes, sys::CU_MEMHOSTALLOC_PORTABLE) };
+    check("cuMemHostAlloc", res)?;
+    Ok(p.cast())
+}
+
+/// Frees page-locked memory from [`host_alloc`].
+///
+/// # Safety
+/// 1. `p` came from [`host_alloc`] and was not freed since.
+/// 2. No copy that may still run reads or writes it.
+pub(crate) unsafe fn host_free(_ctx: &ContextGuard, p: *mut u8) -> Result<()> {
+    // SAFETY: obligations 1 and 2 are the caller's; a context is current.
+    check("cuMemFreeHost", unsafe { sys::cuMemFreeHost(p.cast()) })
+}
+
+/// Allocates `nbytes` (> 0) of device memory from pinlane's pool of `device`, ready in
+/// `stream`'s order.
+pub(crate) fn device_alloc_async(
+    _ctx: &ContextGuard,
+    device: usize,
+    nbytes: usize,
+    stream: &Stream,
+) -> Result<DevicePtr> {
+    fault_point(FaultKindTag::Alloc, "cuMemAllocFromPoolAsync")?;
+    let pool = context::handles(device)?.pool;
+    let mut p: DevicePtr = 0;
+    // SAFETY: out-pointer to a live local; the pool and stream are alive and belong to
+    // the device whose context is current.
+    let res = unsafe { sys::cuMemAllocFromPoolAsync(&mut p, nbytes, pool.0, stream.raw()) };
+    check("cuMemAllocFromPoolAsync", res)?;
+    Ok(p)
+}
+
+/// Frees device memory in `stream`'s order.
+///
+/// # Safety
+/// 1. `p` came from [`device_alloc_async`] and was not freed since.
+/// 2. Every use of `p` is ordered before this point of `stream` (queued earlier on it, or
+///    finished, or waited for by it).
+pub(crate) unsafe fn device_free_async(
+    _ctx: &ContextGuard,
+    p: DevicePtr,
+    stream: &Stream,
+) -> Result<()> {
+    // SAFETY: obligations 1 and 2 are the caller's; the stream is alive.
+    check("cuMemFreeAsync", unsafe {
+        sys::cuMemFreeAsync(p, stream.raw())
+    })
+}
+
+/// Queues a host-to-device copy of `n` bytes.
+///
+/// # Safety
+/// 1. `src..src+n` is readable host memory that stays alive and unchanged until the copy
+///    has finished (page-locked for the copy to be truly asynchronous).
+/// 2. `dst..dst+n` is device memory usable in `stream`'s order, alive until then.
+pub(crate) unsafe fn memcpy_h2d_async(
+    _ctx: &ContextGuard,
+    dst: DevicePtr,
+    src: *const u8,
+    n: usize,
+    stream: &Stream,
+) -> Result<()> {
+    fault_point(FaultKindTag::Copy, "cuMemcpyHtoDAsync")?;
+    // SAFETY: obligations 1 and 2 are the caller's.
+    let res = unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.cast(), n, stream.raw()) };
+    check("cuMemcpyHtoDAsync", res)
+}
+
+/// Queues a device-to-host copy of `n` bytes.
+///
+/// # Safety
+/// 1. `dst..dst+n` is writable host memory that nothing else reads or writes, alive until
+///    the copy has finished.
+/// 2. `src..src+n` is device memory whose producing work is ordered before this point of
+///    `stream`, alive until the copy has finished.
+pub(crate) unsafe fn memcpy_d2h_async(
+    _ctx: &ContextGuard,
+    dst: *mut u8,
+    src: DevicePtr,
+    n: usize,
+    stream: &Stream,
+) -> Result<()> {
+    fault_point(FaultKindTag::Copy, "cuMemcpyDtoHAsync")?;
+    // SAFETY: obligations 1 and 2 are the caller's.
+    let res = unsafe { sys::cuMemcpyDtoHAsync_v2(dst.cast(), src, n, stream.raw()) };
+    check("cuMemcpyDtoHAsync", res)
+}

@@ -1,0 +1,76 @@
+//! Fault injection for tests (feature `test-util` only): makes the Nth driver call of a
+//! kind fail on the calling thread, so the failure rules can be proven on the real device.
+//!
+//! The injected call is not made: the checked wrapper returns
+//! [`Error::Driver`](crate::Error::Driver) with the name `INJECTED_FAULT` instead of
+//! calling the driver, so an injected allocation leaks nothing and an injected copy moves
+//! nothing. Plans are per thread, so tests running in parallel do not see each other's.
+
+use crate::error::Error;
+use std::cell::RefCell;
+
+/// The kinds of driver call a fault can be injected into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FaultKind {
+    /// `cuMemAllocFromPoolAsync`.
+    Alloc,
+    /// `cuMemcpyHtoDAsync` / `cuMemcpyDtoHAsync`.
+    Copy,
+    /// `cuEventRecord`.
+    EventRecord,
+    /// `cuStreamSynchronize`.
+    StreamSync,
+}
+
+thread_local! {
+    /// Armed faults: (kind, calls of that kind still to let through before failing).
+    static PLAN: RefCell<Vec<(FaultKind, usize)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Makes the `nth` (1-based) next call of `kind` on this thread fail. Several faults may
+/// be armed at once; each fires once.
+pub fn inject(kind: FaultKind, nth: usize) {
+    PLAN.with(|p| p.borrow_mut().push((kind, nth.max(1) - 1)));
+}
+
+/// Disarms every fault of this thread.
+pub fn clear() {
+    PLAN.with(|p| p.borrow_mut().clear());
+}
+
+/// Whether faults are still armed on this thread (one that never fired, say).
+pub fn armed() -> bool {
+    PLAN.with(|p| !p.borrow().is_empty())
+}
+
+/// Called by the driver layer before a call of `kind`: the error to return instead of
+/// calling, if a fault fires now.
+pub(crate) fn hit(kind: FaultKind, op: &'static str) -> Result<(), Error> {
+    let fire = PLAN
+        .try_with(|p| {
+            let mut plan = p.borrow_mut();
+            let mut fire = false;
+            plan.retain_mut(|(k, left)| {
+                if *k != kind || fire {
+                    return true;
+                }
+                if *left == 0 {
+                    fire = true;
+                    return false;
+                }
+                *left -= 1;
+                true
+            });
+            fire
+        })
+        .unwrap_or(false);
+    if fire {
+        Err(Error::Driver {
+            op,
+            code: 999,
+            name: "INJECTED_FAULT".into(),
+        })
+    } else {
+        Ok(())
+    }
+}

@@ -1,0 +1,242 @@
+//! The driver layer: the only place that calls CUDA.
+//!
+//! pinlane uses `cudarc`'s raw `sys` bindings with `dynamic-loading`: `libcuda` is opened
+//! when first needed, never linked, so a pinlane binary starts (and passes batches through
+//! unchanged) on a machine with no driver at all. cudarc panics if a driver symbol is
+//! called without the library, so every entry point first asks [`available`], which is
+//! computed once: library present, every symbol pinlane calls resolvable, `cuInit`
+//! succeeded, at least one device.
+//!
+//! | file | what it holds |
+//! | --- | --- |
+//! | `mod.rs` | [`available`], the checked-call helper, raw handle wrappers |
+//! | `context.rs` | primary contexts, one per device, and the guard that makes one current |
+//! | `stream.rs` | [`Stream`]: an owned (or borrowed legacy) `CUstream` |
+//! | `event.rs` | [`Event`]: an owned `CUevent` |
+//! | `calls.rs` | memory and copy calls: one checked `unsafe fn` per driver call |
+//! | `deferred.rs` | errors raised in `Drop`, kept for the next call |
+//! | `fault.rs` | fault injection, feature `test-util` only |
+
+mod calls;
+mod context;
+pub mod deferred;
+mod event;
+#[cfg(feature = "test-util")]
+pub mod fault;
+mod stream;
+
+pub(crate) use calls::*;
+pub(crate) use context::{bind, ContextGuard};
+pub use event::Event;
+pub use stream::Stream;
+
+use crate::error::{Error, Result};
+use cudarc::driver::sys;
+use std::sync::OnceLock;
+
+/// What [`available`] found: the driver's version and how many devices it sees.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DriverInfo {
+    /// `cuDriverGetVersion`, e.g. 13000 for CUDA 13.0.
+    pub version: i32,
+    /// Number of CUDA devices.
+    pub device_count: usize,
+}
+
+/// Every driver symbol pinlane calls. Checked once so that an old driver is reported as
+/// "not usable" instead of cudarc panicking on a missing symbol mid-transfer.
+const REQUIRED_SYMBOLS: &[&str] = &[
+    "cuInit",
+    "cuDriverGetVersion",
+    "cuDeviceGetCount",
+    "cuDeviceGet",
+    "cuDevicePrimaryCtxRetain",
+    "cuCtxGetCurrent",
+    "cuCtxPushCurrent_v2",
+    "cuCtxPopCurrent_v2",
+    "cuGetErrorName",
+    "cuStreamCreate",
+    "cuStreamDestroy_v2",
+    "cuStreamSynchronize",
+    "cuStreamWaitEvent",
+    "cuLaunchHostFunc",
+    "cuEventCreate",
+    "cuEventDestroy_v2",
+    "cuEventRecord",
+    "cuEventSynchronize",
+    "cuEventQuery",
+    "cuMemHostAlloc",
+    "cuMemFreeHost",
+    "cuMemPoolCreate",
+    "cuMemPoolSetAttribute",
+    "cuMemAllocFromPoolAsync",
+    "cuMemFreeAsync",
+    "cuMemcpyHtoDAsync_v2",
+    "cuMemcpyDtoHAsync_v2",
+    "cuMemGetInfo_v2",
+];
+
+static STATUS: OnceLock<std::result::Result<DriverInfo, String>> = OnceLock::new();
+
+/// Whether a usable CUDA driver with at least one device is present; computed once.
+///
+/// ```
+/// match pinlane::driver::available() {
+///     Some(info) => println!("{} CUDA device(s)", info.device_count),
+///     None => println!("no CUDA: {}", pinlane::driver::unavailable_reason().unwrap()),
+/// }
+/// ```
+pub fn available() -> Option<&'static DriverInfo> {
+    probe().as_ref().ok()
+}
+
+/// Why CUDA is not usable, when [`available`] is `None`.
+pub fn unavailable_reason() -> Option<&'static str> {
+    probe().as_ref().err().map(String::as_str)
+}
+
+/// [`available`], or an [`Error::NoCuda`] naming `op`.
+pub(crate) fn require(op: &'static str) -> Result<&'static DriverInfo> {
+    probe().as_ref().map_err(|reason| Error::NoCuda {
+        op,
+        reason: reason.clone(),
+    })
+}
+
+fn probe() -> &'static std::result::Result<DriverInfo, String> {
+    STATUS.get_or_init(|| {
+        // SAFETY: is_culib_present only tries to dlopen the library names; no symbol is
+        // called.
+        if !unsafe { sys::is_culib_present() } {
+            return Err("libcuda could not be loaded".into());
+        }
+        // SAFETY: the library is present (checked above), so culib() returns it instead
+        // of panicking; `get` only resolves a symbol, it calls nothing.
+        let lib = unsafe { sys::culib() };
+        for name in REQUIRED_SYMBOLS {
+            // SAFETY: resolving a symbol's address; the pointer is never called here.
+            if unsafe { lib.get::<*const ()>(name.as_bytes()) }.is_err() {
+                return Err(format!("the driver lacks {name} (too old?)"));
+            }
+        }
+        // SAFETY: every symbol called below was resolved above; cuInit takes flags 0.
+        unsafe { check("cuInit", sys::cuInit(0)) }.map_err(|e| e.to_string())?;
+        let mut version = 0;
+        // SAFETY: out-pointer to a live local.
+        unsafe { check("cuDriverGetVersion", sys::cuDriverGetVersion(&mut version)) }
+            .map_err(|e| e.to_string())?;
+        let mut count = 0;
+        // SAFETY: out-pointer to a live local; cuInit succeeded.
+        unsafe { check("cuDeviceGetCount", sys::cuDeviceGetCount(&mut count)) }
+            .map_err(|e| e.to_string())?;
+        if count <= 0 {
+            return Err("the driver sees no CUDA device".into());
+        }
+        Ok(DriverInfo {
+            version,
+            device_count: count as usize,
+        })
+    })
+}
+
+/// Free and total memory of `device`, in bytes (`cuMemGetInfo`).
+///
+/// ```no_run
+/// let (free, total) = pinlane::driver::device_memory_info(0).unwrap();
+/// assert!(free <= total);
+/// ```
+pub fn device_memory_info(device: usize) -> Result<(usize, usize)> {
+    require("device_memory_info")?;
+    let _ctx = bind(device)?;
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: out-pointers to live locals; the device's context is current.
+    unsafe { check("cuMemGetInfo", sys::cuMemGetInfo_v2(&mut free, &mut total)) }?;
+    Ok((free, total))
+}
+
+/// Fails with an injected fault if one is armed for `kind` (feature `test-util`);
+/// otherwise, and in normal builds, does nothing.
+#[inline]
+pub(crate) fn fault_point(
+    #[allow(unused_variables)] kind: FaultKindTag,
+    #[allow(unused_variables)] op: &'static str,
+) -> Result<()> {
+    #[cfg(feature = "test-util")]
+    {
+        let k = match kind {
+            FaultKindTag::Alloc => fault::FaultKind::Alloc,
+            FaultKindTag::Copy => fault::FaultKind::Copy,
+            FaultKindTag::EventRecord => fault::FaultKind::EventRecord,
+            FaultKindTag::StreamSync => fault::FaultKind::StreamSync,
+        };
+        fault::hit(k, op)?;
+    }
+    Ok(())
+}
+
+/// The call kinds that [`fault_point`] guards (mirrors `fault::FaultKind`, which exists
+/// only with `test-util`).
+#[derive(Clone, Copy)]
+pub(crate) enum FaultKindTag {
+    Alloc,
+    Copy,
+    EventRecord,
+    StreamSync,
+}
+
+/// Checks a device index against the device count.
+pub(crate) fn check_device(index: usize) -> Result<()> {
+    let info = require("device")?;
+    if index < info.device_count {
+        Ok(())
+    } else {
+        Err(Error::DeviceUnavailable {
+            index,
+            device_count: info.device_count,
+        })
+    }
+}
+
+/// Turns a `CUresult` into pinlane's error, naming the call.
+///
+/// The single funnel for driver results: every checked call in this layer goes through it.
+pub(crate) fn check(op: &'static str, res: sys::CUresult) -> Result<()> {
+    if res == sys::CUresult::CUDA_SUCCESS {
+        return Ok(());
+    }
+    Err(driver_error(op, res))
+}
+
+fn driver_error(op: &'static str, res: sys::CUresult) -> Error {
+    let mut name_ptr: *const std::ffi::c_char = std::ptr::null();
+    // SAFETY: cuGetErrorName only writes a pointer to a static string (or fails); it is
+    // reached only after `probe` resolved the symbol, since every caller of `check`
+    // runs behind `available()`.
+    let named = unsafe { sys::cuGetErrorName(res, &mut name_ptr) };
+    let name = if named == sys::CUresult::CUDA_SUCCESS && !name_ptr.is_null() {
+        // SAFETY: the driver returned a pointer to a NUL-terminated static string.
+        unsafe { std::ffi::CStr::from_ptr(name_ptr) }
+            .to_string_lossy()
+            .into_owned()
+    } else {
+        format!("{res:?}")
+    };
+    Error::Driver {
+        op,
+        code: res as u32,
+        name,
+    }
+}
+
+/// A raw driver handle that may be sent between threads.
+///
+/// CUDA driver handles (contexts, streams, events, pools) are process-wide values that
+/// the driver lets any thread use; the raw pointer types are only `!Send` because they
+/// are pointers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Handle<T>(pub(crate) T);
+
+// SAFETY: see the type's docs: the driver API is thread-safe for these handles.
+unsafe impl<T> Send for Handle<T> {}
+// SAFETY: as above; a handle is an opaque value that is only passed to the driver.
+unsafe impl<T> Sync for Handle<T> {}

@@ -1,0 +1,195 @@
+//! Device to host: [`transfer_tensor_d2h`](crate::transfer_tensor_d2h).
+//!
+//! 1. Validate the options; pass the batch through if it has no tensor, or no CUDA.
+//! 2. The copy stream (the thread's, or the caller's) waits for an event recorded on the
+//!    caller's current stream, and for the producer event if one was given.
+//! 3. The device tensors are laid out back to back in a virtual host buffer cut into
+//!    windows of one staging slot each. For each window, the pieces of the tensors in it
+//!    are copied into a page-locked slot (one copy per piece), the slot's event recorded;
+//!    while the next window's copies run, the host copies the previous slot's bytes into
+//!    the new host tensors.
+//! 4. Synchronise the copy stream, rebuild the batch with the host tensors.
+
+use super::options::{self, DeviceRequest};
+use super::{plan, record_stats, thread_state, TransferStats, PIPELINE_SLOTS};
+use crate::batch::{self, Batch};
+use crate::driver::{self, ContextGuard};
+use crate::error::{Error, Result};
+use crate::memory::{DeviceView, HostBuf, InFlight, PinnedArena, SlotLease};
+use crate::tensor::{Location, Storage, Tensor};
+use crate::D2hOptions;
+
+pub(crate) fn transfer<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
+    // Checks that need no driver come first, so bad options are errors everywhere.
+    let req = match &opts.device {
+        Some(d) => options::parse_device(d)?,
+        None => DeviceRequest::LocalRank,
+    };
+    if opts.stream.is_some() && opts.device.is_none() {
+        return Err(Error::StreamWithoutDevice);
+    }
+    let all = batch::tensors(batch);
+    if all.is_empty() {
+        return Ok(batch::replace_tensors(batch, Vec::new()));
+    }
+    let Some(info) = driver::available() else {
+        return Ok(batch::replace_tensors(batch, Vec::new()));
+    };
+    let device = options::resolve(req, info.device_count)?;
+    if let Some(s) = &opts.stream {
+        if s.device() != device {
+            return Err(Error::StreamDeviceMismatch {
+                stream_device: s.device(),
+                device,
+            });
+        }
+    }
+    if let Some(e) = &opts.producer_event {
+        if e.device() != device {
+            return Err(Error::EventDeviceMismatch {
+                event_device: e.device(),
+                device,
+            });
+        }
+    }
+    let picked: Vec<usize> = (0..all.len())
+        .filter(|&i| all[i].location() == Location::Cuda(device))
+        .collect();
+    if picked.is_empty() {
+        return Ok(batch::replace_tensors(batch, Vec::new()));
+    }
+    driver::deferred::surface()?;
+
+    let stream = match &opts.stream {
+        Some(s) => s.clone(),
+        None => thread_state::d2h_stream(device)?,
+    };
+    let ctx = driver::bind(device)?;
+    let current = thread_state::current_stream(device)?;
+    if !current.same_as(&stream) {
+        let ready = thread_state::ready_event(device)?;
+        ready.record(&current)?;
+        ready.wait_on(&stream)?;
+    }
+    if let Some(e) = &opts.producer_event {
+        e.wait_on(&stream)?;
+    }
+
+    let views: Vec<&DeviceView> = picked
+        .iter()
+        .filter_map(|&i| match all[i].storage() {
+            Storage::Device(v) => Some(v),
+            _ => None, // not picked
+        })
+        .collect();
+    let sizes: Vec<usize> = views.iter().map(|v| v.nbytes()).collect();
+    let (offsets, end) = plan::pack(sizes.iter().copied(), 1)?;
+    let mut outputs: Vec<Vec<u64>> = sizes.iter().map(|&n| vec![0u64; n.div_ceil(8)]).collect();
+
+    let mut job = InFlight::new(stream);
+    let mut stats = TransferStats {
+        tensors: picked.len(),
+        bytes: end,
+        ..TransferStats::default()
+    };
+    let run = submit(
+        &ctx,
+        &mut job,
+        &views,
+        &offsets,
+        &sizes,
+        end,
+        &mut outputs,
+        &mut stats,
+    );
+    let keep_sources = || {
+        picked
+            .iter()
+            .map(|&i| all[i].clone())
+            .collect::<Vec<Tensor>>()
+    };
+    if let Err(e) = run {
+        return Err(job.abort(e, keep_sources));
+    }
+    job.finish(keep_sources)?;
+    record_stats(stats);
+
+    let mut out: Vec<Tensor> = all.iter().map(|t| (*t).clone()).collect();
+    for ((&i, words), &n) in picked.iter().zip(outputs).zip(&sizes) {
+        let t = all[i];
+        let buf = HostBuf::from_words(words, n);
+        out[i] = Tensor::from_parts(t.dtype(), t.shape().clone(), n, Storage::Host(buf));
+    }
+    Ok(batch::replace_tensors(batch, out))
+}
+
+/// Queues the copies window by window and drains each slot into `outputs` once its copy
+/// has finished.
+#[allow(clippy::too_many_arguments)]
+fn submit(
+    ctx: &ContextGuard,
+    job: &mut InFlight,
+    views: &[&DeviceView],
+    offsets: &[usize],
+    sizes: &[usize],
+    end: usize,
+    outputs: &mut [Vec<u64>],
+    stats: &mut TransferStats,
+) -> Result<()> {
+    if end == 0 {
+        return Ok(());
+    }
+    let stream = job.stream().clone();
+    let arena = PinnedArena::global();
+    let slot = arena.config().slot_bytes;
+    let n_windows = end.div_ceil(slot);
+    if let Some(first) = arena.lease(ctx, true)? {
+        job.leases.push(first);
+    }
+    while job.leases.len() < PIPELINE_SLOTS.min(n_windows) {
+        match arena.lease(ctx, false)? {
+            Some(l) => job.leases.push(l),
+            None => break,
+        }
+    }
+    let nslots = job.leases.len();
+    let mut pending: Vec<Option<plan::Window>> = vec![None; nslots];
+    for (w_idx, w) in plan::windows(offsets, sizes, end, slot).enumerate() {
+        let k = w_idx % nslots;
+        if let Some(prev) = pending[k].take() {
+            drain(&mut job.leases[k], &prev, outputs)?;
+        }
+        let parts = w
+            .parts
+            .iter()
+            .map(|p| (p.window_off, views[p.item], p.item_off, p.len));
+        // SAFETY: every view is borrowed from the caller's batch for this whole call (and
+        // cloned into the retained registry if the call ends with copies unproven); the
+        // copy stream waits for the current stream and the producer event above, which
+        // order the views' producing work before these copies.
+        unsafe { job.leases[k].d2h_window(ctx, parts, &stream) }?;
+        stats.copies += w.parts.len();
+        stats.staged_bytes += w.parts.iter().map(|p| p.len).sum::<usize>();
+        stats.windows += 1;
+        pending[k] = Some(w);
+    }
+    // Drain what is left, oldest first (the slot after the last one used).
+    for j in 0..nslots {
+        let k = (n_windows + j) % nslots;
+        if let Some(prev) = pending[k].take() {
+            drain(&mut job.leases[k], &prev, outputs)?;
+        }
+    }
+    Ok(())
+}
+
+/// Copies a finished window out of its slot into the output buffers.
+fn drain(lease: &mut SlotLease, w: &plan::Window, outputs: &mut [Vec<u64>]) -> Result<()> {
+    let src = lease.bytes()?;
+    for p in &w.parts {
+        let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut outputs[p.item]);
+        dst[p.item_off..p.item_off + p.len]
+            .copy_from_slice(&src[p.window_off..p.window_off + p.len]);
+    }
+    Ok(())
+}

@@ -1,0 +1,193 @@
+//! Host to device: [`transfer_tensor_h2d`](crate::transfer_tensor_h2d).
+//!
+//! One batch, one device allocation, one synchronisation:
+//!
+//! 1. Gather the batch's host tensors. Pageable ones are laid out back to back at the
+//!    front of the batch's device buffer (the *staged region*), page-locked ones after it.
+//! 2. Allocate the buffer (`cuMemAllocFromPoolAsync`) on the thread's H2D stream.
+//! 3. Page-locked sources: one copy each, straight from their memory.
+//! 4. The staged region is cut into windows of one staging slot each: the host copies
+//!    the pieces of the pageable tensors that fall in the window into a slot (the slot has
+//!    the window's exact layout, padding included), then one copy moves the whole window.
+//!    Slots are reused round-robin; refilling one waits for its previous copy only, so
+//!    filling slot k+1 overlaps the DMA of slot k. Many small tensors share one copy.
+//! 5. Synchronise the stream, build device tensors as views into the buffer, rebuild.
+
+use super::{plan, record_stats, thread_state, TransferStats, PIPELINE_SLOTS};
+use crate::batch::{self, Batch};
+use crate::driver::{self, ContextGuard, Stream};
+use crate::error::{Error, Result};
+use crate::memory::{DeviceAlloc, DeviceView, InFlight, PinnedArena, PinnedBuf, DEVICE_ALIGN};
+use crate::tensor::{Storage, Tensor};
+use crate::H2dOptions;
+use std::sync::Arc;
+
+/// What a host tensor's bytes are copied from.
+enum Source<'a> {
+    Pageable(&'a [u8]),
+    Pinned(&'a PinnedBuf),
+}
+
+pub(crate) fn transfer<B: Batch>(batch: &B, opts: &H2dOptions) -> Result<B> {
+    let Some(info) = driver::available() else {
+        return Ok(batch::replace_tensors(batch, Vec::new()));
+    };
+    driver::deferred::surface()?;
+    let device = super::options::env_local_rank(info.device_count)?;
+    if let Some(s) = &opts.consumer_stream {
+        if s.device() != device {
+            return Err(Error::StreamDeviceMismatch {
+                stream_device: s.device(),
+                device,
+            });
+        }
+    }
+    let all = batch::tensors(batch);
+    // Indices (into `all`) of host tensors: pageable first, then page-locked.
+    let mut staged = Vec::new();
+    let mut direct = Vec::new();
+    for (i, t) in all.iter().enumerate() {
+        match t.storage() {
+            Storage::Host(_) => staged.push(i),
+            Storage::Pinned(_) => direct.push(i),
+            Storage::Device(_) => {}
+        }
+    }
+    if staged.is_empty() && direct.is_empty() {
+        return Ok(batch::replace_tensors(batch, Vec::new()));
+    }
+
+    let stream = thread_state::h2d_stream(device)?;
+    let ctx = driver::bind(device)?;
+    let consumer = match &opts.consumer_stream {
+        Some(s) => s.clone(),
+        None => Stream::legacy(device)?,
+    };
+    let order: Vec<usize> = staged.iter().chain(&direct).copied().collect();
+    let sizes: Vec<usize> = order.iter().map(|&i| all[i].nbytes()).collect();
+    let (offsets, end) = plan::pack(sizes.iter().copied(), DEVICE_ALIGN)?;
+    let staged_end = staged
+        .len()
+        .checked_sub(1)
+        .map_or(0, |last| offsets[last] + sizes[last]);
+    let sources: Vec<Source> = order
+        .iter()
+        .filter_map(|&i| match all[i].storage() {
+            Storage::Host(b) => Some(Source::Pageable(b.bytes())),
+            Storage::Pinned(b) => Some(Source::Pinned(b)),
+            Storage::Device(_) => None, // not in `order`
+        })
+        .collect();
+
+    let mut job = InFlight::new(stream);
+    let mut stats = TransferStats {
+        tensors: order.len(),
+        bytes: sizes.iter().sum(),
+        ..TransferStats::default()
+    };
+    let run = submit(
+        &ctx, device, &consumer, &mut job, &sources, &offsets, &sizes, end, staged_end, &mut stats,
+    );
+    let keep_sources = || {
+        order
+            .iter()
+            .map(|&i| all[i].clone())
+            .collect::<Vec<Tensor>>()
+    };
+    let alloc = match run {
+        Ok(alloc) => alloc,
+        Err(e) => return Err(job.abort(e, keep_sources)),
+    };
+    job.finish(keep_sources)?;
+    record_stats(stats);
+
+    let mut out: Vec<Tensor> = all.iter().map(|t| (*t).clone()).collect();
+    for (k, &i) in order.iter().enumerate() {
+        let view = match &alloc {
+            Some(a) if sizes[k] > 0 => DeviceView::new(a, offsets[k], sizes[k]),
+            _ => DeviceView::empty(device),
+        };
+        let t = all[i];
+        out[i] = Tensor::from_parts(
+            t.dtype(),
+            t.shape().clone(),
+            t.nbytes(),
+            Storage::Device(view),
+        );
+    }
+    if let Some(a) = alloc {
+        thread_state::cache_batch(device, a, opts.num_caches)?;
+    }
+    Ok(batch::replace_tensors(batch, out))
+}
+
+/// Queues every copy of the batch on `job`'s stream. Returns the batch's allocation
+/// (`None` when all host tensors are empty).
+#[allow(clippy::too_many_arguments)]
+fn submit(
+    ctx: &ContextGuard,
+    device: usize,
+    consumer: &Stream,
+    job: &mut InFlight,
+    sources: &[Source],
+    offsets: &[usize],
+    sizes: &[usize],
+    end: usize,
+    staged_end: usize,
+    stats: &mut TransferStats,
+) -> Result<Option<Arc<DeviceAlloc>>> {
+    if end == 0 {
+        return Ok(None);
+    }
+    let stream = job.stream().clone();
+    let alloc = DeviceAlloc::new_async(ctx, device, end, &stream, consumer.clone())?;
+    job.hold(&alloc);
+
+    for (k, src) in sources.iter().enumerate() {
+        if let (Source::Pinned(buf), true) = (src, sizes[k] > 0) {
+            // SAFETY: `alloc` was allocated on this stream and `job` holds it until the
+            // stream is proven idle; the source is borrowed from the caller's batch for this
+            // whole call, and cloned into the retained registry if the call ends with the
+            // copy unproven.
+            unsafe { buf.h2d_async(ctx, &alloc, offsets[k], &stream) }?;
+            stats.copies += 1;
+            stats.direct_bytes += sizes[k];
+        }
+    }
+
+    if staged_end > 0 {
+        let arena = PinnedArena::global();
+        let slot = arena.config().slot_bytes;
+        let wins = plan::windows(offsets, sizes, staged_end, slot);
+        let n_windows = staged_end.div_ceil(slot);
+        // The first slot may block until another call returns one; more only if free.
+        if let Some(first) = arena.lease(ctx, true)? {
+            job.leases.push(first);
+        }
+        while job.leases.len() < PIPELINE_SLOTS.min(n_windows) {
+            match arena.lease(ctx, false)? {
+                Some(l) => job.leases.push(l),
+                None => break,
+            }
+        }
+        let nslots = job.leases.len();
+        for (w_idx, w) in wins.enumerate() {
+            let lease = &mut job.leases[w_idx % nslots];
+            let buf = lease.bytes_mut()?;
+            for p in &w.parts {
+                let Source::Pageable(bytes) = sources[p.item] else {
+                    continue;
+                };
+                buf[p.window_off..p.window_off + p.len]
+                    .copy_from_slice(&bytes[p.item_off..p.item_off + p.len]);
+                stats.staged_bytes += p.len;
+            }
+            // SAFETY: `alloc` was allocated on this stream and `job` holds it until the
+            // stream is proven idle.
+            unsafe { lease.h2d_window(ctx, w.len, &alloc, w.start, &stream) }?;
+            stats.copies += 1;
+            stats.windows += 1;
+        }
+    }
+    Ok(Some(alloc))
+}

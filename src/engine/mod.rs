@@ -1,0 +1,125 @@
+//! The engine: the two transfer calls, built on the layers below (driver, memory, tensor,
+//! batch).
+//!
+//! | file | what it holds |
+//! | --- | --- |
+//! | `mod.rs` | the public calls, [`TransferStats`] |
+//! | `options.rs` | [`H2dOptions`], [`D2hOptions`], device strings and `LOCAL_RANK` |
+//! | `plan.rs` | pure planning: batch layout and staging windows |
+//! | `thread_state.rs` | per-thread streams, the cache ring, the current stream |
+//! | `h2d.rs`, `d2h.rs` | the two directions |
+
+mod d2h;
+mod h2d;
+mod options;
+mod plan;
+mod thread_state;
+
+pub use options::{D2hOptions, H2dOptions};
+pub use thread_state::{cached_batches, current_stream, set_current_stream, CurrentStreamGuard};
+
+use crate::batch::Batch;
+use crate::error::Result;
+use std::cell::Cell;
+
+/// Staging slots one call cycles through at most: enough to overlap filling one slot with
+/// the copy of another, and to leave slots for other threads under the arena's cap.
+pub(crate) const PIPELINE_SLOTS: usize = 3;
+
+/// Copies the host tensors of `batch` to `cuda:{LOCAL_RANK}` on the calling thread's
+/// dedicated stream and returns the same structure with device tensors in their place.
+///
+/// * Each thread has its own stream per device, created on first use.
+/// * Page-locked sources are copied directly; pageable ones are staged through the
+///   bounded pinned arena, many small tensors per copy.
+/// * The stream is synchronised before returning: the data is on the device.
+/// * Device tensors and non-tensor leaves come back unchanged (same storage).
+/// * The device memory of the thread's last [`H2dOptions::num_caches`] batches stays
+///   referenced; returned memory is freed on the consumer stream when its last owner
+///   drops.
+/// * On failure, copies already queued are drained before the error is returned; the
+///   input is never changed.
+/// * With no usable CUDA driver or device, the input comes back as is (cheap clones).
+///
+/// ```
+/// use pinlane::{transfer_tensor_h2d, Tensor};
+/// # fn main() -> pinlane::Result<()> {
+/// let batch = vec![Tensor::from_vec(vec![1.0f32; 6], [2, 3])?];
+/// let on_gpu = transfer_tensor_h2d(&batch)?;
+/// if pinlane::driver::available().is_none() {
+///     assert_eq!(on_gpu, batch); // no CUDA: returned as is
+/// }
+/// # Ok(()) }
+/// ```
+pub fn transfer_tensor_h2d<B: Batch>(batch: &B) -> Result<B> {
+    h2d::transfer(batch, &H2dOptions::default())
+}
+
+/// [`transfer_tensor_h2d`] with options.
+///
+/// ```
+/// use pinlane::{transfer_tensor_h2d_with, H2dOptions, Tensor};
+/// let b = (Tensor::scalar(1u8), 5i32);
+/// let out = transfer_tensor_h2d_with(&b, &H2dOptions::default().num_caches(2)).unwrap();
+/// assert_eq!(out.1, 5);
+/// ```
+pub fn transfer_tensor_h2d_with<B: Batch>(batch: &B, opts: &H2dOptions) -> Result<B> {
+    h2d::transfer(batch, opts)
+}
+
+/// Copies the tensors of `batch` that are on the chosen CUDA device to new host tensors
+/// and returns the same structure with them in place.
+///
+/// * Device: [`D2hOptions::device`], or `cuda:{LOCAL_RANK}`.
+/// * The copy stream waits for the work already queued on the caller's
+///   [`current_stream`] (and for [`D2hOptions::producer_event`]), so tensors still being
+///   produced there are copied once ready.
+/// * Copies go through cached page-locked slots into new (pageable) host tensors; the
+///   call waits for the copy stream before returning.
+/// * Tensors on other devices, host tensors and non-tensor leaves pass through.
+/// * No tensor in the input, or no CUDA: the input comes back as is, with no stream or
+///   memory created.
+///
+/// ```
+/// use pinlane::{transfer_tensor_d2h, D2hOptions, Error, Tensor};
+/// let b = vec![Tensor::scalar(2.5f64)];
+/// // A host-only batch passes through.
+/// assert_eq!(transfer_tensor_d2h(&b, &D2hOptions::default()).unwrap(), b);
+/// // "cpu" is not a CUDA device, on any machine.
+/// let bad = D2hOptions::default().device("cpu");
+/// assert!(matches!(transfer_tensor_d2h(&b, &bad), Err(Error::InvalidDevice { .. })));
+/// ```
+pub fn transfer_tensor_d2h<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
+    d2h::transfer(batch, opts)
+}
+
+/// What the calling thread's last successful transfer did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TransferStats {
+    /// Tensors moved.
+    pub tensors: usize,
+    /// Bytes moved.
+    pub bytes: usize,
+    /// Bytes that went through staging slots.
+    pub staged_bytes: usize,
+    /// Bytes copied straight from page-locked sources (H2D).
+    pub direct_bytes: usize,
+    /// Copy submissions (`cuMemcpy*Async` calls).
+    pub copies: usize,
+    /// Staging windows used.
+    pub windows: usize,
+}
+
+thread_local! {
+    static LAST: Cell<Option<TransferStats>> = const { Cell::new(None) };
+}
+
+fn record_stats(s: TransferStats) {
+    let _ = LAST.try_with(|c| c.set(Some(s)));
+}
+
+/// The calling thread's last successful transfer's [`TransferStats`], if it moved any
+/// tensor.
+pub fn last_transfer_stats() -> Option<TransferStats> {
+    LAST.try_with(Cell::get).ok().flatten()
+}

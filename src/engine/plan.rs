@@ -1,0 +1,184 @@
+//! Pure planning: where each tensor goes in a batch's buffer, and how that buffer is cut
+//! into staging windows. No unsafe, no driver: property-tested on every machine.
+
+use crate::error::{Error, Result};
+
+/// Places items of `sizes` bytes back to back, each at an offset aligned to `align` (a
+/// power of two). Returns the offsets and the end of the last item.
+///
+/// ```text
+///  sizes [5, 0, 300]  align 256  →  offsets [0, 256, 256], end 556
+///  |item0|pad....|item2 (item1 is empty, placed at 256 too) ...|
+/// ```
+pub(crate) fn pack(
+    sizes: impl Iterator<Item = usize>,
+    align: usize,
+) -> Result<(Vec<usize>, usize)> {
+    debug_assert!(align.is_power_of_two());
+    let overflow = || Error::InvalidOption {
+        name: "batch size",
+        reason: "the batch's total size overflows usize".into(),
+    };
+    let mut offsets = Vec::with_capacity(sizes.size_hint().0);
+    let mut end = 0usize;
+    for n in sizes {
+        let at = end.checked_add(align - 1).ok_or_else(overflow)? & !(align - 1);
+        offsets.push(at);
+        end = at.checked_add(n).ok_or_else(overflow)?;
+    }
+    Ok((offsets, end))
+}
+
+/// The piece of one item that falls inside one window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Part {
+    /// Index of the item.
+    pub item: usize,
+    /// Offset of the piece inside the item.
+    pub item_off: usize,
+    /// Offset of the piece inside the window.
+    pub window_off: usize,
+    /// Bytes in the piece.
+    pub len: usize,
+}
+
+/// One window: `[start, start + len)` of the batch's buffer and the item pieces in it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Window {
+    pub start: usize,
+    pub len: usize,
+    pub parts: Vec<Part>,
+}
+
+/// Cuts `[0, end)` into windows of `window` bytes (the last may be shorter) and lists,
+/// for each, the pieces of the items (`offsets[i]`, `sizes[i]`, sorted by offset and not
+/// overlapping) that fall inside it. Empty items produce no piece. Windows are produced
+/// lazily, so a 1 GiB batch does not build its whole plan up front.
+pub(crate) fn windows<'a>(
+    offsets: &'a [usize],
+    sizes: &'a [usize],
+    end: usize,
+    window: usize,
+) -> impl Iterator<Item = Window> + 'a {
+    debug_assert!(window > 0);
+    debug_assert_eq!(offsets.len(), sizes.len());
+    let mut item = 0usize;
+    let mut start = 0usize;
+    std::iter::from_fn(move || {
+        if start >= end {
+            return None;
+        }
+        let len = window.min(end - start);
+        let stop = start + len;
+        let mut parts = Vec::new();
+        // Items are sorted; `item` is the first one not wholly before `start`.
+        let mut i = item;
+        while i < offsets.len() && offsets[i] < stop {
+            let (o, n) = (offsets[i], sizes[i]);
+            let lo = o.max(start);
+            let hi = (o + n).min(stop);
+            if hi > lo {
+                parts.push(Part {
+                    item: i,
+                    item_off: lo - o,
+                    window_off: lo - start,
+                    len: hi - lo,
+                });
+            }
+            if o + n <= stop {
+                // The item ends inside this window: later windows never need it.
+                if i == item {
+                    item += 1;
+                }
+            }
+            i += 1;
+        }
+        start = stop;
+        Some(Window {
+            start: stop - len,
+            len,
+            parts,
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn pack_aligns_and_places_empty_items() {
+        let (offs, end) = pack([5usize, 0, 300].into_iter(), 256).unwrap();
+        assert_eq!(offs, vec![0, 256, 256]);
+        assert_eq!(end, 556);
+        assert_eq!(pack(std::iter::empty(), 256).unwrap(), (vec![], 0));
+    }
+
+    #[test]
+    fn pack_overflow_is_an_error() {
+        assert!(pack([usize::MAX - 10, 100].into_iter(), 256).is_err());
+    }
+
+    #[test]
+    fn one_item_spanning_three_windows() {
+        let w: Vec<_> = windows(&[0], &[25], 25, 10).collect();
+        assert_eq!(w.len(), 3);
+        assert_eq!(w[2].start, 20);
+        assert_eq!(w[2].len, 5);
+        assert_eq!(
+            w[1].parts,
+            vec![Part {
+                item: 0,
+                item_off: 10,
+                window_off: 0,
+                len: 10
+            }]
+        );
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(if cfg!(miri) { 8 } else { 512 }))]
+
+        /// Every byte of every item lands in exactly one piece, at the right place, and
+        /// pieces stay inside their windows.
+        #[test]
+        fn windows_cover_every_item_byte_exactly_once(
+            sizes in proptest::collection::vec(0usize..3000, 0..40),
+            align_pow in 0u32..9,
+            window in 1usize..5000,
+        ) {
+            let align = 1usize << align_pow;
+            let (offs, end) = pack(sizes.iter().copied(), align).unwrap();
+            let mut covered: Vec<usize> = vec![0; sizes.len()];
+            let mut next_start = 0;
+            for w in windows(&offs, &sizes, end, window) {
+                prop_assert_eq!(w.start, next_start);
+                prop_assert!(w.len > 0 && w.len <= window);
+                next_start = w.start + w.len;
+                for p in &w.parts {
+                    prop_assert!(p.window_off + p.len <= w.len);
+                    // the piece's place in the window is its place in the batch buffer
+                    prop_assert_eq!(w.start + p.window_off, offs[p.item] + p.item_off);
+                    // pieces of one item come in order, without gaps
+                    prop_assert_eq!(p.item_off, covered[p.item]);
+                    covered[p.item] += p.len;
+                }
+            }
+            prop_assert_eq!(next_start, end);
+            prop_assert_eq!(covered, sizes);
+        }
+
+        #[test]
+        fn packed_items_do_not_overlap(sizes in proptest::collection::vec(0usize..5000, 0..50)) {
+            let (offs, end) = pack(sizes.iter().copied(), 256).unwrap();
+            for i in 0..sizes.len() {
+                prop_assert_eq!(offs[i] % 256, 0);
+                if i + 1 < sizes.len() {
+                    prop_assert!(offs[i] + sizes[i] <= offs[i + 1]);
+                }
+            }
+            prop_assert!(sizes.is_empty() || offs[sizes.len() - 1] + sizes[sizes.len() - 1] == end);
+        }
+    }
+}

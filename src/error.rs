@@ -1,0 +1,101 @@
+//! The one error type of pinlane.
+//!
+//! Every failure, bad input and driver failure alike, is a variant here with the values
+//! that explain it. Nothing in pinlane panics on bad input, and nothing panics in `Drop`:
+//! a driver error raised while freeing is recorded (see [`crate::driver::deferred`]) and
+//! returned by the next transfer call as [`Error::Deferred`].
+
+use crate::dtype::DType;
+use crate::tensor::Location;
+
+/// Result alias used throughout pinlane.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in pinlane.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A constructor was given a number of elements that does not match the shape.
+    #[error("shape {shape:?} holds {expected} elements, but {got} were given")]
+    ShapeMismatch {
+        shape: Vec<usize>,
+        expected: usize,
+        got: usize,
+    },
+
+    /// A shape whose element count or byte size overflows `usize`.
+    #[error("shape {shape:?} is too large: its size overflows")]
+    ShapeOverflow { shape: Vec<usize> },
+
+    /// A typed view or copy asked for another element type than the tensor holds.
+    #[error("{op}: tensor holds {got}, but {expected} was asked for")]
+    DTypeMismatch {
+        op: &'static str,
+        expected: DType,
+        got: DType,
+    },
+
+    /// Raw bytes that are not valid values of the dtype (a bool byte other than 0 or 1),
+    /// or whose length is not a whole number of elements.
+    #[error("invalid {dtype} bytes: {reason}")]
+    InvalidBytes { dtype: DType, reason: String },
+
+    /// An event that belongs to another device than the transfer's.
+    #[error("the producer event is on cuda:{event_device}, but the transfer is on cuda:{device}")]
+    EventDeviceMismatch { event_device: usize, device: usize },
+
+    /// The calling thread's transfer state is gone (the thread is exiting).
+    #[error("the calling thread's transfer state is no longer available (thread exiting)")]
+    ThreadExiting,
+
+    /// A host-only operation was asked of a tensor that lives elsewhere.
+    #[error("{op}: tensor is on {location}, but this needs host memory")]
+    NotOnHost {
+        op: &'static str,
+        location: Location,
+    },
+
+    /// `LOCAL_RANK` is set but is not a device index this machine has.
+    #[error("LOCAL_RANK={value:?} is not a device index below the device count {device_count}")]
+    InvalidLocalRank { value: String, device_count: usize },
+
+    /// A device string that does not name a CUDA device (`"cpu"`, `"cuda:x"`, `""`).
+    #[error("{value:?} is not a CUDA device (expected \"cuda\" or \"cuda:N\")")]
+    InvalidDevice { value: String },
+
+    /// A CUDA device index this machine does not have.
+    #[error("cuda:{index} is unavailable: this machine has {device_count} CUDA device(s)")]
+    DeviceUnavailable { index: usize, device_count: usize },
+
+    /// A custom stream was given without naming the device it belongs to.
+    #[error("a custom stream requires the device to be given too")]
+    StreamWithoutDevice,
+
+    /// A custom stream that belongs to another device than the one requested.
+    #[error("the stream is on cuda:{stream_device}, but cuda:{device} was requested")]
+    StreamDeviceMismatch { stream_device: usize, device: usize },
+
+    /// An operation needs the CUDA driver, and none is usable on this machine.
+    #[error("{op}: no usable CUDA driver or device ({reason})")]
+    NoCuda { op: &'static str, reason: String },
+
+    /// An option outside its allowed range.
+    #[error("invalid option {name}: {reason}")]
+    InvalidOption { name: &'static str, reason: String },
+
+    /// A CUDA driver call failed.
+    #[error("{op} failed: {name} ({code})")]
+    Driver {
+        /// The driver call, e.g. `cuMemcpyHtoDAsync`.
+        op: &'static str,
+        /// The raw `CUresult` value.
+        code: u32,
+        /// The `CUresult` name, e.g. `CUDA_ERROR_OUT_OF_MEMORY`.
+        name: String,
+    },
+
+    /// An error raised earlier inside a `Drop` (where it could not be returned),
+    /// surfaced on the next call.
+    #[error("an earlier release failed: {0}")]
+    Deferred(Box<Error>),
+}

@@ -1,0 +1,105 @@
+//! Shapes: plain data, no unsafe. pinlane tensors are contiguous and row-major, so a
+//! shape (and the dtype) is the whole layout.
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+/// The dimensions of a contiguous, row-major tensor.
+///
+/// A 0-dim shape (`[]`) holds one element (a scalar); a shape with any zero dimension
+/// holds none.
+///
+/// ```
+/// use pinlane::Shape;
+/// let s = Shape::new(vec![2, 3, 4]);
+/// assert_eq!(s.numel(), 24);
+/// assert_eq!(Shape::scalar().numel(), 1);
+/// assert_eq!(Shape::new(vec![5, 0]).numel(), 0);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Shape(Vec<usize>);
+
+impl Shape {
+    /// A shape from its dimensions.
+    pub fn new(dims: Vec<usize>) -> Self {
+        Shape(dims)
+    }
+
+    /// The 0-dim shape of a scalar.
+    pub fn scalar() -> Self {
+        Shape(Vec::new())
+    }
+
+    /// The dimensions.
+    pub fn dims(&self) -> &[usize] {
+        &self.0
+    }
+
+    /// Number of dimensions.
+    pub fn rank(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Number of elements; saturates at `usize::MAX` (see [`Shape::try_nbytes`]).
+    pub fn numel(&self) -> usize {
+        self.try_numel().unwrap_or(usize::MAX)
+    }
+
+    /// Number of elements, or `None` if it overflows `usize`.
+    pub fn try_numel(&self) -> Option<usize> {
+        self.0.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))
+    }
+
+    /// Bytes taken by this shape's elements of `dtype`, checked for overflow.
+    pub fn try_nbytes(&self, dtype: DType) -> Result<usize> {
+        self.try_numel()
+            .and_then(|n| n.checked_mul(dtype.size()))
+            .ok_or_else(|| Error::ShapeOverflow {
+                shape: self.0.clone(),
+            })
+    }
+}
+
+impl From<Vec<usize>> for Shape {
+    fn from(dims: Vec<usize>) -> Self {
+        Shape(dims)
+    }
+}
+
+impl From<&[usize]> for Shape {
+    fn from(dims: &[usize]) -> Self {
+        Shape(dims.to_vec())
+    }
+}
+
+impl<const N: usize> From<[usize; N]> for Shape {
+    fn from(dims: [usize; N]) -> Self {
+        Shape(dims.to_vec())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scalar_has_one_element_and_zero_dims_have_none() {
+        assert_eq!(Shape::scalar().numel(), 1);
+        assert_eq!(Shape::scalar().rank(), 0);
+        assert_eq!(Shape::from([3, 0, 7]).numel(), 0);
+        assert_eq!(Shape::from([3, 0, 7]).try_nbytes(DType::F64).unwrap(), 0);
+    }
+
+    #[test]
+    fn overflow_is_an_error_not_a_panic() {
+        let s = Shape::from([usize::MAX, 2]);
+        assert_eq!(s.try_numel(), None);
+        assert!(matches!(
+            s.try_nbytes(DType::U8),
+            Err(Error::ShapeOverflow { .. })
+        ));
+        let s = Shape::from([usize::MAX / 2 + 1]);
+        assert!(s.try_numel().is_some());
+        assert!(s.try_nbytes(DType::I16).is_err());
+    }
+}

@@ -1,0 +1,62 @@
+//! # pinlane
+//!
+//! Moves nested batches of tensors between host memory and NVIDIA GPUs through the CUDA
+//! driver API, loaded at run time: no CUDA toolkit to build, no libtorch, and a binary
+//! that starts (and passes batches through unchanged) on a machine without a GPU.
+//!
+//! ```
+//! use pinlane::{transfer_tensor_d2h, transfer_tensor_h2d, D2hOptions, Tensor};
+//! use std::collections::BTreeMap;
+//!
+//! # fn main() -> pinlane::Result<()> {
+//! let mut batch = BTreeMap::new();
+//! batch.insert("pixels", Tensor::from_vec(vec![7u8; 3 * 4 * 4], [3, 4, 4])?);
+//! batch.insert("scores", Tensor::from_vec(vec![0.5f32; 8], [8])?);
+//!
+//! let on_gpu = transfer_tensor_h2d(&batch)?; // cuda:{LOCAL_RANK}, or as is without CUDA
+//! let back = transfer_tensor_d2h(&on_gpu, &D2hOptions::default())?;
+//! assert_eq!(back, batch); // same keys, dtypes, shapes and bytes
+//! # Ok(()) }
+//! ```
+//!
+//! ## Layers
+//!
+//! | layer | module | holds |
+//! | --- | --- | --- |
+//! | driver | [`driver`] | the only CUDA calls: [`available`](driver::available), [`Stream`], [`Event`], checked memory and copy calls |
+//! | memory | [`memory`] | raw buffers and their owners: pinned arena, device allocations, in-flight tracking, the retained registry |
+//! | tensor | [`Tensor`], [`DType`], [`Shape`] | a cheap handle to immutable, contiguous bytes somewhere |
+//! | traversal | [`batch`] | the [`Batch`] trait, `#[derive(Batch)]`, the dynamic [`Value`] |
+//! | engine | [`transfer_tensor_h2d`], [`transfer_tensor_d2h`] | planning, per-thread streams, the cache ring |
+//!
+//! The rules (stream ordering, buffer lifetimes, failure handling) are in
+//! `docs/semantics.md`; the design in `docs/architecture.md`.
+
+// The derive emits `::pinlane::...` paths; this makes them resolve inside the crate too.
+extern crate self as pinlane;
+
+pub mod batch;
+pub mod driver;
+mod dtype;
+mod engine;
+mod error;
+mod layout;
+pub mod memory;
+mod tensor;
+
+pub use batch::{Batch, Leaf, Value};
+pub use driver::{Event, Stream};
+pub use dtype::{DType, Element};
+pub use engine::{
+    cached_batches, current_stream, last_transfer_stats, set_current_stream, transfer_tensor_d2h,
+    transfer_tensor_h2d, transfer_tensor_h2d_with, CurrentStreamGuard, D2hOptions, H2dOptions,
+    TransferStats,
+};
+pub use error::{Error, Result};
+pub use layout::Shape;
+pub use tensor::{Location, Tensor};
+
+/// `#[derive(Batch)]`: see [`Batch`]. Fields are visited in declaration order;
+/// `#[batch(skip)]` passes a field through unchanged (cloned).
+#[cfg(feature = "derive")]
+pub use pinlane_derive::Batch;

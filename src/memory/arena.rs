@@ -1,0 +1,328 @@
+//! [`PinnedArena`]: the page-locked staging slots, allocated once and reused.
+//!
+//! Pageable tensors cannot be copied to the device asynchronously; they are streamed
+//! through fixed-size page-locked slots instead. The arena allocates slots lazily, up to a
+//! cap, and never frees them on the hot path: a slot is leased to one call
+//! ([`SlotLease`]) and goes back on the free list when the lease drops.
+//!
+//! Each slot carries the event recorded after the last copy that used it; writing into it
+//! or reading from it ([`SlotLease::bytes_mut`], [`SlotLease::bytes`]) first waits for that
+//! event, so a slot is never refilled while the copy engine may still read it.
+//!
+//! Leasing cannot deadlock: a call blocks only for its *first* slot (when every slot is
+//! leased to other calls, which release theirs when they end); further slots it only
+//! takes if free, and otherwise it cycles the slots it has.
+
+use super::{DeviceAlloc, DeviceView};
+use crate::driver::{self, ContextGuard, Event, Handle, Stream};
+use crate::error::{Error, Result};
+use std::sync::{Condvar, Mutex, OnceLock};
+
+/// Sizes of the global arena. Set once, before the first transfer, with
+/// [`PinnedArena::configure`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ArenaConfig {
+    /// Bytes per staging slot (default 32 MiB).
+    pub slot_bytes: usize,
+    /// Most page-locked bytes the arena may hold, all slots together (default 128 MiB).
+    /// Rounded down to whole slots, and at least one slot.
+    pub max_bytes: usize,
+}
+
+impl Default for ArenaConfig {
+    fn default() -> Self {
+        ArenaConfig {
+            slot_bytes: 32 << 20,
+            max_bytes: 128 << 20,
+        }
+    }
+}
+
+/// The process-wide pool of page-locked staging slots.
+///
+/// ```
+/// use pinlane::memory::{ArenaConfig, PinnedArena};
+/// let arena = PinnedArena::global();
+/// assert!(arena.config().max_bytes >= arena.config().slot_bytes);
+/// assert!(arena.held_bytes() <= arena.config().max_bytes);
+/// ```
+pub struct PinnedArena {
+    config: ArenaConfig,
+    max_slots: usize,
+    state: Mutex<ArenaState>,
+    /// Signalled when a slot goes back on the free list.
+    returned: Condvar,
+}
+
+struct ArenaState {
+    free: Vec<Slab>,
+    /// Slots allocated so far (free or leased); never above `max_slots`.
+    allocated: usize,
+}
+
+/// One page-locked slot. `event` is recorded after the last copy queued on it; `busy`
+/// says that event has not been waited for yet.
+struct Slab {
+    ptr: Handle<*mut u8>,
+    len: usize,
+    event: Option<Event>,
+    busy: bool,
+}
+
+static CONFIG: OnceLock<ArenaConfig> = OnceLock::new();
+static GLOBAL: OnceLock<PinnedArena> = OnceLock::new();
+
+impl PinnedArena {
+    /// Sets the global arena's sizes. Only before its first use; later calls with another
+    /// configuration are an [`Error::InvalidOption`].
+    ///
+    /// ```
+    /// use pinlane::memory::{ArenaConfig, PinnedArena};
+    /// let cfg = ArenaConfig { slot_bytes: 8 << 20, max_bytes: 64 << 20 };
+    /// PinnedArena::configure(cfg).unwrap();
+    /// assert_eq!(PinnedArena::global().config(), cfg);
+    /// ```
+    pub fn configure(config: ArenaConfig) -> Result<()> {
+        if config.slot_bytes == 0 {
+            return Err(Error::InvalidOption {
+                name: "slot_bytes",
+                reason: "must be above 0".into(),
+            });
+        }
+        let set = *CONFIG.get_or_init(|| config);
+        if set != config {
+            return Err(Error::InvalidOption {
+                name: "ArenaConfig",
+                reason: format!("the arena is already configured as {set:?}"),
+            });
+        }
+        Ok(())
+    }
+
+    /// The global arena (configured with [`ArenaConfig::default`] unless
+    /// [`PinnedArena::configure`] came first).
+    pub fn global() -> &'static PinnedArena {
+        GLOBAL.get_or_init(|| {
+            let config = *CONFIG.get_or_init(ArenaConfig::default);
+            PinnedArena {
+                config,
+                max_slots: (config.max_bytes / config.slot_bytes).max(1),
+                state: Mutex::new(ArenaState {
+                    free: Vec::new(),
+                    allocated: 0,
+                }),
+                returned: Condvar::new(),
+            }
+        })
+    }
+
+    /// The sizes in force.
+    pub fn config(&self) -> ArenaConfig {
+        self.config
+    }
+
+    /// Page-locked bytes held by the arena now (allocated slots, free or leased).
+    pub fn held_bytes(&self) -> usize {
+        self.lock().allocated * self.config.slot_bytes
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ArenaState> {
+        // A poisoned lock only means a panic elsewhere; the free list is still coherent
+        // (every mutation is a single push/pop or counter change).
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Leases a slot. With `wait`, blocks until one is free when all are leased; without,
+    /// returns `None` then.
+    pub(crate) fn lease(
+        &'static self,
+        ctx: &ContextGuard,
+        wait: bool,
+    ) -> Result<Option<SlotLease>> {
+        let mut st = self.lock();
+        loop {
+            if let Some(slab) = st.free.pop() {
+                return Ok(Some(SlotLease {
+                    slab: Some(slab),
+                    arena: self,
+                }));
+            }
+            if st.allocated < self.max_slots {
+                st.allocated += 1;
+                drop(st);
+                return match Slab::alloc(ctx, self.config.slot_bytes) {
+                    Ok(slab) => Ok(Some(SlotLease {
+                        slab: Some(slab),
+                        arena: self,
+                    })),
+                    Err(e) => {
+                        self.lock().allocated -= 1;
+                        Err(e)
+                    }
+                };
+            }
+            if !wait {
+                return Ok(None);
+            }
+            st = self.returned.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+impl Slab {
+    fn alloc(ctx: &ContextGuard, len: usize) -> Result<Slab> {
+        let ptr = driver::host_alloc(ctx, len)?;
+        // SAFETY: a fresh allocation of `len` bytes that nothing else sees. Zeroing it
+        // once makes every later `&mut [u8]` view point at initialised bytes.
+        unsafe { std::ptr::write_bytes(ptr, 0, len) };
+        Ok(Slab {
+            ptr: Handle(ptr),
+            len,
+            event: None,
+            busy: false,
+        })
+    }
+}
+
+/// One slot, leased to one call. Returned to the arena on drop, which the engine lets
+/// happen only after the slot's copies are proven complete (see the memory module docs).
+pub(crate) struct SlotLease {
+    /// `Some` until drop.
+    slab: Option<Slab>,
+    arena: &'static PinnedArena,
+}
+
+impl SlotLease {
+    fn slab(&mut self) -> &mut Slab {
+        // `slab` is only taken in Drop.
+        self.slab.as_mut().expect("slot lease used after drop")
+    }
+
+    /// Bytes in the slot.
+    pub(crate) fn len(&self) -> usize {
+        self.slab.as_ref().map_or(0, |s| s.len)
+    }
+
+    /// Waits for the slot's last copy, if it was not waited for yet.
+    fn wait_idle(&mut self) -> Result<()> {
+        let slab = self.slab();
+        if slab.busy {
+            if let Some(ev) = &slab.event {
+                ev.synchronize()?;
+            }
+            slab.busy = false;
+        }
+        Ok(())
+    }
+
+    /// The slot's bytes, for filling; waits first for the copy that last used it.
+    pub(crate) fn bytes_mut(&mut self) -> Result<&mut [u8]> {
+        self.wait_idle()?;
+        let slab = self.slab();
+        // SAFETY: `ptr` points to `len` initialised (zeroed at allocation) bytes owned by
+        // this lease alone; no copy touches them any more (wait_idle above).
+        Ok(unsafe { std::slice::from_raw_parts_mut(slab.ptr.0, slab.len) })
+    }
+
+    /// The slot's bytes, for reading what a D2H copy wrote; waits for that copy first.
+    pub(crate) fn bytes(&mut self) -> Result<&[u8]> {
+        self.bytes_mut().map(|b| &*b)
+    }
+
+    /// Queues one copy of the slot's first `len` bytes to `dst` at `at`, then records the
+    /// slot's event on `stream`.
+    ///
+    /// # Safety
+    /// `dst` is usable in `stream`'s order (allocated on it, or its allocation ordered
+    /// before) and is kept alive until the slot's event completes.
+    pub(crate) unsafe fn h2d_window(
+        &mut self,
+        ctx: &ContextGuard,
+        len: usize,
+        dst: &DeviceAlloc,
+        at: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        if len > self.len() || at.checked_add(len).is_none_or(|e| e > dst.nbytes()) {
+            return Err(out_of_range("h2d window", at, len, dst.nbytes()));
+        }
+        let src = self.slab().ptr.0;
+        // Busy before queueing: if the call fails after this, the slot is waited for.
+        self.slab().busy = true;
+        // SAFETY: source: `len` bytes of the slot (checked above), owned by this lease and
+        // unchanged until its event completes (bytes_mut waits for it). Destination: inside
+        // `dst` (checked above), alive and stream-ordered by the caller's obligation.
+        unsafe { driver::memcpy_h2d_async(ctx, dst.addr(at), src, len, stream) }?;
+        self.mark_used(stream)
+    }
+
+    /// Queues copies of device ranges into the slot, each `(slot offset, source view,
+    /// offset in the view, bytes)`, then records the slot's event on `stream`.
+    ///
+    /// # Safety
+    /// Each source view's producing work is ordered before this point of `stream`, and the
+    /// view is kept alive until the slot's event completes.
+    pub(crate) unsafe fn d2h_window<'v>(
+        &mut self,
+        ctx: &ContextGuard,
+        parts: impl Iterator<Item = (usize, &'v DeviceView, usize, usize)>,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.wait_idle()?;
+        let (base, len) = {
+            let s = self.slab();
+            (s.ptr.0, s.len)
+        };
+        for (at, view, from, n) in parts {
+            if at.checked_add(n).is_none_or(|end| end > len) {
+                return Err(out_of_range("d2h window slot", at, n, len));
+            }
+            if from.checked_add(n).is_none_or(|end| end > view.nbytes()) {
+                return Err(out_of_range("d2h window source", from, n, view.nbytes()));
+            }
+            let Some(src) = view.addr(from) else {
+                continue; // an empty view: nothing to copy (n is 0, checked above)
+            };
+            // Mark busy before queueing: if a later part fails, the earlier ones may still
+            // be writing, and the slot must be waited for before reuse.
+            self.slab().busy = true;
+            // SAFETY: `at + n <= len` (checked above), so the destination is inside the
+            // slot, which this lease owns and nothing reads until its event completes;
+            // the source is the caller's obligation.
+            unsafe { driver::memcpy_d2h_async(ctx, base.add(at), src, n, stream) }?;
+        }
+        self.mark_used(stream)
+    }
+
+    fn mark_used(&mut self, stream: &Stream) -> Result<()> {
+        let slab = self.slab();
+        // The copy is queued: from here until the event is waited for, the slot is busy.
+        slab.busy = true;
+        let reuse = matches!(&slab.event, Some(ev) if ev.device() == stream.device());
+        if !reuse {
+            slab.event = Some(Event::new(stream.device())?);
+        }
+        // The branch above guarantees Some.
+        let ev = slab.event.as_ref().expect("event set above");
+        ev.record(stream)
+    }
+}
+
+fn out_of_range(what: &str, at: usize, n: usize, len: usize) -> Error {
+    Error::InvalidOption {
+        name: "copy range",
+        reason: format!("{what}: {at}+{n} exceeds {len} bytes"),
+    }
+}
+
+impl Drop for SlotLease {
+    fn drop(&mut self) {
+        if let Some(mut slab) = self.slab.take() {
+            // Callers drop a lease only after its copies completed (module docs), so the
+            // event needs no waiting; clear the flag so the next lease does not wait.
+            slab.busy = false;
+            self.arena.lock().free.push(slab);
+            self.arena.returned.notify_one();
+        }
+    }
+}

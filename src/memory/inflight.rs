@@ -1,0 +1,98 @@
+//! [`InFlight`]: the owners a call's queued copies may still touch, released only after
+//! the stream is proven idle.
+
+use super::{retained, DeviceAlloc, SlotLease};
+use crate::driver::Stream;
+use crate::error::{Error, Result};
+use std::sync::Arc;
+
+/// Everything one transfer call has queued copies against on `stream`: its staging slot
+/// leases and device allocations. Ending it any way other than [`InFlight::finish`] or
+/// [`InFlight::abort`] is a bug; dropping it without either still synchronises first.
+pub(crate) struct InFlight {
+    stream: Stream,
+    pub(crate) leases: Vec<SlotLease>,
+    allocs: Vec<Arc<DeviceAlloc>>,
+    /// Set once finish/abort has run, so Drop knows not to synchronise again.
+    done: bool,
+}
+
+impl InFlight {
+    pub(crate) fn new(stream: Stream) -> InFlight {
+        InFlight {
+            stream,
+            leases: Vec::new(),
+            allocs: Vec::new(),
+            done: false,
+        }
+    }
+
+    pub(crate) fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
+    /// Keeps `alloc` alive until the stream is proven idle.
+    pub(crate) fn hold(&mut self, alloc: &Arc<DeviceAlloc>) {
+        self.allocs.push(alloc.clone());
+    }
+
+    fn held_bytes(&self) -> usize {
+        self.leases.iter().map(SlotLease::len).sum::<usize>()
+            + self.allocs.iter().map(|a| a.nbytes()).sum::<usize>()
+    }
+
+    /// Synchronises the stream, then releases everything. If the synchronisation fails,
+    /// the owners and `sources()` (clones of the caller's source buffers) are retained
+    /// until a later synchronisation succeeds, and the error is returned.
+    pub(crate) fn finish<S: Send + 'static>(mut self, sources: impl FnOnce() -> S) -> Result<()> {
+        self.done = true;
+        match self.stream.synchronize() {
+            Ok(()) => {
+                retained::release_proven(&self.stream);
+                Ok(())
+            }
+            Err(e) => {
+                self.retain(sources());
+                Err(e)
+            }
+        }
+    }
+
+    /// After a failure part way: drains the copies already queued (synchronises), then
+    /// returns `err`. If the drain fails too, retains the owners and `sources()` as in
+    /// [`InFlight::finish`], and still returns the original `err`.
+    pub(crate) fn abort<S: Send + 'static>(
+        mut self,
+        err: Error,
+        sources: impl FnOnce() -> S,
+    ) -> Error {
+        self.done = true;
+        match self.stream.synchronize() {
+            Ok(()) => retained::release_proven(&self.stream),
+            Err(_) => self.retain(sources()),
+        }
+        err
+    }
+
+    fn retain<S: Send + 'static>(&mut self, sources: S) {
+        let bytes = self.held_bytes();
+        let keep = (
+            std::mem::take(&mut self.leases),
+            std::mem::take(&mut self.allocs),
+            sources,
+        );
+        retained::retain(self.stream.clone(), Box::new(keep), bytes);
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if !self.done {
+            // Not reached by the engine (every path calls finish or abort); kept so that
+            // no lease goes back to the arena with a copy still running.
+            if self.stream.synchronize().is_err() {
+                self.retain(());
+            }
+        }
+    }
+}

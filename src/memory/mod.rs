@@ -1,0 +1,62 @@
+//! The memory layer: the only place (with `driver`) that holds raw pointers.
+//!
+//! | file | owner | memory | freed |
+//! | --- | --- | --- | --- |
+//! | `host.rs` | [`HostBuf`] | pageable host memory (a `Vec`) | on drop |
+//! | `pinned.rs` | [`PinnedBuf`] | page-locked memory of one tensor (`cuMemHostAlloc`) | on drop (`cuMemFreeHost`) |
+//! | `arena.rs` | [`PinnedArena`], [`SlotLease`] | page-locked staging slots, allocated once | never on the hot path |
+//! | `device.rs` | [`DeviceAlloc`] | device memory of one batch (`cuMemAllocFromPoolAsync`) | in order on its consumer stream (`cuMemFreeAsync`) |
+//! | `inflight.rs` | [`InFlight`] | nothing of its own: keeps the owners above alive | after the stream is synchronised |
+//! | `retained.rs` | the retained registry | owners whose copies could not be proven complete | when a later synchronisation proves it |
+//!
+//! # The invariant
+//!
+//! **Every host or device buffer that a queued copy may still touch is kept alive by an
+//! owner tied to an event (or a stream synchronisation) that proves the copy finished.**
+//! Reuse or free happens only after that proof, or in stream order.
+//!
+//! ```text
+//!  caller's batch ──borrowed for the whole call──────────────────────────────┐
+//!                                                                            │
+//!  copy stream:  [alloc dst] [copy w0 ─slot A─] [copy w1 ─slot B─] [copy w2 ─slot A─] ... [sync]
+//!                                       │ ev(A)             │ ev(B)   ▲                      │
+//!  host:         fill A(w0)  fill B(w1) └─ wait ev(A) ─ fill A(w2) ───┘                      │
+//!                                                                                            ▼
+//!  InFlight owns: slot leases, the batch's DeviceAlloc ───────────────── released (leases back to
+//!                                                                        the arena) after sync OK
+//!     sync failed? ─► leases, DeviceAlloc and clones of the source tensors move to the
+//!                     retained registry (bytes counted) until a later sync of that stream
+//!                     succeeds.
+//!
+//!  output tensors ─► Arc<DeviceAlloc> ─► last owner drops ─► cuMemFreeAsync(consumer stream)
+//!                                        (after everything the consumer queued before)
+//! ```
+//!
+//! * A staging slot is written only after its event (recorded after the last copy that
+//!   used it) has completed: [`SlotLease::bytes_mut`] waits for it.
+//! * A slot goes back to the arena only when its lease drops, which happens after the
+//!   stream that used it was synchronised (the lease lives in an [`InFlight`]) or, if that
+//!   synchronisation failed, never until a later one succeeds (the registry holds it).
+//! * Source tensors are borrowed by the call; they need owning only when the call returns
+//!   with copies not proven complete, and then the registry takes clones of them.
+//! * Device memory of a returned batch is freed on the consumer stream (the legacy default
+//!   stream unless the caller names another), so it cannot be handed to a new allocation
+//!   while work the consumer queued on that stream may still read it.
+
+mod arena;
+mod device;
+mod host;
+mod inflight;
+mod pinned;
+pub mod retained;
+
+pub(crate) use arena::SlotLease;
+pub use arena::{ArenaConfig, PinnedArena};
+pub(crate) use device::{DeviceAlloc, DeviceView};
+pub(crate) use host::HostBuf;
+pub(crate) use inflight::InFlight;
+pub(crate) use pinned::PinnedBuf;
+
+/// Device offsets of a batch are aligned to this many bytes (cudaMalloc's own alignment),
+/// so every tensor of a coalesced batch starts where a kernel would expect it.
+pub const DEVICE_ALIGN: usize = 256;

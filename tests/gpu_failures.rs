@@ -1,0 +1,116 @@
+//! GPU: failures part way through a batch (injected into real driver calls): a typed
+//! error, the input unchanged, queued copies drained, owners retained when the drain
+//! fails and released by the next successful synchronisation, the next call working.
+
+mod common;
+
+use pinlane::driver::fault::{self, FaultKind};
+use pinlane::memory::retained::{retained_bytes, try_release};
+use pinlane::{transfer_tensor_d2h, transfer_tensor_h2d, D2hOptions, DType, Error, Tensor};
+
+fn batch() -> Vec<Tensor> {
+    // Pageable tensors over several 32 MiB slots, plus a pinned one: every kind of copy.
+    let mut b: Vec<Tensor> = (0..3)
+        .map(|i| common::tensor(DType::F32, &[10 << 20], i))
+        .collect();
+    b.push(common::tensor(DType::U8, &[4096], 7).to_pinned().unwrap());
+    b
+}
+
+fn injected(e: &Error) -> bool {
+    matches!(e, Error::Driver { name, .. } if name == "INJECTED_FAULT")
+}
+
+#[test]
+fn h2d_faults_at_every_kind_and_position() {
+    require_gpu!();
+    std::thread::spawn(|| {
+        let b = batch();
+        let before = common::fingerprint(&b);
+        let cases = [
+            (FaultKind::Alloc, 1),
+            (FaultKind::Copy, 1),
+            (FaultKind::Copy, 2),
+            (FaultKind::Copy, 3),
+            (FaultKind::EventRecord, 1),
+            (FaultKind::EventRecord, 2),
+        ];
+        for (kind, nth) in cases {
+            fault::inject(kind, nth);
+            let e = transfer_tensor_h2d(&b).unwrap_err();
+            assert!(injected(&e), "{kind:?} #{nth}: {e}");
+            assert!(!fault::armed(), "{kind:?} #{nth} fired");
+            assert_eq!(retained_bytes(), 0, "the drain succeeded, nothing retained");
+            assert_eq!(common::fingerprint(&b), before, "input unchanged");
+            let ok = transfer_tensor_h2d(&b).unwrap();
+            assert_eq!(
+                transfer_tensor_d2h(&ok, &D2hOptions::default()).unwrap(),
+                b,
+                "next call works"
+            );
+        }
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
+fn d2h_faults_at_every_kind_and_position() {
+    require_gpu!();
+    std::thread::spawn(|| {
+        let b = batch();
+        let on = transfer_tensor_h2d(&b).unwrap();
+        for (kind, nth) in [
+            (FaultKind::Copy, 1),
+            (FaultKind::Copy, 3),
+            (FaultKind::EventRecord, 1),
+            (FaultKind::EventRecord, 3),
+        ] {
+            fault::inject(kind, nth);
+            let e = transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap_err();
+            assert!(injected(&e), "{kind:?} #{nth}: {e}");
+            assert_eq!(retained_bytes(), 0);
+            assert!(on.iter().all(Tensor::is_cuda), "input unchanged");
+            assert_eq!(
+                transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap(),
+                b,
+                "next call works"
+            );
+        }
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
+fn failed_drain_retains_owners_until_a_later_sync() {
+    require_gpu!();
+    std::thread::spawn(|| {
+        let b = batch();
+        // A copy fails, then the drain (stream sync) fails too: nothing can be freed.
+        fault::inject(FaultKind::Copy, 2);
+        fault::inject(FaultKind::StreamSync, 1);
+        let e = transfer_tensor_h2d(&b).unwrap_err();
+        assert!(injected(&e), "{e}");
+        let held = retained_bytes();
+        assert!(
+            held >= 30 << 20,
+            "the device buffer and slots are retained: {held}"
+        );
+        // The next call on this thread synchronises the same stream: completion proven.
+        let ok = transfer_tensor_h2d(&b).unwrap();
+        assert_eq!(retained_bytes(), 0);
+        assert_eq!(transfer_tensor_d2h(&ok, &D2hOptions::default()).unwrap(), b);
+
+        // Success path with a failed final sync: error returned, owners retained,
+        // released by try_release.
+        fault::inject(FaultKind::StreamSync, 1);
+        let on = transfer_tensor_h2d(&b).unwrap();
+        let e = transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap_err();
+        assert!(injected(&e));
+        assert!(retained_bytes() > 0);
+        assert_eq!(try_release(), 0);
+    })
+    .join()
+    .unwrap();
+}

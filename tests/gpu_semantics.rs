@@ -1,0 +1,253 @@
+//! GPU: the rules of both calls on the real device (see docs/semantics.md).
+
+mod common;
+
+use pinlane::memory::PinnedArena;
+use pinlane::{
+    cached_batches, last_transfer_stats, set_current_stream, transfer_tensor_d2h,
+    transfer_tensor_h2d, transfer_tensor_h2d_with, D2hOptions, DType, Error, Event, H2dOptions,
+    Location, Stream, Tensor,
+};
+use std::time::{Duration, Instant};
+
+fn d2h<B: pinlane::Batch>(b: &B) -> B {
+    transfer_tensor_d2h(b, &D2hOptions::default()).unwrap()
+}
+
+#[test]
+fn h2d_moves_host_tensors_and_passes_the_rest_through() {
+    require_gpu!();
+    let dev = transfer_tensor_h2d(&common::tensor(DType::F32, &[8], 1)).unwrap();
+    let b = (
+        common::tensor(DType::I32, &[5, 7], 2),
+        dev.clone(),
+        "leaf",
+        42u64,
+    );
+    let r = transfer_tensor_h2d(&b).unwrap();
+    assert_eq!(r.0.location(), Location::Cuda(0));
+    assert!(
+        r.1.same_storage(&dev),
+        "a device tensor comes back with the same storage"
+    );
+    assert_eq!((r.2, r.3), ("leaf", 42));
+    assert_eq!(d2h(&r.0), b.0);
+    assert_eq!(b.0.location(), Location::Host, "the input is not changed");
+}
+
+#[test]
+fn pinned_sources_are_copied_directly_without_staging() {
+    require_gpu!();
+    let pageable = common::tensor(DType::U8, &[1000], 3);
+    let pinned = common::tensor(DType::F64, &[300], 4).to_pinned().unwrap();
+    assert_eq!(pinned.location(), Location::Pinned);
+    let r = transfer_tensor_h2d(&(pageable.clone(), pinned.clone())).unwrap();
+    let s = last_transfer_stats().unwrap();
+    assert_eq!(s.direct_bytes, 2400, "{s:?}");
+    assert_eq!(s.staged_bytes, 1000, "{s:?}");
+    let back = d2h(&r);
+    assert_eq!(back.0, pageable);
+    assert_eq!(back.1, pinned);
+
+    // Only pinned sources: nothing is staged at all.
+    let r = transfer_tensor_h2d(&vec![pinned.clone(), pinned.clone()]).unwrap();
+    let s = last_transfer_stats().unwrap();
+    assert_eq!((s.staged_bytes, s.windows, s.copies), (0, 0, 2), "{s:?}");
+    assert_eq!(d2h(&r), vec![pinned.clone(), pinned]);
+}
+
+#[test]
+fn many_small_tensors_share_copies() {
+    require_gpu!();
+    let b: Vec<Tensor> = (0..1000)
+        .map(|i| common::tensor(DType::F32, &[256], i))
+        .collect();
+    let r = transfer_tensor_h2d(&b).unwrap();
+    let s = last_transfer_stats().unwrap();
+    assert_eq!(s.copies, 1, "1000 x 1 KiB fit one staging window: {s:?}");
+    assert_eq!(d2h(&r), b);
+}
+
+#[test]
+fn a_tensor_larger_than_the_arena_round_trips_with_bounded_pinned_memory() {
+    require_gpu!();
+    let cap = PinnedArena::global().config().max_bytes;
+    let n = cap + (cap / 2) + 12_345;
+    let b = common::tensor(DType::U8, &[n], 9);
+    let r = transfer_tensor_h2d(&b).unwrap();
+    assert!(last_transfer_stats().unwrap().windows >= 2);
+    assert_eq!(d2h(&r), b);
+    assert!(PinnedArena::global().held_bytes() <= cap);
+}
+
+#[test]
+fn zero_size_and_scalar_tensors() {
+    require_gpu!();
+    let b = (
+        common::tensor(DType::F16, &[0, 3], 1),
+        Tensor::scalar(half::bf16::from_f32(1.5)),
+        common::tensor(DType::Bool, &[], 2),
+        Tensor::from_vec(Vec::<i8>::new(), [0]).unwrap(),
+    );
+    let r = transfer_tensor_h2d(&b).unwrap();
+    assert!(r.0.is_cuda() && r.1.is_cuda() && r.3.is_cuda());
+    assert_eq!(d2h(&r), b);
+    // A batch of only empty tensors allocates nothing and still works.
+    let e = vec![common::tensor(DType::U64, &[2, 0], 3)];
+    assert_eq!(d2h(&transfer_tensor_h2d(&e).unwrap()), e);
+}
+
+#[test]
+fn num_caches_keeps_the_last_n_batches() {
+    require_gpu!();
+    std::thread::spawn(|| {
+        let b = vec![common::tensor(DType::U8, &[100], 1)];
+        for _ in 0..6 {
+            drop(transfer_tensor_h2d(&b).unwrap());
+        }
+        assert_eq!(cached_batches(0), 4, "default num_caches is 4");
+        let opts = H2dOptions::default().num_caches(2);
+        transfer_tensor_h2d_with(&b, &opts).unwrap();
+        assert_eq!(cached_batches(0), 2);
+        transfer_tensor_h2d_with(&b, &H2dOptions::default().num_caches(0)).unwrap();
+        assert_eq!(cached_batches(0), 0);
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
+fn d2h_waits_for_a_producer_event() {
+    require_gpu!();
+    let initial = common::tensor(DType::F32, &[1 << 20], 10);
+    let fin = common::tensor(DType::F32, &[1 << 20], 11)
+        .to_pinned()
+        .unwrap();
+    let on = transfer_tensor_h2d(&initial).unwrap();
+    let producer = Stream::new(0).unwrap();
+    let delay = Duration::from_millis(300);
+    producer.delay_async(delay).unwrap();
+    // SAFETY: `fin` and `on` live until after the producer is synchronised below.
+    unsafe { on.overwrite_async(&fin, &producer) }.unwrap();
+    let done = Event::new(0).unwrap();
+    done.record(&producer).unwrap();
+    let t0 = Instant::now();
+    let back = transfer_tensor_d2h(&on, &D2hOptions::default().producer_event(done)).unwrap();
+    assert!(
+        t0.elapsed() >= delay / 2,
+        "the copy must have waited for the producer"
+    );
+    assert_eq!(back, fin, "the copied values are the producer's final ones");
+    assert_ne!(back, initial);
+    producer.synchronize().unwrap();
+}
+
+#[test]
+fn d2h_waits_for_the_current_stream() {
+    require_gpu!();
+    let initial = common::tensor(DType::I64, &[1 << 18], 12);
+    let fin = common::tensor(DType::I64, &[1 << 18], 13)
+        .to_pinned()
+        .unwrap();
+    let on = transfer_tensor_h2d(&initial).unwrap();
+    let producer = Stream::new(0).unwrap();
+    producer.delay_async(Duration::from_millis(300)).unwrap();
+    // SAFETY: `fin` and `on` live until after the producer is synchronised below.
+    unsafe { on.overwrite_async(&fin, &producer) }.unwrap();
+    let back = {
+        let _current = set_current_stream(&producer);
+        assert!(pinlane::current_stream(0).unwrap().same_as(&producer));
+        d2h(&on)
+    };
+    assert!(
+        pinlane::current_stream(0).unwrap().is_legacy(),
+        "the guard restores the default"
+    );
+    assert_eq!(back, fin);
+    producer.synchronize().unwrap();
+}
+
+#[test]
+fn d2h_on_a_custom_stream_and_option_errors() {
+    require_gpu!();
+    let count = pinlane::driver::available().unwrap().device_count;
+    let b = transfer_tensor_h2d(&vec![common::tensor(DType::U32, &[77], 5)]).unwrap();
+    let s = Stream::new(0).unwrap();
+    let ok = transfer_tensor_d2h(
+        &b,
+        &D2hOptions::default().device("cuda:0").stream(s.clone()),
+    )
+    .unwrap();
+    assert_eq!(ok[0], common::tensor(DType::U32, &[77], 5));
+    assert_eq!(
+        transfer_tensor_d2h(&b, &D2hOptions::default().stream(s)).unwrap_err(),
+        Error::StreamWithoutDevice
+    );
+    assert_eq!(
+        transfer_tensor_d2h(&b, &D2hOptions::default().device("cuda:99")).unwrap_err(),
+        Error::DeviceUnavailable {
+            index: 99,
+            device_count: count
+        }
+    );
+    for bad in ["cpu", "cuda:x", "gpu", ""] {
+        assert!(matches!(
+            transfer_tensor_d2h(&b, &D2hOptions::default().device(bad)),
+            Err(Error::InvalidDevice { .. })
+        ));
+    }
+}
+
+#[test]
+fn d2h_passes_through_host_tensors_and_tensorless_batches() {
+    require_gpu!();
+    let host = common::tensor(DType::I16, &[9], 1);
+    let dev = transfer_tensor_h2d(&common::tensor(DType::I16, &[9], 2)).unwrap();
+    let r = d2h(&(host.clone(), dev, 5u8));
+    assert!(
+        r.0.same_storage(&host),
+        "host tensors pass through unchanged"
+    );
+    assert_eq!(r.1.location(), Location::Host);
+    let only_host = vec![host.clone()];
+    assert!(d2h(&only_host)[0].same_storage(&host));
+}
+
+#[test]
+fn two_threads_transfer_at_once_on_their_own_streams() {
+    require_gpu!();
+    let go = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let workers: Vec<_> = (0..2u64)
+        .map(|k| {
+            let go = go.clone();
+            std::thread::spawn(move || {
+                go.wait();
+                for i in 0..40 {
+                    let b: Vec<Tensor> = (0..5)
+                        .map(|j| {
+                            common::tensor(DType::U8, &[50_000 + j], k * 1000 + i * 10 + j as u64)
+                        })
+                        .collect();
+                    let back = d2h(&transfer_tensor_h2d(&b).unwrap());
+                    assert_eq!(back, b, "thread {k} batch {i}");
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+}
+
+#[test]
+fn h2d_consumer_stream_option() {
+    require_gpu!();
+    let consumer = Stream::new(0).unwrap();
+    let b = vec![common::tensor(DType::F64, &[1000], 8)];
+    let r = transfer_tensor_h2d_with(&b, &H2dOptions::default().consumer_stream(consumer.clone()))
+        .unwrap();
+    assert_eq!(d2h(&r), b);
+    drop(r); // freed in order on `consumer`
+    consumer.synchronize().unwrap();
+    assert!(pinlane::driver::deferred::take().is_none());
+}

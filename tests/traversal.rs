@@ -1,0 +1,267 @@
+//! The Batch trait on every container, the derive, and the dynamic Value: order, keys,
+//! skipped fields, enums, and flatten-then-rebuild round trips (proptest). No GPU needed.
+
+mod common;
+
+use pinlane::batch::{replace_tensors, tensors};
+use pinlane::{Batch, DType, Leaf, Tensor, Value};
+use proptest::prelude::*;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+fn t(v: u8) -> Tensor {
+    Tensor::scalar(v)
+}
+
+/// The scalar u8 values of a batch's tensors, in visit order.
+fn order<B: Batch>(b: &B) -> Vec<u8> {
+    tensors(b)
+        .iter()
+        .map(|t| t.to_vec::<u8>().unwrap()[0])
+        .collect()
+}
+
+/// Rebuild replacing every u8 scalar `v` with `v + 100`.
+fn bump<B: Batch>(b: &B) -> B {
+    b.rebuild(&mut |x| Tensor::scalar(x.to_vec::<u8>().unwrap()[0] + 100))
+}
+
+#[test]
+fn containers_visit_in_declaration_order() {
+    let b = (
+        t(1),
+        vec![t(2), t(3)],
+        [t(4), t(5)],
+        Some(t(6)),
+        None::<Tensor>,
+        Box::new(t(7)),
+        Arc::new(t(8)),
+    );
+    assert_eq!(order(&b), vec![1, 2, 3, 4, 5, 6, 7, 8]);
+    assert_eq!(
+        order(&bump(&b)),
+        vec![101, 102, 103, 104, 105, 106, 107, 108]
+    );
+    assert!(bump(&b).4.is_none());
+}
+
+#[test]
+fn btreemap_keeps_keys_and_visits_sorted() {
+    let mut m = BTreeMap::new();
+    m.insert("b".to_string(), t(2));
+    m.insert("a".to_string(), t(1));
+    assert_eq!(order(&m), vec![1, 2]);
+    let r = bump(&m);
+    assert_eq!(r.keys().collect::<Vec<_>>(), vec!["a", "b"]);
+    assert_eq!(r["b"], t(102));
+}
+
+#[test]
+fn hashmap_keeps_each_value_under_its_key() {
+    let m: HashMap<u32, Tensor> = (0..50u8).map(|i| (u32::from(i) * 7, t(i))).collect();
+    let r = bump(&m);
+    assert_eq!(r.len(), 50);
+    for i in 0..50u8 {
+        assert_eq!(r[&(u32::from(i) * 7)], t(i + 100), "key {}", i);
+    }
+}
+
+#[test]
+fn twelve_tuple_and_nesting() {
+    let b = (
+        t(0),
+        t(1),
+        t(2),
+        t(3),
+        t(4),
+        t(5),
+        t(6),
+        t(7),
+        t(8),
+        t(9),
+        t(10),
+        (t(11), vec![vec![t(12)]]),
+    );
+    assert_eq!(order(&b), (0..=12).collect::<Vec<u8>>());
+}
+
+#[test]
+fn leaves_pass_through_unchanged() {
+    let b = (1i32, 2.5f64, "s", String::from("x"), true, (), 'c', t(1));
+    let r = bump(&b);
+    assert_eq!(
+        (r.0, r.1, r.2, r.3.as_str(), r.4, r.6),
+        (1, 2.5, "s", "x", true, 'c')
+    );
+    assert_eq!(r.7, t(101));
+}
+
+#[derive(Clone, Debug, PartialEq)]
+struct Meta(u64);
+pinlane::impl_leaf!(Meta);
+
+#[derive(Batch, Clone, Debug, PartialEq)]
+struct Named {
+    a: Tensor,
+    #[batch(skip)]
+    skipped: Tensor,
+    meta: Meta,
+    inner: Vec<Tensor>,
+}
+
+#[derive(Batch, Clone, Debug, PartialEq)]
+struct TupleStruct(Tensor, #[batch(skip)] Tensor, Option<Tensor>);
+
+#[derive(Batch, Clone, Debug, PartialEq)]
+struct Unit;
+
+#[derive(Batch, Clone, Debug, PartialEq)]
+enum Either {
+    Left(Tensor, #[batch(skip)] String),
+    Right { x: Tensor, y: Vec<Tensor> },
+    Nothing,
+}
+
+#[derive(Batch, Clone, Debug, PartialEq)]
+struct Generic<T> {
+    items: Vec<T>,
+    #[batch(skip)]
+    tag: T,
+}
+
+#[test]
+fn derive_named_struct_skips_and_keeps_order() {
+    let s = Named {
+        a: t(1),
+        skipped: t(9),
+        meta: Meta(7),
+        inner: vec![t(2), t(3)],
+    };
+    assert_eq!(order(&s), vec![1, 2, 3]);
+    let r = bump(&s);
+    assert_eq!(r.a, t(101));
+    assert_eq!(r.skipped, t(9));
+    assert!(
+        r.skipped.same_storage(&s.skipped),
+        "skipped fields are cloned, not rebuilt"
+    );
+    assert_eq!(r.meta, Meta(7));
+    assert_eq!(order(&r.inner), vec![102, 103]);
+}
+
+#[test]
+fn derive_tuple_unit_and_generic_structs() {
+    let s = TupleStruct(t(1), t(2), Some(t(3)));
+    assert_eq!(order(&s), vec![1, 3]);
+    assert_eq!(bump(&s), TupleStruct(t(101), t(2), Some(t(103))));
+    assert_eq!(tensors(&Unit).len(), 0);
+    assert_eq!(bump(&Unit), Unit);
+    let g = Generic {
+        items: vec![t(1), t(2)],
+        tag: t(5),
+    };
+    assert_eq!(order(&g), vec![1, 2]);
+    assert_eq!(bump(&g).tag, t(5));
+}
+
+#[test]
+fn derive_enum_variants() {
+    let l = Either::Left(t(1), "keep".into());
+    assert_eq!(bump(&l), Either::Left(t(101), "keep".into()));
+    let r = Either::Right {
+        x: t(1),
+        y: vec![t(2)],
+    };
+    assert_eq!(order(&r), vec![1, 2]);
+    assert_eq!(
+        bump(&r),
+        Either::Right {
+            x: t(101),
+            y: vec![t(102)]
+        }
+    );
+    assert_eq!(bump(&Either::Nothing), Either::Nothing);
+}
+
+#[test]
+fn replace_tensors_keeps_the_rest_when_short() {
+    let b = vec![t(1), t(2), t(3)];
+    assert_eq!(order(&replace_tensors(&b, vec![t(50)])), vec![50, 2, 3]);
+}
+
+#[test]
+fn value_tree_traversal() {
+    let v = Value::map([
+        ("z", Value::Tensor(t(3))),
+        (
+            "a",
+            Value::List(vec![
+                Value::Tensor(t(1)),
+                Value::from(5i64),
+                Value::Tuple(vec![Value::Tensor(t(2))]),
+            ]),
+        ),
+        ("m", Value::Leaf(Leaf::Str("s".into()))),
+    ]);
+    assert_eq!(order(&v), vec![1, 2, 3]);
+    let r = bump(&v);
+    assert_eq!(r.get("m"), Some(&Value::Leaf(Leaf::Str("s".into()))));
+    assert_eq!(r.get("z").and_then(Value::as_tensor), Some(&t(103)));
+}
+
+type Nested = (
+    Vec<Option<Tensor>>,
+    BTreeMap<String, (Tensor, i32)>,
+    [Tensor; 2],
+);
+
+fn nested() -> impl Strategy<Value = Nested> {
+    (
+        proptest::collection::vec(proptest::option::of(common::host_tensor()), 0..6),
+        proptest::collection::btree_map("[a-z]{1,3}", (common::host_tensor(), any::<i32>()), 0..5),
+        [common::host_tensor(), common::host_tensor()],
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Flatten, then rebuild from copies of the flattened tensors: an equal value, with
+    /// the same structure, dtypes, shapes and bytes, and fresh storage.
+    #[test]
+    fn value_flatten_rebuild_round_trip(v in common::value()) {
+        let flat: Vec<Tensor> = tensors(&v)
+            .iter()
+            .map(|t| Tensor::from_bytes(t.dtype(), t.dims().to_vec(), t.as_bytes().unwrap()).unwrap())
+            .collect();
+        let n = flat.len();
+        let r = replace_tensors(&v, flat);
+        prop_assert_eq!(&r, &v);
+        prop_assert_eq!(common::fingerprint(&r), common::fingerprint(&v));
+        let shared = tensors(&r).iter().zip(tensors(&v)).filter(|(a, b)| a.same_storage(b)).count();
+        prop_assert!(n == 0 || shared == 0, "rebuilt tensors must be the replacements");
+    }
+
+    #[test]
+    fn typed_nesting_flatten_rebuild_round_trip(b in nested()) {
+        let flat: Vec<Tensor> = tensors(&b).iter().map(|t| Tensor::from_bytes(t.dtype(), t.dims().to_vec(), t.as_bytes().unwrap()).unwrap()).collect();
+        let r = replace_tensors(&b, flat);
+        prop_assert_eq!(&r, &b);
+        prop_assert_eq!(r.1.keys().collect::<Vec<_>>(), b.1.keys().collect::<Vec<_>>());
+    }
+
+    /// A rebuild that changes one byte of one tensor is seen: the round-trip check can fail.
+    #[test]
+    fn a_changed_byte_is_detected(v in common::value(), pick in any::<prop::sample::Index>()) {
+        let ts = tensors(&v);
+        let with_bytes: Vec<usize> = (0..ts.len()).filter(|&i| ts[i].nbytes() > 0 && ts[i].dtype() != DType::Bool).collect();
+        prop_assume!(!with_bytes.is_empty());
+        let target = with_bytes[pick.index(with_bytes.len())];
+        let flat: Vec<Tensor> = ts.iter().enumerate().map(|(i, t)| {
+            let mut bytes = t.as_bytes().unwrap().to_vec();
+            if i == target { bytes[0] ^= 0x80; }
+            Tensor::from_bytes(t.dtype(), t.dims().to_vec(), &bytes).unwrap()
+        }).collect();
+        prop_assert_ne!(replace_tensors(&v, flat), v);
+    }
+}
