@@ -17,6 +17,14 @@ fn batch() -> Vec<Tensor> {
     b
 }
 
+/// The retained registry is process-wide: these tests take turns so that one test's
+/// retained bytes are not seen by another's "nothing retained" check.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn injected(e: &Error) -> bool {
     matches!(e, Error::Driver { name, .. } if name == "INJECTED_FAULT")
 }
@@ -24,6 +32,7 @@ fn injected(e: &Error) -> bool {
 #[test]
 fn h2d_faults_at_every_kind_and_position() {
     require_gpu!();
+    let _turn = serial();
     std::thread::spawn(|| {
         let b = batch();
         let before = common::fingerprint(&b);
@@ -57,6 +66,7 @@ fn h2d_faults_at_every_kind_and_position() {
 #[test]
 fn d2h_faults_at_every_kind_and_position() {
     require_gpu!();
+    let _turn = serial();
     std::thread::spawn(|| {
         let b = batch();
         let on = transfer_tensor_h2d(&b).unwrap();
@@ -85,6 +95,7 @@ fn d2h_faults_at_every_kind_and_position() {
 #[test]
 fn failed_drain_retains_owners_until_a_later_sync() {
     require_gpu!();
+    let _turn = serial();
     std::thread::spawn(|| {
         let b = batch();
         // A copy fails, then the drain (stream sync) fails too: nothing can be freed.
@@ -104,8 +115,8 @@ fn failed_drain_retains_owners_until_a_later_sync() {
 
         // Success path with a failed final sync: error returned, owners retained,
         // released by try_release.
-        fault::inject(FaultKind::StreamSync, 1);
         let on = transfer_tensor_h2d(&b).unwrap();
+        fault::inject(FaultKind::StreamSync, 1);
         let e = transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap_err();
         assert!(injected(&e));
         assert!(retained_bytes() > 0);
