@@ -2,7 +2,7 @@
 //!
 //! A `Drop` must not panic, and a failed `cuMemFreeAsync` or `cuStreamDestroy` there has
 //! nobody to return to. It is recorded here; the next transfer call returns it as
-//! [`Error::Deferred`](crate::Error::Deferred) before doing anything, and
+//! [`crate::Error::Deferred`] before doing anything, and
 //! [`take`] lets a caller collect it at any time. Only the first unseen error is kept
 //! (later ones are usually consequences of it); [`dropped_count`] says how many were not.
 

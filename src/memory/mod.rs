@@ -2,11 +2,11 @@
 //!
 //! | file | owner | memory | freed |
 //! | --- | --- | --- | --- |
-//! | `host.rs` | [`HostBuf`] | pageable host memory (a `Vec`) | on drop |
-//! | `pinned.rs` | [`PinnedBuf`] | page-locked memory of one tensor (`cuMemHostAlloc`) | on drop (`cuMemFreeHost`) |
-//! | `arena.rs` | [`PinnedArena`], [`SlotLease`] | page-locked staging slots, allocated once | never on the hot path |
-//! | `device.rs` | [`DeviceAlloc`] | device memory of one batch (`cuMemAllocFromPoolAsync`) | in order on its consumer stream (`cuMemFreeAsync`) |
-//! | `inflight.rs` | [`InFlight`] | nothing of its own: keeps the owners above alive | after the stream is synchronised |
+//! | `host.rs` | `HostBuf` | pageable host memory (a `Vec`) | on drop |
+//! | `pinned.rs` | `PinnedBuf` | page-locked memory of one tensor (`cuMemHostAlloc`) | on drop (`cuMemFreeHost`) |
+//! | `arena.rs` | [`PinnedArena`], `SlotLease` | page-locked staging slots, allocated once | never on the hot path |
+//! | `device.rs` | `DeviceAlloc` | device memory of one batch (`cuMemAllocFromPoolAsync`) | in order on its consumer stream (`cuMemFreeAsync`) |
+//! | `inflight.rs` | `InFlight` | nothing of its own: keeps the owners above alive | after the stream is synchronised |
 //! | `retained.rs` | the retained registry | owners whose copies could not be proven complete | when a later synchronisation proves it |
 //!
 //! # The invariant
@@ -33,9 +33,9 @@
 //! ```
 //!
 //! * A staging slot is written only after its event (recorded after the last copy that
-//!   used it) has completed: [`SlotLease::bytes_mut`] waits for it.
+//!   used it) has completed: `SlotLease::bytes_mut` waits for it.
 //! * A slot goes back to the arena only when its lease drops, which happens after the
-//!   stream that used it was synchronised (the lease lives in an [`InFlight`]) or, if that
+//!   stream that used it was synchronised (the lease lives in an `InFlight`) or, if that
 //!   synchronisation failed, never until a later one succeeds (the registry holds it).
 //! * Source tensors are borrowed by the call; they need owning only when the call returns
 //!   with copies not proven complete, and then the registry takes clones of them.
