@@ -6,7 +6,9 @@ mod common;
 
 use pinlane::driver::fault::{self, FaultKind};
 use pinlane::memory::retained::{retained_bytes, try_release};
-use pinlane::{transfer_tensor_d2h, transfer_tensor_h2d, D2hOptions, DType, Error, Tensor};
+use pinlane::{
+    transfer_tensor_d2h, transfer_tensor_h2d, D2hOptions, DType, Error, HostOutput, Tensor,
+};
 
 fn batch() -> Vec<Tensor> {
     // Pageable tensors over several 32 MiB slots, plus a pinned one: every kind of copy.
@@ -70,19 +72,25 @@ fn d2h_faults_at_every_kind_and_position() {
     std::thread::spawn(|| {
         let b = batch();
         let on = transfer_tensor_h2d(&b).unwrap();
-        for (kind, nth) in [
-            (FaultKind::Copy, 1),
-            (FaultKind::Copy, 3),
-            (FaultKind::EventRecord, 1),
-            (FaultKind::EventRecord, 3),
-        ] {
+        let cases = [
+            (HostOutput::Pinned, FaultKind::Copy, 1),
+            (HostOutput::Pinned, FaultKind::Copy, 3),
+            (HostOutput::Pinned, FaultKind::EventRecord, 1),
+            (HostOutput::Pageable, FaultKind::Copy, 1),
+            (HostOutput::Pageable, FaultKind::Copy, 5),
+            (HostOutput::Pageable, FaultKind::EventRecord, 1),
+            (HostOutput::Pageable, FaultKind::EventRecord, 3),
+        ];
+        for (mode, kind, nth) in cases {
+            let opts = D2hOptions::default().output(mode);
             fault::inject(kind, nth);
-            let e = transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap_err();
-            assert!(injected(&e), "{kind:?} #{nth}: {e}");
+            let e = transfer_tensor_d2h(&on, &opts).unwrap_err();
+            assert!(injected(&e), "{mode:?} {kind:?} #{nth}: {e}");
+            assert!(!fault::armed(), "{mode:?} {kind:?} #{nth} fired");
             assert_eq!(retained_bytes(), 0);
             assert!(on.iter().all(Tensor::is_cuda), "input unchanged");
             assert_eq!(
-                transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap(),
+                transfer_tensor_d2h(&on, &opts).unwrap(),
                 b,
                 "next call works"
             );

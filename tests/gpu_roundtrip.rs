@@ -6,7 +6,8 @@ mod common;
 
 use pinlane::memory::{ArenaConfig, PinnedArena};
 use pinlane::{
-    transfer_tensor_d2h, transfer_tensor_h2d, Batch, D2hOptions, Location, Tensor, Value,
+    transfer_tensor_d2h, transfer_tensor_h2d, Batch, D2hOptions, HostOutput, Location, Tensor,
+    Value,
 };
 use proptest::prelude::*;
 
@@ -51,7 +52,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
     #[test]
-    fn round_trip_preserves_structure_and_bytes(v in big_value(), pin_every in 0usize..4) {
+    fn round_trip_preserves_structure_and_bytes(v in big_value(), pin_every in 0usize..4, pageable in any::<bool>()) {
         if !common::gpu() { return Ok(()); }
         small_arena();
         let src = pin_some(&v, pin_every);
@@ -59,9 +60,10 @@ proptest! {
         for t in pinlane::batch::tensors(&on_gpu) {
             prop_assert_eq!(t.location(), Location::Cuda(0));
         }
-        let back = transfer_tensor_d2h(&on_gpu, &D2hOptions::default()).unwrap();
+        let (mode, loc) = if pageable { (HostOutput::Pageable, Location::Host) } else { (HostOutput::Pinned, Location::Pinned) };
+        let back = transfer_tensor_d2h(&on_gpu, &D2hOptions::default().output(mode)).unwrap();
         for t in pinlane::batch::tensors(&back) {
-            prop_assert_eq!(t.location(), Location::Host);
+            prop_assert_eq!(t.location(), loc);
         }
         prop_assert_eq!(common::fingerprint(&back), common::fingerprint(&v));
         prop_assert_eq!(&back, &v);
@@ -79,8 +81,10 @@ fn arena_in_this_binary_is_small() {
         common::tensor(pinlane::DType::U8, &[40_000], 5),
         Tensor::scalar(3u8),
     ];
-    let back =
-        transfer_tensor_d2h(&transfer_tensor_h2d(&b).unwrap(), &D2hOptions::default()).unwrap();
+    let on = transfer_tensor_h2d(&b).unwrap();
+    assert!(pinlane::last_transfer_stats().unwrap().windows >= 10);
+    let pageable = D2hOptions::default().output(HostOutput::Pageable);
+    let back = transfer_tensor_d2h(&on, &pageable).unwrap();
     assert_eq!(back, b);
     let s = pinlane::last_transfer_stats().unwrap();
     assert!(s.windows >= 10, "{s:?}");

@@ -6,7 +6,7 @@ use pinlane::memory::PinnedArena;
 use pinlane::{
     cached_batches, last_transfer_stats, set_current_stream, transfer_tensor_d2h,
     transfer_tensor_h2d, transfer_tensor_h2d_with, D2hOptions, DType, Error, Event, H2dOptions,
-    Location, Stream, Tensor,
+    HostOutput, Location, Stream, Tensor,
 };
 use std::time::{Duration, Instant};
 
@@ -208,7 +208,11 @@ fn d2h_passes_through_host_tensors_and_tensorless_batches() {
         r.0.same_storage(&host),
         "host tensors pass through unchanged"
     );
-    assert_eq!(r.1.location(), Location::Host);
+    assert_eq!(
+        r.1.location(),
+        Location::Pinned,
+        "page-locked outputs by default"
+    );
     let only_host = vec![host.clone()];
     assert!(d2h(&only_host)[0].same_storage(&host));
 }
@@ -250,4 +254,35 @@ fn h2d_consumer_stream_option() {
     drop(r); // freed in order on `consumer`
     consumer.synchronize().unwrap();
     assert!(pinlane::driver::deferred::take().is_none());
+}
+
+#[test]
+fn d2h_output_modes() {
+    require_gpu!();
+    let b: Vec<Tensor> = (0..5)
+        .map(|i| common::tensor(DType::Bf16, &[3000 + i], i as u64))
+        .collect();
+    let on = transfer_tensor_h2d(&b).unwrap();
+
+    let pinned = transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap();
+    let s = last_transfer_stats().unwrap();
+    assert!(pinned.iter().all(|t| t.location() == Location::Pinned));
+    assert_eq!(
+        (s.copies, s.staged_bytes, s.direct_bytes),
+        (5, 0, b.iter().map(Tensor::nbytes).sum())
+    );
+    assert_eq!(pinned, b);
+    let held = pinlane::memory::PinnedOutputPool::global().held_bytes();
+    assert!(held > 0 && held <= pinlane::memory::PinnedOutputPool::global().max_bytes());
+
+    let pageable =
+        transfer_tensor_d2h(&on, &D2hOptions::default().output(HostOutput::Pageable)).unwrap();
+    let s = last_transfer_stats().unwrap();
+    assert!(pageable.iter().all(|t| t.location() == Location::Host));
+    assert_eq!(s.direct_bytes, 0);
+    assert_eq!(pageable, b);
+
+    // Outputs fed back to h2d: the page-locked ones are copied directly.
+    transfer_tensor_h2d(&pinned).unwrap();
+    assert_eq!(last_transfer_stats().unwrap().staged_bytes, 0);
 }

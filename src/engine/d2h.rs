@@ -3,11 +3,15 @@
 //! 1. Validate the options; pass the batch through if it has no tensor, or no CUDA.
 //! 2. The copy stream (the thread's, or the caller's) waits for an event recorded on the
 //!    caller's current stream, and for the producer event if one was given.
-//! 3. The device tensors are laid out back to back in a virtual host buffer cut into
-//!    windows of one staging slot each. For each window, the pieces of the tensors in it
-//!    are copied into a page-locked slot (one copy per piece), the slot's event recorded;
-//!    while the next window's copies run, the host copies the previous slot's bytes into
-//!    the new host tensors.
+//! 3. The device tensors are laid out back to back (256-byte aligned) in one output
+//!    region for the batch; each output tensor is a view into it.
+//!    * Page-locked outputs ([`HostOutput::Pinned`], the default): the region is a block
+//!      of the bounded [`PinnedOutputPool`]; one copy per tensor goes straight into it.
+//!    * Pageable outputs ([`HostOutput::Pageable`], or when the pool's cap leaves no room):
+//!      the region is recycled pageable memory ([`crate::memory::HostPool`]). It is cut
+//!      into windows of one staging slot; each window's tensor pieces are copied into a
+//!      page-locked slot, and while the next window's copies run, the previous slot is
+//!      copied into the region by the copy threads.
 //! 4. Synchronise the copy stream, rebuild the batch with the host tensors.
 
 use super::options::{self, DeviceRequest};
@@ -15,9 +19,12 @@ use super::{plan, record_stats, thread_state, TransferStats, PIPELINE_SLOTS};
 use crate::batch::{self, Batch};
 use crate::driver::{self, ContextGuard};
 use crate::error::{Error, Result};
-use crate::memory::{DeviceView, HostBuf, InFlight, PinnedArena, SlotLease};
+use crate::memory::{
+    DeviceView, HostBuf, HostRegion, InFlight, PinnedArena, PinnedBlock, PinnedBuf,
+    PinnedOutputPool, SlotLease, DEVICE_ALIGN,
+};
 use crate::tensor::{Location, Storage, Tensor};
-use crate::D2hOptions;
+use crate::{D2hOptions, HostOutput};
 
 pub(crate) fn transfer<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
     // Checks that need no driver come first, so bad options are errors everywhere.
@@ -83,57 +90,106 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
         })
         .collect();
     let sizes: Vec<usize> = views.iter().map(|v| v.nbytes()).collect();
-    let (offsets, end) = plan::pack(sizes.iter().copied(), 1)?;
-    let mut outputs: Vec<Vec<u64>> = sizes.iter().map(|&n| vec![0u64; n.div_ceil(8)]).collect();
+    let (offsets, end) = plan::pack(sizes.iter().copied(), DEVICE_ALIGN)?;
+    let block = match opts.output {
+        HostOutput::Pinned if end > 0 => PinnedOutputPool::global().take(end)?,
+        HostOutput::Pinned => Some(PinnedBlock::empty()),
+        HostOutput::Pageable => None,
+    };
 
     let mut job = InFlight::new(stream);
     let mut stats = TransferStats {
         tensors: picked.len(),
-        bytes: end,
+        bytes: sizes.iter().sum(),
         ..TransferStats::default()
     };
-    let run = submit(
-        &ctx,
-        &mut job,
-        &views,
-        &offsets,
-        &sizes,
-        end,
-        &mut outputs,
-        &mut stats,
-    );
     let keep_sources = || {
         picked
             .iter()
             .map(|&i| all[i].clone())
             .collect::<Vec<Tensor>>()
     };
-    if let Err(e) = run {
-        return Err(job.abort(e, keep_sources));
-    }
-    job.finish(keep_sources)?;
+    let storages: Vec<Storage> = match block {
+        Some(block) => {
+            job.hold(&block, block.len());
+            if let Err(e) = submit_direct(&ctx, &mut job, &block, &views, &offsets, &mut stats) {
+                return Err(job.abort(e, keep_sources));
+            }
+            job.finish(keep_sources)?;
+            (0..views.len())
+                .map(|k| Storage::Pinned(PinnedBuf::view(&block, offsets[k], sizes[k])))
+                .collect()
+        }
+        None => {
+            let mut region = HostRegion::take(end);
+            let run = submit_staged(
+                &ctx,
+                &mut job,
+                &views,
+                &offsets,
+                &sizes,
+                end,
+                &mut region,
+                &mut stats,
+            );
+            if let Err(e) = run {
+                return Err(job.abort(e, keep_sources));
+            }
+            job.finish(keep_sources)?;
+            let frozen = region.freeze();
+            (0..views.len())
+                .map(|k| Storage::Host(HostBuf::view(&frozen, offsets[k], sizes[k])))
+                .collect()
+        }
+    };
     record_stats(stats);
 
     let mut out: Vec<Tensor> = all.iter().map(|t| (*t).clone()).collect();
-    for ((&i, words), &n) in picked.iter().zip(outputs).zip(&sizes) {
+    for ((&i, storage), &n) in picked.iter().zip(storages).zip(&sizes) {
         let t = all[i];
-        let buf = HostBuf::from_words(words, n);
-        out[i] = Tensor::from_parts(t.dtype(), t.shape().clone(), n, Storage::Host(buf));
+        out[i] = Tensor::from_parts(t.dtype(), t.shape().clone(), n, storage);
     }
     Ok(batch::replace_tensors(batch, out))
 }
 
-/// Queues the copies window by window and drains each slot into `outputs` once its copy
-/// has finished.
+/// Page-locked outputs: one copy per tensor, straight into the output block.
+fn submit_direct(
+    ctx: &ContextGuard,
+    job: &mut InFlight,
+    block: &PinnedBlock,
+    views: &[&DeviceView],
+    offsets: &[usize],
+    stats: &mut TransferStats,
+) -> Result<()> {
+    let stream = job.stream().clone();
+    for (k, v) in views.iter().enumerate() {
+        if v.nbytes() == 0 {
+            continue;
+        }
+        // SAFETY: the block is new to this call (no view of it exists until the copies
+        // are proven complete) and `job` holds it; each view is borrowed from the caller's
+        // batch for the whole call (cloned into the retained registry if the call ends
+        // with copies unproven), and the copy stream waits for the current stream and the
+        // producer event above.
+        unsafe { block.d2h_async(ctx, offsets[k], v, &stream) }?;
+        stats.copies += 1;
+        stats.direct_bytes += v.nbytes();
+    }
+    Ok(())
+}
+
+/// Pageable outputs: window by window through staging slots; each slot is drained into
+/// the output region (in parallel) once its copies have finished, while the next
+/// window's copies run.
 #[allow(clippy::too_many_arguments)]
-fn submit(
+fn submit_staged(
     ctx: &ContextGuard,
     job: &mut InFlight,
     views: &[&DeviceView],
     offsets: &[usize],
     sizes: &[usize],
     end: usize,
-    outputs: &mut [Vec<u64>],
+    region: &mut HostRegion,
     stats: &mut TransferStats,
 ) -> Result<()> {
     if end == 0 {
@@ -157,7 +213,7 @@ fn submit(
     for (w_idx, w) in plan::windows(offsets, sizes, end, slot).enumerate() {
         let k = w_idx % nslots;
         if let Some(prev) = pending[k].take() {
-            drain(&mut job.leases[k], &prev, outputs)?;
+            drain(&mut job.leases[k], &prev, offsets, region)?;
         }
         let parts = w
             .parts
@@ -177,19 +233,23 @@ fn submit(
     for j in 0..nslots {
         let k = (n_windows + j) % nslots;
         if let Some(prev) = pending[k].take() {
-            drain(&mut job.leases[k], &prev, outputs)?;
+            drain(&mut job.leases[k], &prev, offsets, region)?;
         }
     }
     Ok(())
 }
 
-/// Copies a finished window out of its slot into the output buffers.
-fn drain(lease: &mut SlotLease, w: &plan::Window, outputs: &mut [Vec<u64>]) -> Result<()> {
-    let src = lease.bytes()?;
-    for p in &w.parts {
-        let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut outputs[p.item]);
-        dst[p.item_off..p.item_off + p.len]
-            .copy_from_slice(&src[p.window_off..p.window_off + p.len]);
-    }
-    Ok(())
+/// Copies a finished window out of its slot into the output region.
+fn drain(
+    lease: &mut SlotLease,
+    w: &plan::Window,
+    offsets: &[usize],
+    region: &mut HostRegion,
+) -> Result<()> {
+    let pieces: Vec<(usize, usize, usize)> = w
+        .parts
+        .iter()
+        .map(|p| (p.window_off, offsets[p.item] + p.item_off, p.len))
+        .collect();
+    lease.drain_into(region, &pieces)
 }

@@ -141,7 +141,7 @@ fn submit(
     }
     let stream = job.stream().clone();
     let alloc = DeviceAlloc::new_async(ctx, device, end, &stream, consumer.clone())?;
-    job.hold(&alloc);
+    job.hold(&alloc, end);
 
     for (k, src) in sources.iter().enumerate() {
         if let (Source::Pinned(buf), true) = (src, sizes[k] > 0) {
@@ -171,17 +171,17 @@ fn submit(
             }
         }
         let nslots = job.leases.len();
+        let mut pieces: Vec<(usize, &[u8])> = Vec::new();
         for (w_idx, w) in wins.enumerate() {
             let lease = &mut job.leases[w_idx % nslots];
-            let buf = lease.bytes_mut()?;
+            pieces.clear();
             for p in &w.parts {
-                let Source::Pageable(bytes) = sources[p.item] else {
-                    continue;
-                };
-                buf[p.window_off..p.window_off + p.len]
-                    .copy_from_slice(&bytes[p.item_off..p.item_off + p.len]);
-                stats.staged_bytes += p.len;
+                if let Source::Pageable(bytes) = sources[p.item] {
+                    pieces.push((p.window_off, &bytes[p.item_off..p.item_off + p.len]));
+                    stats.staged_bytes += p.len;
+                }
             }
+            lease.fill(&pieces)?;
             // SAFETY: `alloc` was allocated on this stream and `job` holds it until the
             // stream is proven idle.
             unsafe { lease.h2d_window(ctx, w.len, &alloc, w.start, &stream) }?;

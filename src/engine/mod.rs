@@ -15,16 +15,17 @@ mod options;
 mod plan;
 mod thread_state;
 
-pub use options::{D2hOptions, H2dOptions};
+pub use options::{D2hOptions, H2dOptions, HostOutput};
 pub use thread_state::{cached_batches, current_stream, set_current_stream, CurrentStreamGuard};
 
 use crate::batch::Batch;
 use crate::error::Result;
 use std::cell::Cell;
 
-/// Staging slots one call cycles through at most: enough to overlap filling one slot with
-/// the copy of another, and to leave slots for other threads under the arena's cap.
-pub(crate) const PIPELINE_SLOTS: usize = 3;
+/// Staging slots one call cycles through at most: enough to keep several windows' copies
+/// queued while the host fills the next, and to leave half of the default arena
+/// (16 slots of 8 MiB) to a transfer in the other direction at the same time.
+pub(crate) const PIPELINE_SLOTS: usize = 8;
 
 /// Copies the host tensors of `batch` to `cuda:{LOCAL_RANK}` on the calling thread's
 /// dedicated stream and returns the same structure with device tensors in their place.
@@ -74,8 +75,10 @@ pub fn transfer_tensor_h2d_with<B: Batch>(batch: &B, opts: &H2dOptions) -> Resul
 /// * The copy stream waits for the work already queued on the caller's
 ///   [`current_stream`] (and for [`D2hOptions::producer_event`]), so tensors still being
 ///   produced there are copied once ready.
-/// * Copies go through cached page-locked slots into new (pageable) host tensors; the
-///   call waits for the copy stream before returning.
+/// * Copies go into new host tensors: page-locked ones from a bounded, recycled pool by
+///   default, or pageable ones through cached page-locked staging slots
+///   ([`D2hOptions::output`], [`HostOutput`]). The call waits for the copy stream before
+///   returning.
 /// * Tensors on other devices, host tensors and non-tensor leaves pass through.
 /// * No tensor in the input, or no CUDA: the input comes back as is, with no stream or
 ///   memory created.

@@ -60,6 +60,26 @@ pub struct D2hOptions {
     /// An event the copy must wait for besides the current stream (for tensors produced
     /// on another stream). Must be on the device.
     pub producer_event: Option<Event>,
+    /// What memory the returned host tensors live in (default: page-locked).
+    pub output: HostOutput,
+}
+
+/// The memory D2H outputs live in, and what each costs.
+///
+/// | mode | speed | pinned memory held |
+/// | --- | --- | --- |
+/// | `Pinned` (default) | the link's rate: one DMA per tensor straight into the output | the batch's size, from [`PinnedOutputPool`](crate::memory::PinnedOutputPool), for as long as the caller keeps any tensor of the batch |
+/// | `Pageable` | bounded by host copies out of the staging slots (parallel) | only the staging arena's, during the call |
+///
+/// When the output pool's cap leaves no room for a batch, `Pinned` falls back to
+/// `Pageable` for that batch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HostOutput {
+    /// Page-locked outputs, views into one block of the output pool per batch.
+    #[default]
+    Pinned,
+    /// Ordinary (pageable) outputs: the spec's "new CPU tensors", holding no pinned memory.
+    Pageable,
 }
 
 impl D2hOptions {
@@ -78,6 +98,12 @@ impl D2hOptions {
     /// Sets [`D2hOptions::producer_event`].
     pub fn producer_event(mut self, e: Event) -> Self {
         self.producer_event = Some(e);
+        self
+    }
+
+    /// Sets [`D2hOptions::output`].
+    pub fn output(mut self, o: HostOutput) -> Self {
+        self.output = o;
         self
     }
 }

@@ -13,7 +13,7 @@
 //! leased to other calls, which release theirs when they end); further slots it only
 //! takes if free, and otherwise it cycles the slots it has.
 
-use super::{DeviceAlloc, DeviceView};
+use super::{CopyPool, CopyTask, DeviceAlloc, DeviceView, HostRegion};
 use crate::driver::{self, ContextGuard, Event, Handle, Stream};
 use crate::error::{Error, Result};
 use std::sync::{Condvar, Mutex, OnceLock};
@@ -22,7 +22,8 @@ use std::sync::{Condvar, Mutex, OnceLock};
 /// [`PinnedArena::configure`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ArenaConfig {
-    /// Bytes per staging slot (default 32 MiB).
+    /// Bytes per staging slot (default 8 MiB: large enough for the link's full rate,
+    /// small enough that the first copy starts soon and a 256 MiB batch pipelines well).
     pub slot_bytes: usize,
     /// Most page-locked bytes the arena may hold, all slots together (default 128 MiB).
     /// Rounded down to whole slots, and at least one slot.
@@ -32,7 +33,7 @@ pub struct ArenaConfig {
 impl Default for ArenaConfig {
     fn default() -> Self {
         ArenaConfig {
-            slot_bytes: 32 << 20,
+            slot_bytes: 8 << 20,
             max_bytes: 128 << 20,
         }
     }
@@ -224,9 +225,68 @@ impl SlotLease {
         Ok(unsafe { std::slice::from_raw_parts_mut(slab.ptr.0, slab.len) })
     }
 
-    /// The slot's bytes, for reading what a D2H copy wrote; waits for that copy first.
-    pub(crate) fn bytes(&mut self) -> Result<&[u8]> {
-        self.bytes_mut().map(|b| &*b)
+    /// Copies each `(slot offset, bytes)` piece into the slot, in parallel on the
+    /// [`CopyPool`], after waiting for the slot's previous copy. Pieces must be sorted by
+    /// offset and must not overlap.
+    pub(crate) fn fill(&mut self, pieces: &[(usize, &[u8])]) -> Result<()> {
+        let buf = self.bytes_mut()?;
+        let len = buf.len();
+        let base = buf.as_mut_ptr();
+        let mut end = 0;
+        let mut tasks = Vec::with_capacity(pieces.len());
+        for &(at, src) in pieces {
+            if at < end || at.checked_add(src.len()).is_none_or(|e| e > len) {
+                return Err(out_of_range("slot fill", at, src.len(), len));
+            }
+            end = at + src.len();
+            tasks.push(CopyTask {
+                src: src.as_ptr(),
+                dst: base.wrapping_add(at),
+                len: src.len(),
+            });
+        }
+        // SAFETY: every destination is inside the slot (checked above) and they do not
+        // overlap (sorted, checked above); the slot is borrowed mutably through `buf`'s
+        // origin (`self`) for the whole call; each source is a live shared slice, which
+        // cannot overlap the slot since the slot is exclusively ours.
+        unsafe { CopyPool::global().run(&tasks) };
+        Ok(())
+    }
+
+    /// Copies `(slot offset, region offset, bytes)` pieces from the slot into `region`, in
+    /// parallel, after waiting for the D2H copies into the slot. Region ranges must be
+    /// sorted and must not overlap.
+    pub(crate) fn drain_into(
+        &mut self,
+        region: &mut HostRegion,
+        pieces: &[(usize, usize, usize)],
+    ) -> Result<()> {
+        let slot_len = self.len();
+        let src = self.bytes_mut()?.as_ptr();
+        let dst = region.bytes_mut();
+        let dst_len = dst.len();
+        let dst = dst.as_mut_ptr();
+        let mut end = 0;
+        let mut tasks = Vec::with_capacity(pieces.len());
+        for &(from, to, n) in pieces {
+            if from.checked_add(n).is_none_or(|e| e > slot_len) {
+                return Err(out_of_range("slot drain", from, n, slot_len));
+            }
+            if to < end || to.checked_add(n).is_none_or(|e| e > dst_len) {
+                return Err(out_of_range("region", to, n, dst_len));
+            }
+            end = to + n;
+            tasks.push(CopyTask {
+                src: src.wrapping_add(from),
+                dst: dst.wrapping_add(to),
+                len: n,
+            });
+        }
+        // SAFETY: sources are inside the slot, whose D2H copies have completed (bytes_mut
+        // waited) and which this lease owns; destinations are inside the region, which is
+        // borrowed mutably for the whole call, and do not overlap (checked above).
+        unsafe { CopyPool::global().run(&tasks) };
+        Ok(())
     }
 
     /// Queues one copy of the slot's first `len` bytes to `dst` at `at`, then records the

@@ -1,6 +1,9 @@
-//! [`HostBuf`]: pageable host memory of one tensor.
+//! [`HostBuf`]: pageable host bytes of one tensor, and the recycling pool that D2H
+//! outputs are carved from.
 
-/// Bytes of a host buffer, whatever `Vec` they came in.
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Bytes of a host buffer, whatever they came in.
 trait HostBytes: Send + Sync {
     fn all_bytes(&self) -> &[u8];
 }
@@ -11,20 +14,22 @@ impl<T: bytemuck::Pod + Send + Sync> HostBytes for Vec<T> {
     }
 }
 
-/// Pageable host memory: the `Vec` a tensor was built from (kept as is, no copy), or a
-/// zeroed buffer of 8-byte words for bytes pinlane writes itself.
+/// Pageable host bytes: a view of `nbytes` at `offset` into shared, immutable data, which
+/// is the `Vec` a tensor was built from (kept as is, no copy), a copy made by pinlane, or
+/// one D2H batch's output region (recycled through [`HostPool`] when its last view drops).
 ///
 /// # Memory layout
 ///
 /// ```text
-///  data: Vec<T> (or Vec<u64>) ─► [ b0 b1 ... b(nbytes-1) | padding up to a whole word ]
-///                                 └──────── bytes() ────┘
+///  data (Vec<T>, Vec<u64> or a pooled region) ─► [ ... | b0 b1 ... b(nbytes-1) | ... ]
+///                                                       ^offset
 /// ```
 ///
-/// The start is aligned for `T` (or 8 for `Vec<u64>`), so typed views of every dtype
-/// are aligned.
+/// The data starts aligned for `T` (or 8), and region offsets are multiples of 256, so
+/// typed views of every dtype are aligned.
 pub(crate) struct HostBuf {
-    data: Box<dyn HostBytes>,
+    data: Arc<dyn HostBytes>,
+    offset: usize,
     nbytes: usize,
 }
 
@@ -33,38 +38,168 @@ impl HostBuf {
     pub(crate) fn from_vec<T: bytemuck::Pod + Send + Sync>(v: Vec<T>) -> HostBuf {
         let nbytes = std::mem::size_of_val(v.as_slice());
         HostBuf {
-            data: Box::new(v),
-            nbytes,
-        }
-    }
-
-    /// A zeroed buffer of `nbytes`, aligned to 8, to be filled through `fill`.
-    pub(crate) fn zeroed_with(nbytes: usize, fill: impl FnOnce(&mut [u8])) -> HostBuf {
-        let mut words = vec![0u64; nbytes.div_ceil(8)];
-        fill(&mut bytemuck::cast_slice_mut(&mut words)[..nbytes]);
-        HostBuf {
-            data: Box::new(words),
-            nbytes,
-        }
-    }
-
-    /// Takes words already filled with `nbytes` bytes (`words` holds at least that many).
-    pub(crate) fn from_words(words: Vec<u64>, nbytes: usize) -> HostBuf {
-        debug_assert!(words.len() * 8 >= nbytes);
-        let nbytes = nbytes.min(words.len() * 8);
-        HostBuf {
-            data: Box::new(words),
+            data: Arc::new(v),
+            offset: 0,
             nbytes,
         }
     }
 
     /// A copy of `bytes`, aligned to 8.
     pub(crate) fn copy_of(bytes: &[u8]) -> HostBuf {
-        Self::zeroed_with(bytes.len(), |dst| dst.copy_from_slice(bytes))
+        let mut words = vec![0u64; bytes.len().div_ceil(8)];
+        bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..bytes.len()].copy_from_slice(bytes);
+        HostBuf {
+            data: Arc::new(words),
+            offset: 0,
+            nbytes: bytes.len(),
+        }
     }
 
     pub(crate) fn bytes(&self) -> &[u8] {
-        &self.data.all_bytes()[..self.nbytes]
+        &self.data.all_bytes()[self.offset..self.offset + self.nbytes]
+    }
+}
+
+/// A writable output region of one D2H batch, taken from the [`HostPool`]. Filled first,
+/// then frozen and split into [`HostBuf`] views.
+pub(crate) struct HostRegion {
+    words: Vec<u64>,
+    nbytes: usize,
+}
+
+impl HostRegion {
+    /// A region of at least `nbytes`, recycled (already faulted in) when the pool has one.
+    pub(crate) fn take(nbytes: usize) -> HostRegion {
+        let words = HostPool::global().take(nbytes.div_ceil(8));
+        HostRegion { words, nbytes }
+    }
+
+    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut bytemuck::cast_slice_mut::<u64, u8>(&mut self.words)[..self.nbytes]
+    }
+
+    /// Freezes the region; [`HostBuf::view`] then carves tensors out of it.
+    pub(crate) fn freeze(self) -> FrozenRegion {
+        FrozenRegion(Arc::new(Pooled(self.words)))
+    }
+}
+
+/// A filled, immutable output region.
+pub(crate) struct FrozenRegion(Arc<Pooled>);
+
+impl HostBuf {
+    /// `nbytes` at `offset` of a frozen region (`offset + nbytes` within it).
+    pub(crate) fn view(region: &FrozenRegion, offset: usize, nbytes: usize) -> HostBuf {
+        let len = region.0.all_bytes().len();
+        let (offset, nbytes) = if offset.checked_add(nbytes).is_some_and(|e| e <= len) {
+            (offset, nbytes)
+        } else {
+            debug_assert!(false, "view {offset}+{nbytes} outside a region of {len}");
+            (0, 0)
+        };
+        HostBuf {
+            data: region.0.clone(),
+            offset,
+            nbytes,
+        }
+    }
+}
+
+/// Words that go back to the [`HostPool`] when dropped.
+struct Pooled(Vec<u64>);
+
+impl HostBytes for Pooled {
+    fn all_bytes(&self) -> &[u8] {
+        bytemuck::cast_slice(&self.0)
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        HostPool::global().give_back(std::mem::take(&mut self.0));
+    }
+}
+
+/// Recycled pageable output memory.
+///
+/// Writing into freshly allocated memory is bound by page faults (5 to 7 GB/s on one
+/// thread), far below the link; so D2H output regions come back here when their last
+/// tensor drops, already faulted in, and the next batch of a similar size reuses one.
+/// Bounded: at most `max_bytes` are kept (default 2 GiB, `PINLANE_HOST_POOL_BYTES`); the
+/// oldest cached regions are freed to make room for a newer one.
+///
+/// ```
+/// let pool = pinlane::memory::HostPool::global();
+/// assert!(pool.cached_bytes() <= pool.max_bytes());
+/// ```
+pub struct HostPool {
+    max_bytes: usize,
+    free: Mutex<Vec<Vec<u64>>>,
+}
+
+impl HostPool {
+    /// The process-wide pool.
+    pub fn global() -> &'static HostPool {
+        static POOL: OnceLock<HostPool> = OnceLock::new();
+        POOL.get_or_init(|| HostPool {
+            max_bytes: std::env::var("PINLANE_HOST_POOL_BYTES")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(2 << 30),
+            free: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Most bytes kept for reuse.
+    pub fn max_bytes(&self) -> usize {
+        self.max_bytes
+    }
+
+    /// Bytes kept for reuse now.
+    pub fn cached_bytes(&self) -> usize {
+        self.lock().iter().map(|v| v.len() * 8).sum()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Vec<u64>>> {
+        self.free.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A buffer of at least `words` words: the smallest cached one no more than twice
+    /// that size, else a new one.
+    fn take(&self, words: usize) -> Vec<u64> {
+        let found = {
+            let mut free = self.lock();
+            let best = free
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| v.len() >= words && v.len() <= words.saturating_mul(2).max(8))
+                .min_by_key(|(_, v)| v.len())
+                .map(|(i, _)| i);
+            best.map(|i| free.swap_remove(i))
+        };
+        found.unwrap_or_else(|| vec![0u64; words])
+    }
+
+    /// Keeps `v` for reuse, evicting the oldest cached buffers if the cap needs it (the
+    /// newest is the likeliest to fit the next batch); a buffer larger than the cap is
+    /// freed.
+    fn give_back(&self, v: Vec<u64>) {
+        if v.is_empty() || v.len() * 8 > self.max_bytes {
+            return;
+        }
+        let evicted = {
+            let mut free = self.lock();
+            let mut held: usize = free.iter().map(|x| x.len() * 8).sum();
+            let mut evicted = Vec::new();
+            while held + v.len() * 8 > self.max_bytes && !free.is_empty() {
+                let old = free.remove(0);
+                held -= old.len() * 8;
+                evicted.push(old);
+            }
+            free.push(v);
+            evicted
+        };
+        drop(evicted); // freed outside the lock
     }
 }
 
@@ -86,5 +221,22 @@ mod tests {
         assert_eq!(b.bytes(), &[1, 2, 3]);
         assert_eq!(b.bytes().as_ptr() as usize % 8, 0);
         assert_eq!(HostBuf::copy_of(&[]).bytes(), &[] as &[u8]);
+    }
+
+    #[test]
+    fn regions_are_recycled_and_views_see_their_bytes() {
+        let mut r = HostRegion::take(1000);
+        r.bytes_mut()[256..260].copy_from_slice(&[9, 8, 7, 6]);
+        let ptr = r.bytes_mut().as_ptr() as usize;
+        let frozen = r.freeze();
+        let v = HostBuf::view(&frozen, 256, 4);
+        assert_eq!(v.bytes(), &[9, 8, 7, 6]);
+        drop(frozen);
+        assert_eq!(v.bytes(), &[9, 8, 7, 6], "a view keeps the region alive");
+        drop(v);
+        // The region went back to the pool; a request of the same size gets it again
+        // (other tests in this binary use no regions of this size).
+        let mut again = HostRegion::take(1000);
+        assert_eq!(again.bytes_mut().as_ptr() as usize, ptr);
     }
 }

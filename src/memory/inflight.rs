@@ -1,18 +1,20 @@
 //! [`InFlight`]: the owners a call's queued copies may still touch, released only after
 //! the stream is proven idle.
 
-use super::{retained, DeviceAlloc, SlotLease};
+use super::{retained, SlotLease};
 use crate::driver::Stream;
 use crate::error::{Error, Result};
+use std::any::Any;
 use std::sync::Arc;
 
 /// Everything one transfer call has queued copies against on `stream`: its staging slot
-/// leases and device allocations. Ending it any way other than [`InFlight::finish`] or
+/// leases, device allocations and page-locked output blocks. Ending it any way other than [`InFlight::finish`] or
 /// [`InFlight::abort`] is a bug; dropping it without either still synchronises first.
 pub(crate) struct InFlight {
     stream: Stream,
     pub(crate) leases: Vec<SlotLease>,
-    allocs: Vec<Arc<DeviceAlloc>>,
+    /// Other owners (device allocations, output blocks) with their sizes.
+    held: Vec<(Arc<dyn Any + Send + Sync>, usize)>,
     /// Set once finish/abort has run, so Drop knows not to synchronise again.
     done: bool,
 }
@@ -22,7 +24,7 @@ impl InFlight {
         InFlight {
             stream,
             leases: Vec::new(),
-            allocs: Vec::new(),
+            held: Vec::new(),
             done: false,
         }
     }
@@ -31,14 +33,14 @@ impl InFlight {
         &self.stream
     }
 
-    /// Keeps `alloc` alive until the stream is proven idle.
-    pub(crate) fn hold(&mut self, alloc: &Arc<DeviceAlloc>) {
-        self.allocs.push(alloc.clone());
+    /// Keeps `owner` (of `bytes`) alive until the stream is proven idle.
+    pub(crate) fn hold<T: Any + Send + Sync>(&mut self, owner: &Arc<T>, bytes: usize) {
+        self.held.push((owner.clone(), bytes));
     }
 
     fn held_bytes(&self) -> usize {
         self.leases.iter().map(SlotLease::len).sum::<usize>()
-            + self.allocs.iter().map(|a| a.nbytes()).sum::<usize>()
+            + self.held.iter().map(|h| h.1).sum::<usize>()
     }
 
     /// Synchronises the stream, then releases everything. If the synchronisation fails,
@@ -78,7 +80,7 @@ impl InFlight {
         let bytes = self.held_bytes();
         let keep = (
             std::mem::take(&mut self.leases),
-            std::mem::take(&mut self.allocs),
+            std::mem::take(&mut self.held),
             sources,
         );
         retained::retain(self.stream.clone(), Box::new(keep), bytes);

@@ -2,10 +2,11 @@
 //!
 //! | file | owner | memory | freed |
 //! | --- | --- | --- | --- |
-//! | `host.rs` | `HostBuf` | pageable host memory (a `Vec`) | on drop |
-//! | `pinned.rs` | `PinnedBuf` | page-locked memory of one tensor (`cuMemHostAlloc`) | on drop (`cuMemFreeHost`) |
+//! | `host.rs` | `HostBuf`, `HostRegion` | pageable host memory (a `Vec`, or a D2H batch's output region) | on drop; regions go back to [`HostPool`] |
+//! | `pinned.rs` | `PinnedBuf`, `PinnedBlock` | page-locked memory of tensors (`cuMemHostAlloc`) | on drop (`cuMemFreeHost`), or back to [`PinnedOutputPool`] |
 //! | `arena.rs` | [`PinnedArena`], `SlotLease` | page-locked staging slots, allocated once | never on the hot path |
 //! | `device.rs` | `DeviceAlloc` | device memory of one batch (`cuMemAllocFromPoolAsync`) | in order on its consumer stream (`cuMemFreeAsync`) |
+//! | `copier.rs` | `CopyPool` | nothing of its own: threads that copy host bytes in parallel | - |
 //! | `inflight.rs` | `InFlight` | nothing of its own: keeps the owners above alive | after the stream is synchronised |
 //! | `retained.rs` | the retained registry | owners whose copies could not be proven complete | when a later synchronisation proves it |
 //!
@@ -44,18 +45,27 @@
 //!   while work the consumer queued on that stream may still read it.
 
 mod arena;
+mod copier;
 mod device;
 mod host;
 mod inflight;
+#[cfg(feature = "test-util")]
+mod limits;
 mod pinned;
 pub mod retained;
 
 pub(crate) use arena::SlotLease;
 pub use arena::{ArenaConfig, PinnedArena};
+pub use copier::CopyPool;
+pub(crate) use copier::CopyTask;
 pub(crate) use device::{DeviceAlloc, DeviceView};
-pub(crate) use host::HostBuf;
+pub use host::HostPool;
+pub(crate) use host::{HostBuf, HostRegion};
 pub(crate) use inflight::InFlight;
-pub(crate) use pinned::PinnedBuf;
+#[cfg(feature = "test-util")]
+pub use limits::{measure_pinned_limits, PinnedLimits};
+pub use pinned::PinnedOutputPool;
+pub(crate) use pinned::{PinnedBlock, PinnedBuf};
 
 /// Device offsets of a batch are aligned to this many bytes (cudaMalloc's own alignment),
 /// so every tensor of a coalesced batch starts where a kernel would expect it.

@@ -1,56 +1,168 @@
-//! [`PinnedBuf`]: page-locked host memory owned by one tensor.
+//! Page-locked host memory that tensors own: [`PinnedBuf`] (a view into a
+//! [`PinnedBlock`]), and the bounded [`PinnedOutputPool`] that D2H outputs come from.
 
-use super::DeviceAlloc;
+use super::{DeviceAlloc, DeviceView};
 use crate::driver::{self, ContextGuard, Handle, Stream};
-use crate::error::Result;
+use crate::error::{Error, Result};
+use std::sync::{Arc, Mutex, OnceLock};
 
-/// Page-locked (pinned) host memory from `cuMemHostAlloc`, portable to every context, so
-/// the copy engines read or write it directly and an H2D from it needs no staging.
-///
-/// Allocated under cuda:0's context (portable memory works from any context); freed with
-/// `cuMemFreeHost` when dropped. Empty buffers allocate nothing.
-pub(crate) struct PinnedBuf {
+/// The device whose context pinned tensor memory is allocated and freed under (portable
+/// memory works from every context).
+const PINNED_CTX_DEVICE: usize = 0;
+
+/// One `cuMemHostAlloc` allocation (portable): owned by one tensor (freed on drop), or a
+/// block of the output pool (returned to it on drop).
+pub(crate) struct PinnedBlock {
     ptr: Handle<*mut u8>,
+    len: usize,
+    pool: Option<&'static PinnedOutputPool>,
+}
+
+impl PinnedBlock {
+    /// A block of no bytes (outputs of a batch whose tensors are all empty).
+    pub(crate) fn empty() -> Arc<PinnedBlock> {
+        Arc::new(PinnedBlock {
+            ptr: Handle(std::ptr::NonNull::dangling().as_ptr()),
+            len: 0,
+            pool: None,
+        })
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Queues a copy of `src` (all of it) into this block at `at`.
+    ///
+    /// # Safety
+    /// 1. Nothing reads or writes `at..at+src.nbytes()` of the block until the copy has
+    ///    finished, and the block stays alive until then.
+    /// 2. `src`'s producing work is ordered before this point of `stream`, and `src` stays
+    ///    alive until the copy has finished.
+    pub(crate) unsafe fn d2h_async(
+        &self,
+        ctx: &ContextGuard,
+        at: usize,
+        src: &DeviceView,
+        stream: &Stream,
+    ) -> Result<()> {
+        let n = src.nbytes();
+        if at.checked_add(n).is_none_or(|e| e > self.len) {
+            return Err(range_error("pinned output", at, n, self.len));
+        }
+        let Some(from) = src.addr(0) else {
+            return Ok(());
+        };
+        // SAFETY: the destination is inside the block (checked above); obligations 1 and
+        // 2 are the caller's.
+        unsafe { driver::memcpy_d2h_async(ctx, self.ptr.0.add(at), from, n, stream) }
+    }
+}
+
+fn range_error(what: &str, at: usize, n: usize, len: usize) -> Error {
+    Error::InvalidOption {
+        name: "copy range",
+        reason: format!("{what}: {at}+{n} exceeds {len} bytes"),
+    }
+}
+
+impl Drop for PinnedBlock {
+    fn drop(&mut self) {
+        if self.len == 0 {
+            return;
+        }
+        if let Some(pool) = self.pool {
+            pool.give_back(self.ptr, self.len);
+            return;
+        }
+        // SAFETY: a dedicated block from host_alloc whose last owner is us; copies that
+        // read or wrote it were proven complete before any tensor owning it could drop
+        // (memory module invariant).
+        if let Err(e) = unsafe { free_pinned(self.ptr, self.len) } {
+            driver::deferred::record(e);
+        }
+    }
+}
+
+/// Frees a pinned allocation.
+///
+/// # Safety
+/// `ptr` came from `host_alloc`, is not freed yet, and no copy touches it any more.
+unsafe fn free_pinned(ptr: Handle<*mut u8>, _len: usize) -> Result<()> {
+    let ctx = driver::bind(PINNED_CTX_DEVICE)?;
+    // SAFETY: the caller's obligations.
+    unsafe { driver::host_free(&ctx, ptr.0) }
+}
+
+fn alloc_block(len: usize, pool: Option<&'static PinnedOutputPool>) -> Result<PinnedBlock> {
+    if len == 0 {
+        return Ok(PinnedBlock {
+            ptr: Handle(std::ptr::NonNull::dangling().as_ptr()),
+            len: 0,
+            pool: None,
+        });
+    }
+    driver::require("pinned allocation")?;
+    let ctx = driver::bind(PINNED_CTX_DEVICE)?;
+    let ptr = driver::host_alloc(&ctx, len)?;
+    Ok(PinnedBlock {
+        ptr: Handle(ptr),
+        len,
+        pool,
+    })
+}
+
+/// A tensor's page-locked bytes: `nbytes` at `offset` of a shared block.
+#[derive(Clone)]
+pub(crate) struct PinnedBuf {
+    block: Arc<PinnedBlock>,
+    offset: usize,
     nbytes: usize,
 }
 
-/// The device whose context pinned tensor memory is allocated and freed under.
-const PINNED_CTX_DEVICE: usize = 0;
-
 impl PinnedBuf {
-    /// A page-locked copy of `bytes`.
+    /// A page-locked copy of `bytes` in a block of its own.
     pub(crate) fn copy_of(bytes: &[u8]) -> Result<PinnedBuf> {
-        if bytes.is_empty() {
-            return Ok(PinnedBuf {
-                ptr: Handle(std::ptr::NonNull::dangling().as_ptr()),
-                nbytes: 0,
-            });
+        let block = alloc_block(bytes.len(), None)?;
+        if !bytes.is_empty() {
+            // SAFETY: a fresh allocation of bytes.len() bytes that nothing else can see;
+            // the ranges cannot overlap.
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), block.ptr.0, bytes.len()) };
         }
-        driver::require("pinned allocation")?;
-        let ctx = driver::bind(PINNED_CTX_DEVICE)?;
-        let ptr = driver::host_alloc(&ctx, bytes.len())?;
-        // SAFETY: `ptr` is a fresh allocation of bytes.len() bytes that nothing else can
-        // see yet; the ranges cannot overlap.
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptr, bytes.len()) };
         Ok(PinnedBuf {
-            ptr: Handle(ptr),
+            block: Arc::new(block),
+            offset: 0,
             nbytes: bytes.len(),
         })
     }
 
-    pub(crate) fn bytes(&self) -> &[u8] {
-        // SAFETY: `ptr` points to `nbytes` initialised bytes (written in copy_of) that
-        // live as long as self and are never written again; for nbytes 0 it is a
-        // dangling, aligned, non-null pointer, which an empty slice allows.
-        unsafe { std::slice::from_raw_parts(self.ptr.0, self.nbytes) }
+    /// `nbytes` at `offset` of `block`, whose bytes there have been fully written (and
+    /// whose copies are proven complete).
+    pub(crate) fn view(block: &Arc<PinnedBlock>, offset: usize, nbytes: usize) -> PinnedBuf {
+        debug_assert!(offset + nbytes <= block.len);
+        let ok = offset.checked_add(nbytes).is_some_and(|e| e <= block.len);
+        PinnedBuf {
+            block: block.clone(),
+            offset: if ok { offset } else { 0 },
+            nbytes: if ok { nbytes } else { 0 },
+        }
     }
-}
 
-impl PinnedBuf {
+    pub(crate) fn bytes(&self) -> &[u8] {
+        if self.nbytes == 0 {
+            return &[];
+        }
+        // SAFETY: offset + nbytes <= block.len (view and copy_of keep it so); these bytes
+        // were written (by copy_of, or by D2H copies proven complete before the view was
+        // made) and are never written again while a view exists; the block lives as long
+        // as `self` holds the Arc.
+        unsafe { std::slice::from_raw_parts(self.block.ptr.0.add(self.offset), self.nbytes) }
+    }
+
     /// Queues a copy of all the bytes to `dst` at `at`, straight from this memory.
     ///
     /// # Safety
-    /// 1. `self` stays alive (and unchanged: it never changes) until the copy has finished.
+    /// 1. `self` stays alive (it never changes) until the copy has finished.
     /// 2. `dst` is usable in `stream`'s order and kept alive until the copy has finished.
     pub(crate) unsafe fn h2d_async(
         &self,
@@ -60,38 +172,134 @@ impl PinnedBuf {
         stream: &Stream,
     ) -> Result<()> {
         if at.checked_add(self.nbytes).is_none_or(|e| e > dst.nbytes()) {
-            return Err(crate::Error::InvalidOption {
-                name: "copy range",
-                reason: format!(
-                    "pinned source {at}+{} exceeds {} bytes",
-                    self.nbytes,
-                    dst.nbytes()
-                ),
-            });
+            return Err(range_error("pinned source", at, self.nbytes, dst.nbytes()));
         }
         if self.nbytes == 0 {
             return Ok(());
         }
-        // SAFETY: the source is our page-locked allocation of nbytes (obligation 1 keeps it
+        let src = self.bytes().as_ptr();
+        // SAFETY: the source is nbytes of our page-locked block (obligation 1 keeps it
         // alive); the destination range is inside `dst` (checked above; obligation 2).
-        unsafe { driver::memcpy_h2d_async(ctx, dst.addr(at), self.ptr.0, self.nbytes, stream) }
+        unsafe { driver::memcpy_h2d_async(ctx, dst.addr(at), src, self.nbytes, stream) }
     }
 }
 
-impl Drop for PinnedBuf {
-    fn drop(&mut self) {
-        if self.nbytes == 0 {
-            return;
+/// The bounded pool of page-locked blocks that D2H outputs live in (when the caller asks
+/// for page-locked outputs, the default).
+///
+/// A D2H batch takes one block, its tensors are views into it, and the block comes back
+/// to the pool when the last of them drops. The pool holds at most `max_bytes` (default
+/// 2 GiB, `PINLANE_PINNED_OUTPUT_BYTES`); when a batch does not fit even after freeing the
+/// unused blocks, the call falls back to pageable outputs.
+///
+/// ```
+/// let pool = pinlane::memory::PinnedOutputPool::global();
+/// assert!(pool.held_bytes() <= pool.max_bytes());
+/// ```
+pub struct PinnedOutputPool {
+    max_bytes: usize,
+    state: Mutex<PoolState>,
+}
+
+struct PoolState {
+    free: Vec<(Handle<*mut u8>, usize)>,
+    /// Bytes allocated: free blocks plus blocks handed out.
+    held: usize,
+}
+
+/// Blocks are allocated in multiples of this, so batches of slightly different sizes
+/// reuse each other's blocks.
+const BLOCK_ROUND: usize = 2 << 20;
+
+impl PinnedOutputPool {
+    /// The process-wide pool.
+    pub fn global() -> &'static PinnedOutputPool {
+        static POOL: OnceLock<PinnedOutputPool> = OnceLock::new();
+        POOL.get_or_init(|| PinnedOutputPool {
+            max_bytes: std::env::var("PINLANE_PINNED_OUTPUT_BYTES")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(2 << 30),
+            state: Mutex::new(PoolState {
+                free: Vec::new(),
+                held: 0,
+            }),
+        })
+    }
+
+    /// Most page-locked bytes the pool holds.
+    pub fn max_bytes(&self) -> usize {
+        self.max_bytes
+    }
+
+    /// Page-locked bytes the pool holds now (free blocks and blocks in use).
+    pub fn held_bytes(&self) -> usize {
+        self.lock().held
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, PoolState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A block of at least `nbytes` (> 0), or `None` when the cap does not allow one.
+    pub(crate) fn take(&'static self, nbytes: usize) -> Result<Option<Arc<PinnedBlock>>> {
+        let want = nbytes.div_ceil(BLOCK_ROUND).saturating_mul(BLOCK_ROUND);
+        let mut to_free = Vec::new();
+        let reuse = {
+            let mut st = self.lock();
+            let best = st
+                .free
+                .iter()
+                .enumerate()
+                .filter(|(_, (_, len))| *len >= nbytes && *len <= want.saturating_mul(2))
+                .min_by_key(|(_, (_, len))| *len)
+                .map(|(i, _)| i);
+            match best {
+                Some(i) => Some(st.free.swap_remove(i)),
+                None => {
+                    // Free unused blocks until the new one fits under the cap.
+                    while st.held + want > self.max_bytes {
+                        let Some(b) = st.free.pop() else { break };
+                        st.held -= b.1;
+                        to_free.push(b);
+                    }
+                    if st.held + want > self.max_bytes {
+                        // Give the unused blocks back rather than freeing them for nothing.
+                        for b in to_free.drain(..) {
+                            st.held += b.1;
+                            st.free.push(b);
+                        }
+                        return Ok(None);
+                    }
+                    st.held += want;
+                    None
+                }
+            }
+        };
+        for (ptr, len) in to_free {
+            // SAFETY: free blocks are touched by no copy (a block returns to the free list
+            // only when its last view drops, after its copies were proven complete).
+            if let Err(e) = unsafe { free_pinned(ptr, len) } {
+                driver::deferred::record(e);
+            }
         }
-        let res = driver::bind(PINNED_CTX_DEVICE).and_then(|ctx| {
-            // SAFETY: the pointer came from host_alloc and this is its only owner; a copy
-            // reading it is proven complete before the tensor that owns us can drop
-            // (memory module invariant: the call synchronised, or the registry holds a
-            // clone of the tensor).
-            unsafe { driver::host_free(&ctx, self.ptr.0) }
-        });
-        if let Err(e) = res {
-            driver::deferred::record(e);
+        if let Some((ptr, len)) = reuse {
+            return Ok(Some(Arc::new(PinnedBlock {
+                ptr,
+                len,
+                pool: Some(self),
+            })));
         }
+        match alloc_block(want, Some(self)) {
+            Ok(b) => Ok(Some(Arc::new(b))),
+            Err(e) => {
+                self.lock().held -= want;
+                Err(e)
+            }
+        }
+    }
+
+    fn give_back(&self, ptr: Handle<*mut u8>, len: usize) {
+        self.lock().free.push((ptr, len));
     }
 }

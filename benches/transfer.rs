@@ -1,0 +1,351 @@
+//! `cargo bench --bench transfer [-- --json PATH] [--quick]`: PERFORMANCE.md's batches
+//! through pinlane both ways, on the GPU machine.
+//!
+//! For each configuration: one checked round trip (every byte compared), a warm-up, then
+//! the median of timed whole calls (sources rotated among several copies for small
+//! batches). Prints GB/s, the fraction of the pinned-memory limit measured in this same
+//! process, µs per batch, pinned bytes held, and host CPU seconds per GB moved; writes
+//! the same as JSON.
+
+use pinlane::memory::{measure_pinned_limits, CopyPool, PinnedArena, PinnedOutputPool};
+use pinlane::{transfer_tensor_d2h, transfer_tensor_h2d, D2hOptions, DType, HostOutput, Tensor};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+/// Process CPU time (user + system), from /proc/self/stat, in seconds.
+fn cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    // Fields after the command name (which may contain spaces) start after ") ".
+    let rest = stat.rsplit_once(") ").map_or("", |r| r.1);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are fields 14 and 15 (1-based) = 11 and 12 here; 100 ticks a second.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+fn pattern(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut v = Vec::with_capacity(n);
+    while v.len() < n {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.extend_from_slice(&x.to_le_bytes()[..8.min(n - v.len())]);
+    }
+    v
+}
+
+fn tensor(dtype: DType, dims: &[usize], seed: u64) -> Tensor {
+    let n: usize = dims.iter().product::<usize>() * dtype.size();
+    // f32 patterns made of random bytes include NaNs; compared bytewise, that is fine.
+    Tensor::from_bytes(dtype, dims.to_vec(), &pattern(n, seed)).unwrap()
+}
+
+type Batch = BTreeMap<String, Tensor>;
+
+fn named(ts: Vec<Tensor>) -> Batch {
+    ts.into_iter()
+        .enumerate()
+        .map(|(i, t)| (format!("t{i:04}"), t))
+        .collect()
+}
+
+struct Config {
+    name: &'static str,
+    /// Copies of the batch to rotate among (small batches: so caches don't flatter them).
+    sources: Vec<Batch>,
+    reps: usize,
+}
+
+fn configs(quick: bool) -> Vec<Config> {
+    let big_reps = if quick { 3 } else { 8 };
+    let small = |n: usize, f: &dyn Fn(u64) -> Batch| (0..n as u64).map(f).collect::<Vec<_>>();
+    vec![
+        Config {
+            name: "8 x 32 MiB f32",
+            sources: vec![named(
+                (0..8).map(|i| tensor(DType::F32, &[8 << 20], i)).collect(),
+            )],
+            reps: big_reps,
+        },
+        Config {
+            name: "1 GiB f32",
+            sources: vec![named(vec![tensor(DType::F32, &[256 << 20], 99)])],
+            reps: big_reps.min(6),
+        },
+        Config {
+            name: "64 x 3x224x224 u8",
+            sources: small(4, &|s| {
+                named(
+                    (0..64)
+                        .map(|i| tensor(DType::U8, &[3, 224, 224], s * 100 + i))
+                        .collect(),
+                )
+            }),
+            reps: 30,
+        },
+        Config {
+            name: "1000 x 1 KiB f32",
+            sources: small(4, &|s| {
+                named(
+                    (0..1000)
+                        .map(|i| tensor(DType::F32, &[256], s * 10_000 + i))
+                        .collect(),
+                )
+            }),
+            reps: 60,
+        },
+        Config {
+            name: "1 x 1 KiB f32",
+            sources: small(8, &|s| named(vec![tensor(DType::F32, &[256], s)])),
+            reps: 200,
+        },
+    ]
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+struct Row {
+    config: &'static str,
+    direction: String,
+    bytes: usize,
+    median: Duration,
+    limit: f64,
+    pinned_held: usize,
+    cpu_s_per_gb: f64,
+}
+
+impl Row {
+    fn gbs(&self) -> f64 {
+        self.bytes as f64 / self.median.as_secs_f64() / 1e9
+    }
+}
+
+/// Times `reps` calls of `f(rep)` after 2 warm-ups.
+fn time(reps: usize, mut f: impl FnMut(usize)) -> (Duration, f64) {
+    f(0);
+    f(1);
+    let cpu0 = cpu_seconds();
+    let mut v = Vec::with_capacity(reps);
+    for r in 0..reps {
+        let t0 = Instant::now();
+        f(r);
+        v.push(t0.elapsed());
+    }
+    (median(v), cpu_seconds() - cpu0)
+}
+
+fn bytes_of(b: &Batch) -> usize {
+    b.values().map(Tensor::nbytes).sum()
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let json_path = args
+        .iter()
+        .position(|a| a == "--json")
+        .and_then(|i| args.get(i + 1))
+        .cloned();
+    let Some(info) = pinlane::driver::available() else {
+        println!(
+            "no CUDA ({}): nothing to measure",
+            pinlane::driver::unavailable_reason().unwrap_or("?")
+        );
+        return;
+    };
+    let limits = measure_pinned_limits(0, 256 << 20, 8).expect("pinned limit");
+    println!(
+        "pinned limit (256 MiB, median of 8, this process): H2D {:.1} GB/s, D2H {:.1} GB/s, both at once {:.1} GB/s",
+        limits.h2d, limits.d2h, limits.both
+    );
+    println!(
+        "driver {}, copy threads {}, staging slot {} MiB, arena cap {} MiB",
+        info.version,
+        CopyPool::global().threads(),
+        PinnedArena::global().config().slot_bytes >> 20,
+        PinnedArena::global().config().max_bytes >> 20
+    );
+
+    let mut rows = Vec::new();
+    let cpu_per_gb = |cpu: f64, bytes: usize, reps: usize| cpu / (bytes as f64 * reps as f64 / 1e9);
+    for c in configs(quick) {
+        let bytes = bytes_of(&c.sources[0]);
+        let n = c.sources.len();
+        // Check the moved bytes once per configuration, both output modes.
+        let dev: Vec<Batch> = c
+            .sources
+            .iter()
+            .map(|s| transfer_tensor_h2d(s).unwrap())
+            .collect();
+        for mode in [HostOutput::Pinned, HostOutput::Pageable] {
+            let back = transfer_tensor_d2h(&dev[0], &D2hOptions::default().output(mode)).unwrap();
+            assert!(
+                back == c.sources[0],
+                "{}: round trip ({mode:?}) changed bytes",
+                c.name
+            );
+        }
+
+        let (m, cpu) = time(c.reps, |r| {
+            drop(transfer_tensor_h2d(&c.sources[r % n]).unwrap())
+        });
+        rows.push(Row {
+            config: c.name,
+            direction: "H2D pageable".into(),
+            bytes,
+            median: m,
+            limit: limits.h2d,
+            pinned_held: PinnedArena::global().held_bytes(),
+            cpu_s_per_gb: cpu_per_gb(cpu, bytes, c.reps),
+        });
+
+        let pinned_src: Vec<Batch> = c
+            .sources
+            .iter()
+            .map(|s| {
+                s.iter()
+                    .map(|(k, t)| (k.clone(), t.to_pinned().unwrap()))
+                    .collect()
+            })
+            .collect();
+        let (m, cpu) = time(c.reps, |r| {
+            drop(transfer_tensor_h2d(&pinned_src[r % n]).unwrap())
+        });
+        rows.push(Row {
+            config: c.name,
+            direction: "H2D pinned".into(),
+            bytes,
+            median: m,
+            limit: limits.h2d,
+            pinned_held: PinnedArena::global().held_bytes(),
+            cpu_s_per_gb: cpu_per_gb(cpu, bytes, c.reps),
+        });
+        drop(pinned_src);
+
+        for (mode, label) in [
+            (HostOutput::Pinned, "D2H pinned out"),
+            (HostOutput::Pageable, "D2H pageable out"),
+        ] {
+            let opts = D2hOptions::default().output(mode);
+            let (m, cpu) = time(c.reps, |r| {
+                drop(transfer_tensor_d2h(&dev[r % n], &opts).unwrap())
+            });
+            rows.push(Row {
+                config: c.name,
+                direction: label.into(),
+                bytes,
+                median: m,
+                limit: limits.d2h,
+                pinned_held: PinnedArena::global().held_bytes()
+                    + PinnedOutputPool::global().held_bytes(),
+                cpu_s_per_gb: cpu_per_gb(cpu, bytes, c.reps),
+            });
+        }
+    }
+
+    // H2D in one thread and D2H in another at once, 256 MiB each.
+    {
+        let src = named(
+            (0..8)
+                .map(|i| tensor(DType::F32, &[8 << 20], 500 + i))
+                .collect(),
+        );
+        let dev = transfer_tensor_h2d(&named(
+            (0..8)
+                .map(|i| tensor(DType::F32, &[8 << 20], 600 + i))
+                .collect(),
+        ))
+        .unwrap();
+        let bytes = bytes_of(&src);
+        let reps = if quick { 3 } else { 8 };
+        let barrier = std::sync::Barrier::new(2);
+        let run = |reps: usize| {
+            std::thread::scope(|s| {
+                let up = s.spawn(|| {
+                    barrier.wait();
+                    for _ in 0..reps {
+                        drop(transfer_tensor_h2d(&src).unwrap());
+                    }
+                });
+                let down = s.spawn(|| {
+                    barrier.wait();
+                    for _ in 0..reps {
+                        drop(transfer_tensor_d2h(&dev, &D2hOptions::default()).unwrap());
+                    }
+                });
+                up.join().unwrap();
+                down.join().unwrap();
+            })
+        };
+        run(1);
+        let cpu0 = cpu_seconds();
+        let t0 = Instant::now();
+        run(reps);
+        let per = t0.elapsed() / reps as u32;
+        rows.push(Row {
+            config: "256 MiB each way at once",
+            direction: "H2D + D2H".into(),
+            bytes: 2 * bytes,
+            median: per,
+            limit: limits.both,
+            pinned_held: PinnedArena::global().held_bytes()
+                + PinnedOutputPool::global().held_bytes(),
+            cpu_s_per_gb: cpu_per_gb(cpu_seconds() - cpu0, 2 * bytes, reps),
+        });
+    }
+
+    println!();
+    println!(
+        "{:<26} {:<18} {:>9} {:>8} {:>12} {:>11} {:>9}",
+        "batch", "direction", "GB/s", "x limit", "us/batch", "pinned MiB", "CPU s/GB"
+    );
+    for r in &rows {
+        println!(
+            "{:<26} {:<18} {:>9.2} {:>8.3} {:>12.1} {:>11} {:>9.3}",
+            r.config,
+            r.direction,
+            r.gbs(),
+            r.gbs() / r.limit,
+            r.median.as_secs_f64() * 1e6,
+            r.pinned_held >> 20,
+            r.cpu_s_per_gb
+        );
+    }
+
+    if let Some(path) = json_path {
+        let mut j = String::new();
+        let _ = write!(
+            j,
+            "{{\"tool\":\"pinlane\",\"limits\":{{\"h2d\":{:.3},\"d2h\":{:.3},\"both\":{:.3}}},\"copy_threads\":{},\"rows\":[",
+            limits.h2d,
+            limits.d2h,
+            limits.both,
+            CopyPool::global().threads()
+        );
+        for (i, r) in rows.iter().enumerate() {
+            let _ = write!(
+                j,
+                "{}{{\"batch\":\"{}\",\"direction\":\"{}\",\"bytes\":{},\"median_us\":{:.2},\"gbs\":{:.3},\"fraction_of_limit\":{:.4},\"pinned_held_bytes\":{},\"cpu_s_per_gb\":{:.4}}}",
+                if i > 0 { "," } else { "" },
+                r.config,
+                r.direction,
+                r.bytes,
+                r.median.as_secs_f64() * 1e6,
+                r.gbs(),
+                r.gbs() / r.limit,
+                r.pinned_held,
+                r.cpu_s_per_gb
+            );
+        }
+        j.push_str("]}\n");
+        std::fs::write(&path, j).expect("write json");
+        println!("\nwrote {path}");
+    }
+}

@@ -1,0 +1,75 @@
+//! The hardware's pinned-memory copy rates, measured in the calling process (feature
+//! `test-util`): the yardstick benchmarks print their figures against.
+
+use crate::driver::{self, Event, Stream};
+use crate::error::Result;
+use std::time::Instant;
+
+/// Copy rates between page-locked host memory and `device`, in GB/s (1e9 bytes/s): the
+/// median of `reps` timed copies of `nbytes` after one warm-up, each direction alone, then
+/// both at once on two streams (total).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PinnedLimits {
+    pub h2d: f64,
+    pub d2h: f64,
+    pub both: f64,
+}
+
+/// Measures [`PinnedLimits`] with plain `cuMemcpy*Async` calls: one buffer of `nbytes`
+/// of page-locked memory each way and one device buffer each way.
+pub fn measure_pinned_limits(device: usize, nbytes: usize, reps: usize) -> Result<PinnedLimits> {
+    driver::require("measure_pinned_limits")?;
+    let ctx = driver::bind(device)?;
+    let a = Stream::new(device)?;
+    let b = Stream::new(device)?;
+    let host_up = super::PinnedBuf::copy_of(&vec![0x5Au8; nbytes])?;
+    let host_down = super::PinnedOutputPool::global()
+        .take(nbytes)?
+        .ok_or_else(|| crate::Error::InvalidOption {
+            name: "nbytes",
+            reason: "larger than the pinned output pool's cap".into(),
+        })?;
+    let dev_up = super::DeviceAlloc::new_async(&ctx, device, nbytes, &a, a.clone())?;
+    let dev_down = super::DeviceAlloc::new_async(&ctx, device, nbytes, &a, a.clone())?;
+    let down_view = super::DeviceView::new(&dev_down, 0, nbytes);
+    a.synchronize()?;
+    let done = Event::new(device)?;
+    let time = |f: &dyn Fn() -> Result<()>| -> Result<f64> {
+        let mut v = Vec::new();
+        for i in 0..=reps {
+            let t0 = Instant::now();
+            f()?;
+            if i > 0 {
+                v.push(t0.elapsed().as_secs_f64());
+            }
+        }
+        v.sort_by(f64::total_cmp);
+        Ok(v[v.len() / 2])
+    };
+    let up = || -> Result<()> {
+        // SAFETY: every buffer is owned by this function and outlives the closure, which
+        // synchronises the stream before returning: no copy is left running.
+        unsafe { host_up.h2d_async(&ctx, &dev_up, 0, &a) }?;
+        a.synchronize()
+    };
+    let down = || -> Result<()> {
+        // SAFETY: as in `up`; the block is ours alone (no view of it is ever made).
+        unsafe { host_down.d2h_async(&ctx, 0, &down_view, &b) }?;
+        b.synchronize()
+    };
+    let both = || -> Result<()> {
+        // SAFETY: as in `up`.
+        unsafe { host_up.h2d_async(&ctx, &dev_up, 0, &a) }?;
+        // SAFETY: as in `down`.
+        unsafe { host_down.d2h_async(&ctx, 0, &down_view, &b) }?;
+        done.record(&b)?;
+        a.synchronize()?;
+        done.synchronize()
+    };
+    let gbs = |bytes: usize, s: f64| bytes as f64 / s / 1e9;
+    Ok(PinnedLimits {
+        h2d: gbs(nbytes, time(&up)?),
+        d2h: gbs(nbytes, time(&down)?),
+        both: gbs(2 * nbytes, time(&both)?),
+    })
+}
