@@ -15,7 +15,7 @@
 //! 4. Synchronise the copy stream, rebuild the batch with the host tensors.
 
 use super::options::{self, DeviceRequest};
-use super::{plan, record_stats, thread_state, TransferStats, PIPELINE_SLOTS};
+use super::{plan, record_stats, thread_state, TransferStats};
 use crate::batch::{self, Batch};
 use crate::driver::{self, ContextGuard};
 use crate::error::{Error, Result};
@@ -196,19 +196,9 @@ fn submit_staged(
         return Ok(());
     }
     let stream = job.stream().clone();
-    let arena = PinnedArena::global();
-    let slot = arena.config().slot_bytes;
+    let slot = plan::window_size(end, PinnedArena::global().config().slot_bytes);
     let n_windows = end.div_ceil(slot);
-    if let Some(first) = arena.lease(ctx, true)? {
-        job.leases.push(first);
-    }
-    while job.leases.len() < PIPELINE_SLOTS.min(n_windows) {
-        match arena.lease(ctx, false)? {
-            Some(l) => job.leases.push(l),
-            None => break,
-        }
-    }
-    let nslots = job.leases.len();
+    let nslots = super::lease_slots(ctx, job, n_windows)?;
     let mut pending: Vec<Option<plan::Window>> = vec![None; nslots];
     for (w_idx, w) in plan::windows(offsets, sizes, end, slot).enumerate() {
         let k = w_idx % nslots;

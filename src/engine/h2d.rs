@@ -6,20 +6,22 @@
 //!    front of the batch's device buffer (the *staged region*), page-locked ones after it.
 //! 2. Allocate the buffer (`cuMemAllocFromPoolAsync`) on the thread's H2D stream.
 //! 3. Page-locked sources: one copy each, straight from their memory.
-//! 4. The staged region is cut into windows of one staging slot each: the host copies
-//!    the pieces of the pageable tensors that fall in the window into a slot (the slot has
-//!    the window's exact layout, padding included), then one copy moves the whole window.
-//!    Slots are reused round-robin; refilling one waits for its previous copy only, so
-//!    filling slot k+1 overlaps the DMA of slot k. Many small tensors share one copy.
+//! 4. The staged region is cut into windows (at most one staging slot each, smaller for
+//!    small batches so the first copy starts early): the copy threads copy the pieces of
+//!    the pageable tensors that fall in a window into a slot (the slot has the window's
+//!    exact layout, padding included), then one copy moves the whole window. Fills run up
+//!    to two windows ahead of the copies; slots are reused round-robin, and refilling one
+//!    waits for its previous copy only. Many small tensors share one copy.
 //! 5. Synchronise the stream, build device tensors as views into the buffer, rebuild.
 
-use super::{plan, record_stats, thread_state, TransferStats, PIPELINE_SLOTS};
+use super::{plan, record_stats, thread_state, TransferStats};
 use crate::batch::{self, Batch};
 use crate::driver::{self, ContextGuard, Stream};
 use crate::error::{Error, Result};
 use crate::memory::{DeviceAlloc, DeviceView, InFlight, PinnedArena, PinnedBuf, DEVICE_ALIGN};
 use crate::tensor::{Storage, Tensor};
 use crate::H2dOptions;
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 /// What a host tensor's bytes are copied from.
@@ -156,24 +158,17 @@ fn submit(
     }
 
     if staged_end > 0 {
-        let arena = PinnedArena::global();
-        let slot = arena.config().slot_bytes;
-        let wins = plan::windows(offsets, sizes, staged_end, slot);
-        let n_windows = staged_end.div_ceil(slot);
-        // The first slot may block until another call returns one; more only if free.
-        if let Some(first) = arena.lease(ctx, true)? {
-            job.leases.push(first);
-        }
-        while job.leases.len() < PIPELINE_SLOTS.min(n_windows) {
-            match arena.lease(ctx, false)? {
-                Some(l) => job.leases.push(l),
-                None => break,
-            }
-        }
-        let nslots = job.leases.len();
+        let window = plan::window_size(staged_end, PinnedArena::global().config().slot_bytes);
+        let nslots = super::lease_slots(ctx, job, staged_end.div_ceil(window))?;
+        // Windows whose fill has started but whose copy is not queued yet, oldest first.
+        // Up to `ahead` fills run at once, so the copy threads go from one window to the
+        // next without a gap; fewer than `nslots`, so a slot is never refilled before its
+        // own window's copy is queued.
+        let ahead = (nslots - 1).min(2);
+        let mut filling: VecDeque<(usize, usize, usize)> = VecDeque::new(); // (slot, start, len)
         let mut pieces: Vec<(usize, &[u8])> = Vec::new();
-        for (w_idx, w) in wins.enumerate() {
-            let lease = &mut job.leases[w_idx % nslots];
+        for (w_idx, w) in plan::windows(offsets, sizes, staged_end, window).enumerate() {
+            let k = w_idx % nslots;
             pieces.clear();
             for p in &w.parts {
                 if let Source::Pageable(bytes) = sources[p.item] {
@@ -181,13 +176,39 @@ fn submit(
                     stats.staged_bytes += p.len;
                 }
             }
-            lease.fill(&pieces)?;
-            // SAFETY: `alloc` was allocated on this stream and `job` holds it until the
-            // stream is proven idle.
-            unsafe { lease.h2d_window(ctx, w.len, &alloc, w.start, &stream) }?;
-            stats.copies += 1;
-            stats.windows += 1;
+            // SAFETY: the pieces borrow the caller's batch, alive for this whole call; the
+            // lease settles its fill before the call ends (InFlight::finish/abort settle
+            // every lease, and so does dropping one).
+            unsafe { job.leases[k].fill_start(&pieces) }?;
+            filling.push_back((k, w.start, w.len));
+            while filling.len() > ahead {
+                let (k, start, len) = filling.pop_front().expect("non-empty: len > ahead >= 0");
+                queue_window(ctx, job, k, len, &alloc, start, &stream, stats)?;
+            }
+        }
+        while let Some((k, start, len)) = filling.pop_front() {
+            queue_window(ctx, job, k, len, &alloc, start, &stream, stats)?;
         }
     }
     Ok(Some(alloc))
+}
+
+/// Queues the copy of a filled slot (waiting for its fill first) to `alloc` at `start`.
+#[allow(clippy::too_many_arguments)]
+fn queue_window(
+    ctx: &ContextGuard,
+    job: &mut InFlight,
+    k: usize,
+    len: usize,
+    alloc: &DeviceAlloc,
+    start: usize,
+    stream: &Stream,
+    stats: &mut TransferStats,
+) -> Result<()> {
+    // SAFETY: `alloc` was allocated on this stream and `job` holds it until the stream is
+    // proven idle.
+    unsafe { job.leases[k].h2d_window(ctx, len, alloc, start, stream) }?;
+    stats.copies += 1;
+    stats.windows += 1;
+    Ok(())
 }

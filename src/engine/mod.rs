@@ -19,7 +19,9 @@ pub use options::{D2hOptions, H2dOptions, HostOutput};
 pub use thread_state::{cached_batches, current_stream, set_current_stream, CurrentStreamGuard};
 
 use crate::batch::Batch;
+use crate::driver::ContextGuard;
 use crate::error::Result;
+use crate::memory::{InFlight, PinnedArena};
 use std::cell::Cell;
 
 /// Staging slots one call cycles through at most: enough to keep several windows' copies
@@ -125,4 +127,23 @@ fn record_stats(s: TransferStats) {
 /// tensor.
 pub fn last_transfer_stats() -> Option<TransferStats> {
     LAST.try_with(Cell::get).ok().flatten()
+}
+
+/// Leases staging slots into `job` for `n_windows` windows: the first may block until
+/// another call returns one; more (up to [`PIPELINE_SLOTS`]) only if free. Returns how
+/// many the job holds (at least one).
+fn lease_slots(ctx: &ContextGuard, job: &mut InFlight, n_windows: usize) -> Result<usize> {
+    let arena = PinnedArena::global();
+    if job.leases.is_empty() {
+        if let Some(first) = arena.lease(ctx, true)? {
+            job.leases.push(first);
+        }
+    }
+    while job.leases.len() < PIPELINE_SLOTS.min(n_windows) {
+        match arena.lease(ctx, false)? {
+            Some(l) => job.leases.push(l),
+            None => break,
+        }
+    }
+    Ok(job.leases.len())
 }

@@ -29,6 +29,18 @@ pub(crate) fn pack(
     Ok((offsets, end))
 }
 
+/// The window size for a staged region of `total` bytes with slots of `slot` bytes: about
+/// an eighth of the region (a power of two, at least 1 MiB), at most a slot. Small
+/// batches get small windows, so their first copy starts after a short fill; large ones
+/// get whole slots, so each copy runs at the link's full rate.
+pub(crate) fn window_size(total: usize, slot: usize) -> usize {
+    const MIN: usize = 1 << 20;
+    (total / 8)
+        .max(1)
+        .next_power_of_two()
+        .clamp(MIN.min(slot), slot.max(1))
+}
+
 /// The piece of one item that falls inside one window.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Part {
@@ -118,6 +130,17 @@ mod tests {
     #[test]
     fn pack_overflow_is_an_error() {
         assert!(pack([usize::MAX - 10, 100].into_iter(), 256).is_err());
+    }
+
+    #[test]
+    fn window_size_grows_with_the_batch_up_to_a_slot() {
+        let slot = 8 << 20;
+        assert_eq!(window_size(1000, slot), 1 << 20);
+        assert_eq!(window_size(9_633_792, slot), 2 << 20);
+        assert_eq!(window_size(256 << 20, slot), slot);
+        assert_eq!(window_size(1 << 30, slot), slot);
+        assert_eq!(window_size(100, 4096), 4096, "never above the slot");
+        assert_eq!(window_size(0, 4096), 4096);
     }
 
     #[test]

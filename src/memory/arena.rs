@@ -13,6 +13,7 @@
 //! leased to other calls, which release theirs when they end); further slots it only
 //! takes if free, and otherwise it cycles the slots it has.
 
+use super::copier::Ticket;
 use super::{CopyPool, CopyTask, DeviceAlloc, DeviceView, HostRegion};
 use crate::driver::{self, ContextGuard, Event, Handle, Stream};
 use crate::error::{Error, Result};
@@ -146,6 +147,7 @@ impl PinnedArena {
                 return Ok(Some(SlotLease {
                     slab: Some(slab),
                     arena: self,
+                    filling: None,
                 }));
             }
             if st.allocated < self.max_slots {
@@ -155,6 +157,7 @@ impl PinnedArena {
                     Ok(slab) => Ok(Some(SlotLease {
                         slab: Some(slab),
                         arena: self,
+                        filling: None,
                     })),
                     Err(e) => {
                         self.lock().allocated -= 1;
@@ -191,6 +194,9 @@ pub(crate) struct SlotLease {
     /// `Some` until drop.
     slab: Option<Slab>,
     arena: &'static PinnedArena,
+    /// The host copies filling the slot, when started with [`SlotLease::fill_start`] and
+    /// not yet waited for. Every other use of the slot waits for it first.
+    filling: Option<Ticket>,
 }
 
 impl SlotLease {
@@ -216,8 +222,16 @@ impl SlotLease {
         Ok(())
     }
 
-    /// The slot's bytes, for filling; waits first for the copy that last used it.
+    /// Waits for host copies into the slot started by [`SlotLease::fill_start`].
+    pub(crate) fn settle(&mut self) {
+        if let Some(t) = self.filling.take() {
+            t.wait();
+        }
+    }
+
+    /// The slot's bytes; waits first for the copies that last used it (device and host).
     pub(crate) fn bytes_mut(&mut self) -> Result<&mut [u8]> {
+        self.settle();
         self.wait_idle()?;
         let slab = self.slab();
         // SAFETY: `ptr` points to `len` initialised (zeroed at allocation) bytes owned by
@@ -225,10 +239,15 @@ impl SlotLease {
         Ok(unsafe { std::slice::from_raw_parts_mut(slab.ptr.0, slab.len) })
     }
 
-    /// Copies each `(slot offset, bytes)` piece into the slot, in parallel on the
-    /// [`CopyPool`], after waiting for the slot's previous copy. Pieces must be sorted by
-    /// offset and must not overlap.
-    pub(crate) fn fill(&mut self, pieces: &[(usize, &[u8])]) -> Result<()> {
+    /// Starts copying each `(slot offset, bytes)` piece into the slot, in parallel on the
+    /// [`CopyPool`], after waiting for the slot's previous device copy; returns without
+    /// waiting for the host copies. Every later use of the slot (and its drop) waits for
+    /// them. Pieces must be sorted by offset and must not overlap.
+    ///
+    /// # Safety
+    /// Every piece's bytes stay alive and unchanged until the slot is next used, settled
+    /// or dropped.
+    pub(crate) unsafe fn fill_start(&mut self, pieces: &[(usize, &[u8])]) -> Result<()> {
         let buf = self.bytes_mut()?;
         let len = buf.len();
         let base = buf.as_mut_ptr();
@@ -246,10 +265,11 @@ impl SlotLease {
             });
         }
         // SAFETY: every destination is inside the slot (checked above) and they do not
-        // overlap (sorted, checked above); the slot is borrowed mutably through `buf`'s
-        // origin (`self`) for the whole call; each source is a live shared slice, which
-        // cannot overlap the slot since the slot is exclusively ours.
-        unsafe { CopyPool::global().run(&tasks) };
+        // overlap (sorted, checked above); the slot is this lease's alone, and every use of
+        // it waits for the ticket first (settle), so nothing else touches those bytes until
+        // the copies are done; the sources stay valid that long by the caller's contract,
+        // and cannot overlap the slot, which is exclusively ours.
+        self.filling = Some(unsafe { CopyPool::global().submit(&tasks) });
         Ok(())
     }
 
@@ -306,6 +326,7 @@ impl SlotLease {
         if len > self.len() || at.checked_add(len).is_none_or(|e| e > dst.nbytes()) {
             return Err(out_of_range("h2d window", at, len, dst.nbytes()));
         }
+        self.settle(); // the host copies into the slot must be done before the DMA reads it
         let src = self.slab().ptr.0;
         // Busy before queueing: if the call fails after this, the slot is waited for.
         self.slab().busy = true;
@@ -328,6 +349,7 @@ impl SlotLease {
         parts: impl Iterator<Item = (usize, &'v DeviceView, usize, usize)>,
         stream: &Stream,
     ) -> Result<()> {
+        self.settle();
         self.wait_idle()?;
         let (base, len) = {
             let s = self.slab();
@@ -377,6 +399,8 @@ fn out_of_range(what: &str, at: usize, n: usize, len: usize) -> Error {
 
 impl Drop for SlotLease {
     fn drop(&mut self) {
+        // Host copies into the slot finish before it can go back to the arena.
+        self.settle();
         if let Some(mut slab) = self.slab.take() {
             // Callers drop a lease only after its copies completed (module docs), so the
             // event needs no waiting; clear the flag so the next lease does not wait.

@@ -9,17 +9,19 @@
 //! # How a job runs
 //!
 //! ```text
-//!  caller: run(tasks) ── pieces [p0 p1 p2 ... pn-1] ── push Arc<Job> on the queue, notify
-//!            │                    ▲  next: AtomicUsize (fetch_add hands out indices)
-//!            ├── takes pieces ────┤
-//!  worker k: ├── takes pieces ────┘  each finished piece: done.fetch_add(1)
-//!            ▼
-//!  caller waits until done == n, then returns: no piece runs after `run` returns.
+//!  caller: submit(tasks) ── pieces [p0 p1 ... pn-1] ── push Arc<Job> on the queue ──► Ticket
+//!                                   ▲  next: AtomicUsize (fetch_add hands out indices)
+//!  worker k: takes pieces ──────────┘  each finished piece: done.fetch_add(1)
+//!  caller: ticket.wait() ── takes pieces too, then waits until done == n
 //! ```
 //!
-//! The pieces point into memory the caller borrows; `run` returns only when every piece
-//! has been copied, so a worker never touches it after the borrow ends. A worker that
-//! draws an index `>= n` touches nothing.
+//! The pieces point into memory the caller borrows. A [`Ticket`] waits for its job when
+//! waited or dropped, so a worker never touches that memory after the ticket is gone; a
+//! worker that draws an index `>= n` touches nothing. Submitting several jobs before
+//! waiting for the first keeps the workers busy with no gap between windows.
+//!
+//! Idle workers spin for a few microseconds before sleeping, so the next window's job
+//! does not pay a thread wake-up (tens of microseconds) each time.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -29,8 +31,14 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 /// enough that handing out a piece (one atomic add) is noise next to copying it.
 pub const PIECE: usize = 1 << 20;
 
-/// Jobs smaller than this run on the calling thread alone: waking workers costs more.
-pub const PARALLEL_MIN: usize = 2 << 20;
+/// Jobs smaller than this run on the calling thread alone: handing them out costs more.
+pub const PARALLEL_MIN: usize = 256 << 10;
+
+/// Smallest piece a job is cut into.
+const PIECE_MIN: usize = 64 << 10;
+
+/// How long an idle worker spins for new work before sleeping.
+const SPIN: std::time::Duration = std::time::Duration::from_micros(50);
 
 /// One copy: `len` bytes from `src` to `dst`.
 #[derive(Clone, Copy)]
@@ -90,6 +98,12 @@ impl Job {
 pub struct CopyPool {
     threads: usize,
     queue: Mutex<VecDeque<Arc<Job>>>,
+    /// Jobs pushed and not yet seen exhausted: what spinning workers watch. Relaxed: a
+    /// hint only; the queue's lock orders the real hand-over.
+    queued: AtomicUsize,
+    /// Workers asleep on `work_ready` (under the queue lock), so submit skips the wake-up
+    /// call when nobody sleeps.
+    sleepers: AtomicUsize,
     work_ready: Condvar,
 }
 
@@ -110,6 +124,8 @@ impl CopyPool {
             .get_or_init(|| CopyPool {
                 threads: *THREADS.get_or_init(default_threads),
                 queue: Mutex::new(VecDeque::new()),
+                queued: AtomicUsize::new(0),
+                sleepers: AtomicUsize::new(0),
                 work_ready: Condvar::new(),
             })
             .start()
@@ -138,44 +154,73 @@ impl CopyPool {
 
     fn worker(&self) {
         loop {
-            let job = {
-                let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-                loop {
-                    while q.front().is_some_and(|j| j.exhausted()) {
-                        q.pop_front();
-                    }
-                    if let Some(j) = q.front() {
-                        break j.clone();
-                    }
-                    q = self.work_ready.wait(q).unwrap_or_else(|e| e.into_inner());
-                }
-            };
+            let job = self.next_job();
             job.work();
         }
     }
 
-    /// Runs every task, in parallel when they add up to [`PARALLEL_MIN`] or more, and
-    /// returns when all bytes are copied.
+    /// The oldest job with pieces left; spins briefly, then sleeps, while there is none.
+    fn next_job(&self) -> Arc<Job> {
+        let mut spin_until = None;
+        loop {
+            if self.queued.load(Ordering::Relaxed) > 0 {
+                let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+                while q.front().is_some_and(|j| j.exhausted()) {
+                    q.pop_front();
+                    self.queued.fetch_sub(1, Ordering::Relaxed);
+                }
+                if let Some(j) = q.front() {
+                    return j.clone();
+                }
+            }
+            let deadline = *spin_until.get_or_insert_with(|| std::time::Instant::now() + SPIN);
+            if std::time::Instant::now() < deadline {
+                std::hint::spin_loop();
+                continue;
+            }
+            let q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+            if q.iter().all(|j| j.exhausted()) {
+                self.sleepers.fetch_add(1, Ordering::Relaxed);
+                let q = self.work_ready.wait(q).unwrap_or_else(|e| e.into_inner());
+                self.sleepers.fetch_sub(1, Ordering::Relaxed);
+                drop(q);
+            }
+            spin_until = None;
+        }
+    }
+
+    /// Runs every task and returns when all bytes are copied.
     ///
     /// # Safety
-    /// For every task, until `run` returns: `src..src+len` is readable, `dst..dst+len` is
-    /// writable, the two do not overlap, and nothing else reads or writes `dst..dst+len`.
+    /// As for [`CopyPool::submit`], until `run` returns.
     pub(crate) unsafe fn run(&self, tasks: &[CopyTask]) {
+        // SAFETY: the ticket is waited before returning, within the caller's guarantee.
+        unsafe { self.submit(tasks) }.wait();
+    }
+
+    /// Starts copying every task, in parallel when they add up to [`PARALLEL_MIN`] or more
+    /// (smaller jobs are copied right here), and returns a [`Ticket`] that waits for them.
+    ///
+    /// # Safety
+    /// For every task, until the ticket is waited or dropped (it must not be leaked):
+    /// `src..src+len` is readable and unchanged, `dst..dst+len` is writable, the two do
+    /// not overlap, and nothing else reads or writes `dst..dst+len`.
+    pub(crate) unsafe fn submit(&self, tasks: &[CopyTask]) -> Ticket {
         let total: usize = tasks.iter().map(|t| t.len).sum();
         if total < PARALLEL_MIN || self.threads == 1 {
             for t in tasks {
                 // SAFETY: the caller's contract, for each task.
                 unsafe { std::ptr::copy_nonoverlapping(t.src, t.dst, t.len) };
             }
-            return;
+            return Ticket { job: None };
         }
-        let piece = PIECE.min(total.div_ceil(self.threads)).max(64 << 10);
+        let piece = PIECE.min(total.div_ceil(self.threads)).max(PIECE_MIN);
         let mut pieces = Vec::with_capacity(total / piece + tasks.len());
         for t in tasks {
             let mut off = 0;
             while off < t.len {
                 let len = piece.min(t.len - off);
-                // SAFETY (of the pointer arithmetic): off + len <= t.len, inside both ranges.
+                // off + len <= t.len: inside both ranges (wrapping_add never wraps here).
                 pieces.push(CopyTask {
                     src: t.src.wrapping_add(off),
                     dst: t.dst.wrapping_add(off),
@@ -194,14 +239,42 @@ impl CopyPool {
         {
             let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
             q.push_back(job.clone());
+            self.queued.fetch_add(1, Ordering::Relaxed);
         }
-        self.work_ready.notify_all();
+        if self.sleepers.load(Ordering::Relaxed) > 0 {
+            self.work_ready.notify_all();
+        }
+        Ticket { job: Some(job) }
+    }
+}
+
+/// A submitted copy job: [`Ticket::wait`] (or dropping it) helps with the job's pieces,
+/// then blocks until every piece is copied.
+#[must_use = "dropping a ticket waits for its copies"]
+pub(crate) struct Ticket {
+    job: Option<Arc<Job>>,
+}
+
+impl Ticket {
+    /// Waits for the job (working on it meanwhile).
+    pub(crate) fn wait(mut self) {
+        self.finish();
+    }
+
+    fn finish(&mut self) {
+        let Some(job) = self.job.take() else { return };
         job.work();
         let n = job.pieces.len();
         let mut g = job.lock.lock().unwrap_or_else(|e| e.into_inner());
         while job.done.load(Ordering::Acquire) < n {
             g = job.finished.wait(g).unwrap_or_else(|e| e.into_inner());
         }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.finish();
     }
 }
 

@@ -48,6 +48,7 @@ impl InFlight {
     /// until a later synchronisation succeeds, and the error is returned.
     pub(crate) fn finish<S: Send + 'static>(mut self, sources: impl FnOnce() -> S) -> Result<()> {
         self.done = true;
+        self.settle();
         match self.stream.synchronize() {
             Ok(()) => {
                 retained::release_proven(&self.stream);
@@ -76,7 +77,14 @@ impl InFlight {
         err
     }
 
+    /// Waits for host-side copies into the staging slots: they read the caller's
+    /// borrowed sources, so they must end before the call does, whatever happens next.
+    fn settle(&mut self) {
+        self.leases.iter_mut().for_each(SlotLease::settle);
+    }
+
     fn retain<S: Send + 'static>(&mut self, sources: S) {
+        self.settle();
         let bytes = self.held_bytes();
         let keep = (
             std::mem::take(&mut self.leases),
