@@ -14,6 +14,7 @@
 //! | `stream.rs` | [`Stream`]: an owned (or borrowed legacy) `CUstream` |
 //! | `event.rs` | [`Event`]: an owned `CUevent` |
 //! | `calls.rs` | memory and copy calls: one checked `unsafe fn` per driver call |
+//! | `kernels.rs` | the committed PTX kernels, loaded once per device, and their launches |
 //! | `deferred.rs` | errors raised in `Drop`, kept for the next call |
 //! | `fault.rs` | fault injection, feature `test-util` only |
 
@@ -23,11 +24,14 @@ pub mod deferred;
 mod event;
 #[cfg(feature = "test-util")]
 pub mod fault;
+mod kernels;
 mod stream;
 
 pub(crate) use calls::*;
 pub(crate) use context::{bind, ContextGuard};
 pub use event::Event;
+pub(crate) use kernels::{gather_kernel, launch_gather, GatherPiece};
+pub use kernels::{gather_unavailable_reason, GATHER_PTX};
 pub use stream::Stream;
 
 use crate::error::{Error, Result};

@@ -4,7 +4,9 @@
 //! 2. The copy stream (the thread's, or the caller's) waits for an event recorded on the
 //!    caller's current stream, and for the producer event if one was given.
 //! 3. The device tensors are laid out back to back (256-byte aligned) in one output
-//!    region for the batch; each output tensor is a view into it.
+//!    region for the batch; each output tensor is a view into it. When there are several
+//!    small tensors (up to 1 MiB each), they come first in the layout and a kernel gathers
+//!    them into one device buffer with that same layout, which then moves as one piece.
 //!    * Page-locked outputs ([`HostOutput::Pinned`], the default): the region is a block
 //!      of the bounded [`PinnedOutputPool`]; one copy per tensor goes straight into it.
 //!    * Pageable outputs ([`HostOutput::Pageable`], or when the pool's cap leaves no room):
@@ -20,7 +22,7 @@ use crate::batch::{self, Batch};
 use crate::driver::{self, ContextGuard};
 use crate::error::{Error, Result};
 use crate::memory::{
-    DeviceView, HostBuf, HostRegion, InFlight, PinnedArena, PinnedBlock, PinnedBuf,
+    self, DeviceView, HostBuf, HostRegion, InFlight, PinnedArena, PinnedBlock, PinnedBuf,
     PinnedOutputPool, SlotLease, DEVICE_ALIGN,
 };
 use crate::tensor::{Location, Storage, Tensor};
@@ -82,6 +84,18 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
         e.wait_on(&stream)?;
     }
 
+    // Small tensors go first in the output layout, so that when they are gathered on the
+    // device (one kernel) they form one contiguous range that one copy moves.
+    let mut picked = picked;
+    let small = |i: &usize| (1..=GATHER_MAX_BYTES).contains(&all[*i].nbytes());
+    let n_small = picked.iter().filter(|i| small(i)).count();
+    let gather_n =
+        if n_small >= GATHER_MIN_COUNT && gather_enabled() && memory::gather_available(device) {
+            picked.sort_by_key(|i| !small(i)); // stable: visit order kept within each group
+            n_small
+        } else {
+            0
+        };
     let views: Vec<&DeviceView> = picked
         .iter()
         .filter_map(|&i| match all[i].storage() {
@@ -109,10 +123,24 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
             .map(|&i| all[i].clone())
             .collect::<Vec<Tensor>>()
     };
+    let layout = Layout {
+        views: &views,
+        offsets: &offsets,
+        sizes: &sizes,
+        gather_n,
+        end,
+    };
     let storages: Vec<Storage> = match block {
         Some(block) => {
             job.hold(&block, block.len());
-            if let Err(e) = submit_direct(&ctx, &mut job, &block, &views, &offsets, &mut stats) {
+            if let Err(e) = submit(
+                &ctx,
+                device,
+                &mut job,
+                &layout,
+                Dest::Block(&block),
+                &mut stats,
+            ) {
                 return Err(job.abort(e, keep_sources));
             }
             job.finish(keep_sources)?;
@@ -122,17 +150,14 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
         }
         None => {
             let mut region = HostRegion::take(end);
-            let run = submit_staged(
+            if let Err(e) = submit(
                 &ctx,
+                device,
                 &mut job,
-                &views,
-                &offsets,
-                &sizes,
-                end,
-                &mut region,
+                &layout,
+                Dest::Region(&mut region),
                 &mut stats,
-            );
-            if let Err(e) = run {
+            ) {
                 return Err(job.abort(e, keep_sources));
             }
             job.finish(keep_sources)?;
@@ -152,7 +177,84 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
     Ok(batch::replace_tensors(batch, out))
 }
 
-/// Page-locked outputs: one copy per tensor, straight into the output block.
+/// Tensors up to this size are gathered on the device when there are enough of them.
+const GATHER_MAX_BYTES: usize = 1 << 20;
+/// Fewest small tensors worth a kernel launch and a descriptor upload.
+const GATHER_MIN_COUNT: usize = 4;
+
+/// `PINLANE_GATHER=0` turns the gather kernel off (one copy per tensor instead), for
+/// comparisons.
+fn gather_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("PINLANE_GATHER").map_or(true, |v| v != "0"))
+}
+
+/// The batch's output layout: tensors (in output order), their offsets and sizes, how
+/// many leading ones are gathered, and the end of the last.
+struct Layout<'a> {
+    views: &'a [&'a DeviceView],
+    offsets: &'a [usize],
+    sizes: &'a [usize],
+    gather_n: usize,
+    end: usize,
+}
+
+/// Where the bytes go.
+enum Dest<'a> {
+    /// A page-locked output block: copies go straight into it.
+    Block(&'a PinnedBlock),
+    /// A pageable output region: copies go through staging slots.
+    Region(&'a mut HostRegion),
+}
+
+/// Queues every copy of the batch: the gather of the leading small tensors (if any) into
+/// one device range, then that range and the remaining tensors to `dest`.
+fn submit(
+    ctx: &ContextGuard,
+    device: usize,
+    job: &mut InFlight,
+    l: &Layout,
+    dest: Dest,
+    stats: &mut TransferStats,
+) -> Result<()> {
+    let gathered;
+    let mut items: Vec<&DeviceView> = Vec::with_capacity(l.views.len() - l.gather_n + 1);
+    let mut offsets = Vec::with_capacity(items.capacity());
+    let mut sizes = Vec::with_capacity(items.capacity());
+    if l.gather_n > 0 {
+        let small_end = l.offsets[l.gather_n - 1] + l.sizes[l.gather_n - 1];
+        super::lease_slots(ctx, job, 1)?;
+        // SAFETY: the views are borrowed from the caller's batch for this whole call (and
+        // cloned into the retained registry if it ends with copies unproven); the copy
+        // stream already waits for the current stream and the producer event.
+        let g = unsafe {
+            memory::gather_async(
+                ctx,
+                job,
+                device,
+                &l.views[..l.gather_n],
+                &l.offsets[..l.gather_n],
+                small_end,
+            )
+        }?;
+        stats.copies += 2; // the descriptors' upload and the kernel
+        gathered = DeviceView::new(&g, 0, small_end);
+        items.push(&gathered);
+        offsets.push(0);
+        sizes.push(small_end);
+    }
+    items.extend_from_slice(&l.views[l.gather_n..]);
+    offsets.extend_from_slice(&l.offsets[l.gather_n..]);
+    sizes.extend_from_slice(&l.sizes[l.gather_n..]);
+    match dest {
+        Dest::Block(block) => submit_direct(ctx, job, block, &items, &offsets, stats),
+        Dest::Region(region) => {
+            submit_staged(ctx, job, &items, &offsets, &sizes, l.end, region, stats)
+        }
+    }
+}
+
+/// Page-locked outputs: one copy per item, straight into the output block.
 fn submit_direct(
     ctx: &ContextGuard,
     job: &mut InFlight,
@@ -169,8 +271,8 @@ fn submit_direct(
         // SAFETY: the block is new to this call (no view of it exists until the copies
         // are proven complete) and `job` holds it; each view is borrowed from the caller's
         // batch for the whole call (cloned into the retained registry if the call ends
-        // with copies unproven), and the copy stream waits for the current stream and the
-        // producer event above.
+        // with copies unproven), or is the gathered buffer that `job` holds; the copy
+        // stream waits for the current stream and the producer event above.
         unsafe { block.d2h_async(ctx, offsets[k], v, &stream) }?;
         stats.copies += 1;
         stats.direct_bytes += v.nbytes();

@@ -55,7 +55,11 @@ unsafe impl Send for CopyTask {}
 unsafe impl Sync for CopyTask {}
 
 struct Job {
-    pieces: Vec<CopyTask>,
+    /// The tasks, large ones cut to at most one piece each.
+    tasks: Vec<CopyTask>,
+    /// Pieces: runs of consecutive tasks of about `piece` bytes together (many small
+    /// tensors make one piece, so handing out work stays cheap).
+    pieces: Vec<std::ops::Range<usize>>,
     /// Next piece index to hand out. Relaxed is enough for the hand-out: each index goes
     /// to exactly one thread whatever the order.
     next: AtomicUsize,
@@ -72,11 +76,17 @@ impl Job {
     fn work(&self) {
         loop {
             let i = self.next.fetch_add(1, Ordering::Relaxed);
-            let Some(p) = self.pieces.get(i) else { return };
-            // SAFETY: `run`'s contract: src and dst are valid for `len` bytes, do not
-            // overlap, and nobody else accesses dst until `run` returns, which it does only
-            // after this piece is counted done below.
-            unsafe { std::ptr::copy_nonoverlapping(p.src, p.dst, p.len) };
+            let Some(range) = self.pieces.get(i) else {
+                return;
+            };
+            for t in &self.tasks[range.clone()] {
+                // SAFETY: `submit`'s contract: src and dst are valid for `len` bytes, do
+                // not overlap, and nobody else accesses dst until the ticket is waited,
+                // which completes only after this piece is counted done below.
+                unsafe { copy_bytes(t.src, t.dst, t.len) };
+            }
+            // Order the (possibly non-temporal) stores above before the Release below.
+            store_fence();
             if self.done.fetch_add(1, Ordering::Release) + 1 == self.pieces.len() {
                 let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
                 self.finished.notify_all();
@@ -210,26 +220,38 @@ impl CopyPool {
         if total < PARALLEL_MIN || self.threads == 1 {
             for t in tasks {
                 // SAFETY: the caller's contract, for each task.
-                unsafe { std::ptr::copy_nonoverlapping(t.src, t.dst, t.len) };
+                unsafe { copy_bytes(t.src, t.dst, t.len) };
             }
+            store_fence();
             return Ticket { job: None };
         }
         let piece = PIECE.min(total.div_ceil(self.threads)).max(PIECE_MIN);
-        let mut pieces = Vec::with_capacity(total / piece + tasks.len());
+        let mut cut = Vec::with_capacity(total / piece + tasks.len());
+        let mut pieces = Vec::with_capacity(total / piece + 1);
+        let (mut start, mut acc) = (0, 0);
         for t in tasks {
             let mut off = 0;
             while off < t.len {
                 let len = piece.min(t.len - off);
                 // off + len <= t.len: inside both ranges (wrapping_add never wraps here).
-                pieces.push(CopyTask {
+                cut.push(CopyTask {
                     src: t.src.wrapping_add(off),
                     dst: t.dst.wrapping_add(off),
                     len,
                 });
                 off += len;
+                acc += len;
+                if acc >= piece {
+                    pieces.push(start..cut.len());
+                    (start, acc) = (cut.len(), 0);
+                }
             }
         }
+        if start < cut.len() {
+            pieces.push(start..cut.len());
+        }
         let job = Arc::new(Job {
+            tasks: cut,
             pieces,
             next: AtomicUsize::new(0),
             done: AtomicUsize::new(0),
@@ -278,6 +300,80 @@ impl Drop for Ticket {
     }
 }
 
+/// Whether large copies use non-temporal (streaming) stores: `PINLANE_NT_COPY=0` turns
+/// them off. Staging slots are read next by the copy engine, not the CPU, and output
+/// regions are far larger than the caches, so writing around the caches saves the
+/// read-for-ownership traffic of ordinary stores.
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+fn nt_enabled() -> bool {
+    static NT: OnceLock<bool> = OnceLock::new();
+    *NT.get_or_init(|| std::env::var("PINLANE_NT_COPY").map_or(true, |v| v != "0"))
+}
+
+/// Copies below this size use plain `memcpy`.
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+const NT_MIN: usize = 64 << 10;
+
+/// Copies `len` bytes, with non-temporal stores for large copies on x86-64.
+///
+/// # Safety
+/// `src..src+len` readable, `dst..dst+len` writable, not overlapping.
+unsafe fn copy_bytes(src: *const u8, dst: *mut u8, len: usize) {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    if len >= NT_MIN && nt_enabled() {
+        // SAFETY: the caller's contract.
+        unsafe { copy_nt_x86(src, dst, len) };
+        return;
+    }
+    // SAFETY: the caller's contract.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+}
+
+/// Makes preceding non-temporal stores visible before later stores (a no-op where they
+/// are not used).
+fn store_fence() {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    // SAFETY: sfence has no preconditions; SSE is part of the x86-64 baseline.
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    };
+}
+
+/// The x86-64 streaming copy: plain copies up to the first 16-byte-aligned destination
+/// address, then 64 bytes per step with unaligned loads and `movntdq` stores, then the
+/// tail. The caller issues the `sfence` (once per piece, not per copy).
+///
+/// # Safety
+/// As [`copy_bytes`].
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+unsafe fn copy_nt_x86(src: *const u8, dst: *mut u8, len: usize) {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+    let head = dst.align_offset(16).min(len);
+    // SAFETY: head <= len: inside both ranges.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, head) };
+    let mut i = head;
+    while i + 64 <= len {
+        // SAFETY: i + 64 <= len keeps all four 16-byte loads and stores inside the
+        // ranges; dst + i is 16-byte aligned (head aligned it, steps are multiples of 16),
+        // as _mm_stream_si128 requires; loads may be unaligned (loadu). SSE2 is baseline.
+        unsafe {
+            let s = src.add(i).cast::<__m128i>();
+            let d = dst.add(i).cast::<__m128i>();
+            let a = _mm_loadu_si128(s);
+            let b = _mm_loadu_si128(s.add(1));
+            let c = _mm_loadu_si128(s.add(2));
+            let e = _mm_loadu_si128(s.add(3));
+            _mm_stream_si128(d, a);
+            _mm_stream_si128(d.add(1), b);
+            _mm_stream_si128(d.add(2), c);
+            _mm_stream_si128(d.add(3), e);
+        }
+        i += 64;
+    }
+    // SAFETY: i <= len: the tail is inside both ranges.
+    unsafe { std::ptr::copy_nonoverlapping(src.add(i), dst.add(i), len - i) };
+}
+
 fn default_threads() -> usize {
     if let Some(n) = std::env::var("PINLANE_COPY_THREADS")
         .ok()
@@ -319,6 +415,46 @@ mod tests {
         let mut dst = vec![0u8; n];
         run_copy(&src, &mut dst, &[1, 5000, 3 << 20]);
         assert!(src == dst);
+    }
+
+    #[test]
+    fn many_small_tasks_and_odd_alignments_copy_exactly() {
+        // 3000 tasks of 1..300 bytes at odd offsets: chunked into shared pieces.
+        let n = 3000 * 300;
+        let src: Vec<u8> = (0..n).map(|i| (i % 251) as u8).collect();
+        let mut dst = vec![0u8; n + 64];
+        let mut tasks = Vec::new();
+        let mut at = 0;
+        for k in 0..3000 {
+            let len = 1 + k % 300;
+            tasks.push(CopyTask {
+                src: src[at..].as_ptr(),
+                dst: dst[at + 3..].as_mut_ptr(),
+                len,
+            });
+            at += len;
+        }
+        // SAFETY: tasks are disjoint ranges inside src and dst (offset by 3), both alive
+        // and dst borrowed mutably for the whole call.
+        unsafe { CopyPool::global().run(&tasks) };
+        assert!(dst[3..at + 3] == src[..at]);
+        assert_eq!(dst[..3], [0, 0, 0]);
+    }
+
+    #[test]
+    fn streaming_copy_handles_heads_and_tails() {
+        let src: Vec<u8> = (0..(300 << 10)).map(|i| (i * 13 % 256) as u8).collect();
+        for (s_off, d_off, len) in [(0, 0, 64 << 10), (1, 5, (64 << 10) + 7), (3, 0, 200_003)] {
+            let mut dst = vec![0u8; len + 32];
+            // SAFETY: both ranges are inside their vectors and distinct.
+            unsafe { copy_bytes(src[s_off..].as_ptr(), dst[d_off..].as_mut_ptr(), len) };
+            store_fence();
+            assert!(
+                dst[d_off..d_off + len] == src[s_off..s_off + len],
+                "{s_off} {d_off} {len}"
+            );
+            assert!(dst[d_off + len..].iter().all(|&b| b == 0));
+        }
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! | `arena.rs` | [`PinnedArena`], `SlotLease` | page-locked staging slots, allocated once | never on the hot path |
 //! | `device.rs` | `DeviceAlloc` | device memory of one batch (`cuMemAllocFromPoolAsync`) | in order on its consumer stream (`cuMemFreeAsync`) |
 //! | `copier.rs` | `CopyPool` | nothing of its own: threads that copy host bytes in parallel | - |
+//! | `gather.rs` | - | a device buffer gathering many small tensors (kernel) | in stream order |
 //! | `inflight.rs` | `InFlight` | nothing of its own: keeps the owners above alive | after the stream is synchronised |
 //! | `retained.rs` | the retained registry | owners whose copies could not be proven complete | when a later synchronisation proves it |
 //!
@@ -47,6 +48,7 @@
 mod arena;
 mod copier;
 mod device;
+mod gather;
 mod host;
 mod inflight;
 #[cfg(feature = "test-util")]
@@ -59,6 +61,7 @@ pub use arena::{ArenaConfig, PinnedArena};
 pub use copier::CopyPool;
 pub(crate) use copier::CopyTask;
 pub(crate) use device::{DeviceAlloc, DeviceView};
+pub(crate) use gather::{available as gather_available, gather_async};
 pub use host::HostPool;
 pub(crate) use host::{HostBuf, HostRegion};
 pub(crate) use inflight::InFlight;

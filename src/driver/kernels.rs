@@ -1,0 +1,150 @@
+//! pinlane's device kernels: PTX committed in `kernels/`, loaded with `cuModuleLoadData`
+//! once per device on first use. If loading fails (a driver too old for the PTX, say),
+//! the kernel is reported unavailable and callers take their kernel-free path.
+
+use super::{bind, check, fault_point, ContextGuard, DevicePtr, FaultKindTag, Handle, Stream};
+use crate::error::Result;
+use cudarc::driver::sys;
+use std::ffi::CString;
+use std::sync::{Mutex, OnceLock};
+
+/// The gather kernel's PTX (kernels/gather.cu, built by kernels/build.sh).
+pub const GATHER_PTX: &str = include_str!("../../kernels/gather.ptx");
+
+/// Descriptor of one gather piece, as the kernel reads it (`struct GatherPiece`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GatherPiece {
+    pub(crate) src: u64,
+    pub(crate) dst_off: u64,
+    pub(crate) len: u64,
+}
+
+// SAFETY: three u64 fields, repr(C), no padding: all-zero is a valid value.
+unsafe impl bytemuck::Zeroable for GatherPiece {}
+// SAFETY: as above; every bit pattern is valid and the type is Copy + 'static.
+unsafe impl bytemuck::Pod for GatherPiece {}
+
+/// A loaded `pinlane_gather` of one device.
+#[derive(Clone, Copy)]
+pub(crate) struct GatherKernel {
+    func: Handle<sys::CUfunction>,
+}
+
+/// The kernel, or why it could not be loaded; `None` until tried.
+type Loaded = Option<std::result::Result<GatherKernel, String>>;
+
+/// Per device.
+static GATHER: OnceLock<Vec<Mutex<Loaded>>> = OnceLock::new();
+
+/// The gather kernel of `device`, loaded on first use; `None` if it cannot be loaded
+/// (see [`gather_unavailable_reason`]).
+pub(crate) fn gather_kernel(device: usize) -> Option<GatherKernel> {
+    let slots = GATHER.get_or_init(|| {
+        let n = super::available().map_or(0, |i| i.device_count);
+        (0..n).map(|_| Mutex::new(None)).collect()
+    });
+    let slot = slots.get(device)?;
+    let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
+    slot.get_or_insert_with(|| load_gather(device).map_err(|e| e.to_string()))
+        .as_ref()
+        .ok()
+        .copied()
+}
+
+/// Why the gather kernel of `device` is unavailable, if it was tried and failed.
+pub fn gather_unavailable_reason(device: usize) -> Option<String> {
+    let slots = GATHER.get()?;
+    let slot = slots.get(device)?.lock().unwrap_or_else(|p| p.into_inner());
+    slot.as_ref().and_then(|r| r.as_ref().err().cloned())
+}
+
+fn load_gather(device: usize) -> Result<GatherKernel> {
+    // SAFETY: only resolves symbol addresses; `available()` already loaded the library.
+    let lib = unsafe { sys::culib() };
+    for name in ["cuModuleLoadData", "cuModuleGetFunction", "cuLaunchKernel"] {
+        // SAFETY: resolving a symbol's address; the pointer is never called here.
+        if unsafe { lib.get::<*const ()>(name.as_bytes()) }.is_err() {
+            return Err(crate::Error::NoCuda {
+                op: "gather kernel",
+                reason: format!("the driver lacks {name}"),
+            });
+        }
+    }
+    let _ctx = bind(device)?;
+    let image = CString::new(GATHER_PTX).map_err(|_| crate::Error::InvalidOption {
+        name: "GATHER_PTX",
+        reason: "contains a NUL byte".into(),
+    })?;
+    let mut module: sys::CUmodule = std::ptr::null_mut();
+    // SAFETY: `image` is a NUL-terminated PTX string alive for the call; out-pointer to a
+    // live local; the device's context is current. The module is never unloaded: it lives
+    // as long as the process, like the primary context it belongs to.
+    unsafe {
+        check(
+            "cuModuleLoadData",
+            sys::cuModuleLoadData(&mut module, image.as_ptr().cast()),
+        )
+    }?;
+    let mut func: sys::CUfunction = std::ptr::null_mut();
+    let name = c"pinlane_gather";
+    // SAFETY: `module` was just loaded; `name` is NUL-terminated; out-pointer to a local.
+    unsafe {
+        check(
+            "cuModuleGetFunction",
+            sys::cuModuleGetFunction(&mut func, module, name.as_ptr()),
+        )
+    }?;
+    Ok(GatherKernel { func: Handle(func) })
+}
+
+/// Threads per block of the gather kernel.
+const GATHER_BLOCK: u32 = 256;
+
+/// Queues `pinlane_gather(pieces, n, dst)` on `stream`.
+///
+/// # Safety
+/// 1. `pieces` is device memory holding `n` [`GatherPiece`]s, written before this point of
+///    `stream`, alive until the kernel has run.
+/// 2. Every piece's source range is device memory whose producing work is ordered before
+///    this point of `stream`, alive until the kernel has run; every `dst + dst_off` range
+///    is inside device memory at `dst`, alive and written by nothing else meanwhile.
+pub(crate) unsafe fn launch_gather(
+    _ctx: &ContextGuard,
+    k: GatherKernel,
+    pieces: DevicePtr,
+    n: u32,
+    dst: DevicePtr,
+    stream: &Stream,
+) -> Result<()> {
+    fault_point(FaultKindTag::Copy, "cuLaunchKernel")?;
+    if n == 0 {
+        return Ok(());
+    }
+    let (mut p, mut count, mut d) = (pieces, n, dst);
+    let mut params: [*mut std::ffi::c_void; 3] = [
+        (&mut p as *mut DevicePtr).cast(),
+        (&mut count as *mut u32).cast(),
+        (&mut d as *mut DevicePtr).cast(),
+    ];
+    let grid = n.min(4096);
+    // SAFETY: `params` points to three live locals whose types match the kernel's
+    // (u64, u32, u64) parameters; obligations 1 and 2 are the caller's; no shared memory,
+    // no extra options.
+    let res = unsafe {
+        sys::cuLaunchKernel(
+            k.func.0,
+            grid,
+            1,
+            1,
+            GATHER_BLOCK,
+            1,
+            1,
+            0,
+            stream.raw(),
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    };
+    check("cuLaunchKernel", res)
+}

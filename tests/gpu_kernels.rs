@@ -1,0 +1,89 @@
+//! GPU: the committed PTX matches a rebuild from kernels/*.cu with the machine's nvcc, it
+//! loads, and the gather path moves many small tensors with few copies, byte-exact.
+
+mod common;
+
+use pinlane::{
+    last_transfer_stats, transfer_tensor_d2h, transfer_tensor_h2d, D2hOptions, DType, HostOutput,
+    Tensor,
+};
+
+#[test]
+fn committed_ptx_matches_a_rebuild() {
+    require_gpu!();
+    let have_nvcc = std::process::Command::new("nvcc")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !have_nvcc {
+        assert!(
+            std::env::var("PINLANE_REQUIRE_GPU").as_deref() != Ok("1"),
+            "PINLANE_REQUIRE_GPU=1 but nvcc is missing: cannot check the committed PTX"
+        );
+        eprintln!("skipping: no nvcc here");
+        return;
+    }
+    let out = std::env::temp_dir().join(format!("pinlane-ptx-{}", std::process::id()));
+    let status = std::process::Command::new("bash")
+        .arg("kernels/build.sh")
+        .arg(&out)
+        .status()
+        .expect("run build.sh");
+    assert!(status.success(), "kernels/build.sh failed");
+    let rebuilt = std::fs::read_to_string(out.join("gather.ptx")).unwrap();
+    let committed = std::fs::read_to_string("kernels/gather.ptx").unwrap();
+    assert_eq!(
+        rebuilt, committed,
+        "kernels/gather.ptx is stale: rebuild it with kernels/build.sh"
+    );
+    assert_eq!(
+        pinlane::driver::GATHER_PTX,
+        committed,
+        "the binary embeds the committed PTX"
+    );
+}
+
+#[test]
+fn many_small_tensors_are_gathered_into_one_copy() {
+    require_gpu!();
+    // Odd sizes (1 to 1000 bytes): the kernel's byte path; 1 KiB f32: its 16-byte path.
+    let mut b: Vec<Tensor> = (0..500)
+        .map(|i| common::tensor(DType::U8, &[1 + (i * 7) % 1000], i as u64))
+        .collect();
+    b.extend((0..500).map(|i| common::tensor(DType::F32, &[256], 10_000 + i)));
+    let on = transfer_tensor_h2d(&b).unwrap();
+    for mode in [HostOutput::Pinned, HostOutput::Pageable] {
+        let back = transfer_tensor_d2h(&on, &D2hOptions::default().output(mode)).unwrap();
+        let s = last_transfer_stats().unwrap();
+        assert!(pinlane::driver::gather_unavailable_reason(0).is_none());
+        assert!(
+            s.copies <= 4,
+            "{mode:?}: upload, kernel and one copy, not one per tensor: {s:?}"
+        );
+        assert_eq!(back, b, "{mode:?}");
+    }
+}
+
+#[test]
+fn small_and_large_tensors_mixed_keep_their_places() {
+    require_gpu!();
+    let b = (
+        common::tensor(DType::F64, &[3 << 20], 1), // 24 MiB: copied on its own
+        vec![
+            common::tensor(DType::I16, &[5], 2),
+            common::tensor(DType::U8, &[0], 3),
+        ],
+        common::tensor(DType::Bf16, &[700, 3], 4),
+        Tensor::scalar(9u64),
+        common::tensor(DType::U8, &[(1 << 20) + 1], 5), // just over the gather limit
+        common::tensor(DType::Bool, &[33], 6),
+    );
+    let on = transfer_tensor_h2d(&b).unwrap();
+    for mode in [HostOutput::Pinned, HostOutput::Pageable] {
+        assert_eq!(
+            transfer_tensor_d2h(&on, &D2hOptions::default().output(mode)).unwrap(),
+            b,
+            "{mode:?}"
+        );
+    }
+}
