@@ -8,7 +8,10 @@
 //! the same as JSON.
 
 use pinlane::memory::{measure_pinned_limits, CopyPool, PinnedArena, PinnedOutputPool};
-use pinlane::{transfer_tensor_d2h, transfer_tensor_h2d, D2hOptions, DType, HostOutput, Tensor};
+use pinlane::{
+    transfer_tensor_d2h, transfer_tensor_h2d, Batch as _, D2hOptions, DType, HostOutput, Tensor,
+    Value,
+};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
@@ -44,13 +47,20 @@ fn tensor(dtype: DType, dims: &[usize], seed: u64) -> Tensor {
     Tensor::from_bytes(dtype, dims.to_vec(), &pattern(n, seed)).unwrap()
 }
 
-type Batch = BTreeMap<String, Tensor>;
+/// A batch as the seed's users pass it: a dict of tensors or a list of them.
+type Batch = Value;
 
-fn named(ts: Vec<Tensor>) -> Batch {
-    ts.into_iter()
-        .enumerate()
-        .map(|(i, t)| (format!("t{i:04}"), t))
-        .collect()
+fn dict(ts: Vec<Tensor>) -> Batch {
+    Value::Map(
+        ts.into_iter()
+            .enumerate()
+            .map(|(i, t)| (format!("t{i:04}"), Value::Tensor(t)))
+            .collect::<BTreeMap<_, _>>(),
+    )
+}
+
+fn list(ts: Vec<Tensor>) -> Batch {
+    Value::List(ts.into_iter().map(Value::Tensor).collect())
 }
 
 struct Config {
@@ -66,20 +76,20 @@ fn configs(quick: bool) -> Vec<Config> {
     vec![
         Config {
             name: "8 x 32 MiB f32",
-            sources: vec![named(
+            sources: vec![dict(
                 (0..8).map(|i| tensor(DType::F32, &[8 << 20], i)).collect(),
             )],
             reps: big_reps,
         },
         Config {
             name: "1 GiB f32",
-            sources: vec![named(vec![tensor(DType::F32, &[256 << 20], 99)])],
+            sources: vec![list(vec![tensor(DType::F32, &[256 << 20], 99)])],
             reps: big_reps.min(6),
         },
         Config {
             name: "64 x 3x224x224 u8",
             sources: small(4, &|s| {
-                named(
+                list(
                     (0..64)
                         .map(|i| tensor(DType::U8, &[3, 224, 224], s * 100 + i))
                         .collect(),
@@ -90,7 +100,7 @@ fn configs(quick: bool) -> Vec<Config> {
         Config {
             name: "1000 x 1 KiB f32",
             sources: small(4, &|s| {
-                named(
+                list(
                     (0..1000)
                         .map(|i| tensor(DType::F32, &[256], s * 10_000 + i))
                         .collect(),
@@ -100,7 +110,7 @@ fn configs(quick: bool) -> Vec<Config> {
         },
         Config {
             name: "1 x 1 KiB f32",
-            sources: small(8, &|s| named(vec![tensor(DType::F32, &[256], s)])),
+            sources: small(8, &|s| list(vec![tensor(DType::F32, &[256], s)])),
             reps: 200,
         },
     ]
@@ -142,7 +152,7 @@ fn time(reps: usize, mut f: impl FnMut(usize)) -> (Duration, f64) {
 }
 
 fn bytes_of(b: &Batch) -> usize {
-    b.values().map(Tensor::nbytes).sum()
+    pinlane::batch::tensors(b).iter().map(|t| t.nbytes()).sum()
 }
 
 fn main() {
@@ -209,11 +219,7 @@ fn main() {
         let pinned_src: Vec<Batch> = c
             .sources
             .iter()
-            .map(|s| {
-                s.iter()
-                    .map(|(k, t)| (k.clone(), t.to_pinned().unwrap()))
-                    .collect()
-            })
+            .map(|s| s.rebuild(&mut |t| t.to_pinned().unwrap()))
             .collect();
         let (m, cpu) = time(c.reps, |r| {
             drop(transfer_tensor_h2d(&pinned_src[r % n]).unwrap())
@@ -252,12 +258,12 @@ fn main() {
 
     // H2D in one thread and D2H in another at once, 256 MiB each.
     {
-        let src = named(
+        let src = dict(
             (0..8)
                 .map(|i| tensor(DType::F32, &[8 << 20], 500 + i))
                 .collect(),
         );
-        let dev = transfer_tensor_h2d(&named(
+        let dev = transfer_tensor_h2d(&dict(
             (0..8)
                 .map(|i| tensor(DType::F32, &[8 << 20], 600 + i))
                 .collect(),

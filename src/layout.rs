@@ -16,18 +16,21 @@ use crate::error::{Error, Result};
 /// assert_eq!(Shape::scalar().numel(), 1);
 /// assert_eq!(Shape::new(vec![5, 0]).numel(), 0);
 /// ```
+///
+/// Cheap to clone (the dimensions are shared), so every tensor a transfer returns shares
+/// its source's shape instead of allocating one.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
-pub struct Shape(Vec<usize>);
+pub struct Shape(std::sync::Arc<[usize]>);
 
 impl Shape {
     /// A shape from its dimensions.
     pub fn new(dims: Vec<usize>) -> Self {
-        Shape(dims)
+        Shape(dims.into())
     }
 
     /// The 0-dim shape of a scalar.
     pub fn scalar() -> Self {
-        Shape(Vec::new())
+        Shape(std::sync::Arc::new([]))
     }
 
     /// The dimensions.
@@ -55,26 +58,26 @@ impl Shape {
         self.try_numel()
             .and_then(|n| n.checked_mul(dtype.size()))
             .ok_or_else(|| Error::ShapeOverflow {
-                shape: self.0.clone(),
+                shape: self.0.to_vec(),
             })
     }
 }
 
 impl From<Vec<usize>> for Shape {
     fn from(dims: Vec<usize>) -> Self {
-        Shape(dims)
+        Shape(dims.into())
     }
 }
 
 impl From<&[usize]> for Shape {
     fn from(dims: &[usize]) -> Self {
-        Shape(dims.to_vec())
+        Shape(dims.into())
     }
 }
 
 impl<const N: usize> From<[usize; N]> for Shape {
     fn from(dims: [usize; N]) -> Self {
-        Shape(dims.to_vec())
+        Shape(dims.as_slice().into())
     }
 }
 

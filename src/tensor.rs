@@ -7,7 +7,6 @@ use crate::error::{Error, Result};
 use crate::layout::Shape;
 use crate::memory::{DeviceView, HostBuf, PinnedBuf};
 use std::fmt;
-use std::sync::Arc;
 
 /// Where a tensor's bytes live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -30,22 +29,17 @@ impl fmt::Display for Location {
     }
 }
 
-/// Where the bytes are, and who owns them.
+/// Where the bytes are, and who owns them: each variant is a view holding an `Arc` to
+/// shared memory, so cloning one is a reference-count increment.
+#[derive(Clone)]
 pub(crate) enum Storage {
     Host(HostBuf),
     Pinned(PinnedBuf),
     Device(DeviceView),
 }
 
-struct Inner {
-    dtype: DType,
-    shape: Shape,
-    nbytes: usize,
-    storage: Storage,
-}
-
-/// A contiguous, row-major tensor. Cloning is cheap (an `Arc`): clones share the bytes,
-/// which never change after construction.
+/// A contiguous, row-major tensor. Cloning is cheap (two reference counts, no
+/// allocation): clones share the bytes, which never change after construction.
 ///
 /// ```
 /// use pinlane::{DType, Location, Tensor};
@@ -61,7 +55,10 @@ struct Inner {
 /// ```
 #[derive(Clone)]
 pub struct Tensor {
-    inner: Arc<Inner>,
+    dtype: DType,
+    shape: Shape,
+    nbytes: usize,
+    storage: Storage,
 }
 
 fn check_len(shape: &Shape, dtype: DType, len: usize) -> Result<usize> {
@@ -80,12 +77,10 @@ fn check_len(shape: &Shape, dtype: DType, len: usize) -> Result<usize> {
 impl Tensor {
     pub(crate) fn from_parts(dtype: DType, shape: Shape, nbytes: usize, storage: Storage) -> Self {
         Tensor {
-            inner: Arc::new(Inner {
-                dtype,
-                shape,
-                nbytes,
-                storage,
-            }),
+            dtype,
+            shape,
+            nbytes,
+            storage,
         }
     }
 
@@ -170,22 +165,22 @@ impl Tensor {
 
     /// The element type.
     pub fn dtype(&self) -> DType {
-        self.inner.dtype
+        self.dtype
     }
 
     /// The shape.
     pub fn shape(&self) -> &Shape {
-        &self.inner.shape
+        &self.shape
     }
 
     /// The dimensions.
     pub fn dims(&self) -> &[usize] {
-        self.inner.shape.dims()
+        self.shape.dims()
     }
 
     /// Number of elements.
     pub fn len(&self) -> usize {
-        self.inner.shape.numel()
+        self.shape.numel()
     }
 
     /// Whether the tensor holds no element.
@@ -195,12 +190,12 @@ impl Tensor {
 
     /// Number of bytes.
     pub fn nbytes(&self) -> usize {
-        self.inner.nbytes
+        self.nbytes
     }
 
     /// Where the bytes live.
     pub fn location(&self) -> Location {
-        match &self.inner.storage {
+        match &self.storage {
             Storage::Host(_) => Location::Host,
             Storage::Pinned(_) => Location::Pinned,
             Storage::Device(v) => Location::Cuda(v.device()),
@@ -213,11 +208,11 @@ impl Tensor {
     }
 
     pub(crate) fn storage(&self) -> &Storage {
-        &self.inner.storage
+        &self.storage
     }
 
     fn host_bytes(&self, op: &'static str) -> Result<&[u8]> {
-        match &self.inner.storage {
+        match &self.storage {
             Storage::Host(b) => Ok(b.bytes()),
             Storage::Pinned(b) => Ok(b.bytes()),
             Storage::Device(_) => Err(Error::NotOnHost {
@@ -281,9 +276,7 @@ impl Tensor {
     ///    tensor (so its device memory) stays alive until the copy has finished.
     #[cfg(feature = "test-util")]
     pub unsafe fn overwrite_async(&self, src: &Tensor, stream: &crate::Stream) -> Result<()> {
-        let (Storage::Device(dst), Storage::Pinned(buf)) =
-            (&self.inner.storage, &src.inner.storage)
-        else {
+        let (Storage::Device(dst), Storage::Pinned(buf)) = (&self.storage, &src.storage) else {
             return Err(Error::InvalidOption {
                 name: "overwrite_async",
                 reason: format!(
@@ -304,12 +297,11 @@ impl Tensor {
     }
 
     /// Whether two handles share the same storage (clones of one tensor, or the same
-    /// bytes of one device allocation).
+    /// bytes of one allocation).
     pub fn same_storage(&self, other: &Tensor) -> bool {
-        if Arc::ptr_eq(&self.inner, &other.inner) {
-            return true;
-        }
-        match (&self.inner.storage, &other.inner.storage) {
+        match (&self.storage, &other.storage) {
+            (Storage::Host(a), Storage::Host(b)) => a.same_as(b),
+            (Storage::Pinned(a), Storage::Pinned(b)) => a.same_as(b),
             (Storage::Device(a), Storage::Device(b)) => a.same_as(b),
             _ => false,
         }

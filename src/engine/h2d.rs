@@ -103,24 +103,25 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &H2dOptions) -> Result<B> {
     job.finish(keep_sources)?;
     record_stats(stats);
 
-    let mut out: Vec<Tensor> = all.iter().map(|t| (*t).clone()).collect();
-    for (k, &i) in order.iter().enumerate() {
+    let moved = order.iter().enumerate().map(|(k, &i)| {
         let view = match &alloc {
             Some(a) if sizes[k] > 0 => DeviceView::new(a, offsets[k], sizes[k]),
             _ => DeviceView::empty(device),
         };
         let t = all[i];
-        out[i] = Tensor::from_parts(
+        let out = Tensor::from_parts(
             t.dtype(),
             t.shape().clone(),
             t.nbytes(),
             Storage::Device(view),
         );
-    }
+        (i, out)
+    });
+    let rebuilt = super::rebuild_with(batch, all.len(), moved);
     if let Some(a) = alloc {
         thread_state::cache_batch(device, a, opts.num_caches)?;
     }
-    Ok(batch::replace_tensors(batch, out))
+    Ok(rebuilt)
 }
 
 /// Queues every copy of the batch on `job`'s stream. Returns the batch's allocation

@@ -147,3 +147,20 @@ fn lease_slots(ctx: &ContextGuard, job: &mut InFlight, n_windows: usize) -> Resu
     }
     Ok(job.leases.len())
 }
+
+/// Rebuilds `batch` (which has `n` tensors) with the tensors at the given visit indices
+/// replaced; the others are kept (cloned).
+fn rebuild_with<B: Batch>(
+    batch: &B,
+    n: usize,
+    moved: impl Iterator<Item = (usize, crate::Tensor)>,
+) -> B {
+    let mut new: Vec<Option<crate::Tensor>> = vec![None; n];
+    for (i, t) in moved {
+        if let Some(slot) = new.get_mut(i) {
+            *slot = Some(t);
+        }
+    }
+    let mut it = new.into_iter();
+    batch.rebuild(&mut |orig| it.next().flatten().unwrap_or_else(|| orig.clone()))
+}

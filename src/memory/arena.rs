@@ -13,7 +13,7 @@
 //! leased to other calls, which release theirs when they end); further slots it only
 //! takes if free, and otherwise it cycles the slots it has.
 
-use super::copier::Ticket;
+use super::copier::{Stores, Ticket};
 use super::{CopyPool, CopyTask, DeviceAlloc, DeviceView, HostRegion};
 use crate::driver::{self, ContextGuard, Event, Handle, Stream};
 use crate::error::{Error, Result};
@@ -269,7 +269,7 @@ impl SlotLease {
         // it waits for the ticket first (settle), so nothing else touches those bytes until
         // the copies are done; the sources stay valid that long by the caller's contract,
         // and cannot overlap the slot, which is exclusively ours.
-        self.filling = Some(unsafe { CopyPool::global().submit(&tasks) });
+        self.filling = Some(unsafe { CopyPool::global().submit(&tasks, Stores::Cached) });
         Ok(())
     }
 
@@ -305,7 +305,7 @@ impl SlotLease {
         // SAFETY: sources are inside the slot, whose D2H copies have completed (bytes_mut
         // waited) and which this lease owns; destinations are inside the region, which is
         // borrowed mutably for the whole call, and do not overlap (checked above).
-        unsafe { CopyPool::global().run(&tasks) };
+        unsafe { CopyPool::global().run(&tasks, Stores::Streaming) };
         Ok(())
     }
 

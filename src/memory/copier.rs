@@ -55,6 +55,8 @@ unsafe impl Send for CopyTask {}
 unsafe impl Sync for CopyTask {}
 
 struct Job {
+    /// Whether to write with non-temporal stores (see [`Stores`]).
+    stores: Stores,
     /// The tasks, large ones cut to at most one piece each.
     tasks: Vec<CopyTask>,
     /// Pieces: runs of consecutive tasks of about `piece` bytes together (many small
@@ -83,7 +85,7 @@ impl Job {
                 // SAFETY: `submit`'s contract: src and dst are valid for `len` bytes, do
                 // not overlap, and nobody else accesses dst until the ticket is waited,
                 // which completes only after this piece is counted done below.
-                unsafe { copy_bytes(t.src, t.dst, t.len) };
+                unsafe { copy_bytes(t.src, t.dst, t.len, self.stores) };
             }
             // Order the (possibly non-temporal) stores above before the Release below.
             store_fence();
@@ -203,9 +205,9 @@ impl CopyPool {
     ///
     /// # Safety
     /// As for [`CopyPool::submit`], until `run` returns.
-    pub(crate) unsafe fn run(&self, tasks: &[CopyTask]) {
+    pub(crate) unsafe fn run(&self, tasks: &[CopyTask], stores: Stores) {
         // SAFETY: the ticket is waited before returning, within the caller's guarantee.
-        unsafe { self.submit(tasks) }.wait();
+        unsafe { self.submit(tasks, stores) }.wait();
     }
 
     /// Starts copying every task, in parallel when they add up to [`PARALLEL_MIN`] or more
@@ -215,12 +217,12 @@ impl CopyPool {
     /// For every task, until the ticket is waited or dropped (it must not be leaked):
     /// `src..src+len` is readable and unchanged, `dst..dst+len` is writable, the two do
     /// not overlap, and nothing else reads or writes `dst..dst+len`.
-    pub(crate) unsafe fn submit(&self, tasks: &[CopyTask]) -> Ticket {
+    pub(crate) unsafe fn submit(&self, tasks: &[CopyTask], stores: Stores) -> Ticket {
         let total: usize = tasks.iter().map(|t| t.len).sum();
         if total < PARALLEL_MIN || self.threads == 1 {
             for t in tasks {
                 // SAFETY: the caller's contract, for each task.
-                unsafe { copy_bytes(t.src, t.dst, t.len) };
+                unsafe { copy_bytes(t.src, t.dst, t.len, stores) };
             }
             store_fence();
             return Ticket { job: None };
@@ -251,6 +253,7 @@ impl CopyPool {
             pieces.push(start..cut.len());
         }
         let job = Arc::new(Job {
+            stores,
             tasks: cut,
             pieces,
             next: AtomicUsize::new(0),
@@ -300,10 +303,21 @@ impl Drop for Ticket {
     }
 }
 
-/// Whether large copies use non-temporal (streaming) stores: `PINLANE_NT_COPY=0` turns
-/// them off. Staging slots are read next by the copy engine, not the CPU, and output
-/// regions are far larger than the caches, so writing around the caches saves the
-/// read-for-ownership traffic of ordinary stores.
+/// How a copy writes its destination.
+///
+/// Measured on the GPU machine (docs/performance.md): filling a staging slot, which is
+/// reused at once and read by the copy engine while still in the CPU's cache, is fastest
+/// with ordinary stores; draining slots into large output regions, which are not read
+/// again soon, is fastest with non-temporal stores that skip the read-for-ownership.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stores {
+    /// Ordinary stores (plain `memcpy`).
+    Cached,
+    /// Non-temporal stores for copies of 64 KiB or more (x86-64; elsewhere ordinary).
+    Streaming,
+}
+
+/// `PINLANE_NT_COPY=0` turns streaming stores off everywhere, for comparisons.
 #[cfg(all(target_arch = "x86_64", not(miri)))]
 fn nt_enabled() -> bool {
     static NT: OnceLock<bool> = OnceLock::new();
@@ -318,14 +332,15 @@ const NT_MIN: usize = 64 << 10;
 ///
 /// # Safety
 /// `src..src+len` readable, `dst..dst+len` writable, not overlapping.
-unsafe fn copy_bytes(src: *const u8, dst: *mut u8, len: usize) {
+unsafe fn copy_bytes(src: *const u8, dst: *mut u8, len: usize, stores: Stores) {
     #[cfg(all(target_arch = "x86_64", not(miri)))]
-    if len >= NT_MIN && nt_enabled() {
+    if stores == Stores::Streaming && len >= NT_MIN && nt_enabled() {
         // SAFETY: the caller's contract.
         unsafe { copy_nt_x86(src, dst, len) };
         return;
     }
-    // SAFETY: the caller's contract.
+    let _ = stores; // used on x86-64 only
+                    // SAFETY: the caller's contract.
     unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
 }
 
@@ -405,7 +420,7 @@ mod tests {
         }
         // SAFETY: every task lies inside src/dst (distinct slices) and dst is borrowed
         // mutably for the whole call.
-        unsafe { CopyPool::global().run(&tasks) };
+        unsafe { CopyPool::global().run(&tasks, Stores::Cached) };
     }
 
     #[test]
@@ -436,7 +451,7 @@ mod tests {
         }
         // SAFETY: tasks are disjoint ranges inside src and dst (offset by 3), both alive
         // and dst borrowed mutably for the whole call.
-        unsafe { CopyPool::global().run(&tasks) };
+        unsafe { CopyPool::global().run(&tasks, Stores::Cached) };
         assert!(dst[3..at + 3] == src[..at]);
         assert_eq!(dst[..3], [0, 0, 0]);
     }
@@ -447,7 +462,14 @@ mod tests {
         for (s_off, d_off, len) in [(0, 0, 64 << 10), (1, 5, (64 << 10) + 7), (3, 0, 200_003)] {
             let mut dst = vec![0u8; len + 32];
             // SAFETY: both ranges are inside their vectors and distinct.
-            unsafe { copy_bytes(src[s_off..].as_ptr(), dst[d_off..].as_mut_ptr(), len) };
+            unsafe {
+                copy_bytes(
+                    src[s_off..].as_ptr(),
+                    dst[d_off..].as_mut_ptr(),
+                    len,
+                    Stores::Streaming,
+                )
+            };
             store_fence();
             assert!(
                 dst[d_off..d_off + len] == src[s_off..s_off + len],

@@ -27,6 +27,7 @@ impl<T: bytemuck::Pod + Send + Sync> HostBytes for Vec<T> {
 ///
 /// The data starts aligned for `T` (or 8), and region offsets are multiples of 256, so
 /// typed views of every dtype are aligned.
+#[derive(Clone)]
 pub(crate) struct HostBuf {
     data: Arc<dyn HostBytes>,
     offset: usize,
@@ -57,6 +58,13 @@ impl HostBuf {
 
     pub(crate) fn bytes(&self) -> &[u8] {
         &self.data.all_bytes()[self.offset..self.offset + self.nbytes]
+    }
+
+    /// Whether two views are the same bytes of the same data.
+    pub(crate) fn same_as(&self, other: &HostBuf) -> bool {
+        std::ptr::addr_eq(Arc::as_ptr(&self.data), Arc::as_ptr(&other.data))
+            && self.offset == other.offset
+            && self.nbytes == other.nbytes
     }
 }
 

@@ -148,6 +148,13 @@ impl PinnedBuf {
         }
     }
 
+    /// Whether two views are the same bytes of the same block.
+    pub(crate) fn same_as(&self, other: &PinnedBuf) -> bool {
+        Arc::ptr_eq(&self.block, &other.block)
+            && self.offset == other.offset
+            && self.nbytes == other.nbytes
+    }
+
     pub(crate) fn bytes(&self) -> &[u8] {
         if self.nbytes == 0 {
             return &[];
