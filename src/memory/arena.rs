@@ -269,7 +269,7 @@ impl SlotLease {
         // it waits for the ticket first (settle), so nothing else touches those bytes until
         // the copies are done; the sources stay valid that long by the caller's contract,
         // and cannot overlap the slot, which is exclusively ours.
-        self.filling = Some(unsafe { CopyPool::global().submit(&tasks, Stores::Cached) });
+        self.filling = Some(unsafe { CopyPool::global().submit(&tasks, fill_stores()) });
         Ok(())
     }
 
@@ -305,7 +305,7 @@ impl SlotLease {
         // SAFETY: sources are inside the slot, whose D2H copies have completed (bytes_mut
         // waited) and which this lease owns; destinations are inside the region, which is
         // borrowed mutably for the whole call, and do not overlap (checked above).
-        unsafe { CopyPool::global().run(&tasks, Stores::Streaming) };
+        unsafe { CopyPool::global().run(&tasks, drain_stores()) };
         Ok(())
     }
 
@@ -388,6 +388,19 @@ impl SlotLease {
         let ev = slab.event.as_ref().expect("event set above");
         ev.record(stream)
     }
+}
+
+/// Stores for filling slots (H2D): ordinary by default, `PINLANE_FILL_STORES` overrides.
+fn fill_stores() -> Stores {
+    static S: OnceLock<Stores> = OnceLock::new();
+    *S.get_or_init(|| Stores::Cached.or_env("PINLANE_FILL_STORES"))
+}
+
+/// Stores for draining slots into outputs (D2H): streaming by default,
+/// `PINLANE_DRAIN_STORES` overrides.
+fn drain_stores() -> Stores {
+    static S: OnceLock<Stores> = OnceLock::new();
+    *S.get_or_init(|| Stores::Streaming.or_env("PINLANE_DRAIN_STORES"))
 }
 
 fn out_of_range(what: &str, at: usize, n: usize, len: usize) -> Error {

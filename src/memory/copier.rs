@@ -34,6 +34,17 @@ pub const PIECE: usize = 1 << 20;
 /// Jobs smaller than this run on the calling thread alone: handing them out costs more.
 pub const PARALLEL_MIN: usize = 256 << 10;
 
+/// [`PARALLEL_MIN`], or `PINLANE_PARALLEL_MIN` (bytes) where set: a tuning knob.
+fn parallel_min() -> usize {
+    static MIN: OnceLock<usize> = OnceLock::new();
+    *MIN.get_or_init(|| {
+        std::env::var("PINLANE_PARALLEL_MIN")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(PARALLEL_MIN)
+    })
+}
+
 /// Smallest piece a job is cut into.
 const PIECE_MIN: usize = 64 << 10;
 
@@ -219,7 +230,7 @@ impl CopyPool {
     /// not overlap, and nothing else reads or writes `dst..dst+len`.
     pub(crate) unsafe fn submit(&self, tasks: &[CopyTask], stores: Stores) -> Ticket {
         let total: usize = tasks.iter().map(|t| t.len).sum();
-        if total < PARALLEL_MIN || self.threads == 1 {
+        if total < parallel_min() || self.threads == 1 {
             for t in tasks {
                 // SAFETY: the caller's contract, for each task.
                 unsafe { copy_bytes(t.src, t.dst, t.len, stores) };
@@ -315,6 +326,18 @@ pub(crate) enum Stores {
     Cached,
     /// Non-temporal stores for copies of 64 KiB or more (x86-64; elsewhere ordinary).
     Streaming,
+}
+
+impl Stores {
+    /// `self`, unless the environment variable `var` (`PINLANE_FILL_STORES` or
+    /// `PINLANE_DRAIN_STORES`) says `cached` or `streaming`: tuning knobs for measuring.
+    pub(crate) fn or_env(self, var: &str) -> Stores {
+        match std::env::var(var).as_deref() {
+            Ok("cached") => Stores::Cached,
+            Ok("streaming") => Stores::Streaming,
+            _ => self,
+        }
+    }
 }
 
 /// `PINLANE_NT_COPY=0` turns streaming stores off everywhere, for comparisons.
