@@ -158,6 +158,7 @@ fn bytes_of(b: &Batch) -> usize {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
+    let trace = args.iter().any(|a| a == "--trace");
     let json_path = args
         .iter()
         .position(|a| a == "--json")
@@ -203,6 +204,12 @@ fn main() {
             );
         }
 
+        if trace {
+            pinlane::trace_next_call();
+            drop(transfer_tensor_h2d(&c.sources[1 % n]).unwrap());
+            pinlane::trace_next_call();
+            drop(transfer_tensor_d2h(&dev[1 % n], &D2hOptions::default()).unwrap());
+        }
         let (m, cpu) = time(c.reps, |r| {
             drop(transfer_tensor_h2d(&c.sources[r % n]).unwrap())
         });

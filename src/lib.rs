@@ -48,9 +48,9 @@ pub use batch::{Batch, Leaf, Value};
 pub use driver::{Event, Stream};
 pub use dtype::{DType, Element};
 pub use engine::{
-    cached_batches, current_stream, last_transfer_stats, set_current_stream, transfer_tensor_d2h,
-    transfer_tensor_h2d, transfer_tensor_h2d_with, CurrentStreamGuard, D2hOptions, H2dOptions,
-    HostOutput, TransferStats,
+    cached_batches, current_stream, last_transfer_stats, set_current_stream, trace_next_call,
+    transfer_tensor_d2h, transfer_tensor_h2d, transfer_tensor_h2d_with, CurrentStreamGuard,
+    D2hOptions, H2dOptions, HostOutput, TransferStats,
 };
 pub use error::{Error, Result};
 pub use layout::Shape;

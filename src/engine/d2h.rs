@@ -111,6 +111,7 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
         HostOutput::Pageable => None,
     };
 
+    super::trace::mark("planned");
     let mut job = InFlight::new(stream);
     let mut stats = TransferStats {
         tensors: picked.len(),
@@ -167,6 +168,7 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
                 .collect()
         }
     };
+    super::trace::mark("synced");
     record_stats(stats);
 
     let moved = picked
@@ -180,7 +182,9 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
                 Tensor::from_parts(t.dtype(), t.shape().clone(), n, storage),
             )
         });
-    Ok(super::rebuild_with(batch, all.len(), moved))
+    let rebuilt = super::rebuild_with(batch, all.len(), moved);
+    super::trace::mark("rebuilt");
+    Ok(rebuilt)
 }
 
 /// Tensors up to this size are gathered on the device when there are enough of them.
@@ -244,6 +248,7 @@ fn submit(
             )
         }?;
         stats.copies += 2; // the descriptors' upload and the kernel
+        super::trace::mark("gather queued");
         gathered = DeviceView::new(&g, 0, small_end);
         items.push(&gathered);
         offsets.push(0);

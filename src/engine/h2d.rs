@@ -59,6 +59,7 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &H2dOptions) -> Result<B> {
         return Ok(batch::replace_tensors(batch, Vec::new()));
     }
 
+    super::trace::mark("gathered");
     let stream = thread_state::h2d_stream(device)?;
     let ctx = driver::bind(device)?;
     let consumer = match &opts.consumer_stream {
@@ -81,6 +82,7 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &H2dOptions) -> Result<B> {
         })
         .collect();
 
+    super::trace::mark("planned");
     let mut job = InFlight::new(stream);
     let mut stats = TransferStats {
         tensors: order.len(),
@@ -100,7 +102,9 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &H2dOptions) -> Result<B> {
         Ok(alloc) => alloc,
         Err(e) => return Err(job.abort(e, keep_sources)),
     };
+    super::trace::mark("submitted");
     job.finish(keep_sources)?;
+    super::trace::mark("synced");
     record_stats(stats);
 
     let moved = order.iter().enumerate().map(|(k, &i)| {
@@ -118,6 +122,7 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &H2dOptions) -> Result<B> {
         (i, out)
     });
     let rebuilt = super::rebuild_with(batch, all.len(), moved);
+    super::trace::mark("rebuilt");
     if let Some(a) = alloc {
         thread_state::cache_batch(device, a, opts.num_caches)?;
     }
@@ -145,6 +150,7 @@ fn submit(
     let stream = job.stream().clone();
     let alloc = DeviceAlloc::new_async(ctx, device, end, &stream, consumer.clone())?;
     job.hold(&alloc, end);
+    super::trace::mark("allocated");
 
     for (k, src) in sources.iter().enumerate() {
         if let (Source::Pinned(buf), true) = (src, sizes[k] > 0) {
@@ -161,6 +167,7 @@ fn submit(
     if staged_end > 0 {
         let window = plan::window_size(staged_end, PinnedArena::global().config().slot_bytes);
         let nslots = super::lease_slots(ctx, job, staged_end.div_ceil(window))?;
+        super::trace::mark("leased");
         // Windows whose fill has started but whose copy is not queued yet, oldest first.
         // Up to `ahead` fills run at once, so the copy threads go from one window to the
         // next without a gap; fewer than `nslots`, so a slot is never refilled before its
@@ -181,6 +188,7 @@ fn submit(
             // lease settles its fill before the call ends (InFlight::finish/abort settle
             // every lease, and so does dropping one).
             unsafe { job.leases[k].fill_start(&pieces) }?;
+            super::trace::mark("fill started");
             filling.push_back((k, w.start, w.len));
             while filling.len() > ahead {
                 let (k, start, len) = filling.pop_front().expect("non-empty: len > ahead >= 0");
@@ -209,6 +217,7 @@ fn queue_window(
     // SAFETY: `alloc` was allocated on this stream and `job` holds it until the stream is
     // proven idle.
     unsafe { job.leases[k].h2d_window(ctx, len, alloc, start, stream) }?;
+    super::trace::mark("window queued");
     stats.copies += 1;
     stats.windows += 1;
     Ok(())

@@ -14,9 +14,11 @@ mod h2d;
 mod options;
 mod plan;
 mod thread_state;
+mod trace;
 
 pub use options::{D2hOptions, H2dOptions, HostOutput};
 pub use thread_state::{cached_batches, current_stream, set_current_stream, CurrentStreamGuard};
+pub use trace::trace_next_call;
 
 use crate::batch::Batch;
 use crate::driver::ContextGuard;
@@ -55,7 +57,7 @@ pub(crate) const PIPELINE_SLOTS: usize = 8;
 /// # Ok(()) }
 /// ```
 pub fn transfer_tensor_h2d<B: Batch>(batch: &B) -> Result<B> {
-    h2d::transfer(batch, &H2dOptions::default())
+    transfer_tensor_h2d_with(batch, &H2dOptions::default())
 }
 
 /// [`transfer_tensor_h2d`] with options.
@@ -67,7 +69,10 @@ pub fn transfer_tensor_h2d<B: Batch>(batch: &B) -> Result<B> {
 /// assert_eq!(out.1, 5);
 /// ```
 pub fn transfer_tensor_h2d_with<B: Batch>(batch: &B, opts: &H2dOptions) -> Result<B> {
-    h2d::transfer(batch, opts)
+    trace::start();
+    let r = h2d::transfer(batch, opts);
+    trace::end("h2d");
+    r
 }
 
 /// Copies the tensors of `batch` that are on the chosen CUDA device to new host tensors
@@ -95,7 +100,10 @@ pub fn transfer_tensor_h2d_with<B: Batch>(batch: &B, opts: &H2dOptions) -> Resul
 /// assert!(matches!(transfer_tensor_d2h(&b, &bad), Err(Error::InvalidDevice { .. })));
 /// ```
 pub fn transfer_tensor_d2h<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
-    d2h::transfer(batch, opts)
+    trace::start();
+    let r = d2h::transfer(batch, opts);
+    trace::end("d2h");
+    r
 }
 
 /// What the calling thread's last successful transfer did.
