@@ -10,11 +10,12 @@ while read -r name envs; do
   [ -z "$name" ] && continue
   echo "=== $name: $envs" | tee -a "$out/sweep.log"
   env $envs "$bench" "$@" --json "$out/sweep-$name.json" > "$out/sweep-$name.log" 2>&1
-  grep -E "^pinned limit|pageable|at once|1000 x 1 KiB|64 x 3x224" "$out/sweep-$name.log" | tee -a "$out/sweep.log"
+  grep -E "pageable|at once|1000 x 1 KiB|64 x 3x224" "$out/sweep-$name.log" | tee -a "$out/sweep.log"
   rm -f "$out/sweep-$name.log"
 done <<'CONFIGS'
-t8 PINLANE_COPY_THREADS=8
-t12 PINLANE_COPY_THREADS=12
-t16 PINLANE_COPY_THREADS=16
-t12nt PINLANE_COPY_THREADS=12 PINLANE_FILL_STORES=streaming
+base PINLANE_COPY_THREADS=12
+spin0 PINLANE_COPY_THREADS=12 PINLANE_SPIN_US=0
+s4d4 PINLANE_COPY_THREADS=12 PINLANE_SLOT_BYTES=4194304 PINLANE_PIPELINE_SLOTS=4
+s16d4 PINLANE_COPY_THREADS=12 PINLANE_SLOT_BYTES=16777216 PINLANE_PIPELINE_SLOTS=4
+s2d8 PINLANE_COPY_THREADS=12 PINLANE_SLOT_BYTES=2097152 PINLANE_PIPELINE_SLOTS=8
 CONFIGS

@@ -137,6 +137,18 @@ pub fn last_transfer_stats() -> Option<TransferStats> {
     LAST.try_with(Cell::get).ok().flatten()
 }
 
+/// [`PIPELINE_SLOTS`], or `PINLANE_PIPELINE_SLOTS` where set (a tuning knob).
+fn pipeline_slots() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("PINLANE_PIPELINE_SLOTS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(PIPELINE_SLOTS)
+            .max(1)
+    })
+}
+
 /// Leases staging slots into `job` for `n_windows` windows: the first may block until
 /// another call returns one; more (up to [`PIPELINE_SLOTS`]) only if free. Returns how
 /// many the job holds (at least one).
@@ -147,7 +159,7 @@ fn lease_slots(ctx: &ContextGuard, job: &mut InFlight, n_windows: usize) -> Resu
             job.leases.push(first);
         }
     }
-    while job.leases.len() < PIPELINE_SLOTS.min(n_windows) {
+    while job.leases.len() < pipeline_slots().min(n_windows) {
         match arena.lease(ctx, false)? {
             Some(l) => job.leases.push(l),
             None => break,

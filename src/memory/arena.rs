@@ -32,10 +32,18 @@ pub struct ArenaConfig {
 }
 
 impl Default for ArenaConfig {
+    /// 8 MiB slots, 128 MiB in all; `PINLANE_SLOT_BYTES` and `PINLANE_ARENA_BYTES`
+    /// override them.
     fn default() -> Self {
+        let env = |k: &str, d: usize| {
+            std::env::var(k)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(d)
+        };
         ArenaConfig {
-            slot_bytes: 8 << 20,
-            max_bytes: 128 << 20,
+            slot_bytes: env("PINLANE_SLOT_BYTES", 8 << 20).max(4096),
+            max_bytes: env("PINLANE_ARENA_BYTES", 128 << 20),
         }
     }
 }

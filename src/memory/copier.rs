@@ -48,8 +48,18 @@ fn parallel_min() -> usize {
 /// Smallest piece a job is cut into.
 const PIECE_MIN: usize = 64 << 10;
 
-/// How long an idle worker spins for new work before sleeping.
-const SPIN: std::time::Duration = std::time::Duration::from_micros(50);
+/// How long an idle worker spins for new work before sleeping (`PINLANE_SPIN_US` sets
+/// it, a tuning knob).
+fn spin() -> std::time::Duration {
+    static SPIN: OnceLock<std::time::Duration> = OnceLock::new();
+    *SPIN.get_or_init(|| {
+        let us = std::env::var("PINLANE_SPIN_US")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(50);
+        std::time::Duration::from_micros(us)
+    })
+}
 
 /// One copy: `len` bytes from `src` to `dst`.
 #[derive(Clone, Copy)]
@@ -196,7 +206,7 @@ impl CopyPool {
                     return j.clone();
                 }
             }
-            let deadline = *spin_until.get_or_insert_with(|| std::time::Instant::now() + SPIN);
+            let deadline = *spin_until.get_or_insert_with(|| std::time::Instant::now() + spin());
             if std::time::Instant::now() < deadline {
                 std::hint::spin_loop();
                 continue;
