@@ -18,7 +18,12 @@ use super::{plan, record_stats, thread_state, TransferStats};
 use crate::batch::{self, Batch};
 use crate::driver::{self, ContextGuard, Stream};
 use crate::error::{Error, Result};
-use crate::memory::{DeviceAlloc, DeviceView, InFlight, PinnedArena, PinnedBuf, DEVICE_ALIGN};
+use crate::memory::{
+    DeviceAlloc, DeviceView, InFlight, PinnedArena, PinnedBuf, Stores, DEVICE_ALIGN,
+};
+
+/// Staged regions up to this size are filled with streaming stores.
+const SMALL_BATCH: usize = 32 << 20;
 use crate::tensor::{Storage, Tensor};
 use crate::H2dOptions;
 use std::collections::VecDeque;
@@ -173,6 +178,13 @@ fn submit(
         // next without a gap; fewer than `nslots`, so a slot is never refilled before its
         // own window's copy is queued.
         let ahead = (nslots - 1).min(2);
+        // Streaming stores fill small batches faster, ordinary ones large batches
+        // (measured: docs/performance.md).
+        let stores = if staged_end <= SMALL_BATCH {
+            Stores::Streaming
+        } else {
+            Stores::Cached
+        };
         let mut filling: VecDeque<(usize, usize, usize)> = VecDeque::new(); // (slot, start, len)
         let mut pieces: Vec<(usize, &[u8])> = Vec::new();
         for (w_idx, w) in plan::windows(offsets, sizes, staged_end, window).enumerate() {
@@ -187,7 +199,7 @@ fn submit(
             // SAFETY: the pieces borrow the caller's batch, alive for this whole call; the
             // lease settles its fill before the call ends (InFlight::finish/abort settle
             // every lease, and so does dropping one).
-            unsafe { job.leases[k].fill_start(&pieces) }?;
+            unsafe { job.leases[k].fill_start(&pieces, stores) }?;
             super::trace::mark("fill started");
             filling.push_back((k, w.start, w.len));
             while filling.len() > ahead {

@@ -255,7 +255,11 @@ impl SlotLease {
     /// # Safety
     /// Every piece's bytes stay alive and unchanged until the slot is next used, settled
     /// or dropped.
-    pub(crate) unsafe fn fill_start(&mut self, pieces: &[(usize, &[u8])]) -> Result<()> {
+    pub(crate) unsafe fn fill_start(
+        &mut self,
+        pieces: &[(usize, &[u8])],
+        stores: Stores,
+    ) -> Result<()> {
         let buf = self.bytes_mut()?;
         let len = buf.len();
         let base = buf.as_mut_ptr();
@@ -277,7 +281,9 @@ impl SlotLease {
         // it waits for the ticket first (settle), so nothing else touches those bytes until
         // the copies are done; the sources stay valid that long by the caller's contract,
         // and cannot overlap the slot, which is exclusively ours.
-        self.filling = Some(unsafe { CopyPool::global().submit(&tasks, fill_stores()) });
+        self.filling = Some(unsafe {
+            CopyPool::global().submit(&tasks, stores.or_env("PINLANE_FILL_STORES"))
+        });
         Ok(())
     }
 
@@ -396,12 +402,6 @@ impl SlotLease {
         let ev = slab.event.as_ref().expect("event set above");
         ev.record(stream)
     }
-}
-
-/// Stores for filling slots (H2D): ordinary by default, `PINLANE_FILL_STORES` overrides.
-fn fill_stores() -> Stores {
-    static S: OnceLock<Stores> = OnceLock::new();
-    *S.get_or_init(|| Stores::Cached.or_env("PINLANE_FILL_STORES"))
 }
 
 /// Stores for draining slots into outputs (D2H): streaming by default,

@@ -145,7 +145,8 @@ static GLOBAL: OnceLock<CopyPool> = OnceLock::new();
 
 impl CopyPool {
     /// Sets how many threads copy (the caller included) before the pool's first use.
-    /// Default: `PINLANE_COPY_THREADS` if set, else the machine's parallelism up to 8.
+    /// Default: `PINLANE_COPY_THREADS` if set, else three quarters of the machine's
+    /// parallelism, at most 12.
     /// Returns the number in force, which is the earlier one if the pool already exists.
     pub fn configure(threads: usize) -> usize {
         *THREADS.get_or_init(|| threads.max(1))
@@ -326,10 +327,10 @@ impl Drop for Ticket {
 
 /// How a copy writes its destination.
 ///
-/// Measured on the GPU machine (docs/performance.md): filling a staging slot, which is
-/// reused at once and read by the copy engine while still in the CPU's cache, is fastest
-/// with ordinary stores; draining slots into large output regions, which are not read
-/// again soon, is fastest with non-temporal stores that skip the read-for-ownership.
+/// Measured on the GPU machine (docs/performance.md): filling staging slots for a large
+/// batch is fastest with ordinary stores; filling them for a small batch (a few MiB),
+/// and draining slots into output regions, which are not read again soon, is fastest
+/// with non-temporal stores that skip the read-for-ownership.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Stores {
     /// Ordinary stores (plain `memcpy`).
@@ -429,7 +430,9 @@ fn default_threads() -> usize {
     {
         return n.max(1);
     }
-    std::thread::available_parallelism().map_or(4, |n| n.get().min(8))
+    // Three quarters of the cores, at most 12: on the 16-core GPU machine 12 threads
+    // copied fastest (docs/performance.md); more only compete for memory bandwidth.
+    std::thread::available_parallelism().map_or(4, |n| (n.get() * 3 / 4).clamp(1, 12))
 }
 
 #[cfg(test)]

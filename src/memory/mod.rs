@@ -59,7 +59,7 @@ pub mod retained;
 pub(crate) use arena::SlotLease;
 pub use arena::{ArenaConfig, PinnedArena};
 pub use copier::CopyPool;
-pub(crate) use copier::CopyTask;
+pub(crate) use copier::{CopyTask, Stores};
 pub(crate) use device::{DeviceAlloc, DeviceView};
 pub(crate) use gather::{available as gather_available, gather_async};
 pub use host::HostPool;
