@@ -104,7 +104,7 @@ fn main() -> pinlane::Result<()> {
         gbs(h)
     );
     println!(
-        "d2h (new host tensors): {:>7.2} ms  {:>6.1} GB/s   (median of 6)",
+        "d2h (page-locked outputs): {:>4.2} ms  {:>6.1} GB/s   (median of 6)",
         d.as_secs_f64() * 1e3,
         gbs(d)
     );
