@@ -14,10 +14,12 @@
 //! | `stream.rs` | [`Stream`]: an owned (or borrowed legacy) `CUstream` |
 //! | `event.rs` | [`Event`]: an owned `CUevent` |
 //! | `calls.rs` | memory and copy calls: one checked `unsafe fn` per driver call |
+//! | `batch_copy.rs` | `cuMemcpyBatchAsync`, looked up by hand (CUDA 12.8+) |
 //! | `kernels.rs` | the committed PTX kernels, loaded once per device, and their launches |
 //! | `deferred.rs` | errors raised in `Drop`, kept for the next call |
 //! | `fault.rs` | fault injection, feature `test-util` only |
 
+mod batch_copy;
 mod calls;
 mod context;
 pub mod deferred;
@@ -27,6 +29,7 @@ pub mod fault;
 mod kernels;
 mod stream;
 
+pub(crate) use batch_copy::{available as batch_copy_available, memcpy_batch_d2h_async};
 pub(crate) use calls::*;
 pub(crate) use context::{bind, ContextGuard};
 pub use event::Event;

@@ -89,13 +89,22 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
     let mut picked = picked;
     let small = |i: &usize| (1..=GATHER_MAX_BYTES).contains(&all[*i].nbytes());
     let n_small = picked.iter().filter(|i| small(i)).count();
-    let gather_n =
-        if n_small >= GATHER_MIN_COUNT && gather_enabled() && memory::gather_available(device) {
-            picked.sort_by_key(|i| !small(i)); // stable: visit order kept within each group
-            n_small
-        } else {
-            0
-        };
+    // Small tensors into page-locked outputs: one cuMemcpyBatchAsync instead of the
+    // gather kernel when PINLANE_D2H_SMALL=batch (an experiment; docs/performance.md).
+    let batch_small = n_small >= GATHER_MIN_COUNT
+        && opts.output == HostOutput::Pinned
+        && small_mode() == SmallMode::Batch
+        && memory::batch_copy_available();
+    let gather_n = if !batch_small
+        && n_small >= GATHER_MIN_COUNT
+        && small_mode() == SmallMode::Gather
+        && memory::gather_available(device)
+    {
+        picked.sort_by_key(|i| !small(i)); // stable: visit order kept within each group
+        n_small
+    } else {
+        0
+    };
     let views: Vec<&DeviceView> = picked
         .iter()
         .filter_map(|&i| match all[i].storage() {
@@ -134,14 +143,19 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
     let storages: Vec<Storage> = match block {
         Some(block) => {
             job.hold(&block, block.len());
-            if let Err(e) = submit(
-                &ctx,
-                device,
-                &mut job,
-                &layout,
-                Dest::Block(&block),
-                &mut stats,
-            ) {
+            let run = if batch_small {
+                submit_batch(&ctx, device, &mut job, &block, &views, &offsets, &mut stats)
+            } else {
+                submit(
+                    &ctx,
+                    device,
+                    &mut job,
+                    &layout,
+                    Dest::Block(&block),
+                    &mut stats,
+                )
+            };
+            if let Err(e) = run {
                 return Err(job.abort(e, keep_sources));
             }
             job.finish(keep_sources)?;
@@ -192,11 +206,54 @@ const GATHER_MAX_BYTES: usize = 1 << 20;
 /// Fewest small tensors worth a kernel launch and a descriptor upload.
 const GATHER_MIN_COUNT: usize = 4;
 
-/// `PINLANE_GATHER=0` turns the gather kernel off (one copy per tensor instead), for
+/// How many small tensors move to the host.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum SmallMode {
+    /// The gather kernel, then one copy (default).
+    Gather,
+    /// One `cuMemcpyBatchAsync` (page-locked outputs only).
+    Batch,
+    /// One copy each.
+    Each,
+}
+
+/// `PINLANE_D2H_SMALL=gather|batch|each` (or `PINLANE_GATHER=0` for `each`), for
 /// comparisons.
-fn gather_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("PINLANE_GATHER").map_or(true, |v| v != "0"))
+fn small_mode() -> SmallMode {
+    static MODE: std::sync::OnceLock<SmallMode> = std::sync::OnceLock::new();
+    *MODE.get_or_init(|| match std::env::var("PINLANE_D2H_SMALL").as_deref() {
+        Ok("batch") => SmallMode::Batch,
+        Ok("each") => SmallMode::Each,
+        _ if std::env::var("PINLANE_GATHER").as_deref() == Ok("0") => SmallMode::Each,
+        _ => SmallMode::Gather,
+    })
+}
+
+/// Page-locked outputs with `SmallMode::Batch`: the small tensors in one batched copy,
+/// the rest one copy each.
+fn submit_batch(
+    ctx: &ContextGuard,
+    device: usize,
+    job: &mut InFlight,
+    block: &PinnedBlock,
+    views: &[&DeviceView],
+    offsets: &[usize],
+    stats: &mut TransferStats,
+) -> Result<()> {
+    let stream = job.stream().clone();
+    let is_small = |k: &usize| (1..=GATHER_MAX_BYTES).contains(&views[*k].nbytes());
+    let (small, rest): (Vec<usize>, Vec<usize>) = (0..views.len()).partition(is_small);
+    let sv: Vec<&DeviceView> = small.iter().map(|&k| views[k]).collect();
+    let so: Vec<usize> = small.iter().map(|&k| offsets[k]).collect();
+    // SAFETY: as in submit_direct: the block is new to this call and held by `job`; the
+    // views are borrowed from the caller's batch; the copy stream (never the legacy one)
+    // waits for the current stream and the producer event.
+    unsafe { block.d2h_batch_async(ctx, &sv, &so, device, &stream) }?;
+    stats.copies += 1;
+    stats.direct_bytes += sv.iter().map(|v| v.nbytes()).sum::<usize>();
+    let rv: Vec<&DeviceView> = rest.iter().map(|&k| views[k]).collect();
+    let ro: Vec<usize> = rest.iter().map(|&k| offsets[k]).collect();
+    submit_direct(ctx, job, block, &rv, &ro, stats)
 }
 
 /// The batch's output layout: tensors (in output order), their offsets and sizes, how

@@ -56,6 +56,7 @@ mod limits;
 mod pinned;
 pub mod retained;
 
+pub(crate) use crate::driver::batch_copy_available;
 pub(crate) use arena::SlotLease;
 pub use arena::{ArenaConfig, PinnedArena};
 pub use copier::CopyPool;

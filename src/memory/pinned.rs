@@ -59,6 +59,44 @@ impl PinnedBlock {
     }
 }
 
+impl PinnedBlock {
+    /// Queues copies of `views` into this block at `offsets` as one `cuMemcpyBatchAsync`.
+    ///
+    /// # Safety
+    /// As [`PinnedBlock::d2h_async`], for every view; `stream` is not the legacy stream.
+    pub(crate) unsafe fn d2h_batch_async(
+        &self,
+        ctx: &ContextGuard,
+        views: &[&DeviceView],
+        offsets: &[usize],
+        device: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        let mut dsts = Vec::with_capacity(views.len());
+        let mut srcs = Vec::with_capacity(views.len());
+        let mut sizes = Vec::with_capacity(views.len());
+        for (v, &at) in views.iter().zip(offsets) {
+            let n = v.nbytes();
+            if at.checked_add(n).is_none_or(|e| e > self.len) {
+                return Err(range_error("pinned output", at, n, self.len));
+            }
+            let Some(src) = v.addr(0) else { continue };
+            // With unified addressing a page-locked host address is a valid copy target.
+            dsts.push(self.ptr.0.wrapping_add(at) as DevicePtrInt);
+            srcs.push(src);
+            sizes.push(n);
+        }
+        // SAFETY: every destination is inside the block (checked above); the rest is the
+        // caller's obligation.
+        unsafe {
+            driver::memcpy_batch_d2h_async(ctx, &mut dsts, &mut srcs, &mut sizes, device, stream)
+        }
+    }
+}
+
+/// A device address as an integer (`CUdeviceptr`).
+type DevicePtrInt = u64;
+
 fn range_error(what: &str, at: usize, n: usize, len: usize) -> Error {
     Error::InvalidOption {
         name: "copy range",
