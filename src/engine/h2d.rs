@@ -203,7 +203,9 @@ fn submit(
             super::trace::mark("fill started");
             filling.push_back((k, w.start, w.len));
             while filling.len() > ahead {
-                let (k, start, len) = filling.pop_front().expect("non-empty: len > ahead >= 0");
+                let Some((k, start, len)) = filling.pop_front() else {
+                    break;
+                };
                 queue_window(ctx, job, k, len, &alloc, start, &stream, stats)?;
             }
         }
