@@ -58,6 +58,9 @@ fn entry() -> Option<Entry> {
     static E: OnceLock<Option<Entry>> = OnceLock::new();
     *E.get_or_init(|| {
         super::available()?;
+        if super::sim::is_enabled() {
+            return None; // not simulated
+        }
         // SAFETY: the library is loaded (available() checked it); `get` only resolves
         // addresses, and the types match the CUDA 13.0 / 12.8 prototypes above.
         unsafe {

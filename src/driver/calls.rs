@@ -15,7 +15,7 @@ pub(crate) type DevicePtr = sys::CUdeviceptr;
 pub(crate) fn host_alloc(_ctx: &ContextGuard, nbytes: usize) -> Result<*mut u8> {
     let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
     // SAFETY: out-pointer to a live local; a context is current (the guard proves it).
-    let res = unsafe { sys::cuMemHostAlloc(&mut p, nbytes, sys::CU_MEMHOSTALLOC_PORTABLE) };
+    let res = unsafe { super::api::cuMemHostAlloc(&mut p, nbytes, sys::CU_MEMHOSTALLOC_PORTABLE) };
     check("cuMemHostAlloc", res)?;
     Ok(p.cast())
 }
@@ -27,7 +27,9 @@ pub(crate) fn host_alloc(_ctx: &ContextGuard, nbytes: usize) -> Result<*mut u8> 
 /// 2. No copy that may still run reads or writes it.
 pub(crate) unsafe fn host_free(_ctx: &ContextGuard, p: *mut u8) -> Result<()> {
     // SAFETY: obligations 1 and 2 are the caller's; a context is current.
-    check("cuMemFreeHost", unsafe { sys::cuMemFreeHost(p.cast()) })
+    check("cuMemFreeHost", unsafe {
+        super::api::cuMemFreeHost(p.cast())
+    })
 }
 
 /// Allocates `nbytes` (> 0) of device memory from pinlane's pool of `device`, ready in
@@ -43,7 +45,7 @@ pub(crate) fn device_alloc_async(
     let mut p: DevicePtr = 0;
     // SAFETY: out-pointer to a live local; the pool and stream are alive and belong to
     // the device whose context is current.
-    let res = unsafe { sys::cuMemAllocFromPoolAsync(&mut p, nbytes, pool.0, stream.raw()) };
+    let res = unsafe { super::api::cuMemAllocFromPoolAsync(&mut p, nbytes, pool.0, stream.raw()) };
     check("cuMemAllocFromPoolAsync", res)?;
     Ok(p)
 }
@@ -61,7 +63,7 @@ pub(crate) unsafe fn device_free_async(
 ) -> Result<()> {
     // SAFETY: obligations 1 and 2 are the caller's; the stream is alive.
     check("cuMemFreeAsync", unsafe {
-        sys::cuMemFreeAsync(p, stream.raw())
+        super::api::cuMemFreeAsync(p, stream.raw())
     })
 }
 
@@ -80,7 +82,7 @@ pub(crate) unsafe fn memcpy_h2d_async(
 ) -> Result<()> {
     fault_point(FaultKindTag::Copy, "cuMemcpyHtoDAsync")?;
     // SAFETY: obligations 1 and 2 are the caller's.
-    let res = unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.cast(), n, stream.raw()) };
+    let res = unsafe { super::api::cuMemcpyHtoDAsync_v2(dst, src.cast(), n, stream.raw()) };
     check("cuMemcpyHtoDAsync", res)
 }
 
@@ -100,6 +102,6 @@ pub(crate) unsafe fn memcpy_d2h_async(
 ) -> Result<()> {
     fault_point(FaultKindTag::Copy, "cuMemcpyDtoHAsync")?;
     // SAFETY: obligations 1 and 2 are the caller's.
-    let res = unsafe { sys::cuMemcpyDtoHAsync_v2(dst.cast(), src, n, stream.raw()) };
+    let res = unsafe { super::api::cuMemcpyDtoHAsync_v2(dst.cast(), src, n, stream.raw()) };
     check("cuMemcpyDtoHAsync", res)
 }

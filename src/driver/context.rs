@@ -41,13 +41,18 @@ pub(crate) fn handles(device: usize) -> Result<DeviceHandles> {
     }
     let mut dev: sys::CUdevice = 0;
     // SAFETY: out-pointer to a live local; `device` is below the device count.
-    unsafe { check("cuDeviceGet", sys::cuDeviceGet(&mut dev, device as i32)) }?;
+    unsafe {
+        check(
+            "cuDeviceGet",
+            super::api::cuDeviceGet(&mut dev, device as i32),
+        )
+    }?;
     let mut ctx: sys::CUcontext = std::ptr::null_mut();
     // SAFETY: out-pointer to a live local; `dev` is a valid device handle.
     unsafe {
         check(
             "cuDevicePrimaryCtxRetain",
-            sys::cuDevicePrimaryCtxRetain(&mut ctx, dev),
+            super::api::cuDevicePrimaryCtxRetain(&mut ctx, dev),
         )
     }?;
     let ctx = Handle(ctx);
@@ -70,14 +75,19 @@ fn create_pool(dev: sys::CUdevice) -> Result<Handle<sys::CUmemoryPool>> {
     props.location.id = dev;
     let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
     // SAFETY: both pointers point to live locals; the device's context is current.
-    unsafe { check("cuMemPoolCreate", sys::cuMemPoolCreate(&mut pool, &props)) }?;
+    unsafe {
+        check(
+            "cuMemPoolCreate",
+            super::api::cuMemPoolCreate(&mut pool, &props),
+        )
+    }?;
     let mut threshold: u64 = u64::MAX;
     // SAFETY: RELEASE_THRESHOLD takes a pointer to a u64, which `threshold` is; `pool`
     // was just created.
     unsafe {
         check(
             "cuMemPoolSetAttribute",
-            sys::cuMemPoolSetAttribute(
+            super::api::cuMemPoolSetAttribute(
                 pool,
                 sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
                 (&mut threshold as *mut u64).cast(),
@@ -95,7 +105,7 @@ pub(crate) fn bind(device: usize) -> Result<ContextGuard> {
 fn push(ctx: Handle<sys::CUcontext>) -> Result<ContextGuard> {
     let mut current: sys::CUcontext = std::ptr::null_mut();
     // SAFETY: out-pointer to a live local.
-    unsafe { check("cuCtxGetCurrent", sys::cuCtxGetCurrent(&mut current)) }?;
+    unsafe { check("cuCtxGetCurrent", super::api::cuCtxGetCurrent(&mut current)) }?;
     if current == ctx.0 {
         return Ok(ContextGuard {
             pushed: false,
@@ -103,7 +113,7 @@ fn push(ctx: Handle<sys::CUcontext>) -> Result<ContextGuard> {
         });
     }
     // SAFETY: `ctx` is a retained primary context, valid for the life of the process.
-    unsafe { check("cuCtxPushCurrent", sys::cuCtxPushCurrent_v2(ctx.0)) }?;
+    unsafe { check("cuCtxPushCurrent", super::api::cuCtxPushCurrent_v2(ctx.0)) }?;
     Ok(ContextGuard {
         pushed: true,
         _not_send: std::marker::PhantomData,
@@ -124,7 +134,7 @@ impl Drop for ContextGuard {
             let mut popped: sys::CUcontext = std::ptr::null_mut();
             // SAFETY: this guard pushed a context on this thread (the guard is !Send via
             // its PhantomData) and nothing popped it since.
-            let res = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
+            let res = unsafe { super::api::cuCtxPopCurrent_v2(&mut popped) };
             if let Err(e) = check("cuCtxPopCurrent", res) {
                 super::deferred::record(e);
             }

@@ -37,7 +37,7 @@ impl Event {
         let mut raw: sys::CUevent = std::ptr::null_mut();
         let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
         // SAFETY: out-pointer to a live local; the device's context is current.
-        unsafe { check("cuEventCreate", sys::cuEventCreate(&mut raw, flags)) }?;
+        unsafe { check("cuEventCreate", super::api::cuEventCreate(&mut raw, flags)) }?;
         Ok(Event {
             inner: Arc::new(EventInner {
                 raw: Handle(raw),
@@ -59,7 +59,7 @@ impl Event {
         unsafe {
             check(
                 "cuEventRecord",
-                sys::cuEventRecord(self.raw(), stream.raw()),
+                super::api::cuEventRecord(self.raw(), stream.raw()),
             )
         }
     }
@@ -68,14 +68,19 @@ impl Event {
     pub fn synchronize(&self) -> Result<()> {
         let _ctx = bind(self.inner.device)?;
         // SAFETY: the event is alive; context current.
-        unsafe { check("cuEventSynchronize", sys::cuEventSynchronize(self.raw())) }
+        unsafe {
+            check(
+                "cuEventSynchronize",
+                super::api::cuEventSynchronize(self.raw()),
+            )
+        }
     }
 
     /// Whether the recorded work has finished, without blocking.
     pub fn query(&self) -> Result<bool> {
         let _ctx = bind(self.inner.device)?;
         // SAFETY: the event is alive; context current.
-        let res = unsafe { sys::cuEventQuery(self.raw()) };
+        let res = unsafe { super::api::cuEventQuery(self.raw()) };
         if res == sys::CUresult::CUDA_ERROR_NOT_READY {
             return Ok(false);
         }
@@ -89,7 +94,7 @@ impl Event {
         unsafe {
             check(
                 "cuStreamWaitEvent",
-                sys::cuStreamWaitEvent(stream.raw(), self.raw(), 0),
+                super::api::cuStreamWaitEvent(stream.raw(), self.raw(), 0),
             )
         }
     }
@@ -111,7 +116,7 @@ impl Drop for EventInner {
     fn drop(&mut self) {
         let res = bind(self.device).and_then(|_ctx| {
             // SAFETY: we created this event and this is its last owner.
-            unsafe { check("cuEventDestroy", sys::cuEventDestroy_v2(self.raw.0)) }
+            unsafe { check("cuEventDestroy", super::api::cuEventDestroy_v2(self.raw.0)) }
         });
         if let Err(e) = res {
             super::deferred::record(e);

@@ -60,9 +60,14 @@ pub fn gather_unavailable_reason(device: usize) -> Option<String> {
 }
 
 fn load_gather(device: usize) -> Result<GatherKernel> {
-    // SAFETY: only resolves symbol addresses; `available()` already loaded the library.
-    let lib = unsafe { sys::culib() };
-    for name in ["cuModuleLoadData", "cuModuleGetFunction", "cuLaunchKernel"] {
+    let names: &[&str] = if super::sim::is_enabled() {
+        &[] // the simulated device runs the gather itself
+    } else {
+        &["cuModuleLoadData", "cuModuleGetFunction", "cuLaunchKernel"]
+    };
+    for name in names {
+        // SAFETY: only resolves symbol addresses; `available()` already loaded the library.
+        let lib = unsafe { sys::culib() };
         // SAFETY: resolving a symbol's address; the pointer is never called here.
         if unsafe { lib.get::<*const ()>(name.as_bytes()) }.is_err() {
             return Err(crate::Error::NoCuda {
@@ -83,7 +88,7 @@ fn load_gather(device: usize) -> Result<GatherKernel> {
     unsafe {
         check(
             "cuModuleLoadData",
-            sys::cuModuleLoadData(&mut module, image.as_ptr().cast()),
+            super::api::cuModuleLoadData(&mut module, image.as_ptr().cast()),
         )
     }?;
     let mut func: sys::CUfunction = std::ptr::null_mut();
@@ -92,7 +97,7 @@ fn load_gather(device: usize) -> Result<GatherKernel> {
     unsafe {
         check(
             "cuModuleGetFunction",
-            sys::cuModuleGetFunction(&mut func, module, name.as_ptr()),
+            super::api::cuModuleGetFunction(&mut func, module, name.as_ptr()),
         )
     }?;
     Ok(GatherKernel { func: Handle(func) })
@@ -132,7 +137,7 @@ pub(crate) unsafe fn launch_gather(
     // (u64, u32, u64) parameters; obligations 1 and 2 are the caller's; no shared memory,
     // no extra options.
     let res = unsafe {
-        sys::cuLaunchKernel(
+        super::api::cuLaunchKernel(
             k.func.0,
             grid,
             1,

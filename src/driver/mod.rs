@@ -10,6 +10,8 @@
 //! | file | what it holds |
 //! | --- | --- |
 //! | `mod.rs` | [`available`], the checked-call helper, raw handle wrappers |
+//! | `api.rs` | the raw entry points, routed to `libcuda` or to the simulated device |
+//! | `sim.rs` | the simulated device ([`sim::enable`]) |
 //! | `context.rs` | primary contexts, one per device, and the guard that makes one current |
 //! | `stream.rs` | [`Stream`]: an owned (or borrowed legacy) `CUstream` |
 //! | `event.rs` | [`Event`]: an owned `CUevent` |
@@ -19,6 +21,7 @@
 //! | `deferred.rs` | errors raised in `Drop`, kept for the next call |
 //! | `fault.rs` | fault injection, feature `test-util` only |
 
+mod api;
 mod batch_copy;
 mod calls;
 mod context;
@@ -27,6 +30,7 @@ mod event;
 #[cfg(feature = "test-util")]
 pub mod fault;
 mod kernels;
+pub mod sim;
 mod stream;
 
 pub(crate) use batch_copy::{available as batch_copy_available, memcpy_batch_d2h_async};
@@ -44,7 +48,7 @@ use std::sync::OnceLock;
 /// What [`available`] found: the driver's version and how many devices it sees.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DriverInfo {
-    /// `cuDriverGetVersion`, e.g. 13000 for CUDA 13.0.
+    /// `cuDriverGetVersion`, e.g. 13000 for CUDA 13.0; 0 for the simulated device.
     pub version: i32,
     /// Number of CUDA devices.
     pub device_count: usize,
@@ -110,8 +114,20 @@ pub(crate) fn require(op: &'static str) -> Result<&'static DriverInfo> {
     })
 }
 
+/// Whether the driver status was computed (after which the device cannot be switched to
+/// the simulator).
+pub(crate) fn probed() -> bool {
+    STATUS.get().is_some()
+}
+
 fn probe() -> &'static std::result::Result<DriverInfo, String> {
     STATUS.get_or_init(|| {
+        if let Some(s) = sim::active() {
+            return Ok(DriverInfo {
+                version: 0,
+                device_count: s.devices(),
+            });
+        }
         // SAFETY: is_culib_present only tries to dlopen the library names; no symbol is
         // called.
         if !unsafe { sys::is_culib_present() } {
@@ -127,14 +143,14 @@ fn probe() -> &'static std::result::Result<DriverInfo, String> {
             }
         }
         // SAFETY: every symbol called below was resolved above; cuInit takes flags 0.
-        unsafe { check("cuInit", sys::cuInit(0)) }.map_err(|e| e.to_string())?;
+        unsafe { check("cuInit", api::cuInit(0)) }.map_err(|e| e.to_string())?;
         let mut version = 0;
         // SAFETY: out-pointer to a live local.
-        unsafe { check("cuDriverGetVersion", sys::cuDriverGetVersion(&mut version)) }
+        unsafe { check("cuDriverGetVersion", api::cuDriverGetVersion(&mut version)) }
             .map_err(|e| e.to_string())?;
         let mut count = 0;
         // SAFETY: out-pointer to a live local; cuInit succeeded.
-        unsafe { check("cuDeviceGetCount", sys::cuDeviceGetCount(&mut count)) }
+        unsafe { check("cuDeviceGetCount", api::cuDeviceGetCount(&mut count)) }
             .map_err(|e| e.to_string())?;
         if count <= 0 {
             return Err("the driver sees no CUDA device".into());
@@ -157,7 +173,7 @@ pub fn device_memory_info(device: usize) -> Result<(usize, usize)> {
     let _ctx = bind(device)?;
     let (mut free, mut total) = (0usize, 0usize);
     // SAFETY: out-pointers to live locals; the device's context is current.
-    unsafe { check("cuMemGetInfo", sys::cuMemGetInfo_v2(&mut free, &mut total)) }?;
+    unsafe { check("cuMemGetInfo", api::cuMemGetInfo_v2(&mut free, &mut total)) }?;
     Ok((free, total))
 }
 
@@ -219,7 +235,7 @@ fn driver_error(op: &'static str, res: sys::CUresult) -> Error {
     // SAFETY: cuGetErrorName only writes a pointer to a static string (or fails); it is
     // reached only after `probe` resolved the symbol, since every caller of `check`
     // runs behind `available()`.
-    let named = unsafe { sys::cuGetErrorName(res, &mut name_ptr) };
+    let named = unsafe { api::cuGetErrorName(res, &mut name_ptr) };
     let name = if named == sys::CUresult::CUDA_SUCCESS && !name_ptr.is_null() {
         // SAFETY: the driver returned a pointer to a NUL-terminated static string.
         unsafe { std::ffi::CStr::from_ptr(name_ptr) }

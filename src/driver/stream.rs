@@ -36,7 +36,12 @@ impl Stream {
         let mut raw: sys::CUstream = std::ptr::null_mut();
         let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
         // SAFETY: out-pointer to a live local; the device's context is current.
-        unsafe { check("cuStreamCreate", sys::cuStreamCreate(&mut raw, flags)) }?;
+        unsafe {
+            check(
+                "cuStreamCreate",
+                super::api::cuStreamCreate(&mut raw, flags),
+            )
+        }?;
         Ok(Stream {
             inner: Arc::new(StreamInner {
                 raw: Handle(raw),
@@ -76,7 +81,12 @@ impl Stream {
         super::fault_point(super::FaultKindTag::StreamSync, "cuStreamSynchronize")?;
         let _ctx = bind(self.inner.device)?;
         // SAFETY: the stream is alive (we hold it) and its context is current.
-        unsafe { check("cuStreamSynchronize", sys::cuStreamSynchronize(self.raw())) }
+        unsafe {
+            check(
+                "cuStreamSynchronize",
+                super::api::cuStreamSynchronize(self.raw()),
+            )
+        }
     }
 
     /// Whether two handles name the same stream.
@@ -101,7 +111,7 @@ impl Stream {
         let user = Box::into_raw(Box::new(delay)).cast();
         // SAFETY: sleep_fn matches CUhostFn and takes ownership of `user`; the stream is
         // alive and its context current.
-        let res = unsafe { sys::cuLaunchHostFunc(self.raw(), Some(sleep_fn), user) };
+        let res = unsafe { super::api::cuLaunchHostFunc(self.raw(), Some(sleep_fn), user) };
         if let Err(e) = check("cuLaunchHostFunc", res) {
             // SAFETY: the launch failed, so sleep_fn will never run and free `user`.
             drop(unsafe { Box::from_raw(user.cast::<std::time::Duration>()) });
@@ -134,7 +144,12 @@ impl Drop for StreamInner {
         let res = bind(self.device).and_then(|_ctx| {
             // SAFETY: we created this stream and this is the last owner; the driver
             // finishes queued work before releasing it.
-            unsafe { check("cuStreamDestroy", sys::cuStreamDestroy_v2(self.raw.0)) }
+            unsafe {
+                check(
+                    "cuStreamDestroy",
+                    super::api::cuStreamDestroy_v2(self.raw.0),
+                )
+            }
         });
         if let Err(e) = res {
             super::deferred::record(e);

@@ -101,7 +101,9 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
         && memory::gather_available(device)
     {
         picked.sort_by_key(|i| !small(i)); // stable: visit order kept within each group
-        n_small
+                                           // The descriptors go through one staging slot: gather as many as fit (24 bytes
+                                           // each); any further small tensors are copied one by one.
+        n_small.min(PinnedArena::global().config().slot_bytes / GATHER_DESC_BYTES)
     } else {
         0
     };
@@ -203,6 +205,8 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
 
 /// Tensors up to this size are gathered on the device when there are enough of them.
 const GATHER_MAX_BYTES: usize = 1 << 20;
+/// Bytes of one gather descriptor (`GatherPiece`).
+const GATHER_DESC_BYTES: usize = 24;
 /// Fewest small tensors worth a kernel launch and a descriptor upload.
 const GATHER_MIN_COUNT: usize = 4;
 

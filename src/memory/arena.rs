@@ -426,6 +426,15 @@ impl Drop for SlotLease {
             // Callers drop a lease only after its copies completed (module docs), so the
             // event needs no waiting; clear the flag so the next lease does not wait.
             slab.busy = false;
+            if crate::driver::sim::is_enabled() {
+                // On the simulated device, a recycled slot is poisoned: a copy still
+                // reading it, or a caller reading it before its copy, sees wrong bytes.
+                // SAFETY: the slab owns `len` bytes at `ptr`, and no copy touches them
+                // any more (the lease's copies completed, see above).
+                unsafe {
+                    std::ptr::write_bytes(slab.ptr.0, crate::driver::sim::POISON_RECYCLED, slab.len)
+                };
+            }
             self.arena.lock().free.push(slab);
             self.arena.returned.notify_one();
         }

@@ -105,3 +105,21 @@ pub fn fingerprint<B: pinlane::Batch>(b: &B) -> Vec<(DType, Vec<usize>, Vec<u8>)
         })
         .collect()
 }
+
+/// Switches this test binary to the simulated device (once; every test of a simulated
+/// binary calls it first), with a small staging arena so batches span many slots.
+pub fn sim() {
+    use pinlane::driver::sim::{enable, SimConfig};
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _ = pinlane::memory::PinnedArena::configure(pinlane::memory::ArenaConfig {
+            slot_bytes: 64 << 10,
+            max_bytes: 1 << 20,
+        });
+        enable(SimConfig {
+            max_delay: std::time::Duration::from_micros(40),
+            ..SimConfig::seeded(0x5EED)
+        })
+        .expect("enable the simulated device");
+    });
+}

@@ -1,0 +1,148 @@
+//! Bad input on the simulated device (2 devices), a test each: a clear typed error, no
+//! panic, nothing moved.
+
+mod common;
+
+use pinlane::{
+    transfer_tensor_d2h, transfer_tensor_h2d, D2hOptions, DType, Error, Event, Stream, Tensor,
+};
+
+/// LOCAL_RANK is process-wide: these tests take turns.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn on_device() -> Vec<Tensor> {
+    transfer_tensor_h2d(&vec![common::tensor(DType::F32, &[10], 1)]).unwrap()
+}
+
+#[test]
+fn local_rank_values() {
+    common::sim();
+    let _turn = serial();
+    let b = vec![Tensor::scalar(1u8)];
+    let on = on_device();
+    for bad in ["abc", "-1", "99", "2", ""] {
+        std::env::set_var("LOCAL_RANK", bad);
+        let expected = Error::InvalidLocalRank {
+            value: bad.into(),
+            device_count: 2,
+        };
+        assert_eq!(
+            transfer_tensor_h2d(&b).unwrap_err(),
+            expected,
+            "h2d LOCAL_RANK={bad:?}"
+        );
+        assert_eq!(
+            transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap_err(),
+            expected,
+            "d2h LOCAL_RANK={bad:?}"
+        );
+    }
+    std::env::set_var("LOCAL_RANK", "1");
+    let on1 = transfer_tensor_h2d(&b).unwrap();
+    assert_eq!(on1[0].location(), pinlane::Location::Cuda(1));
+    std::env::remove_var("LOCAL_RANK");
+    // cuda:1's tensors are on another device for a cuda:0 transfer: they pass through.
+    let r = transfer_tensor_d2h(&on1, &D2hOptions::default().device("cuda:0")).unwrap();
+    assert!(r[0].same_storage(&on1[0]));
+    assert_eq!(
+        transfer_tensor_d2h(&on1, &D2hOptions::default().device("cuda:1")).unwrap(),
+        b
+    );
+}
+
+#[test]
+fn device_strings() {
+    common::sim();
+    let _turn = serial();
+    let on = on_device();
+    for bad in ["cpu", "cuda:x", "gpu", "", "cuda:", "cuda:-1"] {
+        assert_eq!(
+            transfer_tensor_d2h(&on, &D2hOptions::default().device(bad)).unwrap_err(),
+            Error::InvalidDevice { value: bad.into() },
+            "{bad:?}"
+        );
+    }
+    assert_eq!(
+        transfer_tensor_d2h(&on, &D2hOptions::default().device("cuda:99")).unwrap_err(),
+        Error::DeviceUnavailable {
+            index: 99,
+            device_count: 2
+        }
+    );
+}
+
+#[test]
+fn streams_and_events_on_the_wrong_device() {
+    common::sim();
+    let _turn = serial();
+    let on = on_device();
+    let s1 = Stream::new(1).unwrap();
+    assert_eq!(
+        transfer_tensor_d2h(&on, &D2hOptions::default().stream(s1.clone())).unwrap_err(),
+        Error::StreamWithoutDevice
+    );
+    assert_eq!(
+        transfer_tensor_d2h(
+            &on,
+            &D2hOptions::default().device("cuda:0").stream(s1.clone())
+        )
+        .unwrap_err(),
+        Error::StreamDeviceMismatch {
+            stream_device: 1,
+            device: 0
+        }
+    );
+    let e1 = Event::new(1).unwrap();
+    assert_eq!(
+        transfer_tensor_d2h(
+            &on,
+            &D2hOptions::default().device("cuda:0").producer_event(e1)
+        )
+        .unwrap_err(),
+        Error::EventDeviceMismatch {
+            event_device: 1,
+            device: 0
+        }
+    );
+    let opts = pinlane::H2dOptions::default().consumer_stream(s1);
+    assert_eq!(
+        pinlane::transfer_tensor_h2d_with(&vec![Tensor::scalar(1u8)], &opts).unwrap_err(),
+        Error::StreamDeviceMismatch {
+            stream_device: 1,
+            device: 0
+        }
+    );
+    assert!(Stream::new(5).is_err(), "no cuda:5");
+}
+
+#[test]
+fn constructors_and_typed_access() {
+    common::sim();
+    assert_eq!(
+        Tensor::from_vec(vec![1.0f32; 5], [2, 3]).unwrap_err(),
+        Error::ShapeMismatch {
+            shape: vec![2, 3],
+            expected: 6,
+            got: 5
+        }
+    );
+    let t = Tensor::from_vec(vec![1i32, 2], [2]).unwrap();
+    assert_eq!(
+        t.to_vec::<f32>().unwrap_err(),
+        Error::DTypeMismatch {
+            op: "to_vec",
+            expected: DType::F32,
+            got: DType::I32
+        }
+    );
+    let _turn = serial();
+    let on = on_device();
+    assert!(matches!(
+        on[0].to_vec::<f32>(),
+        Err(Error::NotOnHost { .. })
+    ));
+}

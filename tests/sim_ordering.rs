@@ -1,0 +1,59 @@
+//! Stream ordering on the simulated device: a producer still running when d2h is called.
+//! With the producer's event the copy waits and sees the final values; without any wait
+//! the simulator's delays make the copy see the old ones, which shows these tests can
+//! catch a missing wait.
+
+mod common;
+
+use pinlane::{
+    set_current_stream, transfer_tensor_d2h, transfer_tensor_h2d, D2hOptions, DType, Event, Stream,
+};
+use std::time::Duration;
+
+fn setup(seed: u64) -> (pinlane::Tensor, pinlane::Tensor, pinlane::Tensor, Stream) {
+    let initial = common::tensor(DType::F32, &[4096], seed);
+    let fin = common::tensor(DType::F32, &[4096], seed + 1)
+        .to_pinned()
+        .unwrap();
+    let on = transfer_tensor_h2d(&initial).unwrap();
+    let producer = Stream::new(0).unwrap();
+    producer.delay_async(Duration::from_millis(50)).unwrap();
+    // SAFETY: `fin` and `on` live until the producer is synchronised at the end of each test.
+    unsafe { on.overwrite_async(&fin, &producer) }.unwrap();
+    (initial, fin, on, producer)
+}
+
+#[test]
+fn producer_event_orders_the_copy() {
+    common::sim();
+    let (_initial, fin, on, producer) = setup(10);
+    let done = Event::new(0).unwrap();
+    done.record(&producer).unwrap();
+    let back = transfer_tensor_d2h(&on, &D2hOptions::default().producer_event(done)).unwrap();
+    assert_eq!(back, fin);
+    producer.synchronize().unwrap();
+}
+
+#[test]
+fn current_stream_orders_the_copy() {
+    common::sim();
+    let (_initial, fin, on, producer) = setup(20);
+    let back = {
+        let _cur = set_current_stream(&producer);
+        transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap()
+    };
+    assert_eq!(back, fin);
+    producer.synchronize().unwrap();
+}
+
+#[test]
+fn without_a_wait_the_copy_sees_old_values() {
+    common::sim();
+    let (initial, fin, on, producer) = setup(30);
+    // The current stream is the legacy stream, which the producer is not: nothing orders
+    // the copy after the overwrite.
+    let back = transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap();
+    assert_eq!(back, initial, "the simulator exposes the missing wait");
+    assert_ne!(back, fin);
+    producer.synchronize().unwrap();
+}
