@@ -1,6 +1,7 @@
 //! `cargo run --release`: moves one mixed batch to the GPU and back, checks every byte,
 //! and prints what happened and how fast. Without a GPU it says so and shows the batch
-//! coming back unchanged.
+//! coming back unchanged. `cargo run --release -- --simulated` runs the same on pinlane's
+//! simulated device instead (no GPU used; its timings say nothing about a GPU).
 
 use pinlane::{
     driver, last_transfer_stats, transfer_tensor_d2h, transfer_tensor_h2d, Batch, D2hOptions,
@@ -42,6 +43,11 @@ fn median(mut v: Vec<Duration>) -> Duration {
 }
 
 fn main() -> pinlane::Result<()> {
+    let simulated = std::env::args().any(|a| a == "--simulated");
+    if simulated {
+        pinlane::driver::sim::enable(pinlane::driver::sim::SimConfig::seeded(1))?;
+        println!("SIMULATED device: no GPU is used; copies run on host threads with random delays");
+    }
     let batch = build()?;
     let bytes: usize = pinlane::batch::tensors(&batch)
         .iter()
@@ -67,12 +73,16 @@ fn main() -> pinlane::Result<()> {
         );
         return Ok(());
     };
-    println!(
-        "CUDA driver {}.{}, {} device(s)",
-        info.version / 1000,
-        info.version % 1000 / 10,
-        info.device_count
-    );
+    if simulated {
+        println!("{} simulated device(s)", info.device_count);
+    } else {
+        println!(
+            "CUDA driver {}.{}, {} device(s)",
+            info.version / 1000,
+            info.version % 1000 / 10,
+            info.device_count
+        );
+    }
 
     let mut h2d = Vec::new();
     let mut d2h = Vec::new();
@@ -112,6 +122,9 @@ fn main() -> pinlane::Result<()> {
         "pinned staging held: {} MiB",
         pinlane::memory::PinnedArena::global().held_bytes() >> 20
     );
+    if simulated {
+        println!("(simulated: these timings measure the simulator, not a GPU)");
+    }
     if !ok {
         eprintln!("round trip changed the batch");
         std::process::exit(1);

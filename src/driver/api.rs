@@ -14,6 +14,8 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 
 macro_rules! route {
     ($(fn $name:ident($($arg:ident: $ty:ty),*);)*) => {$(
+        // cuLaunchHostFunc is only called by test helpers (feature `test-util`).
+        #[cfg_attr(not(feature = "test-util"), allow(dead_code))]
         #[inline]
         pub(crate) unsafe fn $name($($arg: $ty),*) -> CUresult {
             match sim::active() {

@@ -215,6 +215,8 @@ enum Op {
     Free(u64),
     Signal(Arc<SimEvent>, u64),
     Wait(Arc<SimEvent>, u64),
+    /// Host functions are queued only by test helpers (feature `test-util`).
+    #[cfg_attr(not(feature = "test-util"), allow(dead_code))]
     Host(unsafe extern "C" fn(*mut c_void), Handle<*mut c_void>),
     Gather {
         pieces: u64,
@@ -577,6 +579,7 @@ impl Sim {
         Self::submit(&st, Op::Wait(ev, g))
     }
 
+    #[cfg_attr(not(feature = "test-util"), allow(dead_code))]
     pub(crate) unsafe fn cuLaunchHostFunc(
         &'static self,
         s: sys::CUstream,
