@@ -441,14 +441,17 @@ mod tests {
 
     fn run_copy(src: &[u8], dst: &mut [u8], cuts: &[usize]) {
         // Tasks: consecutive ranges of src into the same ranges of dst.
+        // One pointer per slice, offsets added to it: a fresh `&mut dst[at..]` per task
+        // would invalidate the pointers taken before it (Miri's Stacked Borrows).
+        let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
         let mut tasks = Vec::new();
         let mut at = 0;
         for &c in cuts.iter().chain(std::iter::once(&src.len())) {
             let c = c.min(src.len());
             if c > at {
                 tasks.push(CopyTask {
-                    src: src[at..].as_ptr(),
-                    dst: dst[at..].as_mut_ptr(),
+                    src: s.wrapping_add(at),
+                    dst: d.wrapping_add(at),
                     len: c - at,
                 });
                 at = c;
@@ -479,13 +482,14 @@ mod tests {
         let n = tasks_n * 300;
         let src: Vec<u8> = (0..n).map(|i| (i % 251) as u8).collect();
         let mut dst = vec![0u8; n + 64];
+        let (s_ptr, d_ptr) = (src.as_ptr(), dst.as_mut_ptr());
         let mut tasks = Vec::new();
         let mut at = 0;
         for k in 0..tasks_n {
             let len = 1 + k % 300;
             tasks.push(CopyTask {
-                src: src[at..].as_ptr(),
-                dst: dst[at + 3..].as_mut_ptr(),
+                src: s_ptr.wrapping_add(at),
+                dst: d_ptr.wrapping_add(at + 3),
                 len,
             });
             at += len;
