@@ -56,6 +56,12 @@ pub use error::{Error, Result};
 pub use layout::Shape;
 pub use tensor::{Location, Tensor};
 
+/// The value of environment variable `name` parsed as a `T`, if set and valid: how every
+/// `PINLANE_*` tuning knob is read (docs/performance.md lists them).
+pub(crate) fn env_knob<T: std::str::FromStr>(name: &str) -> Option<T> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
 /// `#[derive(Batch)]`: see [`Batch`]. Fields are visited in declaration order;
 /// `#[batch(skip)]` passes a field through unchanged (cloned).
 #[cfg(feature = "derive")]

@@ -6,8 +6,7 @@ mod common;
 
 use pinlane::memory::{ArenaConfig, PinnedArena};
 use pinlane::{
-    transfer_tensor_d2h, transfer_tensor_h2d, Batch, D2hOptions, HostOutput, Location, Tensor,
-    Value,
+    transfer_tensor_d2h, transfer_tensor_h2d, D2hOptions, HostOutput, Location, Tensor, Value,
 };
 use proptest::prelude::*;
 
@@ -17,19 +16,6 @@ fn small_arena() {
         slot_bytes: 4096,
         max_bytes: 3 * 4096,
     });
-}
-
-/// Makes every `pin_every`-th host tensor page-locked.
-fn pin_some(v: &Value, pin_every: usize) -> Value {
-    let mut k = 0;
-    v.rebuild(&mut |t| {
-        k += 1;
-        if pin_every > 0 && k % pin_every == 0 {
-            t.to_pinned().expect("pinned copy")
-        } else {
-            t.clone()
-        }
-    })
 }
 
 fn big_value() -> impl Strategy<Value = Value> {
@@ -55,7 +41,7 @@ proptest! {
     fn round_trip_preserves_structure_and_bytes(v in big_value(), pin_every in 0usize..4, pageable in any::<bool>()) {
         if !common::gpu() { return Ok(()); }
         small_arena();
-        let src = pin_some(&v, pin_every);
+        let src = common::mix(&v, pin_every, 0);
         let on_gpu = transfer_tensor_h2d(&src).unwrap();
         for t in pinlane::batch::tensors(&on_gpu) {
             prop_assert_eq!(t.location(), Location::Cuda(0));

@@ -10,21 +10,6 @@ use pinlane::{
 };
 use proptest::prelude::*;
 
-/// Makes some leaves page-locked and some already on the device, by position.
-fn mix(v: &Value, pin_every: usize, dev_every: usize) -> Value {
-    let mut k = 0;
-    v.rebuild(&mut |t| {
-        k += 1;
-        if dev_every > 0 && k % dev_every == 0 {
-            transfer_tensor_h2d(t).unwrap()
-        } else if pin_every > 0 && k % pin_every == 0 {
-            t.to_pinned().unwrap()
-        } else {
-            t.clone()
-        }
-    })
-}
-
 /// A batch with a few tensors larger than the whole arena (1 MiB) beside the random tree.
 fn with_big(v: Value, big: Vec<(DType, usize, u64)>) -> Value {
     let mut items = vec![v];
@@ -46,7 +31,7 @@ proptest! {
         pageable in any::<bool>(),
     ) {
         common::sim();
-        let src = mix(&v, pin_every, dev_every);
+        let src = common::mix(&v, pin_every, dev_every);
         let on = transfer_tensor_h2d(&src).unwrap();
         for t in pinlane::batch::tensors(&on) {
             prop_assert_eq!(t.location(), Location::Cuda(0));

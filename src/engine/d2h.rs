@@ -87,7 +87,7 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
     // Small tensors go first in the output layout, so that when they are gathered on the
     // device (one kernel) they form one contiguous range that one copy moves.
     let mut picked = picked;
-    let small = |i: &usize| (1..=GATHER_MAX_BYTES).contains(&all[*i].nbytes());
+    let small = |i: &usize| is_small(all[*i].nbytes());
     let n_small = picked.iter().filter(|i| small(i)).count();
     // Small tensors into page-locked outputs: one cuMemcpyBatchAsync instead of the
     // gather kernel when PINLANE_D2H_SMALL=batch (an experiment; docs/performance.md).
@@ -100,9 +100,10 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
         && small_mode() == SmallMode::Gather
         && memory::gather_available(device)
     {
-        picked.sort_by_key(|i| !small(i)); // stable: visit order kept within each group
-                                           // The descriptors go through one staging slot: gather as many as fit (24 bytes
-                                           // each); any further small tensors are copied one by one.
+        // Stable: visit order is kept within each group.
+        picked.sort_by_key(|i| !small(i));
+        // The descriptors go through one staging slot: gather as many as fit (24 bytes
+        // each); any further small tensors are copied one by one.
         n_small.min(PinnedArena::global().config().slot_bytes / GATHER_DESC_BYTES)
     } else {
         0
@@ -205,6 +206,11 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
 
 /// Tensors up to this size are gathered on the device when there are enough of them.
 const GATHER_MAX_BYTES: usize = 1 << 20;
+
+/// Whether a tensor of `nbytes` counts as small (gathered, or batched).
+fn is_small(nbytes: usize) -> bool {
+    (1..=GATHER_MAX_BYTES).contains(&nbytes)
+}
 /// Bytes of one gather descriptor (`GatherPiece`).
 const GATHER_DESC_BYTES: usize = 24;
 /// Fewest small tensors worth a kernel launch and a descriptor upload.
@@ -245,8 +251,8 @@ fn submit_batch(
     stats: &mut TransferStats,
 ) -> Result<()> {
     let stream = job.stream().clone();
-    let is_small = |k: &usize| (1..=GATHER_MAX_BYTES).contains(&views[*k].nbytes());
-    let (small, rest): (Vec<usize>, Vec<usize>) = (0..views.len()).partition(is_small);
+    let (small, rest): (Vec<usize>, Vec<usize>) =
+        (0..views.len()).partition(|&k| is_small(views[k].nbytes()));
     let sv: Vec<&DeviceView> = small.iter().map(|&k| views[k]).collect();
     let so: Vec<usize> = small.iter().map(|&k| offsets[k]).collect();
     // SAFETY: as in submit_direct: the block is new to this call and held by `job`; the

@@ -21,13 +21,13 @@ use crate::error::{Error, Result};
 use crate::memory::{
     DeviceAlloc, DeviceView, InFlight, PinnedArena, PinnedBuf, Stores, DEVICE_ALIGN,
 };
-
-/// Staged regions up to this size are filled with streaming stores.
-const SMALL_BATCH: usize = 32 << 20;
 use crate::tensor::{Storage, Tensor};
 use crate::H2dOptions;
 use std::collections::VecDeque;
 use std::sync::Arc;
+
+/// Staged regions up to this size are filled with streaming stores.
+const SMALL_BATCH: usize = 32 << 20;
 
 /// What a host tensor's bytes are copied from.
 enum Source<'a> {

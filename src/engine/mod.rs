@@ -141,9 +141,7 @@ pub fn last_transfer_stats() -> Option<TransferStats> {
 fn pipeline_slots() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| {
-        std::env::var("PINLANE_PIPELINE_SLOTS")
-            .ok()
-            .and_then(|v| v.parse().ok())
+        crate::env_knob("PINLANE_PIPELINE_SLOTS")
             .unwrap_or(PIPELINE_SLOTS)
             .max(1)
     })
@@ -165,7 +163,9 @@ fn lease_slots(ctx: &ContextGuard, job: &mut InFlight, n_windows: usize) -> Resu
             None => break,
         }
     }
-    Ok(job.leases.len())
+    // A waiting lease always returns a slot, so this holds; callers divide by it.
+    debug_assert!(!job.leases.is_empty());
+    Ok(job.leases.len().max(1))
 }
 
 /// Rebuilds `batch` (which has `n` tensors) with the tensors at the given visit indices

@@ -14,7 +14,7 @@
 //! takes if free, and otherwise it cycles the slots it has.
 
 use super::copier::{Stores, Ticket};
-use super::{CopyPool, CopyTask, DeviceAlloc, DeviceView, HostRegion};
+use super::{check_range, CopyPool, CopyTask, DeviceAlloc, DeviceView, HostRegion};
 use crate::driver::{self, ContextGuard, Event, Handle, Stream};
 use crate::error::{Error, Result};
 use std::sync::{Condvar, Mutex, OnceLock};
@@ -35,15 +35,11 @@ impl Default for ArenaConfig {
     /// 8 MiB slots, 128 MiB in all; `PINLANE_SLOT_BYTES` and `PINLANE_ARENA_BYTES`
     /// override them.
     fn default() -> Self {
-        let env = |k: &str, d: usize| {
-            std::env::var(k)
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(d)
-        };
         ArenaConfig {
-            slot_bytes: env("PINLANE_SLOT_BYTES", 8 << 20).max(4096),
-            max_bytes: env("PINLANE_ARENA_BYTES", 128 << 20),
+            slot_bytes: crate::env_knob("PINLANE_SLOT_BYTES")
+                .unwrap_or(8 << 20)
+                .max(4096),
+            max_bytes: crate::env_knob("PINLANE_ARENA_BYTES").unwrap_or(128 << 20),
         }
     }
 }
@@ -266,9 +262,9 @@ impl SlotLease {
         let mut end = 0;
         let mut tasks = Vec::with_capacity(pieces.len());
         for &(at, src) in pieces {
-            if at < end || at.checked_add(src.len()).is_none_or(|e| e > len) {
-                return Err(out_of_range("slot fill", at, src.len(), len));
-            }
+            // Sorted and disjoint: a piece starting inside the previous one is refused too.
+            check_range("slot fill", at, src.len(), len)?;
+            check_range("slot fill order", end, 0, at)?;
             end = at + src.len();
             tasks.push(CopyTask {
                 src: src.as_ptr(),
@@ -303,12 +299,9 @@ impl SlotLease {
         let mut end = 0;
         let mut tasks = Vec::with_capacity(pieces.len());
         for &(from, to, n) in pieces {
-            if from.checked_add(n).is_none_or(|e| e > slot_len) {
-                return Err(out_of_range("slot drain", from, n, slot_len));
-            }
-            if to < end || to.checked_add(n).is_none_or(|e| e > dst_len) {
-                return Err(out_of_range("region", to, n, dst_len));
-            }
+            check_range("slot drain", from, n, slot_len)?;
+            check_range("region", to, n, dst_len)?;
+            check_range("region order", end, 0, to)?;
             end = to + n;
             tasks.push(CopyTask {
                 src: src.wrapping_add(from),
@@ -337,9 +330,8 @@ impl SlotLease {
         at: usize,
         stream: &Stream,
     ) -> Result<()> {
-        if len > self.len() || at.checked_add(len).is_none_or(|e| e > dst.nbytes()) {
-            return Err(out_of_range("h2d window", at, len, dst.nbytes()));
-        }
+        check_range("h2d window slot", 0, len, self.len())?;
+        check_range("h2d window", at, len, dst.nbytes())?;
         self.settle(); // the host copies into the slot must be done before the DMA reads it
         let src = self.slab().ptr.0;
         // Busy before queueing: if the call fails after this, the slot is waited for.
@@ -370,12 +362,8 @@ impl SlotLease {
             (s.ptr.0, s.len)
         };
         for (at, view, from, n) in parts {
-            if at.checked_add(n).is_none_or(|end| end > len) {
-                return Err(out_of_range("d2h window slot", at, n, len));
-            }
-            if from.checked_add(n).is_none_or(|end| end > view.nbytes()) {
-                return Err(out_of_range("d2h window source", from, n, view.nbytes()));
-            }
+            check_range("d2h window slot", at, n, len)?;
+            check_range("d2h window source", from, n, view.nbytes())?;
             let Some(src) = view.addr(from) else {
                 continue; // an empty view: nothing to copy (n is 0, checked above)
             };
@@ -409,13 +397,6 @@ impl SlotLease {
 fn drain_stores() -> Stores {
     static S: OnceLock<Stores> = OnceLock::new();
     *S.get_or_init(|| Stores::Streaming.or_env("PINLANE_DRAIN_STORES"))
-}
-
-fn out_of_range(what: &str, at: usize, n: usize, len: usize) -> Error {
-    Error::InvalidOption {
-        name: "copy range",
-        reason: format!("{what}: {at}+{n} exceeds {len} bytes"),
-    }
 }
 
 impl Drop for SlotLease {

@@ -37,12 +37,7 @@ pub const PARALLEL_MIN: usize = 256 << 10;
 /// [`PARALLEL_MIN`], or `PINLANE_PARALLEL_MIN` (bytes) where set: a tuning knob.
 fn parallel_min() -> usize {
     static MIN: OnceLock<usize> = OnceLock::new();
-    *MIN.get_or_init(|| {
-        std::env::var("PINLANE_PARALLEL_MIN")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(PARALLEL_MIN)
-    })
+    *MIN.get_or_init(|| crate::env_knob("PINLANE_PARALLEL_MIN").unwrap_or(PARALLEL_MIN))
 }
 
 /// Smallest piece a job is cut into.
@@ -53,11 +48,7 @@ const PIECE_MIN: usize = 64 << 10;
 fn spin() -> std::time::Duration {
     static SPIN: OnceLock<std::time::Duration> = OnceLock::new();
     *SPIN.get_or_init(|| {
-        let us = std::env::var("PINLANE_SPIN_US")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(50);
-        std::time::Duration::from_micros(us)
+        std::time::Duration::from_micros(crate::env_knob("PINLANE_SPIN_US").unwrap_or(50))
     })
 }
 
@@ -424,10 +415,7 @@ unsafe fn copy_nt_x86(src: *const u8, dst: *mut u8, len: usize) {
 }
 
 fn default_threads() -> usize {
-    if let Some(n) = std::env::var("PINLANE_COPY_THREADS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-    {
+    if let Some(n) = crate::env_knob::<usize>("PINLANE_COPY_THREADS") {
         return n.max(1);
     }
     // Three quarters of the cores, at most 12: on the 16-core GPU machine 12 threads

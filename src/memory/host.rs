@@ -150,10 +150,7 @@ impl HostPool {
     pub fn global() -> &'static HostPool {
         static POOL: OnceLock<HostPool> = OnceLock::new();
         POOL.get_or_init(|| HostPool {
-            max_bytes: std::env::var("PINLANE_HOST_POOL_BYTES")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(2 << 30),
+            max_bytes: crate::env_knob("PINLANE_HOST_POOL_BYTES").unwrap_or(2 << 30),
             free: Mutex::new(Vec::new()),
         })
     }

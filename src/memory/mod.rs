@@ -74,3 +74,15 @@ pub(crate) use pinned::{PinnedBlock, PinnedBuf};
 /// Device offsets of a batch are aligned to this many bytes (cudaMalloc's own alignment),
 /// so every tensor of a coalesced batch starts where a kernel would expect it.
 pub const DEVICE_ALIGN: usize = 256;
+
+/// `Ok` if `at..at + n` lies within `len` bytes (no overflow); else an error naming `what`.
+/// Every copy the memory layer queues checks its ranges with this first.
+pub(crate) fn check_range(what: &str, at: usize, n: usize, len: usize) -> crate::Result<()> {
+    if at.checked_add(n).is_some_and(|end| end <= len) {
+        return Ok(());
+    }
+    Err(crate::Error::InvalidOption {
+        name: "copy range",
+        reason: format!("{what}: {at}+{n} exceeds {len} bytes"),
+    })
+}

@@ -1,9 +1,9 @@
 //! Page-locked host memory that tensors own: [`PinnedBuf`] (a view into a
 //! [`PinnedBlock`]), and the bounded [`PinnedOutputPool`] that D2H outputs come from.
 
-use super::{DeviceAlloc, DeviceView};
+use super::{check_range, DeviceAlloc, DeviceView};
 use crate::driver::{self, ContextGuard, Handle, Stream};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// The device whose context pinned tensor memory is allocated and freed under (portable
@@ -47,9 +47,7 @@ impl PinnedBlock {
         stream: &Stream,
     ) -> Result<()> {
         let n = src.nbytes();
-        if at.checked_add(n).is_none_or(|e| e > self.len) {
-            return Err(range_error("pinned output", at, n, self.len));
-        }
+        check_range("pinned output", at, n, self.len)?;
         let Some(from) = src.addr(0) else {
             return Ok(());
         };
@@ -77,9 +75,7 @@ impl PinnedBlock {
         let mut sizes = Vec::with_capacity(views.len());
         for (v, &at) in views.iter().zip(offsets) {
             let n = v.nbytes();
-            if at.checked_add(n).is_none_or(|e| e > self.len) {
-                return Err(range_error("pinned output", at, n, self.len));
-            }
+            check_range("pinned output", at, n, self.len)?;
             let Some(src) = v.addr(0) else { continue };
             // With unified addressing a page-locked host address is a valid copy target.
             dsts.push(self.ptr.0.wrapping_add(at) as DevicePtrInt);
@@ -96,13 +92,6 @@ impl PinnedBlock {
 
 /// A device address as an integer (`CUdeviceptr`).
 type DevicePtrInt = u64;
-
-fn range_error(what: &str, at: usize, n: usize, len: usize) -> Error {
-    Error::InvalidOption {
-        name: "copy range",
-        reason: format!("{what}: {at}+{n} exceeds {len} bytes"),
-    }
-}
 
 impl Drop for PinnedBlock {
     fn drop(&mut self) {
@@ -216,9 +205,7 @@ impl PinnedBuf {
         at: usize,
         stream: &Stream,
     ) -> Result<()> {
-        if at.checked_add(self.nbytes).is_none_or(|e| e > dst.nbytes()) {
-            return Err(range_error("pinned source", at, self.nbytes, dst.nbytes()));
-        }
+        check_range("pinned source", at, self.nbytes, dst.nbytes())?;
         if self.nbytes == 0 {
             return Ok(());
         }
@@ -261,10 +248,7 @@ impl PinnedOutputPool {
     pub fn global() -> &'static PinnedOutputPool {
         static POOL: OnceLock<PinnedOutputPool> = OnceLock::new();
         POOL.get_or_init(|| PinnedOutputPool {
-            max_bytes: std::env::var("PINLANE_PINNED_OUTPUT_BYTES")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(2 << 30),
+            max_bytes: crate::env_knob("PINLANE_PINNED_OUTPUT_BYTES").unwrap_or(2 << 30),
             state: Mutex::new(PoolState {
                 free: Vec::new(),
                 held: 0,

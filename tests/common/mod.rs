@@ -92,6 +92,22 @@ pub fn value() -> impl Strategy<Value = Value> {
     })
 }
 
+/// The same batch with every `pin_every`-th tensor made page-locked and every
+/// `dev_every`-th one put on the device first (0: none), by position.
+pub fn mix<B: pinlane::Batch>(b: &B, pin_every: usize, dev_every: usize) -> B {
+    let mut k = 0;
+    b.rebuild(&mut |t| {
+        k += 1;
+        if dev_every > 0 && k % dev_every == 0 {
+            pinlane::transfer_tensor_h2d(t).expect("to the device")
+        } else if pin_every > 0 && k % pin_every == 0 {
+            t.to_pinned().expect("pinned copy")
+        } else {
+            t.clone()
+        }
+    })
+}
+
 /// `dtype, dims, bytes` of every tensor, in visit order: what a round trip must keep.
 pub fn fingerprint<B: pinlane::Batch>(b: &B) -> Vec<(DType, Vec<usize>, Vec<u8>)> {
     pinlane::batch::tensors(b)
