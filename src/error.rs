@@ -55,6 +55,13 @@ pub enum Error {
         location: Location,
     },
 
+    /// A device-only operation was asked of a tensor that lives elsewhere.
+    #[error("{op}: tensor is on {location}, but this needs a CUDA device tensor")]
+    NotOnDevice {
+        op: &'static str,
+        location: Location,
+    },
+
     /// `LOCAL_RANK` is set but is not a device index this machine has.
     #[error("LOCAL_RANK={value:?} is not a device index below the device count {device_count}")]
     InvalidLocalRank { value: String, device_count: usize },
@@ -74,6 +81,29 @@ pub enum Error {
     /// A custom stream that belongs to another device than the one requested.
     #[error("the stream is on cuda:{stream_device}, but cuda:{device} was requested")]
     StreamDeviceMismatch { stream_device: usize, device: usize },
+
+    /// A raw stream handed to pinlane that belongs to another context than the primary
+    /// context of the device it was given with.
+    #[error("the raw stream does not belong to cuda:{device}'s primary context")]
+    ForeignStream { device: usize },
+
+    /// An event used on a stream of another device (events and streams must share a
+    /// device).
+    #[error("{op}: the event is on cuda:{event_device}, the stream on cuda:{stream_device}")]
+    EventStreamMismatch {
+        op: &'static str,
+        event_device: usize,
+        stream_device: usize,
+    },
+
+    /// Memory handed to pinlane by another owner (a host owner, a device pointer, a
+    /// DLPack tensor) that pinlane cannot use as a tensor, and why.
+    #[error("external memory: {reason}")]
+    External { reason: String },
+
+    /// A DLPack tensor pinlane cannot import, or a tensor it cannot export, and why.
+    #[error("DLPack: {reason}")]
+    DLPack { reason: String },
 
     /// An operation needs the CUDA driver, and none is usable on this machine.
     #[error("{op}: no usable CUDA driver or device ({reason})")]

@@ -32,10 +32,16 @@
 //! The rules (stream ordering, buffer lifetimes, failure handling) are in
 //! `docs/semantics.md`; the design in `docs/architecture.md`.
 
+/// The DLPack crate pinlane's [`Tensor::to_dlpack`] and [`Tensor::from_dlpack`] speak,
+/// re-exported so that users name the same version.
+pub use dlpark;
+
 // The derive emits `::pinlane::...` paths; this makes them resolve inside the crate too.
 extern crate self as pinlane;
 
 pub mod batch;
+mod device;
+mod dlpack;
 pub mod driver;
 mod dtype;
 mod engine;
@@ -45,7 +51,8 @@ pub mod memory;
 mod tensor;
 
 pub use batch::{Batch, Leaf, Value};
-pub use driver::{Event, Stream};
+pub use device::{Device, DeviceSpec};
+pub use driver::{Event, RawEvent, RawStream, Stream};
 pub use dtype::{DType, Element};
 pub use engine::{
     cached_batches, current_stream, last_transfer_stats, set_current_stream, trace_next_call,
@@ -54,6 +61,7 @@ pub use engine::{
 };
 pub use error::{Error, Result};
 pub use layout::Shape;
+pub use memory::DevicePtrGuard;
 pub use tensor::{Location, Tensor};
 
 /// The value of environment variable `name` parsed as a `T`, if set and valid: how every

@@ -2,10 +2,12 @@
 //! with a dtype and a shape, in pageable host memory, page-locked host memory, or on a
 //! CUDA device.
 
+use crate::device::Device;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::layout::Shape;
-use crate::memory::{DeviceView, HostBuf, PinnedBuf};
+use crate::memory::{DeviceAlloc, DevicePtrGuard, DeviceView, HostBuf, PinnedBuf};
+use crate::Stream;
 use std::fmt;
 
 /// Where a tensor's bytes live.
@@ -59,6 +61,17 @@ pub struct Tensor {
     shape: Shape,
     nbytes: usize,
     storage: Storage,
+}
+
+/// The byte size of `shape` of `dtype`, checked against `len` bytes.
+fn check_bytes(shape: &Shape, dtype: DType, len: usize) -> Result<usize> {
+    if !len.is_multiple_of(dtype.size()) {
+        return Err(Error::InvalidBytes {
+            dtype,
+            reason: format!("{len} bytes is not a whole number of elements"),
+        });
+    }
+    check_len(shape, dtype, len / dtype.size())
 }
 
 fn check_len(shape: &Shape, dtype: DType, len: usize) -> Result<usize> {
@@ -129,13 +142,7 @@ impl Tensor {
     /// ```
     pub fn from_bytes(dtype: DType, shape: impl Into<Shape>, bytes: &[u8]) -> Result<Tensor> {
         let shape = shape.into();
-        if bytes.len() % dtype.size() != 0 {
-            return Err(Error::InvalidBytes {
-                dtype,
-                reason: format!("{} bytes is not a whole number of elements", bytes.len()),
-            });
-        }
-        let nbytes = check_len(&shape, dtype, bytes.len() / dtype.size())?;
+        let nbytes = check_bytes(&shape, dtype, bytes.len())?;
         if dtype == DType::Bool && bytes.iter().any(|&b| b > 1) {
             return Err(Error::InvalidBytes {
                 dtype,
@@ -150,11 +157,144 @@ impl Tensor {
         ))
     }
 
+    /// A host tensor over bytes that another owner keeps alive, without a copy: a `Vec`,
+    /// `bytes::Bytes`, a memory map, anything `AsRef<[u8]> + Send + Sync + 'static` (as
+    /// `bytes::Bytes::from_owner` takes). The owner is dropped, exactly once, when the
+    /// last tensor over it (and the last transfer reading it) is done with it.
+    ///
+    /// `owner.as_ref()` is called once, here; like `bytes`, pinlane relies on the owner
+    /// not changing those bytes while it lives.
+    ///
+    /// # Errors
+    /// [`Error::ShapeMismatch`] / [`Error::InvalidBytes`] when the byte count does not fit
+    /// the dtype and shape, or a bool byte is not 0 or 1; [`Error::External`] when the
+    /// bytes are not aligned to the dtype's size.
+    ///
+    /// ```
+    /// use pinlane::{DType, Tensor};
+    /// # fn main() -> pinlane::Result<()> {
+    /// let words: Vec<u32> = vec![1, 2, 3, 4]; // e.g. a buffer a decoder filled
+    /// let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
+    /// let t = Tensor::from_owner(bytes, DType::U32, [2, 2])?;
+    /// assert_eq!(t.to_vec::<u32>()?, words);
+    /// # Ok(()) }
+    /// ```
+    pub fn from_owner<O>(owner: O, dtype: DType, shape: impl Into<Shape>) -> Result<Tensor>
+    where
+        O: AsRef<[u8]> + Send + Sync + 'static,
+    {
+        let shape = shape.into();
+        let buf = HostBuf::from_owner(owner);
+        let bytes = buf.bytes();
+        let nbytes = check_bytes(&shape, dtype, bytes.len())?;
+        if !(bytes.as_ptr() as usize).is_multiple_of(dtype.size()) && nbytes > 0 {
+            return Err(Error::External {
+                reason: format!(
+                    "host bytes at {:p} are not aligned to {dtype}'s {} bytes",
+                    bytes.as_ptr(),
+                    dtype.size()
+                ),
+            });
+        }
+        if dtype == DType::Bool && bytes.iter().any(|&b| b > 1) {
+            return Err(Error::InvalidBytes {
+                dtype,
+                reason: "a bool byte other than 0 or 1".into(),
+            });
+        }
+        Ok(Tensor::from_parts(dtype, shape, nbytes, Storage::Host(buf)))
+    }
+
+    /// A device tensor over device memory that another library allocated (a model's
+    /// output, a cudarc `CudaSlice`, a PyTorch tensor's storage), without a copy.
+    /// `owner` keeps the memory allocated; pinlane drops it, exactly once, when the last
+    /// tensor over it is gone and every transfer and lent pointer use of it has finished
+    /// (see [`Tensor::device_ptr`]). [`transfer_tensor_d2h`](crate::transfer_tensor_d2h)
+    /// copies such tensors like its own; order the work that produces the bytes as for
+    /// any tensor (the current stream, or a producer event).
+    ///
+    /// # Safety
+    /// 1. `ptr..ptr + nbytes` (`nbytes` from `dtype` and `shape`) is device memory of
+    ///    `device`, usable from its primary context (`cuMemAlloc*` there, `cudaMalloc`,
+    ///    PyTorch's and cudarc's allocators all qualify).
+    /// 2. It stays allocated until `owner` is dropped.
+    /// 3. Nothing writes it while the tensor lives, except work ordered before each
+    ///    transfer that reads it (the caller's current stream, or a producer event).
+    ///
+    /// # Errors
+    /// [`Error::NoCuda`], [`Error::DeviceUnavailable`]; [`Error::ShapeOverflow`];
+    /// [`Error::External`] for a null or misaligned pointer. On error `owner` is
+    /// dropped.
+    ///
+    /// ```no_run
+    /// # fn main() -> pinlane::Result<()> {
+    /// # let (ptr, owner) = (0u64, ());
+    /// use pinlane::{DType, Device, Tensor};
+    /// // `ptr`: 1024 f32 of cuda:0 memory that `owner` keeps allocated.
+    /// // SAFETY: as the contract above says.
+    /// let t = unsafe { Tensor::from_device_ptr(ptr, Device::cuda(0), DType::F32, [1024], owner) }?;
+    /// # Ok(()) }
+    /// ```
+    pub unsafe fn from_device_ptr<O: Send + Sync + 'static>(
+        ptr: u64,
+        device: Device,
+        dtype: DType,
+        shape: impl Into<Shape>,
+        owner: O,
+    ) -> Result<Tensor> {
+        crate::driver::require("Tensor::from_device_ptr")?;
+        crate::driver::check_device(device.ordinal())?;
+        let shape = shape.into();
+        let nbytes = shape.try_nbytes(dtype)?;
+        let view = if nbytes == 0 {
+            drop(owner);
+            DeviceView::empty(device.ordinal())
+        } else {
+            if ptr == 0 || !ptr.is_multiple_of(dtype.size() as u64) {
+                return Err(Error::External {
+                    reason: format!(
+                        "device pointer {ptr:#x} is null or not aligned to {dtype}'s {} bytes",
+                        dtype.size()
+                    ),
+                });
+            }
+            // SAFETY: obligations 1 and 2 are the caller's, passed on unchanged.
+            let alloc =
+                unsafe { DeviceAlloc::foreign(ptr, nbytes, device.ordinal(), Box::new(owner)) };
+            DeviceView::new(&alloc, 0, nbytes)
+        };
+        Ok(Tensor::from_parts(
+            dtype,
+            shape,
+            nbytes,
+            Storage::Device(view),
+        ))
+    }
+
     /// A copy of this host tensor in page-locked memory, which H2D copies read directly
-    /// (no staging). Needs a CUDA driver.
+    /// (no staging), allocated under the context of `cuda:{LOCAL_RANK}` (see
+    /// [`Tensor::to_pinned_on`]). Needs a CUDA driver.
+    ///
+    /// # Errors
+    /// [`Error::NotOnHost`] for a device tensor; [`Error::NoCuda`];
+    /// [`Error::InvalidLocalRank`]; the driver's error.
     pub fn to_pinned(&self) -> Result<Tensor> {
+        self.host_bytes("to_pinned")?;
+        self.to_pinned_on(Device::from_local_rank()?)
+    }
+
+    /// A copy of this host tensor in page-locked memory allocated under `device`'s
+    /// context (usable from every context: portable), so a process that works only with
+    /// `device` creates no context on another one.
+    ///
+    /// # Errors
+    /// [`Error::NotOnHost`] for a device tensor; [`Error::NoCuda`];
+    /// [`Error::DeviceUnavailable`]; the driver's error.
+    pub fn to_pinned_on(&self, device: Device) -> Result<Tensor> {
         let bytes = self.host_bytes("to_pinned")?;
-        let buf = PinnedBuf::copy_of(bytes)?;
+        crate::driver::require("to_pinned")?;
+        crate::driver::check_device(device.ordinal())?;
+        let buf = PinnedBuf::copy_of(bytes, device.ordinal())?;
         Ok(Tensor::from_parts(
             self.dtype(),
             self.shape().clone(),
@@ -205,6 +345,32 @@ impl Tensor {
     /// Whether the bytes are on a CUDA device.
     pub fn is_cuda(&self) -> bool {
         matches!(self.location(), Location::Cuda(_))
+    }
+
+    /// The CUDA device the bytes are on, `None` for host tensors.
+    pub fn device(&self) -> Option<Device> {
+        match &self.storage {
+            Storage::Device(v) => Some(Device::cuda(v.device())),
+            _ => None,
+        }
+    }
+
+    /// Lends this device tensor's address for work queued on `stream`; the guard also
+    /// gives its device and byte length (with [`Tensor::dtype`] and [`Tensor::dims`],
+    /// all a kernel needs). Queue every use on `stream` while the guard lives: when it
+    /// drops, the use is recorded, and the memory is not freed or reused before that work
+    /// has run. The rule in full is on [`DevicePtrGuard`] and in docs/semantics.md.
+    ///
+    /// # Errors
+    /// [`Error::NotOnDevice`] for a host tensor.
+    pub fn device_ptr(&self, stream: &Stream) -> Result<DevicePtrGuard> {
+        match &self.storage {
+            Storage::Device(v) => Ok(v.lend(stream)),
+            _ => Err(Error::NotOnDevice {
+                op: "device_ptr",
+                location: self.location(),
+            }),
+        }
     }
 
     pub(crate) fn storage(&self) -> &Storage {
@@ -286,7 +452,7 @@ impl Tensor {
                 ),
             });
         };
-        if self.nbytes() != src.nbytes() || dst.device() != stream.device() {
+        if self.nbytes() != src.nbytes() || dst.device() != stream.device().ordinal() {
             return Err(Error::InvalidOption {
                 name: "overwrite_async",
                 reason: "sizes or devices differ".into(),
@@ -294,6 +460,125 @@ impl Tensor {
         }
         // SAFETY: obligations 1 and 2 are the caller's, passed on unchanged.
         unsafe { dst.overwrite_from_pinned_async(buf, stream) }
+    }
+
+    /// Queues, on `stream`, a copy of this device tensor's bytes over the page-locked
+    /// `dst`: a reader of the device memory that runs in `stream`'s order, for tests of
+    /// when device memory is freed. Feature `test-util` only.
+    ///
+    /// # Safety
+    /// 1. `dst` stays alive, and nothing reads it, until the copy has finished.
+    /// 2. This tensor's memory stays allocated until then (or a test expects poison).
+    #[cfg(feature = "test-util")]
+    pub unsafe fn read_into_async(&self, dst: &Tensor, stream: &Stream) -> Result<()> {
+        let (Storage::Device(src), Storage::Pinned(buf)) = (&self.storage, &dst.storage) else {
+            return Err(Error::InvalidOption {
+                name: "read_into_async",
+                reason: "needs a device source and a pinned destination".into(),
+            });
+        };
+        if self.nbytes() != dst.nbytes() {
+            return Err(Error::InvalidOption {
+                name: "read_into_async",
+                reason: "sizes differ".into(),
+            });
+        }
+        // SAFETY: obligations 1 and 2 are the caller's, passed on unchanged.
+        unsafe { buf.d2h_async(src, stream) }
+    }
+
+    /// This tensor as a versioned DLPack tensor (`DLManagedTensorVersioned`, flagged
+    /// read-only), without a copy: `kDLCPU` for host tensors, `kDLCUDAHost` for
+    /// page-locked ones, `kDLCUDA` for device ones. The capsule holds a clone of the
+    /// tensor (so its memory stays alive) until the consumer calls the deleter. A device
+    /// tensor's memory is then freed in order on its consumer stream; a consumer that works
+    /// on another stream takes [`Tensor::to_dlpack_on`] instead. Pass it on with
+    /// `into_raw()`.
+    ///
+    /// # Errors
+    /// [`Error::DLPack`] for a dimension that does not fit `i64`.
+    ///
+    /// ```
+    /// use pinlane::Tensor;
+    /// # fn main() -> pinlane::Result<()> {
+    /// let t = Tensor::from_vec(vec![1.5f32, 2.5, 3.5], [3])?;
+    /// let capsule = t.to_dlpack()?;
+    /// let back = Tensor::from_dlpack(capsule)?; // zero-copy, deleter run once on drop
+    /// assert_eq!(back, t);
+    /// # Ok(()) }
+    /// ```
+    pub fn to_dlpack(&self) -> Result<dlpark::versioned::Dlpack> {
+        crate::dlpack::export(self, None)
+    }
+
+    /// [`Tensor::to_dlpack`] for a consumer that reads the device tensor on `stream`:
+    /// when the consumer calls the deleter (after queueing its work), the use is recorded
+    /// on `stream` as by [`Tensor::device_ptr`], so the memory is not freed before that
+    /// work has run.
+    ///
+    /// # Errors
+    /// [`Error::NotOnDevice`] for a host tensor; [`Error::DLPack`].
+    pub fn to_dlpack_on(&self, stream: &Stream) -> Result<dlpark::versioned::Dlpack> {
+        crate::dlpack::export(self, Some(stream))
+    }
+
+    /// A tensor over a versioned DLPack tensor's memory, without a copy (`kDLCPU`,
+    /// `kDLCUDAHost` and `kDLCUDA`; contiguous, every dtype pinlane has). The producer's
+    /// deleter runs exactly once: when the last tensor over the memory is gone, or right
+    /// away if the import fails. A `kDLCUDA` tensor is [external device
+    /// memory](Tensor::from_device_ptr): order the work that produces it before a transfer
+    /// reads it, as for any device tensor.
+    ///
+    /// # Errors
+    /// [`Error::DLPack`] for an unsupported device type or dtype, non-contiguous strides,
+    /// a null or misaligned data pointer; [`Error::NoCuda`] / [`Error::DeviceUnavailable`]
+    /// for a CUDA tensor on a device this process cannot use.
+    pub fn from_dlpack(dl: dlpark::versioned::Dlpack) -> Result<Tensor> {
+        crate::dlpack::import(dl)
+    }
+
+    /// [`Tensor::from_dlpack`] for the legacy, unversioned `DLManagedTensor`.
+    ///
+    /// # Errors
+    /// As [`Tensor::from_dlpack`].
+    pub fn from_dlpack_legacy(dl: dlpark::legacy::Dlpack) -> Result<Tensor> {
+        crate::dlpack::import(dl)
+    }
+
+    /// [`Tensor::from_dlpack`] from a raw pointer, as C code or another library hands it
+    /// over. pinlane takes ownership: the deleter runs exactly once, also on error.
+    ///
+    /// # Safety
+    /// `ptr` is null (an error) or a valid `DLManagedTensorVersioned` whose ownership the
+    /// caller gives up: its descriptor is readable and unchanged until its deleter runs,
+    /// and the deleter may be called once, from any thread.
+    ///
+    /// # Errors
+    /// As [`Tensor::from_dlpack`]; also a null pointer, and a major version other than 1.
+    pub unsafe fn from_dlpack_raw(
+        ptr: *mut dlpark::ffi::DLManagedTensorVersioned,
+    ) -> Result<Tensor> {
+        // SAFETY: the caller's contract is dlpark's `from_raw` contract.
+        let dl =
+            unsafe { dlpark::versioned::Dlpack::from_raw(ptr) }.map_err(|e| Error::DLPack {
+                reason: e.to_string(),
+            })?;
+        crate::dlpack::import(dl)
+    }
+
+    /// [`Tensor::from_dlpack_raw`] for the legacy `DLManagedTensor`.
+    ///
+    /// # Safety
+    /// As [`Tensor::from_dlpack_raw`], for a `DLManagedTensor`.
+    ///
+    /// # Errors
+    /// As [`Tensor::from_dlpack_raw`].
+    pub unsafe fn from_dlpack_legacy_raw(ptr: *mut dlpark::ffi::DLManagedTensor) -> Result<Tensor> {
+        // SAFETY: the caller's contract is dlpark's `from_raw` contract.
+        let dl = unsafe { dlpark::legacy::Dlpack::from_raw(ptr) }.map_err(|e| Error::DLPack {
+            reason: e.to_string(),
+        })?;
+        crate::dlpack::import(dl)
     }
 
     /// Whether two handles share the same storage (clones of one tensor, or the same

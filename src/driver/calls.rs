@@ -11,6 +11,22 @@ use cudarc::driver::sys;
 /// A device address.
 pub(crate) type DevicePtr = sys::CUdeviceptr;
 
+/// The context a stream belongs to (`cuStreamGetCtx`).
+///
+/// # Safety
+/// `stream` is a live stream handle (not a sentinel such as `CU_STREAM_LEGACY`).
+pub(crate) unsafe fn stream_context(
+    _ctx: &ContextGuard,
+    stream: sys::CUstream,
+) -> Result<sys::CUcontext> {
+    let mut owner: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: out-pointer to a live local; the handle is live (the caller's obligation).
+    check("cuStreamGetCtx", unsafe {
+        super::api::cuStreamGetCtx(stream, &mut owner)
+    })?;
+    Ok(owner)
+}
+
 /// Allocates `nbytes` (> 0) of page-locked, portable host memory.
 pub(crate) fn host_alloc(_ctx: &ContextGuard, nbytes: usize) -> Result<*mut u8> {
     let mut p: *mut std::ffi::c_void = std::ptr::null_mut();

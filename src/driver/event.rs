@@ -1,11 +1,16 @@
 //! [`Event`]: an owned CUDA event (timing disabled), the unit of "this copy is done".
 
 use super::{bind, check, Handle, Stream};
-use crate::error::Result;
+use crate::device::Device;
+use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use std::sync::Arc;
 
-/// A CUDA event on one device. Cheap to clone; destroyed when the last clone drops.
+/// A raw CUDA event handle (`CUevent`), as the driver API and other libraries give it.
+pub type RawEvent = sys::CUevent;
+
+/// A CUDA event on one device. Cheap to clone; destroyed when the last clone drops if
+/// pinlane made it ([`Event::new`]), never if it was borrowed ([`Event::from_raw`]).
 ///
 /// Record it on a stream after producing work, then pass it to
 /// [`D2hOptions::producer_event`](crate::D2hOptions::producer_event) so a copy waits for
@@ -13,8 +18,8 @@ use std::sync::Arc;
 ///
 /// ```no_run
 /// # fn main() -> pinlane::Result<()> {
-/// let producer = pinlane::Stream::new(0)?;
-/// let done = pinlane::Event::new(0)?;
+/// let producer = pinlane::Stream::new(pinlane::Device::cuda(0))?;
+/// let done = pinlane::Event::new(pinlane::Device::cuda(0))?;
 /// done.record(&producer)?;
 /// done.synchronize()?;
 /// # Ok(()) }
@@ -27,12 +32,17 @@ pub struct Event {
 struct EventInner {
     raw: Handle<sys::CUevent>,
     device: usize,
+    owned: bool,
 }
 
 impl Event {
-    /// Creates an event on `device`.
-    pub fn new(device: usize) -> Result<Event> {
+    /// Creates an event on `device` (timing disabled).
+    ///
+    /// # Errors
+    /// [`Error::NoCuda`], [`Error::DeviceUnavailable`], or the driver's error.
+    pub fn new(device: Device) -> Result<Event> {
         super::require("Event::new")?;
+        let device = device.ordinal();
         let _ctx = bind(device)?;
         let mut raw: sys::CUevent = std::ptr::null_mut();
         let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
@@ -42,17 +52,74 @@ impl Event {
             inner: Arc::new(EventInner {
                 raw: Handle(raw),
                 device,
+                owned: true,
             }),
         })
     }
 
-    /// The device index this event belongs to.
-    pub fn device(&self) -> usize {
+    /// An event that another library made (cudarc, PyTorch's `torch.cuda.Event`), for use
+    /// as [`D2hOptions::producer_event`](crate::D2hOptions::producer_event). pinlane never
+    /// destroys it.
+    ///
+    /// # Safety
+    /// 1. `raw` is an event created in `device`'s primary context.
+    /// 2. It stays alive until the returned `Event` and every clone of it are dropped.
+    ///
+    /// # Errors
+    /// [`Error::NoCuda`], [`Error::DeviceUnavailable`], or [`Error::InvalidOption`] for a
+    /// null handle.
+    pub unsafe fn from_raw(raw: RawEvent, device: Device) -> Result<Event> {
+        super::require("Event::from_raw")?;
+        super::check_device(device.ordinal())?;
+        if raw.is_null() {
+            return Err(Error::InvalidOption {
+                name: "Event::from_raw",
+                reason: "null event handle".into(),
+            });
+        }
+        Ok(Event {
+            inner: Arc::new(EventInner {
+                raw: Handle(raw),
+                device: device.ordinal(),
+                owned: false,
+            }),
+        })
+    }
+
+    /// The raw handle, for other libraries (valid while any clone of this `Event` lives).
+    pub fn as_raw(&self) -> RawEvent {
+        self.inner.raw.0
+    }
+
+    /// The device this event belongs to.
+    pub fn device(&self) -> Device {
+        Device::cuda(self.inner.device)
+    }
+
+    /// The device's ordinal.
+    pub(crate) fn index(&self) -> usize {
         self.inner.device
     }
 
+    /// Errors unless `stream` is on this event's device.
+    fn same_device(&self, op: &'static str, stream: &Stream) -> Result<()> {
+        if stream.index() == self.inner.device {
+            return Ok(());
+        }
+        Err(Error::EventStreamMismatch {
+            op,
+            event_device: self.inner.device,
+            stream_device: stream.index(),
+        })
+    }
+
     /// Records the event at the current end of `stream`'s queue.
+    ///
+    /// # Errors
+    /// [`Error::EventStreamMismatch`] for a stream of another device, or the driver's
+    /// error.
     pub fn record(&self, stream: &Stream) -> Result<()> {
+        self.same_device("Event::record", stream)?;
         super::fault_point(super::FaultKindTag::EventRecord, "cuEventRecord")?;
         let _ctx = bind(self.inner.device)?;
         // SAFETY: both handles are alive (held by self and `stream`); context current.
@@ -87,9 +154,13 @@ impl Event {
         check("cuEventQuery", res).map(|()| true)
     }
 
-    /// Makes `stream` wait (on the device, without blocking the host) for this event.
+    /// Makes `stream` wait (on the device, without blocking the host) for this event. The
+    /// stream may be on another device (the driver orders across devices).
+    ///
+    /// # Errors
+    /// The driver's error.
     pub fn wait_on(&self, stream: &Stream) -> Result<()> {
-        let _ctx = bind(stream.device())?;
+        let _ctx = bind(stream.index())?;
         // SAFETY: both handles are alive; flags 0 is the only defined value.
         unsafe {
             check(
@@ -114,6 +185,9 @@ impl std::fmt::Debug for Event {
 
 impl Drop for EventInner {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         let res = bind(self.device).and_then(|_ctx| {
             // SAFETY: we created this event and this is its last owner.
             unsafe { check("cuEventDestroy", super::api::cuEventDestroy_v2(self.raw.0)) }

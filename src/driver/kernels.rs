@@ -53,9 +53,12 @@ pub(crate) fn gather_kernel(device: usize) -> Option<GatherKernel> {
 }
 
 /// Why the gather kernel of `device` is unavailable, if it was tried and failed.
-pub fn gather_unavailable_reason(device: usize) -> Option<String> {
+pub fn gather_unavailable_reason(device: crate::Device) -> Option<String> {
     let slots = GATHER.get()?;
-    let slot = slots.get(device)?.lock().unwrap_or_else(|p| p.into_inner());
+    let slot = slots
+        .get(device.ordinal())?
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
     slot.as_ref().and_then(|r| r.as_ref().err().cloned())
 }
 

@@ -36,10 +36,10 @@ mod stream;
 pub(crate) use batch_copy::{available as batch_copy_available, memcpy_batch_d2h_async};
 pub(crate) use calls::*;
 pub(crate) use context::{bind, ContextGuard};
-pub use event::Event;
+pub use event::{Event, RawEvent};
 pub(crate) use kernels::{gather_kernel, launch_gather, GatherPiece};
 pub use kernels::{gather_unavailable_reason, GATHER_PTX};
-pub use stream::Stream;
+pub use stream::{RawStream, Stream};
 
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
@@ -69,6 +69,7 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuStreamCreate",
     "cuStreamDestroy_v2",
     "cuStreamSynchronize",
+    "cuStreamGetCtx",
     "cuStreamWaitEvent",
     "cuLaunchHostFunc",
     "cuEventCreate",
@@ -165,12 +166,12 @@ fn probe() -> &'static std::result::Result<DriverInfo, String> {
 /// Free and total memory of `device`, in bytes (`cuMemGetInfo`).
 ///
 /// ```no_run
-/// let (free, total) = pinlane::driver::device_memory_info(0).unwrap();
+/// let (free, total) = pinlane::driver::device_memory_info(pinlane::Device::cuda(0)).unwrap();
 /// assert!(free <= total);
 /// ```
-pub fn device_memory_info(device: usize) -> Result<(usize, usize)> {
+pub fn device_memory_info(device: crate::Device) -> Result<(usize, usize)> {
     require("device_memory_info")?;
-    let _ctx = bind(device)?;
+    let _ctx = bind(device.ordinal())?;
     let (mut free, mut total) = (0usize, 0usize);
     // SAFETY: out-pointers to live locals; the device's context is current.
     unsafe { check("cuMemGetInfo", api::cuMemGetInfo_v2(&mut free, &mut total)) }?;

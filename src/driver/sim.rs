@@ -241,6 +241,7 @@ struct StreamState {
 pub(crate) struct SimStream {
     tx: Mutex<mpsc::Sender<Op>>,
     state: Arc<StreamState>,
+    device: usize,
 }
 
 /// A simulated event: recorded generations and the last one a stream passed.
@@ -256,6 +257,39 @@ pub(crate) struct Sim {
     /// Counts streams, to seed each one's delays differently.
     streams: AtomicU64,
     legacy: Vec<OnceLock<Arc<SimStream>>>,
+    /// What each device has seen, for [`activity`].
+    seen: Mutex<Activity>,
+}
+
+/// What the simulated devices have seen so far in this process ([`activity`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Activity {
+    /// Per device: whether its primary context was retained or made current.
+    pub context_used: Vec<bool>,
+    /// Per device: page-locked host allocations made while its context was current.
+    pub host_allocs: Vec<usize>,
+    /// Per device: device allocations made on it.
+    pub device_allocs: Vec<usize>,
+    /// Streams created with `cuStreamCreate`.
+    pub streams_created: usize,
+    /// Handles (as addresses) passed to `cuStreamDestroy` and `cuEventDestroy`, with how
+    /// often each was.
+    pub destroyed: std::collections::HashMap<usize, usize>,
+}
+
+impl Activity {
+    /// How often `handle` was destroyed (a stream or an event, by address).
+    pub fn times_destroyed(&self, handle: usize) -> usize {
+        self.destroyed.get(&handle).copied().unwrap_or(0)
+    }
+}
+
+/// What the simulated devices have seen so far (`None` when the simulator is not
+/// enabled): which contexts were used, where memory was allocated, streams made and
+/// destroyed. For tests that prove pinlane touches only the devices it was asked to use
+/// and never destroys a stream it did not make.
+pub fn activity() -> Option<Activity> {
+    active().map(|s| lock(&s.seen).clone())
 }
 
 thread_local! {
@@ -288,6 +322,12 @@ impl Sim {
             }),
             streams: AtomicU64::new(0),
             legacy: (0..devices).map(|_| OnceLock::new()).collect(),
+            seen: Mutex::new(Activity {
+                context_used: vec![false; devices],
+                host_allocs: vec![0; devices],
+                device_allocs: vec![0; devices],
+                ..Activity::default()
+            }),
             cfg: SimConfig { devices, ..cfg },
         }
     }
@@ -332,10 +372,10 @@ impl Sim {
                     st.changed.notify_all();
                 }
             });
-        let _ = device; // streams of every simulated device behave alike
         Arc::new(SimStream {
             tx: Mutex::new(tx),
             state,
+            device,
         })
     }
 
@@ -489,6 +529,9 @@ impl Sim {
         ctx: *mut sys::CUcontext,
         d: sys::CUdevice,
     ) -> CUresult {
+        if let Some(u) = lock(&self.seen).context_used.get_mut(d as usize) {
+            *u = true;
+        }
         // SAFETY: out-pointer per the driver contract.
         unsafe { *ctx = ctx_handle(d as usize) };
         OK
@@ -503,6 +546,9 @@ impl Sim {
 
     pub(crate) unsafe fn cuCtxPushCurrent_v2(&self, ctx: sys::CUcontext) -> CUresult {
         let d = (ctx as usize / 0x1000).saturating_sub(1);
+        if let Some(u) = lock(&self.seen).context_used.get_mut(d) {
+            *u = true;
+        }
         let _ = CTX.try_with(|c| c.borrow_mut().push(d));
         OK
     }
@@ -538,6 +584,7 @@ impl Sim {
         _flags: c_uint,
     ) -> CUresult {
         let st = self.new_stream(self.current_device());
+        lock(&self.seen).streams_created += 1;
         // SAFETY: out-pointer per the driver contract; the handle owns one reference,
         // released by cuStreamDestroy.
         unsafe { *s = Arc::into_raw(st) as sys::CUstream };
@@ -551,6 +598,19 @@ impl Sim {
         // SAFETY: the handle's reference from cuStreamCreate, released once (contract).
         // Queued work still runs: the worker ends when its queue closes.
         drop(unsafe { Arc::from_raw(s as *const SimStream) });
+        *lock(&self.seen).destroyed.entry(s as usize).or_default() += 1;
+        OK
+    }
+
+    pub(crate) unsafe fn cuStreamGetCtx(
+        &'static self,
+        s: sys::CUstream,
+        ctx: *mut sys::CUcontext,
+    ) -> CUresult {
+        // SAFETY: the handle is valid (contract).
+        let st = unsafe { self.stream(s) };
+        // SAFETY: out-pointer per the driver contract.
+        unsafe { *ctx = ctx_handle(st.device) };
         OK
     }
 
@@ -607,6 +667,7 @@ impl Sim {
     pub(crate) unsafe fn cuEventDestroy_v2(&self, e: sys::CUevent) -> CUresult {
         // SAFETY: the handle's reference from cuEventCreate, released once (contract).
         drop(unsafe { Arc::from_raw(e as *const SimEvent) });
+        *lock(&self.seen).destroyed.entry(e as usize).or_default() += 1;
         OK
     }
 
@@ -656,6 +717,13 @@ impl Sim {
         let Some(r) = Region::new(n, None, 0) else {
             return CUresult::CUDA_ERROR_OUT_OF_MEMORY;
         };
+        let current = CTX.try_with(|c| c.borrow().last().copied()).ok().flatten();
+        let Some(d) = current else {
+            return CUresult::CUDA_ERROR_INVALID_CONTEXT;
+        };
+        if let Some(n) = lock(&self.seen).host_allocs.get_mut(d) {
+            *n += 1;
+        }
         // SAFETY: out-pointer per the driver contract.
         unsafe { *p = r.ptr.0.cast() };
         lock(&self.mem).live.insert(r.addr(), r);
@@ -708,6 +776,9 @@ impl Sim {
             return CUresult::CUDA_ERROR_OUT_OF_MEMORY;
         };
         mem.used[d] += n;
+        if let Some(k) = lock(&self.seen).device_allocs.get_mut(d) {
+            *k += 1;
+        }
         // SAFETY: out-pointer per the driver contract.
         unsafe { *p = r.addr() };
         mem.live.insert(r.addr(), r);

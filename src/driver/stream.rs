@@ -1,10 +1,16 @@
 //! [`Stream`]: a CUDA stream of one device, owned (destroyed when the last clone drops)
-//! or the device's legacy default stream (never destroyed).
+//! or borrowed (the device's legacy default stream, or a stream another library made:
+//! never destroyed by pinlane).
 
 use super::{bind, check, Handle};
-use crate::error::Result;
+use crate::device::Device;
+use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use std::sync::Arc;
+
+/// A raw CUDA stream handle (`CUstream`), as the driver API and other libraries
+/// (cudarc's `CudaStream::cu_stream`, PyTorch's `torch.cuda.Stream.cuda_stream`) give it.
+pub type RawStream = sys::CUstream;
 
 /// A CUDA stream on one device. Cheap to clone (an `Arc` inside); the stream is destroyed
 /// when the last clone drops, after the work queued on it has finished (the driver defers
@@ -12,7 +18,7 @@ use std::sync::Arc;
 ///
 /// ```no_run
 /// # fn main() -> pinlane::Result<()> {
-/// let s = pinlane::Stream::new(0)?; // a non-blocking stream on cuda:0
+/// let s = pinlane::Stream::new(pinlane::Device::cuda(0))?; // a non-blocking stream
 /// s.synchronize()?;
 /// # Ok(()) }
 /// ```
@@ -30,8 +36,12 @@ struct StreamInner {
 impl Stream {
     /// Creates a non-blocking stream on `device` (no implicit synchronisation with the
     /// legacy default stream).
-    pub fn new(device: usize) -> Result<Stream> {
+    ///
+    /// # Errors
+    /// [`Error::NoCuda`], [`Error::DeviceUnavailable`], or the driver's error.
+    pub fn new(device: Device) -> Result<Stream> {
         super::require("Stream::new")?;
+        let device = device.ordinal();
         let _ctx = bind(device)?;
         let mut raw: sys::CUstream = std::ptr::null_mut();
         let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
@@ -54,8 +64,12 @@ impl Stream {
     /// The legacy default stream (`CU_STREAM_LEGACY`) of `device`'s primary context: the
     /// stream PyTorch and the CUDA runtime use unless told otherwise, and pinlane's default
     /// consumer stream.
-    pub fn legacy(device: usize) -> Result<Stream> {
+    ///
+    /// # Errors
+    /// [`Error::NoCuda`] or [`Error::DeviceUnavailable`].
+    pub fn legacy(device: Device) -> Result<Stream> {
         super::require("Stream::legacy")?;
+        let device = device.ordinal();
         super::check_device(device)?;
         Ok(Stream {
             inner: Arc::new(StreamInner {
@@ -66,14 +80,82 @@ impl Stream {
         })
     }
 
-    /// The device index this stream belongs to.
-    pub fn device(&self) -> usize {
+    /// A stream that another library made (cudarc, PyTorch, TensorRT, ...), for use as a
+    /// current, consumer or copy stream. pinlane never destroys it: its owner does, after
+    /// every `Stream` made from it (and everything pinlane queued on it) is done with it.
+    /// The null handle and `CU_STREAM_LEGACY` name the legacy default stream.
+    ///
+    /// ```no_run
+    /// # fn main() -> pinlane::Result<()> {
+    /// # let theirs: pinlane::Stream = pinlane::Stream::new(pinlane::Device::cuda(0))?;
+    /// // `raw` comes from another library, e.g. cudarc's `CudaStream::cu_stream()`.
+    /// let raw = theirs.as_raw();
+    /// // SAFETY: `raw` is a live stream of cuda:0's primary context and outlives `s`.
+    /// let s = unsafe { pinlane::Stream::from_raw(raw, pinlane::Device::cuda(0)) }?;
+    /// let _current = pinlane::set_current_stream(&s); // d2h now waits for its work
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Safety
+    /// 1. `raw` is a stream of `device`'s **primary context** (the context the CUDA runtime,
+    ///    PyTorch and cudarc use), or null / `CU_STREAM_LEGACY` / `CU_STREAM_PER_THREAD`.
+    /// 2. It stays alive (not destroyed) until the returned `Stream`, every clone of it,
+    ///    and every pinlane object that holds one (output tensors whose consumer stream it
+    ///    is, the cache ring) are dropped, and the work pinlane queued on it has run.
+    ///
+    /// # Errors
+    /// [`Error::NoCuda`], [`Error::DeviceUnavailable`]; [`Error::ForeignStream`] when
+    /// the driver reports that `raw` belongs to another context.
+    pub unsafe fn from_raw(raw: RawStream, device: Device) -> Result<Stream> {
+        super::require("Stream::from_raw")?;
+        let ordinal = device.ordinal();
+        let ctx = bind(ordinal)?;
+        let raw = if raw.is_null() { legacy_handle() } else { raw };
+        if !is_special(raw) {
+            // SAFETY: obligation 1: a live stream handle; the device's context is current.
+            let owner = unsafe { super::stream_context(&ctx, raw) }?;
+            if owner != super::context::handles(ordinal)?.ctx.0 {
+                return Err(Error::ForeignStream { device: ordinal });
+            }
+        }
+        Ok(Stream {
+            inner: Arc::new(StreamInner {
+                raw: Handle(raw),
+                device: ordinal,
+                owned: false,
+            }),
+        })
+    }
+
+    /// The raw handle, for other libraries (valid while any clone of this `Stream` lives,
+    /// for a stream pinlane created).
+    ///
+    /// ```no_run
+    /// let s = pinlane::Stream::new(pinlane::Device::cuda(0)).unwrap();
+    /// assert!(!s.as_raw().is_null());
+    /// ```
+    pub fn as_raw(&self) -> RawStream {
+        self.inner.raw.0
+    }
+
+    /// The device this stream belongs to.
+    pub fn device(&self) -> Device {
+        Device::cuda(self.inner.device)
+    }
+
+    /// The device's ordinal.
+    pub(crate) fn index(&self) -> usize {
         self.inner.device
     }
 
     /// Whether this is the legacy default stream.
     pub fn is_legacy(&self) -> bool {
-        !self.inner.owned
+        self.inner.raw.0 == legacy_handle()
+    }
+
+    /// Whether pinlane destroys this stream when the last clone drops (it made it).
+    pub fn is_owned(&self) -> bool {
+        self.inner.owned
     }
 
     /// Blocks until all work queued on the stream has finished.
@@ -134,6 +216,12 @@ impl std::fmt::Debug for Stream {
 fn legacy_handle() -> sys::CUstream {
     // CU_STREAM_LEGACY is the documented sentinel value 0x1.
     1usize as sys::CUstream
+}
+
+/// Whether `raw` is one of the driver's sentinel streams (legacy 0x1, per-thread 0x2),
+/// which belong to whichever context is current rather than to one context.
+fn is_special(raw: sys::CUstream) -> bool {
+    matches!(raw as usize, 1 | 2)
 }
 
 impl Drop for StreamInner {

@@ -16,7 +16,6 @@
 //!      copied into the region by the copy threads.
 //! 4. Synchronise the copy stream, rebuild the batch with the host tensors.
 
-use super::options::{self, DeviceRequest};
 use super::{plan, record_stats, thread_state, TransferStats};
 use crate::batch::{self, Batch};
 use crate::driver::{self, ContextGuard};
@@ -30,10 +29,8 @@ use crate::{D2hOptions, HostOutput};
 
 pub(crate) fn transfer<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
     // Checks that need no driver come first, so bad options are errors everywhere.
-    let req = match &opts.device {
-        Some(d) => options::parse_device(d)?,
-        None => DeviceRequest::LocalRank,
-    };
+    let spec = opts.device.clone().unwrap_or_default();
+    spec.check()?;
     if opts.stream.is_some() && opts.device.is_none() {
         return Err(Error::StreamWithoutDevice);
     }
@@ -44,19 +41,19 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
     let Some(info) = driver::available() else {
         return Ok(batch::replace_tensors(batch, Vec::new()));
     };
-    let device = options::resolve(req, info.device_count)?;
+    let device = spec.resolve(info.device_count)?.ordinal();
     if let Some(s) = &opts.stream {
-        if s.device() != device {
+        if s.index() != device {
             return Err(Error::StreamDeviceMismatch {
-                stream_device: s.device(),
+                stream_device: s.index(),
                 device,
             });
         }
     }
     if let Some(e) = &opts.producer_event {
-        if e.device() != device {
+        if e.index() != device {
             return Err(Error::EventDeviceMismatch {
-                event_device: e.device(),
+                event_device: e.index(),
                 device,
             });
         }
@@ -74,7 +71,7 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
         None => thread_state::d2h_stream(device)?,
     };
     let ctx = driver::bind(device)?;
-    let current = thread_state::current_stream(device)?;
+    let current = thread_state::current_stream(crate::Device::cuda(device))?;
     if !current.same_as(&stream) {
         let ready = thread_state::ready_event(device)?;
         ready.record(&current)?;
@@ -118,7 +115,7 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
     let sizes: Vec<usize> = views.iter().map(|v| v.nbytes()).collect();
     let (offsets, end) = plan::pack(sizes.iter().copied(), DEVICE_ALIGN)?;
     let block = match opts.output {
-        HostOutput::Pinned if end > 0 => PinnedOutputPool::global().take(end)?,
+        HostOutput::Pinned if end > 0 => PinnedOutputPool::global().take(end, device)?,
         HostOutput::Pinned => Some(PinnedBlock::empty()),
         HostOutput::Pageable => None,
     };

@@ -36,15 +36,16 @@ enum Source<'a> {
 }
 
 pub(crate) fn transfer<B: Batch>(batch: &B, opts: &H2dOptions) -> Result<B> {
+    opts.device.check()?; // a string that names no device is an error on every machine
     let Some(info) = driver::available() else {
         return Ok(batch::replace_tensors(batch, Vec::new()));
     };
     driver::deferred::surface()?;
-    let device = super::options::env_local_rank(info.device_count)?;
+    let device = opts.device.resolve(info.device_count)?.ordinal();
     if let Some(s) = &opts.consumer_stream {
-        if s.device() != device {
+        if s.index() != device {
             return Err(Error::StreamDeviceMismatch {
-                stream_device: s.device(),
+                stream_device: s.index(),
                 device,
             });
         }
@@ -69,7 +70,7 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &H2dOptions) -> Result<B> {
     let ctx = driver::bind(device)?;
     let consumer = match &opts.consumer_stream {
         Some(s) => s.clone(),
-        None => Stream::legacy(device)?,
+        None => Stream::legacy(crate::Device::cuda(device))?,
     };
     let order: Vec<usize> = staged.iter().chain(&direct).copied().collect();
     let sizes: Vec<usize> = order.iter().map(|&i| all[i].nbytes()).collect();

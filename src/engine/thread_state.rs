@@ -2,6 +2,7 @@
 //! per device, created on first use), its ring of recent H2D batches, and its "current
 //! stream" per device.
 
+use crate::device::Device;
 use crate::driver::{Event, Stream};
 use crate::error::{Error, Result};
 use crate::memory::DeviceAlloc;
@@ -42,7 +43,7 @@ pub(crate) fn h2d_stream(device: usize) -> Result<Stream> {
         if let Some(s) = states.iter().find(|s| s.device == device) {
             return Ok(s.stream.clone());
         }
-        let stream = Stream::new(device)?;
+        let stream = Stream::new(Device::cuda(device))?;
         states.push(H2dState {
             device,
             stream: stream.clone(),
@@ -96,9 +97,11 @@ pub(crate) fn cache_batch(device: usize, alloc: Arc<DeviceAlloc>, num_caches: us
 /// How many batches the calling thread's ring for `device` holds now.
 ///
 /// ```
-/// assert_eq!(pinlane::cached_batches(0), 0); // nothing transferred on this thread yet
+/// // Nothing transferred on this thread yet.
+/// assert_eq!(pinlane::cached_batches(pinlane::Device::cuda(0)), 0);
 /// ```
-pub fn cached_batches(device: usize) -> usize {
+pub fn cached_batches(device: Device) -> usize {
+    let device = device.ordinal();
     H2D.try_with(|cell| {
         cell.borrow()
             .iter()
@@ -113,7 +116,7 @@ pub fn cached_batches(device: usize) -> usize {
 pub(crate) fn d2h_stream(device: usize) -> Result<Stream> {
     with_d2h(device, |s| match &s.stream {
         Some(st) => Ok(st.clone()),
-        None => Ok(s.stream.insert(Stream::new(device)?).clone()),
+        None => Ok(s.stream.insert(Stream::new(Device::cuda(device))?).clone()),
     })
 }
 
@@ -122,7 +125,7 @@ pub(crate) fn d2h_stream(device: usize) -> Result<Stream> {
 pub(crate) fn ready_event(device: usize) -> Result<Event> {
     with_d2h(device, |s| match &s.ready {
         Some(e) => Ok(e.clone()),
-        None => Ok(s.ready.insert(Event::new(device)?).clone()),
+        None => Ok(s.ready.insert(Event::new(Device::cuda(device))?).clone()),
     })
 }
 
@@ -150,7 +153,11 @@ fn with_d2h<T>(device: usize, f: impl FnOnce(&mut D2hState) -> Result<T>) -> Res
 ///
 /// This is what "the caller's current stream" means in pinlane: D2H copies wait for the
 /// work queued on it before they start.
-pub fn current_stream(device: usize) -> Result<Stream> {
+///
+/// # Errors
+/// [`Error::NoCuda`] or [`Error::DeviceUnavailable`] when no stream was set and the
+/// legacy stream is asked for; [`Error::ThreadExiting`].
+pub fn current_stream(device: Device) -> Result<Stream> {
     let set = CURRENT
         .try_with(|c| {
             c.borrow()
@@ -171,7 +178,7 @@ pub fn current_stream(device: usize) -> Result<Stream> {
 ///
 /// ```no_run
 /// # fn main() -> pinlane::Result<()> {
-/// let producer = pinlane::Stream::new(0)?;
+/// let producer = pinlane::Stream::new(pinlane::Device::cuda(0))?;
 /// let _current = pinlane::set_current_stream(&producer);
 /// // ... queue work on `producer`; transfer_tensor_d2h on cuda:0 now waits for it.
 /// # Ok(()) }

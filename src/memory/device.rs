@@ -1,21 +1,42 @@
-//! [`DeviceAlloc`]: the device memory of one batch, and [`DeviceView`]: one tensor in it.
+//! [`DeviceAlloc`]: device memory of one batch (pinlane's) or of another owner (external),
+//! [`DeviceView`]: one tensor in it, and [`DevicePtrGuard`]: a lent pointer whose use on a
+//! stream the free waits for.
 
-use crate::driver::{self, ContextGuard, DevicePtr, Handle, Stream};
+use crate::device::Device;
+use crate::driver::{self, ContextGuard, DevicePtr, Event, Handle, Stream};
 use crate::error::Result;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
-/// One allocation from pinlane's stream-ordered pool of a device, holding every tensor of
-/// one H2D batch (each at a [`DEVICE_ALIGN`](super::DEVICE_ALIGN)-aligned offset).
+/// Device memory that tensors are views of: one allocation from pinlane's stream-ordered
+/// pool holding every tensor of one H2D batch (each at a
+/// [`DEVICE_ALIGN`](super::DEVICE_ALIGN)-aligned offset), or memory another library
+/// allocated, kept alive by its owner.
 ///
-/// Freed with `cuMemFreeAsync` on `free_on` (the consumer stream) when the last
-/// [`DeviceView`] and the last ring or in-flight reference drop. So a tensor kept by the
-/// caller keeps its whole batch's allocation alive: that is the cost of moving a batch
-/// with one allocation and one copy per staging window instead of one per tensor.
+/// Released when the last [`DeviceView`] and the last ring or in-flight reference drop:
+/// pinlane's memory with `cuMemFreeAsync` on `free_on` (the consumer stream), external
+/// memory by dropping its owner. Either way only after every recorded pointer use (a
+/// [`DevicePtrGuard`] on another stream) has run: pinlane's memory by making `free_on`
+/// wait for those uses' events (no host wait), external memory by waiting for them on the
+/// host before the owner drops (the owner's own release is not stream-ordered by pinlane).
 pub(crate) struct DeviceAlloc {
     ptr: Handle<DevicePtr>,
     nbytes: usize,
     device: usize,
-    free_on: Stream,
+    backing: Backing,
+    /// One event per stream that used this memory through a lent pointer, re-recorded at
+    /// each later use on that stream (stream order makes the newest cover the older ones).
+    uses: Mutex<Vec<(Handle<driver::RawStream>, Event)>>,
+    /// Set when a use could not be recorded nor waited for: the memory is then never
+    /// released (a leak, instead of a free that a kernel may still read).
+    leak: AtomicBool,
+}
+
+enum Backing {
+    /// pinlane's pool; freed in order on this stream.
+    Pool { free_on: Stream },
+    /// Another library's memory; released by dropping the owner.
+    Foreign(Option<Box<dyn Send + Sync>>),
 }
 
 impl DeviceAlloc {
@@ -33,8 +54,32 @@ impl DeviceAlloc {
             ptr: Handle(ptr),
             nbytes,
             device,
-            free_on,
+            backing: Backing::Pool { free_on },
+            uses: Mutex::new(Vec::new()),
+            leak: AtomicBool::new(false),
         }))
+    }
+
+    /// `nbytes` of another owner's device memory at `ptr`, on `device`.
+    ///
+    /// # Safety
+    /// `ptr..ptr+nbytes` is device memory of `device` (usable from its primary context)
+    /// that stays allocated until `owner` is dropped; dropping `owner` may happen on any
+    /// thread.
+    pub(crate) unsafe fn foreign(
+        ptr: DevicePtr,
+        nbytes: usize,
+        device: usize,
+        owner: Box<dyn Send + Sync>,
+    ) -> Arc<DeviceAlloc> {
+        Arc::new(DeviceAlloc {
+            ptr: Handle(ptr),
+            nbytes,
+            device,
+            backing: Backing::Foreign(Some(owner)),
+            uses: Mutex::new(Vec::new()),
+            leak: AtomicBool::new(false),
+        })
     }
 
     pub(crate) fn nbytes(&self) -> usize {
@@ -46,19 +91,71 @@ impl DeviceAlloc {
         debug_assert!(offset <= self.nbytes);
         self.ptr.0 + offset as DevicePtr
     }
+
+    /// Records that work queued on `stream` up to now may use this memory: its release
+    /// waits for that work. Nothing to record for pinlane's memory used on its own
+    /// consumer stream, which frees it in that stream's order anyway.
+    pub(crate) fn record_use(&self, stream: &Stream) -> Result<()> {
+        if let Backing::Pool { free_on } = &self.backing {
+            if free_on.same_as(stream) {
+                return Ok(());
+            }
+        }
+        let mut uses = self.uses.lock().unwrap_or_else(|p| p.into_inner());
+        let raw = Handle(stream.as_raw());
+        if let Some((_, ev)) = uses.iter().find(|(s, _)| *s == raw) {
+            return ev.record(stream);
+        }
+        let ev = Event::new(stream.device())?;
+        ev.record(stream)?;
+        uses.push((raw, ev));
+        Ok(())
+    }
+
+    /// Never release this memory (a use could not be proven complete).
+    fn leak(&self) {
+        self.leak.store(true, Ordering::Relaxed);
+    }
 }
 
 impl Drop for DeviceAlloc {
     fn drop(&mut self) {
-        let res = driver::bind(self.device).and_then(|ctx| {
-            // SAFETY: the pointer came from device_alloc_async and this is its last owner.
-            // Every pinlane copy into it was synchronised before the batch was returned
-            // (or the registry would still own us); work the consumer queued on `free_on`
-            // is ordered before this free by the stream itself.
-            unsafe { driver::device_free_async(&ctx, self.ptr.0, &self.free_on) }
-        });
-        if let Err(e) = res {
-            driver::deferred::record(e);
+        let uses = std::mem::take(self.uses.get_mut().unwrap_or_else(|p| p.into_inner()));
+        if *self.leak.get_mut() {
+            if let Backing::Foreign(owner) = &mut self.backing {
+                std::mem::forget(owner.take());
+            }
+            return;
+        }
+        match &mut self.backing {
+            Backing::Pool { free_on } => {
+                let res = driver::bind(self.device).and_then(|ctx| {
+                    for (_, ev) in &uses {
+                        ev.wait_on(free_on)?;
+                    }
+                    // SAFETY: the pointer came from device_alloc_async and this is its last
+                    // owner. Every pinlane copy into it was synchronised before the batch
+                    // was returned (or the registry would still own us); work queued on
+                    // `free_on` is ordered before this free by the stream itself, and every
+                    // lent-pointer use on another stream by the waits just queued (a failed
+                    // wait returns before the free).
+                    unsafe { driver::device_free_async(&ctx, self.ptr.0, free_on) }
+                });
+                if let Err(e) = res {
+                    driver::deferred::record(e);
+                }
+            }
+            Backing::Foreign(owner) => {
+                for (_, ev) in &uses {
+                    if let Err(e) = ev.synchronize() {
+                        // The use cannot be proven complete: keep the memory forever.
+                        driver::deferred::record(e);
+                        std::mem::forget(owner.take());
+                        return;
+                    }
+                }
+                drop(owner.take()); // pinlane's copies finished before any view could drop
+            }
         }
     }
 }
@@ -108,6 +205,15 @@ impl DeviceView {
         self.alloc.as_ref().map(|a| a.addr(self.offset + at))
     }
 
+    /// Lends the view's address for work on `stream` (see [`DevicePtrGuard`]).
+    pub(crate) fn lend(&self, stream: &Stream) -> DevicePtrGuard {
+        DevicePtrGuard {
+            view: self.clone(),
+            stream: stream.clone(),
+            recorded: false,
+        }
+    }
+
     /// Queues a copy of `src` over this view's bytes on `stream` (tests only).
     ///
     /// # Safety
@@ -136,5 +242,107 @@ impl DeviceView {
             _ => false,
         };
         same_alloc && self.offset == other.offset && self.nbytes == other.nbytes
+    }
+}
+
+/// A device tensor's address lent for work on one stream, from
+/// [`Tensor::device_ptr`](crate::Tensor::device_ptr).
+///
+/// **The rule:** queue every use of the pointer on the guard's stream while the guard
+/// lives. When it drops (or [`DevicePtrGuard::finish`] is called), an event is recorded
+/// on that stream, and the tensor's memory is released only after that event: pinlane's
+/// memory by a wait queued on its consumer stream before the stream-ordered free (the
+/// host does not block), external memory by a host wait before its owner drops. While
+/// the guard lives it also keeps the memory alive, so a guard that is leaked
+/// (`mem::forget`) leaks the memory rather than freeing it under a kernel.
+///
+/// Use on the tensor's consumer stream needs no event (the free is queued there, after
+/// the use), and records none.
+///
+/// pinlane tensors are immutable: the pointer is for reading. Writing through it changes
+/// the bytes under every clone of the tensor and under a cache-ring entry.
+///
+/// ```no_run
+/// # fn main() -> pinlane::Result<()> {
+/// use pinlane::{transfer_tensor_h2d, Device, Stream, Tensor};
+/// let on_gpu = transfer_tensor_h2d(&Tensor::from_vec(vec![1.0f32; 1024], [1024])?)?;
+/// let compute = Stream::new(Device::cuda(0))?;
+/// let guard = on_gpu.device_ptr(&compute)?;
+/// let (ptr, nbytes) = (guard.ptr(), guard.nbytes());
+/// // ... launch a kernel reading `ptr..ptr + nbytes` on `compute` ...
+/// guard.finish()?; // or drop it: the free now waits for that kernel
+/// drop(on_gpu);
+/// # let _ = (ptr, nbytes);
+/// # Ok(()) }
+/// ```
+#[must_use = "queue the work that uses the pointer while the guard lives"]
+pub struct DevicePtrGuard {
+    view: DeviceView,
+    stream: Stream,
+    recorded: bool,
+}
+
+impl DevicePtrGuard {
+    /// The device address of the tensor's first byte (0 for a tensor of no bytes).
+    pub fn ptr(&self) -> u64 {
+        self.view.addr(0).unwrap_or(0)
+    }
+
+    /// Bytes at [`DevicePtrGuard::ptr`].
+    pub fn nbytes(&self) -> usize {
+        self.view.nbytes
+    }
+
+    /// The device the memory is on.
+    pub fn device(&self) -> Device {
+        Device::cuda(self.view.device)
+    }
+
+    /// The stream the pointer is lent for.
+    pub fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
+    /// Records the use now (as dropping the guard does) and returns the driver's error,
+    /// if any, instead of deferring it.
+    ///
+    /// # Errors
+    /// The driver's error from creating or recording the event. The memory is then kept
+    /// until the stream is synchronised; if that fails too, it is never released.
+    pub fn finish(mut self) -> Result<()> {
+        self.record()
+    }
+
+    fn record(&mut self) -> Result<()> {
+        if std::mem::replace(&mut self.recorded, true) {
+            return Ok(());
+        }
+        let Some(alloc) = &self.view.alloc else {
+            return Ok(()); // no bytes, nothing to protect
+        };
+        alloc.record_use(&self.stream).inspect_err(|_| {
+            // Fall back to waiting on the host; if even that fails, never release.
+            if self.stream.synchronize().is_err() {
+                alloc.leak();
+            }
+        })
+    }
+}
+
+impl Drop for DevicePtrGuard {
+    fn drop(&mut self) {
+        if let Err(e) = self.record() {
+            driver::deferred::record(e);
+        }
+    }
+}
+
+impl std::fmt::Debug for DevicePtrGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DevicePtrGuard")
+            .field("ptr", &format_args!("{:#x}", self.ptr()))
+            .field("nbytes", &self.nbytes())
+            .field("device", &self.device())
+            .finish()
     }
 }

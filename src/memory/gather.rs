@@ -43,7 +43,8 @@ pub(crate) unsafe fn gather_async(
     let Some(kernel) = driver::gather_kernel(device) else {
         return Err(crate::Error::NoCuda {
             op: "gather",
-            reason: driver::gather_unavailable_reason(device).unwrap_or_default(),
+            reason: driver::gather_unavailable_reason(crate::Device::cuda(device))
+                .unwrap_or_default(),
         });
     };
     let desc_bytes = views.len() * std::mem::size_of::<GatherPiece>();

@@ -14,6 +14,32 @@ impl<T: bytemuck::Pod + Send + Sync> HostBytes for Vec<T> {
     }
 }
 
+/// Bytes that another owner keeps alive (a `Vec`, `bytes::Bytes`, a memory map, a DLPack
+/// producer's deleter): `len` bytes at `ptr`, valid and unchanged until `_owner` drops.
+struct Foreign {
+    /// Dropped (exactly once) with the last view.
+    _owner: Box<dyn Send + Sync>,
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: `ptr` only points into memory that `_owner` keeps alive and that is only ever
+// read; sending or sharing a `Foreign` sends or shares the owner, which is Send + Sync.
+unsafe impl Send for Foreign {}
+// SAFETY: as above: `&Foreign` gives only shared reads of immutable bytes.
+unsafe impl Sync for Foreign {}
+
+impl HostBytes for Foreign {
+    fn all_bytes(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: `ptr..ptr+len` is valid, unchanged memory while `_owner` lives (the
+        // constructors' contract), and `_owner` lives as long as `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
 /// Pageable host bytes: a view of `nbytes` at `offset` into shared, immutable data, which
 /// is the `Vec` a tensor was built from (kept as is, no copy), a copy made by pinlane, or
 /// one D2H batch's output region (recycled through [`HostPool`] when its last view drops).
@@ -42,6 +68,40 @@ impl HostBuf {
             data: Arc::new(v),
             offset: 0,
             nbytes,
+        }
+    }
+
+    /// The bytes `owner.as_ref()` returns, without a copy; `owner` is dropped (exactly
+    /// once) when the last view drops. The owner's `as_ref` is called once, here.
+    pub(crate) fn from_owner<O: AsRef<[u8]> + Send + Sync + 'static>(owner: O) -> HostBuf {
+        // Boxed first, so the owner's address is final before its bytes are asked for.
+        let owner = Box::new(owner);
+        let bytes = (*owner).as_ref();
+        let (ptr, len) = (bytes.as_ptr(), bytes.len());
+        // SAFETY: the slice borrows from the boxed owner (or from memory it keeps alive);
+        // the box's contents never move and are never mutated (no `&mut` is handed out),
+        // so the bytes stay valid and unchanged until the owner drops.
+        unsafe { HostBuf::from_raw_parts(ptr, len, owner) }
+    }
+
+    /// `len` bytes at `ptr`, kept alive by `owner`.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` is readable host memory that stays valid and unchanged until
+    /// `owner` is dropped (on any thread); `ptr` is non-null when `len > 0`.
+    pub(crate) unsafe fn from_raw_parts(
+        ptr: *const u8,
+        len: usize,
+        owner: Box<dyn Send + Sync>,
+    ) -> HostBuf {
+        HostBuf {
+            data: Arc::new(Foreign {
+                _owner: owner,
+                ptr,
+                len,
+            }),
+            offset: 0,
+            nbytes: len,
         }
     }
 

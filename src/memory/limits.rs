@@ -17,14 +17,19 @@ pub struct PinnedLimits {
 
 /// Measures [`PinnedLimits`] with plain `cuMemcpy*Async` calls: one buffer of `nbytes`
 /// of page-locked memory each way and one device buffer each way.
-pub fn measure_pinned_limits(device: usize, nbytes: usize, reps: usize) -> Result<PinnedLimits> {
+pub fn measure_pinned_limits(
+    device: crate::Device,
+    nbytes: usize,
+    reps: usize,
+) -> Result<PinnedLimits> {
     driver::require("measure_pinned_limits")?;
+    let (dev, device) = (device, device.ordinal());
     let ctx = driver::bind(device)?;
-    let a = Stream::new(device)?;
-    let b = Stream::new(device)?;
-    let host_up = super::PinnedBuf::copy_of(&vec![0x5Au8; nbytes])?;
+    let a = Stream::new(dev)?;
+    let b = Stream::new(dev)?;
+    let host_up = super::PinnedBuf::copy_of(&vec![0x5Au8; nbytes], device)?;
     let host_down = super::PinnedOutputPool::global()
-        .take(nbytes)?
+        .take(nbytes, device)?
         .ok_or_else(|| crate::Error::InvalidOption {
             name: "nbytes",
             reason: "larger than the pinned output pool's cap".into(),
@@ -33,7 +38,7 @@ pub fn measure_pinned_limits(device: usize, nbytes: usize, reps: usize) -> Resul
     let dev_down = super::DeviceAlloc::new_async(&ctx, device, nbytes, &a, a.clone())?;
     let down_view = super::DeviceView::new(&dev_down, 0, nbytes);
     a.synchronize()?;
-    let done = Event::new(device)?;
+    let done = Event::new(dev)?;
     let time = |f: &dyn Fn() -> Result<()>| -> Result<f64> {
         let mut v = Vec::new();
         for i in 0..=reps {

@@ -61,6 +61,7 @@ pub(crate) use arena::SlotLease;
 pub use arena::{ArenaConfig, PinnedArena};
 pub use copier::CopyPool;
 pub(crate) use copier::{CopyTask, Stores};
+pub use device::DevicePtrGuard;
 pub(crate) use device::{DeviceAlloc, DeviceView};
 pub(crate) use gather::{available as gather_available, gather_async};
 pub use host::HostPool;

@@ -6,25 +6,61 @@ use crate::driver::{self, ContextGuard, Handle, Stream};
 use crate::error::Result;
 use std::sync::{Arc, Mutex, OnceLock};
 
-/// The device whose context pinned tensor memory is allocated and freed under (portable
-/// memory works from every context).
-const PINNED_CTX_DEVICE: usize = 0;
-
-/// One `cuMemHostAlloc` allocation (portable): owned by one tensor (freed on drop), or a
-/// block of the output pool (returned to it on drop).
+/// One block of page-locked memory: a `cuMemHostAlloc` allocation (portable) owned by
+/// one tensor (freed on drop) or by the output pool (returned to it on drop), or memory
+/// another owner page-locked (a DLPack import of `kDLCUDAHost`), released by dropping
+/// that owner.
+///
+/// pinlane allocates page-locked memory under the context of the device the call works
+/// with, and frees it under the same one: a process that uses only `cuda:1` never
+/// creates a context on `cuda:0`. Portable memory is usable from every context.
 pub(crate) struct PinnedBlock {
     ptr: Handle<*mut u8>,
     len: usize,
-    pool: Option<&'static PinnedOutputPool>,
+    release: Release,
+}
+
+/// How a [`PinnedBlock`] gives its memory back.
+enum Release {
+    /// Nothing to give back (an empty block).
+    Nothing,
+    /// `cuMemFreeHost` under `device`'s context.
+    Free { device: usize },
+    /// Back to the output pool's free list.
+    Pool {
+        pool: &'static PinnedOutputPool,
+        device: usize,
+    },
+    /// Drop the owner that keeps it page-locked and alive.
+    Foreign(#[allow(dead_code)] Box<dyn Send + Sync>),
 }
 
 impl PinnedBlock {
-    /// A block of no bytes (outputs of a batch whose tensors are all empty).
+    /// A block of no bytes (outputs of a batch whose tensors are all empty). Its pointer
+    /// is aligned for every dtype, so typed views of it are empty slices, not errors.
     pub(crate) fn empty() -> Arc<PinnedBlock> {
         Arc::new(PinnedBlock {
-            ptr: Handle(std::ptr::NonNull::dangling().as_ptr()),
+            ptr: Handle(std::ptr::NonNull::<u64>::dangling().as_ptr().cast()),
             len: 0,
-            pool: None,
+            release: Release::Nothing,
+        })
+    }
+
+    /// Page-locked memory that `owner` keeps alive: `len` bytes at `ptr`.
+    ///
+    /// # Safety
+    /// 1. `ptr..ptr+len` is page-locked (or at least readable) host memory that stays
+    ///    valid and unchanged until `owner` is dropped.
+    /// 2. Dropping `owner` is what releases it, and may happen on any thread.
+    pub(crate) unsafe fn foreign(
+        ptr: *mut u8,
+        len: usize,
+        owner: Box<dyn Send + Sync>,
+    ) -> Arc<PinnedBlock> {
+        Arc::new(PinnedBlock {
+            ptr: Handle(ptr),
+            len,
+            release: Release::Foreign(owner),
         })
     }
 
@@ -95,48 +131,54 @@ type DevicePtrInt = u64;
 
 impl Drop for PinnedBlock {
     fn drop(&mut self) {
-        if self.len == 0 {
-            return;
-        }
-        if let Some(pool) = self.pool {
-            pool.give_back(self.ptr, self.len);
-            return;
-        }
-        // SAFETY: a dedicated block from host_alloc whose last owner is us; copies that
-        // read or wrote it were proven complete before any tensor owning it could drop
-        // (memory module invariant).
-        if let Err(e) = unsafe { free_pinned(self.ptr, self.len) } {
-            driver::deferred::record(e);
+        match self.release {
+            Release::Nothing | Release::Foreign(_) => {} // the owner drops with `self`
+            Release::Pool { pool, device } => pool.give_back(self.ptr, self.len, device),
+            Release::Free { device } => {
+                // SAFETY: a dedicated block from host_alloc whose last owner is us; copies
+                // that read or wrote it were proven complete before any tensor owning it
+                // could drop (memory module invariant).
+                if let Err(e) = unsafe { free_pinned(self.ptr, device) } {
+                    driver::deferred::record(e);
+                }
+            }
         }
     }
 }
 
-/// Frees a pinned allocation.
+/// Frees a pinned allocation under the context it was allocated under.
 ///
 /// # Safety
-/// `ptr` came from `host_alloc`, is not freed yet, and no copy touches it any more.
-unsafe fn free_pinned(ptr: Handle<*mut u8>, _len: usize) -> Result<()> {
-    let ctx = driver::bind(PINNED_CTX_DEVICE)?;
+/// `ptr` came from `host_alloc` under `device`'s context, is not freed yet, and no copy
+/// touches it any more.
+unsafe fn free_pinned(ptr: Handle<*mut u8>, device: usize) -> Result<()> {
+    let ctx = driver::bind(device)?;
     // SAFETY: the caller's obligations.
     unsafe { driver::host_free(&ctx, ptr.0) }
 }
 
-fn alloc_block(len: usize, pool: Option<&'static PinnedOutputPool>) -> Result<PinnedBlock> {
+/// A new block of `len` bytes allocated under `device`'s context, freed on drop or
+/// returned to `pool`.
+fn alloc_block(
+    len: usize,
+    device: usize,
+    pool: Option<&'static PinnedOutputPool>,
+) -> Result<Arc<PinnedBlock>> {
     if len == 0 {
-        return Ok(PinnedBlock {
-            ptr: Handle(std::ptr::NonNull::dangling().as_ptr()),
-            len: 0,
-            pool: None,
-        });
+        return Ok(PinnedBlock::empty());
     }
     driver::require("pinned allocation")?;
-    let ctx = driver::bind(PINNED_CTX_DEVICE)?;
+    let ctx = driver::bind(device)?;
     let ptr = driver::host_alloc(&ctx, len)?;
-    Ok(PinnedBlock {
+    let release = match pool {
+        Some(pool) => Release::Pool { pool, device },
+        None => Release::Free { device },
+    };
+    Ok(Arc::new(PinnedBlock {
         ptr: Handle(ptr),
         len,
-        pool,
-    })
+        release,
+    }))
 }
 
 /// A tensor's page-locked bytes: `nbytes` at `offset` of a shared block.
@@ -148,19 +190,38 @@ pub(crate) struct PinnedBuf {
 }
 
 impl PinnedBuf {
-    /// A page-locked copy of `bytes` in a block of its own.
-    pub(crate) fn copy_of(bytes: &[u8]) -> Result<PinnedBuf> {
-        let block = alloc_block(bytes.len(), None)?;
+    /// A page-locked copy of `bytes` in a block of its own, allocated under `device`'s
+    /// context.
+    pub(crate) fn copy_of(bytes: &[u8], device: usize) -> Result<PinnedBuf> {
+        let block = alloc_block(bytes.len(), device, None)?;
         if !bytes.is_empty() {
             // SAFETY: a fresh allocation of bytes.len() bytes that nothing else can see;
             // the ranges cannot overlap.
             unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), block.ptr.0, bytes.len()) };
         }
         Ok(PinnedBuf {
-            block: Arc::new(block),
+            block,
             offset: 0,
             nbytes: bytes.len(),
         })
+    }
+
+    /// Queues a copy of `src` over these bytes on `stream` (tests only).
+    ///
+    /// # Safety
+    /// As [`PinnedBlock::d2h_async`]: nothing else reads these bytes until the copy has
+    /// finished, and both sides stay alive until then.
+    #[cfg(feature = "test-util")]
+    pub(crate) unsafe fn d2h_async(&self, src: &DeviceView, stream: &Stream) -> Result<()> {
+        let ctx = driver::bind(stream.index())?;
+        check_range("pinned view", 0, src.nbytes(), self.nbytes)?;
+        // SAFETY: the caller's obligations; the range was checked against the view.
+        unsafe { self.block.d2h_async(&ctx, self.offset, src, stream) }
+    }
+
+    /// The address of the first byte (for DLPack exports).
+    pub(crate) fn as_ptr(&self) -> *const u8 {
+        self.block.ptr.0.wrapping_add(self.offset)
     }
 
     /// `nbytes` at `offset` of `block`, whose bytes there have been fully written (and
@@ -234,7 +295,8 @@ pub struct PinnedOutputPool {
 }
 
 struct PoolState {
-    free: Vec<(Handle<*mut u8>, usize)>,
+    /// Free blocks: address, length, and the device whose context allocated them.
+    free: Vec<(Handle<*mut u8>, usize, usize)>,
     /// Bytes allocated: free blocks plus blocks handed out.
     held: usize,
 }
@@ -270,8 +332,14 @@ impl PinnedOutputPool {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A block of at least `nbytes` (> 0), or `None` when the cap does not allow one.
-    pub(crate) fn take(&'static self, nbytes: usize) -> Result<Option<Arc<PinnedBlock>>> {
+    /// A block of at least `nbytes` (> 0), or `None` when the cap does not allow one. A
+    /// new block is allocated under `device`'s context; a free one is reused whatever
+    /// context allocated it (page-locked memory is portable).
+    pub(crate) fn take(
+        &'static self,
+        nbytes: usize,
+        device: usize,
+    ) -> Result<Option<Arc<PinnedBlock>>> {
         let want = nbytes.div_ceil(BLOCK_ROUND).saturating_mul(BLOCK_ROUND);
         let mut to_free = Vec::new();
         let reuse = {
@@ -280,8 +348,8 @@ impl PinnedOutputPool {
                 .free
                 .iter()
                 .enumerate()
-                .filter(|(_, (_, len))| *len >= nbytes && *len <= want.saturating_mul(2))
-                .min_by_key(|(_, (_, len))| *len)
+                .filter(|(_, (_, len, _))| *len >= nbytes && *len <= want.saturating_mul(2))
+                .min_by_key(|(_, (_, len, _))| *len)
                 .map(|(i, _)| i);
             match best {
                 Some(i) => Some(st.free.swap_remove(i)),
@@ -305,22 +373,22 @@ impl PinnedOutputPool {
                 }
             }
         };
-        for (ptr, len) in to_free {
+        for (ptr, _, owner_device) in to_free {
             // SAFETY: free blocks are touched by no copy (a block returns to the free list
             // only when its last view drops, after its copies were proven complete).
-            if let Err(e) = unsafe { free_pinned(ptr, len) } {
+            if let Err(e) = unsafe { free_pinned(ptr, owner_device) } {
                 driver::deferred::record(e);
             }
         }
-        if let Some((ptr, len)) = reuse {
+        if let Some((ptr, len, device)) = reuse {
             return Ok(Some(Arc::new(PinnedBlock {
                 ptr,
                 len,
-                pool: Some(self),
+                release: Release::Pool { pool: self, device },
             })));
         }
-        match alloc_block(want, Some(self)) {
-            Ok(b) => Ok(Some(Arc::new(b))),
+        match alloc_block(want, device, Some(self)) {
+            Ok(b) => Ok(Some(b)),
             Err(e) => {
                 self.lock().held -= want;
                 Err(e)
@@ -328,7 +396,7 @@ impl PinnedOutputPool {
         }
     }
 
-    fn give_back(&self, ptr: Handle<*mut u8>, len: usize) {
-        self.lock().free.push((ptr, len));
+    fn give_back(&self, ptr: Handle<*mut u8>, len: usize, device: usize) {
+        self.lock().free.push((ptr, len, device));
     }
 }

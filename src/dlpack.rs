@@ -1,0 +1,242 @@
+//! DLPack, through the `dlpark` crate: export pinlane tensors (host, page-locked, device)
+//! as versioned `DLManagedTensorVersioned`, and import versioned and legacy
+//! `DLManagedTensor` ones, zero-copy, with the producer's deleter run exactly once.
+//!
+//! The tensor layer: it reads descriptors (through `dlpark`'s validation) and hands the
+//! data pointer, as a value, to the memory layer's owner constructors; it dereferences no
+//! pointer itself.
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::layout::Shape;
+use crate::memory::{DeviceAlloc, DevicePtrGuard, DeviceView, HostBuf, PinnedBlock, PinnedBuf};
+use crate::tensor::{Storage, Tensor};
+use crate::Stream;
+use dlpark::ffi::{DLDataType, DLDataTypeCode, DLDevice, DLDeviceType};
+use dlpark::metadata::Dynamic;
+use dlpark::{DlpackFlags, Managed, ManagedTensorBase};
+
+fn bad(reason: impl Into<String>) -> Error {
+    Error::DLPack {
+        reason: reason.into(),
+    }
+}
+
+/// DLPack's description of a dtype.
+fn dl_dtype(d: DType) -> DLDataType {
+    use DLDataTypeCode as C;
+    let (code, bits) = match d {
+        DType::Bool => (C::BOOL, 8),
+        DType::U8 => (C::UINT, 8),
+        DType::I8 => (C::INT, 8),
+        DType::I16 => (C::INT, 16),
+        DType::I32 => (C::INT, 32),
+        DType::I64 => (C::INT, 64),
+        DType::U16 => (C::UINT, 16),
+        DType::U32 => (C::UINT, 32),
+        DType::U64 => (C::UINT, 64),
+        DType::F16 => (C::FLOAT, 16),
+        DType::Bf16 => (C::BFLOAT, 16),
+        DType::F32 => (C::FLOAT, 32),
+        DType::F64 => (C::FLOAT, 64),
+    };
+    DLDataType {
+        code,
+        bits,
+        lanes: 1,
+    }
+}
+
+/// The pinlane dtype of a DLPack dtype, if there is one.
+fn from_dl_dtype(t: DLDataType) -> Result<DType> {
+    DType::ALL
+        .into_iter()
+        .find(|&d| dl_dtype(d) == t)
+        .ok_or_else(|| {
+            bad(format!(
+                "unsupported dtype (code {}, {} bits, {} lanes)",
+                t.code.0, t.bits, t.lanes
+            ))
+        })
+}
+
+/// What the exported capsule keeps alive: the tensor, and for a device tensor lent for a
+/// stream, the guard whose drop (when the consumer calls the deleter) records the use.
+struct Exported {
+    _tensor: Tensor,
+    _lent: Option<DevicePtrGuard>,
+}
+
+pub(crate) fn export(t: &Tensor, stream: Option<&Stream>) -> Result<dlpark::versioned::Dlpack> {
+    let (device, data, lent) = match t.storage() {
+        Storage::Host(b) => (DLDevice::CPU, b.bytes().as_ptr(), None),
+        Storage::Pinned(b) => (
+            DLDevice {
+                device_type: DLDeviceType::CUDAHOST,
+                device_id: 0,
+            },
+            b.as_ptr(),
+            None,
+        ),
+        Storage::Device(v) => {
+            let lent = stream.map(|s| v.lend(s));
+            let id = i32::try_from(v.device()).map_err(|_| bad("device ordinal too large"))?;
+            // An address as DLPack stores it: a pointer-sized value (null for no bytes).
+            let addr = v.addr(0).unwrap_or(0) as usize as *const u8;
+            (DLDevice::cuda(id), addr, lent)
+        }
+    };
+    if stream.is_some() && lent.is_none() {
+        return Err(Error::NotOnDevice {
+            op: "to_dlpack_on",
+            location: t.location(),
+        });
+    }
+    let dims = t
+        .dims()
+        .iter()
+        .map(|&d| i64::try_from(d).map_err(|_| bad("a dimension does not fit i64")))
+        .collect::<Result<Vec<i64>>>()?;
+    let ctx = Box::new(Exported {
+        _tensor: t.clone(),
+        _lent: lent,
+    });
+    let mut init = Dynamic::compact(dims)
+        .initialize(ctx)
+        .map_err(|e| bad(e.to_string()))?;
+    init.set_data(data.cast_mut().cast())
+        .set_device(device)
+        .set_dtype(dl_dtype(t.dtype()))
+        .set_byte_offset(0)
+        .set_flags(DlpackFlags::READ_ONLY)
+        .map_err(|e| bad(e.to_string()))?;
+    // SAFETY: the descriptor is complete: data points to the tensor's bytes (or is null
+    // for no bytes), which the boxed clone in the context keeps alive and unchanged until
+    // the deleter runs; shape and compact strides live in the same allocation; READ_ONLY
+    // because pinlane tensors are immutable.
+    Ok(unsafe { init.finish() })
+}
+
+/// Whether `strides` (in elements) describe the compact row-major layout of `shape`;
+/// dimensions of size 1 may have any stride, and a tensor of no elements is compact.
+fn is_compact(shape: &[i64], strides: &[i64]) -> bool {
+    if shape.contains(&0) {
+        return true;
+    }
+    let mut expected: i64 = 1;
+    for (&n, &s) in shape.iter().zip(strides).rev() {
+        if n != 1 && s != expected {
+            return false;
+        }
+        expected = expected.saturating_mul(n);
+    }
+    true
+}
+
+pub(crate) fn import<M: ManagedTensorBase>(dl: Managed<M>) -> Result<Tensor> {
+    let (dtype, shape, nbytes, device, addr) = {
+        let t = dl.validate().map_err(|e| bad(e.to_string()))?;
+        let dtype = from_dl_dtype(t.dtype())?;
+        let dims = t
+            .shape()
+            .iter()
+            .map(|&d| usize::try_from(d).map_err(|_| bad(format!("negative dimension {d}"))))
+            .collect::<Result<Vec<usize>>>()?;
+        if let Some(strides) = t.strides() {
+            if !is_compact(t.shape(), strides) {
+                return Err(bad(format!(
+                    "non-contiguous strides {strides:?} for shape {:?} (pinlane tensors are \
+                     contiguous and row-major)",
+                    t.shape()
+                )));
+            }
+        }
+        let shape = Shape::from(dims);
+        let nbytes = shape.try_nbytes(dtype)?;
+        let base = t.data_ptr() as usize as u64;
+        let addr = base
+            .checked_add(t.byte_offset())
+            .ok_or_else(|| bad("data pointer plus byte_offset overflows"))?;
+        if nbytes > 0 && (base == 0 || !addr.is_multiple_of(dtype.size() as u64)) {
+            return Err(bad(format!(
+                "data {base:#x} + byte_offset {} is null or not aligned to {dtype}'s {} bytes",
+                t.byte_offset(),
+                dtype.size()
+            )));
+        }
+        (dtype, shape, nbytes, t.device(), addr)
+    };
+    let owner: Box<dyn Send + Sync> = Box::new(dl.into_deleter());
+    let storage = match device.device_type {
+        DLDeviceType::CPU => {
+            // SAFETY: a valid DLPack CPU tensor's `nbytes` at `addr` are readable until its
+            // deleter runs, which dropping `owner` does.
+            Storage::Host(unsafe {
+                HostBuf::from_raw_parts(addr as usize as *const u8, nbytes, owner)
+            })
+        }
+        DLDeviceType::CUDAHOST => {
+            // SAFETY: as above; the producer says the memory is page-locked.
+            let block = unsafe { PinnedBlock::foreign(addr as usize as *mut u8, nbytes, owner) };
+            Storage::Pinned(PinnedBuf::view(&block, 0, nbytes))
+        }
+        DLDeviceType::CUDA => {
+            let ordinal = usize::try_from(device.device_id)
+                .map_err(|_| bad(format!("negative CUDA device id {}", device.device_id)))?;
+            crate::driver::require("Tensor::from_dlpack")?;
+            crate::driver::check_device(ordinal)?;
+            if nbytes == 0 {
+                Storage::Device(DeviceView::empty(ordinal))
+            } else {
+                // SAFETY: a valid DLPack CUDA tensor's `nbytes` at `addr` are device memory
+                // of `ordinal` (usable from its primary context, as every CUDA runtime
+                // allocation is) until its deleter runs, which dropping `owner` does.
+                let alloc = unsafe { DeviceAlloc::foreign(addr, nbytes, ordinal, owner) };
+                Storage::Device(DeviceView::new(&alloc, 0, nbytes))
+            }
+        }
+        other => {
+            return Err(bad(format!(
+                "unsupported device type {} (pinlane takes kDLCPU, kDLCUDAHost and kDLCUDA)",
+                other.0
+            )))
+        }
+    };
+    Ok(Tensor::from_parts(dtype, shape, nbytes, storage))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dtypes_map_both_ways() {
+        for d in DType::ALL {
+            assert_eq!(from_dl_dtype(dl_dtype(d)), Ok(d));
+        }
+        let f32x4 = DLDataType {
+            lanes: 4,
+            ..dl_dtype(DType::F32)
+        };
+        assert!(from_dl_dtype(f32x4).is_err());
+        let complex = DLDataType {
+            code: DLDataTypeCode::COMPLEX,
+            bits: 64,
+            lanes: 1,
+        };
+        assert!(from_dl_dtype(complex).is_err());
+    }
+
+    #[test]
+    fn compact_strides() {
+        assert!(is_compact(&[2, 3], &[3, 1]));
+        assert!(
+            is_compact(&[2, 1, 3], &[3, 99, 1]),
+            "size-1 dims take any stride"
+        );
+        assert!(is_compact(&[0, 3], &[7, 7]), "no elements");
+        assert!(is_compact(&[], &[]));
+        assert!(!is_compact(&[2, 3], &[1, 2]), "column-major");
+        assert!(!is_compact(&[2, 3], &[6, 1]), "padded rows");
+    }
+}
