@@ -30,12 +30,15 @@ fn committed_ptx_matches_a_rebuild() {
         .status()
         .expect("run build.sh");
     assert!(status.success(), "kernels/build.sh failed");
-    let rebuilt = std::fs::read_to_string(out.join("gather.ptx")).unwrap();
+    for name in ["gather", "normalize"] {
+        let rebuilt = std::fs::read_to_string(out.join(format!("{name}.ptx"))).unwrap();
+        let committed = std::fs::read_to_string(format!("kernels/{name}.ptx")).unwrap();
+        assert_eq!(
+            rebuilt, committed,
+            "kernels/{name}.ptx is stale: rebuild it with kernels/build.sh"
+        );
+    }
     let committed = std::fs::read_to_string("kernels/gather.ptx").unwrap();
-    assert_eq!(
-        rebuilt, committed,
-        "kernels/gather.ptx is stale: rebuild it with kernels/build.sh"
-    );
     assert_eq!(
         pinlane::driver::GATHER_PTX,
         committed,
@@ -55,7 +58,7 @@ fn many_small_tensors_are_gathered_into_one_copy() {
     for mode in [HostOutput::Pinned, HostOutput::Pageable] {
         let back = transfer_tensor_d2h(&on, &D2hOptions::default().output(mode)).unwrap();
         let s = last_transfer_stats().unwrap();
-        assert!(pinlane::driver::gather_unavailable_reason(0).is_none());
+        assert!(pinlane::driver::gather_unavailable_reason(common::dev()).is_none());
         assert!(
             s.copies <= 4,
             "{mode:?}: upload, kernel and one copy, not one per tensor: {s:?}"

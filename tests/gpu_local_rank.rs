@@ -13,7 +13,7 @@ fn local_rank_selects_and_validates() {
 
     std::env::remove_var("LOCAL_RANK");
     let on = transfer_tensor_h2d(&b).unwrap();
-    assert_eq!(on[0].location(), Location::Cuda(0));
+    assert_eq!(on[0].location(), Location::Cuda(common::dev().ordinal()));
 
     let last = count - 1;
     std::env::set_var("LOCAL_RANK", last.to_string());

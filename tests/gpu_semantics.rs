@@ -25,7 +25,7 @@ fn h2d_moves_host_tensors_and_passes_the_rest_through() {
         42u64,
     );
     let r = transfer_tensor_h2d(&b).unwrap();
-    assert_eq!(r.0.location(), Location::Cuda(0));
+    assert_eq!(r.0.location(), Location::Cuda(common::dev().ordinal()));
     assert!(
         r.1.same_storage(&dev),
         "a device tensor comes back with the same storage"
@@ -105,12 +105,12 @@ fn num_caches_keeps_the_last_n_batches() {
         for _ in 0..6 {
             drop(transfer_tensor_h2d(&b).unwrap());
         }
-        assert_eq!(cached_batches(0), 4, "default num_caches is 4");
+        assert_eq!(cached_batches(common::dev()), 4, "default num_caches is 4");
         let opts = H2dOptions::default().num_caches(2);
         transfer_tensor_h2d_with(&b, &opts).unwrap();
-        assert_eq!(cached_batches(0), 2);
+        assert_eq!(cached_batches(common::dev()), 2);
         transfer_tensor_h2d_with(&b, &H2dOptions::default().num_caches(0)).unwrap();
-        assert_eq!(cached_batches(0), 0);
+        assert_eq!(cached_batches(common::dev()), 0);
     })
     .join()
     .unwrap();
@@ -124,7 +124,7 @@ fn d2h_waits_for_a_producer_event() {
         .to_pinned()
         .unwrap();
     let on = transfer_tensor_h2d(&initial).unwrap();
-    let producer = Stream::new(0).unwrap();
+    let producer = Stream::new(common::dev()).unwrap();
     let delay = Duration::from_millis(300);
     // The delay starts no earlier than now, so a d2h that waited for it returns at least
     // `delay` after this instant, however long the calls in between block.
@@ -132,7 +132,7 @@ fn d2h_waits_for_a_producer_event() {
     producer.delay_async(delay).unwrap();
     // SAFETY: `fin` and `on` live until after the producer is synchronised below.
     unsafe { on.overwrite_async(&fin, &producer) }.unwrap();
-    let done = Event::new(0).unwrap();
+    let done = Event::new(common::dev()).unwrap();
     done.record(&producer).unwrap();
     let back = transfer_tensor_d2h(&on, &D2hOptions::default().producer_event(done)).unwrap();
     assert!(
@@ -152,17 +152,19 @@ fn d2h_waits_for_the_current_stream() {
         .to_pinned()
         .unwrap();
     let on = transfer_tensor_h2d(&initial).unwrap();
-    let producer = Stream::new(0).unwrap();
+    let producer = Stream::new(common::dev()).unwrap();
     producer.delay_async(Duration::from_millis(300)).unwrap();
     // SAFETY: `fin` and `on` live until after the producer is synchronised below.
     unsafe { on.overwrite_async(&fin, &producer) }.unwrap();
     let back = {
         let _current = set_current_stream(&producer);
-        assert!(pinlane::current_stream(0).unwrap().same_as(&producer));
+        assert!(pinlane::current_stream(common::dev())
+            .unwrap()
+            .same_as(&producer));
         d2h(&on)
     };
     assert!(
-        pinlane::current_stream(0).unwrap().is_legacy(),
+        pinlane::current_stream(common::dev()).unwrap().is_legacy(),
         "the guard restores the default"
     );
     assert_eq!(back, fin);
@@ -174,10 +176,12 @@ fn d2h_on_a_custom_stream_and_option_errors() {
     require_gpu!();
     let count = pinlane::driver::available().unwrap().device_count;
     let b = transfer_tensor_h2d(&vec![common::tensor(DType::U32, &[77], 5)]).unwrap();
-    let s = Stream::new(0).unwrap();
+    let s = Stream::new(common::dev()).unwrap();
     let ok = transfer_tensor_d2h(
         &b,
-        &D2hOptions::default().device("cuda:0").stream(s.clone()),
+        &D2hOptions::default()
+            .device(common::dev())
+            .stream(s.clone()),
     )
     .unwrap();
     assert_eq!(ok[0], common::tensor(DType::U32, &[77], 5));
@@ -248,7 +252,7 @@ fn two_threads_transfer_at_once_on_their_own_streams() {
 #[test]
 fn h2d_consumer_stream_option() {
     require_gpu!();
-    let consumer = Stream::new(0).unwrap();
+    let consumer = Stream::new(common::dev()).unwrap();
     let b = vec![common::tensor(DType::F64, &[1000], 8)];
     let r = transfer_tensor_h2d_with(&b, &H2dOptions::default().consumer_stream(consumer.clone()))
         .unwrap();

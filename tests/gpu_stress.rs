@@ -100,14 +100,14 @@ fn soak_20000_transfers_hold_memory_flat() {
         batch.push(Tensor::scalar(1i64));
         let round = |i: usize| {
             let up = transfer_tensor_h2d(&batch).unwrap();
-            let mode = if i % 2 == 0 { HostOutput::Pinned } else { HostOutput::Pageable };
+            let mode = if i.is_multiple_of(2) { HostOutput::Pinned } else { HostOutput::Pageable };
             let back = transfer_tensor_d2h(&up, &D2hOptions::default().output(mode)).unwrap();
-            if i % 1000 == 0 {
+            if i.is_multiple_of(1000) {
                 assert!(back == batch, "round {i}");
             }
         };
         let held = || {
-            let (free, total) = pinlane::driver::device_memory_info(0).unwrap();
+            let (free, total) = pinlane::driver::device_memory_info(common::dev()).unwrap();
             (total - free, PinnedArena::global().held_bytes() + PinnedOutputPool::global().held_bytes())
         };
         for i in 0..1000 {

@@ -80,7 +80,7 @@ fn streams_and_events_on_the_wrong_device() {
     common::sim();
     let _turn = serial();
     let on = on_device();
-    let s1 = Stream::new(1).unwrap();
+    let s1 = Stream::new(pinlane::Device::cuda(1)).unwrap();
     assert_eq!(
         transfer_tensor_d2h(&on, &D2hOptions::default().stream(s1.clone())).unwrap_err(),
         Error::StreamWithoutDevice
@@ -96,7 +96,7 @@ fn streams_and_events_on_the_wrong_device() {
             device: 0
         }
     );
-    let e1 = Event::new(1).unwrap();
+    let e1 = Event::new(pinlane::Device::cuda(1)).unwrap();
     assert_eq!(
         transfer_tensor_d2h(
             &on,
@@ -116,7 +116,7 @@ fn streams_and_events_on_the_wrong_device() {
             device: 0
         }
     );
-    assert!(Stream::new(5).is_err(), "no cuda:5");
+    assert!(Stream::new(pinlane::Device::cuda(5)).is_err(), "no cuda:5");
 }
 
 #[test]

@@ -38,7 +38,7 @@ fn eight_threads_x_500_batches() {
                     assert_eq!(back, batch, "thread {t} batch {b}");
                 }
                 assert_eq!(
-                    pinlane::cached_batches(0),
+                    pinlane::cached_batches(pinlane::Device::cuda(0)),
                     t as usize % 5,
                     "thread {t}'s ring"
                 );

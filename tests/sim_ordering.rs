@@ -16,7 +16,7 @@ fn setup(seed: u64) -> (pinlane::Tensor, pinlane::Tensor, pinlane::Tensor, Strea
         .to_pinned()
         .unwrap();
     let on = transfer_tensor_h2d(&initial).unwrap();
-    let producer = Stream::new(0).unwrap();
+    let producer = Stream::new(pinlane::Device::cuda(0)).unwrap();
     producer.delay_async(Duration::from_millis(50)).unwrap();
     // SAFETY: `fin` and `on` live until the producer is synchronised at the end of each test.
     unsafe { on.overwrite_async(&fin, &producer) }.unwrap();
@@ -27,7 +27,7 @@ fn setup(seed: u64) -> (pinlane::Tensor, pinlane::Tensor, pinlane::Tensor, Strea
 fn producer_event_orders_the_copy() {
     common::sim();
     let (_initial, fin, on, producer) = setup(10);
-    let done = Event::new(0).unwrap();
+    let done = Event::new(pinlane::Device::cuda(0)).unwrap();
     done.record(&producer).unwrap();
     let back = transfer_tensor_d2h(&on, &D2hOptions::default().producer_event(done)).unwrap();
     assert_eq!(back, fin);

@@ -139,3 +139,9 @@ pub fn sim() {
         .expect("enable the simulated device");
     });
 }
+
+/// The device GPU tests work on: `cuda:{LOCAL_RANK}` (`cuda:0` when unset), so the suite
+/// runs on any GPU of a machine (`LOCAL_RANK=1 bash .gpu/run-tests`).
+pub fn dev() -> pinlane::Device {
+    pinlane::Device::from_local_rank().expect("LOCAL_RANK names a device of this machine")
+}
