@@ -171,9 +171,11 @@ fn main() {
         );
         return;
     };
-    let limits = measure_pinned_limits(0, 256 << 20, 8).expect("pinned limit");
+    // The device the transfers go to (cuda:{LOCAL_RANK}), and its limit, measured here.
+    let device = pinlane::Device::from_local_rank().expect("LOCAL_RANK names a device");
+    let limits = measure_pinned_limits(device, 256 << 20, 8).expect("pinned limit");
     println!(
-        "pinned limit (256 MiB, median of 8, this process): H2D {:.1} GB/s, D2H {:.1} GB/s, both at once {:.1} GB/s",
+        "{device}: pinned limit (256 MiB, median of 8, this process): H2D {:.1} GB/s, D2H {:.1} GB/s, both at once {:.1} GB/s",
         limits.h2d, limits.d2h, limits.both
     );
     println!(
