@@ -2,11 +2,11 @@
 # Two pinlane processes at once on a 2-GPU machine (LOCAL_RANK 0 and 1), each against its
 # own solo figure measured in the same session: does one process slow the other?
 #   bash benches/two_gpus.sh OUT_DIR [bench args, e.g. --quick]
-# Needs the bench binary from ../shared/gpu/pack at .gpu/bin/transfer. Writes
+# Needs the bench binary from ../shared/gpu/pack at .gpu/bin/bench-transfer. Writes
 # solo0/solo1/both0/both1 .txt and .json into OUT_DIR.
 set -uo pipefail
 out="${1:?OUT_DIR}"; shift
-bin="$(dirname "$0")/../.gpu/bin/transfer"
+bin="$(dirname "$0")/../.gpu/bin/bench-transfer"
 mkdir -p "$out"
 for r in 0 1; do
   LOCAL_RANK=$r "$bin" --json "$out/solo$r.json" "$@" > "$out/solo$r.txt" 2>&1

@@ -128,6 +128,10 @@ pub fn sim() {
     use pinlane::driver::sim::{enable, SimConfig};
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
+        // The simulated devices are this binary's own: the machine's LOCAL_RANK (set when
+        // the suite runs on a real GPU 1) must not pick one of them. Tests that set it do
+        // so themselves.
+        std::env::remove_var("LOCAL_RANK");
         let _ = pinlane::memory::PinnedArena::configure(pinlane::memory::ArenaConfig {
             slot_bytes: 64 << 10,
             max_bytes: 1 << 20,
