@@ -15,28 +15,49 @@ impl<T: bytemuck::Pod + Send + Sync> HostBytes for Vec<T> {
 }
 
 /// Bytes that another owner keeps alive (a `Vec`, `bytes::Bytes`, a memory map, a DLPack
-/// producer's deleter): `len` bytes at `ptr`, valid and unchanged until `_owner` drops.
+/// producer's deleter): `len` bytes at `ptr`, valid and unchanged until the owner drops.
+///
+/// The owner is held as a raw pointer from `Box::into_raw` (not as a `Box`), so that a
+/// pointer into an owner that stores its bytes inline (an array) stays valid: moving a
+/// `Box` would assert unique access to its contents and invalidate it.
 struct Foreign {
-    /// Dropped (exactly once) with the last view.
-    _owner: Box<dyn Send + Sync>,
+    /// From `Box::into_raw`; turned back into a box and dropped, once, in `Drop`.
+    owner: *mut (dyn Send + Sync),
     ptr: *const u8,
     len: usize,
 }
 
-// SAFETY: `ptr` only points into memory that `_owner` keeps alive and that is only ever
+// SAFETY: `ptr` only points into memory that the owner keeps alive and that is only ever
 // read; sending or sharing a `Foreign` sends or shares the owner, which is Send + Sync.
 unsafe impl Send for Foreign {}
 // SAFETY: as above: `&Foreign` gives only shared reads of immutable bytes.
 unsafe impl Sync for Foreign {}
+
+impl Foreign {
+    /// # Safety
+    /// `ptr..ptr+len` is readable memory that stays valid and unchanged until `owner`
+    /// (from `Box::into_raw`, handed over) is dropped, on any thread.
+    unsafe fn new(owner: *mut (dyn Send + Sync), ptr: *const u8, len: usize) -> Foreign {
+        Foreign { owner, ptr, len }
+    }
+}
 
 impl HostBytes for Foreign {
     fn all_bytes(&self) -> &[u8] {
         if self.len == 0 {
             return &[];
         }
-        // SAFETY: `ptr..ptr+len` is valid, unchanged memory while `_owner` lives (the
-        // constructors' contract), and `_owner` lives as long as `self`.
+        // SAFETY: `ptr..ptr+len` is valid, unchanged memory while the owner lives (the
+        // constructor's contract), and the owner lives as long as `self`.
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl Drop for Foreign {
+    fn drop(&mut self) {
+        // SAFETY: `owner` came from `Box::into_raw` (the constructor's contract) and is
+        // turned back into a box only here, once.
+        drop(unsafe { Box::from_raw(self.owner) });
     }
 }
 
@@ -74,34 +95,41 @@ impl HostBuf {
     /// The bytes `owner.as_ref()` returns, without a copy; `owner` is dropped (exactly
     /// once) when the last view drops. The owner's `as_ref` is called once, here.
     pub(crate) fn from_owner<O: AsRef<[u8]> + Send + Sync + 'static>(owner: O) -> HostBuf {
-        // Boxed first, so the owner's address is final before its bytes are asked for.
-        let owner = Box::new(owner);
-        let bytes = (*owner).as_ref();
+        // On the heap first, so the owner's address is final before its bytes are asked
+        // for; held through the raw pointer from here on (see `Foreign`).
+        let raw: *mut O = Box::into_raw(Box::new(owner));
+        // SAFETY: `raw` is a live, exclusively ours allocation from Box::into_raw.
+        let bytes = unsafe { (*raw).as_ref() };
         let (ptr, len) = (bytes.as_ptr(), bytes.len());
-        // SAFETY: the slice borrows from the boxed owner (or from memory it keeps alive);
-        // the box's contents never move and are never mutated (no `&mut` is handed out),
-        // so the bytes stay valid and unchanged until the owner drops.
-        unsafe { HostBuf::from_raw_parts(ptr, len, owner) }
+        // SAFETY: the slice borrows from the owner (or from memory it keeps alive), which
+        // is never moved or mutated again (no `&mut` to it is ever made), so the bytes stay
+        // valid and unchanged until `Foreign` drops it; `raw` is handed over.
+        let foreign = unsafe { Foreign::new(raw, ptr, len) };
+        HostBuf::from_foreign(foreign)
     }
 
     /// `len` bytes at `ptr`, kept alive by `owner`.
     ///
     /// # Safety
     /// `ptr..ptr+len` is readable host memory that stays valid and unchanged until
-    /// `owner` is dropped (on any thread); `ptr` is non-null when `len > 0`.
+    /// `owner` is dropped (on any thread); `ptr` is non-null when `len > 0`. The bytes must
+    /// not lie inside the owner's own allocation (use [`HostBuf::from_owner`] for that).
     pub(crate) unsafe fn from_raw_parts(
         ptr: *const u8,
         len: usize,
         owner: Box<dyn Send + Sync>,
     ) -> HostBuf {
+        // SAFETY: the caller's contract; the owner is handed over through into_raw.
+        let foreign = unsafe { Foreign::new(Box::into_raw(owner), ptr, len) };
+        HostBuf::from_foreign(foreign)
+    }
+
+    fn from_foreign(f: Foreign) -> HostBuf {
+        let nbytes = f.len;
         HostBuf {
-            data: Arc::new(Foreign {
-                _owner: owner,
-                ptr,
-                len,
-            }),
+            data: Arc::new(f),
             offset: 0,
-            nbytes: len,
+            nbytes,
         }
     }
 
@@ -278,6 +306,35 @@ mod tests {
         assert_eq!(b.bytes().len(), 16);
         assert_eq!(b.bytes().as_ptr() as usize % 8, 0);
         assert_eq!(bytemuck::cast_slice::<u8, f64>(b.bytes()), &[1.0, 2.0]);
+    }
+
+    #[test]
+    fn foreign_owners_are_read_in_place_and_dropped_once() {
+        // An owner that stores its bytes inline: the pointer points into the owner itself.
+        let inline = HostBuf::from_owner([7u8, 8, 9]);
+        let moved = [inline.clone(), inline]; // the views move; the owner does not
+        assert_eq!(moved[1].bytes(), &[7, 8, 9]);
+        // An owner whose bytes live elsewhere, with a drop counter.
+        struct Owner(Vec<u8>, std::sync::Arc<std::sync::atomic::AtomicUsize>);
+        impl AsRef<[u8]> for Owner {
+            fn as_ref(&self) -> &[u8] {
+                &self.0
+            }
+        }
+        impl Drop for Owner {
+            fn drop(&mut self) {
+                self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        let drops = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let b = HostBuf::from_owner(Owner(vec![1, 2, 3, 4], drops.clone()));
+        let c = b.clone();
+        drop(b);
+        assert_eq!(c.bytes(), &[1, 2, 3, 4]);
+        assert_eq!(drops.load(std::sync::atomic::Ordering::SeqCst), 0);
+        drop(c);
+        assert_eq!(drops.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(HostBuf::from_owner(Vec::<u8>::new()).bytes(), &[] as &[u8]);
     }
 
     #[test]
