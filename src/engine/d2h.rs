@@ -18,6 +18,7 @@
 
 use super::{plan, record_stats, thread_state, TransferStats};
 use crate::batch::{self, Batch};
+use crate::device::DeviceSpec;
 use crate::driver::{self, ContextGuard};
 use crate::error::{Error, Result};
 use crate::memory::{
@@ -29,7 +30,7 @@ use crate::{D2hOptions, HostOutput};
 
 pub(crate) fn transfer<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
     // Checks that need no driver come first, so bad options are errors everywhere.
-    let spec = opts.device.clone().unwrap_or_default();
+    let spec = opts.device.as_ref().unwrap_or(&DeviceSpec::LocalRank);
     spec.check()?;
     if opts.stream.is_some() && opts.device.is_none() {
         return Err(Error::StreamWithoutDevice);

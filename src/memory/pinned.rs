@@ -31,8 +31,8 @@ enum Release {
         pool: &'static PinnedOutputPool,
         device: usize,
     },
-    /// Drop the owner that keeps it page-locked and alive.
-    Foreign(#[allow(dead_code)] Box<dyn Send + Sync>),
+    /// Drop the owner that keeps it page-locked and alive (with the block).
+    Foreign { _owner: Box<dyn Send + Sync> },
 }
 
 impl PinnedBlock {
@@ -60,7 +60,7 @@ impl PinnedBlock {
         Arc::new(PinnedBlock {
             ptr: Handle(ptr),
             len,
-            release: Release::Foreign(owner),
+            release: Release::Foreign { _owner: owner },
         })
     }
 
@@ -132,7 +132,7 @@ type DevicePtrInt = u64;
 impl Drop for PinnedBlock {
     fn drop(&mut self) {
         match self.release {
-            Release::Nothing | Release::Foreign(_) => {} // the owner drops with `self`
+            Release::Nothing | Release::Foreign { .. } => {} // the owner drops with `self`
             Release::Pool { pool, device } => pool.give_back(self.ptr, self.len, device),
             Release::Free { device } => {
                 // SAFETY: a dedicated block from host_alloc whose last owner is us; copies
