@@ -41,7 +41,6 @@ extern crate self as pinlane;
 
 pub mod batch;
 mod device;
-mod dlpack;
 pub mod driver;
 mod dtype;
 mod engine;

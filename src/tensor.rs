@@ -6,7 +6,7 @@ use crate::device::Device;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::layout::Shape;
-use crate::memory::{DeviceAlloc, DevicePtrGuard, DeviceView, HostBuf, PinnedBuf};
+use crate::memory::{self, DeviceAlloc, DevicePtrGuard, DeviceView, HostBuf, PinnedBuf};
 use crate::Stream;
 use std::fmt;
 
@@ -31,14 +31,7 @@ impl fmt::Display for Location {
     }
 }
 
-/// Where the bytes are, and who owns them: each variant is a view holding an `Arc` to
-/// shared memory, so cloning one is a reference-count increment.
-#[derive(Clone)]
-pub(crate) enum Storage {
-    Host(HostBuf),
-    Pinned(PinnedBuf),
-    Device(DeviceView),
-}
+pub(crate) use crate::memory::Storage;
 
 /// A contiguous, row-major tensor. Cloning is cheap (two reference counts, no
 /// allocation): clones share the bytes, which never change after construction.
@@ -508,7 +501,7 @@ impl Tensor {
     /// # Ok(()) }
     /// ```
     pub fn to_dlpack(&self) -> Result<dlpark::versioned::Dlpack> {
-        crate::dlpack::export(self, None)
+        self.export_dlpack(None)
     }
 
     /// [`Tensor::to_dlpack`] for a consumer that reads the device tensor on `stream`:
@@ -519,7 +512,25 @@ impl Tensor {
     /// # Errors
     /// [`Error::NotOnDevice`] for a host tensor; [`Error::DLPack`].
     pub fn to_dlpack_on(&self, stream: &Stream) -> Result<dlpark::versioned::Dlpack> {
-        crate::dlpack::export(self, Some(stream))
+        if !self.is_cuda() {
+            return Err(Error::NotOnDevice {
+                op: "to_dlpack_on",
+                location: self.location(),
+            });
+        }
+        self.export_dlpack(Some(stream))
+    }
+
+    fn export_dlpack(&self, stream: Option<&Stream>) -> Result<dlpark::versioned::Dlpack> {
+        // The capsule keeps a clone of the tensor: its memory stays alive until the
+        // consumer calls the deleter.
+        let keep = Box::new(self.clone());
+        memory::dlpack::export(&self.storage, self.dtype, self.dims(), keep, stream)
+    }
+
+    fn import_dlpack<M: dlpark::ManagedTensorBase>(dl: dlpark::Managed<M>) -> Result<Tensor> {
+        let (dtype, shape, nbytes, storage) = memory::dlpack::import(dl)?;
+        Ok(Tensor::from_parts(dtype, shape, nbytes, storage))
     }
 
     /// A tensor over a versioned DLPack tensor's memory, without a copy (`kDLCPU`,
@@ -534,7 +545,7 @@ impl Tensor {
     /// a null or misaligned data pointer; [`Error::NoCuda`] / [`Error::DeviceUnavailable`]
     /// for a CUDA tensor on a device this process cannot use.
     pub fn from_dlpack(dl: dlpark::versioned::Dlpack) -> Result<Tensor> {
-        crate::dlpack::import(dl)
+        Tensor::import_dlpack(dl)
     }
 
     /// [`Tensor::from_dlpack`] for the legacy, unversioned `DLManagedTensor`.
@@ -542,7 +553,7 @@ impl Tensor {
     /// # Errors
     /// As [`Tensor::from_dlpack`].
     pub fn from_dlpack_legacy(dl: dlpark::legacy::Dlpack) -> Result<Tensor> {
-        crate::dlpack::import(dl)
+        Tensor::import_dlpack(dl)
     }
 
     /// [`Tensor::from_dlpack`] from a raw pointer, as C code or another library hands it
@@ -558,12 +569,9 @@ impl Tensor {
     pub unsafe fn from_dlpack_raw(
         ptr: *mut dlpark::ffi::DLManagedTensorVersioned,
     ) -> Result<Tensor> {
-        // SAFETY: the caller's contract is dlpark's `from_raw` contract.
-        let dl =
-            unsafe { dlpark::versioned::Dlpack::from_raw(ptr) }.map_err(|e| Error::DLPack {
-                reason: e.to_string(),
-            })?;
-        crate::dlpack::import(dl)
+        // SAFETY: the caller's contract, passed on unchanged.
+        let (dtype, shape, nbytes, storage) = unsafe { memory::dlpack::import_raw(ptr) }?;
+        Ok(Tensor::from_parts(dtype, shape, nbytes, storage))
     }
 
     /// [`Tensor::from_dlpack_raw`] for the legacy `DLManagedTensor`.
@@ -574,11 +582,9 @@ impl Tensor {
     /// # Errors
     /// As [`Tensor::from_dlpack_raw`].
     pub unsafe fn from_dlpack_legacy_raw(ptr: *mut dlpark::ffi::DLManagedTensor) -> Result<Tensor> {
-        // SAFETY: the caller's contract is dlpark's `from_raw` contract.
-        let dl = unsafe { dlpark::legacy::Dlpack::from_raw(ptr) }.map_err(|e| Error::DLPack {
-            reason: e.to_string(),
-        })?;
-        crate::dlpack::import(dl)
+        // SAFETY: the caller's contract, passed on unchanged.
+        let (dtype, shape, nbytes, storage) = unsafe { memory::dlpack::import_raw(ptr) }?;
+        Ok(Tensor::from_parts(dtype, shape, nbytes, storage))
     }
 
     /// Whether two handles share the same storage (clones of one tensor, or the same

@@ -8,6 +8,7 @@
 //! | `device.rs` | `DeviceAlloc` | device memory of one batch (`cuMemAllocFromPoolAsync`) | in order on its consumer stream (`cuMemFreeAsync`) |
 //! | `copier.rs` | `CopyPool` | nothing of its own: threads that copy host bytes in parallel | - |
 //! | `gather.rs` | - | a device buffer gathering many small tensors (kernel) | in stream order |
+//! | `dlpack.rs` | a DLPack capsule's deleter (imports), a tensor clone (exports) | another framework's tensors, and ours lent to it | the deleter runs when the last view drops |
 //! | `inflight.rs` | `InFlight` | nothing of its own: keeps the owners above alive | after the stream is synchronised |
 //! | `retained.rs` | the retained registry | owners whose copies could not be proven complete | when a later synchronisation proves it |
 //!
@@ -48,6 +49,7 @@
 mod arena;
 mod copier;
 mod device;
+pub(crate) mod dlpack;
 mod gather;
 mod host;
 mod inflight;
@@ -71,6 +73,16 @@ pub(crate) use inflight::InFlight;
 pub use limits::{measure_pinned_limits, PinnedLimits};
 pub use pinned::PinnedOutputPool;
 pub(crate) use pinned::{PinnedBlock, PinnedBuf};
+
+/// Where a tensor's bytes are, and who owns them: each variant is a view holding an
+/// `Arc` to shared memory (pinlane's, or another owner's), so cloning one is a
+/// reference-count increment.
+#[derive(Clone)]
+pub(crate) enum Storage {
+    Host(HostBuf),
+    Pinned(PinnedBuf),
+    Device(DeviceView),
+}
 
 /// Device offsets of a batch are aligned to this many bytes (cudaMalloc's own alignment),
 /// so every tensor of a coalesced batch starts where a kernel would expect it.

@@ -2,15 +2,16 @@
 //! as versioned `DLManagedTensorVersioned`, and import versioned and legacy
 //! `DLManagedTensor` ones, zero-copy, with the producer's deleter run exactly once.
 //!
-//! The tensor layer: it reads descriptors (through `dlpark`'s validation) and hands the
-//! data pointer, as a value, to the memory layer's owner constructors; it dereferences no
-//! pointer itself.
+//! The memory layer, because a capsule is an owner of raw memory: an import turns the
+//! descriptor's data pointer into a [`Storage`] whose owner is the producer's deleter; an
+//! export points a descriptor at a storage's bytes and keeps them alive until the
+//! consumer's deleter runs. It reads dtypes and shapes (plain data of the tensor layer)
+//! and gives `Tensor` its parts.
 
+use super::{DeviceAlloc, DevicePtrGuard, DeviceView, HostBuf, PinnedBlock, PinnedBuf, Storage};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::layout::Shape;
-use crate::memory::{DeviceAlloc, DevicePtrGuard, DeviceView, HostBuf, PinnedBlock, PinnedBuf};
-use crate::tensor::{Storage, Tensor};
 use crate::Stream;
 use dlpark::ffi::{DLDataType, DLDataTypeCode, DLDevice, DLDeviceType};
 use dlpark::metadata::Dynamic;
@@ -60,15 +61,25 @@ fn from_dl_dtype(t: DLDataType) -> Result<DType> {
         })
 }
 
-/// What the exported capsule keeps alive: the tensor, and for a device tensor lent for a
-/// stream, the guard whose drop (when the consumer calls the deleter) records the use.
+/// What the exported capsule keeps alive: the tensor's memory (`keep`), and for a device
+/// tensor lent for a stream, the guard whose drop (when the consumer calls the deleter)
+/// records the use.
 struct Exported {
-    _tensor: Tensor,
+    _keep: Box<dyn Send + Sync>,
     _lent: Option<DevicePtrGuard>,
 }
 
-pub(crate) fn export(t: &Tensor, stream: Option<&Stream>) -> Result<dlpark::versioned::Dlpack> {
-    let (device, data, lent) = match t.storage() {
+/// A versioned, read-only capsule over `storage`'s bytes (`dtype`, `dims`), alive while
+/// `keep` (which must keep those bytes alive and unchanged) is; with `stream`, a device
+/// storage's use is recorded on it when the deleter runs.
+pub(crate) fn export(
+    storage: &Storage,
+    dtype: DType,
+    dims: &[usize],
+    keep: Box<dyn Send + Sync>,
+    stream: Option<&Stream>,
+) -> Result<dlpark::versioned::Dlpack> {
+    let (device, data, lent) = match storage {
         Storage::Host(b) => (DLDevice::CPU, b.bytes().as_ptr(), None),
         Storage::Pinned(b) => (
             DLDevice {
@@ -86,19 +97,12 @@ pub(crate) fn export(t: &Tensor, stream: Option<&Stream>) -> Result<dlpark::vers
             (DLDevice::cuda(id), addr, lent)
         }
     };
-    if stream.is_some() && lent.is_none() {
-        return Err(Error::NotOnDevice {
-            op: "to_dlpack_on",
-            location: t.location(),
-        });
-    }
-    let dims = t
-        .dims()
+    let dims = dims
         .iter()
         .map(|&d| i64::try_from(d).map_err(|_| bad("a dimension does not fit i64")))
         .collect::<Result<Vec<i64>>>()?;
     let ctx = Box::new(Exported {
-        _tensor: t.clone(),
+        _keep: keep,
         _lent: lent,
     });
     let mut init = Dynamic::compact(dims)
@@ -106,13 +110,13 @@ pub(crate) fn export(t: &Tensor, stream: Option<&Stream>) -> Result<dlpark::vers
         .map_err(|e| bad(e.to_string()))?;
     init.set_data(data.cast_mut().cast())
         .set_device(device)
-        .set_dtype(dl_dtype(t.dtype()))
+        .set_dtype(dl_dtype(dtype))
         .set_byte_offset(0)
         .set_flags(DlpackFlags::READ_ONLY)
         .map_err(|e| bad(e.to_string()))?;
-    // SAFETY: the descriptor is complete: data points to the tensor's bytes (or is null
-    // for no bytes), which the boxed clone in the context keeps alive and unchanged until
-    // the deleter runs; shape and compact strides live in the same allocation; READ_ONLY
+    // SAFETY: the descriptor is complete: data points to the storage's bytes (or is null
+    // for no bytes), which `keep` in the context keeps alive and unchanged until the
+    // deleter runs (the caller's contract); shape and compact strides live in the same allocation; READ_ONLY
     // because pinlane tensors are immutable.
     Ok(unsafe { init.finish() })
 }
@@ -133,7 +137,11 @@ fn is_compact(shape: &[i64], strides: &[i64]) -> bool {
     true
 }
 
-pub(crate) fn import<M: ManagedTensorBase>(dl: Managed<M>) -> Result<Tensor> {
+/// The parts of a tensor over a capsule's memory: dtype, shape, byte size, storage. The
+/// deleter runs when the storage's last view drops, or here on error.
+pub(crate) fn import<M: ManagedTensorBase>(
+    dl: Managed<M>,
+) -> Result<(DType, Shape, usize, Storage)> {
     let (dtype, shape, nbytes, device, addr) = {
         let t = dl.validate().map_err(|e| bad(e.to_string()))?;
         let dtype = from_dl_dtype(t.dtype())?;
@@ -202,7 +210,23 @@ pub(crate) fn import<M: ManagedTensorBase>(dl: Managed<M>) -> Result<Tensor> {
             )))
         }
     };
-    Ok(Tensor::from_parts(dtype, shape, nbytes, storage))
+    Ok((dtype, shape, nbytes, storage))
+}
+
+/// [`import`] from a raw pointer to a managed tensor (versioned or legacy), taking
+/// ownership of it: its deleter runs exactly once, also on error (dlpark releases a
+/// capsule of an incompatible version before returning).
+///
+/// # Safety
+/// `ptr` is null (an error) or a valid managed tensor whose ownership the caller gives
+/// up: its descriptor is readable and unchanged until its deleter runs, and the deleter
+/// may be called once, from any thread.
+pub(crate) unsafe fn import_raw<M: ManagedTensorBase>(
+    ptr: *mut M,
+) -> Result<(DType, Shape, usize, Storage)> {
+    // SAFETY: the caller's contract is dlpark's `from_raw` contract.
+    let dl = unsafe { Managed::from_raw(ptr) }.map_err(|e| bad(e.to_string()))?;
+    import(dl)
 }
 
 #[cfg(test)]
