@@ -50,19 +50,17 @@ pub fn reference(pixels: &[u8], hw: usize) -> (Vec<f32>, [u64; 4]) {
     (out, s)
 }
 
-/// One device's kernel: a cudarc context and stream, and the loaded function.
+/// One device's kernel: a cudarc context and stream, and the loaded function. Made and
+/// used on one thread (a batcher's); not `Send`, as `CUfunction` is a raw pointer.
 pub struct Normalizer {
     device: Device,
-    stream: Arc<CudaStream>,
-    /// The same stream, borrowed by pinlane (declared before `stream`'s owner is dropped).
+    /// cudarc's stream, borrowed by pinlane. Declared before `stream`, so it is dropped
+    /// first: pinlane never destroys it, cudarc does when `stream` drops.
     pl_stream: pinlane::Stream,
+    stream: Arc<CudaStream>,
     func: sys::CUfunction,
-    _ctx: Arc<CudaContext>,
+    ctx: Arc<CudaContext>,
 }
-
-// SAFETY: the CUfunction handle is a process-wide driver value, usable from any thread
-// with its context current (cudarc binds it before each call below).
-unsafe impl Send for Normalizer {}
 
 impl Normalizer {
     pub fn new(device: Device) -> Result<Normalizer, Box<dyn Error>> {
@@ -81,17 +79,17 @@ impl Normalizer {
         let pl_stream = unsafe { pinlane::Stream::from_raw(stream.cu_stream(), device) }?;
         Ok(Normalizer {
             device,
-            stream,
             pl_stream,
+            stream,
             func,
-            _ctx: ctx,
+            ctx,
         })
     }
 
     /// The normalised images (f32, same shape) and statistics (u64 `[4]`) of a batch of
     /// `[3, h, w]` u8 device tensors on this device, as host tensors.
     pub fn run(&self, images: &[Tensor]) -> Result<(Vec<Tensor>, Vec<Tensor>), Box<dyn Error>> {
-        self._ctx.bind_to_thread()?;
+        self.ctx.bind_to_thread()?;
         let n = images.len();
         let numel: Vec<usize> = images.iter().map(Tensor::len).collect();
         let total: usize = numel.iter().sum();
