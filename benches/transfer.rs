@@ -7,7 +7,7 @@
 //! process, µs per batch, pinned bytes held, and host CPU seconds per GB moved; writes
 //! the same as JSON.
 
-use pinlane::memory::{measure_pinned_limits, CopyPool, PinnedArena, PinnedOutputPool};
+use pinlane::memory::measure_pinned_limits;
 use pinlane::{
     transfer_tensor_d2h, transfer_tensor_h2d, Batch as _, D2hOptions, DType, HostOutput, Tensor,
     Value,
@@ -156,6 +156,11 @@ fn bytes_of(b: &Batch) -> usize {
 }
 
 fn main() {
+    // PINLANE_* variables tune this run (the sweeps set them); a bad value stops it.
+    if let Err(e) = pinlane::Config::from_env().and_then(pinlane::Config::install) {
+        eprintln!("configuration: {e}");
+        std::process::exit(2);
+    }
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
     let trace = args.iter().any(|a| a == "--trace");
@@ -181,9 +186,9 @@ fn main() {
     println!(
         "driver {}, copy threads {}, staging slot {} MiB, arena cap {} MiB",
         info.version,
-        CopyPool::global().threads(),
-        PinnedArena::global().config().slot_bytes >> 20,
-        PinnedArena::global().config().max_bytes >> 20
+        pinlane::runtime().copy_threads(),
+        pinlane::runtime().config().slot_bytes >> 20,
+        pinlane::runtime().config().arena_bytes >> 20
     );
 
     let mut rows = Vec::new();
@@ -221,7 +226,7 @@ fn main() {
             bytes,
             median: m,
             limit: limits.h2d,
-            pinned_held: PinnedArena::global().held_bytes(),
+            pinned_held: pinlane::memory_stats().staging.held_bytes,
             cpu_s_per_gb: cpu_per_gb(cpu, bytes, c.reps),
         });
 
@@ -239,7 +244,7 @@ fn main() {
             bytes,
             median: m,
             limit: limits.h2d,
-            pinned_held: PinnedArena::global().held_bytes(),
+            pinned_held: pinlane::memory_stats().staging.held_bytes,
             cpu_s_per_gb: cpu_per_gb(cpu, bytes, c.reps),
         });
         drop(pinned_src);
@@ -258,8 +263,8 @@ fn main() {
                 bytes,
                 median: m,
                 limit: limits.d2h,
-                pinned_held: PinnedArena::global().held_bytes()
-                    + PinnedOutputPool::global().held_bytes(),
+                pinned_held: pinlane::memory_stats().staging.held_bytes
+                    + pinlane::memory_stats().pinned_outputs.held_bytes,
                 cpu_s_per_gb: cpu_per_gb(cpu, bytes, c.reps),
             });
         }
@@ -310,8 +315,8 @@ fn main() {
             bytes: 2 * bytes,
             median: per,
             limit: limits.both,
-            pinned_held: PinnedArena::global().held_bytes()
-                + PinnedOutputPool::global().held_bytes(),
+            pinned_held: pinlane::memory_stats().staging.held_bytes
+                + pinlane::memory_stats().pinned_outputs.held_bytes,
             cpu_s_per_gb: cpu_per_gb(cpu_seconds() - cpu0, 2 * bytes, reps),
         });
     }
@@ -342,7 +347,7 @@ fn main() {
             limits.h2d,
             limits.d2h,
             limits.both,
-            CopyPool::global().threads()
+            pinlane::runtime().copy_threads()
         );
         for (i, r) in rows.iter().enumerate() {
             let _ = write!(

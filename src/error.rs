@@ -113,19 +113,88 @@ pub enum Error {
     #[error("invalid option {name}: {reason}")]
     InvalidOption { name: &'static str, reason: String },
 
+    /// A configuration value that does not parse or is out of range
+    /// ([`Config::from_env`](crate::Config::from_env)).
+    #[error("{variable}={value:?} is not valid: {reason}")]
+    InvalidConfig {
+        variable: String,
+        value: String,
+        reason: String,
+    },
+
+    /// [`Config::install`](crate::Config::install) after the runtime started with another
+    /// configuration.
+    #[error("the pinlane runtime is already running with another configuration: {reason}")]
+    AlreadyRunning { reason: String },
+
+    /// Every staging slot stayed leased for [`Config::slot_wait`](crate::Config::slot_wait)
+    /// (slots held by retained owners whose copies could not be proven complete, or a
+    /// hung device); nothing was queued and the input is unchanged.
+    #[error(
+        "no staging slot became free in {waited_ms} ms ({retained_bytes} bytes retained \
+         after failed synchronisations)"
+    )]
+    StagingExhausted {
+        waited_ms: u64,
+        retained_bytes: usize,
+    },
+
+    /// An internal call made with one device's context current for another device's
+    /// memory or stream.
+    #[error("{op}: cuda:{current}'s context is current, but the call is for cuda:{device}")]
+    ContextMismatch {
+        op: &'static str,
+        current: usize,
+        device: usize,
+    },
+
+    /// A copy path that cannot run on the legacy default stream was given it.
+    #[error("{op}: the legacy default stream cannot be used here")]
+    LegacyStream { op: &'static str },
+
+    /// Two parallel arrays that must have one entry per copy have different lengths (an
+    /// internal inconsistency, reported instead of queueing nothing).
+    #[error("{op}: {what} have different lengths")]
+    LengthMismatch {
+        op: &'static str,
+        what: &'static str,
+    },
+
     /// A CUDA driver call failed.
-    #[error("{op} failed: {name} ({code})")]
+    #[error("{op} failed: {}", .error)]
     Driver {
         /// The driver call, e.g. `cuMemcpyHtoDAsync`.
         op: &'static str,
-        /// The raw `CUresult` value.
-        code: u32,
-        /// The `CUresult` name, e.g. `CUDA_ERROR_OUT_OF_MEMORY`.
-        name: String,
+        /// The `CUresult`, with helpers such as
+        /// [`DriverError::is_out_of_memory`](crate::driver::DriverError::is_out_of_memory).
+        error: crate::driver::DriverError,
     },
 
     /// An error raised earlier inside a `Drop` (where it could not be returned),
     /// surfaced on the next call.
     #[error("an earlier release failed: {0}")]
     Deferred(Box<Error>),
+}
+
+impl Error {
+    /// Whether this is (or wraps) a driver out-of-memory error.
+    ///
+    /// ```
+    /// assert!(!pinlane::Error::StreamWithoutDevice.is_out_of_memory());
+    /// ```
+    pub fn is_out_of_memory(&self) -> bool {
+        match self {
+            Error::Driver { error, .. } => error.is_out_of_memory(),
+            Error::Deferred(e) => e.is_out_of_memory(),
+            _ => false,
+        }
+    }
+
+    /// The driver error, if this is one.
+    pub fn driver_error(&self) -> Option<crate::driver::DriverError> {
+        match self {
+            Error::Driver { error, .. } => Some(*error),
+            _ => None,
+        }
+    }
 }

@@ -50,6 +50,11 @@ impl Shape {
 
     /// Number of elements, or `None` if it overflows `usize`.
     pub fn try_numel(&self) -> Option<usize> {
+        // A zero dimension makes the count 0 whatever the others are, even if multiplying
+        // them first would overflow.
+        if self.0.contains(&0) {
+            return Some(0);
+        }
         self.0.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))
     }
 
@@ -91,6 +96,22 @@ mod tests {
         assert_eq!(Shape::scalar().rank(), 0);
         assert_eq!(Shape::from([3, 0, 7]).numel(), 0);
         assert_eq!(Shape::from([3, 0, 7]).try_nbytes(DType::F64).unwrap(), 0);
+    }
+
+    #[test]
+    fn a_zero_dimension_wins_over_an_overflowing_product() {
+        // Regression: multiplying left to right overflowed before reaching the 0.
+        let s = Shape::from([2, usize::MAX, 0]);
+        assert_eq!(s.try_numel(), Some(0));
+        assert_eq!(s.numel(), 0);
+        assert_eq!(
+            Shape::from([1 << 40, 1 << 40, 0])
+                .try_nbytes(DType::F64)
+                .unwrap(),
+            0
+        );
+        let t = crate::Tensor::from_vec(Vec::<f64>::new(), [1 << 40, 1 << 40, 0]).unwrap();
+        assert_eq!(t.nbytes(), 0);
     }
 
     #[test]

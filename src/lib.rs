@@ -40,6 +40,7 @@ pub use dlpark;
 extern crate self as pinlane;
 
 pub mod batch;
+mod config;
 mod device;
 pub mod driver;
 mod dtype;
@@ -47,27 +48,24 @@ mod engine;
 mod error;
 mod layout;
 pub mod memory;
+mod runtime;
 mod tensor;
 
 pub use batch::{Batch, Leaf, Value};
+pub use config::{Config, CopyStores, SmallD2h};
 pub use device::{Device, DeviceSpec};
 pub use driver::{Event, RawEvent, RawStream, Stream};
 pub use dtype::{DType, Element};
 pub use engine::{
     cached_batches, current_stream, last_transfer_stats, set_current_stream, trace_next_call,
     transfer_tensor_d2h, transfer_tensor_h2d, transfer_tensor_h2d_with, CurrentStreamGuard,
-    D2hOptions, H2dOptions, HostOutput, TransferStats,
+    D2hOptions, H2dOptions, HostOutput, TransferStats, MAX_NUM_CACHES,
 };
 pub use error::{Error, Result};
 pub use layout::Shape;
 pub use memory::DevicePtrGuard;
+pub use runtime::{memory_stats, runtime, trim, DevicePoolStats, MemoryStats, PoolStats, Runtime};
 pub use tensor::{Location, Tensor};
-
-/// The value of environment variable `name` parsed as a `T`, if set and valid: how every
-/// `PINLANE_*` tuning knob is read (docs/performance.md lists them).
-pub(crate) fn env_knob<T: std::str::FromStr>(name: &str) -> Option<T> {
-    std::env::var(name).ok().and_then(|v| v.parse().ok())
-}
 
 /// `#[derive(Batch)]`: see [`Batch`]. Fields are visited in declaration order;
 /// `#[batch(skip)]` passes a field through unchanged (cloned).

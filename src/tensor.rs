@@ -396,8 +396,13 @@ impl Tensor {
     pub fn as_slice<T: Element + bytemuck::Pod>(&self) -> Result<&[T]> {
         self.check_dtype::<T>("as_slice")?;
         let bytes = self.host_bytes("as_slice")?;
-        // Host and pinned buffers start aligned for every dtype (see HostBuf, and
-        // cuMemHostAlloc returns page-aligned memory), so this cannot fail; map it anyway.
+        if bytes.is_empty() {
+            // An empty view's pointer may be only 1-aligned (an empty external owner);
+            // bytemuck checks alignment even for empty slices, so answer directly.
+            return Ok(&[]);
+        }
+        // pinlane's host and pinned buffers start aligned for every dtype (see HostBuf;
+        // cuMemHostAlloc returns page-aligned memory); an external owner's may not be.
         bytemuck::try_cast_slice(bytes).map_err(|e| Error::InvalidBytes {
             dtype: self.dtype(),
             reason: e.to_string(),

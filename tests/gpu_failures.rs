@@ -28,7 +28,7 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 }
 
 fn injected(e: &Error) -> bool {
-    matches!(e, Error::Driver { name, .. } if name == "INJECTED_FAULT")
+    matches!(e, Error::Driver { error, .. } if error.name() == "INJECTED_FAULT")
 }
 
 #[test]

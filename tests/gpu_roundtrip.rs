@@ -4,7 +4,6 @@
 
 mod common;
 
-use pinlane::memory::{ArenaConfig, PinnedArena};
 use pinlane::{
     transfer_tensor_d2h, transfer_tensor_h2d, D2hOptions, HostOutput, Location, Tensor, Value,
 };
@@ -12,10 +11,10 @@ use proptest::prelude::*;
 
 /// 4 KiB slots, 3 of them: a 12x12x12 f64 tensor (13.8 KB) spans 4 slots.
 fn small_arena() {
-    let _ = PinnedArena::configure(ArenaConfig {
-        slot_bytes: 4096,
-        max_bytes: 3 * 4096,
-    });
+    let _ = pinlane::Config::new()
+        .slot_bytes(4096)
+        .arena_bytes(3 * 4096)
+        .install();
 }
 
 fn big_value() -> impl Strategy<Value = Value> {
@@ -53,7 +52,7 @@ proptest! {
         }
         prop_assert_eq!(common::fingerprint(&back), common::fingerprint(&v));
         prop_assert_eq!(&back, &v);
-        prop_assert!(PinnedArena::global().held_bytes() <= 3 * 4096);
+        prop_assert!(pinlane::memory_stats().staging.held_bytes <= 3 * 4096);
     }
 }
 
@@ -61,7 +60,7 @@ proptest! {
 fn arena_in_this_binary_is_small() {
     require_gpu!();
     small_arena();
-    assert_eq!(PinnedArena::global().config().slot_bytes, 4096);
+    assert_eq!(pinlane::runtime().config().slot_bytes, 4096);
     // One tensor of 10 slots and one of 1 byte.
     let b = vec![
         common::tensor(pinlane::DType::U8, &[40_000], 5),

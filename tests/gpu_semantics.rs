@@ -2,7 +2,6 @@
 
 mod common;
 
-use pinlane::memory::PinnedArena;
 use pinlane::{
     cached_batches, last_transfer_stats, set_current_stream, transfer_tensor_d2h,
     transfer_tensor_h2d, transfer_tensor_h2d_with, D2hOptions, DType, Error, Event, H2dOptions,
@@ -71,13 +70,13 @@ fn many_small_tensors_share_copies() {
 #[test]
 fn a_tensor_larger_than_the_arena_round_trips_with_bounded_pinned_memory() {
     require_gpu!();
-    let cap = PinnedArena::global().config().max_bytes;
+    let cap = pinlane::runtime().config().arena_bytes;
     let n = cap + (cap / 2) + 12_345;
     let b = common::tensor(DType::U8, &[n], 9);
     let r = transfer_tensor_h2d(&b).unwrap();
     assert!(last_transfer_stats().unwrap().windows >= 2);
     assert_eq!(d2h(&r), b);
-    assert!(PinnedArena::global().held_bytes() <= cap);
+    assert!(pinlane::memory_stats().staging.held_bytes <= cap);
 }
 
 #[test]
@@ -259,7 +258,7 @@ fn h2d_consumer_stream_option() {
     assert_eq!(d2h(&r), b);
     drop(r); // freed in order on `consumer`
     consumer.synchronize().unwrap();
-    assert!(pinlane::driver::deferred::take().is_none());
+    assert!(pinlane::driver::deferred::take(common::dev()).is_none());
 }
 
 #[test]
@@ -281,8 +280,8 @@ fn d2h_output_modes() {
     );
     assert!(s.copies <= 3, "{s:?}");
     assert_eq!(pinned, b);
-    let held = pinlane::memory::PinnedOutputPool::global().held_bytes();
-    assert!(held > 0 && held <= pinlane::memory::PinnedOutputPool::global().max_bytes());
+    let held = pinlane::memory_stats().pinned_outputs.held_bytes;
+    assert!(held > 0 && held <= pinlane::runtime().config().pinned_output_bytes);
 
     let pageable =
         transfer_tensor_d2h(&on, &D2hOptions::default().output(HostOutput::Pageable)).unwrap();

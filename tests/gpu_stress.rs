@@ -4,7 +4,6 @@
 
 mod common;
 
-use pinlane::memory::{PinnedArena, PinnedOutputPool};
 use pinlane::{transfer_tensor_d2h, transfer_tensor_h2d, D2hOptions, DType, HostOutput, Tensor};
 
 /// These tests each use much of the machine; they take turns.
@@ -108,7 +107,7 @@ fn soak_20000_transfers_hold_memory_flat() {
         };
         let held = || {
             let (free, total) = pinlane::driver::device_memory_info(common::dev()).unwrap();
-            (total - free, PinnedArena::global().held_bytes() + PinnedOutputPool::global().held_bytes())
+            (total - free, pinlane::memory_stats().staging.held_bytes + pinlane::memory_stats().pinned_outputs.held_bytes)
         };
         for i in 0..1000 {
             round(i);

@@ -30,7 +30,7 @@ fn batch() -> Vec<Tensor> {
 }
 
 fn injected(e: &Error) -> bool {
-    matches!(e, Error::Driver { name, .. } if name == "INJECTED_FAULT")
+    matches!(e, Error::Driver { error, .. } if error.name() == "INJECTED_FAULT")
 }
 
 const KINDS: [FaultKind; 4] = [

@@ -112,5 +112,5 @@ fn many_batches_through_few_slots_keep_every_byte() {
             transfer_tensor_d2h(&transfer_tensor_h2d(&b).unwrap(), &D2hOptions::default()).unwrap();
         assert_eq!(back, b, "batch {i}");
     }
-    assert!(pinlane::memory::PinnedArena::global().held_bytes() <= 1 << 20);
+    assert!(pinlane::memory_stats().staging.held_bytes <= 1 << 20);
 }

@@ -43,10 +43,22 @@ fn median(mut v: Vec<Duration>) -> Duration {
 }
 
 fn main() -> pinlane::Result<()> {
+    // PINLANE_* variables tune the demo's runtime (the library itself reads none).
+    pinlane::Config::from_env()?.install()?;
     let simulated = std::env::args().any(|a| a == "--simulated");
     if simulated {
-        pinlane::driver::sim::enable(pinlane::driver::sim::SimConfig::seeded(1))?;
-        println!("SIMULATED device: no GPU is used; copies run on host threads with random delays");
+        #[cfg(feature = "sim")]
+        {
+            pinlane::driver::sim::enable(pinlane::driver::sim::SimConfig::seeded(1))?;
+            println!(
+                "SIMULATED device: no GPU is used; copies run on host threads with random delays"
+            );
+        }
+        #[cfg(not(feature = "sim"))]
+        {
+            eprintln!("--simulated needs the demo built with feature `sim`");
+            std::process::exit(2);
+        }
     }
     let batch = build()?;
     let bytes: usize = pinlane::batch::tensors(&batch)
@@ -118,9 +130,11 @@ fn main() -> pinlane::Result<()> {
         d.as_secs_f64() * 1e3,
         gbs(d)
     );
+    let mem = pinlane::memory_stats();
     println!(
-        "pinned staging held: {} MiB",
-        pinlane::memory::PinnedArena::global().held_bytes() >> 20
+        "page-locked memory held: staging {} MiB, outputs {} MiB",
+        mem.staging.held_bytes >> 20,
+        mem.pinned_outputs.held_bytes >> 20
     );
     if simulated {
         println!("(simulated: these timings measure the simulator, not a GPU)");

@@ -1,31 +1,83 @@
 //! The narrow interface the rest of the driver layer calls the device through: the raw
-//! driver entry points pinlane uses, each forwarded to `libcuda` or, once a process has
-//! chosen it with [`crate::driver::sim::enable`], to the simulated device. Same names and
-//! signatures as `cudarc::driver::sys`, so the checked wrappers read the same either way.
+//! driver entry points pinlane uses, forwarded to `libcuda` or (feature `sim`, once a
+//! process has chosen it with `driver::sim::enable`) to the simulated device. Same names
+//! and signatures as `cudarc::driver::sys`, so the checked wrappers read the same either
+//! way.
 //!
 //! # Safety
 //! Every function here has the contract of the driver call of the same name.
 
 #![allow(non_snake_case, clippy::missing_safety_doc, clippy::too_many_arguments)]
 
-use super::sim;
 use cudarc::driver::sys::{self, CUresult};
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
+/// Without the `sim` feature, each entry point is `libcuda`'s, called directly.
+#[cfg(not(feature = "sim"))]
 macro_rules! route {
     ($(fn $name:ident($($arg:ident: $ty:ty),*);)*) => {$(
         // cuLaunchHostFunc is only called by test helpers (feature `test-util`).
         #[cfg_attr(not(feature = "test-util"), allow(dead_code))]
         #[inline]
         pub(crate) unsafe fn $name($($arg: $ty),*) -> CUresult {
-            match sim::active() {
-                // SAFETY: the caller's contract is the driver call's; the simulator keeps it.
-                Some(s) => unsafe { s.$name($($arg),*) },
-                // SAFETY: forwarded unchanged under the caller's contract.
-                None => unsafe { sys::$name($($arg),*) },
-            }
+            // SAFETY: forwarded unchanged under the caller's contract.
+            unsafe { sys::$name($($arg),*) }
         }
     )*};
+}
+
+/// With the `sim` feature, the entry points come from a function table chosen once, when
+/// the driver is probed ([`select`]): `libcuda`'s, or the simulated device's.
+#[cfg(feature = "sim")]
+macro_rules! route {
+    ($(fn $name:ident($($arg:ident: $ty:ty),*);)*) => {
+        struct Table {
+            $($name: unsafe fn($($ty),*) -> CUresult,)*
+        }
+
+        static REAL: Table = Table { $($name: sys::$name,)* };
+
+        /// The simulated device's entry points, as free functions.
+        mod simulated {
+            use super::*;
+            $(
+                pub(super) unsafe fn $name($($arg: $ty),*) -> CUresult {
+                    match super::super::sim::active() {
+                        // SAFETY: the caller's contract is the driver call's; the
+                        // simulator keeps it.
+                        Some(s) => unsafe { s.$name($($arg),*) },
+                        None => CUresult::CUDA_ERROR_NOT_INITIALIZED,
+                    }
+                }
+            )*
+        }
+
+        static SIMULATED: Table = Table { $($name: simulated::$name,)* };
+
+        $(
+            #[cfg_attr(not(feature = "test-util"), allow(dead_code))]
+            #[inline]
+            pub(crate) unsafe fn $name($($arg: $ty),*) -> CUresult {
+                // SAFETY: forwarded unchanged under the caller's contract.
+                unsafe { (table().$name)($($arg),*) }
+            }
+        )*
+    };
+}
+
+#[cfg(feature = "sim")]
+static TABLE: std::sync::OnceLock<&'static Table> = std::sync::OnceLock::new();
+
+/// Chooses the entry points once: the simulated device's or `libcuda`'s.
+#[cfg(feature = "sim")]
+pub(crate) fn select(simulated: bool) {
+    TABLE.get_or_init(|| if simulated { &SIMULATED } else { &REAL });
+}
+
+#[cfg(feature = "sim")]
+#[inline]
+fn table() -> &'static Table {
+    TABLE.get().copied().unwrap_or(&REAL)
 }
 
 route! {
@@ -53,6 +105,8 @@ route! {
     fn cuMemFreeHost(p: *mut c_void);
     fn cuMemPoolCreate(pool: *mut sys::CUmemoryPool, props: *const sys::CUmemPoolProps);
     fn cuMemPoolSetAttribute(pool: sys::CUmemoryPool, attr: sys::CUmemPool_attribute, v: *mut c_void);
+    fn cuMemPoolGetAttribute(pool: sys::CUmemoryPool, attr: sys::CUmemPool_attribute, v: *mut c_void);
+    fn cuMemPoolTrimTo(pool: sys::CUmemoryPool, keep: usize);
     fn cuMemAllocFromPoolAsync(p: *mut sys::CUdeviceptr, n: usize, pool: sys::CUmemoryPool, s: sys::CUstream);
     fn cuMemFreeAsync(p: sys::CUdeviceptr, s: sys::CUstream);
     fn cuMemcpyHtoDAsync_v2(dst: sys::CUdeviceptr, src: *const c_void, n: usize, s: sys::CUstream);

@@ -58,7 +58,7 @@ fn entry() -> Option<Entry> {
     static E: OnceLock<Option<Entry>> = OnceLock::new();
     *E.get_or_init(|| {
         super::available()?;
-        if super::sim::is_enabled() {
+        if super::simulated() {
             return None; // not simulated
         }
         // SAFETY: the library is loaded (available() checked it); `get` only resolves
@@ -85,10 +85,10 @@ pub(crate) fn available() -> bool {
 /// # Safety
 /// For every i: `dsts[i]..+sizes[i]` is page-locked host memory nobody else touches until
 /// the copies finish; `srcs[i]..+sizes[i]` is device memory whose producing work is
-/// ordered before this point of `stream`, alive until the copies finish. `stream` is not
-/// the legacy default stream.
+/// ordered before this point of `stream`, alive until the copies finish. The legacy
+/// stream is refused with an error.
 pub(crate) unsafe fn memcpy_batch_d2h_async(
-    _ctx: &ContextGuard,
+    ctx: &ContextGuard,
     dsts: &mut [DevicePtr],
     srcs: &mut [DevicePtr],
     sizes: &mut [usize],
@@ -96,9 +96,24 @@ pub(crate) unsafe fn memcpy_batch_d2h_async(
     stream: &Stream,
 ) -> Result<()> {
     fault_point(FaultKindTag::Copy, "cuMemcpyBatchAsync")?;
+    ctx.check("cuMemcpyBatchAsync", device)?;
     let n = dsts.len();
-    if n == 0 || srcs.len() != n || sizes.len() != n {
+    if srcs.len() != n || sizes.len() != n {
+        // Queueing nothing would hand out the uninitialised destination as results.
+        return Err(crate::Error::LengthMismatch {
+            op: "cuMemcpyBatchAsync",
+            what: "destinations, sources and sizes",
+        });
+    }
+    if n == 0 {
         return Ok(());
+    }
+    if stream.is_legacy() {
+        // The batched copy's stream-ordered source access is defined for ordinary
+        // streams; the legacy stream is refused rather than trusted.
+        return Err(crate::Error::LegacyStream {
+            op: "cuMemcpyBatchAsync",
+        });
     }
     let Some(e) = entry() else {
         return Err(crate::Error::NoCuda {

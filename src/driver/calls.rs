@@ -51,12 +51,13 @@ pub(crate) unsafe fn host_free(_ctx: &ContextGuard, p: *mut u8) -> Result<()> {
 /// Allocates `nbytes` (> 0) of device memory from pinlane's pool of `device`, ready in
 /// `stream`'s order.
 pub(crate) fn device_alloc_async(
-    _ctx: &ContextGuard,
+    ctx: &ContextGuard,
     device: usize,
     nbytes: usize,
     stream: &Stream,
 ) -> Result<DevicePtr> {
     fault_point(FaultKindTag::Alloc, "cuMemAllocFromPoolAsync")?;
+    ctx.check("cuMemAllocFromPoolAsync", device)?;
     let pool = context::handles(device)?.pool;
     let mut p: DevicePtr = 0;
     // SAFETY: out-pointer to a live local; the pool and stream are alive and belong to

@@ -6,14 +6,17 @@
 //! context (or none) is current and pops it again, so a caller's own current context is
 //! left as it was.
 //!
-//! Each device also gets one stream-ordered memory pool of pinlane's own, with its release
-//! threshold at the maximum so freed memory stays cached in the pool for reuse instead of
-//! going back to the driver at every synchronisation. It is pinlane's, not the device's
-//! default pool, so pinlane changes no process-wide setting.
+//! Each device also gets one stream-ordered memory pool of pinlane's own. Its release
+//! threshold ([`Config::device_pool_release_bytes`](crate::Config::device_pool_release_bytes))
+//! says how much freed memory stays cached for reuse instead of going back to the driver
+//! at the next synchronisation; [`trim_device_pools`] gives back all that backs no
+//! allocation. It is pinlane's, not the device's default pool, so pinlane changes no
+//! process-wide setting.
 
 use super::{check, check_device, Handle};
 use crate::error::Result;
 use cudarc::driver::sys;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 /// The per-device handles made once.
@@ -26,6 +29,89 @@ pub(crate) struct DeviceHandles {
 /// One slot per device, filled on first use. A `Mutex` (not `OnceLock` per device) because
 /// creation is fallible and rare; reads after creation copy the handles out.
 static DEVICES: OnceLock<Vec<Mutex<Option<DeviceHandles>>>> = OnceLock::new();
+
+/// The release threshold for device pools, set by the runtime from its configuration.
+static RELEASE_THRESHOLD: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// Sets the release threshold that pools made from now on get; see
+/// [`apply_pool_release_threshold`] for those made already.
+pub(crate) fn set_pool_release_threshold(bytes: u64) {
+    RELEASE_THRESHOLD.store(bytes, Ordering::Relaxed);
+}
+
+/// The release threshold in force.
+pub(crate) fn pool_release_threshold() -> u64 {
+    RELEASE_THRESHOLD.load(Ordering::Relaxed)
+}
+
+/// The handles of the devices whose handles were made, without making any.
+fn made() -> Vec<(usize, DeviceHandles)> {
+    DEVICES.get().map_or_else(Vec::new, |slots| {
+        slots
+            .iter()
+            .enumerate()
+            .filter_map(|(d, m)| (*m.lock().unwrap_or_else(|p| p.into_inner())).map(|h| (d, h)))
+            .collect()
+    })
+}
+
+/// Sets the release threshold on every pool made so far.
+pub(crate) fn apply_pool_release_threshold() -> Result<()> {
+    for (d, h) in made() {
+        let _ctx = bind(d)?;
+        set_release_threshold(h.pool.0)?;
+    }
+    Ok(())
+}
+
+/// Gives back to the driver all memory of pinlane's device pools that backs no
+/// allocation (`cuMemPoolTrimTo(pool, 0)`), on every device used so far.
+pub(crate) fn trim_device_pools() -> Result<()> {
+    for (d, h) in made() {
+        let _ctx = bind(d)?;
+        // SAFETY: the pool is alive for the process; trimming only releases unused memory.
+        unsafe { check("cuMemPoolTrimTo", super::api::cuMemPoolTrimTo(h.pool.0, 0)) }?;
+    }
+    Ok(())
+}
+
+/// A device pool's reserved, used and highest reserved bytes.
+pub(crate) struct PoolAttrs {
+    pub(crate) reserved: u64,
+    pub(crate) used: u64,
+    pub(crate) reserved_high: u64,
+}
+
+/// [`PoolAttrs`] of every device pool made so far (devices whose attributes cannot be
+/// read are left out).
+pub(crate) fn device_pool_stats() -> Vec<(usize, PoolAttrs)> {
+    use sys::CUmemPool_attribute::*;
+    let get = |pool: sys::CUmemoryPool, a: sys::CUmemPool_attribute| -> Result<u64> {
+        let mut v: u64 = 0;
+        // SAFETY: these three attributes are u64 values; `v` is a live u64; the pool is
+        // alive for the process.
+        unsafe {
+            check(
+                "cuMemPoolGetAttribute",
+                super::api::cuMemPoolGetAttribute(pool, a, (&mut v as *mut u64).cast()),
+            )
+        }?;
+        Ok(v)
+    };
+    made()
+        .into_iter()
+        .filter_map(|(d, h)| {
+            let attrs = (|| {
+                Ok::<_, crate::Error>(PoolAttrs {
+                    reserved: get(h.pool.0, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
+                    used: get(h.pool.0, CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
+                    reserved_high: get(h.pool.0, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?,
+                })
+            })();
+            attrs.ok().map(|a| (d, a))
+        })
+        .collect()
+}
 
 /// The primary context and pool of `device`, made on first use.
 pub(crate) fn handles(device: usize) -> Result<DeviceHandles> {
@@ -57,7 +143,7 @@ pub(crate) fn handles(device: usize) -> Result<DeviceHandles> {
     }?;
     let ctx = Handle(ctx);
     let pool = {
-        let _guard = push(ctx)?;
+        let _guard = push(ctx, device)?;
         create_pool(dev)?
     };
     let h = DeviceHandles { ctx, pool };
@@ -81,9 +167,14 @@ fn create_pool(dev: sys::CUdevice) -> Result<Handle<sys::CUmemoryPool>> {
             super::api::cuMemPoolCreate(&mut pool, &props),
         )
     }?;
-    let mut threshold: u64 = u64::MAX;
-    // SAFETY: RELEASE_THRESHOLD takes a pointer to a u64, which `threshold` is; `pool`
-    // was just created.
+    set_release_threshold(pool)?;
+    Ok(Handle(pool))
+}
+
+fn set_release_threshold(pool: sys::CUmemoryPool) -> Result<()> {
+    let mut threshold: u64 = pool_release_threshold();
+    // SAFETY: RELEASE_THRESHOLD takes a pointer to a u64, which `threshold` is; the pool
+    // is alive.
     unsafe {
         check(
             "cuMemPoolSetAttribute",
@@ -93,22 +184,22 @@ fn create_pool(dev: sys::CUdevice) -> Result<Handle<sys::CUmemoryPool>> {
                 (&mut threshold as *mut u64).cast(),
             ),
         )
-    }?;
-    Ok(Handle(pool))
+    }
 }
 
 /// Makes `device`'s primary context current until the guard drops.
 pub(crate) fn bind(device: usize) -> Result<ContextGuard> {
-    push(handles(device)?.ctx)
+    push(handles(device)?.ctx, device)
 }
 
-fn push(ctx: Handle<sys::CUcontext>) -> Result<ContextGuard> {
+fn push(ctx: Handle<sys::CUcontext>, device: usize) -> Result<ContextGuard> {
     let mut current: sys::CUcontext = std::ptr::null_mut();
     // SAFETY: out-pointer to a live local.
     unsafe { check("cuCtxGetCurrent", super::api::cuCtxGetCurrent(&mut current)) }?;
     if current == ctx.0 {
         return Ok(ContextGuard {
             pushed: false,
+            device,
             _not_send: std::marker::PhantomData,
         });
     }
@@ -116,6 +207,7 @@ fn push(ctx: Handle<sys::CUcontext>) -> Result<ContextGuard> {
     unsafe { check("cuCtxPushCurrent", super::api::cuCtxPushCurrent_v2(ctx.0)) }?;
     Ok(ContextGuard {
         pushed: true,
+        device,
         _not_send: std::marker::PhantomData,
     })
 }
@@ -125,7 +217,31 @@ fn push(ctx: Handle<sys::CUcontext>) -> Result<ContextGuard> {
 /// Not `Send`: the context stack is per thread.
 pub(crate) struct ContextGuard {
     pushed: bool,
+    /// The device whose context this guard keeps current: calls that take a guard and a
+    /// device index check they agree ([`ContextGuard::check`]).
+    device: usize,
     _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl ContextGuard {
+    /// The device whose context is current.
+    pub(crate) fn device(&self) -> usize {
+        self.device
+    }
+
+    /// `Ok` if this guard is for `device`; a typed error otherwise (a call would run in
+    /// another device's context).
+    pub(crate) fn check(&self, op: &'static str, device: usize) -> Result<()> {
+        if self.device == device {
+            Ok(())
+        } else {
+            Err(crate::Error::ContextMismatch {
+                op,
+                current: self.device,
+                device,
+            })
+        }
+    }
 }
 
 impl Drop for ContextGuard {
@@ -136,7 +252,7 @@ impl Drop for ContextGuard {
             // its PhantomData) and nothing popped it since.
             let res = unsafe { super::api::cuCtxPopCurrent_v2(&mut popped) };
             if let Err(e) = check("cuCtxPopCurrent", res) {
-                super::deferred::record(e);
+                super::deferred::record(self.device, e);
             }
         }
     }

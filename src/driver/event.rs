@@ -193,7 +193,7 @@ impl Drop for EventInner {
             unsafe { check("cuEventDestroy", super::api::cuEventDestroy_v2(self.raw.0)) }
         });
         if let Err(e) = res {
-            super::deferred::record(e);
+            super::deferred::record(self.device, e);
         }
     }
 }

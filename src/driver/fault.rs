@@ -67,8 +67,7 @@ pub(crate) fn hit(kind: FaultKind, op: &'static str) -> Result<(), Error> {
     if fire {
         Err(Error::Driver {
             op,
-            code: 999,
-            name: "INJECTED_FAULT".into(),
+            error: crate::driver::DriverError::with_name(999, "INJECTED_FAULT"),
         })
     } else {
         Ok(())

@@ -63,7 +63,7 @@ pub fn gather_unavailable_reason(device: crate::Device) -> Option<String> {
 }
 
 fn load_gather(device: usize) -> Result<GatherKernel> {
-    let names: &[&str] = if super::sim::is_enabled() {
+    let names: &[&str] = if super::simulated() {
         &[] // the simulated device runs the gather itself
     } else {
         &["cuModuleLoadData", "cuModuleGetFunction", "cuLaunchKernel"]

@@ -10,8 +10,8 @@
 //! | file | what it holds |
 //! | --- | --- |
 //! | `mod.rs` | [`available`], the checked-call helper, raw handle wrappers |
-//! | `api.rs` | the raw entry points, routed to `libcuda` or to the simulated device |
-//! | `sim.rs` | the simulated device ([`sim::enable`]) |
+//! | `api.rs` | the raw entry points: `libcuda`'s, or (feature `sim`) a table chosen once |
+//! | `sim.rs` | the simulated device (`sim::enable`, feature `sim`) |
 //! | `context.rs` | primary contexts, one per device, and the guard that makes one current |
 //! | `stream.rs` | [`Stream`]: an owned (or borrowed legacy) `CUstream` |
 //! | `event.rs` | [`Event`]: an owned `CUevent` |
@@ -26,16 +26,22 @@ mod batch_copy;
 mod calls;
 mod context;
 pub mod deferred;
+mod error;
 mod event;
 #[cfg(feature = "test-util")]
 pub mod fault;
 mod kernels;
+#[cfg(feature = "sim")]
 pub mod sim;
 mod stream;
 
 pub(crate) use batch_copy::{available as batch_copy_available, memcpy_batch_d2h_async};
 pub(crate) use calls::*;
-pub(crate) use context::{bind, ContextGuard};
+pub(crate) use context::{
+    apply_pool_release_threshold, bind, device_pool_stats, pool_release_threshold,
+    set_pool_release_threshold, trim_device_pools, ContextGuard,
+};
+pub use error::DriverError;
 pub use event::{Event, RawEvent};
 pub(crate) use kernels::{gather_kernel, launch_gather, GatherPiece};
 pub use kernels::{gather_unavailable_reason, GATHER_PTX};
@@ -81,6 +87,8 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuMemFreeHost",
     "cuMemPoolCreate",
     "cuMemPoolSetAttribute",
+    "cuMemPoolGetAttribute",
+    "cuMemPoolTrimTo",
     "cuMemAllocFromPoolAsync",
     "cuMemFreeAsync",
     "cuMemcpyHtoDAsync_v2",
@@ -115,19 +123,37 @@ pub(crate) fn require(op: &'static str) -> Result<&'static DriverInfo> {
     })
 }
 
+/// Whether this process uses the simulated device (never without feature `sim`).
+pub(crate) fn simulated() -> bool {
+    #[cfg(feature = "sim")]
+    {
+        sim::is_enabled()
+    }
+    #[cfg(not(feature = "sim"))]
+    {
+        false
+    }
+}
+
 /// Whether the driver status was computed (after which the device cannot be switched to
 /// the simulator).
+#[cfg(feature = "sim")]
 pub(crate) fn probed() -> bool {
     STATUS.get().is_some()
 }
 
 fn probe() -> &'static std::result::Result<DriverInfo, String> {
     STATUS.get_or_init(|| {
-        if let Some(s) = sim::active() {
-            return Ok(DriverInfo {
-                version: 0,
-                device_count: s.devices(),
-            });
+        #[cfg(feature = "sim")]
+        {
+            let simulated = sim::active();
+            api::select(simulated.is_some());
+            if let Some(s) = simulated {
+                return Ok(DriverInfo {
+                    version: 0,
+                    device_count: s.devices(),
+                });
+            }
         }
         // SAFETY: is_culib_present only tries to dlopen the library names; no symbol is
         // called.
@@ -238,29 +264,64 @@ fn driver_error(op: &'static str, res: sys::CUresult) -> Error {
     // runs behind `available()`.
     let named = unsafe { api::cuGetErrorName(res, &mut name_ptr) };
     let name = if named == sys::CUresult::CUDA_SUCCESS && !name_ptr.is_null() {
-        // SAFETY: the driver returned a pointer to a NUL-terminated static string.
-        unsafe { std::ffi::CStr::from_ptr(name_ptr) }
-            .to_string_lossy()
-            .into_owned()
+        // SAFETY: the driver returned a pointer to a NUL-terminated string that is static
+        // (it lives in the driver library, which stays loaded for the process's life).
+        unsafe { std::ffi::CStr::from_ptr::<'static>(name_ptr) }
+            .to_str()
+            .ok()
     } else {
-        format!("{res:?}")
+        None
     };
     Error::Driver {
         op,
-        code: res as u32,
-        name,
+        error: DriverError::from_result(res, name),
     }
 }
 
-/// A raw driver handle that may be sent between threads.
+/// A raw driver handle that may be sent between threads: only for the types that
+/// implement [`DriverHandle`].
 ///
-/// CUDA driver handles (contexts, streams, events, pools) are process-wide values that
-/// the driver lets any thread use; the raw pointer types are only `!Send` because they
-/// are pointers.
+/// CUDA driver handles (contexts, streams, events, pools, functions) are process-wide
+/// values that the driver lets any thread use; the raw pointer types are only `!Send`
+/// because they are pointers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Handle<T>(pub(crate) T);
+pub(crate) struct Handle<T: DriverHandle>(pub(crate) T);
 
-// SAFETY: see the type's docs: the driver API is thread-safe for these handles.
-unsafe impl<T> Send for Handle<T> {}
+/// The opaque driver handle types a [`Handle`] may hold.
+///
+/// # Safety
+/// Values of the type are tokens the driver lets any thread pass to it; they are never
+/// dereferenced by pinlane.
+pub(crate) unsafe trait DriverHandle: Copy {}
+
+// SAFETY: each is an opaque driver handle (see the trait); the driver API is thread-safe
+// for all of them.
+unsafe impl DriverHandle for sys::CUcontext {}
+// SAFETY: as above.
+unsafe impl DriverHandle for sys::CUstream {}
+// SAFETY: as above.
+unsafe impl DriverHandle for sys::CUevent {}
+// SAFETY: as above.
+unsafe impl DriverHandle for sys::CUmemoryPool {}
+// SAFETY: as above.
+unsafe impl DriverHandle for sys::CUfunction {}
+
+// SAFETY: `T: DriverHandle` is a token any thread may use (the trait's contract).
+unsafe impl<T: DriverHandle> Send for Handle<T> {}
 // SAFETY: as above; a handle is an opaque value that is only passed to the driver.
-unsafe impl<T> Sync for Handle<T> {}
+unsafe impl<T: DriverHandle> Sync for Handle<T> {}
+
+/// The address of host memory that an owner in the memory layer (a staging slab, a
+/// page-locked block, a simulated region) allocated and governs.
+///
+/// Sending the address is safe because every access to the bytes goes through that
+/// owner's rules (exclusive leases, immutable views after completed copies, events): the
+/// address alone grants nothing, and the owner's own `Send`/`Sync` follow from it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct HostPtr<T>(pub(crate) *mut T);
+
+// SAFETY: see the type's docs: the owner that holds the address decides who touches the
+// bytes, and it allows that only under its own synchronisation.
+unsafe impl<T> Send for HostPtr<T> {}
+// SAFETY: as above; shared references to a HostPtr only copy the address.
+unsafe impl<T> Sync for HostPtr<T> {}

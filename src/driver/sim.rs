@@ -22,7 +22,7 @@
 //! * faults: the test-only fault plan of `fault.rs` (the Nth call of a kind fails) works
 //!   the same on the simulated device as on the real one.
 
-use super::Handle;
+use super::HostPtr;
 use crate::error::{Error, Result};
 use cudarc::driver::sys::{self, CUresult};
 use std::cell::RefCell;
@@ -118,7 +118,7 @@ pub(crate) fn active() -> Option<&'static Sim> {
 
 /// A region of simulated memory: page-aligned, zeroed at birth, freed on drop.
 struct Region {
-    ptr: Handle<*mut u8>,
+    ptr: HostPtr<u8>,
     len: usize,
     device: Option<usize>,
 }
@@ -134,7 +134,7 @@ impl Region {
         // SAFETY: `ptr` is a fresh allocation of at least `len` bytes.
         unsafe { std::ptr::write_bytes(ptr, fill, len.max(1)) };
         Some(Region {
-            ptr: Handle(ptr),
+            ptr: HostPtr(ptr),
             len,
             device,
         })
@@ -217,7 +217,7 @@ enum Op {
     Wait(Arc<SimEvent>, u64),
     /// Host functions are queued only by test helpers (feature `test-util`).
     #[cfg_attr(not(feature = "test-util"), allow(dead_code))]
-    Host(unsafe extern "C" fn(*mut c_void), Handle<*mut c_void>),
+    Host(unsafe extern "C" fn(*mut c_void), HostPtr<c_void>),
     Gather {
         pieces: u64,
         n: u32,
@@ -651,7 +651,7 @@ impl Sim {
         };
         // SAFETY: the handle is valid (contract).
         let st = unsafe { self.stream(s) };
-        Self::submit(&st, Op::Host(f, Handle(user)))
+        Self::submit(&st, Op::Host(f, HostPtr(user)))
     }
 
     pub(crate) unsafe fn cuEventCreate(&self, e: *mut sys::CUevent, _flags: c_uint) -> CUresult {
@@ -744,10 +744,35 @@ impl Sim {
     pub(crate) unsafe fn cuMemPoolCreate(
         &self,
         pool: *mut sys::CUmemoryPool,
-        _props: *const sys::CUmemPoolProps,
+        props: *const sys::CUmemPoolProps,
     ) -> CUresult {
+        // SAFETY: the props pointer is valid for reads (contract).
+        let d = unsafe { (*props).location.id } as usize;
         // SAFETY: out-pointer per the driver contract.
-        unsafe { *pool = POOL as sys::CUmemoryPool };
+        unsafe { *pool = (POOL + 16 * d) as sys::CUmemoryPool };
+        OK
+    }
+
+    pub(crate) unsafe fn cuMemPoolTrimTo(
+        &self,
+        _pool: sys::CUmemoryPool,
+        _keep: usize,
+    ) -> CUresult {
+        OK // the simulated pool caches nothing: freed memory is given back at once
+    }
+
+    /// Reserved and used memory are both what the pool's device has allocated (the
+    /// simulated pool caches nothing).
+    pub(crate) unsafe fn cuMemPoolGetAttribute(
+        &self,
+        pool: sys::CUmemoryPool,
+        _a: sys::CUmemPool_attribute,
+        v: *mut c_void,
+    ) -> CUresult {
+        let d = (pool as usize).wrapping_sub(POOL) / 16;
+        let used = lock(&self.mem).used.get(d).copied().unwrap_or(0) as u64;
+        // SAFETY: the attributes pinlane reads are u64 (contract).
+        unsafe { *v.cast::<u64>() = used };
         OK
     }
 

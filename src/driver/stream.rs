@@ -240,7 +240,7 @@ impl Drop for StreamInner {
             }
         });
         if let Err(e) = res {
-            super::deferred::record(e);
+            super::deferred::record(self.device, e);
         }
     }
 }

@@ -22,11 +22,11 @@ use crate::device::DeviceSpec;
 use crate::driver::{self, ContextGuard};
 use crate::error::{Error, Result};
 use crate::memory::{
-    self, DeviceView, HostBuf, HostRegion, InFlight, PinnedArena, PinnedBlock, PinnedBuf,
-    PinnedOutputPool, SlotLease, DEVICE_ALIGN,
+    self, DeviceView, HostBuf, HostRegion, InFlight, PinnedBlock, PinnedBuf, SlotLease,
+    DEVICE_ALIGN,
 };
 use crate::tensor::{Location, Storage, Tensor};
-use crate::{D2hOptions, HostOutput};
+use crate::{D2hOptions, HostOutput, SmallD2h};
 
 pub(crate) fn transfer<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
     // Checks that need no driver come first, so bad options are errors everywhere.
@@ -65,7 +65,7 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
     if picked.is_empty() {
         return Ok(batch::replace_tensors(batch, Vec::new()));
     }
-    driver::deferred::surface()?;
+    driver::deferred::surface(device)?;
 
     let stream = match &opts.stream {
         Some(s) => s.clone(),
@@ -88,21 +88,25 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
     let small = |i: &usize| is_small(all[*i].nbytes());
     let n_small = picked.iter().filter(|i| small(i)).count();
     // Small tensors into page-locked outputs: one cuMemcpyBatchAsync instead of the
-    // gather kernel when PINLANE_D2H_SMALL=batch (an experiment; docs/performance.md).
+    // gather kernel with `SmallD2h::Batch` (an experiment; docs/performance.md). Never on
+    // the legacy stream (a caller's `D2hOptions::stream` may be it), which the batched
+    // copy does not take.
+    let rt = crate::runtime::runtime();
     let batch_small = n_small >= GATHER_MIN_COUNT
+        && !stream.is_legacy()
         && opts.output == HostOutput::Pinned
-        && small_mode() == SmallMode::Batch
+        && rt.settings().small_d2h == SmallD2h::Batch
         && memory::batch_copy_available();
     let gather_n = if !batch_small
         && n_small >= GATHER_MIN_COUNT
-        && small_mode() == SmallMode::Gather
+        && rt.settings().small_d2h == SmallD2h::Gather
         && memory::gather_available(device)
     {
         // Stable: visit order is kept within each group.
         picked.sort_by_key(|i| !small(i));
         // The descriptors go through one staging slot: gather as many as fit (24 bytes
         // each); any further small tensors are copied one by one.
-        n_small.min(PinnedArena::global().config().slot_bytes / GATHER_DESC_BYTES)
+        n_small.min(rt.arena.slot_bytes() / GATHER_DESC_BYTES)
     } else {
         0
     };
@@ -116,13 +120,13 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
     let sizes: Vec<usize> = views.iter().map(|v| v.nbytes()).collect();
     let (offsets, end) = plan::pack(sizes.iter().copied(), DEVICE_ALIGN)?;
     let block = match opts.output {
-        HostOutput::Pinned if end > 0 => PinnedOutputPool::global().take(end, device)?,
-        HostOutput::Pinned => Some(PinnedBlock::empty()),
+        HostOutput::Pinned if end > 0 => rt.outputs.take(end, device)?,
+        HostOutput::Pinned => Some((PinnedBlock::empty(), 0)),
         HostOutput::Pageable => None,
     };
 
     super::trace::mark("planned");
-    let mut job = InFlight::new(stream);
+    let mut job = InFlight::new(stream, crate::runtime::runtime().settings().drop_sync_wait);
     let mut stats = TransferStats {
         tensors: picked.len(),
         bytes: sizes.iter().sum(),
@@ -142,17 +146,19 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
         end,
     };
     let storages: Vec<Storage> = match block {
-        Some(block) => {
-            job.hold(&block, block.len());
+        Some((block, base)) => {
+            job.hold(&block, end);
             let run = if batch_small {
-                submit_batch(&ctx, device, &mut job, &block, &views, &offsets, &mut stats)
+                submit_batch(
+                    &ctx, device, &mut job, &block, base, &views, &offsets, &mut stats,
+                )
             } else {
                 submit(
                     &ctx,
                     device,
                     &mut job,
                     &layout,
-                    Dest::Block(&block),
+                    Dest::Block(&block, base),
                     &mut stats,
                 )
             };
@@ -161,11 +167,11 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
             }
             job.finish(keep_sources)?;
             (0..views.len())
-                .map(|k| Storage::Pinned(PinnedBuf::view(&block, offsets[k], sizes[k])))
-                .collect()
+                .map(|k| PinnedBuf::view(&block, base + offsets[k], sizes[k]).map(Storage::Pinned))
+                .collect::<Result<_>>()?
         }
         None => {
-            let mut region = HostRegion::take(end);
+            let mut region = HostRegion::take(&rt.host_pool, end);
             if let Err(e) = submit(
                 &ctx,
                 device,
@@ -179,8 +185,8 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
             job.finish(keep_sources)?;
             let frozen = region.freeze();
             (0..views.len())
-                .map(|k| Storage::Host(HostBuf::view(&frozen, offsets[k], sizes[k])))
-                .collect()
+                .map(|k| HostBuf::view(&frozen, offsets[k], sizes[k]).map(Storage::Host))
+                .collect::<Result<_>>()?
         }
     };
     super::trace::mark("synced");
@@ -214,36 +220,15 @@ const GATHER_DESC_BYTES: usize = 24;
 /// Fewest small tensors worth a kernel launch and a descriptor upload.
 const GATHER_MIN_COUNT: usize = 4;
 
-/// How many small tensors move to the host.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum SmallMode {
-    /// The gather kernel, then one copy (default).
-    Gather,
-    /// One `cuMemcpyBatchAsync` (page-locked outputs only).
-    Batch,
-    /// One copy each.
-    Each,
-}
-
-/// `PINLANE_D2H_SMALL=gather|batch|each` (or `PINLANE_GATHER=0` for `each`), for
-/// comparisons.
-fn small_mode() -> SmallMode {
-    static MODE: std::sync::OnceLock<SmallMode> = std::sync::OnceLock::new();
-    *MODE.get_or_init(|| match std::env::var("PINLANE_D2H_SMALL").as_deref() {
-        Ok("batch") => SmallMode::Batch,
-        Ok("each") => SmallMode::Each,
-        _ if std::env::var("PINLANE_GATHER").as_deref() == Ok("0") => SmallMode::Each,
-        _ => SmallMode::Gather,
-    })
-}
-
-/// Page-locked outputs with `SmallMode::Batch`: the small tensors in one batched copy,
+/// Page-locked outputs with `SmallD2h::Batch`: the small tensors in one batched copy,
 /// the rest one copy each.
+#[allow(clippy::too_many_arguments)]
 fn submit_batch(
     ctx: &ContextGuard,
     device: usize,
     job: &mut InFlight,
     block: &PinnedBlock,
+    base: usize,
     views: &[&DeviceView],
     offsets: &[usize],
     stats: &mut TransferStats,
@@ -252,16 +237,16 @@ fn submit_batch(
     let (small, rest): (Vec<usize>, Vec<usize>) =
         (0..views.len()).partition(|&k| is_small(views[k].nbytes()));
     let sv: Vec<&DeviceView> = small.iter().map(|&k| views[k]).collect();
-    let so: Vec<usize> = small.iter().map(|&k| offsets[k]).collect();
+    let so: Vec<usize> = small.iter().map(|&k| base + offsets[k]).collect();
     // SAFETY: as in submit_direct: the block is new to this call and held by `job`; the
-    // views are borrowed from the caller's batch; the copy stream (never the legacy one)
-    // waits for the current stream and the producer event.
+    // views are borrowed from the caller's batch; the copy stream waits for the current
+    // stream and the producer event (and is not the legacy stream: the caller checked).
     unsafe { block.d2h_batch_async(ctx, &sv, &so, device, &stream) }?;
     stats.copies += 1;
     stats.direct_bytes += sv.iter().map(|v| v.nbytes()).sum::<usize>();
     let rv: Vec<&DeviceView> = rest.iter().map(|&k| views[k]).collect();
     let ro: Vec<usize> = rest.iter().map(|&k| offsets[k]).collect();
-    submit_direct(ctx, job, block, &rv, &ro, stats)
+    submit_direct(ctx, job, block, base, &rv, &ro, stats)
 }
 
 /// The batch's output layout: tensors (in output order), their offsets and sizes, how
@@ -276,8 +261,9 @@ struct Layout<'a> {
 
 /// Where the bytes go.
 enum Dest<'a> {
-    /// A page-locked output block: copies go straight into it.
-    Block(&'a PinnedBlock),
+    /// A page-locked output block and where the batch's range starts in it: copies go
+    /// straight into it.
+    Block(&'a PinnedBlock, usize),
     /// A pageable output region: copies go through staging slots.
     Region(&'a mut HostRegion),
 }
@@ -296,6 +282,7 @@ fn submit(
     let mut items: Vec<&DeviceView> = Vec::with_capacity(l.views.len() - l.gather_n + 1);
     let mut offsets = Vec::with_capacity(items.capacity());
     let mut sizes = Vec::with_capacity(items.capacity());
+    let mut first_each = l.gather_n;
     if l.gather_n > 0 {
         let small_end = l.offsets[l.gather_n - 1] + l.sizes[l.gather_n - 1];
         super::lease_slots(ctx, job, 1)?;
@@ -311,19 +298,29 @@ fn submit(
                 &l.offsets[..l.gather_n],
                 small_end,
             )
-        }?;
-        stats.copies += 2; // the descriptors' upload and the kernel
-        super::trace::mark("gather queued");
-        gathered = DeviceView::new(&g, 0, small_end);
-        items.push(&gathered);
-        offsets.push(0);
-        sizes.push(small_end);
+        };
+        match g {
+            Ok(g) => {
+                stats.copies += 2; // the descriptors' upload and the kernel
+                super::trace::mark("gather queued");
+                gathered = DeviceView::new(&g, 0, small_end);
+                items.push(&gathered);
+                offsets.push(0);
+                sizes.push(small_end);
+            }
+            // The gather needs a device buffer; the device is full. Copying the small
+            // tensors one by one needs none: slower, but the call succeeds. What the
+            // failed gather queued (if anything) runs before, in stream order, and writes
+            // only its own buffers.
+            Err(e) if e.is_out_of_memory() => first_each = 0,
+            Err(e) => return Err(e),
+        }
     }
-    items.extend_from_slice(&l.views[l.gather_n..]);
-    offsets.extend_from_slice(&l.offsets[l.gather_n..]);
-    sizes.extend_from_slice(&l.sizes[l.gather_n..]);
+    items.extend_from_slice(&l.views[first_each..]);
+    offsets.extend_from_slice(&l.offsets[first_each..]);
+    sizes.extend_from_slice(&l.sizes[first_each..]);
     match dest {
-        Dest::Block(block) => submit_direct(ctx, job, block, &items, &offsets, stats),
+        Dest::Block(block, base) => submit_direct(ctx, job, block, base, &items, &offsets, stats),
         Dest::Region(region) => {
             submit_staged(ctx, job, &items, &offsets, &sizes, l.end, region, stats)
         }
@@ -335,6 +332,7 @@ fn submit_direct(
     ctx: &ContextGuard,
     job: &mut InFlight,
     block: &PinnedBlock,
+    base: usize,
     views: &[&DeviceView],
     offsets: &[usize],
     stats: &mut TransferStats,
@@ -349,7 +347,7 @@ fn submit_direct(
         // batch for the whole call (cloned into the retained registry if the call ends
         // with copies unproven), or is the gathered buffer that `job` holds; the copy
         // stream waits for the current stream and the producer event above.
-        unsafe { block.d2h_async(ctx, offsets[k], v, &stream) }?;
+        unsafe { block.d2h_async(ctx, base + offsets[k], v, &stream) }?;
         stats.copies += 1;
         stats.direct_bytes += v.nbytes();
     }
@@ -374,7 +372,7 @@ fn submit_staged(
         return Ok(());
     }
     let stream = job.stream().clone();
-    let slot = plan::window_size(end, PinnedArena::global().config().slot_bytes);
+    let slot = plan::window_size(end, crate::runtime::runtime().arena.slot_bytes());
     let n_windows = end.div_ceil(slot);
     let nslots = super::lease_slots(ctx, job, n_windows)?;
     let mut pending: Vec<Option<plan::Window>> = vec![None; nslots];
@@ -419,5 +417,6 @@ fn drain(
         .iter()
         .map(|p| (p.window_off, offsets[p.item] + p.item_off, p.len))
         .collect();
-    lease.drain_into(region, &pieces)
+    let rt = crate::runtime::runtime();
+    lease.drain_into(region, &pieces, &rt.copy, rt.drain_stores())
 }

@@ -18,9 +18,7 @@ use super::{plan, record_stats, thread_state, TransferStats};
 use crate::batch::{self, Batch};
 use crate::driver::{self, ContextGuard, Stream};
 use crate::error::{Error, Result};
-use crate::memory::{
-    DeviceAlloc, DeviceView, InFlight, PinnedArena, PinnedBuf, Stores, DEVICE_ALIGN,
-};
+use crate::memory::{DeviceAlloc, DeviceView, InFlight, PinnedBuf, Stores, DEVICE_ALIGN};
 use crate::tensor::{Storage, Tensor};
 use crate::H2dOptions;
 use std::collections::VecDeque;
@@ -37,11 +35,12 @@ enum Source<'a> {
 
 pub(crate) fn transfer<B: Batch>(batch: &B, opts: &H2dOptions) -> Result<B> {
     opts.device.check()?; // a string that names no device is an error on every machine
+    opts.check()?; // before any copy: a bad option must not lose a finished transfer
     let Some(info) = driver::available() else {
         return Ok(batch::replace_tensors(batch, Vec::new()));
     };
-    driver::deferred::surface()?;
     let device = opts.device.resolve(info.device_count)?.ordinal();
+    driver::deferred::surface(device)?;
     if let Some(s) = &opts.consumer_stream {
         if s.index() != device {
             return Err(Error::StreamDeviceMismatch {
@@ -89,7 +88,7 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &H2dOptions) -> Result<B> {
         .collect();
 
     super::trace::mark("planned");
-    let mut job = InFlight::new(stream);
+    let mut job = InFlight::new(stream, crate::runtime::runtime().settings().drop_sync_wait);
     let mut stats = TransferStats {
         tensors: order.len(),
         bytes: sizes.iter().sum(),
@@ -171,7 +170,8 @@ fn submit(
     }
 
     if staged_end > 0 {
-        let window = plan::window_size(staged_end, PinnedArena::global().config().slot_bytes);
+        let rt = crate::runtime::runtime();
+        let window = plan::window_size(staged_end, rt.arena.slot_bytes());
         let nslots = super::lease_slots(ctx, job, staged_end.div_ceil(window))?;
         super::trace::mark("leased");
         // Windows whose fill has started but whose copy is not queued yet, oldest first.
@@ -181,11 +181,11 @@ fn submit(
         let ahead = (nslots - 1).min(2);
         // Streaming stores fill small batches faster, ordinary ones large batches
         // (measured: docs/performance.md).
-        let stores = if staged_end <= SMALL_BATCH {
+        let stores = rt.fill_stores(if staged_end <= SMALL_BATCH {
             Stores::Streaming
         } else {
             Stores::Cached
-        };
+        });
         let mut filling: VecDeque<(usize, usize, usize)> = VecDeque::new(); // (slot, start, len)
         let mut pieces: Vec<(usize, &[u8])> = Vec::new();
         for (w_idx, w) in plan::windows(offsets, sizes, staged_end, window).enumerate() {
@@ -200,7 +200,7 @@ fn submit(
             // SAFETY: the pieces borrow the caller's batch, alive for this whole call; the
             // lease settles its fill before the call ends (InFlight::finish/abort settle
             // every lease, and so does dropping one).
-            unsafe { job.leases[k].fill_start(&pieces, stores) }?;
+            unsafe { job.leases[k].fill_start(&pieces, &rt.copy, stores) }?;
             super::trace::mark("fill started");
             filling.push_back((k, w.start, w.len));
             while filling.len() > ahead {

@@ -16,20 +16,15 @@ mod plan;
 mod thread_state;
 mod trace;
 
-pub use options::{D2hOptions, H2dOptions, HostOutput};
+pub use options::{D2hOptions, H2dOptions, HostOutput, MAX_NUM_CACHES};
 pub use thread_state::{cached_batches, current_stream, set_current_stream, CurrentStreamGuard};
 pub use trace::trace_next_call;
 
 use crate::batch::Batch;
 use crate::driver::ContextGuard;
 use crate::error::Result;
-use crate::memory::{InFlight, PinnedArena};
+use crate::memory::InFlight;
 use std::cell::Cell;
-
-/// Staging slots one call cycles through at most: enough to keep several windows' copies
-/// queued while the host fills the next, and to leave half of the default arena
-/// (16 slots of 8 MiB) to a transfer in the other direction at the same time.
-pub(crate) const PIPELINE_SLOTS: usize = 8;
 
 /// Copies the host tensors of `batch` to `cuda:{LOCAL_RANK}` on the calling thread's
 /// dedicated stream and returns the same structure with device tensors in their place.
@@ -137,27 +132,21 @@ pub fn last_transfer_stats() -> Option<TransferStats> {
     LAST.try_with(Cell::get).ok().flatten()
 }
 
-/// [`PIPELINE_SLOTS`], or `PINLANE_PIPELINE_SLOTS` where set (a tuning knob).
-fn pipeline_slots() -> usize {
-    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(|| {
-        crate::env_knob("PINLANE_PIPELINE_SLOTS")
-            .unwrap_or(PIPELINE_SLOTS)
-            .max(1)
-    })
-}
-
 /// Leases staging slots into `job` for `n_windows` windows: the first may block until
-/// another call returns one; more (up to [`PIPELINE_SLOTS`]) only if free. Returns how
-/// many the job holds (at least one).
+/// another call returns one; more (up to [`Config::pipeline_slots`](crate::Config::pipeline_slots):
+/// by default 8, enough to keep several windows' copies queued while the host fills the
+/// next, leaving half of the default arena to a transfer in the other direction) only if
+/// free. Returns how many the job holds (at least one).
 fn lease_slots(ctx: &ContextGuard, job: &mut InFlight, n_windows: usize) -> Result<usize> {
-    let arena = PinnedArena::global();
+    let rt = crate::runtime::runtime();
+    let arena = &rt.arena;
+    let pipeline_slots = rt.settings().pipeline_slots;
     if job.leases.is_empty() {
         if let Some(first) = arena.lease(ctx, true)? {
             job.leases.push(first);
         }
     }
-    while job.leases.len() < pipeline_slots().min(n_windows) {
+    while job.leases.len() < pipeline_slots.min(n_windows) {
         match arena.lease(ctx, false)? {
             Some(l) => job.leases.push(l),
             None => break,

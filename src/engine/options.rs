@@ -17,7 +17,8 @@ pub struct H2dOptions {
     /// can drive every device of the machine: a thread per device, or a device per call.
     pub device: DeviceSpec,
     /// How many of the calling thread's most recent returned batches keep their device
-    /// memory referenced by the thread's transfer state (default 4; 0 keeps none).
+    /// memory referenced by the thread's transfer state (default 4; 0 keeps none; at most
+    /// [`MAX_NUM_CACHES`]).
     pub num_caches: usize,
     /// The stream on which returned device memory is freed when its last owner drops:
     /// the stream its consumer works on. `None`: the device's legacy default stream.
@@ -35,7 +36,26 @@ impl Default for H2dOptions {
     }
 }
 
+/// Most batches a thread's cache ring may keep ([`H2dOptions::num_caches`]): the ring's
+/// storage is allocated up front, so a larger value is refused rather than allocated.
+pub const MAX_NUM_CACHES: usize = 1 << 16;
+
 impl H2dOptions {
+    /// Checks the values that need no driver.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`](crate::Error::InvalidOption) for `num_caches` above
+    /// [`MAX_NUM_CACHES`].
+    pub(crate) fn check(&self) -> crate::Result<()> {
+        if self.num_caches > MAX_NUM_CACHES {
+            return Err(crate::Error::InvalidOption {
+                name: "num_caches",
+                reason: format!("{} is above the most, {MAX_NUM_CACHES}", self.num_caches),
+            });
+        }
+        Ok(())
+    }
+
     /// Sets [`H2dOptions::device`]: a [`Device`](crate::Device), or `"cuda"` / `"cuda:N"`.
     pub fn device(mut self, d: impl Into<DeviceSpec>) -> Self {
         self.device = d.into();

@@ -33,7 +33,9 @@ struct D2hState {
 thread_local! {
     static H2D: RefCell<Vec<H2dState>> = const { RefCell::new(Vec::new()) };
     static D2H: RefCell<Vec<D2hState>> = const { RefCell::new(Vec::new()) };
-    static CURRENT: RefCell<Vec<Stream>> = const { RefCell::new(Vec::new()) };
+    /// The streams made current, innermost last, each with its guard's id.
+    static CURRENT: RefCell<Vec<(u64, Stream)>> = const { RefCell::new(Vec::new()) };
+    static NEXT_GUARD: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 /// The calling thread's H2D stream on `device`, created on first use.
@@ -163,8 +165,8 @@ pub fn current_stream(device: Device) -> Result<Stream> {
             c.borrow()
                 .iter()
                 .rev()
-                .find(|s| s.device() == device)
-                .cloned()
+                .find(|(_, s)| s.device() == device)
+                .map(|(_, s)| s.clone())
         })
         .map_err(|_| Error::ThreadExiting)?;
     match set {
@@ -174,7 +176,8 @@ pub fn current_stream(device: Device) -> Result<Stream> {
 }
 
 /// Makes `stream` the calling thread's current stream on its device until the guard
-/// drops (guards nest; each restores what was current before it).
+/// drops. Guards nest: the newest live guard's stream is current; dropping a guard
+/// removes its own stream, whichever order guards drop in.
 ///
 /// ```no_run
 /// # fn main() -> pinlane::Result<()> {
@@ -184,11 +187,20 @@ pub fn current_stream(device: Device) -> Result<Stream> {
 /// # Ok(()) }
 /// ```
 pub fn set_current_stream(stream: &Stream) -> CurrentStreamGuard {
-    let pushed = CURRENT
-        .try_with(|c| c.borrow_mut().push(stream.clone()))
-        .is_ok();
+    let id = NEXT_GUARD
+        .try_with(|n| {
+            let id = n.get();
+            n.set(id + 1);
+            id
+        })
+        .ok();
+    let pushed = id.filter(|&id| {
+        CURRENT
+            .try_with(|c| c.borrow_mut().push((id, stream.clone())))
+            .is_ok()
+    });
     CurrentStreamGuard {
-        pushed,
+        id: pushed,
         _not_send: std::marker::PhantomData,
     }
 }
@@ -196,14 +208,17 @@ pub fn set_current_stream(stream: &Stream) -> CurrentStreamGuard {
 /// Restores the previous current stream on drop. See [`set_current_stream`].
 #[must_use = "the stream is current only while the guard lives"]
 pub struct CurrentStreamGuard {
-    pushed: bool,
+    /// The entry this guard pushed (`None` if the thread was exiting).
+    id: Option<u64>,
     _not_send: std::marker::PhantomData<*const ()>,
 }
 
 impl Drop for CurrentStreamGuard {
     fn drop(&mut self) {
-        if self.pushed {
-            let _ = CURRENT.try_with(|c| c.borrow_mut().pop());
+        if let Some(id) = self.id {
+            // Remove this guard's own entry: popping the top would remove another live
+            // guard's stream when guards drop out of order.
+            let _ = CURRENT.try_with(|c| c.borrow_mut().retain(|(g, _)| *g != id));
         }
     }
 }

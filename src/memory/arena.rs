@@ -14,122 +14,124 @@
 //! takes if free, and otherwise it cycles the slots it has.
 
 use super::copier::{Stores, Ticket};
-use super::{check_range, CopyPool, CopyTask, DeviceAlloc, DeviceView, HostRegion};
-use crate::driver::{self, ContextGuard, Event, Handle, Stream};
+use super::{check_range, retained, CopyPool, CopyTask, DeviceAlloc, DeviceView, HostRegion};
+use crate::driver::{self, ContextGuard, Event, HostPtr, Stream};
 use crate::error::{Error, Result};
-use std::sync::{Condvar, Mutex, OnceLock};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
 
-/// Sizes of the global arena. Set once, before the first transfer, with
-/// [`PinnedArena::configure`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ArenaConfig {
-    /// Bytes per staging slot (default 8 MiB: large enough for the link's full rate,
-    /// small enough that the first copy starts soon and a 256 MiB batch pipelines well).
-    pub slot_bytes: usize,
-    /// Most page-locked bytes the arena may hold, all slots together (default 128 MiB).
-    /// Rounded down to whole slots, and at least one slot.
-    pub max_bytes: usize,
-}
-
-impl Default for ArenaConfig {
-    /// 8 MiB slots, 128 MiB in all; `PINLANE_SLOT_BYTES` and `PINLANE_ARENA_BYTES`
-    /// override them.
-    fn default() -> Self {
-        ArenaConfig {
-            slot_bytes: crate::env_knob("PINLANE_SLOT_BYTES")
-                .unwrap_or(8 << 20)
-                .max(4096),
-            max_bytes: crate::env_knob("PINLANE_ARENA_BYTES").unwrap_or(128 << 20),
-        }
-    }
-}
-
-/// The process-wide pool of page-locked staging slots.
+/// The page-locked staging slots of the [`Runtime`](crate::Runtime).
 ///
 /// ```
-/// use pinlane::memory::{ArenaConfig, PinnedArena};
-/// let arena = PinnedArena::global();
-/// assert!(arena.config().max_bytes >= arena.config().slot_bytes);
-/// assert!(arena.held_bytes() <= arena.config().max_bytes);
+/// let arena = &pinlane::runtime().memory_stats().staging;
+/// assert!(arena.in_use_bytes <= arena.held_bytes);
 /// ```
 pub struct PinnedArena {
-    config: ArenaConfig,
-    max_slots: usize,
+    slot_bytes: usize,
+    /// Most slots (changeable at run time; at least 1).
+    max_slots: AtomicUsize,
+    /// Longest a lease waits for a slot.
+    slot_wait: Duration,
     state: Mutex<ArenaState>,
     /// Signalled when a slot goes back on the free list.
     returned: Condvar,
+    /// Leases that found every slot leased and waited.
+    waits: AtomicU64,
 }
 
 struct ArenaState {
     free: Vec<Slab>,
-    /// Slots allocated so far (free or leased); never above `max_slots`.
+    /// Slots allocated so far (free or leased); above `max_slots` only after a lower cap
+    /// was set, until the leased ones come back.
     allocated: usize,
+    /// Highest `allocated` so far.
+    peak: usize,
 }
 
-/// One page-locked slot. `event` is recorded after the last copy queued on it; `busy`
-/// says that event has not been waited for yet.
+/// One page-locked slot, allocated under `device`'s context. `event` is recorded after
+/// the last copy queued on it; `busy` says that event has not been waited for yet.
 struct Slab {
-    ptr: Handle<*mut u8>,
+    ptr: HostPtr<u8>,
     len: usize,
+    device: usize,
     event: Option<Event>,
     busy: bool,
 }
 
-static CONFIG: OnceLock<ArenaConfig> = OnceLock::new();
-static GLOBAL: OnceLock<PinnedArena> = OnceLock::new();
+/// How often a waiting lease looks again at the retained registry (whose owners may hold
+/// every slot, and may be releasable by now).
+const RECHECK: Duration = Duration::from_millis(10);
 
 impl PinnedArena {
-    /// Sets the global arena's sizes. Only before its first use; later calls with another
-    /// configuration are an [`Error::InvalidOption`].
-    ///
-    /// ```
-    /// use pinlane::memory::{ArenaConfig, PinnedArena};
-    /// let cfg = ArenaConfig { slot_bytes: 8 << 20, max_bytes: 64 << 20 };
-    /// PinnedArena::configure(cfg).unwrap();
-    /// assert_eq!(PinnedArena::global().config(), cfg);
-    /// ```
-    pub fn configure(config: ArenaConfig) -> Result<()> {
-        if config.slot_bytes == 0 {
-            return Err(Error::InvalidOption {
-                name: "slot_bytes",
-                reason: "must be above 0".into(),
-            });
+    pub(crate) fn new(slot_bytes: usize, max_bytes: usize, slot_wait: Duration) -> PinnedArena {
+        PinnedArena {
+            slot_bytes,
+            max_slots: AtomicUsize::new((max_bytes / slot_bytes).max(1)),
+            slot_wait,
+            state: Mutex::new(ArenaState {
+                free: Vec::new(),
+                allocated: 0,
+                peak: 0,
+            }),
+            returned: Condvar::new(),
+            waits: AtomicU64::new(0),
         }
-        let set = *CONFIG.get_or_init(|| config);
-        if set != config {
-            return Err(Error::InvalidOption {
-                name: "ArenaConfig",
-                reason: format!("the arena is already configured as {set:?}"),
-            });
-        }
-        Ok(())
     }
 
-    /// The global arena (configured with [`ArenaConfig::default`] unless
-    /// [`PinnedArena::configure`] came first).
-    pub fn global() -> &'static PinnedArena {
-        GLOBAL.get_or_init(|| {
-            let config = *CONFIG.get_or_init(ArenaConfig::default);
-            PinnedArena {
-                config,
-                max_slots: (config.max_bytes / config.slot_bytes).max(1),
-                state: Mutex::new(ArenaState {
-                    free: Vec::new(),
-                    allocated: 0,
-                }),
-                returned: Condvar::new(),
-            }
-        })
+    /// Bytes per slot.
+    pub fn slot_bytes(&self) -> usize {
+        self.slot_bytes
     }
 
-    /// The sizes in force.
-    pub fn config(&self) -> ArenaConfig {
-        self.config
+    /// The cap, in bytes (whole slots).
+    pub fn max_bytes(&self) -> usize {
+        self.max_slots.load(Ordering::Relaxed) * self.slot_bytes
     }
 
     /// Page-locked bytes held by the arena now (allocated slots, free or leased).
     pub fn held_bytes(&self) -> usize {
-        self.lock().allocated * self.config.slot_bytes
+        self.lock().allocated * self.slot_bytes
+    }
+
+    pub(crate) fn set_max_bytes(&self, bytes: usize) -> Result<()> {
+        self.max_slots
+            .store((bytes / self.slot_bytes).max(1), Ordering::Relaxed);
+        // Free slots above the new cap go now; leased ones as they come back.
+        let excess = {
+            let mut st = self.lock();
+            let cap = self.max_slots.load(Ordering::Relaxed);
+            let n = st.allocated.saturating_sub(cap).min(st.free.len());
+            st.allocated -= n;
+            let keep = st.free.len() - n;
+            st.free.split_off(keep)
+        };
+        free_slabs(excess)
+    }
+
+    /// Frees every free slot.
+    pub(crate) fn trim(&self) -> Result<()> {
+        let free = {
+            let mut st = self.lock();
+            st.allocated -= st.free.len();
+            std::mem::take(&mut st.free)
+        };
+        free_slabs(free)
+    }
+
+    pub(crate) fn stats(&self) -> crate::PoolStats {
+        let st = self.lock();
+        let leased = st.allocated - st.free.len();
+        crate::PoolStats {
+            held_bytes: st.allocated * self.slot_bytes,
+            in_use_bytes: leased * self.slot_bytes,
+            in_use_count: leased,
+            peak_bytes: st.peak * self.slot_bytes,
+        }
+    }
+
+    pub(crate) fn waits(&self) -> u64 {
+        self.waits.load(Ordering::Relaxed)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, ArenaState> {
@@ -140,29 +142,31 @@ impl PinnedArena {
 
     /// Leases a slot. With `wait`, blocks until one is free when all are leased; without,
     /// returns `None` then.
+    ///
+    /// A wait is bounded: every [`RECHECK`] it tries to release owners retained after
+    /// failed synchronisations (they may hold every slot, and nothing else would release
+    /// them), and after the arena's `slot_wait` it fails with
+    /// [`Error::StagingExhausted`].
     pub(crate) fn lease(
         &'static self,
         ctx: &ContextGuard,
         wait: bool,
     ) -> Result<Option<SlotLease>> {
+        let started = Instant::now();
+        let mut counted = false;
         let mut st = self.lock();
         loop {
+            // A free slot allocated under another device's context is still usable
+            // (page-locked memory is portable).
             if let Some(slab) = st.free.pop() {
-                return Ok(Some(SlotLease {
-                    slab: Some(slab),
-                    arena: self,
-                    filling: None,
-                }));
+                return Ok(Some(SlotLease::new(slab, self)));
             }
-            if st.allocated < self.max_slots {
+            if st.allocated < self.max_slots.load(Ordering::Relaxed) {
                 st.allocated += 1;
+                st.peak = st.peak.max(st.allocated);
                 drop(st);
-                return match Slab::alloc(ctx, self.config.slot_bytes) {
-                    Ok(slab) => Ok(Some(SlotLease {
-                        slab: Some(slab),
-                        arena: self,
-                        filling: None,
-                    })),
+                return match Slab::alloc(ctx, self.slot_bytes) {
+                    Ok(slab) => Ok(Some(SlotLease::new(slab, self))),
                     Err(e) => {
                         self.lock().allocated -= 1;
                         Err(e)
@@ -172,9 +176,79 @@ impl PinnedArena {
             if !wait {
                 return Ok(None);
             }
-            st = self.returned.wait(st).unwrap_or_else(|p| p.into_inner());
+            if !counted {
+                self.waits.fetch_add(1, Ordering::Relaxed);
+                counted = true;
+            }
+            let waited = started.elapsed();
+            if waited >= self.slot_wait {
+                return Err(Error::StagingExhausted {
+                    waited_ms: waited.as_millis() as u64,
+                    retained_bytes: retained::retained_bytes(),
+                });
+            }
+            let step = RECHECK.min(self.slot_wait - waited);
+            let (g, timeout) = self
+                .returned
+                .wait_timeout(st, step)
+                .unwrap_or_else(|p| p.into_inner());
+            st = g;
+            if timeout.timed_out() && retained::retained_bytes() > 0 {
+                // Outside the lock: releasing returns slots to this arena.
+                drop(st);
+                retained::try_release();
+                st = self.lock();
+            }
         }
     }
+
+    /// Takes a returned slab back: on the free list, or freed if the cap was lowered.
+    fn give_back(&self, slab: Slab) {
+        let excess = {
+            let mut st = self.lock();
+            if st.allocated > self.max_slots.load(Ordering::Relaxed) {
+                st.allocated -= 1;
+                Some(slab)
+            } else {
+                st.free.push(slab);
+                None
+            }
+        };
+        match excess {
+            Some(slab) => {
+                let device = slab.device;
+                if let Err(e) = free_slabs(vec![slab]) {
+                    driver::deferred::record(device, e);
+                }
+            }
+            None => self.returned.notify_one(),
+        }
+    }
+
+    /// Forgets a slab whose copies could not be proven complete: its memory is leaked
+    /// (never freed or reused, since a copy may still touch it) and its place in the cap
+    /// is given back, so the arena can allocate another.
+    fn forget(&self, slab: Slab) {
+        std::mem::forget(slab.event);
+        self.lock().allocated -= 1;
+        self.returned.notify_one();
+    }
+}
+
+/// Frees slabs (each under the context of the device that allocated it).
+fn free_slabs(slabs: Vec<Slab>) -> Result<()> {
+    let mut first = None;
+    for slab in slabs {
+        let r = driver::bind(slab.device).and_then(|ctx| {
+            // SAFETY: a free slab: its lease dropped after its copies were proven complete
+            // (SlotLease::drop), and it is no longer on the free list, so nothing uses it.
+            unsafe { driver::host_free(&ctx, slab.ptr.0) }
+        });
+        if let Err(e) = r {
+            first.get_or_insert(e);
+        }
+    }
+    first.map_or(Ok(()), Err)
 }
 
 impl Slab {
@@ -184,16 +258,19 @@ impl Slab {
         // once makes every later `&mut [u8]` view point at initialised bytes.
         unsafe { std::ptr::write_bytes(ptr, 0, len) };
         Ok(Slab {
-            ptr: Handle(ptr),
+            ptr: HostPtr(ptr),
             len,
+            device: ctx.device(),
             event: None,
             busy: false,
         })
     }
 }
 
-/// One slot, leased to one call. Returned to the arena on drop, which the engine lets
-/// happen only after the slot's copies are proven complete (see the memory module docs).
+/// One slot, leased to one call. Returned to the arena on drop, which requires proof that
+/// no copy still uses it: a [`Synced`] token given to [`SlotLease::mark_idle`] after the
+/// stream was synchronised, or else the drop itself waits for the slot's event (and if
+/// that wait fails, the slot is never reused).
 pub(crate) struct SlotLease {
     /// `Some` until drop.
     slab: Option<Slab>,
@@ -203,7 +280,28 @@ pub(crate) struct SlotLease {
     filling: Option<Ticket>,
 }
 
+/// Proof that a stream was synchronised successfully: every copy queued on it before has
+/// finished. Only [`Stream::synchronize`]'s callers in the memory layer make one.
+pub(crate) struct Synced<'a>(pub(crate) &'a Stream);
+
 impl SlotLease {
+    fn new(slab: Slab, arena: &'static PinnedArena) -> SlotLease {
+        SlotLease {
+            slab: Some(slab),
+            arena,
+            filling: None,
+        }
+    }
+
+    /// Records that the slot's copies are complete: its last copies were queued on the
+    /// stream `proof` synchronised (every use of a lease is on its call's one stream).
+    pub(crate) fn mark_idle(&mut self, proof: &Synced) {
+        let _ = proof.0;
+        if let Some(slab) = &mut self.slab {
+            slab.busy = false;
+        }
+    }
+
     fn slab(&mut self) -> &mut Slab {
         // `slab` is only taken in Drop.
         self.slab.as_mut().expect("slot lease used after drop")
@@ -254,6 +352,7 @@ impl SlotLease {
     pub(crate) unsafe fn fill_start(
         &mut self,
         pieces: &[(usize, &[u8])],
+        copy: &'static CopyPool,
         stores: Stores,
     ) -> Result<()> {
         let buf = self.bytes_mut()?;
@@ -277,9 +376,7 @@ impl SlotLease {
         // it waits for the ticket first (settle), so nothing else touches those bytes until
         // the copies are done; the sources stay valid that long by the caller's contract,
         // and cannot overlap the slot, which is exclusively ours.
-        self.filling = Some(unsafe {
-            CopyPool::global().submit(&tasks, stores.or_env("PINLANE_FILL_STORES"))
-        });
+        self.filling = Some(unsafe { copy.submit(&tasks, stores) });
         Ok(())
     }
 
@@ -290,6 +387,8 @@ impl SlotLease {
         &mut self,
         region: &mut HostRegion,
         pieces: &[(usize, usize, usize)],
+        copy: &'static CopyPool,
+        stores: Stores,
     ) -> Result<()> {
         let slot_len = self.len();
         let src = self.bytes_mut()?.as_ptr();
@@ -312,7 +411,7 @@ impl SlotLease {
         // SAFETY: sources are inside the slot, whose D2H copies have completed (bytes_mut
         // waited) and which this lease owns; destinations are inside the region, which is
         // borrowed mutably for the whole call, and do not overlap (checked above).
-        unsafe { CopyPool::global().run(&tasks, drain_stores()) };
+        unsafe { copy.run(&tasks, stores) };
         Ok(())
     }
 
@@ -392,32 +491,34 @@ impl SlotLease {
     }
 }
 
-/// Stores for draining slots into outputs (D2H): streaming by default,
-/// `PINLANE_DRAIN_STORES` overrides.
-fn drain_stores() -> Stores {
-    static S: OnceLock<Stores> = OnceLock::new();
-    *S.get_or_init(|| Stores::Streaming.or_env("PINLANE_DRAIN_STORES"))
-}
-
 impl Drop for SlotLease {
     fn drop(&mut self) {
         // Host copies into the slot finish before it can go back to the arena.
         self.settle();
-        if let Some(mut slab) = self.slab.take() {
-            // Callers drop a lease only after its copies completed (module docs), so the
-            // event needs no waiting; clear the flag so the next lease does not wait.
-            slab.busy = false;
-            if crate::driver::sim::is_enabled() {
-                // On the simulated device, a recycled slot is poisoned: a copy still
-                // reading it, or a caller reading it before its copy, sees wrong bytes.
-                // SAFETY: the slab owns `len` bytes at `ptr`, and no copy touches them
-                // any more (the lease's copies completed, see above).
-                unsafe {
-                    std::ptr::write_bytes(slab.ptr.0, crate::driver::sim::POISON_RECYCLED, slab.len)
-                };
+        let Some(mut slab) = self.slab.take() else {
+            return;
+        };
+        if slab.busy {
+            // No proof of completion was given: wait for the slot's event. If that fails,
+            // nobody knows whether a copy still touches the slot; it is never reused.
+            let waited = slab.event.as_ref().map_or(Ok(()), Event::synchronize);
+            if let Err(e) = waited {
+                driver::deferred::record(slab.device, e);
+                self.arena.forget(slab);
+                return;
             }
-            self.arena.lock().free.push(slab);
-            self.arena.returned.notify_one();
+            slab.busy = false;
         }
+        #[cfg(feature = "sim")]
+        if crate::driver::sim::is_enabled() {
+            // On the simulated device, a recycled slot is poisoned: a copy still reading
+            // it, or a caller reading it before its copy, sees wrong bytes.
+            // SAFETY: the slab owns `len` bytes at `ptr`, and no copy touches them any more
+            // (proven above).
+            unsafe {
+                std::ptr::write_bytes(slab.ptr.0, crate::driver::sim::POISON_RECYCLED, slab.len)
+            };
+        }
+        self.arena.give_back(slab);
     }
 }

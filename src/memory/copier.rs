@@ -31,26 +31,8 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 /// enough that handing out a piece (one atomic add) is noise next to copying it.
 pub const PIECE: usize = 1 << 20;
 
-/// Jobs smaller than this run on the calling thread alone: handing them out costs more.
-pub const PARALLEL_MIN: usize = 256 << 10;
-
-/// [`PARALLEL_MIN`], or `PINLANE_PARALLEL_MIN` (bytes) where set: a tuning knob.
-fn parallel_min() -> usize {
-    static MIN: OnceLock<usize> = OnceLock::new();
-    *MIN.get_or_init(|| crate::env_knob("PINLANE_PARALLEL_MIN").unwrap_or(PARALLEL_MIN))
-}
-
 /// Smallest piece a job is cut into.
 const PIECE_MIN: usize = 64 << 10;
-
-/// How long an idle worker spins for new work before sleeping (`PINLANE_SPIN_US` sets
-/// it, a tuning knob).
-fn spin() -> std::time::Duration {
-    static SPIN: OnceLock<std::time::Duration> = OnceLock::new();
-    *SPIN.get_or_init(|| {
-        std::time::Duration::from_micros(crate::env_knob("PINLANE_SPIN_US").unwrap_or(50))
-    })
-}
 
 /// One copy: `len` bytes from `src` to `dst`.
 #[derive(Clone, Copy)]
@@ -113,14 +95,13 @@ impl Job {
     }
 }
 
-/// The process-wide pool of copy threads.
-///
-/// ```
-/// let pool = pinlane::memory::CopyPool::global();
-/// assert!(pool.threads() >= 1);
-/// ```
+/// The copy threads of the [`Runtime`](crate::Runtime) ([`Config::copy_threads`](crate::Config::copy_threads)).
 pub struct CopyPool {
     threads: usize,
+    /// Jobs below this many bytes run on the calling thread alone.
+    parallel_min: usize,
+    /// How long an idle worker spins before sleeping.
+    spin: std::time::Duration,
     queue: Mutex<VecDeque<Arc<Job>>>,
     /// Jobs pushed and not yet seen exhausted: what spinning workers watch. Relaxed: a
     /// hint only; the queue's lock orders the real hand-over.
@@ -129,38 +110,26 @@ pub struct CopyPool {
     /// call when nobody sleeps.
     sleepers: AtomicUsize,
     work_ready: Condvar,
+    started: OnceLock<()>,
 }
 
-static THREADS: OnceLock<usize> = OnceLock::new();
-static GLOBAL: OnceLock<CopyPool> = OnceLock::new();
-
 impl CopyPool {
-    /// Sets how many threads copy (the caller included) before the pool's first use.
-    /// Default: `PINLANE_COPY_THREADS` if set, else three quarters of the machine's
-    /// parallelism, at most 12.
-    /// Returns the number in force, which is the earlier one if the pool already exists.
-    pub fn configure(threads: usize) -> usize {
-        *THREADS.get_or_init(|| threads.max(1))
+    pub(crate) fn new(threads: usize, parallel_min: usize, spin: std::time::Duration) -> CopyPool {
+        CopyPool {
+            threads: threads.max(1),
+            parallel_min,
+            spin,
+            queue: Mutex::new(VecDeque::new()),
+            queued: AtomicUsize::new(0),
+            sleepers: AtomicUsize::new(0),
+            work_ready: Condvar::new(),
+            started: OnceLock::new(),
+        }
     }
 
-    /// The global pool, started on first use.
-    pub fn global() -> &'static CopyPool {
-        GLOBAL
-            .get_or_init(|| CopyPool {
-                threads: *THREADS.get_or_init(default_threads),
-                queue: Mutex::new(VecDeque::new()),
-                queued: AtomicUsize::new(0),
-                sleepers: AtomicUsize::new(0),
-                work_ready: Condvar::new(),
-            })
-            .start()
-    }
-
-    /// Spawns the workers once; they need the pool's `'static` address, so this runs
-    /// after the pool is in its static.
-    fn start(&'static self) -> &'static CopyPool {
-        static STARTED: OnceLock<()> = OnceLock::new();
-        STARTED.get_or_init(|| {
+    /// Spawns the workers on first use; they need the pool's `'static` address.
+    fn start(&'static self) {
+        self.started.get_or_init(|| {
             for k in 1..self.threads {
                 // A worker that fails to spawn only means fewer threads: the caller always
                 // works on its own job, so every job still finishes.
@@ -169,7 +138,6 @@ impl CopyPool {
                     .spawn(move || self.worker());
             }
         });
-        self
     }
 
     /// Threads that copy, the calling thread included.
@@ -198,7 +166,7 @@ impl CopyPool {
                     return j.clone();
                 }
             }
-            let deadline = *spin_until.get_or_insert_with(|| std::time::Instant::now() + spin());
+            let deadline = *spin_until.get_or_insert_with(|| std::time::Instant::now() + self.spin);
             if std::time::Instant::now() < deadline {
                 std::hint::spin_loop();
                 continue;
@@ -218,21 +186,22 @@ impl CopyPool {
     ///
     /// # Safety
     /// As for [`CopyPool::submit`], until `run` returns.
-    pub(crate) unsafe fn run(&self, tasks: &[CopyTask], stores: Stores) {
+    pub(crate) unsafe fn run(&'static self, tasks: &[CopyTask], stores: Stores) {
         // SAFETY: the ticket is waited before returning, within the caller's guarantee.
         unsafe { self.submit(tasks, stores) }.wait();
     }
 
-    /// Starts copying every task, in parallel when they add up to [`PARALLEL_MIN`] or more
-    /// (smaller jobs are copied right here), and returns a [`Ticket`] that waits for them.
+    /// Starts copying every task, in parallel when they add up to the pool's `parallel_min`
+    /// or more (smaller jobs are copied right here), and returns a [`Ticket`] that waits
+    /// for them.
     ///
     /// # Safety
     /// For every task, until the ticket is waited or dropped (it must not be leaked):
     /// `src..src+len` is readable and unchanged, `dst..dst+len` is writable, the two do
     /// not overlap, and nothing else reads or writes `dst..dst+len`.
-    pub(crate) unsafe fn submit(&self, tasks: &[CopyTask], stores: Stores) -> Ticket {
+    pub(crate) unsafe fn submit(&'static self, tasks: &[CopyTask], stores: Stores) -> Ticket {
         let total: usize = tasks.iter().map(|t| t.len).sum();
-        if total < parallel_min() || self.threads == 1 {
+        if total < self.parallel_min || self.threads == 1 {
             for t in tasks {
                 // SAFETY: the caller's contract, for each task.
                 unsafe { copy_bytes(t.src, t.dst, t.len, stores) };
@@ -265,6 +234,7 @@ impl CopyPool {
         if start < cut.len() {
             pieces.push(start..cut.len());
         }
+        self.start();
         let job = Arc::new(Job {
             stores,
             tasks: cut,
@@ -330,25 +300,6 @@ pub(crate) enum Stores {
     Streaming,
 }
 
-impl Stores {
-    /// `self`, unless the environment variable `var` (`PINLANE_FILL_STORES` or
-    /// `PINLANE_DRAIN_STORES`) says `cached` or `streaming`: tuning knobs for measuring.
-    pub(crate) fn or_env(self, var: &str) -> Stores {
-        match std::env::var(var).as_deref() {
-            Ok("cached") => Stores::Cached,
-            Ok("streaming") => Stores::Streaming,
-            _ => self,
-        }
-    }
-}
-
-/// `PINLANE_NT_COPY=0` turns streaming stores off everywhere, for comparisons.
-#[cfg(all(target_arch = "x86_64", not(miri)))]
-fn nt_enabled() -> bool {
-    static NT: OnceLock<bool> = OnceLock::new();
-    *NT.get_or_init(|| std::env::var("PINLANE_NT_COPY").map_or(true, |v| v != "0"))
-}
-
 /// Copies below this size use plain `memcpy`.
 #[cfg(all(target_arch = "x86_64", not(miri)))]
 const NT_MIN: usize = 64 << 10;
@@ -359,7 +310,7 @@ const NT_MIN: usize = 64 << 10;
 /// `src..src+len` readable, `dst..dst+len` writable, not overlapping.
 unsafe fn copy_bytes(src: *const u8, dst: *mut u8, len: usize, stores: Stores) {
     #[cfg(all(target_arch = "x86_64", not(miri)))]
-    if stores == Stores::Streaming && len >= NT_MIN && nt_enabled() {
+    if stores == Stores::Streaming && len >= NT_MIN {
         // SAFETY: the caller's contract.
         unsafe { copy_nt_x86(src, dst, len) };
         return;
@@ -414,18 +365,15 @@ unsafe fn copy_nt_x86(src: *const u8, dst: *mut u8, len: usize) {
     unsafe { std::ptr::copy_nonoverlapping(src.add(i), dst.add(i), len - i) };
 }
 
-fn default_threads() -> usize {
-    if let Some(n) = crate::env_knob::<usize>("PINLANE_COPY_THREADS") {
-        return n.max(1);
-    }
-    // Three quarters of the cores, at most 12: on the 16-core GPU machine 12 threads
-    // copied fastest (docs/performance.md); more only compete for memory bandwidth.
-    std::thread::available_parallelism().map_or(4, |n| (n.get() * 3 / 4).clamp(1, 12))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A pool of 4 threads for these tests (the runtime's is sized for the machine).
+    fn pool() -> &'static CopyPool {
+        static P: OnceLock<CopyPool> = OnceLock::new();
+        P.get_or_init(|| CopyPool::new(4, 256 << 10, std::time::Duration::from_micros(50)))
+    }
 
     fn run_copy(src: &[u8], dst: &mut [u8], cuts: &[usize]) {
         // Tasks: consecutive ranges of src into the same ranges of dst.
@@ -447,7 +395,7 @@ mod tests {
         }
         // SAFETY: every task lies inside src/dst (distinct slices) and dst is borrowed
         // mutably for the whole call.
-        unsafe { CopyPool::global().run(&tasks, Stores::Cached) };
+        unsafe { pool().run(&tasks, Stores::Cached) };
     }
 
     #[test]
@@ -484,7 +432,7 @@ mod tests {
         }
         // SAFETY: tasks are disjoint ranges inside src and dst (offset by 3), both alive
         // and dst borrowed mutably for the whole call.
-        unsafe { CopyPool::global().run(&tasks, Stores::Cached) };
+        unsafe { pool().run(&tasks, Stores::Cached) };
         assert!(dst[3..at + 3] == src[..at]);
         assert_eq!(dst[..3], [0, 0, 0]);
     }

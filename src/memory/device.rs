@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 /// wait for those uses' events (no host wait), external memory by waiting for them on the
 /// host before the owner drops (the owner's own release is not stream-ordered by pinlane).
 pub(crate) struct DeviceAlloc {
-    ptr: Handle<DevicePtr>,
+    ptr: DevicePtr,
     nbytes: usize,
     device: usize,
     backing: Backing,
@@ -51,7 +51,7 @@ impl DeviceAlloc {
     ) -> Result<Arc<DeviceAlloc>> {
         let ptr = driver::device_alloc_async(ctx, device, nbytes, stream)?;
         Ok(Arc::new(DeviceAlloc {
-            ptr: Handle(ptr),
+            ptr,
             nbytes,
             device,
             backing: Backing::Pool { free_on },
@@ -73,7 +73,7 @@ impl DeviceAlloc {
         owner: Box<dyn Send + Sync>,
     ) -> Arc<DeviceAlloc> {
         Arc::new(DeviceAlloc {
-            ptr: Handle(ptr),
+            ptr,
             nbytes,
             device,
             backing: Backing::Foreign(Some(owner)),
@@ -89,7 +89,7 @@ impl DeviceAlloc {
     /// The device address at `offset` (<= nbytes).
     pub(crate) fn addr(&self, offset: usize) -> DevicePtr {
         debug_assert!(offset <= self.nbytes);
-        self.ptr.0 + offset as DevicePtr
+        self.ptr + offset as DevicePtr
     }
 
     /// Records that work queued on `stream` up to now may use this memory: its release
@@ -139,17 +139,17 @@ impl Drop for DeviceAlloc {
                     // `free_on` is ordered before this free by the stream itself, and every
                     // lent-pointer use on another stream by the waits just queued (a failed
                     // wait returns before the free).
-                    unsafe { driver::device_free_async(&ctx, self.ptr.0, free_on) }
+                    unsafe { driver::device_free_async(&ctx, self.ptr, free_on) }
                 });
                 if let Err(e) = res {
-                    driver::deferred::record(e);
+                    driver::deferred::record(self.device, e);
                 }
             }
             Backing::Foreign(owner) => {
                 for (_, ev) in &uses {
                     if let Err(e) = ev.synchronize() {
                         // The use cannot be proven complete: keep the memory forever.
-                        driver::deferred::record(e);
+                        driver::deferred::record(self.device, e);
                         std::mem::forget(owner.take());
                         return;
                     }
@@ -332,7 +332,7 @@ impl DevicePtrGuard {
 impl Drop for DevicePtrGuard {
     fn drop(&mut self) {
         if let Err(e) = self.record() {
-            driver::deferred::record(e);
+            driver::deferred::record(self.stream.index(), e);
         }
     }
 }

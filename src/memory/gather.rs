@@ -33,6 +33,17 @@ pub(crate) unsafe fn gather_async(
     offsets: &[usize],
     end: usize,
 ) -> Result<Arc<DeviceAlloc>> {
+    ctx.check("gather", device)?;
+    // Every descriptor must be checked here: the kernel writes device memory unchecked.
+    if views.len() != offsets.len() {
+        return Err(crate::Error::LengthMismatch {
+            op: "gather",
+            what: "views and offsets",
+        });
+    }
+    for (v, &off) in views.iter().zip(offsets) {
+        super::check_range("gather destination", off, v.nbytes(), end)?;
+    }
     let stream: Stream = job.stream().clone();
     let Some(lease) = job.leases.first_mut() else {
         return Err(crate::Error::InvalidOption {
@@ -77,7 +88,7 @@ pub(crate) unsafe fn gather_async(
     let dst = DeviceAlloc::new_async(ctx, device, end, &stream, stream.clone())?;
     // SAFETY: the descriptors were copied into `scratch` just before on this stream; each
     // describes a whole view (source in range by construction) going to `off..off+len`,
-    // inside `dst` since offsets come from pack(sizes) whose end is `end`; the views'
+    // inside `dst` (every range was checked against `end` above); the views'
     // producing work and lifetime are the caller's obligation; `dst` is held by `job`.
     let launched =
         unsafe { driver::launch_gather(ctx, kernel, scratch.addr(0), n, dst.addr(0), &stream) };

@@ -1,7 +1,9 @@
 //! [`HostBuf`]: pageable host bytes of one tensor, and the recycling pool that D2H
 //! outputs are carved from.
 
-use std::sync::{Arc, Mutex, OnceLock};
+use crate::error::Result;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// Bytes of a host buffer, whatever they came in.
 trait HostBytes: Send + Sync {
@@ -161,13 +163,18 @@ impl HostBuf {
 pub(crate) struct HostRegion {
     words: Vec<u64>,
     nbytes: usize,
+    pool: &'static HostPool,
 }
 
 impl HostRegion {
-    /// A region of at least `nbytes`, recycled (already faulted in) when the pool has one.
-    pub(crate) fn take(nbytes: usize) -> HostRegion {
-        let words = HostPool::global().take(nbytes.div_ceil(8));
-        HostRegion { words, nbytes }
+    /// A region of at least `nbytes`, recycled (already faulted in) when `pool` has one.
+    pub(crate) fn take(pool: &'static HostPool, nbytes: usize) -> HostRegion {
+        let words = pool.take(nbytes.div_ceil(8));
+        HostRegion {
+            words,
+            nbytes,
+            pool,
+        }
     }
 
     pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
@@ -175,8 +182,9 @@ impl HostRegion {
     }
 
     /// Freezes the region; [`HostBuf::view`] then carves tensors out of it.
-    pub(crate) fn freeze(self) -> FrozenRegion {
-        FrozenRegion(Arc::new(Pooled(self.words)))
+    pub(crate) fn freeze(mut self) -> FrozenRegion {
+        let words = std::mem::take(&mut self.words);
+        FrozenRegion(Arc::new(Pooled(words, self.pool)))
     }
 }
 
@@ -184,25 +192,30 @@ impl HostRegion {
 pub(crate) struct FrozenRegion(Arc<Pooled>);
 
 impl HostBuf {
-    /// `nbytes` at `offset` of a frozen region (`offset + nbytes` within it).
-    pub(crate) fn view(region: &FrozenRegion, offset: usize, nbytes: usize) -> HostBuf {
-        let len = region.0.all_bytes().len();
-        let (offset, nbytes) = if offset.checked_add(nbytes).is_some_and(|e| e <= len) {
-            (offset, nbytes)
-        } else {
-            debug_assert!(false, "view {offset}+{nbytes} outside a region of {len}");
-            (0, 0)
-        };
-        HostBuf {
+    /// `nbytes` at `offset` of a frozen region.
+    ///
+    /// # Errors
+    /// A range outside the region is an error (never an empty view whose tensor would
+    /// still claim `nbytes`).
+    pub(crate) fn view(region: &FrozenRegion, offset: usize, nbytes: usize) -> Result<HostBuf> {
+        super::check_range("host view", offset, nbytes, region.0.all_bytes().len())?;
+        Ok(HostBuf {
             data: region.0.clone(),
             offset,
             nbytes,
-        }
+        })
+    }
+}
+
+impl Drop for HostRegion {
+    /// A region dropped before it was frozen (a failed call) goes back to its pool too.
+    fn drop(&mut self) {
+        self.pool.give_back(std::mem::take(&mut self.words));
     }
 }
 
 /// Words that go back to the [`HostPool`] when dropped.
-struct Pooled(Vec<u64>);
+struct Pooled(Vec<u64>, &'static HostPool);
 
 impl HostBytes for Pooled {
     fn all_bytes(&self) -> &[u8] {
@@ -212,63 +225,112 @@ impl HostBytes for Pooled {
 
 impl Drop for Pooled {
     fn drop(&mut self) {
-        HostPool::global().give_back(std::mem::take(&mut self.0));
+        self.1.give_back(std::mem::take(&mut self.0));
     }
 }
 
-/// Recycled pageable output memory.
+/// Recycled pageable output memory of the [`Runtime`](crate::Runtime).
 ///
 /// Writing into freshly allocated memory is bound by page faults (5 to 7 GB/s on one
 /// thread), far below the link; so D2H output regions come back here when their last
 /// tensor drops, already faulted in, and the next batch of a similar size reuses one.
-/// Bounded: at most `max_bytes` are kept (default 2 GiB, `PINLANE_HOST_POOL_BYTES`); the
-/// oldest cached regions are freed to make room for a newer one.
-///
-/// ```
-/// let pool = pinlane::memory::HostPool::global();
-/// assert!(pool.cached_bytes() <= pool.max_bytes());
-/// ```
+/// Bounded: at most [`Config::host_pool_bytes`](crate::Config::host_pool_bytes) are kept;
+/// the oldest cached regions are freed to make room for a newer one.
 pub struct HostPool {
-    max_bytes: usize,
-    free: Mutex<Vec<Vec<u64>>>,
+    max_bytes: AtomicUsize,
+    state: Mutex<HostPoolState>,
+}
+
+#[derive(Default)]
+struct HostPoolState {
+    free: Vec<Vec<u64>>,
+    /// Bytes of `free`.
+    cached: usize,
+    /// Bytes and count of regions handed out and not back yet.
+    in_use: usize,
+    in_use_count: usize,
+    /// Highest `cached + in_use`.
+    peak: usize,
 }
 
 impl HostPool {
-    /// The process-wide pool.
-    pub fn global() -> &'static HostPool {
-        static POOL: OnceLock<HostPool> = OnceLock::new();
-        POOL.get_or_init(|| HostPool {
-            max_bytes: crate::env_knob("PINLANE_HOST_POOL_BYTES").unwrap_or(2 << 30),
-            free: Mutex::new(Vec::new()),
-        })
+    pub(crate) fn new(max_bytes: usize) -> HostPool {
+        HostPool {
+            max_bytes: AtomicUsize::new(max_bytes),
+            state: Mutex::new(HostPoolState::default()),
+        }
     }
 
     /// Most bytes kept for reuse.
     pub fn max_bytes(&self) -> usize {
-        self.max_bytes
+        self.max_bytes.load(Ordering::Relaxed)
     }
 
     /// Bytes kept for reuse now.
     pub fn cached_bytes(&self) -> usize {
-        self.lock().iter().map(|v| v.len() * 8).sum()
+        self.lock().cached
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Vec<u64>>> {
-        self.free.lock().unwrap_or_else(|p| p.into_inner())
+    pub(crate) fn set_max_bytes(&self, bytes: usize) {
+        self.max_bytes.store(bytes, Ordering::Relaxed);
+        let evicted = {
+            let mut st = self.lock();
+            let mut evicted = Vec::new();
+            while st.cached > bytes && !st.free.is_empty() {
+                let old = st.free.remove(0);
+                st.cached -= old.len() * 8;
+                evicted.push(old);
+            }
+            evicted
+        };
+        drop(evicted); // freed outside the lock
+    }
+
+    /// Frees every cached region.
+    pub(crate) fn trim(&self) {
+        let free = {
+            let mut st = self.lock();
+            st.cached = 0;
+            std::mem::take(&mut st.free)
+        };
+        drop(free);
+    }
+
+    pub(crate) fn stats(&self) -> crate::PoolStats {
+        let st = self.lock();
+        crate::PoolStats {
+            held_bytes: st.cached + st.in_use,
+            in_use_bytes: st.in_use,
+            in_use_count: st.in_use_count,
+            peak_bytes: st.peak,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HostPoolState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A buffer of at least `words` words: the smallest cached one no more than twice
     /// that size, else a new one.
     fn take(&self, words: usize) -> Vec<u64> {
         let found = {
-            let mut free = self.lock();
-            let best = free
+            let mut st = self.lock();
+            let best = st
+                .free
                 .iter()
                 .enumerate()
                 .filter(|(_, v)| v.len() >= words && v.len() <= words.saturating_mul(2).max(8))
                 .min_by_key(|(_, v)| v.len())
                 .map(|(i, _)| i);
-            best.map(|i| free.swap_remove(i))
+            let found = best.map(|i| st.free.swap_remove(i));
+            let len = found.as_ref().map_or(words, Vec::len) * 8;
+            if let Some(f) = &found {
+                st.cached -= f.len() * 8;
+            }
+            st.in_use += len;
+            st.in_use_count += 1;
+            st.peak = st.peak.max(st.cached + st.in_use);
+            found
         };
         found.unwrap_or_else(|| vec![0u64; words])
     }
@@ -277,19 +339,23 @@ impl HostPool {
     /// newest is the likeliest to fit the next batch); a buffer larger than the cap is
     /// freed.
     fn give_back(&self, v: Vec<u64>) {
-        if v.is_empty() || v.len() * 8 > self.max_bytes {
-            return;
-        }
+        let max = self.max_bytes();
         let evicted = {
-            let mut free = self.lock();
-            let mut held: usize = free.iter().map(|x| x.len() * 8).sum();
+            let mut st = self.lock();
+            st.in_use = st.in_use.saturating_sub(v.len() * 8);
+            st.in_use_count = st.in_use_count.saturating_sub(1);
+            if v.is_empty() || v.len() * 8 > max {
+                drop(st);
+                return; // `v` is freed here
+            }
             let mut evicted = Vec::new();
-            while held + v.len() * 8 > self.max_bytes && !free.is_empty() {
-                let old = free.remove(0);
-                held -= old.len() * 8;
+            while st.cached + v.len() * 8 > max && !st.free.is_empty() {
+                let old = st.free.remove(0);
+                st.cached -= old.len() * 8;
                 evicted.push(old);
             }
-            free.push(v);
+            st.cached += v.len() * 8;
+            st.free.push(v);
             evicted
         };
         drop(evicted); // freed outside the lock
@@ -347,18 +413,26 @@ mod tests {
 
     #[test]
     fn regions_are_recycled_and_views_see_their_bytes() {
-        let mut r = HostRegion::take(1000);
+        let pool: &'static HostPool = Box::leak(Box::new(HostPool::new(1 << 20)));
+        let mut r = HostRegion::take(pool, 1000);
         r.bytes_mut()[256..260].copy_from_slice(&[9, 8, 7, 6]);
         let ptr = r.bytes_mut().as_ptr() as usize;
         let frozen = r.freeze();
-        let v = HostBuf::view(&frozen, 256, 4);
+        assert!(HostBuf::view(&frozen, 1000, 1).is_err());
+        assert!(HostBuf::view(&frozen, usize::MAX, 2).is_err());
+        let v = HostBuf::view(&frozen, 256, 4).unwrap();
         assert_eq!(v.bytes(), &[9, 8, 7, 6]);
         drop(frozen);
         assert_eq!(v.bytes(), &[9, 8, 7, 6], "a view keeps the region alive");
         drop(v);
-        // The region went back to the pool; a request of the same size gets it again
-        // (other tests in this binary use no regions of this size).
-        let mut again = HostRegion::take(1000);
+        // The region went back to the pool; a request of the same size gets it again.
+        assert_eq!(pool.stats().in_use_bytes, 0);
+        assert_eq!(pool.cached_bytes(), 1000usize.div_ceil(8) * 8);
+        let mut again = HostRegion::take(pool, 1000);
         assert_eq!(again.bytes_mut().as_ptr() as usize, ptr);
+        assert_eq!(pool.stats().in_use_count, 1);
+        drop(again);
+        pool.trim();
+        assert_eq!(pool.stats().held_bytes, 0);
     }
 }

@@ -1,8 +1,9 @@
 //! [`InFlight`]: the owners a call's queued copies may still touch, released only after
 //! the stream is proven idle.
 
+use super::arena::Synced;
 use super::{retained, SlotLease};
-use crate::driver::Stream;
+use crate::driver::{Event, Stream};
 use crate::error::{Error, Result};
 use std::any::Any;
 use std::sync::Arc;
@@ -17,16 +18,28 @@ pub(crate) struct InFlight {
     held: Vec<(Arc<dyn Any + Send + Sync>, usize)>,
     /// Set once finish/abort has run, so Drop knows not to synchronise again.
     done: bool,
+    /// Longest the Drop fallback waits for the stream.
+    drop_wait: std::time::Duration,
 }
 
 impl InFlight {
-    pub(crate) fn new(stream: Stream) -> InFlight {
+    pub(crate) fn new(stream: Stream, drop_wait: std::time::Duration) -> InFlight {
         InFlight {
             stream,
             leases: Vec::new(),
             held: Vec::new(),
             done: false,
+            drop_wait,
         }
+    }
+
+    /// Synchronises the stream; on success the leases are marked idle with the proof.
+    fn synchronize(&mut self) -> Result<()> {
+        self.stream.synchronize()?;
+        let proof = Synced(&self.stream);
+        self.leases.iter_mut().for_each(|l| l.mark_idle(&proof));
+        retained::release_proven(&self.stream);
+        Ok(())
     }
 
     pub(crate) fn stream(&self) -> &Stream {
@@ -49,11 +62,8 @@ impl InFlight {
     pub(crate) fn finish<S: Send + 'static>(mut self, sources: impl FnOnce() -> S) -> Result<()> {
         self.done = true;
         self.settle();
-        match self.stream.synchronize() {
-            Ok(()) => {
-                retained::release_proven(&self.stream);
-                Ok(())
-            }
+        match self.synchronize() {
+            Ok(()) => Ok(()),
             Err(e) => {
                 self.retain(sources());
                 Err(e)
@@ -70,9 +80,9 @@ impl InFlight {
         sources: impl FnOnce() -> S,
     ) -> Error {
         self.done = true;
-        match self.stream.synchronize() {
-            Ok(()) => retained::release_proven(&self.stream),
-            Err(_) => self.retain(sources()),
+        self.settle();
+        if self.synchronize().is_err() {
+            self.retain(sources());
         }
         err
     }
@@ -97,11 +107,44 @@ impl InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        if !self.done {
-            // Not reached by the engine (every path calls finish or abort); kept so that
-            // no lease goes back to the arena with a copy still running.
-            if self.stream.synchronize().is_err() {
-                self.retain(());
+        if self.done {
+            return;
+        }
+        // Not reached by the engine (every path calls finish or abort); kept so that no
+        // lease goes back to the arena with a copy still running. Bounded: a hung device
+        // must not hang the dropping thread, so the stream is polled through an event
+        // for at most `drop_wait`; if it is not proven idle by then, everything is
+        // retained (never freed early) and the drop returns.
+        self.settle();
+        if self.idle_within(self.drop_wait) {
+            let proof = Synced(&self.stream);
+            self.leases.iter_mut().for_each(|l| l.mark_idle(&proof));
+        } else {
+            self.retain(());
+        }
+    }
+}
+
+impl InFlight {
+    /// Whether every copy queued on the stream so far finishes within `limit` (polled,
+    /// sleeping between queries).
+    fn idle_within(&self, limit: std::time::Duration) -> bool {
+        let Ok(ev) = Event::new(self.stream.device()) else {
+            return false;
+        };
+        if ev.record(&self.stream).is_err() {
+            return false;
+        }
+        let deadline = std::time::Instant::now() + limit;
+        let mut nap = std::time::Duration::from_micros(20);
+        loop {
+            match ev.query() {
+                Ok(true) => return true,
+                Ok(false) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(nap);
+                    nap = (nap * 2).min(std::time::Duration::from_millis(5));
+                }
+                _ => return false,
             }
         }
     }

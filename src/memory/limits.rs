@@ -28,12 +28,7 @@ pub fn measure_pinned_limits(
     let a = Stream::new(dev)?;
     let b = Stream::new(dev)?;
     let host_up = super::PinnedBuf::copy_of(&vec![0x5Au8; nbytes], device)?;
-    let host_down = super::PinnedOutputPool::global()
-        .take(nbytes, device)?
-        .ok_or_else(|| crate::Error::InvalidOption {
-            name: "nbytes",
-            reason: "larger than the pinned output pool's cap".into(),
-        })?;
+    let host_down = super::pinned::block_of(nbytes, device)?;
     let dev_up = super::DeviceAlloc::new_async(&ctx, device, nbytes, &a, a.clone())?;
     let dev_down = super::DeviceAlloc::new_async(&ctx, device, nbytes, &a, a.clone())?;
     let down_view = super::DeviceView::new(&dev_down, 0, nbytes);

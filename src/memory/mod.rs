@@ -46,7 +46,7 @@
 //!   stream unless the caller names another), so it cannot be handed to a new allocation
 //!   while work the consumer queued on that stream may still read it.
 
-mod arena;
+pub(crate) mod arena;
 mod copier;
 mod device;
 pub(crate) mod dlpack;
@@ -55,12 +55,12 @@ mod host;
 mod inflight;
 #[cfg(feature = "test-util")]
 mod limits;
-mod pinned;
+pub(crate) mod pinned;
 pub mod retained;
 
 pub(crate) use crate::driver::batch_copy_available;
+pub use arena::PinnedArena;
 pub(crate) use arena::SlotLease;
-pub use arena::{ArenaConfig, PinnedArena};
 pub use copier::CopyPool;
 pub(crate) use copier::{CopyTask, Stores};
 pub use device::DevicePtrGuard;
@@ -71,8 +71,8 @@ pub(crate) use host::{HostBuf, HostRegion};
 pub(crate) use inflight::InFlight;
 #[cfg(feature = "test-util")]
 pub use limits::{measure_pinned_limits, PinnedLimits};
-pub use pinned::PinnedOutputPool;
 pub(crate) use pinned::{PinnedBlock, PinnedBuf};
+pub use pinned::{PinnedOutputPool, SHARE_MAX};
 
 /// Where a tensor's bytes are, and who owns them: each variant is a view holding an
 /// `Arc` to shared memory (pinlane's, or another owner's), so cloning one is a

@@ -2,9 +2,10 @@
 //! [`PinnedBlock`]), and the bounded [`PinnedOutputPool`] that D2H outputs come from.
 
 use super::{check_range, DeviceAlloc, DeviceView};
-use crate::driver::{self, ContextGuard, Handle, Stream};
+use crate::driver::{self, ContextGuard, HostPtr, Stream};
 use crate::error::Result;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// One block of page-locked memory: a `cuMemHostAlloc` allocation (portable) owned by
 /// one tensor (freed on drop) or by the output pool (returned to it on drop), or memory
@@ -15,7 +16,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 /// with, and frees it under the same one: a process that uses only `cuda:1` never
 /// creates a context on `cuda:0`. Portable memory is usable from every context.
 pub(crate) struct PinnedBlock {
-    ptr: Handle<*mut u8>,
+    ptr: HostPtr<u8>,
     len: usize,
     release: Release,
 }
@@ -40,7 +41,7 @@ impl PinnedBlock {
     /// is aligned for every dtype, so typed views of it are empty slices, not errors.
     pub(crate) fn empty() -> Arc<PinnedBlock> {
         Arc::new(PinnedBlock {
-            ptr: Handle(std::ptr::NonNull::<u64>::dangling().as_ptr().cast()),
+            ptr: HostPtr(std::ptr::NonNull::<u64>::dangling().as_ptr().cast()),
             len: 0,
             release: Release::Nothing,
         })
@@ -58,14 +59,10 @@ impl PinnedBlock {
         owner: Box<dyn Send + Sync>,
     ) -> Arc<PinnedBlock> {
         Arc::new(PinnedBlock {
-            ptr: Handle(ptr),
+            ptr: HostPtr(ptr),
             len,
             release: Release::Foreign { _owner: owner },
         })
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.len
     }
 
     /// Queues a copy of `src` (all of it) into this block at `at`.
@@ -139,7 +136,7 @@ impl Drop for PinnedBlock {
                 // that read or wrote it were proven complete before any tensor owning it
                 // could drop (memory module invariant).
                 if let Err(e) = unsafe { free_pinned(self.ptr, device) } {
-                    driver::deferred::record(e);
+                    driver::deferred::record(device, e);
                 }
             }
         }
@@ -151,7 +148,7 @@ impl Drop for PinnedBlock {
 /// # Safety
 /// `ptr` came from `host_alloc` under `device`'s context, is not freed yet, and no copy
 /// touches it any more.
-unsafe fn free_pinned(ptr: Handle<*mut u8>, device: usize) -> Result<()> {
+unsafe fn free_pinned(ptr: HostPtr<u8>, device: usize) -> Result<()> {
     let ctx = driver::bind(device)?;
     // SAFETY: the caller's obligations.
     unsafe { driver::host_free(&ctx, ptr.0) }
@@ -175,10 +172,16 @@ fn alloc_block(
         None => Release::Free { device },
     };
     Ok(Arc::new(PinnedBlock {
-        ptr: Handle(ptr),
+        ptr: HostPtr(ptr),
         len,
         release,
     }))
+}
+
+/// A page-locked block of its own (freed on drop), for measurements.
+#[cfg(feature = "test-util")]
+pub(crate) fn block_of(len: usize, device: usize) -> Result<Arc<PinnedBlock>> {
+    alloc_block(len, device, None)
 }
 
 /// A tensor's page-locked bytes: `nbytes` at `offset` of a shared block.
@@ -226,14 +229,21 @@ impl PinnedBuf {
 
     /// `nbytes` at `offset` of `block`, whose bytes there have been fully written (and
     /// whose copies are proven complete).
-    pub(crate) fn view(block: &Arc<PinnedBlock>, offset: usize, nbytes: usize) -> PinnedBuf {
-        debug_assert!(offset + nbytes <= block.len);
-        let ok = offset.checked_add(nbytes).is_some_and(|e| e <= block.len);
-        PinnedBuf {
+    ///
+    /// # Errors
+    /// A range outside the block is an error (never an empty view whose tensor would
+    /// still claim `nbytes`).
+    pub(crate) fn view(
+        block: &Arc<PinnedBlock>,
+        offset: usize,
+        nbytes: usize,
+    ) -> Result<PinnedBuf> {
+        check_range("pinned view", offset, nbytes, block.len)?;
+        Ok(PinnedBuf {
             block: block.clone(),
-            offset: if ok { offset } else { 0 },
-            nbytes: if ok { nbytes } else { 0 },
-        }
+            offset,
+            nbytes,
+        })
     }
 
     /// Whether two views are the same bytes of the same block.
@@ -245,7 +255,9 @@ impl PinnedBuf {
 
     pub(crate) fn bytes(&self) -> &[u8] {
         if self.nbytes == 0 {
-            return &[];
+            // Aligned for every dtype (8 bytes), so typed views of it are empty slices.
+            const EMPTY: &[u64] = &[];
+            return bytemuck::cast_slice(EMPTY);
         }
         // SAFETY: offset + nbytes <= block.len (view and copy_of keep it so); these bytes
         // were written (by copy_of, or by D2H copies proven complete before the view was
@@ -278,49 +290,58 @@ impl PinnedBuf {
 }
 
 /// The bounded pool of page-locked blocks that D2H outputs live in (when the caller asks
-/// for page-locked outputs, the default).
+/// for page-locked outputs, the default), owned by the [`Runtime`](crate::Runtime).
 ///
-/// A D2H batch takes one block, its tensors are views into it, and the block comes back
-/// to the pool when the last of them drops. The pool holds at most `max_bytes` (default
-/// 2 GiB, `PINLANE_PINNED_OUTPUT_BYTES`); when a batch does not fit even after freeing the
-/// unused blocks, the call falls back to pageable outputs.
-///
-/// ```
-/// let pool = pinlane::memory::PinnedOutputPool::global();
-/// assert!(pool.held_bytes() <= pool.max_bytes());
-/// ```
+/// A D2H batch takes a range of one block, its tensors are views into it, and the block
+/// comes back to the pool when the last view of it drops. Batches of at least
+/// [`SHARE_MAX`] bytes get a block of their own (rounded up to 2 MiB, so batches of
+/// slightly different sizes reuse each other's blocks); smaller batches share 2 MiB
+/// blocks, each taking a 256-byte-aligned range, so keeping many small batches alive does
+/// not take a block each. The pool holds at most
+/// [`Config::pinned_output_bytes`](crate::Config::pinned_output_bytes); when a batch does
+/// not fit even after freeing the unused blocks, the call falls back to pageable outputs
+/// (counted in [`MemoryStats::pageable_fallbacks`](crate::MemoryStats::pageable_fallbacks)).
 pub struct PinnedOutputPool {
-    max_bytes: usize,
+    max_bytes: AtomicUsize,
     state: Mutex<PoolState>,
+    fallbacks: AtomicU64,
 }
 
+#[derive(Default)]
 struct PoolState {
     /// Free blocks: address, length, and the device whose context allocated them.
-    free: Vec<(Handle<*mut u8>, usize, usize)>,
+    free: Vec<(HostPtr<u8>, usize, usize)>,
     /// Bytes allocated: free blocks plus blocks handed out.
     held: usize,
+    /// Highest `held`.
+    peak: usize,
+    /// Blocks allocated (free or handed out).
+    blocks: usize,
+    /// The block small batches share now, and where its next range starts.
+    shared: Option<(Arc<PinnedBlock>, usize)>,
 }
 
-/// Blocks are allocated in multiples of this, so batches of slightly different sizes
-/// reuse each other's blocks.
+/// Blocks are allocated in multiples of this.
 const BLOCK_ROUND: usize = 2 << 20;
 
+/// Batches smaller than this share blocks (see [`PinnedOutputPool`]).
+pub const SHARE_MAX: usize = 256 << 10;
+
+/// Alignment of a batch's range inside a shared block (the device layout's alignment).
+const SHARE_ALIGN: usize = super::DEVICE_ALIGN;
+
 impl PinnedOutputPool {
-    /// The process-wide pool.
-    pub fn global() -> &'static PinnedOutputPool {
-        static POOL: OnceLock<PinnedOutputPool> = OnceLock::new();
-        POOL.get_or_init(|| PinnedOutputPool {
-            max_bytes: crate::env_knob("PINLANE_PINNED_OUTPUT_BYTES").unwrap_or(2 << 30),
-            state: Mutex::new(PoolState {
-                free: Vec::new(),
-                held: 0,
-            }),
-        })
+    pub(crate) fn new(max_bytes: usize) -> PinnedOutputPool {
+        PinnedOutputPool {
+            max_bytes: AtomicUsize::new(max_bytes),
+            state: Mutex::new(PoolState::default()),
+            fallbacks: AtomicU64::new(0),
+        }
     }
 
     /// Most page-locked bytes the pool holds.
     pub fn max_bytes(&self) -> usize {
-        self.max_bytes
+        self.max_bytes.load(Ordering::Relaxed)
     }
 
     /// Page-locked bytes the pool holds now (free blocks and blocks in use).
@@ -328,18 +349,110 @@ impl PinnedOutputPool {
         self.lock().held
     }
 
+    pub(crate) fn fallbacks(&self) -> u64 {
+        self.fallbacks.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn stats(&self) -> crate::PoolStats {
+        let st = self.lock();
+        let free: usize = st.free.iter().map(|b| b.1).sum();
+        crate::PoolStats {
+            held_bytes: st.held,
+            in_use_bytes: st.held - free,
+            in_use_count: st.blocks - st.free.len(),
+            peak_bytes: st.peak,
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, PoolState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A block of at least `nbytes` (> 0), or `None` when the cap does not allow one. A
-    /// new block is allocated under `device`'s context; a free one is reused whatever
-    /// context allocated it (page-locked memory is portable).
+    pub(crate) fn set_max_bytes(&self, bytes: usize) -> Result<()> {
+        self.max_bytes.store(bytes, Ordering::Relaxed);
+        let excess = {
+            let mut st = self.lock();
+            let mut out = Vec::new();
+            while st.held > bytes {
+                let Some(b) = st.free.pop() else { break };
+                st.held -= b.1;
+                st.blocks -= 1;
+                out.push(b);
+            }
+            out
+        };
+        free_blocks(excess)
+    }
+
+    /// Frees every unused block (the shared block too, if no batch uses it).
+    pub(crate) fn trim(&self) -> Result<()> {
+        let shared = {
+            let mut st = self.lock();
+            match &st.shared {
+                Some((b, _)) if Arc::strong_count(b) == 1 => st.shared.take(),
+                _ => None,
+            }
+        };
+        drop(shared); // outside the lock: it goes back on the free list
+        let free = {
+            let mut st = self.lock();
+            let free = std::mem::take(&mut st.free);
+            st.held -= free.iter().map(|b| b.1).sum::<usize>();
+            st.blocks -= free.len();
+            free
+        };
+        free_blocks(free)
+    }
+
+    /// A range of at least `nbytes` (> 0) bytes: a block and the offset where the range
+    /// starts, or `None` when the cap does not allow one (a fallback, counted). A new
+    /// block is allocated under `device`'s context; a free one is reused whatever context
+    /// allocated it (page-locked memory is portable).
     pub(crate) fn take(
         &'static self,
         nbytes: usize,
         device: usize,
-    ) -> Result<Option<Arc<PinnedBlock>>> {
+    ) -> Result<Option<(Arc<PinnedBlock>, usize)>> {
+        let got = if nbytes < SHARE_MAX {
+            self.take_shared(nbytes, device)
+        } else {
+            self.take_block(nbytes, device).map(|b| b.map(|b| (b, 0)))
+        };
+        if matches!(got, Ok(None)) {
+            self.fallbacks.fetch_add(1, Ordering::Relaxed);
+        }
+        got
+    }
+
+    /// A range of the shared block, starting a new shared block when it is full.
+    fn take_shared(
+        &'static self,
+        nbytes: usize,
+        device: usize,
+    ) -> Result<Option<(Arc<PinnedBlock>, usize)>> {
+        let step = nbytes.div_ceil(SHARE_ALIGN) * SHARE_ALIGN;
+        {
+            let mut st = self.lock();
+            if let Some((block, next)) = &mut st.shared {
+                if *next + step <= block.len {
+                    let at = *next;
+                    *next += step;
+                    return Ok(Some((block.clone(), at)));
+                }
+            }
+        }
+        let Some(block) = self.take_block(BLOCK_ROUND, device)? else {
+            return Ok(None);
+        };
+        let old = self.lock().shared.replace((block.clone(), step));
+        // Dropped outside the lock: the old block goes back to the free list once its
+        // last view drops (now, if none is left).
+        drop(old);
+        Ok(Some((block, 0)))
+    }
+
+    /// A block of its own of at least `nbytes`.
+    fn take_block(&'static self, nbytes: usize, device: usize) -> Result<Option<Arc<PinnedBlock>>> {
         let want = nbytes.div_ceil(BLOCK_ROUND).saturating_mul(BLOCK_ROUND);
         let mut to_free = Vec::new();
         let reuse = {
@@ -355,30 +468,31 @@ impl PinnedOutputPool {
                 Some(i) => Some(st.free.swap_remove(i)),
                 None => {
                     // Free unused blocks until the new one fits under the cap.
-                    while st.held + want > self.max_bytes {
+                    let max = self.max_bytes();
+                    while st.held + want > max {
                         let Some(b) = st.free.pop() else { break };
                         st.held -= b.1;
+                        st.blocks -= 1;
                         to_free.push(b);
                     }
-                    if st.held + want > self.max_bytes {
+                    if st.held + want > max {
                         // Give the unused blocks back rather than freeing them for nothing.
                         for b in to_free.drain(..) {
                             st.held += b.1;
+                            st.blocks += 1;
                             st.free.push(b);
                         }
                         return Ok(None);
                     }
                     st.held += want;
+                    st.blocks += 1;
+                    st.peak = st.peak.max(st.held);
                     None
                 }
             }
         };
-        for (ptr, _, owner_device) in to_free {
-            // SAFETY: free blocks are touched by no copy (a block returns to the free list
-            // only when its last view drops, after its copies were proven complete).
-            if let Err(e) = unsafe { free_pinned(ptr, owner_device) } {
-                driver::deferred::record(e);
-            }
+        if let Err(e) = free_blocks(to_free) {
+            driver::deferred::record(device, e);
         }
         if let Some((ptr, len, device)) = reuse {
             return Ok(Some(Arc::new(PinnedBlock {
@@ -390,13 +504,44 @@ impl PinnedOutputPool {
         match alloc_block(want, device, Some(self)) {
             Ok(b) => Ok(Some(b)),
             Err(e) => {
-                self.lock().held -= want;
+                let mut st = self.lock();
+                st.held -= want;
+                st.blocks -= 1;
                 Err(e)
             }
         }
     }
 
-    fn give_back(&self, ptr: Handle<*mut u8>, len: usize, device: usize) {
-        self.lock().free.push((ptr, len, device));
+    /// Takes a block back whose last view dropped: on the free list, or freed when a
+    /// lowered cap leaves no room for it.
+    fn give_back(&self, ptr: HostPtr<u8>, len: usize, device: usize) {
+        let excess = {
+            let mut st = self.lock();
+            if st.held > self.max_bytes() {
+                st.held -= len;
+                st.blocks -= 1;
+                Some((ptr, len, device))
+            } else {
+                st.free.push((ptr, len, device));
+                None
+            }
+        };
+        if let Err(e) = free_blocks(excess.into_iter().collect()) {
+            driver::deferred::record(device, e);
+        }
     }
+}
+
+/// Frees unused pool blocks, each under the context that allocated it.
+fn free_blocks(blocks: Vec<(HostPtr<u8>, usize, usize)>) -> Result<()> {
+    let mut first = None;
+    for (ptr, _, device) in blocks {
+        // SAFETY: free blocks are touched by no copy (a block returns to the free list
+        // only when its last view drops, after its copies were proven complete), and
+        // these were taken off the free list, so nothing else frees them.
+        if let Err(e) = unsafe { free_pinned(ptr, device) } {
+            first.get_or_insert(e);
+        }
+    }
+    first.map_or(Ok(()), Err)
 }

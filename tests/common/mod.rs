@@ -132,10 +132,11 @@ pub fn sim() {
         // the suite runs on a real GPU 1) must not pick one of them. Tests that set it do
         // so themselves.
         std::env::remove_var("LOCAL_RANK");
-        let _ = pinlane::memory::PinnedArena::configure(pinlane::memory::ArenaConfig {
-            slot_bytes: 64 << 10,
-            max_bytes: 1 << 20,
-        });
+        pinlane::Config::new()
+            .slot_bytes(64 << 10)
+            .arena_bytes(1 << 20)
+            .install()
+            .expect("the simulated binary's runtime");
         enable(SimConfig {
             max_delay: std::time::Duration::from_micros(40),
             ..SimConfig::seeded(0x5EED)

@@ -1,0 +1,432 @@
+//! [`Config`]: every setting of the runtime, with documented defaults, set in code or
+//! (opt-in, strictly) from `PINLANE_*` environment variables.
+
+use crate::error::{Error, Result};
+use std::time::Duration;
+
+/// How the host copy threads write a destination.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CopyStores {
+    /// What measured fastest for that copy (docs/performance.md): ordinary stores for
+    /// filling staging slots, non-temporal stores for draining them.
+    #[default]
+    Auto,
+    /// Ordinary stores (plain `memcpy`).
+    Cached,
+    /// Non-temporal stores for copies of 64 KiB or more (x86-64; elsewhere ordinary).
+    Streaming,
+}
+
+/// How D2H moves many small tensors (up to 1 MiB each, at least 4 of them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SmallD2h {
+    /// A kernel gathers them into one device buffer, which moves in one copy (default).
+    #[default]
+    Gather,
+    /// One `cuMemcpyBatchAsync` (CUDA 12.8+, page-locked outputs only; an experiment).
+    Batch,
+    /// One copy each.
+    Each,
+}
+
+/// Settings of the [`Runtime`](crate::Runtime): sizes of the page-locked staging arena
+/// and output pools, the copy threads, device pool release, and the bounds on waits.
+///
+/// Build one with [`Config::new`] (the defaults below) and the setters, then
+/// [`Config::install`] it before the first transfer. Without that, the first transfer
+/// installs `Config::new()`; the environment is read only by [`Config::from_env`].
+///
+/// | field | default | environment variable ([`Config::from_env`]) | changeable at run time |
+/// | --- | --- | --- | --- |
+/// | [`slot_bytes`](Config::slot_bytes) | 8 MiB | `PINLANE_SLOT_BYTES` | no |
+/// | [`arena_bytes`](Config::arena_bytes) | 128 MiB | `PINLANE_ARENA_BYTES` | [`Runtime::set_arena_bytes`](crate::Runtime::set_arena_bytes) |
+/// | [`pinned_output_bytes`](Config::pinned_output_bytes) | 2 GiB | `PINLANE_PINNED_OUTPUT_BYTES` | [`Runtime::set_pinned_output_bytes`](crate::Runtime::set_pinned_output_bytes) |
+/// | [`host_pool_bytes`](Config::host_pool_bytes) | 2 GiB | `PINLANE_HOST_POOL_BYTES` | [`Runtime::set_host_pool_bytes`](crate::Runtime::set_host_pool_bytes) |
+/// | [`device_pool_release_bytes`](Config::device_pool_release_bytes) | 256 MiB | `PINLANE_DEVICE_POOL_RELEASE_BYTES` | [`Runtime::set_device_pool_release_bytes`](crate::Runtime::set_device_pool_release_bytes) |
+/// | [`copy_threads`](Config::copy_threads) | 3/4 of the cores, at most 12 | `PINLANE_COPY_THREADS` | no |
+/// | [`parallel_min`](Config::parallel_min) | 256 KiB | `PINLANE_PARALLEL_MIN` | no |
+/// | [`spin`](Config::spin) | 50 µs | `PINLANE_SPIN_US` | no |
+/// | [`fill_stores`](Config::fill_stores) | `auto` | `PINLANE_FILL_STORES` (`auto`, `cached`, `streaming`) | no |
+/// | [`drain_stores`](Config::drain_stores) | `auto` | `PINLANE_DRAIN_STORES` | no |
+/// | [`streaming_stores`](Config::streaming_stores) | `true` | `PINLANE_NT_COPY` (`0` or `1`) | no |
+/// | [`pipeline_slots`](Config::pipeline_slots) | 8 | `PINLANE_PIPELINE_SLOTS` | no |
+/// | [`small_d2h`](Config::small_d2h) | `gather` | `PINLANE_D2H_SMALL` (`gather`, `batch`, `each`) | no |
+/// | [`slot_wait`](Config::slot_wait) | 60 s | `PINLANE_SLOT_WAIT_MS` | no |
+/// | [`drop_sync_wait`](Config::drop_sync_wait) | 60 s | `PINLANE_DROP_SYNC_WAIT_MS` | no |
+///
+/// ```
+/// use pinlane::Config;
+/// let cfg = Config::new().arena_bytes(64 << 20).copy_threads(4);
+/// assert_eq!(cfg.arena_bytes, 64 << 20);
+/// assert_eq!(cfg.slot_bytes, 8 << 20); // a default
+/// assert!(cfg.validate().is_ok());
+/// assert!(Config::new().slot_bytes(0).validate().is_err());
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Config {
+    /// Bytes per page-locked staging slot: large enough for the link's full rate, small
+    /// enough that the first copy starts soon. At least 4096.
+    pub slot_bytes: usize,
+    /// Most page-locked bytes the staging arena holds, all slots together; rounded down
+    /// to whole slots, and at least one slot.
+    pub arena_bytes: usize,
+    /// Most page-locked bytes the D2H output pool holds; a batch that does not fit gets
+    /// pageable outputs instead (counted in [`MemoryStats`](crate::MemoryStats)).
+    pub pinned_output_bytes: usize,
+    /// Most bytes of recycled pageable D2H output memory kept for reuse.
+    pub host_pool_bytes: usize,
+    /// Device memory each device pool keeps cached after a synchronisation; more is given
+    /// back to the driver. `u64::MAX` keeps everything (fastest, never gives back).
+    pub device_pool_release_bytes: u64,
+    /// Threads that copy pageable memory (the calling thread included); `None`: three
+    /// quarters of the machine's parallelism, at most 12 (fastest on the GPU machine).
+    pub copy_threads: Option<usize>,
+    /// Host copy jobs below this many bytes run on the calling thread alone.
+    pub parallel_min: usize,
+    /// How long an idle copy thread spins for new work before sleeping.
+    pub spin: Duration,
+    /// Stores used to fill staging slots (H2D).
+    pub fill_stores: CopyStores,
+    /// Stores used to drain staging slots into outputs (D2H).
+    pub drain_stores: CopyStores,
+    /// Whether non-temporal stores may be used at all (`false` turns them off everywhere).
+    pub streaming_stores: bool,
+    /// Staging slots one call cycles through at most (at least 1).
+    pub pipeline_slots: usize,
+    /// How D2H moves many small tensors.
+    pub small_d2h: SmallD2h,
+    /// Longest a call waits for a staging slot while every slot is leased; then it fails
+    /// with [`Error::StagingExhausted`] instead of waiting forever.
+    pub slot_wait: Duration,
+    /// Longest a `Drop` waits for copies it must see finished (an unfinished call's
+    /// stream); past it the buffers are retained (never freed early) and the drop returns.
+    pub drop_sync_wait: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config::new()
+    }
+}
+
+impl Config {
+    /// The defaults (see the table above). Reads no environment variable.
+    pub fn new() -> Config {
+        Config {
+            slot_bytes: 8 << 20,
+            arena_bytes: 128 << 20,
+            pinned_output_bytes: 2 << 30,
+            host_pool_bytes: 2 << 30,
+            device_pool_release_bytes: 256 << 20,
+            copy_threads: None,
+            parallel_min: 256 << 10,
+            spin: Duration::from_micros(50),
+            fill_stores: CopyStores::Auto,
+            drain_stores: CopyStores::Auto,
+            streaming_stores: true,
+            pipeline_slots: 8,
+            small_d2h: SmallD2h::Gather,
+            slot_wait: Duration::from_secs(60),
+            drop_sync_wait: Duration::from_secs(60),
+        }
+    }
+
+    /// [`Config::new`] with every `PINLANE_*` variable of the table above that is set
+    /// applied. Strict: a value that does not parse, or is out of range, is an
+    /// [`Error::InvalidConfig`] naming the variable and the value, never ignored.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for the first bad variable.
+    ///
+    /// ```
+    /// // No PINLANE_* variable is set in the doctest's environment.
+    /// assert_eq!(pinlane::Config::from_env().unwrap(), pinlane::Config::new());
+    /// ```
+    pub fn from_env() -> Result<Config> {
+        Config::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// [`Config::from_env`] over any variable source (tests, or a config file mapped to
+    /// the same names).
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for the first bad variable.
+    ///
+    /// ```
+    /// use pinlane::{Config, Error};
+    /// let vars = |name: &str| (name == "PINLANE_ARENA_BYTES").then(|| "64M".to_string());
+    /// assert!(matches!(Config::from_vars(vars), Err(Error::InvalidConfig { .. })));
+    /// ```
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Config> {
+        let mut c = Config::new();
+        let get = |name: &'static str| var(name).map(|v| (name, v));
+        if let Some((n, v)) = get("PINLANE_SLOT_BYTES") {
+            c.slot_bytes = parse(n, &v)?;
+        }
+        if let Some((n, v)) = get("PINLANE_ARENA_BYTES") {
+            c.arena_bytes = parse(n, &v)?;
+        }
+        if let Some((n, v)) = get("PINLANE_PINNED_OUTPUT_BYTES") {
+            c.pinned_output_bytes = parse(n, &v)?;
+        }
+        if let Some((n, v)) = get("PINLANE_HOST_POOL_BYTES") {
+            c.host_pool_bytes = parse(n, &v)?;
+        }
+        if let Some((n, v)) = get("PINLANE_DEVICE_POOL_RELEASE_BYTES") {
+            c.device_pool_release_bytes = parse(n, &v)?;
+        }
+        if let Some((n, v)) = get("PINLANE_COPY_THREADS") {
+            c.copy_threads = Some(parse(n, &v)?);
+        }
+        if let Some((n, v)) = get("PINLANE_PARALLEL_MIN") {
+            c.parallel_min = parse(n, &v)?;
+        }
+        if let Some((n, v)) = get("PINLANE_SPIN_US") {
+            c.spin = Duration::from_micros(parse(n, &v)?);
+        }
+        if let Some((n, v)) = get("PINLANE_FILL_STORES") {
+            c.fill_stores = parse_stores(n, &v)?;
+        }
+        if let Some((n, v)) = get("PINLANE_DRAIN_STORES") {
+            c.drain_stores = parse_stores(n, &v)?;
+        }
+        if let Some((n, v)) = get("PINLANE_NT_COPY") {
+            c.streaming_stores = match v.as_str() {
+                "0" => false,
+                "1" => true,
+                _ => return Err(invalid(n, &v, "expected 0 or 1")),
+            };
+        }
+        if let Some((n, v)) = get("PINLANE_PIPELINE_SLOTS") {
+            c.pipeline_slots = parse(n, &v)?;
+        }
+        if let Some((n, v)) = get("PINLANE_D2H_SMALL") {
+            c.small_d2h = match v.as_str() {
+                "gather" => SmallD2h::Gather,
+                "batch" => SmallD2h::Batch,
+                "each" => SmallD2h::Each,
+                _ => return Err(invalid(n, &v, "expected gather, batch or each")),
+            };
+        }
+        if let Some((n, v)) = get("PINLANE_SLOT_WAIT_MS") {
+            c.slot_wait = Duration::from_millis(parse(n, &v)?);
+        }
+        if let Some((n, v)) = get("PINLANE_DROP_SYNC_WAIT_MS") {
+            c.drop_sync_wait = Duration::from_millis(parse(n, &v)?);
+        }
+        c.validate().map_err(|e| match e {
+            Error::InvalidOption { name, reason } => {
+                let variable = format!("PINLANE_{}", name.to_uppercase());
+                let value = var(&variable).unwrap_or_default();
+                Error::InvalidConfig {
+                    variable,
+                    value,
+                    reason,
+                }
+            }
+            e => e,
+        })?;
+        Ok(c)
+    }
+
+    /// Checks every value's range.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] naming the first field out of range.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |name: &'static str, reason: &str| {
+            Err(Error::InvalidOption {
+                name,
+                reason: reason.into(),
+            })
+        };
+        if self.slot_bytes < 4096 {
+            return bad("slot_bytes", "must be at least 4096");
+        }
+        if self.pipeline_slots == 0 {
+            return bad("pipeline_slots", "must be at least 1");
+        }
+        if self.copy_threads == Some(0) {
+            return bad("copy_threads", "must be at least 1");
+        }
+        Ok(())
+    }
+
+    /// Installs this configuration as the process's runtime; see [`Runtime`](crate::Runtime).
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] for a value out of range; [`Error::AlreadyRunning`] when a
+    /// runtime with another configuration is already running (installing the same one
+    /// again is fine).
+    pub fn install(self) -> Result<&'static crate::Runtime> {
+        crate::runtime::install(self)
+    }
+}
+
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident: $ty:ty;)*) => {
+        impl Config {$(
+            $(#[$doc])*
+            pub fn $name(mut self, v: $ty) -> Config {
+                self.$name = v;
+                self
+            }
+        )*}
+    };
+}
+
+setters! {
+    /// Sets [`Config::slot_bytes`].
+    slot_bytes: usize;
+    /// Sets [`Config::arena_bytes`].
+    arena_bytes: usize;
+    /// Sets [`Config::pinned_output_bytes`].
+    pinned_output_bytes: usize;
+    /// Sets [`Config::host_pool_bytes`].
+    host_pool_bytes: usize;
+    /// Sets [`Config::device_pool_release_bytes`].
+    device_pool_release_bytes: u64;
+    /// Sets [`Config::parallel_min`].
+    parallel_min: usize;
+    /// Sets [`Config::spin`].
+    spin: Duration;
+    /// Sets [`Config::fill_stores`].
+    fill_stores: CopyStores;
+    /// Sets [`Config::drain_stores`].
+    drain_stores: CopyStores;
+    /// Sets [`Config::streaming_stores`].
+    streaming_stores: bool;
+    /// Sets [`Config::pipeline_slots`].
+    pipeline_slots: usize;
+    /// Sets [`Config::small_d2h`].
+    small_d2h: SmallD2h;
+    /// Sets [`Config::slot_wait`].
+    slot_wait: Duration;
+    /// Sets [`Config::drop_sync_wait`].
+    drop_sync_wait: Duration;
+}
+
+impl Config {
+    /// Sets [`Config::copy_threads`].
+    pub fn copy_threads(mut self, n: usize) -> Config {
+        self.copy_threads = Some(n);
+        self
+    }
+
+    /// The copy threads in force: [`Config::copy_threads`] or the default.
+    pub(crate) fn resolved_copy_threads(&self) -> usize {
+        self.copy_threads.unwrap_or_else(|| {
+            // Three quarters of the cores, at most 12: on the 16-core GPU machine 12
+            // threads copied fastest (docs/performance.md); more compete for bandwidth.
+            std::thread::available_parallelism().map_or(4, |n| (n.get() * 3 / 4).clamp(1, 12))
+        })
+    }
+}
+
+fn invalid(name: &str, value: &str, reason: &str) -> Error {
+    Error::InvalidConfig {
+        variable: name.into(),
+        value: value.into(),
+        reason: reason.into(),
+    }
+}
+
+fn parse<T: std::str::FromStr>(name: &str, value: &str) -> Result<T>
+where
+    T::Err: std::fmt::Display,
+{
+    value
+        .trim()
+        .parse()
+        .map_err(|e: T::Err| invalid(name, value, &e.to_string()))
+}
+
+fn parse_stores(name: &str, value: &str) -> Result<CopyStores> {
+    match value {
+        "auto" => Ok(CopyStores::Auto),
+        "cached" => Ok(CopyStores::Cached),
+        "streaming" => Ok(CopyStores::Streaming),
+        _ => Err(invalid(name, value, "expected auto, cached or streaming")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |n| pairs.iter().find(|p| p.0 == n).map(|p| p.1.to_string())
+    }
+
+    #[test]
+    fn every_variable_is_read() {
+        let c = Config::from_vars(vars(&[
+            ("PINLANE_SLOT_BYTES", "65536"),
+            ("PINLANE_ARENA_BYTES", "1048576"),
+            ("PINLANE_PINNED_OUTPUT_BYTES", "7"),
+            ("PINLANE_HOST_POOL_BYTES", "8"),
+            ("PINLANE_DEVICE_POOL_RELEASE_BYTES", "9"),
+            ("PINLANE_COPY_THREADS", "3"),
+            ("PINLANE_PARALLEL_MIN", "10"),
+            ("PINLANE_SPIN_US", "11"),
+            ("PINLANE_FILL_STORES", "cached"),
+            ("PINLANE_DRAIN_STORES", "streaming"),
+            ("PINLANE_NT_COPY", "0"),
+            ("PINLANE_PIPELINE_SLOTS", "2"),
+            ("PINLANE_D2H_SMALL", "each"),
+            ("PINLANE_SLOT_WAIT_MS", "12"),
+            ("PINLANE_DROP_SYNC_WAIT_MS", "13"),
+        ]))
+        .unwrap();
+        let want = Config::new()
+            .slot_bytes(65536)
+            .arena_bytes(1 << 20)
+            .pinned_output_bytes(7)
+            .host_pool_bytes(8)
+            .device_pool_release_bytes(9)
+            .copy_threads(3)
+            .parallel_min(10)
+            .spin(Duration::from_micros(11))
+            .fill_stores(CopyStores::Cached)
+            .drain_stores(CopyStores::Streaming)
+            .streaming_stores(false)
+            .pipeline_slots(2)
+            .small_d2h(SmallD2h::Each)
+            .slot_wait(Duration::from_millis(12))
+            .drop_sync_wait(Duration::from_millis(13));
+        assert_eq!(c, want);
+    }
+
+    #[test]
+    fn bad_values_name_the_variable_and_value() {
+        for (name, value) in [
+            ("PINLANE_ARENA_BYTES", "64M"),
+            ("PINLANE_COPY_THREADS", "-1"),
+            ("PINLANE_NT_COPY", "yes"),
+            ("PINLANE_FILL_STORES", "fast"),
+            ("PINLANE_D2H_SMALL", ""),
+            ("PINLANE_SPIN_US", "1.5"),
+        ] {
+            match Config::from_vars(vars(&[(name, value)])) {
+                Err(Error::InvalidConfig {
+                    variable, value: v, ..
+                }) => {
+                    assert_eq!((variable.as_str(), v.as_str()), (name, value));
+                }
+                other => panic!("{name}={value}: {other:?}"),
+            }
+        }
+        // In range per variable, out of range as a whole: still an error.
+        assert!(matches!(
+            Config::from_vars(vars(&[("PINLANE_SLOT_BYTES", "16")])),
+            Err(Error::InvalidConfig { .. })
+        ));
+        assert!(matches!(
+            Config::from_vars(vars(&[("PINLANE_COPY_THREADS", "0")])),
+            Err(Error::InvalidConfig { .. })
+        ));
+    }
+}

@@ -1,0 +1,271 @@
+//! [`Runtime`]: the one place that owns pinlane's process-wide memory (the staging arena,
+//! the output pools, the copy threads) and the [`Config`] they were built from.
+//!
+//! The transfer calls use the process's runtime, which [`Config::install`] creates; if no
+//! configuration was installed, the first call that needs it installs [`Config::new`].
+//! The driver layer keeps its own per-device facts (primary contexts, device pools, the
+//! loaded kernel), which the runtime configures ([`Config::device_pool_release_bytes`])
+//! and trims.
+
+use crate::config::{Config, CopyStores};
+use crate::device::Device;
+use crate::driver;
+use crate::error::{Error, Result};
+use crate::memory::{retained, CopyPool, HostPool, PinnedArena, PinnedOutputPool, Stores};
+use std::sync::OnceLock;
+
+/// pinlane's process-wide state, built from a [`Config`].
+///
+/// ```
+/// let rt = pinlane::runtime();
+/// let stats = rt.memory_stats();
+/// assert!(stats.staging.held_bytes <= rt.config().arena_bytes.max(rt.config().slot_bytes));
+/// rt.trim().unwrap(); // gives back whatever is cached and unused
+/// assert_eq!(rt.memory_stats().staging.held_bytes, rt.memory_stats().staging.in_use_bytes);
+/// ```
+pub struct Runtime {
+    config: Config,
+    pub(crate) arena: PinnedArena,
+    pub(crate) outputs: PinnedOutputPool,
+    pub(crate) host_pool: HostPool,
+    pub(crate) copy: CopyPool,
+}
+
+static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+
+/// The process's runtime, installing [`Config::new`] if none was installed.
+pub fn runtime() -> &'static Runtime {
+    if let Some(rt) = RUNTIME.get() {
+        return rt;
+    }
+    // The defaults always validate, so this cannot fail; a concurrent install of another
+    // configuration wins, which is what its caller asked for.
+    match install(Config::new()) {
+        Ok(rt) => rt,
+        Err(_) => RUNTIME.get().expect("a runtime was installed concurrently"),
+    }
+}
+
+pub(crate) fn install(config: Config) -> Result<&'static Runtime> {
+    config.validate()?;
+    let mut fresh = false;
+    let rt = RUNTIME.get_or_init(|| {
+        fresh = true;
+        Runtime::new(config.clone())
+    });
+    if fresh {
+        driver::set_pool_release_threshold(config.device_pool_release_bytes);
+    } else if rt.config != config {
+        return Err(Error::AlreadyRunning {
+            reason: format!("{:?}", rt.config),
+        });
+    }
+    Ok(rt)
+}
+
+impl Runtime {
+    fn new(config: Config) -> Runtime {
+        Runtime {
+            arena: PinnedArena::new(config.slot_bytes, config.arena_bytes, config.slot_wait),
+            outputs: PinnedOutputPool::new(config.pinned_output_bytes),
+            host_pool: HostPool::new(config.host_pool_bytes),
+            copy: CopyPool::new(
+                config.resolved_copy_threads(),
+                config.parallel_min,
+                config.spin,
+            ),
+            config,
+        }
+    }
+
+    /// The configuration in force: the installed one, with the limits changed since.
+    pub fn config(&self) -> Config {
+        let mut c = self.config.clone();
+        c.arena_bytes = self.arena.max_bytes();
+        c.pinned_output_bytes = self.outputs.max_bytes();
+        c.host_pool_bytes = self.host_pool.max_bytes();
+        c.device_pool_release_bytes = driver::pool_release_threshold();
+        c
+    }
+
+    /// Threads that copy pageable memory, the calling thread included.
+    pub fn copy_threads(&self) -> usize {
+        self.copy.threads()
+    }
+
+    pub(crate) fn settings(&self) -> &Config {
+        &self.config
+    }
+
+    /// The stores to fill staging slots with, given what measured fastest for the job.
+    pub(crate) fn fill_stores(&self, auto: Stores) -> Stores {
+        self.stores(self.config.fill_stores, auto)
+    }
+
+    /// The stores to drain staging slots with.
+    pub(crate) fn drain_stores(&self) -> Stores {
+        self.stores(self.config.drain_stores, Stores::Streaming)
+    }
+
+    fn stores(&self, choice: CopyStores, auto: Stores) -> Stores {
+        let s = match choice {
+            CopyStores::Cached => Stores::Cached,
+            CopyStores::Streaming => Stores::Streaming,
+            CopyStores::Auto => auto,
+        };
+        if self.config.streaming_stores {
+            s
+        } else {
+            Stores::Cached
+        }
+    }
+
+    /// Changes the staging arena's cap. Slots above a lower cap are freed as they come
+    /// back (and by [`Runtime::trim`]); no call waits for them.
+    ///
+    /// # Errors
+    /// None today; a `Result` so that a cap the runtime cannot honour can be refused.
+    pub fn set_arena_bytes(&self, bytes: usize) -> Result<()> {
+        self.arena.set_max_bytes(bytes)
+    }
+
+    /// Changes the page-locked output pool's cap; unused blocks above it are freed.
+    ///
+    /// # Errors
+    /// A failed `cuMemFreeHost` of an unused block.
+    pub fn set_pinned_output_bytes(&self, bytes: usize) -> Result<()> {
+        self.outputs.set_max_bytes(bytes)
+    }
+
+    /// Changes the recycled pageable pool's cap; cached regions above it are freed.
+    pub fn set_host_pool_bytes(&self, bytes: usize) {
+        self.host_pool.set_max_bytes(bytes)
+    }
+
+    /// Changes the device pools' release threshold, for pools made already and later.
+    ///
+    /// # Errors
+    /// A failed `cuMemPoolSetAttribute`.
+    pub fn set_device_pool_release_bytes(&self, bytes: u64) -> Result<()> {
+        driver::set_pool_release_threshold(bytes);
+        driver::apply_pool_release_threshold()
+    }
+
+    /// Gives back everything cached and not in use: free staging slots, free page-locked
+    /// output blocks, cached pageable regions, and device pool memory that backs no
+    /// allocation (`cuMemPoolTrimTo`). Owners retained after failed synchronisations are
+    /// released first where a synchronisation now succeeds.
+    ///
+    /// Memory in use stays: tensors the caller holds, the batches in each thread's cache
+    /// ring ([`H2dOptions::num_caches`](crate::H2dOptions::num_caches)), device memory
+    /// whose in-order free has not run yet on its consumer stream (synchronise that stream
+    /// first to give it back too).
+    ///
+    /// # Errors
+    /// The first failed free or trim; the rest are still attempted.
+    pub fn trim(&self) -> Result<()> {
+        retained::try_release();
+        let mut first = None;
+        let mut note = |r: Result<()>| {
+            if let Err(e) = r {
+                first.get_or_insert(e);
+            }
+        };
+        note(self.arena.trim());
+        note(self.outputs.trim());
+        self.host_pool.trim();
+        note(driver::trim_device_pools());
+        first.map_or(Ok(()), Err)
+    }
+
+    /// A snapshot of the memory pinlane holds.
+    pub fn memory_stats(&self) -> MemoryStats {
+        MemoryStats {
+            staging: self.arena.stats(),
+            pinned_outputs: self.outputs.stats(),
+            pageable_outputs: self.host_pool.stats(),
+            devices: driver::device_pool_stats()
+                .into_iter()
+                .map(|(d, s)| DevicePoolStats {
+                    device: Device::cuda(d),
+                    reserved_bytes: s.reserved,
+                    used_bytes: s.used,
+                    peak_reserved_bytes: s.reserved_high,
+                })
+                .collect(),
+            pageable_fallbacks: self.outputs.fallbacks(),
+            slot_waits: self.arena.waits(),
+            retained_owners: retained::retained_count(),
+            retained_bytes: retained::retained_bytes(),
+        }
+    }
+}
+
+/// What one kind of host memory holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PoolStats {
+    /// Bytes allocated and kept (in use or cached for reuse).
+    pub held_bytes: usize,
+    /// Bytes of those in use now (leased slots, blocks or regions with live tensors).
+    pub in_use_bytes: usize,
+    /// Highest `held_bytes` so far.
+    pub peak_bytes: usize,
+    /// Allocations (slots, blocks, regions) in use now.
+    pub in_use_count: usize,
+}
+
+/// What one device's memory pool holds (the pool's own attributes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DevicePoolStats {
+    /// The device.
+    pub device: Device,
+    /// Device memory the pool has reserved from the driver.
+    pub reserved_bytes: u64,
+    /// Of that, bytes backing live allocations.
+    pub used_bytes: u64,
+    /// Highest `reserved_bytes` so far.
+    pub peak_reserved_bytes: u64,
+}
+
+/// A snapshot of the memory pinlane holds: [`Runtime::memory_stats`] or
+/// [`memory_stats`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MemoryStats {
+    /// Page-locked staging slots.
+    pub staging: PoolStats,
+    /// Page-locked D2H output blocks.
+    pub pinned_outputs: PoolStats,
+    /// Recycled pageable D2H output regions.
+    pub pageable_outputs: PoolStats,
+    /// Device pools, one per device pinlane has used.
+    pub devices: Vec<DevicePoolStats>,
+    /// D2H batches that got pageable outputs because the page-locked pool was full.
+    pub pageable_fallbacks: u64,
+    /// Times a call found every staging slot leased and waited for one.
+    pub slot_waits: u64,
+    /// Groups of owners retained after failed synchronisations.
+    pub retained_owners: usize,
+    /// Bytes those owners hold.
+    pub retained_bytes: usize,
+}
+
+/// [`Runtime::memory_stats`] of the process's runtime.
+///
+/// ```
+/// let s = pinlane::memory_stats();
+/// assert!(s.staging.in_use_bytes <= s.staging.held_bytes);
+/// ```
+pub fn memory_stats() -> MemoryStats {
+    runtime().memory_stats()
+}
+
+/// [`Runtime::trim`] of the process's runtime.
+///
+/// # Errors
+/// As [`Runtime::trim`].
+pub fn trim() -> Result<()> {
+    runtime().trim()
+}
