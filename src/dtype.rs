@@ -88,26 +88,30 @@ impl fmt::Display for DType {
 pub trait Element: Copy + Send + Sync + 'static + sealed::Sealed {
     /// The matching dtype.
     const DTYPE: DType;
-    /// How the element is stored: `Self` for plain-data types, `u8` for `bool`.
-    type Raw: bytemuck::Pod + Send + Sync;
-    /// Converts a `Vec` to its stored form: free (the same `Vec`) for plain-data types.
-    fn into_raw_vec(values: Vec<Self>) -> Vec<Self::Raw>;
-    /// Writes the elements as bytes (native endianness).
-    fn to_bytes(values: &[Self]) -> Vec<u8>;
-    /// Reads elements back from bytes; `None` when a byte is not a valid value
-    /// (only possible for `bool`). `bytes.len()` is a multiple of the size.
-    fn from_bytes(bytes: &[u8]) -> Option<Vec<Self>>;
 }
 
-mod sealed {
-    pub trait Sealed {}
+/// What pinlane needs of an element internally; sealed (not nameable outside the crate),
+/// so the byte conversions are not public API.
+pub(crate) mod sealed {
+    pub trait Sealed: Sized {
+        /// How the element is stored: `Self` for plain-data types, `u8` for `bool`.
+        type Raw: bytemuck::Pod + Send + Sync;
+        /// Converts a `Vec` to its stored form: free (the same `Vec`) for plain-data types.
+        fn into_raw_vec(values: Vec<Self>) -> Vec<Self::Raw>;
+        /// Writes the elements as bytes (native endianness).
+        fn to_bytes(values: &[Self]) -> Vec<u8>;
+        /// Reads elements back from bytes; `None` when a byte is not a valid value
+        /// (only possible for `bool`). `bytes.len()` is a multiple of the size.
+        fn from_bytes(bytes: &[u8]) -> Option<Vec<Self>>;
+    }
 }
 
 macro_rules! pod_element {
     ($($t:ty => $d:ident),* $(,)?) => {$(
-        impl sealed::Sealed for $t {}
         impl Element for $t {
             const DTYPE: DType = DType::$d;
+        }
+        impl sealed::Sealed for $t {
             type Raw = $t;
             fn into_raw_vec(values: Vec<Self>) -> Vec<Self> {
                 values
@@ -133,9 +137,10 @@ pod_element!(
     half::f16 => F16, half::bf16 => Bf16, f32 => F32, f64 => F64,
 );
 
-impl sealed::Sealed for bool {}
 impl Element for bool {
     const DTYPE: DType = DType::Bool;
+}
+impl sealed::Sealed for bool {
     type Raw = u8;
     fn into_raw_vec(values: Vec<Self>) -> Vec<u8> {
         values.into_iter().map(u8::from).collect()
@@ -157,6 +162,7 @@ impl Element for bool {
 
 #[cfg(test)]
 mod tests {
+    use super::sealed::Sealed;
     use super::*;
 
     #[test]

@@ -64,10 +64,15 @@ pub use engine::{
 pub use error::{Error, Result};
 pub use layout::Shape;
 pub use memory::DevicePtrGuard;
-pub use runtime::{memory_stats, runtime, trim, DevicePoolStats, MemoryStats, PoolStats, Runtime};
+pub use runtime::{
+    memory_stats, runtime, trim, warm_up, DevicePoolStats, MemoryStats, PoolStats, Runtime,
+};
 pub use tensor::{Location, Tensor};
 
 /// `#[derive(Batch)]`: see [`Batch`]. Fields are visited in declaration order;
 /// `#[batch(skip)]` passes a field through unchanged (cloned).
 #[cfg(feature = "derive")]
 pub use pinlane_derive::Batch;
+
+#[cfg(all(test, feature = "sim"))]
+mod sim_tests;

@@ -178,6 +178,21 @@ impl Runtime {
         first.map_or(Ok(()), Err)
     }
 
+    /// Does once, now, the context-wide work a device needs before its first transfer:
+    /// retains its primary context, creates pinlane's memory pool on it and loads the
+    /// gather kernel. Loading a module waits for all work queued on the device by anyone,
+    /// so a server calls this at start-up, before other streams are busy; otherwise the
+    /// first transfer on the device does it. After it, no transfer on the device waits
+    /// for work on streams that are not its own (page-locked frees run on a thread of
+    /// their own, see docs/semantics.md).
+    ///
+    /// # Errors
+    /// [`Error::NoCuda`], [`Error::DeviceUnavailable`], or the driver's error.
+    pub fn warm_up(&self, device: Device) -> Result<()> {
+        driver::require("warm_up")?;
+        driver::warm_up(device.ordinal())
+    }
+
     /// A snapshot of the memory pinlane holds.
     pub fn memory_stats(&self) -> MemoryStats {
         MemoryStats {
@@ -195,6 +210,7 @@ impl Runtime {
                 .collect(),
             pageable_fallbacks: self.outputs.fallbacks(),
             slot_waits: self.arena.waits(),
+            failed_frees: crate::memory::failed_frees(),
             retained_owners: retained::retained_count(),
             retained_bytes: retained::retained_bytes(),
         }
@@ -246,6 +262,9 @@ pub struct MemoryStats {
     pub pageable_fallbacks: u64,
     /// Times a call found every staging slot leased and waited for one.
     pub slot_waits: u64,
+    /// Page-locked frees that failed on the thread that frees off the transfer path
+    /// (the memory stays allocated).
+    pub failed_frees: usize,
     /// Groups of owners retained after failed synchronisations.
     pub retained_owners: usize,
     /// Bytes those owners hold.
@@ -260,6 +279,22 @@ pub struct MemoryStats {
 /// ```
 pub fn memory_stats() -> MemoryStats {
     runtime().memory_stats()
+}
+
+/// [`Runtime::warm_up`] of the process's runtime.
+///
+/// # Errors
+/// As [`Runtime::warm_up`].
+///
+/// ```
+/// if pinlane::driver::available().is_some() {
+///     pinlane::warm_up(pinlane::Device::cuda(0)).unwrap();
+/// } else {
+///     assert!(pinlane::warm_up(pinlane::Device::cuda(0)).is_err());
+/// }
+/// ```
+pub fn warm_up(device: Device) -> Result<()> {
+    runtime().warm_up(device)
 }
 
 /// [`Runtime::trim`] of the process's runtime.

@@ -148,7 +148,17 @@ pub(crate) fn handles(device: usize) -> Result<DeviceHandles> {
     };
     let h = DeviceHandles { ctx, pool };
     *slot = Some(h);
+    drop(slot);
+    // Module loading waits for every stream of the context: do it now, with the context's
+    // creation, and never on a later transfer's path. A kernel that cannot load is not an
+    // error here (D2H then copies small tensors one by one).
+    let _ = super::kernels::gather_kernel(device);
     Ok(h)
+}
+
+/// Makes `device`'s context, pool and kernel now ([`crate::Runtime::warm_up`]).
+pub(crate) fn warm_up(device: usize) -> Result<()> {
+    handles(device).map(|_| ())
 }
 
 fn create_pool(dev: sys::CUdevice) -> Result<Handle<sys::CUmemoryPool>> {

@@ -39,12 +39,16 @@ pub(crate) use batch_copy::{available as batch_copy_available, memcpy_batch_d2h_
 pub(crate) use calls::*;
 pub(crate) use context::{
     apply_pool_release_threshold, bind, device_pool_stats, pool_release_threshold,
-    set_pool_release_threshold, trim_device_pools, ContextGuard,
+    set_pool_release_threshold, trim_device_pools, warm_up, ContextGuard,
 };
 pub use error::DriverError;
 pub use event::{Event, RawEvent};
+pub use kernels::gather_unavailable_reason;
+/// The gather kernel's PTX as pinlane embeds it (feature `test-util`: checked against a
+/// rebuild by the kernel tests).
+#[cfg(feature = "test-util")]
+pub use kernels::GATHER_PTX;
 pub(crate) use kernels::{gather_kernel, launch_gather, GatherPiece};
-pub use kernels::{gather_unavailable_reason, GATHER_PTX};
 pub use stream::{RawStream, Stream};
 
 use crate::error::{Error, Result};
@@ -53,6 +57,7 @@ use std::sync::OnceLock;
 
 /// What [`available`] found: the driver's version and how many devices it sees.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DriverInfo {
     /// `cuDriverGetVersion`, e.g. 13000 for CUDA 13.0; 0 for the simulated device.
     pub version: i32,

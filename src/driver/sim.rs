@@ -41,6 +41,7 @@ pub const POISON_RECYCLED: u8 = 0xA5;
 
 /// How the simulated device behaves.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SimConfig {
     /// Seeds every stream's delays.
     pub seed: u64,
@@ -71,6 +72,24 @@ impl SimConfig {
             seed,
             ..SimConfig::default()
         }
+    }
+
+    /// Sets [`SimConfig::devices`].
+    pub fn devices(mut self, n: usize) -> SimConfig {
+        self.devices = n;
+        self
+    }
+
+    /// Sets [`SimConfig::max_delay`].
+    pub fn max_delay(mut self, d: Duration) -> SimConfig {
+        self.max_delay = d;
+        self
+    }
+
+    /// Sets [`SimConfig::memory_per_device`].
+    pub fn memory_per_device(mut self, bytes: usize) -> SimConfig {
+        self.memory_per_device = bytes;
+        self
     }
 }
 
@@ -263,6 +282,7 @@ pub(crate) struct Sim {
 
 /// What the simulated devices have seen so far in this process ([`activity`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Activity {
     /// Per device: whether its primary context was retained or made current.
     pub context_used: Vec<bool>,

@@ -103,6 +103,7 @@ pub fn transfer_tensor_d2h<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> 
 
 /// What the calling thread's last successful transfer did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TransferStats {
     /// Tensors moved.
     pub tensors: usize,

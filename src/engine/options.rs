@@ -12,6 +12,7 @@ use crate::driver::{Event, Stream};
 /// assert_eq!(opts.device, DeviceSpec::Ordinal(1));
 /// ```
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct H2dOptions {
     /// The device to copy to (default `cuda:{LOCAL_RANK}`, as the spec says). One process
     /// can drive every device of the machine: a thread per device, or a device per call.
@@ -84,6 +85,7 @@ impl H2dOptions {
 /// assert_eq!(D2hOptions::default().device(Device::cuda(0)).device, opts.device);
 /// ```
 #[derive(Clone, Debug, Default)]
+#[non_exhaustive]
 pub struct D2hOptions {
     /// The CUDA device to copy from: a [`Device`](crate::Device), `"cuda:N"`, or
     /// `"cuda"` / `None` for `cuda:{LOCAL_RANK}` (`cuda:0` when `LOCAL_RANK` is unset).
@@ -108,6 +110,7 @@ pub struct D2hOptions {
 /// When the output pool's cap leaves no room for a batch, `Pinned` falls back to
 /// `Pageable` for that batch.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum HostOutput {
     /// Page-locked outputs, views into one block of the output pool per batch.
     #[default]

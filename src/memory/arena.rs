@@ -216,10 +216,11 @@ impl PinnedArena {
         };
         match excess {
             Some(slab) => {
-                let device = slab.device;
-                if let Err(e) = free_slabs(vec![slab]) {
-                    driver::deferred::record(device, e);
-                }
+                let (ptr, device) = (slab.ptr, slab.device);
+                drop(slab.event);
+                // SAFETY: the slab's copies were proven complete (its lease's drop) and it
+                // is on no list. On the reaper thread: this runs at the end of a transfer.
+                unsafe { super::reaper::free_pinned_later(ptr, device) };
             }
             None => self.returned.notify_one(),
         }

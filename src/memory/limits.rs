@@ -9,6 +9,7 @@ use std::time::Instant;
 /// median of `reps` timed copies of `nbytes` after one warm-up, each direction alone, then
 /// both at once on two streams (total).
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct PinnedLimits {
     pub h2d: f64,
     pub d2h: f64,

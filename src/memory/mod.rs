@@ -10,6 +10,7 @@
 //! | `gather.rs` | - | a device buffer gathering many small tensors (kernel) | in stream order |
 //! | `dlpack.rs` | a DLPack capsule's deleter (imports), a tensor clone (exports) | another framework's tensors, and ours lent to it | the deleter runs when the last view drops |
 //! | `inflight.rs` | `InFlight` | nothing of its own: keeps the owners above alive | after the stream is synchronised |
+//! | `reaper.rs` | - | page-locked memory being freed | on a dedicated thread (`cuMemFreeHost` waits for the whole context) |
 //! | `retained.rs` | the retained registry | owners whose copies could not be proven complete | when a later synchronisation proves it |
 //!
 //! # The invariant
@@ -56,6 +57,7 @@ mod inflight;
 #[cfg(feature = "test-util")]
 mod limits;
 pub(crate) mod pinned;
+mod reaper;
 pub mod retained;
 
 pub(crate) use crate::driver::batch_copy_available;
@@ -73,6 +75,7 @@ pub(crate) use inflight::InFlight;
 pub use limits::{measure_pinned_limits, PinnedLimits};
 pub(crate) use pinned::{PinnedBlock, PinnedBuf};
 pub use pinned::{PinnedOutputPool, SHARE_MAX};
+pub(crate) use reaper::failed as failed_frees;
 
 /// Where a tensor's bytes are, and who owns them: each variant is a view holding an
 /// `Arc` to shared memory (pinlane's, or another owner's), so cloning one is a

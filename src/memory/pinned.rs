@@ -134,10 +134,9 @@ impl Drop for PinnedBlock {
             Release::Free { device } => {
                 // SAFETY: a dedicated block from host_alloc whose last owner is us; copies
                 // that read or wrote it were proven complete before any tensor owning it
-                // could drop (memory module invariant).
-                if let Err(e) = unsafe { free_pinned(self.ptr, device) } {
-                    driver::deferred::record(device, e);
-                }
+                // could drop (memory module invariant). Freed on the reaper thread: the
+                // free waits for the whole context, which a drop must not.
+                unsafe { super::reaper::free_pinned_later(self.ptr, device) }
             }
         }
     }
@@ -491,8 +490,11 @@ impl PinnedOutputPool {
                 }
             }
         };
-        if let Err(e) = free_blocks(to_free) {
-            driver::deferred::record(device, e);
+        for (ptr, _, owner) in to_free {
+            // SAFETY: unused blocks taken off the free list (touched by no copy, freed by
+            // nothing else). On the reaper thread: this is a transfer's path, and the
+            // free waits for the whole context.
+            unsafe { super::reaper::free_pinned_later(ptr, owner) };
         }
         if let Some((ptr, len, device)) = reuse {
             return Ok(Some(Arc::new(PinnedBlock {
@@ -526,8 +528,10 @@ impl PinnedOutputPool {
                 None
             }
         };
-        if let Err(e) = free_blocks(excess.into_iter().collect()) {
-            driver::deferred::record(device, e);
+        if let Some((ptr, _, owner)) = excess {
+            // SAFETY: the block's last view dropped (no copy touches it) and it is on no
+            // list. On the reaper thread: this runs in a tensor's drop.
+            unsafe { super::reaper::free_pinned_later(ptr, owner) };
         }
     }
 }

@@ -137,11 +137,8 @@ pub fn sim() {
             .arena_bytes(1 << 20)
             .install()
             .expect("the simulated binary's runtime");
-        enable(SimConfig {
-            max_delay: std::time::Duration::from_micros(40),
-            ..SimConfig::seeded(0x5EED)
-        })
-        .expect("enable the simulated device");
+        enable(SimConfig::seeded(0x5EED).max_delay(std::time::Duration::from_micros(40)))
+            .expect("enable the simulated device");
     });
 }
 

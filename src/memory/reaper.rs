@@ -1,0 +1,74 @@
+//! Frees page-locked memory off the caller's thread.
+//!
+//! `cuMemFreeHost` waits for all work on every stream of the context to finish (measured
+//! on the H200: a free issued while another stream ran a 1.5 s host function returned
+//! after 1.5 s). A transfer, or a drop of a page-locked tensor, must not wait for work
+//! that is not its own, so pinlane hands such frees to one dedicated thread, started on
+//! first use, which waits in its place. Only [`Runtime::trim`](crate::Runtime::trim),
+//! which the caller asks for, frees on the calling thread.
+//!
+//! The memory handed over is no longer used by anything (its copies were proven
+//! complete); it simply stays allocated a little longer.
+
+use crate::driver::{self, HostPtr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Mutex, OnceLock};
+
+/// A block to free: its address and the device whose context allocated it.
+type Job = (HostPtr<u8>, usize);
+
+/// The reaper thread's queue (`None` if the thread could not be spawned).
+static QUEUE: OnceLock<Mutex<Option<Sender<Job>>>> = OnceLock::new();
+/// Frees that failed on the reaper thread (nobody to return them to).
+static FAILED: AtomicUsize = AtomicUsize::new(0);
+
+/// Frees `ptr` (page-locked, allocated under `device`'s context) on the reaper thread.
+///
+/// # Safety
+/// `ptr` came from `host_alloc` under `device`'s context, is freed by nothing else, and no
+/// copy touches it any more.
+pub(crate) unsafe fn free_pinned_later(ptr: HostPtr<u8>, device: usize) {
+    let queue = QUEUE.get_or_init(|| Mutex::new(start()));
+    let sent = queue
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .map(|tx| tx.send((ptr, device)).is_ok());
+    if sent != Some(true) {
+        // No reaper thread (it could not be spawned): free here, waiting if need be.
+        // SAFETY: the caller's obligations.
+        unsafe { free_now(ptr, device) };
+    }
+}
+
+/// Frees that failed on the reaper thread so far.
+pub(crate) fn failed() -> usize {
+    FAILED.load(Ordering::Relaxed)
+}
+
+fn start() -> Option<Sender<Job>> {
+    let (tx, rx) = channel::<Job>();
+    std::thread::Builder::new()
+        .name("pinlane-free".into())
+        .spawn(move || {
+            for (ptr, device) in rx {
+                // SAFETY: free_pinned_later's caller gave these obligations for `ptr`.
+                unsafe { free_now(ptr, device) };
+            }
+        })
+        .ok()
+        .map(|_| tx)
+}
+
+/// # Safety
+/// As [`free_pinned_later`].
+unsafe fn free_now(ptr: HostPtr<u8>, device: usize) {
+    let r = driver::bind(device).and_then(|ctx| {
+        // SAFETY: the caller's obligations; `device`'s context is current.
+        unsafe { driver::host_free(&ctx, ptr.0) }
+    });
+    if r.is_err() {
+        FAILED.fetch_add(1, Ordering::Relaxed);
+    }
+}

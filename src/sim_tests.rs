@@ -1,0 +1,171 @@
+//! Regression tests of internal invariants on the simulated device (feature `sim`): what
+//! the public API cannot reach, each a hole the review of issue 8 found.
+
+use crate::driver::{self, sim, Stream};
+use crate::memory::arena::{PinnedArena, Synced};
+use crate::memory::pinned::PinnedOutputPool;
+use crate::memory::{DeviceAlloc, DeviceView, InFlight};
+use crate::{Device, Error};
+use std::time::{Duration, Instant};
+
+fn setup() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        sim::enable(sim::SimConfig::seeded(8).max_delay(Duration::from_micros(20)))
+            .expect("the lib tests use the simulated device");
+    });
+}
+
+fn leak<T>(t: T) -> &'static T {
+    Box::leak(Box::new(t))
+}
+
+/// Device bytes of `alloc` read back through a fresh staging slot.
+fn read_device(alloc: &std::sync::Arc<DeviceAlloc>, n: usize) -> Vec<u8> {
+    let arena = leak(PinnedArena::new(4096, 4096, Duration::from_secs(5)));
+    let ctx = driver::bind(0).unwrap();
+    let s = Stream::new(Device::cuda(0)).unwrap();
+    let view = DeviceView::new(alloc, 0, n);
+    let mut lease = arena.lease(&ctx, true).unwrap().unwrap();
+    // SAFETY: the view's producer was synchronised by the caller; it lives past the sync.
+    unsafe { lease.d2h_window(&ctx, std::iter::once((0, &view, 0, n)), &s) }.unwrap();
+    s.synchronize().unwrap();
+    lease.bytes_mut().unwrap()[..n].to_vec()
+}
+
+#[test]
+fn a_slot_lease_dropped_without_proof_waits_for_its_copy() {
+    setup();
+    // One slot, so the next lease gets the same slab.
+    let arena = leak(PinnedArena::new(4096, 4096, Duration::from_secs(5)));
+    let ctx = driver::bind(0).unwrap();
+    let s = Stream::new(Device::cuda(0)).unwrap();
+    let dst = DeviceAlloc::new_async(&ctx, 0, 4096, &s, s.clone()).unwrap();
+    let mut lease = arena.lease(&ctx, true).unwrap().unwrap();
+    lease.bytes_mut().unwrap().fill(0x11);
+    // The copy out of the slot runs only after 100 ms.
+    s.delay_async(Duration::from_millis(100)).unwrap();
+    // SAFETY: `dst` was allocated on `s` and outlives the copy (synchronised below).
+    unsafe { lease.h2d_window(&ctx, 4096, &dst, 0, &s) }.unwrap();
+    // Dropped with no proof of completion: before the fix the slot went back as free at
+    // once, was poisoned and refilled, and the delayed copy read the new bytes.
+    drop(lease);
+    let mut again = arena.lease(&ctx, true).unwrap().unwrap();
+    again.bytes_mut().unwrap().fill(0x22);
+    s.synchronize().unwrap();
+    assert!(read_device(&dst, 4096).iter().all(|&b| b == 0x11));
+    // With proof, the drop does not wait: mark the slot idle after a synchronisation.
+    again.mark_idle(&Synced(&s));
+}
+
+#[test]
+fn batched_copies_refuse_mismatched_arrays_and_the_legacy_stream() {
+    setup();
+    let ctx = driver::bind(0).unwrap();
+    let s = Stream::new(Device::cuda(0)).unwrap();
+    let (mut d, mut src, mut n) = (vec![0u64; 2], vec![0u64; 1], vec![8usize; 2]);
+    // SAFETY: refused before any copy is queued.
+    let r = unsafe { driver::memcpy_batch_d2h_async(&ctx, &mut d, &mut src, &mut n, 0, &s) };
+    assert!(matches!(r, Err(Error::LengthMismatch { .. })), "{r:?}");
+    let legacy = Stream::legacy(Device::cuda(0)).unwrap();
+    let (mut d, mut src, mut n) = (vec![0u64; 1], vec![0u64; 1], vec![8usize; 1]);
+    // SAFETY: refused before any copy is queued.
+    let r = unsafe { driver::memcpy_batch_d2h_async(&ctx, &mut d, &mut src, &mut n, 0, &legacy) };
+    assert!(matches!(r, Err(Error::LegacyStream { .. })), "{r:?}");
+}
+
+#[test]
+fn gather_descriptors_are_checked_against_the_destination() {
+    setup();
+    let ctx = driver::bind(0).unwrap();
+    let s = Stream::new(Device::cuda(0)).unwrap();
+    let src = DeviceAlloc::new_async(&ctx, 0, 1024, &s, s.clone()).unwrap();
+    let v = DeviceView::new(&src, 0, 100);
+    let arena = leak(PinnedArena::new(4096, 4096, Duration::from_secs(5)));
+    let mut job = InFlight::new(s.clone(), Duration::from_secs(5));
+    job.leases.push(arena.lease(&ctx, true).unwrap().unwrap());
+    // SAFETY: refused before any copy is queued; the views live past the job.
+    let past_end =
+        unsafe { crate::memory::gather_async(&ctx, &mut job, 0, &[&v, &v], &[0, 256], 300) };
+    assert!(
+        matches!(past_end, Err(Error::InvalidOption { .. })),
+        "{:?}",
+        past_end.err()
+    );
+    // SAFETY: as above.
+    let fewer = unsafe { crate::memory::gather_async(&ctx, &mut job, 0, &[&v, &v], &[0], 1024) };
+    assert!(
+        matches!(fewer, Err(Error::LengthMismatch { .. })),
+        "{:?}",
+        fewer.err()
+    );
+    job.finish(|| ()).unwrap();
+}
+
+#[test]
+fn a_context_guard_refuses_another_devices_call() {
+    setup();
+    let ctx = driver::bind(0).unwrap();
+    let s = Stream::new(Device::cuda(0)).unwrap();
+    let r = driver::device_alloc_async(&ctx, 1, 64, &s);
+    assert!(
+        matches!(
+            r,
+            Err(Error::ContextMismatch {
+                current: 0,
+                device: 1,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn dropping_an_unfinished_job_does_not_wait_forever() {
+    setup();
+    let s = Stream::new(Device::cuda(0)).unwrap();
+    let ctx = driver::bind(0).unwrap();
+    let a = DeviceAlloc::new_async(&ctx, 0, 4096, &s, s.clone()).unwrap();
+    // A stream that stays busy (a hung device, as far as the drop can tell).
+    s.delay_async(Duration::from_millis(1500)).unwrap();
+    let mut job = InFlight::new(s.clone(), Duration::from_millis(50));
+    job.hold(&a, 4096);
+    drop(a);
+    let before = crate::memory::retained::retained_bytes();
+    let t0 = Instant::now();
+    drop(job);
+    assert!(
+        t0.elapsed() < Duration::from_millis(1000),
+        "{:?}",
+        t0.elapsed()
+    );
+    // Not proven idle: retained, not freed.
+    assert!(crate::memory::retained::retained_bytes() >= before + 4096);
+    s.synchronize().unwrap();
+    crate::memory::retained::try_release();
+}
+
+#[test]
+fn small_output_batches_share_blocks() {
+    setup();
+    let pool: &'static PinnedOutputPool = leak(PinnedOutputPool::new(4 << 20));
+    // 1,100 batches of one 4-byte scalar, all kept: before, each took a 2 MiB block and
+    // the third fell back to pageable memory.
+    let ranges: Vec<_> = (0..1100)
+        .map(|_| pool.take(4, 0).unwrap().expect("room in a shared block"))
+        .collect();
+    assert!(pool.held_bytes() <= 2 << 20, "{}", pool.held_bytes());
+    let mut starts: Vec<usize> = ranges.iter().map(|(_, at)| *at).collect();
+    starts.sort_unstable();
+    starts.dedup();
+    assert_eq!(starts.len(), 1100, "every batch has its own range");
+    assert!(starts.iter().all(|a| a % 256 == 0));
+    // A view outside its block is an error, not an empty view.
+    let (block, _) = &ranges[0];
+    assert!(crate::memory::PinnedBuf::view(block, 2 << 20, 1).is_err());
+    assert_eq!(pool.fallbacks(), 0);
+    drop(ranges);
+    pool.trim().unwrap();
+    assert_eq!(pool.held_bytes(), 0);
+}

@@ -1,0 +1,151 @@
+//! GPU: memory that can be given back (trim after a 4 GiB batch), the runtime's
+//! statistics, and the review's holes that only the device shows.
+//!
+//! Every test installs the same configuration (batched small D2H copies, so the legacy
+//! stream test exercises the path that must refuse it).
+
+mod common;
+
+use pinlane::{
+    memory_stats, transfer_tensor_d2h, transfer_tensor_h2d, transfer_tensor_h2d_with, Config,
+    D2hOptions, DType, H2dOptions, HostOutput, Location, SmallD2h, Stream, Tensor,
+};
+
+/// Installs the binary's configuration and serialises the tests: they measure the
+/// device's memory, which another test's batch would disturb.
+fn config() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let guard = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    Config::new()
+        .small_d2h(SmallD2h::Batch)
+        .install()
+        .expect("every test installs the same configuration");
+    guard
+}
+
+/// Device memory in use on the device, per `cuMemGetInfo`.
+fn used() -> usize {
+    let (free, total) = pinlane::driver::device_memory_info(common::dev()).unwrap();
+    total - free
+}
+
+fn reserved() -> u64 {
+    memory_stats()
+        .devices
+        .iter()
+        .find(|d| d.device == common::dev())
+        .map_or(0, |d| d.reserved_bytes)
+}
+
+#[test]
+fn trim_gives_back_a_4_gib_batch() {
+    require_gpu!();
+    let _serial = config();
+    let dev = common::dev();
+    // Warm up: context, pool and a staging slot exist; then give back what is cached.
+    let warm = vec![Tensor::from_vec(vec![1u8; 1 << 20], [1 << 20]).unwrap()];
+    drop(transfer_tensor_h2d_with(&warm, &H2dOptions::default().num_caches(0)).unwrap());
+    Stream::legacy(dev).unwrap().synchronize().unwrap();
+    pinlane::trim().unwrap();
+    let before = used();
+
+    let n = 4usize << 30;
+    let big = vec![Tensor::from_vec(vec![0x5Au8; n], [n]).unwrap()];
+    let on = transfer_tensor_h2d_with(&big, &H2dOptions::default().num_caches(0)).unwrap();
+    assert_eq!(on[0].location(), Location::Cuda(dev.ordinal()));
+    drop(on);
+    Stream::legacy(dev).unwrap().synchronize().unwrap();
+    let held = reserved();
+    // With the default release threshold (keep everything) the pool still holds the
+    // batch: this is what trim must give back.
+    assert!(held >= n as u64, "the pool kept {held} bytes");
+    let s = memory_stats();
+    assert!(
+        s.staging.held_bytes > 0 && s.staging.in_use_bytes == 0,
+        "{s:?}"
+    );
+
+    pinlane::trim().unwrap();
+    let after = used();
+    let s = memory_stats();
+    eprintln!(
+        "device memory in use: {} MiB before, {} MiB with the batch's memory cached, {} MiB after trim",
+        before >> 20,
+        (before as u64 + held) >> 20,
+        after >> 20
+    );
+    assert!(
+        after <= before + (64 << 20),
+        "after trim {after} bytes in use, before the batch {before}"
+    );
+    assert!(reserved() <= 64 << 20, "{s:?}");
+    assert_eq!(s.staging.held_bytes, 0, "{s:?}");
+    assert_eq!(s.pinned_outputs.in_use_bytes, 0, "{s:?}");
+}
+
+#[test]
+fn a_release_threshold_of_zero_gives_memory_back_at_the_next_sync() {
+    require_gpu!();
+    let _serial = config();
+    let dev = common::dev();
+    let rt = pinlane::runtime();
+    let b = vec![Tensor::from_vec(vec![3u8; 256 << 20], [256 << 20]).unwrap()];
+    rt.set_device_pool_release_bytes(0).unwrap();
+    let on = transfer_tensor_h2d_with(&b, &H2dOptions::default().num_caches(0)).unwrap();
+    drop(on);
+    Stream::legacy(dev).unwrap().synchronize().unwrap();
+    let r = reserved();
+    rt.set_device_pool_release_bytes(u64::MAX).unwrap();
+    assert!(r < 256 << 20, "reserved {r} after a sync with threshold 0");
+}
+
+#[test]
+fn d2h_on_the_legacy_stream_never_takes_the_batched_copy() {
+    require_gpu!();
+    let _serial = config();
+    let dev = common::dev();
+    // Many small tensors: with SmallD2h::Batch they would go through cuMemcpyBatchAsync,
+    // which must not be given the legacy stream (D2hOptions::stream may be it).
+    let b: Vec<Tensor> = (0..64)
+        .map(|i| common::tensor(DType::F32, &[17 + i], i as u64))
+        .collect();
+    let on = transfer_tensor_h2d(&b).unwrap();
+    let opts = D2hOptions::default()
+        .device(dev)
+        .stream(Stream::legacy(dev).unwrap());
+    let back = transfer_tensor_d2h(&on, &opts).unwrap();
+    assert_eq!(back, b);
+    let s = pinlane::last_transfer_stats().unwrap();
+    assert_eq!(s.copies, 64, "one copy each on the legacy stream: {s:?}");
+    // On the thread's own stream the batched copy is used: one submission.
+    let back = transfer_tensor_d2h(&on, &D2hOptions::default().device(dev)).unwrap();
+    assert_eq!(back, b);
+    assert_eq!(pinlane::last_transfer_stats().unwrap().copies, 1);
+}
+
+#[test]
+fn small_batches_share_page_locked_blocks() {
+    require_gpu!();
+    let _serial = config();
+    let on = transfer_tensor_h2d(&vec![Tensor::scalar(7.5f32)]).unwrap();
+    let before = memory_stats().pinned_outputs.held_bytes;
+    // 1,100 batches of one scalar kept alive: before, each took a 2 MiB block and the
+    // 2 GiB pool ran out, after which outputs silently became pageable.
+    let kept: Vec<Vec<Tensor>> = (0..1100)
+        .map(|_| transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap())
+        .collect();
+    assert!(kept
+        .iter()
+        .all(|b| b[0].location() == Location::Pinned && b[0].as_slice::<f32>().unwrap() == [7.5]));
+    let s = memory_stats();
+    assert!(
+        s.pinned_outputs.held_bytes - before <= 4 << 20,
+        "1,100 scalars hold {} bytes: {s:?}",
+        s.pinned_outputs.held_bytes - before
+    );
+    assert_eq!(
+        transfer_tensor_d2h(&on, &D2hOptions::default().output(HostOutput::Pinned)).unwrap()[0]
+            .location(),
+        Location::Pinned
+    );
+}

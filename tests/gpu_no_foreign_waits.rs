@@ -1,0 +1,96 @@
+//! GPU: once a device is warm, no transfer (and no drop of pinlane's memory) waits for
+//! work that another thread queued on its own stream.
+//!
+//! Found by a hostile test: another thread's first D2H waited 3 s for a host function on
+//! an unrelated non-blocking stream. Measured causes (`cuModuleLoadData` and
+//! `cuMemFreeHost` both wait for every stream of the context): the gather kernel loaded
+//! on the first D2H with small tensors, and output blocks freed to make room under the
+//! pool's cap. One test in its own binary, so nothing else warmed the device first.
+
+mod common;
+
+use pinlane::{
+    transfer_tensor_d2h, transfer_tensor_h2d, Config, D2hOptions, DType, HostOutput, Stream, Tensor,
+};
+use std::time::{Duration, Instant};
+
+const BUSY: Duration = Duration::from_secs(3);
+
+#[test]
+fn transfers_do_not_wait_for_other_streams() {
+    require_gpu!();
+    // A small output pool, so the 6 MiB batch below must evict the free 4 MiB block.
+    Config::new()
+        .pinned_output_bytes(8 << 20)
+        .install()
+        .unwrap();
+    let dev = common::dev();
+    // Warm: one H2D (the device's context, pool and kernel), and one D2H leaving a free
+    // 4 MiB output block. No D2H of small tensors has run yet.
+    let warm = vec![common::tensor(DType::U8, &[3 << 20], 1)];
+    let on = transfer_tensor_h2d(&warm).unwrap();
+    drop(transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap());
+
+    // Another thread's stream is busy for 3 s.
+    let busy = Stream::new(dev).unwrap();
+    busy.delay_async(BUSY).unwrap();
+    let started = Instant::now();
+
+    let worker = std::thread::spawn(move || {
+        let small: Vec<Tensor> = (0..32)
+            .map(|i| common::tensor(DType::F32, &[100 + i], i as u64))
+            .collect();
+        let big = vec![common::tensor(DType::U8, &[6 << 20], 2)];
+        let pinned = common::tensor(DType::I64, &[1000], 3)
+            .to_pinned_on(common::dev())
+            .unwrap();
+        let mut times = Vec::new();
+        let mut time = |what: &'static str, f: &mut dyn FnMut()| {
+            let t0 = Instant::now();
+            f();
+            times.push((what, t0.elapsed()));
+        };
+        let mut on_small = Vec::new();
+        time("h2d of 32 small pageable tensors", &mut || {
+            on_small = transfer_tensor_h2d(&small).unwrap()
+        });
+        time("d2h of 32 small tensors (gather kernel)", &mut || {
+            assert_eq!(
+                transfer_tensor_d2h(&on_small, &D2hOptions::default()).unwrap(),
+                small
+            )
+        });
+        let mut on_big = Vec::new();
+        time("h2d of 6 MiB", &mut || {
+            on_big = transfer_tensor_h2d(&big).unwrap()
+        });
+        time("d2h of 6 MiB (evicts a free output block)", &mut || {
+            assert_eq!(
+                transfer_tensor_d2h(&on_big, &D2hOptions::default()).unwrap(),
+                big
+            )
+        });
+        time("d2h of 6 MiB into pageable memory", &mut || {
+            let opts = D2hOptions::default().output(HostOutput::Pageable);
+            assert_eq!(transfer_tensor_d2h(&on_big, &opts).unwrap(), big)
+        });
+        time("h2d of a page-locked tensor", &mut || {
+            drop(transfer_tensor_h2d(&vec![pinned.clone()]).unwrap())
+        });
+        let mut last = Some(pinned);
+        time("drop of the last page-locked tensor", &mut || {
+            drop(last.take())
+        });
+        times
+    });
+    let times = worker.join().unwrap();
+    let total = started.elapsed();
+    for (what, t) in &times {
+        eprintln!("{what:45} {:>9.3} ms", t.as_secs_f64() * 1e3);
+    }
+    assert!(
+        total < BUSY / 2,
+        "the transfers took {total:?} in all while another stream was busy for {BUSY:?}: {times:?}"
+    );
+    busy.synchronize().unwrap();
+}
