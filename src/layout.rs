@@ -59,6 +59,9 @@ impl Shape {
     }
 
     /// Bytes taken by this shape's elements of `dtype`, checked for overflow.
+    ///
+    /// # Errors
+    /// [`Error::ShapeOverflow`] when the byte size overflows `usize`.
     pub fn try_nbytes(&self, dtype: DType) -> Result<usize> {
         self.try_numel()
             .and_then(|n| n.checked_mul(dtype.size()))

@@ -92,6 +92,10 @@ impl Tensor {
 
     /// A host tensor that takes `values` without copying them; `values.len()` must match
     /// the shape's element count.
+    ///
+    /// # Errors
+    /// [`Error::ShapeMismatch`] when the shape does not hold `values.len()` elements;
+    /// [`Error::ShapeOverflow`].
     pub fn from_vec<T: Element>(values: Vec<T>, shape: impl Into<Shape>) -> Result<Tensor> {
         let shape = shape.into();
         let nbytes = check_len(&shape, T::DTYPE, values.len())?;
@@ -105,6 +109,9 @@ impl Tensor {
     }
 
     /// A host tensor holding a copy of `values`.
+    ///
+    /// # Errors
+    /// As [`Tensor::from_vec`].
     pub fn from_slice<T: Element>(values: &[T], shape: impl Into<Shape>) -> Result<Tensor> {
         Tensor::from_vec(values.to_vec(), shape)
     }
@@ -133,6 +140,10 @@ impl Tensor {
     /// assert_eq!(t.to_vec::<u16>().unwrap(), vec![1, 2]);
     /// assert!(Tensor::from_bytes(DType::Bool, [1], &[2]).is_err()); // not a bool
     /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidBytes`] for a length that is not a whole number of elements, or a
+    /// bool byte other than 0 and 1; [`Error::ShapeMismatch`]; [`Error::ShapeOverflow`].
     pub fn from_bytes(dtype: DType, shape: impl Into<Shape>, bytes: &[u8]) -> Result<Tensor> {
         let shape = shape.into();
         let nbytes = check_bytes(&shape, dtype, bytes.len())?;
@@ -382,6 +393,9 @@ impl Tensor {
     }
 
     /// The raw bytes of a host (pageable or pinned) tensor.
+    ///
+    /// # Errors
+    /// [`Error::NotOnHost`] for a device tensor.
     pub fn as_bytes(&self) -> Result<&[u8]> {
         self.host_bytes("as_bytes")
     }
@@ -393,6 +407,10 @@ impl Tensor {
     /// assert_eq!(t.as_slice::<u32>().unwrap(), &[1, 2]);
     /// assert!(t.as_slice::<f32>().is_err());
     /// ```
+    ///
+    /// # Errors
+    /// [`Error::DTypeMismatch`] when `T` is not the tensor's dtype; [`Error::NotOnHost`];
+    /// [`Error::InvalidBytes`] for an external owner's bytes not aligned for `T`.
     pub fn as_slice<T: Element + bytemuck::Pod>(&self) -> Result<&[T]> {
         self.check_dtype::<T>("as_slice")?;
         let bytes = self.host_bytes("as_slice")?;
@@ -410,6 +428,10 @@ impl Tensor {
     }
 
     /// The elements of a host tensor as a `Vec`; the dtype must match `T`.
+    ///
+    /// # Errors
+    /// [`Error::DTypeMismatch`]; [`Error::NotOnHost`]; [`Error::InvalidBytes`] for a bool
+    /// byte other than 0 and 1.
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
         self.check_dtype::<T>("to_vec")?;
         let bytes = self.host_bytes("to_vec")?;
@@ -438,6 +460,10 @@ impl Tensor {
     /// 1. `src` stays alive until the copy has finished (synchronise `stream`).
     /// 2. Nothing reads these device bytes meanwhile except in `stream`'s order, and the
     ///    tensor (so its device memory) stays alive until the copy has finished.
+    ///
+    /// # Errors
+    /// [`Error::NotOnDevice`], a size mismatch as [`Error::InvalidOption`], or the driver's
+    /// error.
     #[cfg(feature = "test-util")]
     pub unsafe fn overwrite_async(&self, src: &Tensor, stream: &crate::Stream) -> Result<()> {
         let (Storage::Device(dst), Storage::Pinned(buf)) = (&self.storage, &src.storage) else {
@@ -467,6 +493,10 @@ impl Tensor {
     /// # Safety
     /// 1. `dst` stays alive, and nothing reads it, until the copy has finished.
     /// 2. This tensor's memory stays allocated until then (or a test expects poison).
+    ///
+    /// # Errors
+    /// [`Error::NotOnDevice`], a size mismatch as [`Error::InvalidOption`], or the driver's
+    /// error.
     #[cfg(feature = "test-util")]
     pub unsafe fn read_into_async(&self, dst: &Tensor, stream: &Stream) -> Result<()> {
         let (Storage::Device(src), Storage::Pinned(buf)) = (&self.storage, &dst.storage) else {

@@ -132,6 +132,9 @@ impl Event {
     }
 
     /// Blocks until the work recorded before the event has finished.
+    ///
+    /// # Errors
+    /// The driver's error for a failed wait (the failure of any work the event covers).
     pub fn synchronize(&self) -> Result<()> {
         let _ctx = bind(self.inner.device)?;
         // SAFETY: the event is alive; context current.
@@ -144,6 +147,9 @@ impl Event {
     }
 
     /// Whether the recorded work has finished, without blocking.
+    ///
+    /// # Errors
+    /// The driver's error, other than "not ready" (which is `Ok(false)`).
     pub fn query(&self) -> Result<bool> {
         let _ctx = bind(self.inner.device)?;
         // SAFETY: the event is alive; context current.

@@ -200,6 +200,9 @@ fn probe() -> &'static std::result::Result<DriverInfo, String> {
 /// let (free, total) = pinlane::driver::device_memory_info(pinlane::Device::cuda(0)).unwrap();
 /// assert!(free <= total);
 /// ```
+///
+/// # Errors
+/// [`Error::NoCuda`], [`Error::DeviceUnavailable`], or the driver's error.
 pub fn device_memory_info(device: crate::Device) -> Result<(usize, usize)> {
     require("device_memory_info")?;
     let _ctx = bind(device.ordinal())?;

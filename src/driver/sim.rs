@@ -109,6 +109,10 @@ static SIM: OnceLock<Sim> = OnceLock::new();
 /// let back = pinlane::transfer_tensor_d2h(&on, &pinlane::D2hOptions::default()).unwrap();
 /// assert_eq!(back, b);
 /// ```
+///
+/// # Errors
+/// [`Error::InvalidOption`] when the real driver is already in use in this process, or the
+/// simulator is already enabled with another configuration.
 pub fn enable(config: SimConfig) -> Result<()> {
     let refuse = |reason: String| Error::InvalidOption {
         name: "simulated device",

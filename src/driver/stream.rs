@@ -159,6 +159,10 @@ impl Stream {
     }
 
     /// Blocks until all work queued on the stream has finished.
+    ///
+    /// # Errors
+    /// The driver's error: a failure of any work queued on the stream (the stream's copies
+    /// are then not proven complete).
     pub fn synchronize(&self) -> Result<()> {
         super::fault_point(super::FaultKindTag::StreamSync, "cuStreamSynchronize")?;
         let _ctx = bind(self.inner.device)?;
@@ -182,6 +186,9 @@ impl Stream {
 
     /// Queues a host-side pause of `delay` on the stream: work queued after it starts only
     /// once it has passed. For tests that need a producer still running.
+    ///
+    /// # Errors
+    /// The driver's error from `cuLaunchHostFunc`.
     #[cfg(feature = "test-util")]
     pub fn delay_async(&self, delay: std::time::Duration) -> Result<()> {
         unsafe extern "C" fn sleep_fn(user: *mut std::ffi::c_void) {

@@ -51,6 +51,9 @@ use std::cell::Cell;
 /// }
 /// # Ok(()) }
 /// ```
+///
+/// # Errors
+/// As [`transfer_tensor_h2d_with`].
 pub fn transfer_tensor_h2d<B: Batch>(batch: &B) -> Result<B> {
     transfer_tensor_h2d_with(batch, &H2dOptions::default())
 }
@@ -63,6 +66,14 @@ pub fn transfer_tensor_h2d<B: Batch>(batch: &B) -> Result<B> {
 /// let out = transfer_tensor_h2d_with(&b, &H2dOptions::default().num_caches(2)).unwrap();
 /// assert_eq!(out.1, 5);
 /// ```
+///
+/// # Errors
+/// [`Error::InvalidDevice`](crate::Error::InvalidDevice), [`Error::InvalidLocalRank`](crate::Error::InvalidLocalRank), [`Error::DeviceUnavailable`](crate::Error::DeviceUnavailable),
+/// [`Error::StreamDeviceMismatch`](crate::Error::StreamDeviceMismatch) and [`Error::InvalidOption`](crate::Error::InvalidOption) for bad options (before any
+/// copy); [`Error::Deferred`](crate::Error::Deferred) for an earlier release failure of this thread on the device;
+/// [`Error::StagingExhausted`](crate::Error::StagingExhausted); the driver's error ([`Error::Driver`](crate::Error::Driver)) if a copy,
+/// allocation or synchronisation fails, after draining what was queued. The input is never
+/// changed.
 pub fn transfer_tensor_h2d_with<B: Batch>(batch: &B, opts: &H2dOptions) -> Result<B> {
     trace::start();
     let r = h2d::transfer(batch, opts);
@@ -94,6 +105,13 @@ pub fn transfer_tensor_h2d_with<B: Batch>(batch: &B, opts: &H2dOptions) -> Resul
 /// let bad = D2hOptions::default().device("cpu");
 /// assert!(matches!(transfer_tensor_d2h(&b, &bad), Err(Error::InvalidDevice { .. })));
 /// ```
+///
+/// # Errors
+/// [`Error::InvalidDevice`](crate::Error::InvalidDevice), [`Error::StreamWithoutDevice`](crate::Error::StreamWithoutDevice),
+/// [`Error::StreamDeviceMismatch`](crate::Error::StreamDeviceMismatch), [`Error::EventDeviceMismatch`](crate::Error::EventDeviceMismatch),
+/// [`Error::InvalidLocalRank`](crate::Error::InvalidLocalRank), [`Error::DeviceUnavailable`](crate::Error::DeviceUnavailable) for bad options (before any
+/// copy); [`Error::Deferred`](crate::Error::Deferred); [`Error::StagingExhausted`](crate::Error::StagingExhausted); the driver's error
+/// ([`Error::Driver`](crate::Error::Driver)) after draining what was queued. The input is never changed.
 pub fn transfer_tensor_d2h<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
     trace::start();
     let r = d2h::transfer(batch, opts);

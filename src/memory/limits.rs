@@ -18,6 +18,10 @@ pub struct PinnedLimits {
 
 /// Measures [`PinnedLimits`] with plain `cuMemcpy*Async` calls: one buffer of `nbytes`
 /// of page-locked memory each way and one device buffer each way.
+///
+/// # Errors
+/// [`crate::Error::NoCuda`], or the driver's error from an allocation, copy or
+/// synchronisation.
 pub fn measure_pinned_limits(
     device: crate::Device,
     nbytes: usize,
