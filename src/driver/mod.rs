@@ -11,7 +11,7 @@
 //! | --- | --- |
 //! | `mod.rs` | [`available`], the checked-call helper, raw handle wrappers |
 //! | `api.rs` | the raw entry points: `libcuda`'s, or (feature `sim`) a table chosen once |
-//! | `sim.rs` | the simulated device (`sim::enable`, feature `sim`) |
+//! | `sim/` | the simulated device (`sim::enable`, feature `sim`), split by concern |
 //! | `context.rs` | primary contexts, one per device, and the guard that makes one current |
 //! | `stream.rs` | [`Stream`]: an owned (or borrowed legacy) `CUstream` |
 //! | `event.rs` | [`Event`]: an owned `CUevent` |

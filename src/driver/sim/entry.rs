@@ -1,0 +1,439 @@
+//! The driver entry points the simulator answers, with the driver's names and contracts.
+
+use super::*;
+
+/// The driver entry points, simulated (same names and signatures as the real ones; see
+/// `api.rs`). Each has the contract of its driver call.
+#[allow(non_snake_case, clippy::missing_safety_doc, clippy::too_many_arguments)]
+impl Sim {
+    pub(crate) unsafe fn cuInit(&self, _flags: c_uint) -> CUresult {
+        OK
+    }
+
+    pub(crate) unsafe fn cuDriverGetVersion(&self, v: *mut c_int) -> CUresult {
+        // SAFETY: out-pointer per the driver contract.
+        unsafe { *v = 0 };
+        OK
+    }
+
+    pub(crate) unsafe fn cuDeviceGetCount(&self, n: *mut c_int) -> CUresult {
+        // SAFETY: out-pointer per the driver contract.
+        unsafe { *n = self.cfg.devices as c_int };
+        OK
+    }
+
+    pub(crate) unsafe fn cuDeviceGet(&self, d: *mut sys::CUdevice, ordinal: c_int) -> CUresult {
+        if ordinal < 0 || ordinal as usize >= self.cfg.devices {
+            return CUresult::CUDA_ERROR_INVALID_DEVICE;
+        }
+        // SAFETY: out-pointer per the driver contract.
+        unsafe { *d = ordinal };
+        OK
+    }
+
+    pub(crate) unsafe fn cuDevicePrimaryCtxRetain(
+        &self,
+        ctx: *mut sys::CUcontext,
+        d: sys::CUdevice,
+    ) -> CUresult {
+        if let Some(u) = lock(&self.seen).context_used.get_mut(d as usize) {
+            *u = true;
+        }
+        // SAFETY: out-pointer per the driver contract.
+        unsafe { *ctx = ctx_handle(d as usize) };
+        OK
+    }
+
+    pub(crate) unsafe fn cuCtxGetCurrent(&self, ctx: *mut sys::CUcontext) -> CUresult {
+        let top = CTX.try_with(|c| c.borrow().last().copied()).ok().flatten();
+        // SAFETY: out-pointer per the driver contract.
+        unsafe { *ctx = top.map_or(std::ptr::null_mut(), ctx_handle) };
+        OK
+    }
+
+    pub(crate) unsafe fn cuCtxPushCurrent_v2(&self, ctx: sys::CUcontext) -> CUresult {
+        let d = (ctx as usize / 0x1000).saturating_sub(1);
+        if let Some(u) = lock(&self.seen).context_used.get_mut(d) {
+            *u = true;
+        }
+        let _ = CTX.try_with(|c| c.borrow_mut().push(d));
+        OK
+    }
+
+    pub(crate) unsafe fn cuCtxPopCurrent_v2(&self, ctx: *mut sys::CUcontext) -> CUresult {
+        let top = CTX.try_with(|c| c.borrow_mut().pop()).ok().flatten();
+        if !ctx.is_null() {
+            // SAFETY: out-pointer per the driver contract (may be null).
+            unsafe { *ctx = top.map_or(std::ptr::null_mut(), ctx_handle) };
+        }
+        OK
+    }
+
+    pub(crate) unsafe fn cuGetErrorName(&self, e: CUresult, s: *mut *const c_char) -> CUresult {
+        let name: &'static std::ffi::CStr = match e {
+            CUresult::CUDA_SUCCESS => c"CUDA_SUCCESS",
+            CUresult::CUDA_ERROR_INVALID_VALUE => c"CUDA_ERROR_INVALID_VALUE",
+            CUresult::CUDA_ERROR_OUT_OF_MEMORY => c"CUDA_ERROR_OUT_OF_MEMORY",
+            CUresult::CUDA_ERROR_INVALID_DEVICE => c"CUDA_ERROR_INVALID_DEVICE",
+            CUresult::CUDA_ERROR_INVALID_HANDLE => c"CUDA_ERROR_INVALID_HANDLE",
+            CUresult::CUDA_ERROR_NOT_READY => c"CUDA_ERROR_NOT_READY",
+            CUresult::CUDA_ERROR_ILLEGAL_ADDRESS => c"CUDA_ERROR_ILLEGAL_ADDRESS",
+            _ => c"CUDA_ERROR_UNKNOWN",
+        };
+        // SAFETY: out-pointer per the driver contract; the string is static.
+        unsafe { *s = name.as_ptr() };
+        OK
+    }
+
+    pub(crate) unsafe fn cuStreamCreate(
+        &'static self,
+        s: *mut sys::CUstream,
+        _flags: c_uint,
+    ) -> CUresult {
+        let st = self.new_stream(self.current_device());
+        lock(&self.seen).streams_created += 1;
+        // SAFETY: out-pointer per the driver contract; the handle owns one reference,
+        // released by cuStreamDestroy.
+        unsafe { *s = Arc::into_raw(st) as sys::CUstream };
+        OK
+    }
+
+    pub(crate) unsafe fn cuStreamDestroy_v2(&self, s: sys::CUstream) -> CUresult {
+        if s.is_null() || s as usize == LEGACY {
+            return CUresult::CUDA_ERROR_INVALID_HANDLE;
+        }
+        // SAFETY: the handle's reference from cuStreamCreate, released once (contract).
+        // Queued work still runs: the worker ends when its queue closes.
+        drop(unsafe { Arc::from_raw(s as *const SimStream) });
+        *lock(&self.seen).destroyed.entry(s as usize).or_default() += 1;
+        OK
+    }
+
+    pub(crate) unsafe fn cuStreamGetCtx(
+        &'static self,
+        s: sys::CUstream,
+        ctx: *mut sys::CUcontext,
+    ) -> CUresult {
+        // SAFETY: the handle is valid (contract).
+        let st = unsafe { self.stream(s) };
+        // SAFETY: out-pointer per the driver contract.
+        unsafe { *ctx = ctx_handle(st.device) };
+        OK
+    }
+
+    pub(crate) unsafe fn cuStreamSynchronize(&'static self, s: sys::CUstream) -> CUresult {
+        // SAFETY: the handle is valid (contract).
+        let st = unsafe { self.stream(s) };
+        let mut p = lock(&st.state.progress);
+        while p.done < p.submitted {
+            p = st.state.changed.wait(p).unwrap_or_else(|e| e.into_inner());
+        }
+        p.error.take().unwrap_or(OK)
+    }
+
+    pub(crate) unsafe fn cuStreamWaitEvent(
+        &'static self,
+        s: sys::CUstream,
+        e: sys::CUevent,
+        _flags: c_uint,
+    ) -> CUresult {
+        // SAFETY: both handles are valid (contract).
+        let (st, ev) = unsafe { (self.stream(s), self.event(e)) };
+        let g = lock(&ev.gens).0;
+        if g == 0 {
+            return OK; // never recorded: nothing to wait for
+        }
+        Self::submit(&st, Op::Wait(ev, g))
+    }
+
+    #[cfg_attr(not(feature = "test-util"), allow(dead_code))]
+    pub(crate) unsafe fn cuLaunchHostFunc(
+        &'static self,
+        s: sys::CUstream,
+        f: sys::CUhostFn,
+        user: *mut c_void,
+    ) -> CUresult {
+        let Some(f) = f else {
+            return CUresult::CUDA_ERROR_INVALID_VALUE;
+        };
+        // SAFETY: the handle is valid (contract).
+        let st = unsafe { self.stream(s) };
+        Self::submit(&st, Op::Host(f, HostPtr(user)))
+    }
+
+    pub(crate) unsafe fn cuEventCreate(&self, e: *mut sys::CUevent, _flags: c_uint) -> CUresult {
+        let ev = Arc::new(SimEvent {
+            gens: Mutex::new((0, 0)),
+            changed: Condvar::new(),
+        });
+        // SAFETY: out-pointer per the driver contract; released by cuEventDestroy.
+        unsafe { *e = Arc::into_raw(ev) as sys::CUevent };
+        OK
+    }
+
+    pub(crate) unsafe fn cuEventDestroy_v2(&self, e: sys::CUevent) -> CUresult {
+        // SAFETY: the handle's reference from cuEventCreate, released once (contract).
+        drop(unsafe { Arc::from_raw(e as *const SimEvent) });
+        *lock(&self.seen).destroyed.entry(e as usize).or_default() += 1;
+        OK
+    }
+
+    pub(crate) unsafe fn cuEventRecord(
+        &'static self,
+        e: sys::CUevent,
+        s: sys::CUstream,
+    ) -> CUresult {
+        // SAFETY: both handles are valid (contract).
+        let (ev, st) = unsafe { (self.event(e), self.stream(s)) };
+        let g = {
+            let mut gens = lock(&ev.gens);
+            gens.0 += 1;
+            gens.0
+        };
+        Self::submit(&st, Op::Signal(ev, g))
+    }
+
+    pub(crate) unsafe fn cuEventSynchronize(&self, e: sys::CUevent) -> CUresult {
+        // SAFETY: the handle is valid (contract).
+        let ev = unsafe { self.event(e) };
+        let mut gens = lock(&ev.gens);
+        let g = gens.0;
+        while gens.1 < g {
+            gens = ev.changed.wait(gens).unwrap_or_else(|p| p.into_inner());
+        }
+        OK
+    }
+
+    pub(crate) unsafe fn cuEventQuery(&self, e: sys::CUevent) -> CUresult {
+        // SAFETY: the handle is valid (contract).
+        let ev = unsafe { self.event(e) };
+        let gens = lock(&ev.gens);
+        if gens.1 >= gens.0 {
+            OK
+        } else {
+            CUresult::CUDA_ERROR_NOT_READY
+        }
+    }
+
+    pub(crate) unsafe fn cuMemHostAlloc(
+        &self,
+        p: *mut *mut c_void,
+        n: usize,
+        _flags: c_uint,
+    ) -> CUresult {
+        let Some(r) = Region::new(n, None, 0) else {
+            return CUresult::CUDA_ERROR_OUT_OF_MEMORY;
+        };
+        let current = CTX.try_with(|c| c.borrow().last().copied()).ok().flatten();
+        let Some(d) = current else {
+            return CUresult::CUDA_ERROR_INVALID_CONTEXT;
+        };
+        if let Some(n) = lock(&self.seen).host_allocs.get_mut(d) {
+            *n += 1;
+        }
+        // SAFETY: out-pointer per the driver contract.
+        unsafe { *p = r.ptr.0.cast() };
+        lock(&self.mem).live.insert(r.addr(), r);
+        OK
+    }
+
+    pub(crate) unsafe fn cuMemFreeHost(&self, p: *mut c_void) -> CUresult {
+        let mut mem = lock(&self.mem);
+        match mem.live.remove(&(p as u64)) {
+            Some(r) => {
+                mem.bury(r);
+                OK
+            }
+            None => CUresult::CUDA_ERROR_INVALID_VALUE,
+        }
+    }
+
+    pub(crate) unsafe fn cuMemPoolCreate(
+        &self,
+        pool: *mut sys::CUmemoryPool,
+        props: *const sys::CUmemPoolProps,
+    ) -> CUresult {
+        // SAFETY: the props pointer is valid for reads (contract).
+        let d = unsafe { (*props).location.id } as usize;
+        // SAFETY: out-pointer per the driver contract.
+        unsafe { *pool = (POOL + 16 * d) as sys::CUmemoryPool };
+        OK
+    }
+
+    pub(crate) unsafe fn cuMemPoolTrimTo(
+        &self,
+        _pool: sys::CUmemoryPool,
+        _keep: usize,
+    ) -> CUresult {
+        OK // the simulated pool caches nothing: freed memory is given back at once
+    }
+
+    /// Reserved and used memory are both what the pool's device has allocated (the
+    /// simulated pool caches nothing).
+    pub(crate) unsafe fn cuMemPoolGetAttribute(
+        &self,
+        pool: sys::CUmemoryPool,
+        _a: sys::CUmemPool_attribute,
+        v: *mut c_void,
+    ) -> CUresult {
+        let d = (pool as usize).wrapping_sub(POOL) / 16;
+        let used = lock(&self.mem).used.get(d).copied().unwrap_or(0) as u64;
+        // SAFETY: the attributes pinlane reads are u64 (contract).
+        unsafe { *v.cast::<u64>() = used };
+        OK
+    }
+
+    pub(crate) unsafe fn cuMemPoolSetAttribute(
+        &self,
+        _pool: sys::CUmemoryPool,
+        _a: sys::CUmemPool_attribute,
+        _v: *mut c_void,
+    ) -> CUresult {
+        OK
+    }
+
+    pub(crate) unsafe fn cuMemAllocFromPoolAsync(
+        &self,
+        p: *mut sys::CUdeviceptr,
+        n: usize,
+        _pool: sys::CUmemoryPool,
+        _s: sys::CUstream,
+    ) -> CUresult {
+        let d = self.current_device().min(self.cfg.devices - 1);
+        let mut mem = lock(&self.mem);
+        if mem.used[d].saturating_add(n) > self.cfg.memory_per_device {
+            return CUresult::CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        let Some(r) = Region::new(n, Some(d), POISON_NEW) else {
+            return CUresult::CUDA_ERROR_OUT_OF_MEMORY;
+        };
+        mem.used[d] += n;
+        if let Some(k) = lock(&self.seen).device_allocs.get_mut(d) {
+            *k += 1;
+        }
+        // SAFETY: out-pointer per the driver contract.
+        unsafe { *p = r.addr() };
+        mem.live.insert(r.addr(), r);
+        OK
+    }
+
+    pub(crate) unsafe fn cuMemFreeAsync(
+        &'static self,
+        p: sys::CUdeviceptr,
+        s: sys::CUstream,
+    ) -> CUresult {
+        if !lock(&self.mem).live.contains_key(&p) {
+            return CUresult::CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: the handle is valid (contract).
+        let st = unsafe { self.stream(s) };
+        Self::submit(&st, Op::Free(p))
+    }
+
+    pub(crate) unsafe fn cuMemcpyHtoDAsync_v2(
+        &'static self,
+        dst: sys::CUdeviceptr,
+        src: *const c_void,
+        n: usize,
+        s: sys::CUstream,
+    ) -> CUresult {
+        // SAFETY: the handle is valid (contract).
+        let st = unsafe { self.stream(s) };
+        let op = Op::Copy {
+            dst,
+            src: src as u64,
+            n,
+            dev_dst: true,
+            dev_src: false,
+        };
+        Self::submit(&st, op)
+    }
+
+    pub(crate) unsafe fn cuMemcpyDtoHAsync_v2(
+        &'static self,
+        dst: *mut c_void,
+        src: sys::CUdeviceptr,
+        n: usize,
+        s: sys::CUstream,
+    ) -> CUresult {
+        // SAFETY: the handle is valid (contract).
+        let st = unsafe { self.stream(s) };
+        let op = Op::Copy {
+            dst: dst as u64,
+            src,
+            n,
+            dev_dst: false,
+            dev_src: true,
+        };
+        Self::submit(&st, op)
+    }
+
+    pub(crate) unsafe fn cuMemGetInfo_v2(&self, free: *mut usize, total: *mut usize) -> CUresult {
+        let d = self.current_device().min(self.cfg.devices - 1);
+        let used = lock(&self.mem).used[d];
+        // SAFETY: out-pointers per the driver contract.
+        unsafe {
+            *total = self.cfg.memory_per_device;
+            *free = self.cfg.memory_per_device.saturating_sub(used);
+        }
+        OK
+    }
+
+    pub(crate) unsafe fn cuModuleLoadData(
+        &self,
+        m: *mut sys::CUmodule,
+        _image: *const c_void,
+    ) -> CUresult {
+        // SAFETY: out-pointer per the driver contract.
+        unsafe { *m = MODULE as sys::CUmodule };
+        OK
+    }
+
+    pub(crate) unsafe fn cuModuleGetFunction(
+        &self,
+        f: *mut sys::CUfunction,
+        _m: sys::CUmodule,
+        name: *const c_char,
+    ) -> CUresult {
+        // SAFETY: `name` is a NUL-terminated string per the driver contract.
+        let name = unsafe { std::ffi::CStr::from_ptr(name) };
+        if name != c"pinlane_gather" {
+            return CUresult::CUDA_ERROR_NOT_FOUND;
+        }
+        // SAFETY: out-pointer per the driver contract.
+        unsafe { *f = GATHER_FN as sys::CUfunction };
+        OK
+    }
+
+    pub(crate) unsafe fn cuLaunchKernel(
+        &'static self,
+        f: sys::CUfunction,
+        _gx: c_uint,
+        _gy: c_uint,
+        _gz: c_uint,
+        _bx: c_uint,
+        _by: c_uint,
+        _bz: c_uint,
+        _shared: c_uint,
+        s: sys::CUstream,
+        params: *mut *mut c_void,
+        _extra: *mut *mut c_void,
+    ) -> CUresult {
+        if f as usize != GATHER_FN || params.is_null() {
+            return CUresult::CUDA_ERROR_INVALID_HANDLE;
+        }
+        // SAFETY: the gather kernel's parameters are (u64, u32, u64), each pointed to by
+        // one entry of `params` (the launch contract); they are read now, as the driver
+        // copies parameters at launch.
+        let (pieces, n, dst) = unsafe {
+            (
+                *(*params).cast::<u64>(),
+                *(*params.add(1)).cast::<u32>(),
+                *(*params.add(2)).cast::<u64>(),
+            )
+        };
+        // SAFETY: the handle is valid (contract).
+        let st = unsafe { self.stream(s) };
+        Self::submit(&st, Op::Gather { pieces, n, dst })
+    }
+}

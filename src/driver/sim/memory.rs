@@ -1,0 +1,89 @@
+//! Simulated memory: regions (device memory is host memory) and the quarantine of freed ones.
+
+use super::*;
+
+/// A region of simulated memory: page-aligned, zeroed at birth, freed on drop.
+pub(super) struct Region {
+    pub(super) ptr: HostPtr<u8>,
+    pub(super) len: usize,
+    pub(super) device: Option<usize>,
+}
+
+impl Region {
+    pub(super) fn new(len: usize, device: Option<usize>, fill: u8) -> Option<Region> {
+        let layout = std::alloc::Layout::from_size_align(len.max(1), 4096).ok()?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc(layout) };
+        if ptr.is_null() {
+            return None;
+        }
+        // SAFETY: `ptr` is a fresh allocation of at least `len` bytes.
+        unsafe { std::ptr::write_bytes(ptr, fill, len.max(1)) };
+        Some(Region {
+            ptr: HostPtr(ptr),
+            len,
+            device,
+        })
+    }
+
+    pub(super) fn addr(&self) -> u64 {
+        self.ptr.0 as u64
+    }
+
+    pub(super) fn poison(&self, byte: u8) {
+        // SAFETY: the region owns `len` bytes at `ptr`; callers hold the memory lock, so no
+        // simulated copy touches them concurrently.
+        unsafe { std::ptr::write_bytes(self.ptr.0, byte, self.len) };
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        if let Ok(layout) = std::alloc::Layout::from_size_align(self.len.max(1), 4096) {
+            // SAFETY: allocated in `new` with this same layout; dropped once.
+            unsafe { std::alloc::dealloc(self.ptr.0, layout) };
+        }
+    }
+}
+
+/// Bytes of freed memory kept (poisoned) before it is really released.
+pub(super) const QUARANTINE: usize = 256 << 20;
+
+#[derive(Default)]
+pub(super) struct Memory {
+    /// Live device allocations and page-locked host allocations, by start address.
+    pub(super) live: BTreeMap<u64, Region>,
+    /// Freed, poisoned regions still kept, by start address, and their order.
+    pub(super) dead: BTreeMap<u64, Region>,
+    pub(super) dead_order: VecDeque<u64>,
+    pub(super) dead_bytes: usize,
+    /// Device bytes in use, per device.
+    pub(super) used: Vec<usize>,
+}
+
+impl Memory {
+    /// Whether `[addr, addr + n)` lies inside one live or quarantined region.
+    pub(super) fn covers(&self, addr: u64, n: usize) -> bool {
+        let inside = |map: &BTreeMap<u64, Region>| {
+            map.range(..=addr)
+                .next_back()
+                .is_some_and(|(&start, r)| addr - start + n as u64 <= r.len as u64)
+        };
+        n == 0 || inside(&self.live) || inside(&self.dead)
+    }
+
+    pub(super) fn bury(&mut self, r: Region) {
+        r.poison(POISON_FREED);
+        self.dead_bytes += r.len;
+        self.dead_order.push_back(r.addr());
+        self.dead.insert(r.addr(), r);
+        while self.dead_bytes > QUARANTINE {
+            let Some(a) = self.dead_order.pop_front() else {
+                break;
+            };
+            if let Some(old) = self.dead.remove(&a) {
+                self.dead_bytes -= old.len;
+            }
+        }
+    }
+}

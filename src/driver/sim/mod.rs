@@ -1,0 +1,248 @@
+//! A simulated CUDA device, for testing the whole engine on machines without a GPU.
+//!
+//! Chosen explicitly, for the whole process, with [`enable`] before any other pinlane call;
+//! never silently: without it the public calls keep the rule "no CUDA, input returned as
+//! is". Once enabled, every driver entry point pinlane uses (see `api.rs`) is answered
+//! here instead of by `libcuda`:
+//!
+//! * device memory is host memory; device addresses are host addresses;
+//! * each stream is an in-order worker thread that runs its queued operations (copies,
+//!   frees, event signals and waits, host functions, the gather kernel); an event
+//!   completes when its stream's worker passes it;
+//! * every operation starts after a seeded random delay (up to [`SimConfig::max_delay`]),
+//!   so a missing wait or a too-early read shows up as wrong data rather than passing by
+//!   luck;
+//! * memory freed in stream order is filled with a poison byte ([`POISON_FREED`]) when the
+//!   free executes, and kept (quarantined) for a while, so a use after free reads or
+//!   writes poison instead of someone else's memory; new device memory starts as
+//!   [`POISON_NEW`]; pinlane's staging slots are poisoned when recycled
+//!   (`memory/arena.rs`);
+//! * a copy outside any allocation fails the stream with `CUDA_ERROR_ILLEGAL_ADDRESS`,
+//!   returned by its next synchronisation;
+//! * faults: the test-only fault plan of `fault.rs` (the Nth call of a kind fails) works
+//!   the same on the simulated device as on the real one.
+//!
+//! | file | what it holds |
+//! | --- | --- |
+//! | `mod.rs` | [`SimConfig`], [`enable`], [`activity`], the simulator's state |
+//! | `memory.rs` | regions of simulated memory and the quarantine of freed ones |
+//! | `stream.rs` | streams (in-order worker threads), events, the operations they run |
+//! | `entry.rs` | the driver entry points, answered with the driver's contracts |
+
+mod entry;
+mod memory;
+mod stream;
+
+use super::HostPtr;
+use crate::error::{Error, Result};
+use cudarc::driver::sys::{self, CUresult};
+use memory::*;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, VecDeque};
+use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex, OnceLock};
+use std::time::Duration;
+use stream::*;
+
+/// Byte written over device and page-locked memory when a free executes.
+pub const POISON_FREED: u8 = 0xDD;
+/// Byte new device allocations start with.
+pub const POISON_NEW: u8 = 0xCD;
+/// Byte written over a staging slot when it goes back to the arena.
+pub const POISON_RECYCLED: u8 = 0xA5;
+
+/// How the simulated device behaves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SimConfig {
+    /// Seeds every stream's delays.
+    pub seed: u64,
+    /// Number of simulated devices (default 2, so "another device" can be tested).
+    pub devices: usize,
+    /// Largest delay before each queued operation (default 100 µs).
+    pub max_delay: Duration,
+    /// Memory of each simulated device (default 4 GiB): allocations past it fail with
+    /// `CUDA_ERROR_OUT_OF_MEMORY`.
+    pub memory_per_device: usize,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            seed: 0,
+            devices: 2,
+            max_delay: Duration::from_micros(100),
+            memory_per_device: 4 << 30,
+        }
+    }
+}
+
+impl SimConfig {
+    /// The default configuration with `seed`.
+    pub fn seeded(seed: u64) -> SimConfig {
+        SimConfig {
+            seed,
+            ..SimConfig::default()
+        }
+    }
+
+    /// Sets [`SimConfig::devices`].
+    pub fn devices(mut self, n: usize) -> SimConfig {
+        self.devices = n;
+        self
+    }
+
+    /// Sets [`SimConfig::max_delay`].
+    pub fn max_delay(mut self, d: Duration) -> SimConfig {
+        self.max_delay = d;
+        self
+    }
+
+    /// Sets [`SimConfig::memory_per_device`].
+    pub fn memory_per_device(mut self, bytes: usize) -> SimConfig {
+        self.memory_per_device = bytes;
+        self
+    }
+}
+
+static SIM: OnceLock<Sim> = OnceLock::new();
+
+/// Makes this process use the simulated device instead of `libcuda`. Call it before any
+/// other pinlane call; afterwards (or if the real driver was already probed) it is an
+/// [`Error::InvalidOption`], unless the same configuration is already enabled.
+///
+/// ```
+/// use pinlane::driver::sim::{enable, SimConfig};
+/// enable(SimConfig::seeded(7)).unwrap();
+/// assert_eq!(pinlane::driver::available().unwrap().device_count, 2);
+/// let b = vec![pinlane::Tensor::from_vec(vec![1u8, 2, 3], [3]).unwrap()];
+/// let on = pinlane::transfer_tensor_h2d(&b).unwrap();
+/// assert!(on[0].is_cuda()); // on the simulated cuda:0
+/// let back = pinlane::transfer_tensor_d2h(&on, &pinlane::D2hOptions::default()).unwrap();
+/// assert_eq!(back, b);
+/// ```
+///
+/// # Errors
+/// [`Error::InvalidOption`] when the real driver is already in use in this process, or the
+/// simulator is already enabled with another configuration.
+pub fn enable(config: SimConfig) -> Result<()> {
+    let refuse = |reason: String| Error::InvalidOption {
+        name: "simulated device",
+        reason,
+    };
+    if SIM.get().is_none() && super::probed() {
+        return Err(refuse(
+            "the real driver is already in use in this process".into(),
+        ));
+    }
+    let sim = SIM.get_or_init(|| Sim::new(config.clone()));
+    if sim.cfg != config {
+        return Err(refuse(format!("already enabled as {:?}", sim.cfg)));
+    }
+    Ok(())
+}
+
+/// Whether this process uses the simulated device.
+pub fn is_enabled() -> bool {
+    SIM.get().is_some()
+}
+
+pub(crate) fn active() -> Option<&'static Sim> {
+    SIM.get()
+}
+
+/// The simulated device (all of its devices).
+pub(crate) struct Sim {
+    cfg: SimConfig,
+    mem: Mutex<Memory>,
+    /// Counts streams, to seed each one's delays differently.
+    streams: AtomicU64,
+    legacy: Vec<OnceLock<Arc<SimStream>>>,
+    /// What each device has seen, for [`activity`].
+    seen: Mutex<Activity>,
+}
+
+/// What the simulated devices have seen so far in this process ([`activity`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Activity {
+    /// Per device: whether its primary context was retained or made current.
+    pub context_used: Vec<bool>,
+    /// Per device: page-locked host allocations made while its context was current.
+    pub host_allocs: Vec<usize>,
+    /// Per device: device allocations made on it.
+    pub device_allocs: Vec<usize>,
+    /// Streams created with `cuStreamCreate`.
+    pub streams_created: usize,
+    /// Handles (as addresses) passed to `cuStreamDestroy` and `cuEventDestroy`, with how
+    /// often each was.
+    pub destroyed: std::collections::HashMap<usize, usize>,
+}
+
+impl Activity {
+    /// How often `handle` was destroyed (a stream or an event, by address).
+    pub fn times_destroyed(&self, handle: usize) -> usize {
+        self.destroyed.get(&handle).copied().unwrap_or(0)
+    }
+}
+
+/// What the simulated devices have seen so far (`None` when the simulator is not
+/// enabled): which contexts were used, where memory was allocated, streams made and
+/// destroyed. For tests that prove pinlane touches only the devices it was asked to use
+/// and never destroys a stream it did not make.
+pub fn activity() -> Option<Activity> {
+    active().map(|s| lock(&s.seen).clone())
+}
+
+thread_local! {
+    /// The simulated context stack: device indices.
+    static CTX: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+const OK: CUresult = CUresult::CUDA_SUCCESS;
+/// Fake handles: distinct non-null values that are never dereferenced.
+const MODULE: usize = 0x5100;
+const GATHER_FN: usize = 0x5200;
+const POOL: usize = 0x5300;
+const LEGACY: usize = 1;
+
+fn ctx_handle(device: usize) -> sys::CUcontext {
+    ((device + 1) * 0x1000) as sys::CUcontext
+}
+
+impl Sim {
+    fn new(cfg: SimConfig) -> Sim {
+        let devices = cfg.devices.max(1);
+        Sim {
+            mem: Mutex::new(Memory {
+                used: vec![0; devices],
+                ..Memory::default()
+            }),
+            streams: AtomicU64::new(0),
+            legacy: (0..devices).map(|_| OnceLock::new()).collect(),
+            seen: Mutex::new(Activity {
+                context_used: vec![false; devices],
+                host_allocs: vec![0; devices],
+                device_allocs: vec![0; devices],
+                ..Activity::default()
+            }),
+            cfg: SimConfig { devices, ..cfg },
+        }
+    }
+
+    pub(crate) fn devices(&self) -> usize {
+        self.cfg.devices
+    }
+
+    fn current_device(&self) -> usize {
+        CTX.try_with(|c| c.borrow().last().copied())
+            .ok()
+            .flatten()
+            .unwrap_or(0)
+    }
+}

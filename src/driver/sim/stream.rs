@@ -1,0 +1,205 @@
+//! Simulated streams and events: in-order worker threads, the operations they run, and
+//! how handles map to them.
+
+use super::*;
+
+/// One queued operation of a simulated stream.
+pub(super) enum Op {
+    /// Copy `n` bytes; `dev_dst`/`dev_src` say which side must be simulated device memory.
+    Copy {
+        dst: u64,
+        src: u64,
+        n: usize,
+        dev_dst: bool,
+        dev_src: bool,
+    },
+    Free(u64),
+    Signal(Arc<SimEvent>, u64),
+    Wait(Arc<SimEvent>, u64),
+    /// Host functions are queued only by test helpers (feature `test-util`).
+    #[cfg_attr(not(feature = "test-util"), allow(dead_code))]
+    Host(unsafe extern "C" fn(*mut c_void), HostPtr<c_void>),
+    Gather {
+        pieces: u64,
+        n: u32,
+        dst: u64,
+    },
+}
+
+#[derive(Default)]
+pub(super) struct Progress {
+    pub(super) submitted: u64,
+    pub(super) done: u64,
+    pub(super) error: Option<CUresult>,
+}
+
+pub(super) struct StreamState {
+    pub(super) progress: Mutex<Progress>,
+    pub(super) changed: Condvar,
+}
+
+/// A simulated stream: a worker thread running queued operations in order.
+pub(crate) struct SimStream {
+    pub(super) tx: Mutex<mpsc::Sender<Op>>,
+    pub(super) state: Arc<StreamState>,
+    pub(super) device: usize,
+}
+
+/// A simulated event: recorded generations and the last one a stream passed.
+pub(crate) struct SimEvent {
+    pub(super) gens: Mutex<(u64, u64)>,
+    pub(super) changed: Condvar,
+}
+
+impl Sim {
+    pub(super) fn new_stream(&'static self, device: usize) -> Arc<SimStream> {
+        let (tx, rx) = mpsc::channel::<Op>();
+        let state = Arc::new(StreamState {
+            progress: Mutex::new(Progress::default()),
+            changed: Condvar::new(),
+        });
+        let k = self.streams.fetch_add(1, Ordering::Relaxed);
+        let mut rng = (self.cfg.seed ^ k.wrapping_mul(0x9E37_79B9_7F4A_7C15)) | 1;
+        let max = self.cfg.max_delay.as_nanos() as u64;
+        let st = state.clone();
+        let _ = std::thread::Builder::new()
+            .name(format!("pinlane-sim-stream-{k}"))
+            .spawn(move || {
+                for op in rx {
+                    if max > 0 {
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        std::thread::sleep(Duration::from_nanos(rng % (max + 1)));
+                    }
+                    let res = self.run(op);
+                    let mut p = lock(&st.progress);
+                    p.done += 1;
+                    if let Err(e) = res {
+                        p.error.get_or_insert(e);
+                    }
+                    st.changed.notify_all();
+                }
+            });
+        Arc::new(SimStream {
+            tx: Mutex::new(tx),
+            state,
+            device,
+        })
+    }
+
+    /// Runs one operation on a stream's worker.
+    pub(super) fn run(&self, op: Op) -> std::result::Result<(), CUresult> {
+        match op {
+            Op::Copy {
+                dst,
+                src,
+                n,
+                dev_dst,
+                dev_src,
+            } => {
+                let mem = lock(&self.mem);
+                if (dev_dst && !mem.covers(dst, n)) || (dev_src && !mem.covers(src, n)) {
+                    return Err(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
+                }
+                // SAFETY: device sides are inside simulated regions (checked above), which
+                // the memory lock keeps allocated during the copy; host sides are
+                // page-locked memory that the caller of the async copy keeps alive until
+                // the copy completes (the driver call's contract). Distinct regions.
+                unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, n) };
+                Ok(())
+            }
+            Op::Free(addr) => {
+                let mut mem = lock(&self.mem);
+                let Some(r) = mem.live.remove(&addr) else {
+                    return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+                };
+                if let Some(d) = r.device {
+                    mem.used[d] -= r.len;
+                }
+                mem.bury(r);
+                Ok(())
+            }
+            Op::Signal(ev, g) => {
+                let mut gens = lock(&ev.gens);
+                gens.1 = gens.1.max(g);
+                ev.changed.notify_all();
+                Ok(())
+            }
+            Op::Wait(ev, g) => {
+                let mut gens = lock(&ev.gens);
+                while gens.1 < g {
+                    gens = ev.changed.wait(gens).unwrap_or_else(|p| p.into_inner());
+                }
+                Ok(())
+            }
+            Op::Host(f, user) => {
+                // SAFETY: cuLaunchHostFunc's contract: `f` may be called once with `user`.
+                unsafe { f(user.0) };
+                Ok(())
+            }
+            Op::Gather { pieces, n, dst } => {
+                let mem = lock(&self.mem);
+                let desc_bytes = n as usize * 24;
+                if !mem.covers(pieces, desc_bytes) {
+                    return Err(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
+                }
+                // SAFETY: `pieces..+desc_bytes` is inside a simulated region (checked).
+                let raw = unsafe { std::slice::from_raw_parts(pieces as *const u8, desc_bytes) };
+                for d in raw.chunks_exact(24) {
+                    let word = |i: usize| {
+                        u64::from_ne_bytes(d[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]))
+                    };
+                    let (src, off, len) = (word(0), word(1), word(2) as usize);
+                    let to = dst.wrapping_add(off);
+                    if !mem.covers(src, len) || !mem.covers(to, len) {
+                        return Err(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
+                    }
+                    // SAFETY: both ranges are inside simulated regions (checked above),
+                    // kept allocated by the lock; the kernel's contract makes them disjoint.
+                    unsafe { std::ptr::copy_nonoverlapping(src as *const u8, to as *mut u8, len) };
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The stream a handle names: the legacy one of the current device, or a created one.
+    ///
+    /// # Safety
+    /// A non-legacy handle came from `cuStreamCreate` and was not destroyed.
+    pub(super) unsafe fn stream(&'static self, s: sys::CUstream) -> Arc<SimStream> {
+        if s.is_null() || s as usize == LEGACY {
+            let d = self.current_device().min(self.legacy.len() - 1);
+            return self.legacy[d].get_or_init(|| self.new_stream(d)).clone();
+        }
+        let p = s as *const SimStream;
+        // SAFETY: `p` came from Arc::into_raw in cuStreamCreate and is still owned by the
+        // handle (caller's contract); take a new reference without consuming the handle's.
+        unsafe {
+            Arc::increment_strong_count(p);
+            Arc::from_raw(p)
+        }
+    }
+
+    /// # Safety
+    /// `e` came from `cuEventCreate` and was not destroyed.
+    pub(super) unsafe fn event(&self, e: sys::CUevent) -> Arc<SimEvent> {
+        let p = e as *const SimEvent;
+        // SAFETY: as in `stream`.
+        unsafe {
+            Arc::increment_strong_count(p);
+            Arc::from_raw(p)
+        }
+    }
+
+    pub(super) fn submit(s: &SimStream, op: Op) -> CUresult {
+        let mut p = lock(&s.state.progress);
+        let sent = lock(&s.tx).send(op).is_ok();
+        if !sent {
+            return CUresult::CUDA_ERROR_INVALID_HANDLE;
+        }
+        p.submitted += 1;
+        OK
+    }
+}
