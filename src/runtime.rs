@@ -55,6 +55,8 @@ pub(crate) fn install(config: Config) -> Result<&'static Runtime> {
     });
     if fresh {
         driver::set_pool_release_threshold(config.device_pool_release_bytes);
+        // Pools made before the runtime (a `Stream::new` first, say) get it too.
+        driver::apply_pool_release_threshold()?;
     } else if rt.config != config {
         return Err(Error::AlreadyRunning {
             reason: format!("{:?}", rt.config),
@@ -160,6 +162,9 @@ impl Runtime {
     /// ring ([`H2dOptions::num_caches`](crate::H2dOptions::num_caches)), device memory
     /// whose in-order free has not run yet on its consumer stream (synchronise that stream
     /// first to give it back too).
+    ///
+    /// The page-locked frees run on the calling thread, and `cuMemFreeHost` waits for all
+    /// work queued on the device by anyone: call it where such a wait is acceptable.
     ///
     /// # Errors
     /// The first failed free or trim; the rest are still attempted.

@@ -169,3 +169,23 @@ fn small_output_batches_share_blocks() {
     pool.trim().unwrap();
     assert_eq!(pool.held_bytes(), 0);
 }
+
+#[test]
+fn a_wait_for_a_slot_ends_with_a_typed_error() {
+    setup();
+    // One slot, held: before, a second lease waited on the condvar with no bound.
+    let arena = leak(PinnedArena::new(4096, 4096, Duration::from_millis(50)));
+    let ctx = driver::bind(0).unwrap();
+    let held = arena.lease(&ctx, true).unwrap().unwrap();
+    let t0 = Instant::now();
+    let r = arena.lease(&ctx, true);
+    assert!(
+        matches!(r, Err(Error::StagingExhausted { .. })),
+        "{:?}",
+        r.map(|l| l.is_some())
+    );
+    assert!(t0.elapsed() < Duration::from_secs(2));
+    assert_eq!(arena.waits(), 1);
+    drop(held);
+    assert!(arena.lease(&ctx, true).unwrap().is_some());
+}

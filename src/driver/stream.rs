@@ -184,6 +184,30 @@ impl Stream {
         self.inner.raw.0
     }
 
+    /// Whether every piece of work queued on the stream so far finishes within `limit`:
+    /// an event recorded now is polled (sleeping between queries, never blocking in the
+    /// driver). `false` on any error, or when the time runs out.
+    pub(crate) fn idle_within(&self, limit: std::time::Duration) -> bool {
+        let Ok(ev) = super::Event::new(self.device()) else {
+            return false;
+        };
+        if ev.record(self).is_err() {
+            return false;
+        }
+        let deadline = std::time::Instant::now() + limit;
+        let mut nap = std::time::Duration::from_micros(20);
+        loop {
+            match ev.query() {
+                Ok(true) => return true,
+                Ok(false) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(nap);
+                    nap = (nap * 2).min(std::time::Duration::from_millis(5));
+                }
+                _ => return false,
+            }
+        }
+    }
+
     /// Queues a host-side pause of `delay` on the stream: work queued after it starts only
     /// once it has passed. For tests that need a producer still running.
     ///

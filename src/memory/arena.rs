@@ -194,9 +194,10 @@ impl PinnedArena {
                 .unwrap_or_else(|p| p.into_inner());
             st = g;
             if timeout.timed_out() && retained::retained_bytes() > 0 {
-                // Outside the lock: releasing returns slots to this arena.
+                // Outside the lock: releasing returns slots to this arena. Non-blocking:
+                // a stream that is still busy (or hung) is simply tried again later.
                 drop(st);
-                retained::try_release();
+                retained::release_finished(Duration::from_millis(1));
                 st = self.lock();
             }
         }

@@ -164,6 +164,9 @@ pub(crate) struct HostRegion {
     words: Vec<u64>,
     nbytes: usize,
     pool: &'static HostPool,
+    /// Set by [`HostRegion::freeze`], which hands the words (and their return to the
+    /// pool) to the frozen region.
+    frozen: bool,
 }
 
 impl HostRegion {
@@ -174,6 +177,7 @@ impl HostRegion {
             words,
             nbytes,
             pool,
+            frozen: false,
         }
     }
 
@@ -183,6 +187,7 @@ impl HostRegion {
 
     /// Freezes the region; [`HostBuf::view`] then carves tensors out of it.
     pub(crate) fn freeze(mut self) -> FrozenRegion {
+        self.frozen = true;
         let words = std::mem::take(&mut self.words);
         FrozenRegion(Arc::new(Pooled(words, self.pool)))
     }
@@ -210,7 +215,9 @@ impl HostBuf {
 impl Drop for HostRegion {
     /// A region dropped before it was frozen (a failed call) goes back to its pool too.
     fn drop(&mut self) {
-        self.pool.give_back(std::mem::take(&mut self.words));
+        if !self.frozen {
+            self.pool.give_back(std::mem::take(&mut self.words));
+        }
     }
 }
 
@@ -427,11 +434,17 @@ mod tests {
         drop(v);
         // The region went back to the pool; a request of the same size gets it again.
         assert_eq!(pool.stats().in_use_bytes, 0);
+        assert_eq!(pool.stats().in_use_count, 0);
         assert_eq!(pool.cached_bytes(), 1000usize.div_ceil(8) * 8);
         let mut again = HostRegion::take(pool, 1000);
         assert_eq!(again.bytes_mut().as_ptr() as usize, ptr);
         assert_eq!(pool.stats().in_use_count, 1);
         drop(again);
+        assert_eq!(
+            pool.stats().in_use_count,
+            0,
+            "an unfrozen region goes back too"
+        );
         pool.trim();
         assert_eq!(pool.stats().held_bytes, 0);
     }

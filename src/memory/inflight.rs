@@ -3,7 +3,7 @@
 
 use super::arena::Synced;
 use super::{retained, SlotLease};
-use crate::driver::{Event, Stream};
+use crate::driver::Stream;
 use crate::error::{Error, Result};
 use std::any::Any;
 use std::sync::Arc;
@@ -116,36 +116,11 @@ impl Drop for InFlight {
         // for at most `drop_wait`; if it is not proven idle by then, everything is
         // retained (never freed early) and the drop returns.
         self.settle();
-        if self.idle_within(self.drop_wait) {
+        if self.stream.idle_within(self.drop_wait) {
             let proof = Synced(&self.stream);
             self.leases.iter_mut().for_each(|l| l.mark_idle(&proof));
         } else {
             self.retain(());
-        }
-    }
-}
-
-impl InFlight {
-    /// Whether every copy queued on the stream so far finishes within `limit` (polled,
-    /// sleeping between queries).
-    fn idle_within(&self, limit: std::time::Duration) -> bool {
-        let Ok(ev) = Event::new(self.stream.device()) else {
-            return false;
-        };
-        if ev.record(&self.stream).is_err() {
-            return false;
-        }
-        let deadline = std::time::Instant::now() + limit;
-        let mut nap = std::time::Duration::from_micros(20);
-        loop {
-            match ev.query() {
-                Ok(true) => return true,
-                Ok(false) if std::time::Instant::now() < deadline => {
-                    std::thread::sleep(nap);
-                    nap = (nap * 2).min(std::time::Duration::from_millis(5));
-                }
-                _ => return false,
-            }
         }
     }
 }

@@ -69,6 +69,27 @@ pub(crate) fn release_proven(stream: &Stream) {
     drop(released);
 }
 
+/// Releases, without blocking, the entries whose stream has finished all the work queued
+/// on it so far (an event recorded now completes within `limit`): what a call waiting
+/// for a staging slot does, since a blocking synchronisation could wait forever on a
+/// hung device.
+pub(crate) fn release_finished(limit: std::time::Duration) {
+    if retained_bytes() == 0 {
+        return;
+    }
+    let mut streams: Vec<Stream> = Vec::new();
+    for e in lock().iter() {
+        if !streams.iter().any(|s| s.same_as(&e.stream)) {
+            streams.push(e.stream.clone());
+        }
+    }
+    for s in streams {
+        if s.idle_within(limit) {
+            release_proven(&s);
+        }
+    }
+}
+
 /// Tries to synchronise every stream with retained owners and releases those that
 /// succeed. Returns the bytes still retained.
 pub fn try_release() -> usize {
