@@ -188,8 +188,8 @@ impl Runtime {
     /// gather kernel. Loading a module waits for all work queued on the device by anyone,
     /// so a server calls this at start-up, before other streams are busy; otherwise the
     /// first transfer on the device does it. After it, no transfer on the device waits
-    /// for work on streams that are not its own (page-locked frees run on a thread of
-    /// their own, see docs/semantics.md).
+    /// for work on streams that are not its own (page-locked frees on a transfer's path
+    /// run on a thread of their own, see docs/semantics.md).
     ///
     /// # Errors
     /// [`Error::NoCuda`], [`Error::DeviceUnavailable`], or the driver's error.

@@ -163,7 +163,9 @@ fn small_output_batches_share_blocks() {
     assert!(starts.iter().all(|a| a % 256 == 0));
     // A view outside its block is an error, not an empty view.
     let (block, _) = &ranges[0];
-    assert!(crate::memory::PinnedBuf::view(block, 2 << 20, 1).is_err());
+    assert!(crate::memory::PinnedBuf::views(block, 2 << 20, std::iter::once((0, 1))).is_err());
+    assert!(crate::memory::PinnedBuf::views(block, usize::MAX, std::iter::once((1, 0))).is_err());
+    assert!(crate::memory::PinnedBuf::views(block, 0, std::iter::once((2 << 20, 0))).is_ok());
     assert_eq!(pool.fallbacks(), 0);
     drop(ranges);
     pool.trim().unwrap();

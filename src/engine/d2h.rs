@@ -166,9 +166,14 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
                 return Err(job.abort(e, keep_sources));
             }
             job.finish(keep_sources)?;
-            (0..views.len())
-                .map(|k| PinnedBuf::view(&block, base + offsets[k], sizes[k]).map(Storage::Pinned))
-                .collect::<Result<_>>()?
+            PinnedBuf::views(
+                &block,
+                base,
+                offsets.iter().copied().zip(sizes.iter().copied()),
+            )?
+            .into_iter()
+            .map(Storage::Pinned)
+            .collect()
         }
         None => {
             let mut region = HostRegion::take(&rt.host_pool, end);
@@ -184,9 +189,10 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
             }
             job.finish(keep_sources)?;
             let frozen = region.freeze();
-            (0..views.len())
-                .map(|k| HostBuf::view(&frozen, offsets[k], sizes[k]).map(Storage::Host))
-                .collect::<Result<_>>()?
+            HostBuf::views(&frozen, offsets.iter().copied().zip(sizes.iter().copied()))?
+                .into_iter()
+                .map(Storage::Host)
+                .collect()
         }
     };
     super::trace::mark("synced");

@@ -196,28 +196,38 @@ impl HostRegion {
 /// A filled, immutable output region.
 pub(crate) struct FrozenRegion(Arc<Pooled>);
 
-impl HostBuf {
-    /// `nbytes` at `offset` of a frozen region.
-    ///
-    /// # Errors
-    /// A range outside the region is an error (never an empty view whose tensor would
-    /// still claim `nbytes`).
-    pub(crate) fn view(region: &FrozenRegion, offset: usize, nbytes: usize) -> Result<HostBuf> {
-        super::check_range("host view", offset, nbytes, region.0.all_bytes().len())?;
-        Ok(HostBuf {
-            data: region.0.clone(),
-            offset,
-            nbytes,
-        })
-    }
-}
-
 impl Drop for HostRegion {
     /// A region dropped before it was frozen (a failed call) goes back to its pool too.
     fn drop(&mut self) {
         if !self.frozen {
             self.pool.give_back(std::mem::take(&mut self.words));
         }
+    }
+}
+
+impl HostBuf {
+    /// Views of a frozen region for each `(offset, nbytes)`: one batch's output tensors,
+    /// made in one pass.
+    ///
+    /// # Errors
+    /// The first range outside the region.
+    pub(crate) fn views(
+        region: &FrozenRegion,
+        ranges: impl ExactSizeIterator<Item = (usize, usize)>,
+    ) -> Result<Vec<HostBuf>> {
+        let len = region.0.all_bytes().len();
+        let mut out = Vec::with_capacity(ranges.len());
+        for (offset, nbytes) in ranges {
+            if offset.checked_add(nbytes).is_none_or(|e| e > len) {
+                super::check_range("host view", offset, nbytes, len)?;
+            }
+            out.push(HostBuf {
+                data: region.0.clone(),
+                offset,
+                nbytes,
+            });
+        }
+        Ok(out)
     }
 }
 
@@ -425,9 +435,12 @@ mod tests {
         r.bytes_mut()[256..260].copy_from_slice(&[9, 8, 7, 6]);
         let ptr = r.bytes_mut().as_ptr() as usize;
         let frozen = r.freeze();
-        assert!(HostBuf::view(&frozen, 1000, 1).is_err());
-        assert!(HostBuf::view(&frozen, usize::MAX, 2).is_err());
-        let v = HostBuf::view(&frozen, 256, 4).unwrap();
+        // Out-of-range views are errors, not empty views (1000 bytes round up to 1000).
+        assert!(HostBuf::views(&frozen, [(1000, 1)].into_iter()).is_err());
+        assert!(HostBuf::views(&frozen, [(0, 4), (usize::MAX, 2)].into_iter()).is_err());
+        let v = HostBuf::views(&frozen, [(256, 4)].into_iter())
+            .unwrap()
+            .remove(0);
         assert_eq!(v.bytes(), &[9, 8, 7, 6]);
         drop(frozen);
         assert_eq!(v.bytes(), &[9, 8, 7, 6], "a view keeps the region alive");

@@ -2,10 +2,13 @@
 //!
 //! `cuMemFreeHost` waits for all work on every stream of the context to finish (measured
 //! on the H200: a free issued while another stream ran a 1.5 s host function returned
-//! after 1.5 s). A transfer, or a drop of a page-locked tensor, must not wait for work
-//! that is not its own, so pinlane hands such frees to one dedicated thread, started on
-//! first use, which waits in its place. Only [`Runtime::trim`](crate::Runtime::trim),
-//! which the caller asks for, frees on the calling thread.
+//! after 1.5 s). A transfer must not wait for work that is not its own, so the frees on a
+//! transfer's path (output blocks evicted to make room under the cap, staging slots above
+//! a lowered cap) go to one dedicated thread, started on first use, which waits in its
+//! place. Frees the caller causes directly stay on the caller's thread: the last drop of a
+//! page-locked tensor of its own (`to_pinned`), and [`Runtime::trim`](crate::Runtime::trim).
+//! (Sending those here too was measured to be worse: thousands of queued frees, each
+//! waiting for the device, ran during the next transfers and halved their speed.)
 //!
 //! The memory handed over is no longer used by anything (its copies were proven
 //! complete); it simply stays allocated a little longer.
