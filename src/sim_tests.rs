@@ -55,7 +55,7 @@ fn a_slot_lease_dropped_without_proof_waits_for_its_copy() {
     s.synchronize().unwrap();
     assert!(read_device(&dst, 4096).iter().all(|&b| b == 0x11));
     // With proof, the drop does not wait: mark the slot idle after a synchronisation.
-    again.mark_idle(&Synced(&s));
+    again.mark_idle(&Synced::synchronize(&s).unwrap());
 }
 
 #[test]

@@ -231,7 +231,9 @@ impl PinnedArena {
     /// (never freed or reused, since a copy may still touch it) and its place in the cap
     /// is given back, so the arena can allocate another.
     fn forget(&self, slab: Slab) {
-        std::mem::forget(slab.event);
+        // A slab owns its memory only through this arena (it has no Drop): dropping it
+        // here frees nothing, which is the point.
+        drop(slab);
         self.lock().allocated -= 1;
         self.returned.notify_one();
     }
@@ -282,9 +284,26 @@ pub(crate) struct SlotLease {
     filling: Option<Ticket>,
 }
 
-/// Proof that a stream was synchronised successfully: every copy queued on it before has
-/// finished. Only [`Stream::synchronize`]'s callers in the memory layer make one.
-pub(crate) struct Synced<'a>(pub(crate) &'a Stream);
+/// Proof that every copy queued on a stream before it was made has finished: made only by
+/// synchronising the stream, or by seeing an event recorded on it complete.
+pub(crate) struct Synced<'a>(&'a Stream);
+
+impl<'a> Synced<'a> {
+    /// Synchronises `stream`.
+    ///
+    /// # Errors
+    /// The driver's error: the stream's copies are then not proven complete.
+    pub(crate) fn synchronize(stream: &'a Stream) -> Result<Synced<'a>> {
+        stream.synchronize()?;
+        Ok(Synced(stream))
+    }
+
+    /// The proof, if an event recorded on `stream` now completes within `limit` (polled,
+    /// never blocking in the driver).
+    pub(crate) fn within(stream: &'a Stream, limit: Duration) -> Option<Synced<'a>> {
+        stream.idle_within(limit).then_some(Synced(stream))
+    }
+}
 
 impl SlotLease {
     fn new(slab: Slab, arena: &'static PinnedArena) -> SlotLease {

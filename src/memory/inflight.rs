@@ -35,8 +35,7 @@ impl InFlight {
 
     /// Synchronises the stream; on success the leases are marked idle with the proof.
     fn synchronize(&mut self) -> Result<()> {
-        self.stream.synchronize()?;
-        let proof = Synced(&self.stream);
+        let proof = Synced::synchronize(&self.stream)?;
         self.leases.iter_mut().for_each(|l| l.mark_idle(&proof));
         retained::release_proven(&self.stream);
         Ok(())
@@ -116,11 +115,10 @@ impl Drop for InFlight {
         // for at most `drop_wait`; if it is not proven idle by then, everything is
         // retained (never freed early) and the drop returns.
         self.settle();
-        if self.stream.idle_within(self.drop_wait) {
-            let proof = Synced(&self.stream);
-            self.leases.iter_mut().for_each(|l| l.mark_idle(&proof));
-        } else {
-            self.retain(());
+        let stream = self.stream.clone();
+        match Synced::within(&stream, self.drop_wait) {
+            Some(proof) => self.leases.iter_mut().for_each(|l| l.mark_idle(&proof)),
+            None => self.retain(()),
         }
     }
 }
