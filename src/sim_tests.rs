@@ -25,7 +25,7 @@ fn read_device(alloc: &std::sync::Arc<DeviceAlloc>, n: usize) -> Vec<u8> {
     let arena = leak(PinnedArena::new(4096, 4096, Duration::from_secs(5)));
     let ctx = driver::bind(0).unwrap();
     let s = Stream::new(Device::cuda(0)).unwrap();
-    let view = DeviceView::new(alloc, 0, n);
+    let view = DeviceView::new(alloc, 0, n).unwrap();
     let mut lease = arena.lease(&ctx, true).unwrap().unwrap();
     // SAFETY: the view's producer was synchronised by the caller; it lives past the sync.
     unsafe { lease.d2h_window(&ctx, std::iter::once((0, &view, 0, n)), &s) }.unwrap();
@@ -80,7 +80,11 @@ fn gather_descriptors_are_checked_against_the_destination() {
     let ctx = driver::bind(0).unwrap();
     let s = Stream::new(Device::cuda(0)).unwrap();
     let src = DeviceAlloc::new_async(&ctx, 0, 1024, &s, s.clone()).unwrap();
-    let v = DeviceView::new(&src, 0, 100);
+    let v = DeviceView::new(&src, 0, 100).unwrap();
+    assert!(
+        DeviceView::new(&src, 1000, 100).is_err(),
+        "a view past its allocation"
+    );
     let arena = leak(PinnedArena::new(4096, 4096, Duration::from_secs(5)));
     let mut job = InFlight::new(s.clone(), Duration::from_secs(5));
     job.leases.push(arena.lease(&ctx, true).unwrap().unwrap());

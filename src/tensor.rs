@@ -265,7 +265,7 @@ impl Tensor {
             // SAFETY: obligations 1 and 2 are the caller's, passed on unchanged.
             let alloc =
                 unsafe { DeviceAlloc::foreign(ptr, nbytes, device.ordinal(), Box::new(owner)) };
-            DeviceView::new(&alloc, 0, nbytes)
+            DeviceView::whole(&alloc)
         };
         Ok(Tensor::from_parts(
             dtype,

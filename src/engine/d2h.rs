@@ -309,7 +309,7 @@ fn submit(
             Ok(g) => {
                 stats.copies += 2; // the descriptors' upload and the kernel
                 super::trace::mark("gather queued");
-                gathered = DeviceView::new(&g, 0, small_end);
+                gathered = DeviceView::new(&g, 0, small_end)?;
                 items.push(&gathered);
                 offsets.push(0);
                 sizes.push(small_end);

@@ -112,11 +112,11 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &H2dOptions) -> Result<B> {
     super::trace::mark("synced");
     record_stats(stats);
 
-    let moved = order.iter().enumerate().map(|(k, &i)| {
-        let view = match &alloc {
-            Some(a) if sizes[k] > 0 => DeviceView::new(a, offsets[k], sizes[k]),
-            _ => DeviceView::empty(device),
-        };
+    let views = match &alloc {
+        Some(a) => DeviceView::views(a, offsets.iter().copied().zip(sizes.iter().copied()))?,
+        None => vec![DeviceView::empty(device); order.len()],
+    };
+    let moved = order.iter().zip(views).map(|(&i, view)| {
         let t = all[i];
         let out = Tensor::from_parts(
             t.dtype(),

@@ -170,15 +170,61 @@ pub(crate) struct DeviceView {
 }
 
 impl DeviceView {
-    /// `nbytes` at `offset` of `alloc` (`offset + nbytes <= alloc.nbytes()`).
-    pub(crate) fn new(alloc: &Arc<DeviceAlloc>, offset: usize, nbytes: usize) -> DeviceView {
-        debug_assert!(offset + nbytes <= alloc.nbytes());
-        DeviceView {
+    /// `nbytes` at `offset` of `alloc`.
+    ///
+    /// # Errors
+    /// A range outside the allocation (never a view that reaches past it).
+    pub(crate) fn new(
+        alloc: &Arc<DeviceAlloc>,
+        offset: usize,
+        nbytes: usize,
+    ) -> Result<DeviceView> {
+        super::check_range("device view", offset, nbytes, alloc.nbytes())?;
+        Ok(DeviceView {
             alloc: Some(alloc.clone()),
             offset,
             nbytes,
             device: alloc.device,
+        })
+    }
+
+    /// All of `alloc`.
+    pub(crate) fn whole(alloc: &Arc<DeviceAlloc>) -> DeviceView {
+        DeviceView {
+            alloc: Some(alloc.clone()),
+            offset: 0,
+            nbytes: alloc.nbytes(),
+            device: alloc.device,
         }
+    }
+
+    /// Views of `alloc` for each `(offset, nbytes)`, an empty view where `nbytes` is 0:
+    /// one H2D batch's output tensors, made in one pass.
+    ///
+    /// # Errors
+    /// The first range outside the allocation.
+    pub(crate) fn views(
+        alloc: &Arc<DeviceAlloc>,
+        ranges: impl ExactSizeIterator<Item = (usize, usize)>,
+    ) -> Result<Vec<DeviceView>> {
+        let len = alloc.nbytes();
+        let mut out = Vec::with_capacity(ranges.len());
+        for (offset, nbytes) in ranges {
+            if nbytes == 0 {
+                out.push(DeviceView::empty(alloc.device));
+                continue;
+            }
+            if offset.checked_add(nbytes).is_none_or(|e| e > len) {
+                super::check_range("device view", offset, nbytes, len)?;
+            }
+            out.push(DeviceView {
+                alloc: Some(alloc.clone()),
+                offset,
+                nbytes,
+                device: alloc.device,
+            });
+        }
+        Ok(out)
     }
 
     /// A view of no bytes on `device`.

@@ -200,7 +200,7 @@ pub(crate) fn import<M: ManagedTensorBase>(
                 // of `ordinal` (usable from its primary context, as every CUDA runtime
                 // allocation is) until its deleter runs, which dropping `owner` does.
                 let alloc = unsafe { DeviceAlloc::foreign(addr, nbytes, ordinal, owner) };
-                Storage::Device(DeviceView::new(&alloc, 0, nbytes))
+                Storage::Device(DeviceView::whole(&alloc))
             }
         }
         other => {

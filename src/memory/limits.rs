@@ -36,7 +36,7 @@ pub fn measure_pinned_limits(
     let host_down = super::pinned::block_of(nbytes, device)?;
     let dev_up = super::DeviceAlloc::new_async(&ctx, device, nbytes, &a, a.clone())?;
     let dev_down = super::DeviceAlloc::new_async(&ctx, device, nbytes, &a, a.clone())?;
-    let down_view = super::DeviceView::new(&dev_down, 0, nbytes);
+    let down_view = super::DeviceView::whole(&dev_down);
     a.synchronize()?;
     let done = Event::new(dev)?;
     let time = |f: &dyn Fn() -> Result<()>| -> Result<f64> {
