@@ -156,7 +156,8 @@ impl Runtime {
     /// Gives back everything cached and not in use: free staging slots, free page-locked
     /// output blocks, cached pageable regions, and device pool memory that backs no
     /// allocation (`cuMemPoolTrimTo`). Owners retained after failed synchronisations are
-    /// released first where a synchronisation now succeeds.
+    /// released first where their stream has finished its work (checked with an event,
+    /// without blocking).
     ///
     /// Memory in use stays: tensors the caller holds, the batches in each thread's cache
     /// ring ([`H2dOptions::num_caches`](crate::H2dOptions::num_caches)), device memory
@@ -169,7 +170,8 @@ impl Runtime {
     /// # Errors
     /// The first failed free or trim; the rest are still attempted.
     pub fn trim(&self) -> Result<()> {
-        retained::try_release();
+        // Non-blocking: a retained stream that is still busy (or hung) keeps its owners.
+        retained::release_finished(std::time::Duration::from_millis(10));
         let mut first = None;
         let mut note = |r: Result<()>| {
             if let Err(e) = r {
