@@ -68,12 +68,15 @@ pub fn transfer_tensor_h2d<B: Batch>(batch: &B) -> Result<B> {
 /// ```
 ///
 /// # Errors
-/// [`Error::InvalidDevice`](crate::Error::InvalidDevice), [`Error::InvalidLocalRank`](crate::Error::InvalidLocalRank), [`Error::DeviceUnavailable`](crate::Error::DeviceUnavailable),
-/// [`Error::StreamDeviceMismatch`](crate::Error::StreamDeviceMismatch) and [`Error::InvalidOption`](crate::Error::InvalidOption) for bad options (before any
-/// copy); [`Error::Deferred`](crate::Error::Deferred) for an earlier release failure of this thread on the device;
-/// [`Error::StagingExhausted`](crate::Error::StagingExhausted); the driver's error ([`Error::Driver`](crate::Error::Driver)) if a copy,
-/// allocation or synchronisation fails, after draining what was queued. The input is never
-/// changed.
+/// [`Error::InvalidDevice`](crate::Error::InvalidDevice),
+/// [`Error::InvalidLocalRank`](crate::Error::InvalidLocalRank),
+/// [`Error::DeviceUnavailable`](crate::Error::DeviceUnavailable),
+/// [`Error::StreamDeviceMismatch`](crate::Error::StreamDeviceMismatch) and
+/// [`Error::InvalidOption`](crate::Error::InvalidOption) for bad options (before any copy);
+/// [`Error::Deferred`](crate::Error::Deferred) for an earlier release failure of this thread on
+/// the device; [`Error::StagingExhausted`](crate::Error::StagingExhausted); the driver's error
+/// ([`Error::Driver`](crate::Error::Driver)) if a copy, allocation or synchronisation fails,
+/// after draining what was queued. The input is never changed.
 pub fn transfer_tensor_h2d_with<B: Batch>(batch: &B, opts: &H2dOptions) -> Result<B> {
     trace::start();
     let r = h2d::transfer(batch, opts);
@@ -107,11 +110,16 @@ pub fn transfer_tensor_h2d_with<B: Batch>(batch: &B, opts: &H2dOptions) -> Resul
 /// ```
 ///
 /// # Errors
-/// [`Error::InvalidDevice`](crate::Error::InvalidDevice), [`Error::StreamWithoutDevice`](crate::Error::StreamWithoutDevice),
-/// [`Error::StreamDeviceMismatch`](crate::Error::StreamDeviceMismatch), [`Error::EventDeviceMismatch`](crate::Error::EventDeviceMismatch),
-/// [`Error::InvalidLocalRank`](crate::Error::InvalidLocalRank), [`Error::DeviceUnavailable`](crate::Error::DeviceUnavailable) for bad options (before any
-/// copy); [`Error::Deferred`](crate::Error::Deferred); [`Error::StagingExhausted`](crate::Error::StagingExhausted); the driver's error
-/// ([`Error::Driver`](crate::Error::Driver)) after draining what was queued. The input is never changed.
+/// [`Error::InvalidDevice`](crate::Error::InvalidDevice),
+/// [`Error::StreamWithoutDevice`](crate::Error::StreamWithoutDevice),
+/// [`Error::StreamDeviceMismatch`](crate::Error::StreamDeviceMismatch),
+/// [`Error::EventDeviceMismatch`](crate::Error::EventDeviceMismatch),
+/// [`Error::InvalidLocalRank`](crate::Error::InvalidLocalRank),
+/// [`Error::DeviceUnavailable`](crate::Error::DeviceUnavailable) for bad options (before any
+/// copy); [`Error::Deferred`](crate::Error::Deferred);
+/// [`Error::StagingExhausted`](crate::Error::StagingExhausted); the driver's error
+/// ([`Error::Driver`](crate::Error::Driver)) after draining what was queued. The input is never
+/// changed.
 pub fn transfer_tensor_d2h<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
     trace::start();
     let r = d2h::transfer(batch, opts);
