@@ -44,7 +44,7 @@ pub enum SmallD2h {
 /// | [`arena_bytes`](Config::arena_bytes) | 128 MiB | `PINLANE_ARENA_BYTES` | [`Runtime::set_arena_bytes`](crate::Runtime::set_arena_bytes) |
 /// | [`pinned_output_bytes`](Config::pinned_output_bytes) | 2 GiB | `PINLANE_PINNED_OUTPUT_BYTES` | [`Runtime::set_pinned_output_bytes`](crate::Runtime::set_pinned_output_bytes) |
 /// | [`host_pool_bytes`](Config::host_pool_bytes) | 2 GiB | `PINLANE_HOST_POOL_BYTES` | [`Runtime::set_host_pool_bytes`](crate::Runtime::set_host_pool_bytes) |
-/// | [`device_pool_release_bytes`](Config::device_pool_release_bytes) | 256 MiB | `PINLANE_DEVICE_POOL_RELEASE_BYTES` | [`Runtime::set_device_pool_release_bytes`](crate::Runtime::set_device_pool_release_bytes) |
+/// | [`device_pool_release_bytes`](Config::device_pool_release_bytes) | `u64::MAX` (keep all) | `PINLANE_DEVICE_POOL_RELEASE_BYTES` | [`Runtime::set_device_pool_release_bytes`](crate::Runtime::set_device_pool_release_bytes) |
 /// | [`copy_threads`](Config::copy_threads) | 3/4 of the cores, at most 12 | `PINLANE_COPY_THREADS` | no |
 /// | [`parallel_min`](Config::parallel_min) | 256 KiB | `PINLANE_PARALLEL_MIN` | no |
 /// | [`spin`](Config::spin) | 50 µs | `PINLANE_SPIN_US` | no |
@@ -79,7 +79,9 @@ pub struct Config {
     /// Most bytes of recycled pageable D2H output memory kept for reuse.
     pub host_pool_bytes: usize,
     /// Device memory each device pool keeps cached after a synchronisation; more is given
-    /// back to the driver. `u64::MAX` keeps everything (fastest, never gives back).
+    /// back to the driver. The default, `u64::MAX`, keeps everything until
+    /// [`trim`](crate::trim) is called; a lower value gives memory back by itself, and
+    /// large batches then map their device memory anew after synchronisations.
     pub device_pool_release_bytes: u64,
     /// Threads that copy pageable memory (the calling thread included); `None`: three
     /// quarters of the machine's parallelism, at most 12 (fastest on the GPU machine).
@@ -120,7 +122,7 @@ impl Config {
             arena_bytes: 128 << 20,
             pinned_output_bytes: 2 << 30,
             host_pool_bytes: 2 << 30,
-            device_pool_release_bytes: 256 << 20,
+            device_pool_release_bytes: u64::MAX,
             copy_threads: None,
             parallel_min: 256 << 10,
             spin: Duration::from_micros(50),
