@@ -241,18 +241,9 @@ impl PinnedArena {
 
 /// Frees slabs (each under the context of the device that allocated it).
 fn free_slabs(slabs: Vec<Slab>) -> Result<()> {
-    let mut first = None;
-    for slab in slabs {
-        let r = driver::bind(slab.device).and_then(|ctx| {
-            // SAFETY: a free slab: its lease dropped after its copies were proven complete
-            // (SlotLease::drop), and it is no longer on the free list, so nothing uses it.
-            unsafe { driver::host_free(&ctx, slab.ptr.0) }
-        });
-        if let Err(e) = r {
-            first.get_or_insert(e);
-        }
-    }
-    first.map_or(Ok(()), Err)
+    // SAFETY: free slabs: each lease dropped after its copies were proven complete
+    // (SlotLease::drop), and none is on the free list any more, so nothing uses them.
+    unsafe { super::pinned::free_all(slabs.into_iter().map(|s| (s.ptr, s.device))) }
 }
 
 impl Slab {

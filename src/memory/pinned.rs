@@ -152,7 +152,7 @@ impl Drop for PinnedBlock {
 /// # Safety
 /// `ptr` came from `host_alloc` under `device`'s context, is not freed yet, and no copy
 /// touches it any more.
-unsafe fn free_pinned(ptr: HostPtr<u8>, device: usize) -> Result<()> {
+pub(crate) unsafe fn free_pinned(ptr: HostPtr<u8>, device: usize) -> Result<()> {
     let ctx = driver::bind(device)?;
     // SAFETY: the caller's obligations.
     unsafe { driver::host_free(&ctx, ptr.0) }
@@ -553,11 +553,21 @@ impl PinnedOutputPool {
 
 /// Frees unused pool blocks, each under the context that allocated it.
 fn free_blocks(blocks: Vec<(HostPtr<u8>, usize, usize)>) -> Result<()> {
+    // SAFETY: free blocks are touched by no copy (a block returns to the free list only
+    // when its last view drops, after its copies were proven complete), and these were
+    // taken off the free list, so nothing else frees them.
+    unsafe { free_all(blocks.into_iter().map(|(ptr, _, device)| (ptr, device))) }
+}
+
+/// Frees every `(ptr, device)` with [`free_pinned`]; all are attempted, the first error is
+/// returned.
+///
+/// # Safety
+/// As [`free_pinned`], for each.
+pub(crate) unsafe fn free_all(items: impl IntoIterator<Item = (HostPtr<u8>, usize)>) -> Result<()> {
     let mut first = None;
-    for (ptr, _, device) in blocks {
-        // SAFETY: free blocks are touched by no copy (a block returns to the free list
-        // only when its last view drops, after its copies were proven complete), and
-        // these were taken off the free list, so nothing else frees them.
+    for (ptr, device) in items {
+        // SAFETY: the caller's obligations, for this item.
         if let Err(e) = unsafe { free_pinned(ptr, device) } {
             first.get_or_insert(e);
         }

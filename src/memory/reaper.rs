@@ -13,7 +13,7 @@
 //! The memory handed over is no longer used by anything (its copies were proven
 //! complete); it simply stays allocated a little longer.
 
-use crate::driver::{self, HostPtr};
+use crate::driver::HostPtr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Mutex, OnceLock};
@@ -67,11 +67,8 @@ fn start() -> Option<Sender<Job>> {
 /// # Safety
 /// As [`free_pinned_later`].
 unsafe fn free_now(ptr: HostPtr<u8>, device: usize) {
-    let r = driver::bind(device).and_then(|ctx| {
-        // SAFETY: the caller's obligations; `device`'s context is current.
-        unsafe { driver::host_free(&ctx, ptr.0) }
-    });
-    if r.is_err() {
+    // SAFETY: the caller's obligations.
+    if unsafe { super::pinned::free_pinned(ptr, device) }.is_err() {
         FAILED.fetch_add(1, Ordering::Relaxed);
     }
 }
