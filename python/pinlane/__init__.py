@@ -1,0 +1,154 @@
+"""pinlane: spdl.io's ``transfer_tensor_h2d`` / ``transfer_tensor_d2h``, moved by pinlane's
+Rust engine, zero-copy with PyTorch.
+
+Switch by changing one import::
+
+    from pinlane import transfer_tensor_d2h, transfer_tensor_h2d   # was: from spdl.io
+
+The signatures, defaults, containers, errors and stream semantics are spdl 0.8.0's (see
+README.md for the differences). Importing pinlane needs neither torch nor a GPU: without
+torch loaded there is no torch tensor to move, and without CUDA a batch comes back as is.
+"""
+
+import sys
+
+from . import _native
+from ._tree import flatten, rebuild
+
+__all__ = [
+    "transfer_tensor_h2d",
+    "transfer_tensor_d2h",
+    "cuda_available",
+    "trim",
+    "memory_stats",
+]
+__version__ = "0.1.0"
+
+
+def cuda_available():
+    """Whether pinlane can use a CUDA device (a driver and at least one device)."""
+    return _native.device_count() > 0
+
+
+def trim():
+    """Gives back the memory pinlane caches (staging slots, free page-locked output
+    blocks, the device pools' free memory); what live tensors use stays."""
+    _native.trim()
+
+
+def memory_stats():
+    """Bytes pinlane holds and uses, per pool, as a dict."""
+    return _native.memory_stats()
+
+
+def _torch_with_cuda():
+    """torch, if the caller loaded it and both torch and pinlane see a GPU; else None."""
+    torch = sys.modules.get("torch")
+    if torch is None or _native.device_count() == 0 or not torch.cuda.is_available():
+        return None
+    return torch
+
+
+def _num_caches(n):
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise ValueError(f"num_caches must be an int, not {type(n).__name__}")
+    if n < 0:
+        raise ValueError(f"num_caches must be 0 or more, not {n}")
+    return n
+
+
+def transfer_tensor_h2d(batch, /, *, num_caches=4):
+    """Copies the CPU torch tensors of ``batch`` to ``cuda:{LOCAL_RANK}`` on the calling
+    thread's own stream and returns the same structure with CUDA tensors in their place.
+
+    * Containers (list, tuple, namedtuple, dict, defaultdict, dataclass, nested) are
+      rebuilt with their own types; other leaves, and CUDA tensors, are returned as the
+      same objects.
+    * Sources are read in place: page-locked ones (``pin_memory()``) of 1 MiB and more
+      are copied straight from their memory; pageable ones, and smaller page-locked ones,
+      through pinlane's page-locked staging ring, where many small tensors share one
+      copy. A non-contiguous tensor is first made contiguous on the host, and its output
+      is contiguous.
+    * The call returns once the copies are done; the outputs are ready for work on any
+      stream. Their memory is freed, when torch lets them go, in order on torch's current
+      stream of the device at the time of the call.
+    * The thread keeps its last ``num_caches`` batches' device memory referenced.
+    * A tensor that requires grad, or whose dtype pinlane lacks (complex, float8), is
+      moved by torch (``tensor.to(device)``), keeping autograd.
+    * No CUDA (or torch not loaded): the batch is returned as is.
+
+    Raises:
+        ValueError: ``num_caches`` is not an int >= 0, or ``LOCAL_RANK`` is malformed.
+        RuntimeError: ``LOCAL_RANK`` names no device, or a copy failed (nothing of the
+            batch is changed).
+    """
+    num_caches = _num_caches(num_caches)
+    torch = _torch_with_cuda()
+    if torch is None:
+        return batch
+    tensors = flatten(batch, torch.Tensor)
+    if not tensors:
+        return batch
+    device = _native.default_device()
+    consumer = torch.cuda.current_stream(device).cuda_stream
+    outs = _native.h2d(tensors, device=device, num_caches=num_caches, consumer_stream=consumer)
+    for i, o in enumerate(outs):
+        if o is None:
+            outs[i] = tensors[i].to(torch.device("cuda", device))
+    return rebuild(batch, torch.Tensor, outs)
+
+
+def _device_str(device):
+    if device is None or isinstance(device, str):
+        return device
+    if isinstance(device, int) and not isinstance(device, bool):
+        return f"cuda:{device}"
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(device, torch.device):
+        return str(device)
+    raise ValueError(f"device must be a torch.device, a str or an int, not {type(device).__name__}")
+
+
+def transfer_tensor_d2h(batch, /, *, device=None, stream=None, producer_event=None):
+    """Copies the CUDA torch tensors of ``batch`` on ``device`` to CPU tensors in
+    page-locked memory and returns the same structure with them in their place.
+
+    * ``device``: ``torch.device``, ``"cuda:N"``, ``"cuda"``, an int, or ``None`` for
+      ``cuda:{LOCAL_RANK}``. Tensors on other devices, CPU tensors and other leaves are
+      returned as the same objects.
+    * The copy waits for the work queued on torch's current stream of the device (and
+      for ``producer_event``, a ``torch.cuda.Event``, when given), so tensors still being
+      produced there are copied once ready. It runs on the thread's own stream, or on
+      ``stream`` (a ``torch.cuda.Stream`` on ``device``) when given; the call returns once
+      the copies are done.
+    * Outputs are views into pinlane's recycled page-locked blocks (``is_pinned()`` is
+      true): the memory goes back to the pool when torch lets the tensors go.
+    * A non-contiguous tensor is made contiguous on the device first (on torch's current
+      stream); a tensor that requires grad, or whose dtype pinlane lacks, is moved by torch
+      (``tensor.to("cpu")``), keeping autograd.
+    * No CUDA (or torch not loaded): the batch is returned as is.
+
+    Raises:
+        ValueError: ``device`` is not a CUDA device, ``stream`` is given without
+            ``device`` or is on another device, ``producer_event`` is on another device.
+        RuntimeError: the device index is unavailable, or a copy failed.
+    """
+    dev = _device_str(device)
+    _native.check_device(dev)
+    if stream is not None and device is None:
+        raise ValueError("a custom stream needs the device argument (device=...)")
+    torch = _torch_with_cuda()
+    if torch is None:
+        return batch
+    tensors = flatten(batch, torch.Tensor)
+    if not tensors:
+        return batch
+    s = None if stream is None else (stream.cuda_stream, stream.device.index)
+    e = None
+    if producer_event is not None and producer_event.cuda_event:
+        e = (producer_event.cuda_event, producer_event.device.index)
+    outs = _native.d2h(tensors, device=dev, stream=s, event=e)
+    for i, o in enumerate(outs):
+        if o is None:
+            outs[i] = tensors[i].to("cpu")
+    return rebuild(batch, torch.Tensor, outs)

@@ -1,0 +1,110 @@
+"""The containers spdl accepts, walked and rebuilt.
+
+A batch is a leaf or a container of batches. Containers: ``list``, ``tuple`` (and
+``namedtuple``, and other ``tuple``/``list`` subclasses), ``dict`` (and ``OrderedDict``,
+``defaultdict``, other ``dict`` subclasses), and dataclass instances. Every other object
+is a leaf. ``flatten`` lists the leaves that are instances of a class (torch.Tensor) in a
+fixed order; ``rebuild`` puts replacements back in that same order, making each container
+again with its own type:
+
+* a namedtuple comes back as the same namedtuple class, a defaultdict with the same
+  ``default_factory``, a dict subclass or dataclass with its other attributes (it is
+  copied with ``copy.copy``, then its items or fields are set);
+* a container in which no leaf was replaced comes back as the same object, so a batch
+  with nothing to move is returned as is.
+
+Both walks visit a dict's items in their order, a dataclass's fields in declaration order,
+and sequences front to back, so the two always agree.
+"""
+
+import copy
+import dataclasses
+
+__all__ = ["flatten", "rebuild"]
+
+
+def _is_dataclass_instance(obj):
+    return dataclasses.is_dataclass(obj) and not isinstance(obj, type)
+
+
+def flatten(batch, leaf_type):
+    """The leaves of ``batch`` that are instances of ``leaf_type``, in walk order."""
+    out = []
+    _collect(batch, leaf_type, out)
+    return out
+
+
+def _collect(obj, leaf_type, out):
+    if isinstance(obj, leaf_type):
+        out.append(obj)
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            _collect(x, leaf_type, out)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            _collect(x, leaf_type, out)
+    elif _is_dataclass_instance(obj):
+        for f in dataclasses.fields(obj):
+            _collect(getattr(obj, f.name), leaf_type, out)
+
+
+def rebuild(batch, leaf_type, replacements):
+    """``batch`` with its ``leaf_type`` leaves replaced, in walk order, by
+    ``replacements`` (a sequence as long as ``flatten(batch, leaf_type)``)."""
+    it = iter(replacements)
+    out = _rebuild(batch, leaf_type, it)
+    if next(it, _END) is not _END:
+        raise ValueError("more replacements than leaves: the batch changed while moving")
+    return out
+
+
+_END = object()
+
+
+def _next(it):
+    x = next(it, _END)
+    if x is _END:
+        raise ValueError("fewer replacements than leaves: the batch changed while moving")
+    return x
+
+
+def _rebuild(obj, leaf_type, it):
+    if isinstance(obj, leaf_type):
+        return _next(it)
+    t = type(obj)
+    if t is list or t is tuple:
+        items = [_rebuild(x, leaf_type, it) for x in obj]
+        if all(a is b for a, b in zip(items, obj)):
+            return obj
+        return items if t is list else tuple(items)
+    if isinstance(obj, (list, tuple)):
+        items = [_rebuild(x, leaf_type, it) for x in obj]
+        if all(a is b for a, b in zip(items, obj)):
+            return obj
+        if isinstance(obj, tuple) and hasattr(t, "_fields"):  # a namedtuple
+            return t(*items)
+        if isinstance(obj, tuple):
+            return t(items)
+        new = copy.copy(obj)  # a list subclass, with its attributes
+        new[:] = items
+        return new
+    if isinstance(obj, dict):
+        items = [(k, _rebuild(v, leaf_type, it)) for k, v in obj.items()]
+        if all(v is obj[k] for k, v in items):
+            return obj
+        if t is dict:
+            return dict(items)
+        new = copy.copy(obj)  # keeps the type, default_factory, other attributes
+        for k, v in items:
+            new[k] = v
+        return new
+    if _is_dataclass_instance(obj):
+        values = [(f.name, _rebuild(getattr(obj, f.name), leaf_type, it))
+                  for f in dataclasses.fields(obj)]
+        if all(v is getattr(obj, n) for n, v in values):
+            return obj
+        new = copy.copy(obj)
+        for n, v in values:
+            object.__setattr__(new, n, v)  # also for frozen dataclasses
+        return new
+    return obj

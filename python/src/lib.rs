@@ -1,0 +1,92 @@
+//! `pinlane._native`: the Rust half of the Python package.
+//!
+//! The Python half (`pinlane/__init__.py`, `pinlane/_tree.py`) walks the caller's
+//! containers and hands this module a flat list of torch tensors; this module moves them
+//! with pinlane and hands back torch tensors, zero-copy both ways through PyTorch's DLPack
+//! C exchange API (`torch.Tensor.__dlpack_c_exchange_api__`).
+//!
+//! | module | holds |
+//! | --- | --- |
+//! | [`errors`] | pinlane's errors as the Python exceptions spdl raises |
+//! | [`torch`] | torch tensor <-> pinlane tensor, through the exchange API |
+//! | [`transfer`] | the two calls, with the GIL released while copies run |
+
+mod errors;
+mod torch;
+mod transfer;
+
+use pyo3::prelude::*;
+
+/// How many CUDA devices pinlane can use (0 without a usable driver).
+#[pyfunction]
+fn device_count() -> usize {
+    pinlane::driver::available().map_or(0, |i| i.device_count)
+}
+
+/// Why CUDA is not usable, or `None` when it is.
+#[pyfunction]
+fn unavailable_reason() -> Option<String> {
+    match pinlane::driver::available() {
+        Some(i) if i.device_count > 0 => None,
+        Some(_) => Some("the CUDA driver reports no device".into()),
+        None => Some(
+            pinlane::driver::unavailable_reason()
+                .unwrap_or("no CUDA driver")
+                .to_string(),
+        ),
+    }
+}
+
+/// The ordinal `"cuda"` / `None` names: `LOCAL_RANK`, or 0 when it is unset.
+#[pyfunction]
+fn default_device() -> PyResult<usize> {
+    pinlane::Device::from_local_rank()
+        .map(pinlane::Device::ordinal)
+        .map_err(errors::to_py)
+}
+
+/// Gives cached memory back (see `pinlane::trim`).
+#[pyfunction]
+fn trim(py: Python<'_>) -> PyResult<()> {
+    py.detach(pinlane::trim).map_err(errors::to_py)
+}
+
+/// Bytes held and in use, per pool (see `pinlane::memory_stats`), as a dict.
+#[pyfunction]
+fn memory_stats(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
+    let s = pinlane::memory_stats();
+    let d = pyo3::types::PyDict::new(py);
+    for (name, p) in [
+        ("staging", s.staging),
+        ("pinned_outputs", s.pinned_outputs),
+        ("pageable_outputs", s.pageable_outputs),
+    ] {
+        let e = pyo3::types::PyDict::new(py);
+        e.set_item("held_bytes", p.held_bytes)?;
+        e.set_item("in_use_bytes", p.in_use_bytes)?;
+        e.set_item("peak_bytes", p.peak_bytes)?;
+        d.set_item(name, e)?;
+    }
+    let devs = pyo3::types::PyDict::new(py);
+    for dp in &s.devices {
+        let e = pyo3::types::PyDict::new(py);
+        e.set_item("reserved_bytes", dp.reserved_bytes)?;
+        e.set_item("used_bytes", dp.used_bytes)?;
+        devs.set_item(dp.device.ordinal(), e)?;
+    }
+    d.set_item("devices", devs)?;
+    Ok(d)
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(device_count, m)?)?;
+    m.add_function(wrap_pyfunction!(unavailable_reason, m)?)?;
+    m.add_function(wrap_pyfunction!(default_device, m)?)?;
+    m.add_function(wrap_pyfunction!(trim, m)?)?;
+    m.add_function(wrap_pyfunction!(memory_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(transfer::h2d, m)?)?;
+    m.add_function(wrap_pyfunction!(transfer::d2h, m)?)?;
+    m.add_function(wrap_pyfunction!(transfer::check_device, m)?)?;
+    Ok(())
+}

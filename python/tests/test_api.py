@@ -1,0 +1,69 @@
+"""The package's behaviour where no tensor moves: on any machine, with or without torch
+or a GPU (CI has neither). Batches of numpy arrays and plain objects come back as is;
+bad arguments raise spdl's exceptions before anything else."""
+
+import collections
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import pinlane
+
+
+def test_import_needs_neither_torch_nor_a_gpu():
+    code = "import sys, pinlane; assert 'torch' not in sys.modules; print(pinlane.cuda_available())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() in ("True", "False")
+
+
+def test_spdl_names_and_signatures():
+    import inspect
+
+    h2d = inspect.signature(pinlane.transfer_tensor_h2d).parameters
+    assert list(h2d) == ["batch", "num_caches"]
+    assert h2d["batch"].kind is inspect.Parameter.POSITIONAL_ONLY
+    assert h2d["num_caches"].kind is inspect.Parameter.KEYWORD_ONLY and h2d["num_caches"].default == 4
+    d2h = inspect.signature(pinlane.transfer_tensor_d2h).parameters
+    assert list(d2h) == ["batch", "device", "stream", "producer_event"]
+    assert all(d2h[k].default is None for k in ("device", "stream", "producer_event"))
+
+
+Point = collections.namedtuple("Point", "x y")
+
+
+@pytest.mark.parametrize("fn", [pinlane.transfer_tensor_h2d, pinlane.transfer_tensor_d2h])
+def test_a_batch_without_torch_tensors_comes_back_as_is(fn):
+    arr = np.arange(6, dtype=np.float32).reshape(2, 3)
+    batch = {"img": arr, "meta": [1, "two", None], "p": Point(arr, 2.5)}
+    out = fn(batch)
+    assert out is batch
+    assert out["img"] is arr and out["p"].x is arr
+
+
+def test_bad_devices_are_value_errors_on_every_machine():
+    for bad in ["cpu", "cuda:x", "gpu", "", "CUDA:0", "cuda:-1"]:
+        with pytest.raises(ValueError):
+            pinlane.transfer_tensor_d2h([1], device=bad)
+    with pytest.raises(ValueError):
+        pinlane.transfer_tensor_d2h([1], device=1.5)
+
+
+def test_a_stream_without_a_device_is_a_value_error():
+    with pytest.raises(ValueError, match="device"):
+        pinlane.transfer_tensor_d2h([1], stream=object())
+
+
+@pytest.mark.parametrize("n", [-1, 1.0, "4", True, None])
+def test_bad_num_caches_is_a_value_error(n):
+    with pytest.raises(ValueError, match="num_caches"):
+        pinlane.transfer_tensor_h2d([1], num_caches=n)
+
+
+def test_memory_stats_and_trim():
+    pinlane.trim()
+    stats = pinlane.memory_stats()
+    assert set(stats) == {"staging", "pinned_outputs", "pageable_outputs", "devices"}
+    assert stats["staging"]["in_use_bytes"] == 0

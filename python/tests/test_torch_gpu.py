@@ -1,0 +1,235 @@
+"""pinlane with torch on a GPU (the GPU machine runs these with PINLANE_REQUIRE_GPU=1):
+round trips of every dtype and of random nested batches, stream ordering both ways, the
+torch fallbacks, threads, errors."""
+
+import collections
+import dataclasses
+import os
+import threading
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import pinlane
+from pinlane import transfer_tensor_d2h, transfer_tensor_h2d
+
+DTYPE_NAMES = ["bool", "uint8", "int8", "int16", "int32", "int64",
+               "float16", "bfloat16", "float32", "float64"]
+
+
+def pattern(torch, dtype, shape, seed, pinned=False):
+    """Random bytes (not zeros: misplaced bytes show), as `dtype`; bool gets 0/1 bytes."""
+    g = torch.Generator().manual_seed(seed)
+    n = 1
+    for d in shape:
+        n *= d
+    size = torch.empty((), dtype=dtype).element_size()
+    raw = torch.randint(0, 256, (n * size,), dtype=torch.uint8, generator=g)
+    t = (raw % 2 == 1) if dtype == torch.bool else raw.view(dtype)
+    t = t.reshape(shape)
+    return t.pin_memory() if pinned else t
+
+
+def same(torch, a, b):
+    """Same dtype, shape and bytes (NaN patterns included)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    a, b = a.detach().cpu().reshape(-1), b.detach().cpu().reshape(-1)
+    if a.dtype == torch.bool:
+        return torch.equal(a, b)
+    return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def cuda_index(torch):
+    return pinlane._native.default_device()
+
+
+@pytest.mark.parametrize("pinned", [False, True], ids=["pageable", "pinned"])
+@pytest.mark.parametrize("name", DTYPE_NAMES)
+def test_round_trip_of_every_dtype(torch, name, pinned):
+    dtype = getattr(torch, name)
+    xs = [pattern(torch, dtype, s, i, pinned) for i, s in enumerate([(3, 5), (), (0, 4), (1000,)])]
+    on_gpu = transfer_tensor_h2d(xs)
+    assert all(t.is_cuda and t.device.index == cuda_index(torch) for t in on_gpu)
+    assert all(same(torch, x, y) for x, y in zip(xs, on_gpu))
+    back = transfer_tensor_d2h(on_gpu)
+    assert all(not t.is_cuda for t in back)
+    assert all(same(torch, x, y) for x, y in zip(xs, back))
+    assert all(t.is_pinned() for t in back if t.numel() > 0)
+
+
+Sample = collections.namedtuple("Sample", ["image", "label"])
+
+
+@dataclasses.dataclass
+class Record:
+    features: object
+    extra: object = None
+
+
+def batches(torch):
+    dtypes = st.sampled_from([getattr(torch, n) for n in DTYPE_NAMES])
+    shapes = st.lists(st.integers(0, 9), max_size=3).map(tuple)
+    tensors = st.builds(lambda d, s, seed, p: pattern(torch, d, s, seed, p),
+                        dtypes, shapes, st.integers(0, 2**31), st.booleans())
+    leaves = st.one_of(tensors, tensors, st.integers(), st.text(max_size=3), st.none())
+    return st.recursive(leaves, lambda c: st.one_of(
+        st.lists(c, max_size=4),
+        st.lists(c, max_size=4).map(tuple),
+        st.tuples(c, c).map(lambda t: Sample(*t)),
+        st.dictionaries(st.text(max_size=3), c, max_size=4),
+        st.dictionaries(st.text(max_size=3), c, max_size=4).map(
+            lambda d: collections.defaultdict(list, d)),
+        st.tuples(c, c).map(lambda t: Record(*t)),
+    ), max_leaves=20)
+
+
+def check_same_tree(torch, a, b, on_cuda):
+    if isinstance(a, torch.Tensor):
+        assert b.is_cuda == on_cuda and same(torch, a, b)
+        return
+    assert type(a) is type(b)
+    if isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            check_same_tree(torch, x, y, on_cuda)
+    elif isinstance(a, dict):
+        assert list(a) == list(b)
+        if isinstance(a, collections.defaultdict):
+            assert a.default_factory is b.default_factory
+        for k in a:
+            check_same_tree(torch, a[k], b[k], on_cuda)
+    elif dataclasses.is_dataclass(a):
+        for f in dataclasses.fields(a):
+            check_same_tree(torch, getattr(a, f.name), getattr(b, f.name), on_cuda)
+    else:
+        assert a is b  # non-tensor leaves: the same object
+
+
+def test_random_nested_batches_round_trip(torch):
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(batches(torch))
+    def run(batch):
+        on_gpu = transfer_tensor_h2d(batch)
+        check_same_tree(torch, batch, on_gpu, True)
+        back = transfer_tensor_d2h(on_gpu)
+        check_same_tree(torch, batch, back, False)
+
+    run()
+
+
+def test_d2h_waits_for_a_producer_kernel_on_the_current_stream(torch):
+    dev = torch.device("cuda", cuda_index(torch))
+    for use_side_stream in (False, True):
+        s = torch.cuda.Stream(dev) if use_side_stream else torch.cuda.current_stream(dev)
+        with torch.cuda.stream(s):
+            x = torch.zeros(1 << 20, dtype=torch.int32, device=dev)
+            torch.cuda.synchronize(dev)
+            torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time before the final values
+            x.add_(7)
+            (back,) = transfer_tensor_d2h([x])  # the current stream is `s` here
+        assert torch.all(back == 7), "copied before the producer finished"
+
+
+def test_d2h_waits_for_a_producer_event_from_another_stream(torch):
+    dev = torch.device("cuda", cuda_index(torch))
+    side = torch.cuda.Stream(dev)
+    x = torch.zeros(1 << 20, dtype=torch.float32, device=dev)
+    torch.cuda.synchronize(dev)
+    ev = torch.cuda.Event()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)
+        x.fill_(3.5)
+        ev.record(side)
+    (back,) = transfer_tensor_d2h([x], producer_event=ev)
+    assert torch.all(back == 3.5), "copied before the producer event"
+
+
+def test_d2h_on_a_custom_stream(torch):
+    dev = torch.device("cuda", cuda_index(torch))
+    x = torch.arange(1000, dtype=torch.int64, device=dev)
+    s = torch.cuda.Stream(dev)
+    (back,) = transfer_tensor_d2h([x], device=dev, stream=s)
+    assert torch.equal(back, torch.arange(1000))
+
+
+def test_torch_kernels_read_h2d_outputs_and_memory_is_freed_in_order(torch):
+    dev = torch.device("cuda", cuda_index(torch))
+    x = torch.randint(0, 1000, (1 << 22,), generator=torch.Generator().manual_seed(1)).float()
+    expected = x.double().sum()  # exact: integers, no NaN
+    (g,) = transfer_tensor_h2d([x], num_caches=0)
+    torch.cuda._sleep(200_000_000)  # the read below runs ~0.1 s after the call
+    total = g.double().sum()  # queued on torch's current stream
+    del g  # freed in order on that stream: not reused before the sum has run
+    for i in range(8):  # new batches that would overwrite the memory if reused early
+        transfer_tensor_h2d([pattern(torch, torch.float32, (1 << 22,), 100 + i)], num_caches=0)
+    assert total.item() == expected.item()
+
+
+def test_many_python_threads_at_once(torch):
+    errors = []
+
+    def work(k):
+        try:
+            for i in range(20):
+                batch = {"a": pattern(torch, torch.float32, (257, 3), k * 100 + i),
+                         "b": [pattern(torch, torch.uint8, (1000,), k * 1000 + i, i % 2 == 0)]}
+                back = transfer_tensor_d2h(transfer_tensor_h2d(batch))
+                assert same(torch, batch["a"], back["a"]) and same(torch, batch["b"][0], back["b"][0])
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def test_tensors_already_in_place_come_back_as_the_same_objects(torch):
+    dev = torch.device("cuda", cuda_index(torch))
+    g = torch.ones(3, device=dev)
+    c = torch.ones(3)
+    out = transfer_tensor_h2d([g, c])
+    assert out[0] is g and out[1].is_cuda
+    back = transfer_tensor_d2h([c, g])
+    assert back[0] is c and not back[1].is_cuda
+
+
+def test_requires_grad_noncontiguous_and_complex_tensors(torch):
+    w = torch.randn(4, 3, requires_grad=True)
+    nc = torch.arange(12, dtype=torch.int32).reshape(3, 4).t()
+    z = torch.randn(5, dtype=torch.complex64)
+    out = transfer_tensor_h2d([w, nc, z])
+    assert out[0].requires_grad and out[0].grad_fn is not None  # torch moved it: autograd kept
+    assert out[1].is_contiguous() and torch.equal(out[1].cpu(), nc)
+    assert out[2].is_cuda and torch.equal(out[2].cpu(), z)
+    back = transfer_tensor_d2h([out[0], out[1].t(), out[2]])
+    assert back[0].requires_grad and torch.equal(back[0].detach(), w.detach())
+    assert torch.equal(back[1], nc.t())
+    assert torch.equal(back[2], z)
+
+
+def test_device_errors(torch):
+    dev = cuda_index(torch)
+    x = torch.ones(2, device=torch.device("cuda", dev))
+    with pytest.raises(RuntimeError):
+        transfer_tensor_d2h([x], device=f"cuda:{torch.cuda.device_count() + 5}")
+    with pytest.raises(ValueError):
+        transfer_tensor_d2h([x], device="cpu")
+    old = os.environ.get("LOCAL_RANK")
+    os.environ["LOCAL_RANK"] = "99"
+    try:
+        with pytest.raises(RuntimeError):
+            transfer_tensor_h2d([torch.ones(2)])
+    finally:
+        if old is None:
+            del os.environ["LOCAL_RANK"]
+        else:
+            os.environ["LOCAL_RANK"] = old
+    if torch.cuda.device_count() > 1:
+        other = torch.cuda.Stream(torch.device("cuda", (dev + 1) % torch.cuda.device_count()))
+        with pytest.raises(ValueError):
+            transfer_tensor_d2h([x], device=f"cuda:{dev}", stream=other)

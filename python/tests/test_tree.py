@@ -1,0 +1,127 @@
+"""Property tests of the container walk (no torch, no GPU): flatten and rebuild keep the
+structure, the container types and the identity of every leaf they do not replace."""
+
+import collections
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pinlane._tree import flatten, rebuild
+
+
+class Leaf:
+    """Stands in for torch.Tensor: the leaves that get replaced."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __repr__(self):
+        return f"Leaf({self.n})"
+
+
+Point = collections.namedtuple("Point", ["x", "y"])
+
+
+@dataclasses.dataclass
+class Pair:
+    a: object
+    b: object
+    tag: str = "t"
+
+
+@dataclasses.dataclass(frozen=True)
+class Frozen:
+    a: object
+
+
+class TaggedDict(dict):
+    pass
+
+
+leaves = st.one_of(
+    st.integers(0, 1000).map(Leaf),
+    st.integers(),
+    st.text(max_size=3),
+    st.none(),
+    st.floats(allow_nan=False),
+    st.integers(0, 5).map(lambda n: np.arange(n, dtype=np.float32)),
+)
+
+
+def containers(children):
+    return st.one_of(
+        st.lists(children, max_size=4),
+        st.lists(children, max_size=4).map(tuple),
+        st.tuples(children, children).map(lambda t: Point(*t)),
+        st.dictionaries(st.text(max_size=3), children, max_size=4),
+        st.dictionaries(st.text(max_size=3), children, max_size=4).map(
+            lambda d: collections.defaultdict(list, d)),
+        st.dictionaries(st.integers(0, 9), children, max_size=4).map(collections.OrderedDict),
+        st.dictionaries(st.text(max_size=3), children, max_size=3).map(TaggedDict),
+        st.tuples(children, children).map(lambda t: Pair(*t)),
+        children.map(Frozen),
+    )
+
+
+batches = st.recursive(leaves, containers, max_leaves=30)
+
+
+def same_shape(a, b, replaced):
+    """`b` is `a` with each Leaf mapped through `replaced`; same types all the way."""
+    if isinstance(a, Leaf):
+        return b is replaced[id(a)]
+    assert type(a) is type(b), (a, b)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same_shape(x, y, replaced) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        if isinstance(a, collections.defaultdict):
+            assert a.default_factory is b.default_factory
+        return list(a.keys()) == list(b.keys()) and all(
+            same_shape(a[k], b[k], replaced) for k in a)
+    if dataclasses.is_dataclass(a):
+        return all(same_shape(getattr(a, f.name), getattr(b, f.name), replaced)
+                   for f in dataclasses.fields(a))
+    return a is b  # every other leaf: the same object
+
+
+@settings(max_examples=300, deadline=None)
+@given(batches)
+def test_rebuild_with_new_leaves_keeps_structure_and_types(batch):
+    found = flatten(batch, Leaf)
+    new = [Leaf(x.n + 1) for x in found]
+    replaced = {id(a): b for a, b in zip(found, new)}
+    out = rebuild(batch, Leaf, new)
+    assert same_shape(batch, out, replaced)
+    assert flatten(out, Leaf) == new  # the same order both ways
+    if not found:
+        assert out is batch
+
+
+@settings(max_examples=200, deadline=None)
+@given(batches)
+def test_rebuild_with_the_same_leaves_returns_the_batch_itself(batch):
+    assert rebuild(batch, Leaf, flatten(batch, Leaf)) is batch
+
+
+def test_namedtuple_defaultdict_and_dataclass_come_back_as_themselves():
+    a, b = Leaf(1), Leaf(2)
+    dd = collections.defaultdict(int, {"k": a})
+    batch = {"p": Point(a, 3), "d": dd, "c": Pair(b, [a], tag="keep"), "f": Frozen(b)}
+    out = rebuild(batch, Leaf, ["A", "B", "C", "D", "E"])
+    assert out["p"] == Point("A", 3) and type(out["p"]) is Point
+    assert type(out["d"]) is collections.defaultdict and out["d"].default_factory is int
+    assert out["d"]["k"] == "B" and out["d"]["missing"] == 0
+    assert out["c"] == Pair("C", ["D"], tag="keep")
+    assert out["f"] == Frozen("E")
+    assert batch["p"] == Point(a, 3) and batch["c"].a is b  # the input is unchanged
+
+
+def test_a_count_mismatch_is_an_error_not_a_wrong_batch():
+    batch = [Leaf(1), Leaf(2)]
+    with pytest.raises(ValueError, match="fewer"):
+        rebuild(batch, Leaf, ["x"])
+    with pytest.raises(ValueError, match="more"):
+        rebuild(batch, Leaf, ["x", "y", "z"])
