@@ -1,6 +1,7 @@
 """Where the time of a Python call goes, per tensor, for 1000 x 1 KiB (GPU machine):
 the container walk, the torch attribute reads, the native import (tensors the call passes
-through), and the whole calls.
+through), the handover to torch (runs of same-shape outputs as one tensor split with
+unbind(0), or one DLPack import per tensor), and the whole calls.
 
     bash .gpu/with-python python3 benches/py_overhead.py
 """
@@ -32,6 +33,7 @@ def main():
     dev = [t.cuda() for t in host]
     torch.cuda.synchronize()
     cur = torch.cuda.current_stream(0).cuda_stream
+    base = torch.empty(n, 256)
     rows = [
         ("flatten", lambda: flatten(host, torch.Tensor)),
         ("rebuild", lambda: rebuild(host, torch.Tensor, dev)),
@@ -42,8 +44,11 @@ def main():
         ("native h2d, CUDA inputs (import, pass through)", lambda: _native.h2d(dev, device=0, num_caches=4, consumer_stream=cur)),
         ("native d2h, CPU inputs (import, pass through)", lambda: _native.d2h(host, device="cuda:0")),
         ("native h2d pageable", lambda: _native.h2d(host, device=0, num_caches=4, consumer_stream=cur)),
+        ("native h2d pageable, per-tensor handover", lambda: _native.h2d(host, device=0, num_caches=4, consumer_stream=cur, min_run=1 << 30)),
         ("native h2d pinned", lambda: _native.h2d(pinned, device=0, num_caches=4, consumer_stream=cur)),
         ("native d2h", lambda: _native.d2h(dev, device="cuda:0")),
+        ("native d2h, per-tensor handover", lambda: _native.d2h(dev, device="cuda:0", min_run=1 << 30)),
+        ("torch: a [1000, 256] tensor's unbind(0)", lambda: base.unbind(0)),
         ("pinlane.transfer_tensor_h2d", lambda: pinlane.transfer_tensor_h2d(host)),
         ("pinlane.transfer_tensor_d2h", lambda: pinlane.transfer_tensor_d2h(dev)),
         ("torch to_dlpack + from_dlpack (reference)", lambda: [torch.from_dlpack(torch.utils.dlpack.to_dlpack(t)) for t in dev]),

@@ -622,6 +622,31 @@ impl Tensor {
         Ok(Tensor::from_parts(dtype, shape, nbytes, storage))
     }
 
+    /// Whether two tensors are views into one allocation: one batch's device buffer,
+    /// one page-locked block, one host buffer (an H2D or D2H batch's outputs usually
+    /// are). The bytes between two such views belong to that allocation too, so a
+    /// consumer may describe several of them as one strided tensor over it, as long as
+    /// it keeps every one of them alive (the Python package hands runs of same-shape
+    /// outputs to torch that way).
+    ///
+    /// ```
+    /// use pinlane::Tensor;
+    /// # fn main() -> pinlane::Result<()> {
+    /// let a = Tensor::from_vec(vec![1u8; 4], [4])?;
+    /// let b = Tensor::from_vec(vec![1u8; 4], [4])?;
+    /// assert!(a.same_allocation(&a.clone()));
+    /// assert!(!a.same_allocation(&b));
+    /// # Ok(()) }
+    /// ```
+    pub fn same_allocation(&self, other: &Tensor) -> bool {
+        match (&self.storage, &other.storage) {
+            (Storage::Host(a), Storage::Host(b)) => a.same_owner(b),
+            (Storage::Pinned(a), Storage::Pinned(b)) => a.same_block(b),
+            (Storage::Device(a), Storage::Device(b)) => a.same_alloc(b),
+            _ => false,
+        }
+    }
+
     /// Whether two handles share the same storage (clones of one tensor, or the same
     /// bytes of one allocation).
     pub fn same_storage(&self, other: &Tensor) -> bool {

@@ -577,3 +577,30 @@ proptest! {
         prop_assert_eq!(common::fingerprint(&back), common::fingerprint(&v));
     }
 }
+
+#[test]
+fn a_batch_s_outputs_are_views_into_one_allocation() {
+    common::sim();
+    let b: Vec<Tensor> = (0..20)
+        .map(|i| common::tensor(DType::F32, &[256], 50 + i))
+        .collect();
+    let (on, again) = (
+        transfer_tensor_h2d(&b).unwrap(),
+        transfer_tensor_h2d(&b).unwrap(),
+    );
+    assert!(on.windows(2).all(|w| w[0].same_allocation(&w[1])));
+    assert!(
+        !on[0].same_allocation(&again[0]),
+        "two batches, two allocations"
+    );
+    assert!(
+        !on[0].same_allocation(&b[0]),
+        "a device tensor and a host one"
+    );
+    let back = d2h_on(&on, D0);
+    assert!(back.windows(2).all(|w| w[0].same_allocation(&w[1])));
+    // Small D2H batches share page-locked blocks: the next batch's outputs may be in the
+    // same one, but never in a pageable tensor's.
+    assert!(!back[0].same_allocation(&b[0]));
+    assert!(!b[0].same_allocation(&b[1]), "separate host tensors");
+}

@@ -4,10 +4,11 @@
 
 use crate::errors::to_py;
 use dlpark::ffi::{DLDataType, DLDataTypeCode, DLDeviceType, DLManagedTensorVersioned};
+use dlpark::metadata::Dynamic;
 use dlpark::python::consumer::exchange::ExchangeApi;
 use dlpark::DlpackFlags;
 use pinlane::Tensor;
-use pyo3::exceptions::PyRuntimeError;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use std::ffi::c_void;
 
@@ -55,27 +56,155 @@ impl Torch {
             .into_parts())
     }
 
-    /// A torch tensor over `t`'s memory (no copy), which keeps `t`'s memory alive until
-    /// torch frees it. Host tensors come out as CPU tensors (page-locked memory stays
-    /// page-locked: `is_pinned()` is true); all come out writable, as torch has no
-    /// read-only tensors.
-    pub(crate) fn export<'py>(&self, py: Python<'py>, t: &Tensor) -> PyResult<Bound<'py, PyAny>> {
-        let dl = t.to_dlpack().map_err(to_py)?;
-        // SAFETY: `dl` was just made and is owned here alone: no one else reads its
-        // descriptor. Page-locked memory is CPU memory to torch, which does not take
-        // kDLCUDAHost. The tensor handed over is the only user of its bytes (pinlane keeps
-        // a reference only to keep memory alive, never to read it; views of one block
-        // never overlap), so dropping READ_ONLY lets no write reach anything else.
-        unsafe {
-            let m = dl.as_ptr();
-            if (*m).dl_tensor.device.device_type == DLDeviceType::CUDAHOST {
-                (*m).dl_tensor.device.device_type = DLDeviceType::CPU;
-                (*m).dl_tensor.device.device_id = 0;
-            }
-            (*m).flags.remove(DlpackFlags::READ_ONLY);
+    /// Torch tensors over `ts`' memory (no copy), in order, each keeping its memory
+    /// alive until torch frees it. Host tensors come out as CPU tensors (page-locked
+    /// memory stays page-locked: `is_pinned()` is true); all come out writable, as torch
+    /// has no read-only tensors.
+    ///
+    /// A run of at least `min_run` ([`MIN_RUN`] by default) tensors of one dtype and shape, views into one
+    /// allocation at a constant stride (an H2D batch's 1000 small tensors, a D2H batch's
+    /// images), is handed over as one strided tensor and split with `unbind(0)`: one
+    /// DLPack import for the run instead of one per tensor, which is most of what a
+    /// small tensor costs. Each output is then a view of the run's tensor (they share a
+    /// torch storage), which keeps every tensor of the run alive.
+    pub(crate) fn export_all<'py>(
+        &self,
+        py: Python<'py>,
+        ts: &[Tensor],
+        min_run: usize,
+    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let mut dls = Vec::with_capacity(ts.len());
+        for t in ts {
+            dls.push(handover(t)?);
         }
-        self.api.managed_tensor_to_py_object_no_sync(dl, py)
+        let mut out = Vec::with_capacity(ts.len());
+        let mut i = 0;
+        let mut dls = dls.into_iter().map(Some).collect::<Vec<_>>();
+        while i < ts.len() {
+            let (len, stride) = run_at(ts, &dls, i);
+            if len >= min_run {
+                let members: Vec<Managed> = dls[i..i + len]
+                    .iter_mut()
+                    .filter_map(Option::take)
+                    .collect();
+                let base = self
+                    .api
+                    .managed_tensor_to_py_object_no_sync(strided(members, len, stride)?, py)?;
+                for v in base
+                    .call_method1(pyo3::intern!(py, "unbind"), (0,))?
+                    .try_iter()?
+                {
+                    out.push(v?);
+                }
+            } else if let Some(dl) = dls[i].take() {
+                out.push(self.api.managed_tensor_to_py_object_no_sync(dl, py)?);
+            }
+            i += if len >= min_run { len } else { 1 };
+        }
+        if out.len() != ts.len() {
+            return Err(PyRuntimeError::new_err(format!(
+                "handed {} tensors to torch for {} outputs",
+                out.len(),
+                ts.len()
+            )));
+        }
+        Ok(out)
     }
+}
+
+/// Runs of this many tensors or more are handed to torch as one tensor.
+pub(crate) const MIN_RUN: usize = 16;
+
+/// `t`'s descriptor as handed to torch: page-locked memory is CPU memory to torch (which
+/// does not take kDLCUDAHost), and the tensor is writable.
+fn handover(t: &Tensor) -> PyResult<Managed> {
+    let dl = t.to_dlpack().map_err(to_py)?;
+    // SAFETY: `dl` was just made and is owned here alone: no one else reads its
+    // descriptor. The tensor handed over is the only user of its bytes (pinlane keeps a
+    // reference only to keep memory alive, never to read it; views of one block never
+    // overlap), so dropping READ_ONLY lets no write reach anything else.
+    unsafe {
+        let m = dl.as_ptr();
+        if (*m).dl_tensor.device.device_type == DLDeviceType::CUDAHOST {
+            (*m).dl_tensor.device.device_type = DLDeviceType::CPU;
+            (*m).dl_tensor.device.device_id = 0;
+        }
+        (*m).flags.remove(DlpackFlags::READ_ONLY);
+    }
+    Ok(dl)
+}
+
+/// How many tensors from `i` on form a run (same dtype and shape, one allocation, a
+/// constant byte stride no smaller than a tensor), and that stride.
+fn run_at(ts: &[Tensor], dls: &[Option<Managed>], i: usize) -> (usize, usize) {
+    let addr = |k: usize| dls[k].as_ref().map(|d| header(d).dl_tensor.data as usize);
+    let first = &ts[i];
+    let Some(a0) = addr(i) else { return (1, 0) };
+    if first.nbytes() == 0 || i + 1 >= ts.len() {
+        return (1, 0);
+    }
+    let stride = match addr(i + 1) {
+        Some(a1) if a1 > a0 => a1 - a0,
+        _ => return (1, 0),
+    };
+    if stride < first.nbytes() || stride % first.dtype().size() != 0 {
+        return (1, 0);
+    }
+    let mut len = 1;
+    while i + len < ts.len() {
+        let (prev, t) = (&ts[i + len - 1], &ts[i + len]);
+        let ok = t.dtype() == first.dtype()
+            && t.dims() == first.dims()
+            && t.same_allocation(prev)
+            && addr(i + len) == addr(i + len - 1).map(|a| a + stride);
+        if !ok {
+            break;
+        }
+        len += 1;
+    }
+    (len, stride)
+}
+
+/// One descriptor over a run: shape `[len, dims...]`, the first member's data, dtype and
+/// device, row stride `stride` bytes; its context keeps every member's descriptor (and so
+/// every member's memory) until torch lets the tensor go.
+fn strided(members: Vec<Managed>, len: usize, stride: usize) -> PyResult<Managed> {
+    let first = &header(&members[0]).dl_tensor;
+    let ndim = usize::try_from(first.ndim).unwrap_or(0);
+    // SAFETY: a valid descriptor's `shape` and `strides` point to `ndim` values each,
+    // alive as long as the descriptor (pinlane's exports always carry strides).
+    let (dims, inner) = unsafe {
+        if ndim == 0 {
+            (&[][..], &[][..])
+        } else {
+            (
+                std::slice::from_raw_parts(first.shape, ndim),
+                std::slice::from_raw_parts(first.strides, ndim),
+            )
+        }
+    };
+    let elem = usize::from(first.dtype.bits) / 8;
+    let as_i64 = |n: usize| i64::try_from(n).map_err(|_| PyValueError::new_err("run too large"));
+    let mut shape = vec![as_i64(len)?];
+    shape.extend_from_slice(dims);
+    let mut strides = vec![as_i64(stride / elem)?];
+    strides.extend_from_slice(inner);
+    let (data, device, dtype) = (first.data, first.device, first.dtype);
+    fn bad(e: impl std::fmt::Display) -> PyErr {
+        PyValueError::new_err(e.to_string())
+    }
+    let mut init = Dynamic::new(shape, strides)
+        .initialize(Box::new(members))
+        .map_err(bad)?;
+    init.set_data(data)
+        .set_device(device)
+        .set_dtype(dtype)
+        .set_byte_offset(0);
+    // SAFETY: the descriptor is complete: `data` is the first member's bytes, and row r
+    // is member r's (same allocation, constant stride: `run_at` checked both), every
+    // member kept alive by the context until the deleter runs; shape and strides live in
+    // the same allocation.
+    Ok(unsafe { init.finish() })
 }
 
 /// The header of an owned descriptor.

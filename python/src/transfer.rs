@@ -8,6 +8,8 @@
 //!   keeps its history, as spdl does) or whose dtype pinlane lacks (complex, float8).
 //!
 //! Copies run with the GIL released; the outputs are made after, with it held.
+//! `min_run`: the shortest run of same-shape outputs handed to torch as one tensor (see
+//! [`Torch::export_all`]); benches/py_overhead.py sets it high to time the per-tensor way.
 
 use crate::errors::to_py;
 use crate::torch::{self, Kind, Torch};
@@ -37,15 +39,21 @@ fn outputs<'py>(
     torch: &Torch,
     slots: Vec<Slot<'py>>,
     moved: &[Tensor],
+    min_run: usize,
 ) -> PyResult<Vec<Option<Bound<'py, PyAny>>>> {
-    slots
+    let mut exported = torch
+        .export_all(py, moved, min_run)?
+        .into_iter()
+        .map(Some)
+        .collect::<Vec<_>>();
+    Ok(slots
         .into_iter()
         .map(|s| match s {
-            Slot::Moved(k) => torch.export(py, &moved[k]).map(Some),
-            Slot::Same(o) => Ok(Some(o)),
-            Slot::Torch => Ok(None),
+            Slot::Moved(k) => exported[k].take(),
+            Slot::Same(o) => Some(o),
+            Slot::Torch => None,
         })
-        .collect()
+        .collect())
 }
 
 fn requires_grad(t: &Bound<'_, PyAny>) -> PyResult<bool> {
@@ -66,13 +74,14 @@ pub(crate) fn check_device(device: Option<&str>) -> PyResult<()> {
 /// `transfer_tensor_h2d` over `tensors`, onto `device`, freeing returned memory in order
 /// on `consumer_stream` (torch's current stream of `device`, as a raw handle).
 #[pyfunction]
-#[pyo3(signature = (tensors, *, device, num_caches, consumer_stream))]
+#[pyo3(signature = (tensors, *, device, num_caches, consumer_stream, min_run=torch::MIN_RUN))]
 pub(crate) fn h2d<'py>(
     py: Python<'py>,
     tensors: Vec<Bound<'py, PyAny>>,
     device: usize,
     num_caches: usize,
     consumer_stream: usize,
+    min_run: usize,
 ) -> PyResult<Vec<Option<Bound<'py, PyAny>>>> {
     let Some(first) = tensors.first() else {
         return Ok(Vec::new());
@@ -114,7 +123,7 @@ pub(crate) fn h2d<'py>(
         inputs.push(torch::to_pinlane(dl)?);
     }
     if inputs.is_empty() {
-        return outputs(py, &torch, slots, &[]);
+        return outputs(py, &torch, slots, &[], min_run);
     }
     let dev = Device::cuda(device);
     // SAFETY: `consumer_stream` is torch's current stream of `device` (the Python half
@@ -130,7 +139,7 @@ pub(crate) fn h2d<'py>(
         .detach(|| pinlane::transfer_tensor_h2d_with(&inputs, &opts))
         .map_err(to_py)?;
     drop(inputs);
-    outputs(py, &torch, slots, &moved)
+    outputs(py, &torch, slots, &moved, min_run)
 }
 
 /// `transfer_tensor_d2h` over `tensors`: the CUDA tensors on `device` (`None`: LOCAL_RANK)
@@ -138,13 +147,14 @@ pub(crate) fn h2d<'py>(
 /// stream of the device and the optional event; `stream` and `event` are
 /// `(raw handle, device)` of a `torch.cuda.Stream` / recorded `torch.cuda.Event`.
 #[pyfunction]
-#[pyo3(signature = (tensors, *, device=None, stream=None, event=None))]
+#[pyo3(signature = (tensors, *, device=None, stream=None, event=None, min_run=torch::MIN_RUN))]
 pub(crate) fn d2h<'py>(
     py: Python<'py>,
     tensors: Vec<Bound<'py, PyAny>>,
     device: Option<&str>,
     stream: Option<(usize, usize)>,
     event: Option<(usize, usize)>,
+    min_run: usize,
 ) -> PyResult<Vec<Option<Bound<'py, PyAny>>>> {
     check_device(device)?;
     if stream.is_some() && device.is_none() {
@@ -222,7 +232,7 @@ pub(crate) fn d2h<'py>(
         inputs.push(torch::to_pinlane(dl)?);
     }
     if inputs.is_empty() {
-        return outputs(py, &torch, slots, &[]);
+        return outputs(py, &torch, slots, &[], min_run);
     }
     // torch's current stream of the device: the spec's "caller's current stream".
     let raw_current = current.unwrap_or(0);
@@ -236,5 +246,5 @@ pub(crate) fn d2h<'py>(
         })
         .map_err(to_py)?;
     drop(inputs);
-    outputs(py, &torch, slots, &moved)
+    outputs(py, &torch, slots, &moved, min_run)
 }

@@ -233,3 +233,25 @@ def test_device_errors(torch):
         other = torch.cuda.Stream(torch.device("cuda", (dev + 1) % torch.cuda.device_count()))
         with pytest.raises(ValueError):
             transfer_tensor_d2h([x], device=f"cuda:{dev}", stream=other)
+
+
+def test_runs_of_small_tensors_round_trip_and_outlive_their_batch(torch):
+    # 100 same-shape tensors: handed to torch as one strided tensor split with unbind(0);
+    # a tensor of another dtype in the middle breaks the run in two.
+    xs = [pattern(torch, torch.float32, (16, 16), 300 + i) for i in range(100)]
+    mixed = xs[:40] + [pattern(torch, torch.int16, (7,), 1)] + xs[40:]
+    on = transfer_tensor_h2d(mixed, num_caches=0)
+    assert all(same(torch, a, b) for a, b in zip(mixed, on))
+    back = transfer_tensor_d2h(on)
+    assert all(same(torch, a, b) for a, b in zip(mixed, back))
+    keep_gpu, keep_host = on[70], back[5]
+    del on, back
+    for i in range(10):  # churn: memory freed too early would be reused and overwritten
+        transfer_tensor_d2h(transfer_tensor_h2d([pattern(torch, torch.float32, (16, 16), 900 + i)
+                                                 for _ in range(100)], num_caches=0))
+    pinlane.trim()
+    assert same(torch, keep_gpu, mixed[70]) and same(torch, keep_host, mixed[5])
+    # Each output is its own tensor to the user: writing one changes no other.
+    back = transfer_tensor_d2h(transfer_tensor_h2d(xs))
+    back[3].fill_(0)
+    assert same(torch, back[2], xs[2]) and same(torch, back[4], xs[4])

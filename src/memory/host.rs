@@ -151,6 +151,11 @@ impl HostBuf {
     }
 
     /// Whether two views are the same bytes of the same data.
+    /// Whether both are views into the bytes of one owner.
+    pub(crate) fn same_owner(&self, other: &HostBuf) -> bool {
+        std::ptr::addr_eq(Arc::as_ptr(&self.data), Arc::as_ptr(&other.data))
+    }
+
     pub(crate) fn same_as(&self, other: &HostBuf) -> bool {
         std::ptr::addr_eq(Arc::as_ptr(&self.data), Arc::as_ptr(&other.data))
             && self.offset == other.offset

@@ -261,6 +261,11 @@ impl PinnedBuf {
     }
 
     /// Whether two views are the same bytes of the same block.
+    /// Whether both are views into one block.
+    pub(crate) fn same_block(&self, other: &PinnedBuf) -> bool {
+        Arc::ptr_eq(&self.block, &other.block)
+    }
+
     pub(crate) fn same_as(&self, other: &PinnedBuf) -> bool {
         Arc::ptr_eq(&self.block, &other.block)
             && self.offset == other.offset
