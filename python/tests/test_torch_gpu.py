@@ -255,3 +255,24 @@ def test_runs_of_small_tensors_round_trip_and_outlive_their_batch(torch):
     back = transfer_tensor_d2h(transfer_tensor_h2d(xs))
     back[3].fill_(0)
     assert same(torch, back[2], xs[2]) and same(torch, back[4], xs[4])
+
+
+def test_every_device_of_the_machine(torch):
+    # One process, every GPU: D2H names its device; H2D goes to cuda:{LOCAL_RANK} (run the
+    # suite with LOCAL_RANK=1 on a 2-GPU machine for the other side).
+    n = torch.cuda.device_count()
+    if n < 2:
+        pytest.skip("needs 2 GPUs (the nvidia-h200-x2 machine)")
+    for d in range(n):
+        dev = torch.device("cuda", d)
+        x = torch.arange(1000, dtype=torch.int32, device=dev) * (d + 1)
+        y = torch.ones(3, device=torch.device("cuda", (d + 1) % n))
+        back = transfer_tensor_d2h({"x": x, "other": y}, device=dev)
+        assert torch.equal(back["x"], torch.arange(1000, dtype=torch.int32) * (d + 1))
+        assert back["other"] is y  # a tensor on another device passes through
+        with torch.cuda.device(dev):  # torch's current device does not change pinlane's
+            s = torch.cuda.Stream(dev)
+            (b2,) = transfer_tensor_d2h([x], device=d, stream=s)
+            assert torch.equal(b2, back["x"])
+    (g,) = transfer_tensor_h2d([torch.ones(4)])
+    assert g.device.index == pinlane._native.default_device()
