@@ -109,6 +109,11 @@ pub enum Error {
     #[error("{op}: no usable CUDA driver or device ({reason})")]
     NoCuda { op: &'static str, reason: String },
 
+    /// A [`Prefetcher`](crate::Prefetcher)'s source iterator panicked, or its worker
+    /// thread could not start.
+    #[error("prefetcher: {reason}")]
+    PrefetchSource { reason: String },
+
     /// An option outside its allowed range.
     #[error("invalid option {name}: {reason}")]
     InvalidOption { name: &'static str, reason: String },

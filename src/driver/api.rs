@@ -16,8 +16,6 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 #[cfg(not(feature = "sim"))]
 macro_rules! route {
     ($(fn $name:ident($($arg:ident: $ty:ty),*);)*) => {$(
-        // cuLaunchHostFunc is only called by test helpers (feature `test-util`).
-        #[cfg_attr(not(feature = "test-util"), allow(dead_code))]
         #[inline]
         pub(crate) unsafe fn $name($($arg: $ty),*) -> CUresult {
             // SAFETY: forwarded unchanged under the caller's contract.
@@ -55,7 +53,6 @@ macro_rules! route {
         static SIMULATED: Table = Table { $($name: simulated::$name,)* };
 
         $(
-            #[cfg_attr(not(feature = "test-util"), allow(dead_code))]
             #[inline]
             pub(crate) unsafe fn $name($($arg: $ty),*) -> CUresult {
                 // SAFETY: forwarded unchanged under the caller's contract.

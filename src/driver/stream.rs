@@ -208,6 +208,21 @@ impl Stream {
         }
     }
 
+    /// Queues a call of `f` (on a driver thread, with no argument) after the work queued
+    /// so far: the wake-up of pinlane's completion thread. `f` must not call CUDA. The
+    /// driver skips it after an error on the stream, so callers keep a fallback.
+    ///
+    /// # Errors
+    /// The driver's error from `cuLaunchHostFunc`.
+    pub(crate) fn call_after(&self, f: unsafe extern "C" fn(*mut std::ffi::c_void)) -> Result<()> {
+        let _ctx = bind(self.inner.device)?;
+        // SAFETY: `f` matches CUhostFn and ignores its (null) argument; the stream is alive
+        // and its context current.
+        let res =
+            unsafe { super::api::cuLaunchHostFunc(self.raw(), Some(f), std::ptr::null_mut()) };
+        check("cuLaunchHostFunc", res)
+    }
+
     /// Queues a host-side pause of `delay` on the stream: work queued after it starts only
     /// once it has passed. For tests that need a producer still running.
     ///

@@ -14,9 +14,11 @@
 //!      into windows of one staging slot; each window's tensor pieces are copied into a
 //!      page-locked slot, and while the next window's copies run, the previous slot is
 //!      copied into the region by the copy threads.
-//! 4. Synchronise the copy stream, rebuild the batch with the host tensors.
+//! 4. Synchronise the copy stream (or, for the non-blocking call into page-locked
+//!    outputs, hand the call's owners to the completion thread), rebuild the batch.
 
-use super::{plan, record_stats, thread_state, TransferStats};
+use super::completion::{self, Pending};
+use super::{plan, record_stats, thread_state, Mode, TransferStats};
 use crate::batch::{self, Batch};
 use crate::device::DeviceSpec;
 use crate::driver::{self, ContextGuard};
@@ -28,7 +30,11 @@ use crate::memory::{
 use crate::tensor::{Location, Storage, Tensor};
 use crate::{D2hOptions, HostOutput, SmallD2h};
 
-pub(crate) fn transfer<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
+pub(crate) fn transfer<B: Batch>(
+    batch: &B,
+    opts: &D2hOptions,
+    mode: Mode,
+) -> Result<(B, Option<Pending>)> {
     // Checks that need no driver come first, so bad options are errors everywhere.
     let spec = opts.device.as_ref().unwrap_or(&DeviceSpec::LocalRank);
     spec.check()?;
@@ -37,10 +43,10 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
     }
     let all = batch::tensors(batch);
     if all.is_empty() {
-        return Ok(batch::replace_tensors(batch, Vec::new()));
+        return Ok((batch::replace_tensors(batch, Vec::new()), None));
     }
     let Some(info) = driver::available() else {
-        return Ok(batch::replace_tensors(batch, Vec::new()));
+        return Ok((batch::replace_tensors(batch, Vec::new()), None));
     };
     let device = spec.resolve(info.device_count)?.ordinal();
     if let Some(s) = &opts.stream {
@@ -63,7 +69,7 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
         .filter(|&i| all[i].location() == Location::Cuda(device))
         .collect();
     if picked.is_empty() {
-        return Ok(batch::replace_tensors(batch, Vec::new()));
+        return Ok((batch::replace_tensors(batch, Vec::new()), None));
     }
     driver::deferred::surface(device)?;
 
@@ -145,6 +151,9 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
         gather_n,
         end,
     };
+    // Pageable outputs are finished by host copies after the device copies, so that path
+    // completes inside the call in both modes.
+    let mut pending = None;
     let storages: Vec<Storage> = match block {
         Some((block, base)) => {
             job.hold(&block, end);
@@ -165,7 +174,13 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
             if let Err(e) = run {
                 return Err(job.abort(e, keep_sources));
             }
-            job.finish(keep_sources)?;
+            pending = match mode {
+                Mode::Blocking => {
+                    job.finish(keep_sources)?;
+                    None
+                }
+                Mode::Async => Some(completion::detach(job, device, keep_sources)?),
+            };
             PinnedBuf::views(
                 &block,
                 base,
@@ -211,7 +226,7 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
         });
     let rebuilt = super::rebuild_with(batch, all.len(), moved);
     super::trace::mark("rebuilt");
-    Ok(rebuilt)
+    Ok((rebuilt, pending))
 }
 
 /// Tensors up to this size are gathered on the device when there are enough of them.

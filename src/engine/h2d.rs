@@ -14,7 +14,8 @@
 //!    waits for its previous copy only. Many small tensors share one copy.
 //! 5. Synchronise the stream, build device tensors as views into the buffer, rebuild.
 
-use super::{plan, record_stats, thread_state, TransferStats};
+use super::completion::{self, Pending};
+use super::{plan, record_stats, thread_state, Mode, TransferStats};
 use crate::batch::{self, Batch};
 use crate::driver::{self, ContextGuard, Stream};
 use crate::error::{Error, Result};
@@ -33,11 +34,15 @@ enum Source<'a> {
     Pinned(&'a PinnedBuf),
 }
 
-pub(crate) fn transfer<B: Batch>(batch: &B, opts: &H2dOptions) -> Result<B> {
+pub(crate) fn transfer<B: Batch>(
+    batch: &B,
+    opts: &H2dOptions,
+    mode: Mode,
+) -> Result<(B, Option<Pending>)> {
     opts.device.check()?; // a string that names no device is an error on every machine
     opts.check()?; // before any copy: a bad option must not lose a finished transfer
     let Some(info) = driver::available() else {
-        return Ok(batch::replace_tensors(batch, Vec::new()));
+        return Ok((batch::replace_tensors(batch, Vec::new()), None));
     };
     let device = opts.device.resolve(info.device_count)?.ordinal();
     driver::deferred::surface(device)?;
@@ -61,7 +66,7 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &H2dOptions) -> Result<B> {
         }
     }
     if staged.is_empty() && direct.is_empty() {
-        return Ok(batch::replace_tensors(batch, Vec::new()));
+        return Ok((batch::replace_tensors(batch, Vec::new()), None));
     }
 
     super::trace::mark("gathered");
@@ -108,7 +113,13 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &H2dOptions) -> Result<B> {
         Err(e) => return Err(job.abort(e, keep_sources)),
     };
     super::trace::mark("submitted");
-    job.finish(keep_sources)?;
+    let pending = match mode {
+        Mode::Blocking => {
+            job.finish(keep_sources)?;
+            None
+        }
+        Mode::Async => Some(completion::detach(job, device, keep_sources)?),
+    };
     super::trace::mark("synced");
     record_stats(stats);
 
@@ -131,7 +142,7 @@ pub(crate) fn transfer<B: Batch>(batch: &B, opts: &H2dOptions) -> Result<B> {
     if let Some(a) = alloc {
         thread_state::cache_batch(device, a, opts.num_caches)?;
     }
-    Ok(rebuilt)
+    Ok((rebuilt, pending))
 }
 
 /// Queues every copy of the batch on `job`'s stream. Returns the batch's allocation

@@ -8,15 +8,20 @@
 //! | `plan.rs` | pure planning: batch layout and staging windows |
 //! | `thread_state.rs` | per-thread streams, the cache ring, the current stream |
 //! | `h2d.rs`, `d2h.rs` | the two directions |
+//! | `prefetch.rs` | [`Prefetcher`]: batches moved ahead on a worker thread |
 
+mod completion;
 mod d2h;
 mod h2d;
 mod options;
 mod plan;
+mod prefetch;
 mod thread_state;
 mod trace;
 
+pub use completion::Transfer;
 pub use options::{D2hOptions, H2dOptions, HostOutput, MAX_NUM_CACHES};
+pub use prefetch::Prefetcher;
 pub use thread_state::{cached_batches, current_stream, set_current_stream, CurrentStreamGuard};
 pub use trace::trace_next_call;
 
@@ -79,8 +84,66 @@ pub fn transfer_tensor_h2d<B: Batch>(batch: &B) -> Result<B> {
 /// after draining what was queued. The input is never changed.
 pub fn transfer_tensor_h2d_with<B: Batch>(batch: &B, opts: &H2dOptions) -> Result<B> {
     trace::start();
-    let r = h2d::transfer(batch, opts);
+    let r = h2d::transfer(batch, opts, Mode::Blocking).map(|(b, _)| b);
     trace::end("h2d");
+    r
+}
+
+/// Whether a call waits for its copies (the spec's calls) or returns once they are
+/// queued, with a [`Transfer`] handle.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mode {
+    Blocking,
+    Async,
+}
+
+/// [`transfer_tensor_h2d_with`] without waiting: returns once every copy is queued (the
+/// pageable sources' bytes are in the staging slots by then; the caller's batch is no
+/// longer read, and may change or drop), with a [`Transfer`] whose `wait()` / `.await`
+/// gives the device batch. Copies run in the order of the calls on the thread's stream.
+///
+/// ```
+/// use pinlane::{transfer_tensor_h2d_async, H2dOptions, Tensor};
+/// # fn main() -> pinlane::Result<()> {
+/// let batch = vec![Tensor::from_vec(vec![1.0f32; 1 << 16], [1 << 16])?];
+/// let moving = transfer_tensor_h2d_async(&batch, &H2dOptions::default())?;
+/// // ... decode the next batch while this one moves ...
+/// let on_gpu = moving.wait()?; // or `moving.await` in async code
+/// assert_eq!(on_gpu[0].dims(), &[1 << 16]);
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+/// As [`transfer_tensor_h2d_with`], for everything up to queueing the copies (then
+/// drained, as the blocking call does); a failure of the copies themselves comes from
+/// [`Transfer::wait`].
+pub fn transfer_tensor_h2d_async<B: Batch>(batch: &B, opts: &H2dOptions) -> Result<Transfer<B>> {
+    trace::start();
+    let r = h2d::transfer(batch, opts, Mode::Async).map(|(b, p)| match p {
+        Some(p) => Transfer::pending(b, p),
+        None => Transfer::ready(b),
+    });
+    trace::end("h2d_async");
+    r
+}
+
+/// [`transfer_tensor_d2h`] without waiting: returns once every copy is queued (after the
+/// caller's current stream and the producer event, as the blocking call), with a
+/// [`Transfer`] whose `wait()` / `.await` gives the host batch. Into page-locked outputs
+/// (the default) nothing waits; into pageable outputs ([`HostOutput::Pageable`], or when
+/// the output pool is full) host copies finish the batch after the device copies, so
+/// that path completes inside the call and the handle is ready at once.
+///
+/// # Errors
+/// As [`transfer_tensor_d2h`], for everything up to queueing the copies; a failure of
+/// the copies themselves comes from [`Transfer::wait`].
+pub fn transfer_tensor_d2h_async<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<Transfer<B>> {
+    trace::start();
+    let r = d2h::transfer(batch, opts, Mode::Async).map(|(b, p)| match p {
+        Some(p) => Transfer::pending(b, p),
+        None => Transfer::ready(b),
+    });
+    trace::end("d2h_async");
     r
 }
 
@@ -122,7 +185,7 @@ pub fn transfer_tensor_h2d_with<B: Batch>(batch: &B, opts: &H2dOptions) -> Resul
 /// changed.
 pub fn transfer_tensor_d2h<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
     trace::start();
-    let r = d2h::transfer(batch, opts);
+    let r = d2h::transfer(batch, opts, Mode::Blocking).map(|(b, _)| b);
     trace::end("d2h");
     r
 }

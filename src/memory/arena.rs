@@ -289,6 +289,13 @@ impl<'a> Synced<'a> {
         Ok(Synced(stream))
     }
 
+    /// The proof for the work queued on `stream` before `done` was recorded there: `done`
+    /// has completed (queried or waited for by the caller).
+    pub(crate) fn by_event(stream: &'a Stream, done: &crate::driver::Event) -> Synced<'a> {
+        let _ = done;
+        Synced(stream)
+    }
+
     /// The proof, if an event recorded on `stream` now completes within `limit` (polled,
     /// never blocking in the driver).
     pub(crate) fn within(stream: &'a Stream, limit: Duration) -> Option<Synced<'a>> {

@@ -70,6 +70,35 @@ impl InFlight {
         }
     }
 
+    /// Instead of synchronising, for a call that returns before its copies finish:
+    /// settles the host fills (they read the caller's borrowed sources), records `done`
+    /// on the stream after everything queued, and returns the owners with `sources()`
+    /// (clones of the sources the device copies still read), to be kept until `done`
+    /// completes. If `done` cannot be recorded, drains as [`InFlight::abort`] does and
+    /// returns the error.
+    pub(crate) fn detach<S: Send + 'static>(
+        mut self,
+        done: &crate::driver::Event,
+        sources: impl FnOnce() -> S,
+    ) -> Result<Detached> {
+        self.settle();
+        if let Err(e) = done.record(&self.stream) {
+            return Err(self.abort(e, sources));
+        }
+        self.done = true;
+        let bytes = self.held_bytes();
+        let sources: Box<dyn Any + Send> = Box::new(sources());
+        Ok(Detached {
+            stream: self.stream.clone(),
+            parts: Some((
+                std::mem::take(&mut self.leases),
+                std::mem::take(&mut self.held),
+                sources,
+                bytes,
+            )),
+        })
+    }
+
     /// After a failure part way: drains the copies already queued (synchronises), then
     /// returns `err`. If the drain fails too, retains the owners and `sources()` as in
     /// [`InFlight::finish`], and still returns the original `err`.
@@ -101,6 +130,62 @@ impl InFlight {
             sources,
         );
         retained::retain(self.stream.clone(), Box::new(keep), bytes);
+    }
+}
+
+/// The owners of a detached call ([`InFlight::detach`]): kept until its event completes,
+/// then released ([`Detached::release`]), or retained ([`Detached::retain`]). Dropped any
+/// other way, it retains them: with no proof, nothing is freed.
+pub(crate) struct Detached {
+    stream: Stream,
+    parts: Option<Parts>,
+}
+
+type Parts = (
+    Vec<SlotLease>,
+    Vec<(Arc<dyn Any + Send + Sync>, usize)>,
+    Box<dyn Any + Send>,
+    usize,
+);
+
+impl Detached {
+    /// The stream the copies were queued on.
+    pub(crate) fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
+    /// `done` (recorded by [`InFlight::detach`]) has completed: every copy is done, so
+    /// everything goes back.
+    pub(crate) fn release(mut self, done: &crate::driver::Event) {
+        if let Some((mut leases, held, sources, _)) = self.parts.take() {
+            let proof = Synced::by_event(&self.stream, done);
+            leases.iter_mut().for_each(|l| l.mark_idle(&proof));
+            drop((leases, held, sources));
+        }
+    }
+
+    /// Completion could not be proven (the event failed): everything is retained until a
+    /// later synchronisation of the stream succeeds.
+    pub(crate) fn retain(mut self) {
+        if let Some((leases, held, sources, bytes)) = self.parts.take() {
+            retained::retain(
+                self.stream.clone(),
+                Box::new((leases, held, sources)),
+                bytes,
+            );
+        }
+    }
+}
+
+impl Drop for Detached {
+    fn drop(&mut self) {
+        if let Some((leases, held, sources, bytes)) = self.parts.take() {
+            retained::retain(
+                self.stream.clone(),
+                Box::new((leases, held, sources)),
+                bytes,
+            );
+        }
     }
 }
 

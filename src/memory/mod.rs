@@ -70,7 +70,7 @@ pub(crate) use device::{DeviceAlloc, DeviceView};
 pub(crate) use gather::{available as gather_available, gather_async};
 pub use host::HostPool;
 pub(crate) use host::{HostBuf, HostRegion};
-pub(crate) use inflight::InFlight;
+pub(crate) use inflight::{Detached, InFlight};
 #[cfg(feature = "test-util")]
 pub use limits::{measure_pinned_limits, PinnedLimits};
 pub(crate) use pinned::{PinnedBlock, PinnedBuf};

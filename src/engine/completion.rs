@@ -1,0 +1,374 @@
+//! The non-blocking calls' completion: the handle a call returns ([`Transfer`]), and one
+//! process-wide completion thread that, when a call's event completes, releases the
+//! owners its copies used (staging slots, device allocations, output blocks, source
+//! clones) and wakes the handle.
+//!
+//! The engine owns what the copies touch, not the handle: a handle dropped or forgotten
+//! before its copies finish frees nothing early and leaks nothing. The thread sleeps on a
+//! condition variable; a host function queued after each call's event wakes it (no
+//! polling while copies run), and, because the driver skips host functions after an
+//! error, it also looks at the pending events every [`FALLBACK`] while any are pending.
+//! Calls on one stream complete in their order: only the oldest of each stream's calls
+//! is asked about.
+
+use crate::driver::{Event, Stream};
+use crate::error::{Error, Result};
+use crate::memory::{Detached, InFlight};
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+/// How often the completion thread looks at pending events when no host function has
+/// woken it (after a CUDA error, the driver skips host functions).
+const FALLBACK: Duration = Duration::from_millis(2);
+
+/// A call's completion state, shared by its handle and the completion thread.
+struct Shared {
+    status: Mutex<Status>,
+    cv: Condvar,
+}
+
+enum Status {
+    /// Copies may still run; the waker of the task awaiting the handle, if any.
+    Pending(Option<Waker>),
+    /// Done: `Ok` once the event completed, or the error that made completion
+    /// unprovable (the owners are then retained).
+    Done(Result<()>),
+    /// The result was handed out.
+    Taken,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    fn finish(&self, r: Result<()>) {
+        let waker = {
+            let mut s = lock(&self.status);
+            match std::mem::replace(&mut *s, Status::Done(r)) {
+                Status::Pending(w) => w,
+                other => {
+                    *s = other; // finished once only
+                    None
+                }
+            }
+        };
+        self.cv.notify_all();
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+}
+
+/// One call in flight: its event, its owners, its handle's state.
+struct Job {
+    done: Event,
+    owners: Detached,
+    shared: Arc<Shared>,
+}
+
+/// Pending calls, per stream, oldest first.
+#[derive(Default)]
+struct Queues {
+    by_stream: HashMap<(usize, usize), VecDeque<Job>>,
+    /// A host function ran since the thread last looked.
+    poked: bool,
+    started: bool,
+}
+
+struct Completer {
+    queues: Mutex<Queues>,
+    cv: Condvar,
+}
+
+static COMPLETER: LazyLock<Completer> = LazyLock::new(|| Completer {
+    queues: Mutex::new(Queues::default()),
+    cv: Condvar::new(),
+});
+
+/// Queued on each stream after a call's event: wakes the completion thread. Calls no
+/// CUDA function, as a host function must not.
+unsafe extern "C" fn poke(_: *mut std::ffi::c_void) {
+    lock(&COMPLETER.queues).poked = true;
+    COMPLETER.cv.notify_one();
+}
+
+fn key(s: &Stream) -> (usize, usize) {
+    (s.index(), s.as_raw() as usize)
+}
+
+/// Instead of synchronising `job`'s stream: records an event after its copies and hands
+/// its owners (and `sources()`) to the completion thread. On error (the event cannot be
+/// made or recorded) the copies are drained first, as a failed blocking call does.
+pub(crate) fn detach<S: Send + 'static>(
+    job: InFlight,
+    device: usize,
+    sources: impl FnOnce() -> S,
+) -> Result<Pending> {
+    let done = match Event::new(crate::Device::cuda(device)) {
+        Ok(e) => e,
+        Err(e) => return Err(job.abort(e, sources)),
+    };
+    let owners = job.detach(&done, sources)?;
+    // Without the wake-up the fallback still completes the call, a little later.
+    let _ = owners.stream().call_after(poke);
+    let shared = Arc::new(Shared {
+        status: Mutex::new(Status::Pending(None)),
+        cv: Condvar::new(),
+    });
+    let k = key(owners.stream());
+    let job = Job {
+        done: done.clone(),
+        owners,
+        shared: shared.clone(),
+    };
+    let mut q = lock(&COMPLETER.queues);
+    q.by_stream.entry(k).or_default().push_back(job);
+    if !q.started {
+        match std::thread::Builder::new()
+            .name("pinlane-complete".into())
+            .spawn(run)
+        {
+            Ok(_) => q.started = true,
+            Err(e) => {
+                // No thread: complete right here, blocking, as the blocking call would.
+                let job = q.by_stream.get_mut(&k).and_then(VecDeque::pop_back);
+                drop(q);
+                if let Some(job) = job {
+                    let r = job.done.synchronize();
+                    complete(job, r.map(|()| true));
+                }
+                return Err(Error::PrefetchSource {
+                    reason: format!("cannot start the completion thread: {e}"),
+                });
+            }
+        }
+    }
+    drop(q);
+    COMPLETER.cv.notify_one();
+    Ok(Pending { shared, done })
+}
+
+/// What a non-blocking call returns besides its batch: the state to wait on and the event
+/// after its copies.
+pub(crate) struct Pending {
+    shared: Arc<Shared>,
+    done: Event,
+}
+
+/// Releases (or, on error, retains) a finished job's owners and wakes its handle.
+fn complete(job: Job, r: Result<bool>) {
+    let Job {
+        done,
+        owners,
+        shared,
+    } = job;
+    match r {
+        Ok(_) => {
+            owners.release(&done);
+            shared.finish(Ok(()));
+        }
+        Err(e) => {
+            owners.retain();
+            shared.finish(Err(e));
+        }
+    }
+}
+
+/// The completion thread.
+fn run() {
+    let mut q = lock(&COMPLETER.queues);
+    loop {
+        // The oldest call of each stream whose event has an answer.
+        let mut finished = Vec::new();
+        for jobs in q.by_stream.values_mut() {
+            while let Some(head) = jobs.front() {
+                match head.done.query() {
+                    Ok(false) => break,
+                    r => {
+                        if let Some(job) = jobs.pop_front() {
+                            finished.push((job, r));
+                        }
+                    }
+                }
+            }
+        }
+        q.by_stream.retain(|_, jobs| !jobs.is_empty());
+        if !finished.is_empty() {
+            drop(q);
+            for (job, r) in finished {
+                complete(job, r);
+            }
+            q = lock(&COMPLETER.queues);
+            continue;
+        }
+        if std::mem::take(&mut q.poked) {
+            continue;
+        }
+        q = if q.by_stream.is_empty() {
+            COMPLETER.cv.wait(q).unwrap_or_else(|p| p.into_inner())
+        } else {
+            COMPLETER
+                .cv
+                .wait_timeout(q, FALLBACK)
+                .unwrap_or_else(|p| p.into_inner())
+                .0
+        };
+    }
+}
+
+/// A transfer that may still be running: what [`transfer_tensor_h2d_async`] and
+/// [`transfer_tensor_d2h_async`] return once the copies are queued.
+///
+/// * [`Transfer::wait`] sleeps until the copies are done (no core spins) and returns the
+///   batch, or the error that made them fail; `.await` does the same in async code (the
+///   handle is a `Future`).
+/// * [`Transfer::is_ready`] asks without waiting.
+/// * [`Transfer::ready_event`] is an event recorded after the copies: a consumer stream
+///   that waits on it ([`Event::wait_on`]) runs after them, without the host waiting;
+///   [`Transfer::batch_for`] does that and lends the device batch for work queued there.
+/// * Dropping (or forgetting) a handle before its copies finish is safe: pinlane keeps
+///   what the copies use until they are done, then frees it.
+///
+/// [`transfer_tensor_h2d_async`]: crate::transfer_tensor_h2d_async
+/// [`transfer_tensor_d2h_async`]: crate::transfer_tensor_d2h_async
+#[must_use = "a transfer's batch and errors come from wait() or .await"]
+pub struct Transfer<B> {
+    batch: Option<B>,
+    pending: Option<Pending>,
+}
+
+// The handle never pins its batch: moving it is always fine.
+impl<B> Unpin for Transfer<B> {}
+
+impl<B> Transfer<B> {
+    /// A transfer with nothing in flight (a pass-through, no CUDA, or a path that
+    /// finished its copies inside the call).
+    pub(crate) fn ready(batch: B) -> Transfer<B> {
+        Transfer {
+            batch: Some(batch),
+            pending: None,
+        }
+    }
+
+    pub(crate) fn pending(batch: B, pending: Pending) -> Transfer<B> {
+        Transfer {
+            batch: Some(batch),
+            pending: Some(pending),
+        }
+    }
+
+    /// Whether the copies are done (or have failed): [`Transfer::wait`] then returns at
+    /// once.
+    pub fn is_ready(&self) -> bool {
+        self.pending
+            .as_ref()
+            .is_none_or(|p| !matches!(*lock(&p.shared.status), Status::Pending(_)))
+    }
+
+    /// An event recorded after the transfer's copies, on its device; `None` when nothing
+    /// is in flight. A stream that waits on it runs after the copies.
+    pub fn ready_event(&self) -> Option<&Event> {
+        self.pending.as_ref().map(|p| &p.done)
+    }
+
+    /// The batch for work queued on `stream`, before the copies are done: `stream` is
+    /// made to wait for them on the device (the host does not wait). Only for batches
+    /// whose moved tensors are on the device (an H2D transfer): host outputs cannot be
+    /// read before the copies are done, so a D2H transfer's batch comes from
+    /// [`Transfer::wait`].
+    ///
+    /// # Errors
+    /// [`Error::NotOnDevice`] for a transfer whose outputs are on the host; the driver's
+    /// error from `cuStreamWaitEvent`.
+    pub fn batch_for(&self, stream: &Stream) -> Result<&B>
+    where
+        B: crate::Batch,
+    {
+        let Some(batch) = self.batch.as_ref() else {
+            return Err(taken());
+        };
+        if let Some(p) = &self.pending {
+            if crate::batch::tensors(batch).iter().any(|t| !t.is_cuda()) {
+                return Err(Error::NotOnDevice {
+                    op: "Transfer::batch_for",
+                    location: crate::Location::Host,
+                });
+            }
+            p.done.wait_on(stream)?;
+        }
+        Ok(batch)
+    }
+
+    /// Waits (asleep) for the copies and returns the batch.
+    ///
+    /// # Errors
+    /// The error that made the copies fail, with the blocking calls' rules: nothing the
+    /// copies used is freed before they are proven done (it is retained instead).
+    pub fn wait(mut self) -> Result<B> {
+        if let Some(p) = &self.pending {
+            let mut s = lock(&p.shared.status);
+            while let Status::Pending(_) = *s {
+                s = p.shared.cv.wait(s).unwrap_or_else(|e| e.into_inner());
+            }
+        }
+        self.take()
+    }
+
+    /// The result, once done.
+    fn take(&mut self) -> Result<B> {
+        let r = match &self.pending {
+            None => Ok(()),
+            Some(p) => {
+                let mut s = lock(&p.shared.status);
+                match std::mem::replace(&mut *s, Status::Taken) {
+                    Status::Done(r) => r,
+                    Status::Pending(w) => {
+                        *s = Status::Pending(w);
+                        return Err(taken());
+                    }
+                    Status::Taken => return Err(taken()),
+                }
+            }
+        };
+        let batch = self.batch.take().ok_or_else(taken);
+        r.and(batch)
+    }
+}
+
+fn taken() -> Error {
+    Error::InvalidOption {
+        name: "Transfer",
+        reason: "its batch was already taken (polled after completion)".into(),
+    }
+}
+
+impl<B> Future for Transfer<B> {
+    type Output = Result<B>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<B>> {
+        if let Some(p) = &self.pending {
+            let mut s = lock(&p.shared.status);
+            if let Status::Pending(w) = &mut *s {
+                match w {
+                    Some(w) if w.will_wake(cx.waker()) => {}
+                    _ => *w = Some(cx.waker().clone()),
+                }
+                return Poll::Pending;
+            }
+        }
+        Poll::Ready(self.take())
+    }
+}
+
+impl<B> std::fmt::Debug for Transfer<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transfer")
+            .field("ready", &self.is_ready())
+            .finish()
+    }
+}

@@ -1,0 +1,156 @@
+//! [`Prefetcher`]: host batches in, device batches out, moved on a worker thread up to
+//! `depth` batches ahead of the consumer.
+
+use super::{transfer_tensor_h2d_with, H2dOptions};
+use crate::batch::Batch;
+use crate::error::{Error, Result};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// Wraps an iterator of host batches and yields them on the device, moving up to `depth`
+/// of them ahead on a worker thread while the consumer works on the current one.
+///
+/// * **Order**: batches come out in the order the source gives them, each as the
+///   `Result` of its [`transfer_tensor_h2d_with`]; a failed transfer is an `Err` at its
+///   place and the next batches still come (the consumer decides whether to stop).
+/// * **Bounded**: at most `depth` batches are moved ahead of the consumer: `depth - 1`
+///   wait in a queue, and the worker holds one more, moving or ready (it then blocks
+///   until the consumer takes one). Device memory is bounded by those and the batches the
+///   consumer still holds; the worker's thread also keeps its last
+///   [`H2dOptions::num_caches`] batches referenced, as any thread does.
+/// * **Ready**: each yielded batch is on the device (the worker's transfer synchronised),
+///   usable on any stream; give [`H2dOptions::consumer_stream`] so that its memory is
+///   freed in order on the stream that uses it.
+/// * **Stopping**: dropping the prefetcher stops the worker: it finishes the batch it is
+///   moving (or waits for the source to give the one it is asking for), drops what it
+///   holds and exits, and the drop returns after it. A panic in the source iterator ends
+///   the stream with [`Error::PrefetchSource`] at its place.
+///
+/// ```
+/// use pinlane::{H2dOptions, Prefetcher, Tensor};
+/// # fn main() -> pinlane::Result<()> {
+/// let host = (0..8).map(|i| vec![Tensor::from_vec(vec![i as f32; 1024], [1024]).unwrap()]);
+/// for (i, on_gpu) in Prefetcher::new(host, 2, H2dOptions::default())?.enumerate() {
+///     let on_gpu = on_gpu?; // on cuda:{LOCAL_RANK} (as is without CUDA)
+///     assert_eq!(on_gpu[0].dims(), &[1024]);
+///     // ... launch work on batch i while batch i + 1 and i + 2 move ...
+/// #   let _ = i;
+/// }
+/// # Ok(()) }
+/// ```
+pub struct Prefetcher<B> {
+    /// `None` once dropped (so the worker's sends fail and it exits).
+    rx: Option<Receiver<Result<B>>>,
+    stop: Arc<AtomicBool>,
+    worker: Option<JoinHandle<()>>,
+}
+
+impl<B: Batch + Send + 'static> Prefetcher<B> {
+    /// Starts the worker over `batches`, moving up to `depth` batches ahead with `opts`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] for a `depth` of 0 or an option the transfer would refuse
+    /// (checked here, before the worker starts); [`Error::PrefetchSource`] when the worker
+    /// thread cannot be started.
+    pub fn new<I>(batches: I, depth: usize, opts: H2dOptions) -> Result<Prefetcher<B>>
+    where
+        I: IntoIterator<Item = B>,
+        I::IntoIter: Send + 'static,
+    {
+        if depth == 0 {
+            return Err(Error::InvalidOption {
+                name: "depth",
+                reason: "a prefetcher needs a depth of 1 or more".into(),
+            });
+        }
+        opts.device.check()?;
+        opts.check()?;
+        // depth - 1 waiting in the channel, plus the one the worker holds while blocked
+        // on a full channel: depth ahead of the consumer.
+        let (tx, rx) = mpsc::sync_channel(depth - 1);
+        let stop = Arc::new(AtomicBool::new(false));
+        let iter = batches.into_iter();
+        let worker = {
+            let stop = stop.clone();
+            std::thread::Builder::new()
+                .name("pinlane-prefetch".into())
+                .spawn(move || work(iter, &opts, &tx, &stop))
+                .map_err(|e| Error::PrefetchSource {
+                    reason: format!("cannot start the worker thread: {e}"),
+                })?
+        };
+        Ok(Prefetcher {
+            rx: Some(rx),
+            stop,
+            worker: Some(worker),
+        })
+    }
+}
+
+/// The worker: moves each batch and hands it over, until the source ends, the consumer
+/// is gone, or it is told to stop.
+fn work<B: Batch, I: Iterator<Item = B>>(
+    mut iter: I,
+    opts: &H2dOptions,
+    tx: &SyncSender<Result<B>>,
+    stop: &AtomicBool,
+) {
+    while !stop.load(Ordering::Acquire) {
+        let next = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| iter.next()));
+        let batch = match next {
+            Ok(Some(b)) => b,
+            Ok(None) => return,
+            Err(panic) => {
+                let reason = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic".into());
+                let _ = tx.send(Err(Error::PrefetchSource {
+                    reason: format!("the source iterator panicked: {reason}"),
+                }));
+                return;
+            }
+        };
+        if stop.load(Ordering::Acquire) {
+            return;
+        }
+        if tx.send(transfer_tensor_h2d_with(&batch, opts)).is_err() {
+            return; // the consumer is gone
+        }
+    }
+}
+
+impl<B> Iterator for Prefetcher<B> {
+    type Item = Result<B>;
+
+    /// The next device batch, waiting (asleep) for the worker if it is not moved yet;
+    /// `None` after the source's last batch.
+    fn next(&mut self) -> Option<Result<B>> {
+        self.rx.as_ref()?.recv().ok()
+    }
+}
+
+impl<B> Drop for Prefetcher<B> {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        // Dropping the receiver fails the worker's pending send, and drops the batches
+        // waiting in the channel.
+        drop(self.rx.take());
+        if let Some(w) = self.worker.take() {
+            // The worker catches the source's panics; a panic elsewhere in it has been
+            // reported by the thread already, and Drop must not panic.
+            let _ = w.join();
+        }
+    }
+}
+
+impl<B> std::fmt::Debug for Prefetcher<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prefetcher")
+            .field("running", &self.worker.is_some())
+            .finish()
+    }
+}
