@@ -212,10 +212,24 @@ fn main() {
         }
 
         if trace {
+            let show = |call: &str| {
+                let marks: Vec<String> = pinlane::last_trace()
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|(l, d)| format!("{l} {:.1}", d.as_secs_f64() * 1e6))
+                    .collect();
+                eprintln!(
+                    "trace {} {call} (us from start): {}",
+                    c.name,
+                    marks.join(", ")
+                );
+            };
             pinlane::trace_next_call();
             drop(transfer_tensor_h2d(&c.sources[1 % n]).unwrap());
+            show("h2d");
             pinlane::trace_next_call();
             drop(transfer_tensor_d2h(&dev[1 % n], &D2hOptions::default()).unwrap());
+            show("d2h");
         }
         let (m, cpu) = time(c.reps, |r| {
             drop(transfer_tensor_h2d(&c.sources[r % n]).unwrap())

@@ -31,6 +31,8 @@ mod event;
 #[cfg(feature = "test-util")]
 pub mod fault;
 mod kernels;
+#[cfg(feature = "nvtx")]
+pub(crate) mod nvtx;
 #[cfg(feature = "sim")]
 pub mod sim;
 mod stream;
@@ -49,6 +51,8 @@ pub use kernels::gather_unavailable_reason;
 #[cfg(feature = "test-util")]
 pub use kernels::GATHER_PTX;
 pub(crate) use kernels::{gather_kernel, launch_gather, GatherPiece};
+#[cfg(feature = "nvtx")]
+pub use nvtx::nvtx_loaded;
 pub use stream::{RawStream, Stream};
 
 use crate::error::{Error, Result};

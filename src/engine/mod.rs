@@ -23,7 +23,7 @@ pub use completion::Transfer;
 pub use options::{D2hOptions, H2dOptions, HostOutput, MAX_NUM_CACHES};
 pub use prefetch::Prefetcher;
 pub use thread_state::{cached_batches, current_stream, set_current_stream, CurrentStreamGuard};
-pub use trace::trace_next_call;
+pub use trace::{last_trace, trace_next_call};
 
 use crate::batch::Batch;
 use crate::driver::ContextGuard;
@@ -83,9 +83,9 @@ pub fn transfer_tensor_h2d<B: Batch>(batch: &B) -> Result<B> {
 /// ([`Error::Driver`](crate::Error::Driver)) if a copy, allocation or synchronisation fails,
 /// after draining what was queued. The input is never changed.
 pub fn transfer_tensor_h2d_with<B: Batch>(batch: &B, opts: &H2dOptions) -> Result<B> {
-    trace::start();
+    trace::start("h2d");
     let r = h2d::transfer(batch, opts, Mode::Blocking).map(|(b, _)| b);
-    trace::end("h2d");
+    trace::end();
     r
 }
 
@@ -118,12 +118,12 @@ enum Mode {
 /// drained, as the blocking call does); a failure of the copies themselves comes from
 /// [`Transfer::wait`].
 pub fn transfer_tensor_h2d_async<B: Batch>(batch: &B, opts: &H2dOptions) -> Result<Transfer<B>> {
-    trace::start();
+    trace::start("h2d_async");
     let r = h2d::transfer(batch, opts, Mode::Async).map(|(b, p)| match p {
         Some(p) => Transfer::pending(b, p),
         None => Transfer::ready(b),
     });
-    trace::end("h2d_async");
+    trace::end();
     r
 }
 
@@ -138,12 +138,12 @@ pub fn transfer_tensor_h2d_async<B: Batch>(batch: &B, opts: &H2dOptions) -> Resu
 /// As [`transfer_tensor_d2h`], for everything up to queueing the copies; a failure of
 /// the copies themselves comes from [`Transfer::wait`].
 pub fn transfer_tensor_d2h_async<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<Transfer<B>> {
-    trace::start();
+    trace::start("d2h_async");
     let r = d2h::transfer(batch, opts, Mode::Async).map(|(b, p)| match p {
         Some(p) => Transfer::pending(b, p),
         None => Transfer::ready(b),
     });
-    trace::end("d2h_async");
+    trace::end();
     r
 }
 
@@ -184,9 +184,9 @@ pub fn transfer_tensor_d2h_async<B: Batch>(batch: &B, opts: &D2hOptions) -> Resu
 /// ([`Error::Driver`](crate::Error::Driver)) after draining what was queued. The input is never
 /// changed.
 pub fn transfer_tensor_d2h<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
-    trace::start();
+    trace::start("d2h");
     let r = d2h::transfer(batch, opts, Mode::Blocking).map(|(b, _)| b);
-    trace::end("d2h");
+    trace::end();
     r
 }
 

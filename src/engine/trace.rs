@@ -1,50 +1,127 @@
-//! A phase timer for one call, for finding where a transfer's time goes on the GPU
-//! machine: [`trace_next_call`] arms it for the calling thread's next transfer, which then
-//! prints each phase's offset from the start to stderr. Costs one thread-local read per
-//! phase when not armed.
+//! What a call's time goes to, three ways, none of which prints:
+//!
+//! * feature `tracing`: a `pinlane.call` span per call (field `call`: `h2d`, `d2h`,
+//!   `h2d_async`, `d2h_async`) with a `pinlane.phase` span per phase inside it (field
+//!   `since`: the mark the phase starts at, `start` for the first);
+//! * feature `nvtx`: the same as nested NVTX ranges (`pinlane h2d`, `since planned`, ...);
+//! * always: [`trace_next_call`] arms a timer for the calling thread's next call, and
+//!   [`last_trace`] returns its marks' offsets from the call's start (the bench prints
+//!   them).
+//!
+//! The marks are the engine's phase boundaries (`planned`, `allocated`, `submitted`,
+//! `synced`, ...). Without a subscriber, the features, or an armed timer, a mark costs a
+//! thread-local read.
 
 use std::cell::RefCell;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-/// A running trace: its start and its phases.
-type Running = Option<(Instant, Vec<(&'static str, Instant)>)>;
+#[derive(Default)]
+struct State {
+    armed: bool,
+    /// The armed call's start and marks.
+    timer: Option<(Instant, Vec<(&'static str, Instant)>)>,
+    /// The last armed call's marks, as offsets from its start.
+    last: Option<Vec<(&'static str, Duration)>>,
+    /// Open `tracing` spans: the call's, then the current phase's.
+    #[cfg(feature = "tracing")]
+    spans: Vec<tracing::span::EnteredSpan>,
+    /// Open NVTX ranges (call and phase) of this thread's calls.
+    #[cfg(feature = "nvtx")]
+    ranges: usize,
+}
 
 thread_local! {
-    static TRACE: RefCell<Running> = const { RefCell::new(None) };
-    static ARMED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static STATE: RefCell<State> = RefCell::new(State::default());
 }
 
-/// Arms the phase timer for the calling thread's next transfer call.
-#[doc(hidden)]
+/// Arms the phase timer for the calling thread's next transfer call; [`last_trace`] then
+/// returns what it measured.
 pub fn trace_next_call() {
-    let _ = ARMED.try_with(|a| a.set(true));
+    let _ = STATE.try_with(|s| s.borrow_mut().armed = true);
 }
 
-/// Starts a trace if one is armed.
-pub(crate) fn start() {
-    if ARMED.try_with(|a| a.replace(false)).unwrap_or(false) {
-        let _ = TRACE.try_with(|t| *t.borrow_mut() = Some((Instant::now(), Vec::new())));
-    }
+/// The phases of the calling thread's last call made after [`trace_next_call`]: each
+/// mark (`planned`, `allocated`, `submitted`, `synced`, ...) with its offset from the
+/// call's start. `None` if no armed call has ended on this thread.
+///
+/// ```
+/// pinlane::trace_next_call();
+/// let b = vec![pinlane::Tensor::scalar(1u8)];
+/// let _ = pinlane::transfer_tensor_h2d(&b);
+/// let marks = pinlane::last_trace().unwrap(); // empty without CUDA: nothing to do
+/// assert!(marks.windows(2).all(|w| w[0].1 <= w[1].1));
+/// ```
+pub fn last_trace() -> Option<Vec<(&'static str, Duration)>> {
+    STATE.try_with(|s| s.borrow().last.clone()).ok().flatten()
 }
 
-/// Records a phase of the running trace, if any.
+/// A call starts.
+pub(crate) fn start(call: &'static str) {
+    let _ = STATE.try_with(|s| {
+        let mut s = s.borrow_mut();
+        if std::mem::take(&mut s.armed) {
+            s.timer = Some((Instant::now(), Vec::new()));
+        }
+        #[cfg(feature = "tracing")]
+        {
+            let span = tracing::debug_span!("pinlane.call", call).entered();
+            s.spans.push(span);
+            s.spans
+                .push(tracing::trace_span!("pinlane.phase", since = "start").entered());
+        }
+        #[cfg(feature = "nvtx")]
+        {
+            if crate::driver::nvtx::push(&format!("pinlane {call}")).is_some() {
+                s.ranges += 1;
+                if crate::driver::nvtx::push("since start").is_some() {
+                    s.ranges += 1;
+                }
+            }
+        }
+        #[cfg(not(feature = "tracing"))]
+        let _ = call;
+    });
+}
+
+/// A phase boundary of the running call.
 pub(crate) fn mark(label: &'static str) {
-    let _ = TRACE.try_with(|t| {
-        if let Some((_, marks)) = t.borrow_mut().as_mut() {
+    let _ = STATE.try_with(|s| {
+        let mut s = s.borrow_mut();
+        if let Some((_, marks)) = s.timer.as_mut() {
             marks.push((label, Instant::now()));
+        }
+        #[cfg(feature = "tracing")]
+        if s.spans.len() >= 2 {
+            drop(s.spans.pop()); // the phase that ends here
+            s.spans
+                .push(tracing::trace_span!("pinlane.phase", since = label).entered());
+        }
+        #[cfg(feature = "nvtx")]
+        if s.ranges >= 2 {
+            crate::driver::nvtx::pop();
+            if crate::driver::nvtx::push(&format!("since {label}")).is_none() {
+                s.ranges -= 1;
+            }
         }
     });
 }
 
-/// Ends the running trace, printing it.
-pub(crate) fn end(call: &str) {
-    let _ = TRACE.try_with(|t| {
-        if let Some((t0, marks)) = t.borrow_mut().take() {
-            let phases: Vec<String> = marks
-                .iter()
-                .map(|(l, at)| format!("{l} {:.1}", (*at - t0).as_secs_f64() * 1e6))
-                .collect();
-            eprintln!("trace {call} (us from start): {}", phases.join(", "));
+/// The call ends (whatever its result).
+pub(crate) fn end() {
+    let _ = STATE.try_with(|s| {
+        let mut s = s.borrow_mut();
+        if let Some((t0, marks)) = s.timer.take() {
+            s.last = Some(marks.into_iter().map(|(l, at)| (l, at - t0)).collect());
+        }
+        #[cfg(feature = "tracing")]
+        {
+            drop(s.spans.pop()); // the last phase
+            drop(s.spans.pop()); // the call
+        }
+        #[cfg(feature = "nvtx")]
+        while s.ranges > 0 {
+            crate::driver::nvtx::pop();
+            s.ranges -= 1;
         }
     });
 }

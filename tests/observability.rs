@@ -1,0 +1,149 @@
+//! Features `tracing` and `nvtx` on the simulated device: every call is a `pinlane.call`
+//! span with its phases as `pinlane.phase` spans inside it, all closed when the call
+//! returns; NVTX without its library is a no-op. Run with
+//! `cargo test --features tracing,nvtx --test observability` (CI does).
+#![cfg(all(feature = "tracing", feature = "nvtx"))]
+
+mod common;
+
+use pinlane::{
+    transfer_tensor_d2h, transfer_tensor_h2d, transfer_tensor_h2d_async, D2hOptions, DType,
+    H2dOptions, Tensor,
+};
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Event, Metadata, Subscriber};
+
+#[derive(Clone, Debug)]
+struct Span {
+    id: u64,
+    name: &'static str,
+    /// The `call` or `since` field.
+    label: String,
+    parent: Option<u64>,
+}
+
+/// Records every span with its contextual parent, and counts enters and exits.
+#[derive(Default)]
+struct Recorder {
+    spans: Mutex<Vec<Span>>,
+    next: AtomicU64,
+    entered: AtomicU64,
+    exited: AtomicU64,
+}
+
+thread_local! {
+    static STACK: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+}
+
+struct Label(String);
+
+impl Visit for Label {
+    fn record_str(&mut self, _: &Field, value: &str) {
+        self.0 = value.to_string();
+    }
+    fn record_debug(&mut self, _: &Field, value: &dyn std::fmt::Debug) {
+        self.0 = format!("{value:?}");
+    }
+}
+
+/// The subscriber: a handle to the shared recorder.
+struct Sub(Arc<Recorder>);
+
+impl Subscriber for Sub {
+    fn enabled(&self, _: &Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, attrs: &Attributes<'_>) -> Id {
+        let id = self.0.next.fetch_add(1, Ordering::SeqCst) + 1;
+        let mut label = Label(String::new());
+        attrs.record(&mut label);
+        let parent = STACK.with(|s| s.borrow().last().copied());
+        self.0.spans.lock().unwrap().push(Span {
+            id,
+            name: attrs.metadata().name(),
+            label: label.0,
+            parent,
+        });
+        Id::from_u64(id)
+    }
+    fn record(&self, _: &Id, _: &Record<'_>) {}
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+    fn event(&self, _: &Event<'_>) {}
+    fn enter(&self, id: &Id) {
+        self.0.entered.fetch_add(1, Ordering::SeqCst);
+        STACK.with(|s| s.borrow_mut().push(id.into_u64()));
+    }
+    fn exit(&self, id: &Id) {
+        self.0.exited.fetch_add(1, Ordering::SeqCst);
+        STACK.with(|s| {
+            let mut s = s.borrow_mut();
+            if let Some(i) = s.iter().rposition(|&x| x == id.into_u64()) {
+                s.remove(i);
+            }
+        });
+    }
+}
+
+#[test]
+fn every_call_is_a_span_with_its_phases_inside() {
+    common::sim();
+    let rec = Arc::new(Recorder::default());
+    let b = vec![
+        common::tensor(DType::F32, &[50_000], 1),
+        common::tensor(DType::U8, &[300], 2),
+    ];
+    let back = tracing::subscriber::with_default(Sub(rec.clone()), || {
+        let on = transfer_tensor_h2d(&b).unwrap();
+        let on2 = transfer_tensor_h2d_async(&b, &H2dOptions::default())
+            .unwrap()
+            .wait()
+            .unwrap();
+        assert_eq!(on2.len(), 2);
+        transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap()
+    });
+    assert_eq!(back, b);
+    let spans = rec.spans.lock().unwrap().clone();
+    let calls: Vec<&Span> = spans.iter().filter(|s| s.name == "pinlane.call").collect();
+    let names: Vec<&str> = calls.iter().map(|s| s.label.as_str()).collect();
+    assert_eq!(names, ["h2d", "h2d_async", "d2h"], "{spans:#?}");
+    for call in &calls {
+        let phases: Vec<&str> = spans
+            .iter()
+            .filter(|s| s.name == "pinlane.phase" && s.parent == Some(call.id))
+            .map(|s| s.label.as_str())
+            .collect();
+        assert_eq!(phases.first(), Some(&"start"), "{}: {phases:?}", call.label);
+        assert!(phases.contains(&"planned"), "{}: {phases:?}", call.label);
+        assert!(phases.contains(&"rebuilt"), "{}: {phases:?}", call.label);
+        assert!(phases.len() >= 4, "{}: {phases:?}", call.label);
+    }
+    // Every span entered was exited: nothing is left open after the calls.
+    assert_eq!(
+        rec.entered.load(Ordering::SeqCst),
+        rec.exited.load(Ordering::SeqCst)
+    );
+    assert!(STACK.with(|s| s.borrow().is_empty()));
+}
+
+#[test]
+fn nvtx_without_its_library_is_a_no_op_and_the_timer_still_works() {
+    common::sim();
+    // CI has no libnvToolsExt; on a machine that has it, ranges are emitted instead.
+    let loaded = pinlane::driver::nvtx_loaded();
+    eprintln!("libnvToolsExt loaded: {loaded}");
+    let b = vec![Tensor::from_vec(vec![1u16; 4096], [4096]).unwrap()];
+    pinlane::trace_next_call();
+    let on = transfer_tensor_h2d(&b).unwrap();
+    let marks = pinlane::last_trace().unwrap();
+    let labels: Vec<&str> = marks.iter().map(|m| m.0).collect();
+    assert!(
+        labels.contains(&"planned") && labels.contains(&"synced"),
+        "{labels:?}"
+    );
+    assert!(marks.windows(2).all(|w| w[0].1 <= w[1].1));
+    assert_eq!(transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap(), b);
+}
