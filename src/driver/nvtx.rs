@@ -55,13 +55,27 @@ pub fn nvtx_loaded() -> bool {
     nvtx().is_some()
 }
 
-/// Opens a range named `name` on the calling thread; returns the nesting depth NVTX
-/// reports (negative on error), or `None` without the library.
-pub(crate) fn push(name: &str) -> Option<i32> {
+thread_local! {
+    /// Range names made into C strings once per thread: `(prefix, label)` -> `prefix label`.
+    static NAMES: std::cell::RefCell<std::collections::HashMap<(&'static str, &'static str), CString>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
+/// Opens a range named `{prefix}{label}` on the calling thread; returns the nesting depth
+/// NVTX reports (negative on error), or `None` without the library. Each name is made
+/// once per thread, so a range costs a map lookup and the NVTX call.
+pub(crate) fn push(prefix: &'static str, label: &'static str) -> Option<i32> {
     let n = nvtx()?;
-    let name = CString::new(name).ok()?;
-    // SAFETY: a NUL-terminated string alive for the call; NVTX copies it.
-    Some(unsafe { (n.push)(name.as_ptr()) })
+    NAMES
+        .try_with(|names| {
+            let mut names = names.borrow_mut();
+            let name = names
+                .entry((prefix, label))
+                .or_insert_with(|| CString::new(format!("{prefix}{label}")).unwrap_or_default());
+            // SAFETY: a NUL-terminated string alive for the call; NVTX copies it.
+            unsafe { (n.push)(name.as_ptr()) }
+        })
+        .ok()
 }
 
 /// Closes the calling thread's innermost range.

@@ -71,9 +71,9 @@ pub(crate) fn start(call: &'static str) {
         }
         #[cfg(feature = "nvtx")]
         {
-            if crate::driver::nvtx::push(&format!("pinlane {call}")).is_some() {
+            if crate::driver::nvtx::push("pinlane ", call).is_some() {
                 s.ranges += 1;
-                if crate::driver::nvtx::push("since start").is_some() {
+                if crate::driver::nvtx::push("since ", "start").is_some() {
                     s.ranges += 1;
                 }
             }
@@ -99,7 +99,7 @@ pub(crate) fn mark(label: &'static str) {
         #[cfg(feature = "nvtx")]
         if s.ranges >= 2 {
             crate::driver::nvtx::pop();
-            if crate::driver::nvtx::push(&format!("since {label}")).is_none() {
+            if crate::driver::nvtx::push("since ", label).is_none() {
                 s.ranges -= 1;
             }
         }
