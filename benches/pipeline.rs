@@ -54,8 +54,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let compute = ctx.new_stream()?;
     // SAFETY: cudarc's stream, of the device's primary context, alive for all of main.
     let compute_pl = unsafe { Stream::from_raw(compute.cu_stream(), dev) }?;
+    // No cache ring: every batch's memory is freed in order on `compute` while it lives
+    // (the ring would free its last batches at thread exit, after cudarc destroyed it).
     let opts = H2dOptions::default()
         .device(dev)
+        .num_caches(0)
         .consumer_stream(compute_pl.clone());
     let sources: Arc<Vec<Vec<Tensor>>> = Arc::new((0..SOURCES).map(source).collect());
     let batches = || {
