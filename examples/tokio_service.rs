@@ -18,7 +18,7 @@ use pinlane::{
     transfer_tensor_d2h, transfer_tensor_d2h_async, transfer_tensor_h2d, transfer_tensor_h2d_async,
     D2hOptions, H2dOptions, Tensor,
 };
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -38,27 +38,39 @@ fn request(client: usize, n: usize) -> Vec<Tensor> {
     ]
 }
 
+/// The longest a worker thread spent inside one pinlane call, in microseconds.
+static LONGEST_CALL_US: AtomicU64 = AtomicU64::new(0);
+
+/// Runs `f` (a pinlane call) and keeps the longest time any such call took.
+fn timed<T>(f: impl FnOnce() -> T) -> T {
+    let t0 = Instant::now();
+    let r = f();
+    LONGEST_CALL_US.fetch_max(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
+    r
+}
+
 /// One round trip, awaited (or, with `blocking`, done by the blocking calls in the task).
-async fn serve(batch: Vec<Tensor>, blocking: bool) -> pinlane::Result<Vec<Tensor>> {
+async fn serve(batch: &Vec<Tensor>, blocking: bool) -> pinlane::Result<Vec<Tensor>> {
     if blocking {
-        let on = transfer_tensor_h2d(&batch)?;
-        return transfer_tensor_d2h(&on, &D2hOptions::default());
+        let on = timed(|| transfer_tensor_h2d(batch))?;
+        return timed(|| transfer_tensor_d2h(&on, &D2hOptions::default()));
     }
-    let on = transfer_tensor_h2d_async(&batch, &H2dOptions::default())?.await?;
-    transfer_tensor_d2h_async(&on, &D2hOptions::default())?.await
+    let on = timed(|| transfer_tensor_h2d_async(batch, &H2dOptions::default()))?.await?;
+    timed(|| transfer_tensor_d2h_async(&on, &D2hOptions::default()))?.await
 }
 
 /// Every client's requests at once, each answer checked; the number served.
 async fn clients(requests: usize, blocking: bool) -> Result<usize, String> {
     let tasks: Vec<_> = (0..CLIENTS)
         .map(|c| {
+            // Made before the clients start, so the tasks' own CPU work is only the check.
+            let batches: Vec<_> = (0..requests).map(|n| request(c, n)).collect();
             tokio::spawn(async move {
-                for n in 0..requests {
-                    let batch = request(c, n);
-                    let back = serve(batch.clone(), blocking)
+                for (n, batch) in batches.iter().enumerate() {
+                    let back = serve(batch, blocking)
                         .await
                         .map_err(|e| format!("client {c}, request {n}: {e}"))?;
-                    if back != batch {
+                    if &back != batch {
                         return Err(format!("client {c}, request {n}: wrong answer"));
                     }
                 }
@@ -99,7 +111,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     rt.block_on(clients(2, blocking))?;
-    let waits_before = pinlane::memory_stats().slot_waits;
+    let before = pinlane::memory_stats();
+    LONGEST_CALL_US.store(0, Ordering::Relaxed);
     let t0 = Instant::now();
     let (served, ticks, late) = rt.block_on(async move {
         // The ticker: how late each 1 ms tick fires while the clients run.
@@ -134,15 +147,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok::<_, String>((served, ticks, late))
     })?;
     let elapsed = t0.elapsed();
-    let slot_waits = pinlane::memory_stats().slot_waits - waits_before;
+    let after = pinlane::memory_stats();
+    let slot_waits = after.slot_waits - before.slot_waits;
+    let fallbacks = after.pageable_fallbacks - before.pageable_fallbacks;
     println!(
         "{served} requests served and checked in {:.0} ms ({} mode); ticker: {ticks} ticks of \
-         1 ms (about {:.0} if never held up), worst lateness {:.2} ms; calls that waited \
-         for a staging slot: {slot_waits}",
+         1 ms (about {:.0} if never held up), worst lateness {:.2} ms; longest pinlane call \
+         on a worker: {} us; calls that waited for a staging slot: {slot_waits}; D2H \
+         batches that fell back to pageable outputs: {fallbacks}",
         elapsed.as_secs_f64() * 1e3,
         if blocking { "blocking" } else { "async" },
         elapsed.as_secs_f64() * 1e3,
-        late.as_secs_f64() * 1e3
+        late.as_secs_f64() * 1e3,
+        LONGEST_CALL_US.load(Ordering::Relaxed)
     );
     Ok(())
 }
