@@ -109,10 +109,11 @@ pub enum Error {
     #[error("{op}: no usable CUDA driver or device ({reason})")]
     NoCuda { op: &'static str, reason: String },
 
-    /// A [`Prefetcher`](crate::Prefetcher)'s source iterator panicked, or its worker
-    /// thread could not start.
-    #[error("prefetcher: {reason}")]
-    PrefetchSource { reason: String },
+    /// A thread pinlane runs work on could not start (a [`Prefetcher`](crate::Prefetcher)'s
+    /// worker, the non-blocking calls' completion thread), or a prefetcher's source
+    /// iterator panicked.
+    #[error("worker thread: {reason}")]
+    Worker { reason: String },
 
     /// An option outside its allowed range.
     #[error("invalid option {name}: {reason}")]

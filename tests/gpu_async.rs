@@ -88,8 +88,11 @@ fn faults_at_every_kind_and_position_under_the_async_calls() {
         let b = batch(70);
         let before = common::fingerprint(&b);
         let round = |b: &Vec<Tensor>| -> pinlane::Result<Vec<Tensor>> {
-            let on = transfer_tensor_h2d_async(b, &H2dOptions::default())?.wait()?;
-            transfer_tensor_d2h_async(&on, &D2hOptions::default())?.wait()
+            // Driver failures, while queueing or while copying, come from wait().
+            let up = transfer_tensor_h2d_async(b, &H2dOptions::default());
+            let on = up.expect("only bad input fails the call").wait()?;
+            let down = transfer_tensor_d2h_async(&on, &D2hOptions::default());
+            down.expect("only bad input fails the call").wait()
         };
         let mut total = 0;
         for kind in [FaultKind::Alloc, FaultKind::Copy, FaultKind::EventRecord] {

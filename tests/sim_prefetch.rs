@@ -145,7 +145,7 @@ fn a_panicking_source_ends_the_stream_with_an_error() {
     assert_eq!(out.len(), 3);
     assert!(out[0].is_ok() && out[1].is_ok());
     match &out[2] {
-        Err(Error::PrefetchSource { reason }) => assert!(reason.contains("decoder broke")),
+        Err(Error::Worker { reason }) => assert!(reason.contains("decoder broke")),
         other => panic!("expected the source's panic, got {other:?}"),
     }
 }

@@ -142,7 +142,7 @@ pub(crate) fn detach<S: Send + 'static>(
                     let r = job.done.synchronize();
                     complete(job, r.map(|()| true));
                 }
-                return Err(Error::PrefetchSource {
+                return Err(Error::Worker {
                     reason: format!("cannot start the completion thread: {e}"),
                 });
             }
@@ -240,6 +240,8 @@ fn run() {
 pub struct Transfer<B> {
     batch: Option<B>,
     pending: Option<Pending>,
+    /// A failure while queueing (drained already), delivered by `wait()`.
+    failed: Option<Error>,
 }
 
 // The handle never pins its batch: moving it is always fine.
@@ -252,6 +254,7 @@ impl<B> Transfer<B> {
         Transfer {
             batch: Some(batch),
             pending: None,
+            failed: None,
         }
     }
 
@@ -259,6 +262,17 @@ impl<B> Transfer<B> {
         Transfer {
             batch: Some(batch),
             pending: Some(pending),
+            failed: None,
+        }
+    }
+
+    /// A transfer that failed while its copies were being queued (they were drained, and
+    /// retained if the drain failed, as in a blocking call): `wait()` returns `e`.
+    pub(crate) fn failed(e: Error) -> Transfer<B> {
+        Transfer {
+            batch: None,
+            pending: None,
+            failed: Some(e),
         }
     }
 
@@ -283,12 +297,16 @@ impl<B> Transfer<B> {
     /// [`Transfer::wait`].
     ///
     /// # Errors
-    /// [`Error::NotOnDevice`] for a transfer whose outputs are on the host; the driver's
-    /// error from `cuStreamWaitEvent`.
+    /// [`Error::NotOnDevice`] for a transfer whose outputs are on the host; the error of
+    /// a transfer that failed while queueing; the driver's error from
+    /// `cuStreamWaitEvent`.
     pub fn batch_for(&self, stream: &Stream) -> Result<&B>
     where
         B: crate::Batch,
     {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
         let Some(batch) = self.batch.as_ref() else {
             return Err(taken());
         };
@@ -321,6 +339,9 @@ impl<B> Transfer<B> {
 
     /// The result, once done.
     fn take(&mut self) -> Result<B> {
+        if let Some(e) = self.failed.take() {
+            return Err(e);
+        }
         let r = match &self.pending {
             None => Ok(()),
             Some(p) => {

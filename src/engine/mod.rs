@@ -27,7 +27,7 @@ pub use trace::{last_trace, trace_next_call};
 
 use crate::batch::Batch;
 use crate::driver::ContextGuard;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::memory::InFlight;
 use std::cell::Cell;
 
@@ -114,17 +114,26 @@ enum Mode {
 /// ```
 ///
 /// # Errors
-/// As [`transfer_tensor_h2d_with`], for everything up to queueing the copies (then
-/// drained, as the blocking call does); a failure of the copies themselves comes from
-/// [`Transfer::wait`].
+/// Bad input, as [`transfer_tensor_h2d_with`] (before any copy). A failure of the driver
+/// or of the staging arena, while queueing (then drained, as the blocking call does) or
+/// while the copies run, comes from [`Transfer::wait`] / `.await`.
 pub fn transfer_tensor_h2d_async<B: Batch>(batch: &B, opts: &H2dOptions) -> Result<Transfer<B>> {
     trace::start("h2d_async");
-    let r = h2d::transfer(batch, opts, Mode::Async).map(|(b, p)| match p {
-        Some(p) => Transfer::pending(b, p),
-        None => Transfer::ready(b),
-    });
+    let r = h2d::transfer(batch, opts, Mode::Async);
     trace::end();
-    r
+    handle(r)
+}
+
+/// The handle of a non-blocking call: bad input is the call's error; a failure while
+/// queueing copies (already drained) comes from the handle, as a failure of the copies
+/// themselves does.
+fn handle<B>(r: Result<(B, Option<completion::Pending>)>) -> Result<Transfer<B>> {
+    match r {
+        Ok((b, Some(p))) => Ok(Transfer::pending(b, p)),
+        Ok((b, None)) => Ok(Transfer::ready(b)),
+        Err(e @ (Error::Driver { .. } | Error::StagingExhausted { .. })) => Ok(Transfer::failed(e)),
+        Err(e) => Err(e),
+    }
 }
 
 /// [`transfer_tensor_d2h`] without waiting: returns once every copy is queued (after the
@@ -135,16 +144,14 @@ pub fn transfer_tensor_h2d_async<B: Batch>(batch: &B, opts: &H2dOptions) -> Resu
 /// that path completes inside the call and the handle is ready at once.
 ///
 /// # Errors
-/// As [`transfer_tensor_d2h`], for everything up to queueing the copies; a failure of
-/// the copies themselves comes from [`Transfer::wait`].
+/// Bad input, as [`transfer_tensor_d2h`] (before any copy). A failure of the driver or of
+/// the staging arena, while queueing (then drained) or while the copies run, comes from
+/// [`Transfer::wait`] / `.await`.
 pub fn transfer_tensor_d2h_async<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<Transfer<B>> {
     trace::start("d2h_async");
-    let r = d2h::transfer(batch, opts, Mode::Async).map(|(b, p)| match p {
-        Some(p) => Transfer::pending(b, p),
-        None => Transfer::ready(b),
-    });
+    let r = d2h::transfer(batch, opts, Mode::Async);
     trace::end();
-    r
+    handle(r)
 }
 
 /// Copies the tensors of `batch` that are on the chosen CUDA device to new host tensors

@@ -26,7 +26,7 @@ use std::thread::JoinHandle;
 /// * **Stopping**: dropping the prefetcher stops the worker: it finishes the batch it is
 ///   moving (or waits for the source to give the one it is asking for), drops what it
 ///   holds and exits, and the drop returns after it. A panic in the source iterator ends
-///   the stream with [`Error::PrefetchSource`] at its place.
+///   the stream with [`Error::Worker`] at its place.
 ///
 /// ```
 /// use pinlane::{H2dOptions, Prefetcher, Tensor};
@@ -52,7 +52,7 @@ impl<B: Batch + Send + 'static> Prefetcher<B> {
     ///
     /// # Errors
     /// [`Error::InvalidOption`] for a `depth` of 0 or an option the transfer would refuse
-    /// (checked here, before the worker starts); [`Error::PrefetchSource`] when the worker
+    /// (checked here, before the worker starts); [`Error::Worker`] when the worker
     /// thread cannot be started.
     pub fn new<I>(batches: I, depth: usize, opts: H2dOptions) -> Result<Prefetcher<B>>
     where
@@ -77,7 +77,7 @@ impl<B: Batch + Send + 'static> Prefetcher<B> {
             std::thread::Builder::new()
                 .name("pinlane-prefetch".into())
                 .spawn(move || work(iter, &opts, &tx, &stop))
-                .map_err(|e| Error::PrefetchSource {
+                .map_err(|e| Error::Worker {
                     reason: format!("cannot start the worker thread: {e}"),
                 })?
         };
@@ -108,7 +108,7 @@ fn work<B: Batch, I: Iterator<Item = B>>(
                     .map(|s| (*s).to_string())
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "a panic".into());
-                let _ = tx.send(Err(Error::PrefetchSource {
+                let _ = tx.send(Err(Error::Worker {
                     reason: format!("the source iterator panicked: {reason}"),
                 }));
                 return;
