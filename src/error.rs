@@ -115,6 +115,11 @@ pub enum Error {
     #[error("worker thread: {reason}")]
     Worker { reason: String },
 
+    /// The page-locked pool ([`Config::pinned_output_bytes`](crate::Config::pinned_output_bytes))
+    /// has no room for a [`PinnedBufferMut`](crate::memory::PinnedBufferMut) of this size.
+    #[error("the page-locked pool has no room for {requested} bytes (cap {cap} bytes)")]
+    PinnedPoolFull { requested: usize, cap: usize },
+
     /// An option outside its allowed range.
     #[error("invalid option {name}: {reason}")]
     InvalidOption { name: &'static str, reason: String },

@@ -100,6 +100,32 @@ fn thousands_of_tiny_tensors() {
 }
 
 #[test]
+fn small_pinned_sources_share_copies_large_ones_go_direct() {
+    common::sim();
+    let mut b: Vec<Tensor> = (0..1000)
+        .map(|i| {
+            common::tensor(DType::F32, &[256], 7000 + i)
+                .to_pinned()
+                .unwrap()
+        })
+        .collect();
+    b.push(
+        common::tensor(DType::U8, &[300_000], 1)
+            .to_pinned()
+            .unwrap(),
+    );
+    let on = transfer_tensor_h2d(&b).unwrap();
+    let s = pinlane::last_transfer_stats().unwrap();
+    assert_eq!(
+        s.direct_bytes, 300_000,
+        "only the large one goes direct: {s:?}"
+    );
+    assert_eq!(s.staged_bytes, 1000 * 1024, "{s:?}");
+    assert!(s.copies < 1000 / 10, "the small ones share copies: {s:?}");
+    assert_eq!(transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap(), b);
+}
+
+#[test]
 fn many_batches_through_few_slots_keep_every_byte() {
     // The arena has 16 slots of 64 KiB; 300 batches of ~200 KiB reuse each slot many times.
     common::sim();

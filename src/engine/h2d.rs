@@ -2,10 +2,11 @@
 //!
 //! One batch, one device allocation, one synchronisation:
 //!
-//! 1. Gather the batch's host tensors. Pageable ones are laid out back to back at the
-//!    front of the batch's device buffer (the *staged region*), page-locked ones after it.
+//! 1. Gather the batch's host tensors. Pageable ones, and page-locked ones under 256 KiB,
+//!    are laid out back to back at the front of the batch's device buffer (the *staged
+//!    region*), the larger page-locked ones after it.
 //! 2. Allocate the buffer (`cuMemAllocFromPoolAsync`) on the thread's H2D stream.
-//! 3. Page-locked sources: one copy each, straight from their memory.
+//! 3. Page-locked sources of 256 KiB and more: one copy each, straight from their memory.
 //! 4. The staged region is cut into windows (at most one staging slot each, smaller for
 //!    small batches so the first copy starts early): the copy threads copy the pieces of
 //!    the pageable tensors that fall in a window into a slot (the slot has the window's
@@ -24,6 +25,11 @@ use crate::tensor::{Storage, Tensor};
 use crate::H2dOptions;
 use std::collections::VecDeque;
 use std::sync::Arc;
+
+/// Page-locked sources smaller than this are staged like pageable ones: many of them then
+/// share one copy, where each would otherwise cost a DMA of its own (~2.6 us apiece:
+/// 1000 x 1 KiB took 2.7 ms that way; docs/performance.md).
+const DIRECT_MIN_BYTES: usize = 256 << 10;
 
 /// Staged regions up to this size are filled with streaming stores.
 const SMALL_BATCH: usize = 32 << 20;
@@ -55,12 +61,14 @@ pub(crate) fn transfer<B: Batch>(
         }
     }
     let all = batch::tensors(batch);
-    // Indices (into `all`) of host tensors: pageable first, then page-locked.
+    // Indices (into `all`) of host tensors: staged ones first (pageable, and small
+    // page-locked ones), then those copied straight from their page-locked memory.
     let mut staged = Vec::new();
     let mut direct = Vec::new();
     for (i, t) in all.iter().enumerate() {
         match t.storage() {
             Storage::Host(_) => staged.push(i),
+            Storage::Pinned(_) if t.nbytes() < DIRECT_MIN_BYTES => staged.push(i),
             Storage::Pinned(_) => direct.push(i),
             Storage::Device(_) => {}
         }
@@ -85,8 +93,10 @@ pub(crate) fn transfer<B: Batch>(
         .map_or(0, |last| offsets[last] + sizes[last]);
     let sources: Vec<Source> = order
         .iter()
-        .filter_map(|&i| match all[i].storage() {
+        .enumerate()
+        .filter_map(|(k, &i)| match all[i].storage() {
             Storage::Host(b) => Some(Source::Pageable(b.bytes())),
+            Storage::Pinned(b) if k < staged.len() => Some(Source::Pageable(b.bytes())),
             Storage::Pinned(b) => Some(Source::Pinned(b)),
             Storage::Device(_) => None, // not in `order`
         })

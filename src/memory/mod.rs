@@ -9,7 +9,8 @@
 //! | `copier.rs` | `CopyPool` | nothing of its own: threads that copy host bytes in parallel | - |
 //! | `gather.rs` | - | a device buffer gathering many small tensors (kernel) | in stream order |
 //! | `dlpack.rs` | a DLPack capsule's deleter (imports), a tensor clone (exports) | another framework's tensors, and ours lent to it | the deleter runs when the last view drops |
-//! | `inflight.rs` | `InFlight` | nothing of its own: keeps the owners above alive | after the stream is synchronised |
+//! | `inflight.rs` | `InFlight`, `Detached` | nothing of its own: keeps the owners above alive | after the stream is synchronised, or (non-blocking calls) the call's event completes |
+//! | `producer.rs` | [`PinnedBufferMut`] | page-locked memory a producer writes, from the [`PinnedOutputPool`] | frozen into a tensor; back to the pool when its last view drops |
 //! | `reaper.rs` | - | page-locked memory being freed | on a dedicated thread (`cuMemFreeHost` waits for the whole context) |
 //! | `retained.rs` | the retained registry | owners whose copies could not be proven complete | when a later synchronisation proves it |
 //!
@@ -57,6 +58,7 @@ mod inflight;
 #[cfg(feature = "test-util")]
 mod limits;
 pub(crate) mod pinned;
+mod producer;
 mod reaper;
 pub mod retained;
 
@@ -75,6 +77,7 @@ pub(crate) use inflight::{Detached, InFlight};
 pub use limits::{measure_pinned_limits, PinnedLimits};
 pub(crate) use pinned::{PinnedBlock, PinnedBuf};
 pub use pinned::{PinnedOutputPool, SHARE_MAX};
+pub use producer::PinnedBufferMut;
 pub(crate) use reaper::failed as failed_frees;
 
 /// Where a tensor's bytes are, and who owns them: each variant is a view holding an

@@ -47,6 +47,11 @@ impl PinnedBlock {
         })
     }
 
+    /// The address of byte `offset` (writes through it are the caller's to make safe).
+    pub(crate) fn ptr_at(&self, offset: usize) -> *mut u8 {
+        self.ptr.0.wrapping_add(offset)
+    }
+
     /// Page-locked memory that `owner` keeps alive: `len` bytes at `ptr`.
     ///
     /// # Safety

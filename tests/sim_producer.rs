@@ -1,0 +1,128 @@
+//! Page-locked buffers a producer writes into (`PinnedBufferMut`), on the simulated device
+//! with an 8 MiB page-locked pool: frozen without a copy, moved by one direct copy (large)
+//! or staged (small), back to the pool when the last tensor drops, bounded by the cap.
+
+mod common;
+
+use pinlane::driver::sim::{enable, SimConfig};
+use pinlane::memory::PinnedBufferMut;
+use pinlane::{
+    memory_stats, transfer_tensor_d2h, transfer_tensor_h2d, D2hOptions, Device, Error, Location,
+    Tensor,
+};
+
+const D0: Device = Device::cuda(0);
+
+fn sim() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        std::env::remove_var("LOCAL_RANK");
+        pinlane::Config::new()
+            .pinned_output_bytes(8 << 20)
+            .install()
+            .expect("the runtime");
+        enable(SimConfig::seeded(0x9A0D)).expect("the simulated device");
+    });
+}
+
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+#[test]
+fn a_filled_buffer_is_a_page_locked_tensor_moved_without_staging() {
+    sim();
+    let _turn = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let in_use = memory_stats().pinned_outputs.in_use_bytes;
+    let want: Vec<u32> = (0..300_000u32)
+        .map(|i| i.wrapping_mul(2_654_435_761))
+        .collect();
+    let mut buf = PinnedBufferMut::<u32>::new(want.len(), D0).unwrap();
+    assert_eq!(buf.len(), want.len());
+    buf.as_mut_slice().copy_from_slice(&want);
+    assert!(memory_stats().pinned_outputs.in_use_bytes >= in_use + 1_200_000);
+    let t = buf.freeze([600, 500]).unwrap();
+    assert_eq!(t.location(), Location::Pinned);
+    assert_eq!(t.to_vec::<u32>().unwrap(), want);
+    let on = transfer_tensor_h2d(&vec![t.clone()]).unwrap();
+    let s = pinlane::last_transfer_stats().unwrap();
+    assert_eq!(
+        (s.direct_bytes, s.staged_bytes),
+        (1_200_000, 0),
+        "one direct copy: {s:?}"
+    );
+    assert_eq!(
+        transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap(),
+        vec![t.clone()]
+    );
+    drop((t, on));
+    assert_eq!(
+        memory_stats().pinned_outputs.in_use_bytes,
+        in_use,
+        "back to the pool"
+    );
+}
+
+#[test]
+fn small_buffers_are_independent_and_staged() {
+    sim();
+    let _turn = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let tensors: Vec<Tensor> = (0..64u16)
+        .map(|k| {
+            let mut b = PinnedBufferMut::<u16>::new(500, D0).unwrap();
+            for (i, x) in b.as_mut_slice().iter_mut().enumerate() {
+                *x = k * 1000 + i as u16;
+            }
+            b.freeze([500]).unwrap()
+        })
+        .collect();
+    for (k, t) in tensors.iter().enumerate() {
+        assert_eq!(
+            t.to_vec::<u16>().unwrap()[499],
+            k as u16 * 1000 + 499,
+            "no overlap"
+        );
+    }
+    let on = transfer_tensor_h2d(&tensors).unwrap();
+    let s = pinlane::last_transfer_stats().unwrap();
+    assert_eq!(
+        s.direct_bytes, 0,
+        "small page-locked sources are staged: {s:?}"
+    );
+    assert_eq!(
+        transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap(),
+        tensors
+    );
+}
+
+#[test]
+fn the_pool_is_bounded_and_bad_shapes_are_errors() {
+    sim();
+    let _turn = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let in_use = memory_stats().pinned_outputs.in_use_bytes;
+    match PinnedBufferMut::<f64>::new(2 << 20, D0) {
+        Err(Error::PinnedPoolFull { requested, cap }) => {
+            assert_eq!((requested, cap), (16 << 20, 8 << 20));
+        }
+        other => panic!("expected PinnedPoolFull, got {other:?}"),
+    }
+    let b = PinnedBufferMut::<f32>::new(1000, D0).unwrap();
+    assert!(matches!(
+        b.freeze([7, 7]),
+        Err(Error::ShapeMismatch {
+            expected: 49,
+            got: 1000,
+            ..
+        })
+    ));
+    let empty = PinnedBufferMut::<i8>::new(0, D0).unwrap();
+    assert!(empty.is_empty());
+    assert_eq!(empty.freeze([0, 3]).unwrap().dims(), &[0, 3]);
+    assert!(matches!(
+        PinnedBufferMut::<u8>::new(1, Device::cuda(9)),
+        Err(Error::DeviceUnavailable { .. })
+    ));
+    assert_eq!(
+        memory_stats().pinned_outputs.in_use_bytes,
+        in_use,
+        "nothing kept"
+    );
+}
