@@ -263,6 +263,42 @@ fn main() {
         });
         drop(pinned_src);
 
+        // The same bytes written by a producer into pool buffers (PinnedBufferMut), when
+        // the pool has room for them.
+        let mut fits = true;
+        let produced: Vec<Batch> = c
+            .sources
+            .iter()
+            .map(|s| {
+                s.rebuild(&mut |t| {
+                    let made = t.as_bytes().and_then(|src| {
+                        let mut b = pinlane::memory::PinnedBufferMut::<u8>::new(src.len(), device)?;
+                        b.as_mut_slice().copy_from_slice(src);
+                        b.freeze([src.len()])
+                    });
+                    made.unwrap_or_else(|_| {
+                        fits = false;
+                        t.clone()
+                    })
+                })
+            })
+            .collect();
+        let produced = fits.then_some(produced);
+        if let Some(produced) = produced {
+            let (m, cpu) = time(c.reps, |r| {
+                drop(transfer_tensor_h2d(&produced[r % n]).unwrap())
+            });
+            rows.push(Row {
+                config: c.name,
+                direction: "H2D producer buffer".into(),
+                bytes,
+                median: m,
+                limit: limits.h2d,
+                pinned_held: pinlane::memory_stats().staging.held_bytes,
+                cpu_s_per_gb: cpu_per_gb(cpu, bytes, c.reps),
+            });
+        }
+
         for (mode, label) in [
             (HostOutput::Pinned, "D2H pinned out"),
             (HostOutput::Pageable, "D2H pageable out"),
