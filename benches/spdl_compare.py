@@ -5,7 +5,8 @@ every batch of ../shared/PERFORMANCE.md, both directions.
     bash .gpu/with-python python3 benches/spdl_compare.py \\
         --json $OUT/py_compare.json --rust $OUT/pinlane.json --png $OUT/py_compare.png   # there
 
-Whole calls are timed (median after warm-up), the two libraries taking turns configuration
+Whole calls are timed (median after warm-up; the process's CPU time per GB, all threads,
+beside each figure), the two libraries taking turns configuration
 by configuration; sources are rotated among copies for small batches; every
 configuration's bytes are checked once for each library; the pinned limit is measured in
 this same process with torch (page-locked memory, one 256 MiB copy each way). With
@@ -55,14 +56,19 @@ def same(a, b):
         for x, y in zip(xs, ys))
 
 
-def timed(reps, fn):
+def timed(reps, fn, cpu=None):
+    """Median seconds per call; with `cpu` (a list), appends the process CPU seconds
+    (all threads) per call, averaged over the timed calls."""
     fn(0)
     fn(1)
     v = []
+    c0 = time.process_time()
     for r in range(reps):
         t0 = time.perf_counter()
         fn(r)
         v.append(time.perf_counter() - t0)
+    if cpu is not None:
+        cpu.append((time.process_time() - c0) / reps)
     return statistics.median(v)
 
 
@@ -122,11 +128,13 @@ def main():
             del back
             for direction, fn in (("H2D", lambda r: h2d(sources[r % n])),
                                   ("D2H", lambda r: d2h(on[r % n]))):
-                m = timed(reps, fn)
+                cpu = []
+                m = timed(reps, fn, cpu)
                 lim = h2d_lim if direction == "H2D" else d2h_lim
                 rows.append(dict(lib=lib, batch=name, direction=direction, bytes=nbytes,
                                  median_us=m * 1e6, gbs=nbytes / m / 1e9,
-                                 fraction_of_limit=nbytes / m / 1e9 / lim))
+                                 fraction_of_limit=nbytes / m / 1e9 / lim,
+                                 cpu_s_per_gb=cpu[0] / (nbytes / 1e9)))
             del on
             torch.cuda.empty_cache()
     rust = {}
@@ -138,8 +146,8 @@ def main():
                     rust[(r["batch"], key)] = r
     by = {(r["lib"], r["batch"], r["direction"]): r for r in rows}
     print()
-    print("| batch | direction | pinlane (Python) | x limit | spdl 0.8.0 | pinlane / spdl | Rust bench | Python / Rust time |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| batch | direction | pinlane (Python) | x limit | CPU s/GB | spdl 0.8.0 | CPU s/GB | pinlane / spdl | Rust bench | Python / Rust time |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     table = []
     for name, _, _ in configs:
         for direction in ("H2D", "D2H"):
@@ -149,7 +157,8 @@ def main():
             rust_txt = f"{r['median_us']:.1f} us" if r else "-"
             vs_rust = f"{p['median_us'] / r['median_us']:.2f}" if r else "-"
             print(f"| {name} | {direction} | {p['gbs']:.2f} GB/s, {p['median_us']:.1f} us | "
-                  f"{p['fraction_of_limit']:.3f} | {s['gbs']:.2f} GB/s, {s['median_us']:.1f} us | "
+                  f"{p['fraction_of_limit']:.3f} | {p['cpu_s_per_gb']:.3f} | "
+                  f"{s['gbs']:.2f} GB/s, {s['median_us']:.1f} us | {s['cpu_s_per_gb']:.3f} | "
                   f"{ratio:.1f}x | {rust_txt} | {vs_rust} |")
             table.append(dict(batch=name, direction=direction, pinlane=p, spdl=s,
                               rust_us=r["median_us"] if r else None, speedup=ratio))
