@@ -299,6 +299,51 @@ fn main() {
             });
         }
 
+        // Registering the sources in place (cuMemHostRegister): its cost, the transfers
+        // from registered memory, and after how many transfers it has paid for itself.
+        if bytes >= 64 << 20 {
+            let t0 = Instant::now();
+            let registered: Vec<Batch> = c
+                .sources
+                .iter()
+                .map(|s| s.rebuild(&mut |t| t.register_pinned(device).expect("register")))
+                .collect();
+            let reg = t0.elapsed();
+            let (m, cpu) = time(c.reps, |r| {
+                drop(transfer_tensor_h2d(&registered[r % n]).unwrap())
+            });
+            let t0 = Instant::now();
+            drop(registered);
+            let unreg = t0.elapsed();
+            let pageable = rows
+                .iter()
+                .find(|r: &&Row| r.config == c.name && r.direction == "H2D pageable")
+                .map(|r| r.median);
+            let saved = pageable.map(|p| p.as_secs_f64() - m.as_secs_f64());
+            let per_batch = (reg + unreg).as_secs_f64() / n as f64;
+            eprintln!(
+                "{}: registering {} MiB took {:.2} ms and unregistering {:.2} ms a batch; \
+                 repaid after {} transfers (each {:.3} ms faster than from pageable memory)",
+                c.name,
+                bytes >> 20,
+                reg.as_secs_f64() * 1e3 / n as f64,
+                unreg.as_secs_f64() * 1e3 / n as f64,
+                saved
+                    .filter(|&s| s > 0.0)
+                    .map_or("never".to_string(), |s| format!("{:.1}", per_batch / s)),
+                saved.unwrap_or(0.0) * 1e3
+            );
+            rows.push(Row {
+                config: c.name,
+                direction: "H2D registered".into(),
+                bytes,
+                median: m,
+                limit: limits.h2d,
+                pinned_held: pinlane::memory_stats().staging.held_bytes,
+                cpu_s_per_gb: cpu_per_gb(cpu, bytes, c.reps),
+            });
+        }
+
         for (mode, label) in [
             (HostOutput::Pinned, "D2H pinned out"),
             (HostOutput::Pageable, "D2H pageable out"),

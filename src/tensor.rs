@@ -275,6 +275,62 @@ impl Tensor {
         ))
     }
 
+    /// This host tensor's own memory, page-locked in place (`cuMemHostRegister`,
+    /// portable), as a page-locked tensor over the same bytes: no copy. For buffers sent
+    /// again and again (an embedding table, a reused input): H2D then copies them straight
+    /// from their memory (those of 256 KiB and more; smaller ones are staged anyway). The
+    /// registration lasts until the returned tensor and every clone of it are gone; the
+    /// original tensor is unaffected. A page-locked tensor comes back as a clone.
+    ///
+    /// Registering costs about as much as copying the bytes once
+    /// (`docs/performance.md` has the cost and the number of transfers that repay it).
+    /// Register whole buffers, each once: registering memory that overlaps a
+    /// registration still alive is the driver's error.
+    ///
+    /// # Errors
+    /// [`Error::NotOnHost`] for a device tensor; [`Error::NoCuda`],
+    /// [`Error::DeviceUnavailable`]; the driver's error (`cuMemHostRegister`).
+    ///
+    /// ```no_run
+    /// # fn main() -> pinlane::Result<()> {
+    /// let table = pinlane::Tensor::from_vec(vec![0.5f32; 1 << 24], [1 << 14, 1 << 10])?;
+    /// let pinned = table.register_pinned(pinlane::Device::cuda(0))?; // once
+    /// for _ in 0..100 {
+    ///     let _on_gpu = pinlane::transfer_tensor_h2d(&vec![pinned.clone()])?; // one DMA each
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn register_pinned(&self, device: Device) -> Result<Tensor> {
+        let buf = match &self.storage {
+            Storage::Host(b) => b,
+            Storage::Pinned(_) => return Ok(self.clone()),
+            Storage::Device(_) => {
+                return Err(Error::NotOnHost {
+                    op: "register_pinned",
+                    location: self.location(),
+                })
+            }
+        };
+        crate::driver::require("register_pinned")?;
+        crate::driver::check_device(device.ordinal())?;
+        let bytes = buf.bytes();
+        if bytes.is_empty() {
+            return Ok(self.clone());
+        }
+        let (ptr, len) = (bytes.as_ptr(), bytes.len());
+        // SAFETY: `ptr..ptr + len` are the bytes of `buf`, which the block keeps (as its
+        // owner) until it has unregistered them; pinlane tensors never change their bytes.
+        let block =
+            unsafe { memory::pinned::register(ptr, len, device.ordinal(), Box::new(buf.clone())) }?;
+        let view = memory::PinnedBuf::views(&block, 0, std::iter::once((0, len)))?.remove(0);
+        Ok(Tensor::from_parts(
+            self.dtype,
+            self.shape.clone(),
+            self.nbytes,
+            Storage::Pinned(view),
+        ))
+    }
+
     /// A copy of this host tensor in page-locked memory, which H2D copies read directly
     /// (no staging), allocated under the context of `cuda:{LOCAL_RANK}` (see
     /// [`Tensor::to_pinned_on`]). Needs a CUDA driver.

@@ -100,6 +100,8 @@ route! {
     fn cuEventQuery(e: sys::CUevent);
     fn cuMemHostAlloc(p: *mut *mut c_void, n: usize, flags: c_uint);
     fn cuMemFreeHost(p: *mut c_void);
+    fn cuMemHostRegister_v2(p: *mut c_void, n: usize, flags: c_uint);
+    fn cuMemHostUnregister(p: *mut c_void);
     fn cuMemPoolCreate(pool: *mut sys::CUmemoryPool, props: *const sys::CUmemPoolProps);
     fn cuMemPoolSetAttribute(pool: sys::CUmemoryPool, attr: sys::CUmemPool_attribute, v: *mut c_void);
     fn cuMemPoolGetAttribute(pool: sys::CUmemoryPool, attr: sys::CUmemPool_attribute, v: *mut c_void);

@@ -48,6 +48,31 @@ pub(crate) unsafe fn host_free(_ctx: &ContextGuard, p: *mut u8) -> Result<()> {
     })
 }
 
+/// Page-locks `nbytes` (> 0) of existing host memory at `p` in place, for every context
+/// (`cuMemHostRegister`, portable).
+///
+/// # Safety
+/// `p..p + nbytes` is host memory that stays allocated until [`host_unregister`].
+pub(crate) unsafe fn host_register(_ctx: &ContextGuard, p: *mut u8, nbytes: usize) -> Result<()> {
+    // SAFETY: the caller's obligation; a context is current (the guard proves it).
+    let res = unsafe {
+        super::api::cuMemHostRegister_v2(p.cast(), nbytes, sys::CU_MEMHOSTREGISTER_PORTABLE)
+    };
+    check("cuMemHostRegister", res)
+}
+
+/// Ends a registration made by [`host_register`].
+///
+/// # Safety
+/// `p` was registered by [`host_register`] and not unregistered since; no copy that may
+/// still run reads it.
+pub(crate) unsafe fn host_unregister(_ctx: &ContextGuard, p: *mut u8) -> Result<()> {
+    // SAFETY: the caller's obligations; a context is current.
+    check("cuMemHostUnregister", unsafe {
+        super::api::cuMemHostUnregister(p.cast())
+    })
+}
+
 /// Allocates `nbytes` (> 0) of device memory from pinlane's pool of `device`, ready in
 /// `stream`'s order.
 pub(crate) fn device_alloc_async(

@@ -94,6 +94,8 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuEventQuery",
     "cuMemHostAlloc",
     "cuMemFreeHost",
+    "cuMemHostRegister_v2",
+    "cuMemHostUnregister",
     "cuMemPoolCreate",
     "cuMemPoolSetAttribute",
     "cuMemPoolGetAttribute",

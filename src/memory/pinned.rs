@@ -34,6 +34,12 @@ enum Release {
     },
     /// Drop the owner that keeps it page-locked and alive (with the block).
     Foreign { _owner: Box<dyn Send + Sync> },
+    /// Memory of `owner`'s, page-locked in place (`cuMemHostRegister`): unregistered under
+    /// `device`'s context, then `owner` drops.
+    Registered {
+        device: usize,
+        owner: Option<Box<dyn Send + Sync>>,
+    },
 }
 
 impl PinnedBlock {
@@ -133,10 +139,30 @@ type DevicePtrInt = u64;
 
 impl Drop for PinnedBlock {
     fn drop(&mut self) {
-        match self.release {
+        match &mut self.release {
             Release::Nothing | Release::Foreign { .. } => {} // the owner drops with `self`
-            Release::Pool { pool, device } => pool.give_back(self.ptr, self.len, device),
+            Release::Registered { device, owner } => {
+                let device = *device;
+                let ptr = self.ptr.0;
+                let r = driver::bind(device).and_then(|ctx| {
+                    // SAFETY: registered by `register` and not since unregistered; copies
+                    // that read it were proven complete before any tensor over it could
+                    // drop (memory module invariant).
+                    unsafe { driver::host_unregister(&ctx, ptr) }
+                });
+                match r {
+                    Ok(()) => drop(owner.take()),
+                    Err(e) => {
+                        // Still registered: freeing the memory under a registration is
+                        // unknown ground, so the owner is kept (leaked) instead.
+                        std::mem::forget(owner.take());
+                        driver::deferred::record(device, e);
+                    }
+                }
+            }
+            Release::Pool { pool, device } => pool.give_back(self.ptr, self.len, *device),
             Release::Free { device } => {
+                let device = *device;
                 // Freed here, on the dropping thread, which waits for the device's queued
                 // work (cuMemFreeHost does): handing thousands of such frees to the free
                 // thread made them run during later transfers and halved their speed
@@ -184,6 +210,33 @@ fn alloc_block(
         ptr: HostPtr(ptr),
         len,
         release,
+    }))
+}
+
+/// `len` (> 0) bytes of `owner`'s host memory at `ptr`, page-locked in place for every
+/// context (`cuMemHostRegister`, portable) until the block drops, when they are
+/// unregistered and `owner` is dropped.
+///
+/// # Safety
+/// `ptr..ptr + len` is host memory that `owner` keeps allocated and unchanged while it
+/// lives.
+pub(crate) unsafe fn register(
+    ptr: *const u8,
+    len: usize,
+    device: usize,
+    owner: Box<dyn Send + Sync>,
+) -> Result<Arc<PinnedBlock>> {
+    let ctx = driver::bind(device)?;
+    // SAFETY: the caller's obligation keeps the range allocated until `owner` drops,
+    // which the block does only after unregistering it.
+    unsafe { driver::host_register(&ctx, ptr.cast_mut(), len) }?;
+    Ok(Arc::new(PinnedBlock {
+        ptr: HostPtr(ptr.cast_mut()),
+        len,
+        release: Release::Registered {
+            device,
+            owner: Some(owner),
+        },
     }))
 }
 

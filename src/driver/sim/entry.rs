@@ -78,6 +78,12 @@ impl Sim {
             CUresult::CUDA_ERROR_INVALID_HANDLE => c"CUDA_ERROR_INVALID_HANDLE",
             CUresult::CUDA_ERROR_NOT_READY => c"CUDA_ERROR_NOT_READY",
             CUresult::CUDA_ERROR_ILLEGAL_ADDRESS => c"CUDA_ERROR_ILLEGAL_ADDRESS",
+            CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED => {
+                c"CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED"
+            }
+            CUresult::CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED => {
+                c"CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED"
+            }
             _ => c"CUDA_ERROR_UNKNOWN",
         };
         // SAFETY: out-pointer per the driver contract; the string is static.
@@ -245,6 +251,37 @@ impl Sim {
                 OK
             }
             None => CUresult::CUDA_ERROR_INVALID_VALUE,
+        }
+    }
+
+    pub(crate) unsafe fn cuMemHostRegister_v2(
+        &self,
+        p: *mut c_void,
+        n: usize,
+        _flags: c_uint,
+    ) -> CUresult {
+        if p.is_null() || n == 0 {
+            return CUresult::CUDA_ERROR_INVALID_VALUE;
+        }
+        let (start, end) = (p as u64, p as u64 + n as u64);
+        let mut mem = lock(&self.mem);
+        // As the driver: a range overlapping a registered one is refused.
+        let overlaps = mem
+            .registered
+            .range(..end)
+            .next_back()
+            .is_some_and(|(&s, &len)| s + len as u64 > start);
+        if overlaps {
+            return CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+        }
+        mem.registered.insert(start, n);
+        OK
+    }
+
+    pub(crate) unsafe fn cuMemHostUnregister(&self, p: *mut c_void) -> CUresult {
+        match lock(&self.mem).registered.remove(&(p as u64)) {
+            Some(_) => OK,
+            None => CUresult::CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED,
         }
     }
 

@@ -59,6 +59,8 @@ pub(super) struct Memory {
     pub(super) dead_bytes: usize,
     /// Device bytes in use, per device.
     pub(super) used: Vec<usize>,
+    /// Host ranges registered with `cuMemHostRegister`: start address -> length.
+    pub(super) registered: BTreeMap<u64, usize>,
 }
 
 impl Memory {
