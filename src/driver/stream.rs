@@ -208,18 +208,24 @@ impl Stream {
         }
     }
 
-    /// Queues a call of `f` (on a driver thread, with no argument) after the work queued
-    /// so far: the wake-up of pinlane's completion thread. `f` must not call CUDA. The
-    /// driver skips it after an error on the stream, so callers keep a fallback.
+    /// Queues a call of `f` (on a driver thread) after the work queued so far: the
+    /// wake-up of pinlane's completion thread. `f` must not call CUDA. The driver skips it
+    /// after an error on the stream, so callers keep a fallback.
     ///
     /// # Errors
     /// The driver's error from `cuLaunchHostFunc`.
-    pub(crate) fn call_after(&self, f: unsafe extern "C" fn(*mut std::ffi::c_void)) -> Result<()> {
+    pub(crate) fn call_after(&self, f: fn()) -> Result<()> {
+        unsafe extern "C" fn trampoline(user: *mut std::ffi::c_void) {
+            // SAFETY: `user` is the `fn()` passed below, cast to a data pointer and back
+            // (function and data pointers have one size on every platform CUDA runs on).
+            let f: fn() = unsafe { std::mem::transmute::<*mut std::ffi::c_void, fn()>(user) };
+            f();
+        }
         let _ctx = bind(self.inner.device)?;
-        // SAFETY: `f` matches CUhostFn and ignores its (null) argument; the stream is alive
-        // and its context current.
-        let res =
-            unsafe { super::api::cuLaunchHostFunc(self.raw(), Some(f), std::ptr::null_mut()) };
+        let user = f as *mut std::ffi::c_void;
+        // SAFETY: `trampoline` matches CUhostFn and calls `f` through `user`, which needs
+        // nothing kept alive (a function); the stream is alive and its context current.
+        let res = unsafe { super::api::cuLaunchHostFunc(self.raw(), Some(trampoline), user) };
         check("cuLaunchHostFunc", res)
     }
 

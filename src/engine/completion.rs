@@ -92,7 +92,7 @@ static COMPLETER: LazyLock<Completer> = LazyLock::new(|| Completer {
 
 /// Queued on each stream after a call's event: wakes the completion thread. Calls no
 /// CUDA function, as a host function must not.
-unsafe extern "C" fn poke(_: *mut std::ffi::c_void) {
+fn poke() {
     lock(&COMPLETER.queues).poked = true;
     COMPLETER.cv.notify_one();
 }
