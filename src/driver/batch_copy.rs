@@ -95,6 +95,41 @@ pub(crate) unsafe fn memcpy_batch_d2h_async(
     device: usize,
     stream: &Stream,
 ) -> Result<()> {
+    // SAFETY: the caller's obligations, passed on.
+    unsafe { memcpy_batch_async(ctx, dsts, srcs, sizes, device, stream, false) }
+}
+
+/// Queues host-to-device copies `srcs[i] -> dsts[i]` of `sizes[i]` bytes as one batch.
+///
+/// # Safety
+/// For every i: `srcs[i]..+sizes[i]` is page-locked host memory, alive and unchanged until
+/// the copies finish; `dsts[i]..+sizes[i]` is device memory of `device` that nothing else
+/// uses until then. The legacy stream is refused with an error.
+pub(crate) unsafe fn memcpy_batch_h2d_async(
+    ctx: &ContextGuard,
+    dsts: &mut [DevicePtr],
+    srcs: &mut [DevicePtr],
+    sizes: &mut [usize],
+    device: usize,
+    stream: &Stream,
+) -> Result<()> {
+    // SAFETY: the caller's obligations, passed on.
+    unsafe { memcpy_batch_async(ctx, dsts, srcs, sizes, device, stream, true) }
+}
+
+/// The batch copy either way (`to_device`: host sources, device destinations).
+///
+/// # Safety
+/// As [`memcpy_batch_d2h_async`] / [`memcpy_batch_h2d_async`].
+unsafe fn memcpy_batch_async(
+    ctx: &ContextGuard,
+    dsts: &mut [DevicePtr],
+    srcs: &mut [DevicePtr],
+    sizes: &mut [usize],
+    device: usize,
+    stream: &Stream,
+    to_device: bool,
+) -> Result<()> {
     fault_point(FaultKindTag::Copy, "cuMemcpyBatchAsync")?;
     ctx.check("cuMemcpyBatchAsync", device)?;
     let n = dsts.len();
@@ -121,12 +156,18 @@ pub(crate) unsafe fn memcpy_batch_d2h_async(
             reason: "the driver lacks it (CUDA 12.8+)".into(),
         });
     };
+    let (device_side, host_side) = ((LOC_DEVICE, device as i32), (LOC_HOST, 0));
+    let (src, dst) = if to_device {
+        (host_side, device_side)
+    } else {
+        (device_side, host_side)
+    };
     let mut attr = MemcpyAttributes {
         src_access_order: ACCESS_ORDER_STREAM,
-        src_loc_type: LOC_DEVICE,
-        src_loc_id: device as i32,
-        dst_loc_type: LOC_HOST,
-        dst_loc_id: 0,
+        src_loc_type: src.0,
+        src_loc_id: src.1,
+        dst_loc_type: dst.0,
+        dst_loc_id: dst.1,
         flags: 0,
     };
     let mut idx = [0usize];

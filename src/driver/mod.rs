@@ -37,7 +37,9 @@ pub(crate) mod nvtx;
 pub mod sim;
 mod stream;
 
-pub(crate) use batch_copy::{available as batch_copy_available, memcpy_batch_d2h_async};
+pub(crate) use batch_copy::{
+    available as batch_copy_available, memcpy_batch_d2h_async, memcpy_batch_h2d_async,
+};
 pub(crate) use calls::*;
 pub(crate) use context::{
     apply_pool_release_threshold, bind, device_pool_stats, pool_release_threshold,

@@ -20,7 +20,7 @@ use super::{plan, record_stats, thread_state, Mode, TransferStats};
 use crate::batch::{self, Batch};
 use crate::driver::{self, ContextGuard, Stream};
 use crate::error::{Error, Result};
-use crate::memory::{DeviceAlloc, DeviceView, InFlight, PinnedBuf, Stores, DEVICE_ALIGN};
+use crate::memory::{self, DeviceAlloc, DeviceView, InFlight, PinnedBuf, Stores, DEVICE_ALIGN};
 use crate::tensor::{Storage, Tensor};
 use crate::H2dOptions;
 use std::collections::VecDeque;
@@ -30,6 +30,10 @@ use std::sync::Arc;
 /// share one copy, where each would otherwise cost a DMA of its own (~2.6 us apiece:
 /// 1000 x 1 KiB took 2.7 ms that way; docs/performance.md).
 const DIRECT_MIN_BYTES: usize = 256 << 10;
+
+/// With `cuMemcpyBatchAsync` (CUDA 12.8+), page-locked sources from this size on are
+/// copied directly, all in one batched submission.
+const BATCHED_DIRECT_MIN_BYTES: usize = 64 << 10;
 
 /// Staged regions up to this size are filled with streaming stores.
 const SMALL_BATCH: usize = 32 << 20;
@@ -65,10 +69,17 @@ pub(crate) fn transfer<B: Batch>(
     // page-locked ones), then those copied straight from their page-locked memory.
     let mut staged = Vec::new();
     let mut direct = Vec::new();
+    // With the batched copy, direct copies are one submission for all of them, and
+    // smaller page-locked tensors are worth copying directly.
+    let direct_min = if memory::batch_copy_available() {
+        BATCHED_DIRECT_MIN_BYTES
+    } else {
+        DIRECT_MIN_BYTES
+    };
     for (i, t) in all.iter().enumerate() {
         match t.storage() {
             Storage::Host(_) => staged.push(i),
-            Storage::Pinned(_) if t.nbytes() < DIRECT_MIN_BYTES => staged.push(i),
+            Storage::Pinned(_) if t.nbytes() < direct_min => staged.push(i),
             Storage::Pinned(_) => direct.push(i),
             Storage::Device(_) => {}
         }
@@ -178,15 +189,31 @@ fn submit(
     job.hold(&alloc, end);
     super::trace::mark("allocated");
 
-    for (k, src) in sources.iter().enumerate() {
-        if let (Source::Pinned(buf), true) = (src, sizes[k] > 0) {
+    let direct: Vec<(&PinnedBuf, usize)> = sources
+        .iter()
+        .enumerate()
+        .filter_map(|(k, src)| match src {
+            Source::Pinned(buf) if sizes[k] > 0 => {
+                stats.direct_bytes += sizes[k];
+                Some((*buf, offsets[k]))
+            }
+            _ => None,
+        })
+        .collect();
+    if direct.len() >= 2 && memory::batch_copy_available() && !stream.is_legacy() {
+        let (bufs, at): (Vec<&PinnedBuf>, Vec<usize>) = direct.into_iter().unzip();
+        // SAFETY: as for the single copies below, for every source; the stream is
+        // pinlane's own H2D stream, never the legacy one.
+        unsafe { memory::h2d_batch_async(ctx, &bufs, &alloc, &at, device, &stream) }?;
+        stats.copies += 1;
+    } else {
+        for (buf, at) in direct {
             // SAFETY: `alloc` was allocated on this stream and `job` holds it until the
-            // stream is proven idle; the source is borrowed from the caller's batch for this
-            // whole call, and cloned into the retained registry if the call ends with the
-            // copy unproven.
-            unsafe { buf.h2d_async(ctx, &alloc, offsets[k], &stream) }?;
+            // stream is proven idle; the source is borrowed from the caller's batch for
+            // this whole call, and cloned into the retained registry (or, for a
+            // non-blocking call, into its owners) until the copy is proven done.
+            unsafe { buf.h2d_async(ctx, &alloc, at, &stream) }?;
             stats.copies += 1;
-            stats.direct_bytes += sizes[k];
         }
     }
 

@@ -75,7 +75,7 @@ pub(crate) use host::{HostBuf, HostRegion};
 pub(crate) use inflight::{Detached, InFlight};
 #[cfg(feature = "test-util")]
 pub use limits::{measure_pinned_limits, PinnedLimits};
-pub(crate) use pinned::{PinnedBlock, PinnedBuf};
+pub(crate) use pinned::{h2d_batch_async, PinnedBlock, PinnedBuf};
 pub use pinned::{PinnedOutputPool, SHARE_MAX};
 pub use producer::PinnedBufferMut;
 pub(crate) use reaper::failed as failed_frees;

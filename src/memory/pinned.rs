@@ -366,6 +366,36 @@ impl PinnedBuf {
     }
 }
 
+/// Queues copies of `bufs` into `dst` at `offsets` as one `cuMemcpyBatchAsync`.
+///
+/// # Safety
+/// As [`PinnedBuf::h2d_async`], for every buffer; `stream` is not the legacy stream.
+pub(crate) unsafe fn h2d_batch_async(
+    ctx: &ContextGuard,
+    bufs: &[&PinnedBuf],
+    dst: &DeviceAlloc,
+    offsets: &[usize],
+    device: usize,
+    stream: &Stream,
+) -> Result<()> {
+    let mut dsts = Vec::with_capacity(bufs.len());
+    let mut srcs = Vec::with_capacity(bufs.len());
+    let mut sizes = Vec::with_capacity(bufs.len());
+    for (b, &at) in bufs.iter().zip(offsets) {
+        check_range("pinned source", at, b.nbytes, dst.nbytes())?;
+        if b.nbytes == 0 {
+            continue;
+        }
+        dsts.push(dst.addr(at));
+        // With unified addressing a page-locked host address is a valid copy source.
+        srcs.push(b.as_ptr() as DevicePtrInt);
+        sizes.push(b.nbytes);
+    }
+    // SAFETY: every destination range is inside `dst` (checked above); the rest is the
+    // caller's obligation.
+    unsafe { driver::memcpy_batch_h2d_async(ctx, &mut dsts, &mut srcs, &mut sizes, device, stream) }
+}
+
 /// The bounded pool of page-locked blocks that D2H outputs live in (when the caller asks
 /// for page-locked outputs, the default), owned by the [`Runtime`](crate::Runtime).
 ///
