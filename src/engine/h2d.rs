@@ -2,11 +2,12 @@
 //!
 //! One batch, one device allocation, one synchronisation:
 //!
-//! 1. Gather the batch's host tensors. Pageable ones, and page-locked ones under 256 KiB,
-//!    are laid out back to back at the front of the batch's device buffer (the *staged
-//!    region*), the larger page-locked ones after it.
+//! 1. Gather the batch's host tensors. Pageable ones, and page-locked ones under 256 KiB
+//!    (64 KiB with `cuMemcpyBatchAsync`), are laid out back to back at the front of the
+//!    batch's device buffer (the *staged region*), the larger page-locked ones after it.
 //! 2. Allocate the buffer (`cuMemAllocFromPoolAsync`) on the thread's H2D stream.
-//! 3. Page-locked sources of 256 KiB and more: one copy each, straight from their memory.
+//! 3. The larger page-locked sources: straight from their memory, all in one
+//!    `cuMemcpyBatchAsync` where the driver has it, else one copy each.
 //! 4. The staged region is cut into windows (at most one staging slot each, smaller for
 //!    small batches so the first copy starts early): the copy threads copy the pieces of
 //!    the pageable tensors that fall in a window into a slot (the slot has the window's

@@ -35,9 +35,10 @@ use std::cell::Cell;
 /// dedicated stream and returns the same structure with device tensors in their place.
 ///
 /// * Each thread has its own stream per device, created on first use.
-/// * Page-locked sources of 256 KiB and more are copied directly; pageable ones, and
-///   smaller page-locked ones, are staged through the bounded pinned arena, many small
-///   tensors per copy.
+/// * Page-locked sources of 256 KiB and more (64 KiB and more where the driver has
+///   `cuMemcpyBatchAsync`, which then takes all of them in one submission) are copied
+///   directly; pageable ones, and smaller page-locked ones, are staged through the bounded
+///   pinned arena, many small tensors per copy.
 /// * The stream is synchronised before returning: the data is on the device.
 /// * Device tensors and non-tensor leaves come back unchanged (same storage).
 /// * The device memory of the thread's last [`H2dOptions::num_caches`] batches stays
