@@ -21,6 +21,7 @@ __all__ = [
     "cuda_available",
     "trim",
     "memory_stats",
+    "configure",
 ]
 __version__ = "0.1.0"
 
@@ -28,6 +29,21 @@ __version__ = "0.1.0"
 def cuda_available():
     """Whether pinlane can use a CUDA device (a driver and at least one device)."""
     return _native.device_count() > 0
+
+
+def configure(**settings):
+    """Sets pinlane's configuration for this process, before its first transfer: the
+    fields of the Rust ``pinlane::Config`` as keywords, e.g.
+    ``pinlane.configure(arena_bytes=256 << 20, pinned_output_bytes=1 << 30, copy_threads=8)``
+    (the README's configuration table lists them, with their defaults). Values are parsed
+    strictly, as the ``PINLANE_*`` environment variables are.
+
+    Raises:
+        ValueError: an unknown setting, or a value that does not parse or is out of range.
+        RuntimeError: pinlane is already running with another configuration (a transfer
+            ran first, or ``configure`` was called before with other values).
+    """
+    _native.configure(**settings)
 
 
 def trim():

@@ -20,6 +20,7 @@ pub(crate) fn to_py(e: Error) -> PyErr {
         | Error::EventDeviceMismatch { .. }
         | Error::ForeignStream { .. }
         | Error::InvalidOption { .. }
+        | Error::InvalidConfig { .. }
         | Error::DLPack { .. }
         | Error::External { .. } => PyValueError::new_err(msg),
         Error::Driver { error, .. } if error.is_out_of_memory() => PyMemoryError::new_err(msg),

@@ -45,6 +45,56 @@ fn default_device() -> PyResult<usize> {
         .map_err(errors::to_py)
 }
 
+/// Installs pinlane's configuration from keyword settings named as the fields of the Rust
+/// `Config` (`arena_bytes=...`, `pinned_output_bytes=...`), parsed as the `PINLANE_*`
+/// variables are: strictly. Must come before the first transfer of the process.
+#[pyfunction]
+#[pyo3(signature = (**settings))]
+fn configure(settings: Option<&Bound<'_, pyo3::types::PyDict>>) -> PyResult<()> {
+    use pyo3::exceptions::{PyRuntimeError, PyValueError};
+    let mut vars = std::collections::HashMap::new();
+    if let Some(settings) = settings {
+        for (k, v) in settings.iter() {
+            let key: String = k.extract()?;
+            let value = if v.is_instance_of::<pyo3::types::PyBool>() {
+                if v.is_truthy()? { "1" } else { "0" }.to_string()
+            } else {
+                v.str()?.to_string()
+            };
+            vars.insert(format!("PINLANE_{}", key.to_uppercase()), (key, value));
+        }
+    }
+    let asked = std::cell::RefCell::new(Vec::new());
+    let config = pinlane::Config::from_vars(|name| {
+        asked.borrow_mut().push(name.to_string());
+        vars.get(name).map(|(_, v)| v.clone())
+    })
+    .map_err(errors::to_py)?;
+    let asked = asked.into_inner();
+    let mut unknown: Vec<&str> = vars
+        .iter()
+        .filter(|(name, _)| !asked.contains(name))
+        .map(|(_, (key, _))| key.as_str())
+        .collect();
+    if !unknown.is_empty() {
+        unknown.sort_unstable();
+        let mut known: Vec<String> = asked
+            .iter()
+            .filter_map(|n| n.strip_prefix("PINLANE_"))
+            .map(str::to_lowercase)
+            .collect();
+        known.sort_unstable();
+        known.dedup();
+        return Err(PyValueError::new_err(format!(
+            "unknown setting(s) {unknown:?}; pinlane's are {known:?}"
+        )));
+    }
+    config
+        .install()
+        .map(drop)
+        .map_err(|e| PyRuntimeError::new_err(e.to_string()))
+}
+
 /// Gives cached memory back (see `pinlane::trim`).
 #[pyfunction]
 fn trim(py: Python<'_>) -> PyResult<()> {
@@ -84,6 +134,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(unavailable_reason, m)?)?;
     m.add_function(wrap_pyfunction!(default_device, m)?)?;
     m.add_function(wrap_pyfunction!(trim, m)?)?;
+    m.add_function(wrap_pyfunction!(configure, m)?)?;
     m.add_function(wrap_pyfunction!(memory_stats, m)?)?;
     m.add_function(wrap_pyfunction!(transfer::h2d, m)?)?;
     m.add_function(wrap_pyfunction!(transfer::d2h, m)?)?;

@@ -67,3 +67,26 @@ def test_memory_stats_and_trim():
     stats = pinlane.memory_stats()
     assert set(stats) == {"staging", "pinned_outputs", "pageable_outputs", "devices"}
     assert stats["staging"]["in_use_bytes"] == 0
+
+
+def test_configure_is_strict_and_once_per_process():
+    # Configuration is per process: a fresh interpreter for each run.
+    code = """
+import pinlane
+for bad, why in [({"arena_bytes": "lots"}, "PINLANE_ARENA_BYTES"), ({"arenna_bytes": 1}, "arenna_bytes")]:
+    try:
+        pinlane.configure(**bad)
+        print("accepted", bad)
+    except ValueError as e:
+        print("refused", why in str(e))
+pinlane.configure(arena_bytes=64 << 20, copy_threads=2)
+pinlane.configure(arena_bytes=64 << 20, copy_threads=2)  # the same again: fine
+try:
+    pinlane.configure(arena_bytes=32 << 20)
+    print("accepted a second, different configuration")
+except RuntimeError as e:
+    print("running", "already" in str(e).lower() or "running" in str(e).lower())
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:3] == ["refused True", "refused True", "running True"], out.stdout
