@@ -167,25 +167,20 @@ impl Detached {
     /// Completion could not be proven (the event failed): everything is retained until a
     /// later synchronisation of the stream succeeds.
     pub(crate) fn retain(mut self) {
+        self.retain_parts();
+    }
+
+    fn retain_parts(&mut self) {
         if let Some((leases, held, sources, bytes)) = self.parts.take() {
-            retained::retain(
-                self.stream.clone(),
-                Box::new((leases, held, sources)),
-                bytes,
-            );
+            let keep = Box::new((leases, held, sources));
+            retained::retain(self.stream.clone(), keep, bytes);
         }
     }
 }
 
 impl Drop for Detached {
     fn drop(&mut self) {
-        if let Some((leases, held, sources, bytes)) = self.parts.take() {
-            retained::retain(
-                self.stream.clone(),
-                Box::new((leases, held, sources)),
-                bytes,
-            );
-        }
+        self.retain_parts(); // no proof of completion: nothing is freed
     }
 }
 
