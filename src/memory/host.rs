@@ -157,9 +157,7 @@ impl HostBuf {
     }
 
     pub(crate) fn same_as(&self, other: &HostBuf) -> bool {
-        std::ptr::addr_eq(Arc::as_ptr(&self.data), Arc::as_ptr(&other.data))
-            && self.offset == other.offset
-            && self.nbytes == other.nbytes
+        self.same_owner(other) && self.offset == other.offset && self.nbytes == other.nbytes
     }
 }
 

@@ -318,16 +318,14 @@ impl PinnedBuf {
         Ok(out)
     }
 
-    /// Whether two views are the same bytes of the same block.
     /// Whether both are views into one block.
     pub(crate) fn same_block(&self, other: &PinnedBuf) -> bool {
         Arc::ptr_eq(&self.block, &other.block)
     }
 
+    /// Whether two views are the same bytes of the same block.
     pub(crate) fn same_as(&self, other: &PinnedBuf) -> bool {
-        Arc::ptr_eq(&self.block, &other.block)
-            && self.offset == other.offset
-            && self.nbytes == other.nbytes
+        self.same_block(other) && self.offset == other.offset && self.nbytes == other.nbytes
     }
 
     pub(crate) fn bytes(&self) -> &[u8] {
