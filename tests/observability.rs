@@ -35,6 +35,16 @@ struct Recorder {
     exited: AtomicU64,
 }
 
+/// The tests take turns. `tracing` caches, per call site, whether anyone listens; a call
+/// site first reached on one test's thread while the other test is installing its
+/// subscriber can be cached as unheard, and that test then misses the span (seen once on
+/// the GPU machine: the first phase span of a call was missing).
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 thread_local! {
     static STACK: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
 }
@@ -91,6 +101,7 @@ impl Subscriber for Sub {
 #[test]
 fn every_call_is_a_span_with_its_phases_inside() {
     common::sim();
+    let _turn = serial();
     let rec = Arc::new(Recorder::default());
     let b = vec![
         common::tensor(DType::F32, &[50_000], 1),
@@ -132,6 +143,7 @@ fn every_call_is_a_span_with_its_phases_inside() {
 #[test]
 fn nvtx_without_its_library_is_a_no_op_and_the_timer_still_works() {
     common::sim();
+    let _turn = serial();
     // CI has no libnvToolsExt; on a machine that has it, ranges are emitted instead.
     let loaded = pinlane::driver::nvtx_loaded();
     eprintln!("libnvToolsExt loaded: {loaded}");

@@ -19,6 +19,8 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
+/// The tests of this binary take turns: some assert on process-wide memory statistics,
+/// which another test's live batches would change.
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
@@ -68,6 +70,7 @@ fn block_on<F: Future>(f: F) -> (F::Output, usize) {
 #[test]
 fn many_handles_in_flight_on_one_thread_complete_in_order() {
     common::sim();
+    let _turn = serial();
     let inputs: Vec<Vec<Tensor>> = (0..200).map(batch).collect();
     let moving: Vec<_> = inputs.iter().map(|b| h2d(b)).collect();
     // Later calls on the thread's stream never complete before earlier ones (asked in
@@ -93,6 +96,7 @@ fn many_handles_in_flight_on_one_thread_complete_in_order() {
 #[test]
 fn thousands_of_handles_across_threads() {
     common::sim();
+    let _turn = serial();
     std::thread::scope(|s| {
         for t in 0..8u64 {
             s.spawn(move || {
@@ -157,6 +161,7 @@ fn handles_dropped_or_forgotten_before_completion_free_nothing_early() {
 #[test]
 fn handles_are_awaited_and_waited_on_other_threads() {
     common::sim();
+    let _turn = serial();
     let b = batch(11);
     let slow = Stream::new(Device::cuda(0)).unwrap();
     let on = transfer_tensor_h2d(&b).unwrap();
@@ -185,6 +190,7 @@ fn handles_are_awaited_and_waited_on_other_threads() {
 #[test]
 fn the_ready_event_orders_a_consumer_stream_without_the_host() {
     common::sim();
+    let _turn = serial();
     let b = batch(21);
     let consumer = Stream::new(Device::cuda(0)).unwrap();
     let moving = h2d(&b);
@@ -214,6 +220,7 @@ fn the_ready_event_orders_a_consumer_stream_without_the_host() {
 #[test]
 fn pass_throughs_and_pageable_outputs_are_ready_at_once() {
     common::sim();
+    let _turn = serial();
     let b = batch(31);
     let host_only = transfer_tensor_d2h_async(&b, &D2hOptions::default()).unwrap();
     assert!(host_only.is_ready() && host_only.ready_event().is_none());
@@ -296,6 +303,7 @@ proptest! {
     #[test]
     fn random_batches_round_trip_through_the_async_calls(v in common::value()) {
         common::sim();
+        let _turn = serial();
         let expected = common::fingerprint(&v);
         let on: Value = transfer_tensor_h2d_async(&v, &H2dOptions::default()).unwrap().wait().unwrap();
         let (back, _) = block_on(transfer_tensor_d2h_async(&on, &D2hOptions::default()).unwrap());

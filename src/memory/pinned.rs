@@ -289,9 +289,9 @@ impl PinnedBuf {
         self.block.ptr.0.wrapping_add(self.offset)
     }
 
-    /// Views of `block` at `base + offset` for each `(offset, nbytes)`, whose bytes there
-    /// have been fully written (and whose copies are proven complete): one batch's output
-    /// tensors, made in one pass (a `Result` per view made the collection measurably
+    /// Views of `block` at `base + offset` for each `(offset, nbytes)`: one batch's output
+    /// tensors, made in one pass while the copies that write them run (the caller hands
+    /// them out only once those copies are proven complete) (a `Result` per view made the collection measurably
     /// slower for a thousand tensors).
     ///
     /// # Errors
@@ -461,10 +461,16 @@ impl PinnedOutputPool {
     pub(crate) fn stats(&self) -> crate::PoolStats {
         let st = self.lock();
         let free: usize = st.free.iter().map(|b| b.1).sum();
+        // The shared block stays current after its ranges' tensors are gone: with no
+        // view left (only the pool's reference), it counts as unused.
+        let idle_shared = match &st.shared {
+            Some((b, _)) if Arc::strong_count(b) == 1 => b.len,
+            _ => 0,
+        };
         crate::PoolStats {
             held_bytes: st.held,
-            in_use_bytes: st.held - free,
-            in_use_count: st.blocks - st.free.len(),
+            in_use_bytes: st.held - free - idle_shared,
+            in_use_count: st.blocks - st.free.len() - usize::from(idle_shared > 0),
             peak_bytes: st.peak,
         }
     }
