@@ -17,30 +17,49 @@ use crate::error::{Error, Result};
 /// assert_eq!(Shape::new(vec![5, 0]).numel(), 0);
 /// ```
 ///
-/// Cheap to clone (the dimensions are shared), so every tensor a transfer returns shares
-/// its source's shape instead of allocating one.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
-pub struct Shape(std::sync::Arc<[usize]>);
+/// Cheap to clone: up to [`Shape::INLINE`] dimensions are held inline (a clone is a plain
+/// copy, with no reference count to touch, which matters when a transfer builds a
+/// thousand output tensors), longer shapes share one allocation.
+#[derive(Clone)]
+pub struct Shape(Repr);
+
+#[derive(Clone)]
+enum Repr {
+    Inline {
+        len: u8,
+        dims: [usize; Shape::INLINE],
+    },
+    Shared(std::sync::Arc<[usize]>),
+}
 
 impl Shape {
+    /// Most dimensions a shape holds without an allocation of its own.
+    pub const INLINE: usize = 4;
+
     /// A shape from its dimensions.
     pub fn new(dims: Vec<usize>) -> Self {
-        Shape(dims.into())
+        Shape::from(dims.as_slice())
     }
 
     /// The 0-dim shape of a scalar.
     pub fn scalar() -> Self {
-        Shape(std::sync::Arc::new([]))
+        Shape(Repr::Inline {
+            len: 0,
+            dims: [0; Shape::INLINE],
+        })
     }
 
     /// The dimensions.
     pub fn dims(&self) -> &[usize] {
-        &self.0
+        match &self.0 {
+            Repr::Inline { len, dims } => &dims[..usize::from(*len)],
+            Repr::Shared(d) => d,
+        }
     }
 
     /// Number of dimensions.
     pub fn rank(&self) -> usize {
-        self.0.len()
+        self.dims().len()
     }
 
     /// Number of elements; saturates at `usize::MAX` (see [`Shape::try_nbytes`]).
@@ -50,12 +69,13 @@ impl Shape {
 
     /// Number of elements, or `None` if it overflows `usize`.
     pub fn try_numel(&self) -> Option<usize> {
+        let dims = self.dims();
         // A zero dimension makes the count 0 whatever the others are, even if multiplying
         // them first would overflow.
-        if self.0.contains(&0) {
+        if dims.contains(&0) {
             return Some(0);
         }
-        self.0.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))
     }
 
     /// Bytes taken by this shape's elements of `dtype`, checked for overflow.
@@ -66,32 +86,88 @@ impl Shape {
         self.try_numel()
             .and_then(|n| n.checked_mul(dtype.size()))
             .ok_or_else(|| Error::ShapeOverflow {
-                shape: self.0.to_vec(),
+                shape: self.dims().to_vec(),
             })
+    }
+}
+
+impl Default for Shape {
+    /// The scalar shape.
+    fn default() -> Self {
+        Shape::scalar()
+    }
+}
+
+impl std::fmt::Debug for Shape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Shape").field(&self.dims()).finish()
+    }
+}
+
+impl PartialEq for Shape {
+    fn eq(&self, other: &Shape) -> bool {
+        self.dims() == other.dims()
+    }
+}
+
+impl Eq for Shape {}
+
+impl std::hash::Hash for Shape {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.dims().hash(state);
+    }
+}
+
+impl From<&[usize]> for Shape {
+    fn from(d: &[usize]) -> Self {
+        if d.len() <= Shape::INLINE {
+            let mut dims = [0; Shape::INLINE];
+            dims[..d.len()].copy_from_slice(d);
+            // len <= INLINE = 4: fits a u8.
+            Shape(Repr::Inline {
+                len: d.len() as u8,
+                dims,
+            })
+        } else {
+            Shape(Repr::Shared(d.into()))
+        }
     }
 }
 
 impl From<Vec<usize>> for Shape {
     fn from(dims: Vec<usize>) -> Self {
-        Shape(dims.into())
-    }
-}
-
-impl From<&[usize]> for Shape {
-    fn from(dims: &[usize]) -> Self {
-        Shape(dims.into())
+        Shape::from(dims.as_slice())
     }
 }
 
 impl<const N: usize> From<[usize; N]> for Shape {
     fn from(dims: [usize; N]) -> Self {
-        Shape(dims.as_slice().into())
+        Shape::from(dims.as_slice())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn inline_and_shared_shapes_compare_and_hash_by_dims() {
+        use std::hash::{BuildHasher, RandomState};
+        let h = RandomState::new();
+        for dims in [vec![], vec![7], vec![2, 3, 4, 5], vec![1, 2, 3, 4, 5, 6]] {
+            let a = Shape::new(dims.clone());
+            let b = a.clone();
+            assert_eq!(a.dims(), dims.as_slice());
+            assert_eq!(a.rank(), dims.len());
+            assert_eq!(a, b);
+            assert_eq!(h.hash_one(&a), h.hash_one(&b));
+            assert_eq!(h.hash_one(&a), h.hash_one(Shape::from(dims.as_slice())));
+        }
+        assert_ne!(Shape::from([2, 3]), Shape::from([2, 3, 1]));
+        assert_ne!(Shape::from([1, 1, 1, 1]), Shape::from([1, 1, 1, 1, 1]));
+        assert_eq!(Shape::default(), Shape::scalar());
+        assert_eq!(format!("{:?}", Shape::from([2, 3])), "Shape([2, 3])");
+    }
 
     #[test]
     fn scalar_has_one_element_and_zero_dims_have_none() {
