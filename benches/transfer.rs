@@ -1,5 +1,7 @@
-//! `cargo bench --bench transfer [-- --json PATH] [--quick]`: PERFORMANCE.md's batches
-//! through pinlane both ways, on the GPU machine.
+//! `cargo bench --bench transfer [-- --json PATH] [--quick] [--trace] [--only NAME]`:
+//! PERFORMANCE.md's batches through pinlane both ways, on the GPU machine. `--trace`
+//! prints each phase's median time over 21 traced calls; `--only` keeps the batches whose
+//! name contains NAME.
 //!
 //! For each configuration: one checked round trip (every byte compared), a warm-up, then
 //! the median of timed whole calls (sources rotated among several copies for small
@@ -193,7 +195,15 @@ fn main() {
 
     let mut rows = Vec::new();
     let cpu_per_gb = |cpu: f64, bytes: usize, reps: usize| cpu / (bytes as f64 * reps as f64 / 1e9);
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .cloned();
     for c in configs(quick) {
+        if only.as_ref().is_some_and(|o| !c.name.contains(o.as_str())) {
+            continue;
+        }
         let bytes = bytes_of(&c.sources[0]);
         let n = c.sources.len();
         // Check the moved bytes once per configuration, both output modes.
@@ -212,24 +222,41 @@ fn main() {
         }
 
         if trace {
-            let show = |call: &str| {
-                let marks: Vec<String> = pinlane::last_trace()
-                    .unwrap_or_default()
-                    .iter()
-                    .map(|(l, d)| format!("{l} {:.1}", d.as_secs_f64() * 1e6))
+            // Median of each phase over traced calls: the marks' offsets from the call's
+            // start, then each phase's duration (the time since the previous mark).
+            let show = |call: &str, f: &mut dyn FnMut(usize)| {
+                let mut runs: Vec<Vec<(&'static str, Duration)>> = Vec::new();
+                for r in 0..21 {
+                    pinlane::trace_next_call();
+                    f(r);
+                    runs.extend(pinlane::last_trace());
+                }
+                let Some(first) = runs.first().cloned() else {
+                    return;
+                };
+                let marks: Vec<String> = (0..first.len())
+                    .map(|k| {
+                        let phase = |run: &Vec<(&str, Duration)>| {
+                            let prev = k.checked_sub(1).map_or(Duration::ZERO, |j| run[j].1);
+                            run[k].1.saturating_sub(prev)
+                        };
+                        let same = runs.iter().filter(|r| r.len() == first.len());
+                        let d = median(same.map(phase).collect());
+                        format!("{} +{:.1}", first[k].0, d.as_secs_f64() * 1e6)
+                    })
                     .collect();
                 eprintln!(
-                    "trace {} {call} (us from start): {}",
+                    "trace {} {call} (median us per phase, to each mark from the previous): {}",
                     c.name,
                     marks.join(", ")
                 );
             };
-            pinlane::trace_next_call();
-            drop(transfer_tensor_h2d(&c.sources[1 % n]).unwrap());
-            show("h2d");
-            pinlane::trace_next_call();
-            drop(transfer_tensor_d2h(&dev[1 % n], &D2hOptions::default()).unwrap());
-            show("d2h");
+            show("h2d", &mut |r| {
+                drop(transfer_tensor_h2d(&c.sources[r % n]).unwrap())
+            });
+            show("d2h", &mut |r| {
+                drop(transfer_tensor_d2h(&dev[r % n], &D2hOptions::default()).unwrap())
+            });
         }
         let (m, cpu) = time(c.reps, |r| {
             drop(transfer_tensor_h2d(&c.sources[r % n]).unwrap())
@@ -366,6 +393,9 @@ fn main() {
     }
 
     // H2D in one thread and D2H in another at once, 256 MiB each.
+    if only
+        .as_ref()
+        .is_none_or(|o| "256 MiB each way at once".contains(o.as_str()))
     {
         let src = dict(
             (0..8)

@@ -108,22 +108,25 @@ pub(crate) fn transfer<B: Batch>(
         && rt.settings().small_d2h == SmallD2h::Gather
         && memory::gather_available(device)
     {
-        // Stable: visit order is kept within each group.
-        picked.sort_by_key(|i| !small(i));
+        // Stable: visit order is kept within each group (all-small batches are in order
+        // already).
+        if !picked.is_sorted_by_key(|i| !small(i)) {
+            picked.sort_by_key(|i| !small(i));
+        }
         // The descriptors go through one staging slot: gather as many as fit (24 bytes
         // each); any further small tensors are copied one by one.
         n_small.min(rt.arena.slot_bytes() / GATHER_DESC_BYTES)
     } else {
         0
     };
-    let views: Vec<&DeviceView> = picked
-        .iter()
-        .filter_map(|&i| match all[i].storage() {
-            Storage::Device(v) => Some(v),
-            _ => None, // not picked
-        })
-        .collect();
-    let sizes: Vec<usize> = views.iter().map(|v| v.nbytes()).collect();
+    let mut views: Vec<&DeviceView> = Vec::with_capacity(picked.len());
+    let mut sizes: Vec<usize> = Vec::with_capacity(picked.len());
+    for &i in &picked {
+        if let Storage::Device(v) = all[i].storage() {
+            views.push(v);
+            sizes.push(v.nbytes());
+        } // else: not picked (every picked tensor is on the device)
+    }
     let (offsets, end) = plan::pack(sizes.iter().copied(), DEVICE_ALIGN)?;
     let block = match opts.output {
         HostOutput::Pinned if end > 0 => rt.outputs.take(end, device)?,
@@ -154,7 +157,7 @@ pub(crate) fn transfer<B: Batch>(
     // Pageable outputs are finished by host copies after the device copies, so that path
     // completes inside the call in both modes.
     let mut pending = None;
-    let storages: Vec<Storage> = match block {
+    let rebuilt = match block {
         Some((block, base)) => {
             job.hold(&block, end);
             let run = if batch_small {
@@ -174,6 +177,21 @@ pub(crate) fn transfer<B: Batch>(
             if let Err(e) = run {
                 return Err(job.abort(e, keep_sources));
             }
+            // The output views are made while the copies run; nobody reads them before
+            // the copies are proven done (on failure they are dropped unread, and `job`
+            // keeps the block until the stream has let go of it).
+            let views = PinnedBuf::views(
+                &block,
+                base,
+                offsets.iter().copied().zip(sizes.iter().copied()),
+            );
+            let views = match views {
+                Ok(v) => v,
+                Err(e) => return Err(job.abort(e, keep_sources)),
+            };
+            let storages = views.into_iter().map(Storage::Pinned);
+            let rebuilt = rebuild(batch, &all, &picked, &sizes, storages);
+            super::trace::mark("rebuilt");
             pending = match mode {
                 Mode::Blocking => {
                     job.finish(keep_sources)?;
@@ -181,14 +199,8 @@ pub(crate) fn transfer<B: Batch>(
                 }
                 Mode::Async => Some(completion::detach(job, device, keep_sources)?),
             };
-            PinnedBuf::views(
-                &block,
-                base,
-                offsets.iter().copied().zip(sizes.iter().copied()),
-            )?
-            .into_iter()
-            .map(Storage::Pinned)
-            .collect()
+            super::trace::mark("synced");
+            rebuilt
         }
         None => {
             let mut region = HostRegion::take(&rt.host_pool, end);
@@ -203,30 +215,43 @@ pub(crate) fn transfer<B: Batch>(
                 return Err(job.abort(e, keep_sources));
             }
             job.finish(keep_sources)?;
+            super::trace::mark("synced");
             let frozen = region.freeze();
-            HostBuf::views(&frozen, offsets.iter().copied().zip(sizes.iter().copied()))?
-                .into_iter()
-                .map(Storage::Host)
-                .collect()
+            let views =
+                HostBuf::views(&frozen, offsets.iter().copied().zip(sizes.iter().copied()))?;
+            let rebuilt = rebuild(
+                batch,
+                &all,
+                &picked,
+                &sizes,
+                views.into_iter().map(Storage::Host),
+            );
+            super::trace::mark("rebuilt");
+            rebuilt
         }
     };
-    super::trace::mark("synced");
     record_stats(stats);
+    Ok((rebuilt, pending))
+}
 
+/// `batch` with the tensors at `picked` (visit indices into `all`) replaced by host
+/// tensors over `storages` (of `sizes` bytes), in that order.
+fn rebuild<B: Batch>(
+    batch: &B,
+    all: &[&Tensor],
+    picked: &[usize],
+    sizes: &[usize],
+    storages: impl Iterator<Item = Storage>,
+) -> B {
     let moved = picked
         .iter()
         .zip(storages)
-        .zip(&sizes)
+        .zip(sizes)
         .map(|((&i, storage), &n)| {
             let t = all[i];
-            (
-                i,
-                Tensor::from_parts(t.dtype(), t.shape().clone(), n, storage),
-            )
+            Tensor::from_parts(t.dtype(), t.shape().clone(), n, storage)
         });
-    let rebuilt = super::rebuild_with(batch, all.len(), moved);
-    super::trace::mark("rebuilt");
-    Ok((rebuilt, pending))
+    super::rebuild_with(batch, all.len(), picked, moved)
 }
 
 /// Tensors up to this size are gathered on the device when there are enough of them.
@@ -363,11 +388,12 @@ fn submit_direct(
         if v.nbytes() == 0 {
             continue;
         }
-        // SAFETY: the block is new to this call (no view of it exists until the copies
-        // are proven complete) and `job` holds it; each view is borrowed from the caller's
-        // batch for the whole call (cloned into the retained registry if the call ends
-        // with copies unproven), or is the gathered buffer that `job` holds; the copy
-        // stream waits for the current stream and the producer event above.
+        // SAFETY: the block is new to this call (its views, made while the copies run,
+        // leave the call only once the copies are proven complete) and `job` holds it;
+        // each view is borrowed from the caller's batch for the whole call (cloned into
+        // the retained registry if the call ends with copies unproven), or is the
+        // gathered buffer that `job` holds; the copy stream waits for the current stream
+        // and the producer event above.
         unsafe { block.d2h_async(ctx, base + offsets[k], v, &stream) }?;
         stats.copies += 1;
         stats.direct_bytes += v.nbytes();

@@ -14,7 +14,8 @@
 //!    exact layout, padding included), then one copy moves the whole window. Fills run up
 //!    to two windows ahead of the copies; slots are reused round-robin, and refilling one
 //!    waits for its previous copy only. Many small tensors share one copy.
-//! 5. Synchronise the stream, build device tensors as views into the buffer, rebuild.
+//! 5. While the copies run, build the device tensors (views into the buffer) and the
+//!    rebuilt batch; then synchronise the stream and hand them out.
 
 use super::completion::{self, Pending};
 use super::{plan, record_stats, thread_state, Mode, TransferStats};
@@ -39,12 +40,6 @@ const BATCHED_DIRECT_MIN_BYTES: usize = 64 << 10;
 /// Staged regions up to this size are filled with streaming stores.
 const SMALL_BATCH: usize = 32 << 20;
 
-/// What a host tensor's bytes are copied from.
-enum Source<'a> {
-    Pageable(&'a [u8]),
-    Pinned(&'a PinnedBuf),
-}
-
 pub(crate) fn transfer<B: Batch>(
     batch: &B,
     opts: &H2dOptions,
@@ -66,10 +61,6 @@ pub(crate) fn transfer<B: Batch>(
         }
     }
     let all = batch::tensors(batch);
-    // Indices (into `all`) of host tensors: staged ones first (pageable, and small
-    // page-locked ones), then those copied straight from their page-locked memory.
-    let mut staged = Vec::new();
-    let mut direct = Vec::new();
     // With the batched copy, direct copies are one submission for all of them, and
     // smaller page-locked tensors are worth copying directly.
     let direct_min = if memory::batch_copy_available() {
@@ -77,15 +68,30 @@ pub(crate) fn transfer<B: Batch>(
     } else {
         DIRECT_MIN_BYTES
     };
+    // One pass over the batch: `order` lists (as indices into `all`) the host tensors,
+    // staged ones first (pageable, and small page-locked ones), then those copied straight
+    // from their page-locked memory; `staged` holds the first ones' bytes, `direct` the
+    // others' buffers.
+    let mut order = Vec::with_capacity(all.len());
+    let mut staged: Vec<&[u8]> = Vec::with_capacity(all.len());
+    let mut direct: Vec<(usize, &PinnedBuf)> = Vec::new();
     for (i, t) in all.iter().enumerate() {
         match t.storage() {
-            Storage::Host(_) => staged.push(i),
-            Storage::Pinned(_) if t.nbytes() < direct_min => staged.push(i),
-            Storage::Pinned(_) => direct.push(i),
+            Storage::Host(b) => {
+                order.push(i);
+                staged.push(b.bytes());
+            }
+            Storage::Pinned(b) if t.nbytes() < direct_min => {
+                order.push(i);
+                staged.push(b.bytes());
+            }
+            Storage::Pinned(b) => direct.push((i, b)),
             Storage::Device(_) => {}
         }
     }
-    if staged.is_empty() && direct.is_empty() {
+    order.extend(direct.iter().map(|d| d.0));
+    let direct: Vec<&PinnedBuf> = direct.into_iter().map(|d| d.1).collect();
+    if order.is_empty() {
         return Ok((batch::replace_tensors(batch, Vec::new()), None));
     }
 
@@ -96,23 +102,12 @@ pub(crate) fn transfer<B: Batch>(
         Some(s) => s.clone(),
         None => Stream::legacy(crate::Device::cuda(device))?,
     };
-    let order: Vec<usize> = staged.iter().chain(&direct).copied().collect();
     let sizes: Vec<usize> = order.iter().map(|&i| all[i].nbytes()).collect();
     let (offsets, end) = plan::pack(sizes.iter().copied(), DEVICE_ALIGN)?;
     let staged_end = staged
         .len()
         .checked_sub(1)
         .map_or(0, |last| offsets[last] + sizes[last]);
-    let sources: Vec<Source> = order
-        .iter()
-        .enumerate()
-        .filter_map(|(k, &i)| match all[i].storage() {
-            Storage::Host(b) => Some(Source::Pageable(b.bytes())),
-            Storage::Pinned(b) if k < staged.len() => Some(Source::Pageable(b.bytes())),
-            Storage::Pinned(b) => Some(Source::Pinned(b)),
-            Storage::Device(_) => None, // not in `order`
-        })
-        .collect();
 
     super::trace::mark("planned");
     let mut job = InFlight::new(stream, crate::runtime::runtime().settings().drop_sync_wait);
@@ -122,7 +117,8 @@ pub(crate) fn transfer<B: Batch>(
         ..TransferStats::default()
     };
     let run = submit(
-        &ctx, device, &consumer, &mut job, &sources, &offsets, &sizes, end, staged_end, &mut stats,
+        &ctx, device, &consumer, &mut job, &staged, &direct, &offsets, &sizes, end, staged_end,
+        &mut stats,
     );
     let keep_sources = || {
         order
@@ -135,6 +131,28 @@ pub(crate) fn transfer<B: Batch>(
         Err(e) => return Err(job.abort(e, keep_sources)),
     };
     super::trace::mark("submitted");
+    // The output tensors are built while the copies run: views into the batch's buffer,
+    // which `job` holds too. They reach the caller only if the copies succeed; otherwise
+    // they are dropped here, and `job` keeps the buffer until the stream has let go of it.
+    let views = match &alloc {
+        Some(a) => DeviceView::views(a, offsets.iter().copied().zip(sizes.iter().copied())),
+        None => Ok(vec![DeviceView::empty(device); order.len()]),
+    };
+    let views = match views {
+        Ok(v) => v,
+        Err(e) => return Err(job.abort(e, keep_sources)),
+    };
+    let moved = order.iter().zip(views).map(|(&i, view)| {
+        let t = all[i];
+        Tensor::from_parts(
+            t.dtype(),
+            t.shape().clone(),
+            t.nbytes(),
+            Storage::Device(view),
+        )
+    });
+    let rebuilt = super::rebuild_with(batch, all.len(), &order, moved);
+    super::trace::mark("rebuilt");
     let pending = match mode {
         Mode::Blocking => {
             job.finish(keep_sources)?;
@@ -144,23 +162,6 @@ pub(crate) fn transfer<B: Batch>(
     };
     super::trace::mark("synced");
     record_stats(stats);
-
-    let views = match &alloc {
-        Some(a) => DeviceView::views(a, offsets.iter().copied().zip(sizes.iter().copied()))?,
-        None => vec![DeviceView::empty(device); order.len()],
-    };
-    let moved = order.iter().zip(views).map(|(&i, view)| {
-        let t = all[i];
-        let out = Tensor::from_parts(
-            t.dtype(),
-            t.shape().clone(),
-            t.nbytes(),
-            Storage::Device(view),
-        );
-        (i, out)
-    });
-    let rebuilt = super::rebuild_with(batch, all.len(), moved);
-    super::trace::mark("rebuilt");
     if let Some(a) = alloc {
         thread_state::cache_batch(device, a, opts.num_caches)?;
     }
@@ -175,7 +176,8 @@ fn submit(
     device: usize,
     consumer: &Stream,
     job: &mut InFlight,
-    sources: &[Source],
+    staged: &[&[u8]],
+    direct: &[&PinnedBuf],
     offsets: &[usize],
     sizes: &[usize],
     end: usize,
@@ -190,15 +192,14 @@ fn submit(
     job.hold(&alloc, end);
     super::trace::mark("allocated");
 
-    let direct: Vec<(&PinnedBuf, usize)> = sources
+    // The direct sources follow the staged ones in `offsets` and `sizes`.
+    let direct: Vec<(&PinnedBuf, usize)> = direct
         .iter()
-        .enumerate()
-        .filter_map(|(k, src)| match src {
-            Source::Pinned(buf) if sizes[k] > 0 => {
-                stats.direct_bytes += sizes[k];
-                Some((*buf, offsets[k]))
-            }
-            _ => None,
+        .zip(staged.len()..)
+        .filter(|&(_, k)| sizes[k] > 0)
+        .map(|(&buf, k)| {
+            stats.direct_bytes += sizes[k];
+            (buf, offsets[k])
         })
         .collect();
     if direct.len() >= 2 && memory::batch_copy_available() && !stream.is_legacy() {
@@ -236,20 +237,18 @@ fn submit(
             Stores::Cached
         });
         let mut filling: VecDeque<(usize, usize, usize)> = VecDeque::new(); // (slot, start, len)
-        let mut pieces: Vec<(usize, &[u8])> = Vec::new();
+        let (offsets, sizes) = (&offsets[..staged.len()], &sizes[..staged.len()]);
         for (w_idx, w) in plan::windows(offsets, sizes, staged_end, window).enumerate() {
             let k = w_idx % nslots;
-            pieces.clear();
-            for p in &w.parts {
-                if let Source::Pageable(bytes) = sources[p.item] {
-                    pieces.push((p.window_off, &bytes[p.item_off..p.item_off + p.len]));
-                    stats.staged_bytes += p.len;
-                }
-            }
+            stats.staged_bytes += w.parts.iter().map(|p| p.len).sum::<usize>();
+            let pieces = w.parts.iter().map(|p| {
+                let bytes = staged[p.item];
+                (p.window_off, &bytes[p.item_off..p.item_off + p.len])
+            });
             // SAFETY: the pieces borrow the caller's batch, alive for this whole call; the
             // lease settles its fill before the call ends (InFlight::finish/abort settle
             // every lease, and so does dropping one).
-            unsafe { job.leases[k].fill_start(&pieces, &rt.copy, stores) }?;
+            unsafe { job.leases[k].fill_start(pieces, &rt.copy, stores) }?;
             super::trace::mark("fill started");
             filling.push_back((k, w.start, w.len));
             while filling.len() > ahead {

@@ -256,19 +256,51 @@ fn lease_slots(ctx: &ContextGuard, job: &mut InFlight, n_windows: usize) -> Resu
     Ok(job.leases.len().max(1))
 }
 
-/// Rebuilds `batch` (which has `n` tensors) with the tensors at the given visit indices
-/// replaced; the others are kept (cloned).
+/// Rebuilds `batch` (which has `n` tensors) with the tensors at visit indices `indices`
+/// replaced by `outputs`, in that order; the others are kept (cloned). When every tensor
+/// is replaced in visit order (the usual case), the outputs are made one by one as the
+/// batch is rebuilt, with no list in between.
 fn rebuild_with<B: Batch>(
     batch: &B,
     n: usize,
-    moved: impl Iterator<Item = (usize, crate::Tensor)>,
+    indices: &[usize],
+    mut outputs: impl Iterator<Item = crate::Tensor>,
 ) -> B {
+    if indices.len() == n && indices.iter().enumerate().all(|(k, &i)| k == i) {
+        return batch.rebuild(&mut |orig| outputs.next().unwrap_or_else(|| orig.clone()));
+    }
     let mut new: Vec<Option<crate::Tensor>> = vec![None; n];
-    for (i, t) in moved {
+    for (&i, t) in indices.iter().zip(outputs) {
         if let Some(slot) = new.get_mut(i) {
             *slot = Some(t);
         }
     }
     let mut it = new.into_iter();
     batch.rebuild(&mut |orig| it.next().flatten().unwrap_or_else(|| orig.clone()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rebuild_with;
+    use crate::Tensor;
+
+    fn t(v: u8) -> Tensor {
+        Tensor::scalar(v)
+    }
+
+    #[test]
+    fn rebuild_with_replaces_the_named_tensors_in_any_order() {
+        let b = vec![t(0), t(1), t(2)];
+        // Every tensor, in visit order: the direct path.
+        let all = rebuild_with(&b, 3, &[0, 1, 2], [t(10), t(11), t(12)].into_iter());
+        assert_eq!(all, vec![t(10), t(11), t(12)]);
+        // Every tensor, reordered (small ones first, as the D2H gather lays them out).
+        let perm = rebuild_with(&b, 3, &[2, 0, 1], [t(12), t(10), t(11)].into_iter());
+        assert_eq!(perm, vec![t(10), t(11), t(12)]);
+        // Some tensors: the others are kept.
+        let some = rebuild_with(&b, 3, &[2, 0], [t(12), t(10)].into_iter());
+        assert_eq!(some, vec![t(10), t(1), t(12)]);
+        let none = rebuild_with(&b, 3, &[], std::iter::empty());
+        assert_eq!(none, b);
+    }
 }

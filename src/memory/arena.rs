@@ -368,9 +368,9 @@ impl SlotLease {
     /// # Safety
     /// Every piece's bytes stay alive and unchanged until the slot is next used, settled
     /// or dropped.
-    pub(crate) unsafe fn fill_start(
+    pub(crate) unsafe fn fill_start<'a>(
         &mut self,
-        pieces: &[(usize, &[u8])],
+        pieces: impl Iterator<Item = (usize, &'a [u8])>,
         copy: &'static CopyPool,
         stores: Stores,
     ) -> Result<()> {
@@ -378,8 +378,8 @@ impl SlotLease {
         let len = buf.len();
         let base = buf.as_mut_ptr();
         let mut end = 0;
-        let mut tasks = Vec::with_capacity(pieces.len());
-        for &(at, src) in pieces {
+        let mut tasks = Vec::with_capacity(pieces.size_hint().0);
+        for (at, src) in pieces {
             // Sorted and disjoint: a piece starting inside the previous one is refused too.
             check_range("slot fill", at, src.len(), len)?;
             check_range("slot fill order", end, 0, at)?;
@@ -395,7 +395,7 @@ impl SlotLease {
         // it waits for the ticket first (settle), so nothing else touches those bytes until
         // the copies are done; the sources stay valid that long by the caller's contract,
         // and cannot overlap the slot, which is exclusively ours.
-        self.filling = Some(unsafe { copy.submit(&tasks, stores) });
+        self.filling = Some(unsafe { copy.submit(tasks, stores) });
         Ok(())
     }
 
@@ -430,7 +430,7 @@ impl SlotLease {
         // SAFETY: sources are inside the slot, whose D2H copies have completed (bytes_mut
         // waited) and which this lease owns; destinations are inside the region, which is
         // borrowed mutably for the whole call, and do not overlap (checked above).
-        unsafe { copy.run(&tasks, stores) };
+        unsafe { copy.run(tasks, stores) };
         Ok(())
     }
 

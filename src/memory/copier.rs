@@ -186,7 +186,7 @@ impl CopyPool {
     ///
     /// # Safety
     /// As for [`CopyPool::submit`], until `run` returns.
-    pub(crate) unsafe fn run(&'static self, tasks: &[CopyTask], stores: Stores) {
+    pub(crate) unsafe fn run(&'static self, tasks: Vec<CopyTask>, stores: Stores) {
         // SAFETY: the ticket is waited before returning, within the caller's guarantee.
         unsafe { self.submit(tasks, stores) }.wait();
     }
@@ -199,10 +199,10 @@ impl CopyPool {
     /// For every task, until the ticket is waited or dropped (it must not be leaked):
     /// `src..src+len` is readable and unchanged, `dst..dst+len` is writable, the two do
     /// not overlap, and nothing else reads or writes `dst..dst+len`.
-    pub(crate) unsafe fn submit(&'static self, tasks: &[CopyTask], stores: Stores) -> Ticket {
+    pub(crate) unsafe fn submit(&'static self, tasks: Vec<CopyTask>, stores: Stores) -> Ticket {
         let total: usize = tasks.iter().map(|t| t.len).sum();
         if total < self.parallel_min || self.threads == 1 {
-            for t in tasks {
+            for t in &tasks {
                 // SAFETY: the caller's contract, for each task.
                 unsafe { copy_bytes(t.src, t.dst, t.len, stores) };
             }
@@ -210,25 +210,34 @@ impl CopyPool {
             return Ticket { job: None };
         }
         let piece = PIECE.min(total.div_ceil(self.threads)).max(PIECE_MIN);
-        let mut cut = Vec::with_capacity(total / piece + tasks.len());
+        // Tasks larger than a piece are cut (many small tensors are taken as they are).
+        let cut = if tasks.iter().all(|t| t.len <= piece) {
+            tasks
+        } else {
+            let mut cut = Vec::with_capacity(total / piece + tasks.len());
+            for t in &tasks {
+                let mut off = 0;
+                while off < t.len {
+                    let len = piece.min(t.len - off);
+                    // off + len <= t.len: inside both ranges (wrapping_add never wraps).
+                    cut.push(CopyTask {
+                        src: t.src.wrapping_add(off),
+                        dst: t.dst.wrapping_add(off),
+                        len,
+                    });
+                    off += len;
+                }
+            }
+            cut
+        };
+        // Pieces: runs of consecutive tasks adding up to about `piece` bytes.
         let mut pieces = Vec::with_capacity(total / piece + 1);
         let (mut start, mut acc) = (0, 0);
-        for t in tasks {
-            let mut off = 0;
-            while off < t.len {
-                let len = piece.min(t.len - off);
-                // off + len <= t.len: inside both ranges (wrapping_add never wraps here).
-                cut.push(CopyTask {
-                    src: t.src.wrapping_add(off),
-                    dst: t.dst.wrapping_add(off),
-                    len,
-                });
-                off += len;
-                acc += len;
-                if acc >= piece {
-                    pieces.push(start..cut.len());
-                    (start, acc) = (cut.len(), 0);
-                }
+        for (k, t) in cut.iter().enumerate() {
+            acc += t.len;
+            if acc >= piece {
+                pieces.push(start..k + 1);
+                (start, acc) = (k + 1, 0);
             }
         }
         if start < cut.len() {
@@ -395,7 +404,7 @@ mod tests {
         }
         // SAFETY: every task lies inside src/dst (distinct slices) and dst is borrowed
         // mutably for the whole call.
-        unsafe { pool().run(&tasks, Stores::Cached) };
+        unsafe { pool().run(tasks, Stores::Cached) };
     }
 
     #[test]
@@ -432,7 +441,7 @@ mod tests {
         }
         // SAFETY: tasks are disjoint ranges inside src and dst (offset by 3), both alive
         // and dst borrowed mutably for the whole call.
-        unsafe { pool().run(&tasks, Stores::Cached) };
+        unsafe { pool().run(tasks, Stores::Cached) };
         assert!(dst[3..at + 3] == src[..at]);
         assert_eq!(dst[..3], [0, 0, 0]);
     }
