@@ -116,9 +116,41 @@ pub(crate) fn transfer<B: Batch>(
         bytes: sizes.iter().sum(),
         ..TransferStats::default()
     };
+    // The output tensors (views into the batch's buffer, which `job` holds too) are made
+    // while the host fills the staging slots, and the batch is rebuilt around them while
+    // the copies run. They reach the caller only if the copies succeed; otherwise they are
+    // dropped here, and `job` keeps the buffer until the stream has let go of it.
+    let make_outputs = |alloc: Option<&Arc<DeviceAlloc>>| -> Result<Vec<Tensor>> {
+        let views = match alloc {
+            Some(a) => DeviceView::views(a, offsets.iter().copied().zip(sizes.iter().copied()))?,
+            None => vec![DeviceView::empty(device); order.len()],
+        };
+        let made = order.iter().zip(views).map(|(&i, view)| {
+            let t = all[i];
+            Tensor::from_parts(
+                t.dtype(),
+                t.shape().clone(),
+                t.nbytes(),
+                Storage::Device(view),
+            )
+        });
+        let made = made.collect();
+        super::trace::mark("outputs made");
+        Ok(made)
+    };
     let run = submit(
-        &ctx, device, &consumer, &mut job, &staged, &direct, &offsets, &sizes, end, staged_end,
+        &ctx,
+        device,
+        &consumer,
+        &mut job,
+        &staged,
+        &direct,
+        &offsets,
+        &sizes,
+        end,
+        staged_end,
         &mut stats,
+        make_outputs,
     );
     let keep_sources = || {
         order
@@ -126,31 +158,12 @@ pub(crate) fn transfer<B: Batch>(
             .map(|&i| all[i].clone())
             .collect::<Vec<Tensor>>()
     };
-    let alloc = match run {
-        Ok(alloc) => alloc,
+    let (alloc, outputs) = match run {
+        Ok(r) => r,
         Err(e) => return Err(job.abort(e, keep_sources)),
     };
     super::trace::mark("submitted");
-    // The output tensors are built while the copies run: views into the batch's buffer,
-    // which `job` holds too. They reach the caller only if the copies succeed; otherwise
-    // they are dropped here, and `job` keeps the buffer until the stream has let go of it.
-    let views = match &alloc {
-        Some(a) => DeviceView::views(a, offsets.iter().copied().zip(sizes.iter().copied())),
-        None => Ok(vec![DeviceView::empty(device); order.len()]),
-    };
-    let views = match views {
-        Ok(v) => v,
-        Err(e) => return Err(job.abort(e, keep_sources)),
-    };
-    let moved = order.iter().zip(views).map(|(&i, view)| {
-        let t = all[i];
-        Tensor::from_parts(
-            t.dtype(),
-            t.shape().clone(),
-            t.nbytes(),
-            Storage::Device(view),
-        )
-    });
+    let moved = outputs.into_iter();
     let rebuilt = super::rebuild_with(batch, all.len(), &order, moved);
     super::trace::mark("rebuilt");
     let pending = match mode {
@@ -168,10 +181,13 @@ pub(crate) fn transfer<B: Batch>(
     Ok((rebuilt, pending))
 }
 
-/// Queues every copy of the batch on `job`'s stream. Returns the batch's allocation
-/// (`None` when all host tensors are empty).
+/// Queues every copy of the batch on `job`'s stream, calling `meanwhile` with the batch's
+/// allocation once: while the host fills the last staging windows, before waiting for
+/// those fills (or after the direct copies when nothing is staged; with `None` when all
+/// host tensors are empty and there is nothing to copy). Returns the batch's allocation
+/// and what `meanwhile` made.
 #[allow(clippy::too_many_arguments)]
-fn submit(
+fn submit<T>(
     ctx: &ContextGuard,
     device: usize,
     consumer: &Stream,
@@ -183,9 +199,10 @@ fn submit(
     end: usize,
     staged_end: usize,
     stats: &mut TransferStats,
-) -> Result<Option<Arc<DeviceAlloc>>> {
+    meanwhile: impl FnOnce(Option<&Arc<DeviceAlloc>>) -> Result<T>,
+) -> Result<(Option<Arc<DeviceAlloc>>, T)> {
     if end == 0 {
-        return Ok(None);
+        return Ok((None, meanwhile(None)?));
     }
     let stream = job.stream().clone();
     let alloc = DeviceAlloc::new_async(ctx, device, end, &stream, consumer.clone())?;
@@ -238,7 +255,10 @@ fn submit(
         });
         let mut filling: VecDeque<(usize, usize, usize)> = VecDeque::new(); // (slot, start, len)
         let (offsets, sizes) = (&offsets[..staged.len()], &sizes[..staged.len()]);
-        for (w_idx, w) in plan::windows(offsets, sizes, staged_end, window).enumerate() {
+        let mut windows = plan::windows(offsets, sizes, staged_end, window)
+            .enumerate()
+            .peekable();
+        while let Some((w_idx, w)) = windows.next() {
             let k = w_idx % nslots;
             stats.staged_bytes += w.parts.iter().map(|p| p.len).sum::<usize>();
             let pieces = w.parts.iter().map(|p| {
@@ -251,18 +271,25 @@ fn submit(
             unsafe { job.leases[k].fill_start(pieces, &rt.copy, stores) }?;
             super::trace::mark("fill started");
             filling.push_back((k, w.start, w.len));
-            while filling.len() > ahead {
+            // After the last fill no slot is needed again: its copies are queued below,
+            // once `meanwhile` has run while the copy threads fill.
+            let last = windows.peek().is_none();
+            while filling.len() > ahead && !last {
                 let Some((k, start, len)) = filling.pop_front() else {
                     break;
                 };
                 queue_window(ctx, job, k, len, &alloc, start, &stream, stats)?;
             }
         }
+        let made = meanwhile(Some(&alloc))?;
         while let Some((k, start, len)) = filling.pop_front() {
             queue_window(ctx, job, k, len, &alloc, start, &stream, stats)?;
         }
+        Ok((Some(alloc), made))
+    } else {
+        let made = meanwhile(Some(&alloc))?;
+        Ok((Some(alloc), made))
     }
-    Ok(Some(alloc))
 }
 
 /// Queues the copy of a filled slot (waiting for its fill first) to `alloc` at `start`.
