@@ -185,6 +185,13 @@ fn main() {
         "{device}: pinned limit (256 MiB, median of 8, this process): H2D {:.1} GB/s, D2H {:.1} GB/s, both at once {:.1} GB/s",
         limits.h2d, limits.d2h, limits.both
     );
+    // The device-side floor of a small batch: one 1 MiB copy and its synchronisation.
+    let mib = measure_pinned_limits(device, 1 << 20, 50).expect("pinned 1 MiB");
+    println!(
+        "{device}: one 1 MiB page-locked copy with its synchronisation (median of 50): H2D {:.1} us, D2H {:.1} us",
+        (1 << 20) as f64 / mib.h2d / 1e3,
+        (1 << 20) as f64 / mib.d2h / 1e3
+    );
     println!(
         "driver {}, copy threads {}, staging slot {} MiB, arena cap {} MiB",
         info.version,

@@ -255,12 +255,12 @@ fn submit<T>(
         });
         let mut filling: VecDeque<(usize, usize, usize)> = VecDeque::new(); // (slot, start, len)
         let (offsets, sizes) = (&offsets[..staged.len()], &sizes[..staged.len()]);
+        stats.staged_bytes += sizes.iter().sum::<usize>();
         let mut windows = plan::windows(offsets, sizes, staged_end, window)
             .enumerate()
             .peekable();
         while let Some((w_idx, w)) = windows.next() {
             let k = w_idx % nslots;
-            stats.staged_bytes += w.parts.iter().map(|p| p.len).sum::<usize>();
             let pieces = w.parts.iter().map(|p| {
                 let bytes = staged[p.item];
                 (p.window_off, &bytes[p.item_off..p.item_off + p.len])

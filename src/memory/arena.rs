@@ -14,7 +14,9 @@
 //! takes if free, and otherwise it cycles the slots it has.
 
 use super::copier::{Stores, Ticket};
-use super::{check_range, retained, CopyPool, CopyTask, DeviceAlloc, DeviceView, HostRegion};
+use super::{
+    check_range, retained, CopyPool, CopyTask, CopyTasks, DeviceAlloc, DeviceView, HostRegion,
+};
 use crate::driver::{self, ContextGuard, Event, HostPtr, Stream};
 use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -378,7 +380,7 @@ impl SlotLease {
         let len = buf.len();
         let base = buf.as_mut_ptr();
         let mut end = 0;
-        let mut tasks = Vec::with_capacity(pieces.size_hint().0);
+        let mut tasks = CopyTasks::with_capacity(pieces.size_hint().0);
         for (at, src) in pieces {
             // Sorted and disjoint: a piece starting inside the previous one is refused too.
             check_range("slot fill", at, src.len(), len)?;
@@ -415,7 +417,7 @@ impl SlotLease {
         let dst_len = dst.len();
         let dst = dst.as_mut_ptr();
         let mut end = 0;
-        let mut tasks = Vec::with_capacity(pieces.len());
+        let mut tasks = CopyTasks::with_capacity(pieces.len());
         for &(from, to, n) in pieces {
             check_range("slot drain", from, n, slot_len)?;
             check_range("region", to, n, dst_len)?;

@@ -48,6 +48,38 @@ unsafe impl Send for CopyTask {}
 // SAFETY: as above; tasks are only read.
 unsafe impl Sync for CopyTask {}
 
+/// Copies to run as one job, with their total and largest size counted as they are added
+/// (so submitting needs no further pass over them).
+#[derive(Default)]
+pub(crate) struct CopyTasks {
+    tasks: Vec<CopyTask>,
+    total: usize,
+    largest: usize,
+}
+
+impl CopyTasks {
+    pub(crate) fn with_capacity(n: usize) -> CopyTasks {
+        CopyTasks {
+            tasks: Vec::with_capacity(n),
+            ..CopyTasks::default()
+        }
+    }
+
+    pub(crate) fn push(&mut self, t: CopyTask) {
+        self.total += t.len;
+        self.largest = self.largest.max(t.len);
+        self.tasks.push(t);
+    }
+}
+
+impl From<Vec<CopyTask>> for CopyTasks {
+    fn from(tasks: Vec<CopyTask>) -> CopyTasks {
+        let mut out = CopyTasks::with_capacity(tasks.len());
+        tasks.into_iter().for_each(|t| out.push(t));
+        out
+    }
+}
+
 struct Job {
     /// Whether to write with non-temporal stores (see [`Stores`]).
     stores: Stores,
@@ -186,7 +218,7 @@ impl CopyPool {
     ///
     /// # Safety
     /// As for [`CopyPool::submit`], until `run` returns.
-    pub(crate) unsafe fn run(&'static self, tasks: Vec<CopyTask>, stores: Stores) {
+    pub(crate) unsafe fn run(&'static self, tasks: CopyTasks, stores: Stores) {
         // SAFETY: the ticket is waited before returning, within the caller's guarantee.
         unsafe { self.submit(tasks, stores) }.wait();
     }
@@ -199,8 +231,12 @@ impl CopyPool {
     /// For every task, until the ticket is waited or dropped (it must not be leaked):
     /// `src..src+len` is readable and unchanged, `dst..dst+len` is writable, the two do
     /// not overlap, and nothing else reads or writes `dst..dst+len`.
-    pub(crate) unsafe fn submit(&'static self, tasks: Vec<CopyTask>, stores: Stores) -> Ticket {
-        let total: usize = tasks.iter().map(|t| t.len).sum();
+    pub(crate) unsafe fn submit(&'static self, tasks: CopyTasks, stores: Stores) -> Ticket {
+        let CopyTasks {
+            tasks,
+            total,
+            largest,
+        } = tasks;
         if total < self.parallel_min || self.threads == 1 {
             for t in &tasks {
                 // SAFETY: the caller's contract, for each task.
@@ -211,7 +247,7 @@ impl CopyPool {
         }
         let piece = PIECE.min(total.div_ceil(self.threads)).max(PIECE_MIN);
         // Tasks larger than a piece are cut (many small tensors are taken as they are).
-        let cut = if tasks.iter().all(|t| t.len <= piece) {
+        let cut = if largest <= piece {
             tasks
         } else {
             let mut cut = Vec::with_capacity(total / piece + tasks.len());
@@ -404,7 +440,7 @@ mod tests {
         }
         // SAFETY: every task lies inside src/dst (distinct slices) and dst is borrowed
         // mutably for the whole call.
-        unsafe { pool().run(tasks, Stores::Cached) };
+        unsafe { pool().run(tasks.into(), Stores::Cached) };
     }
 
     #[test]
@@ -441,7 +477,7 @@ mod tests {
         }
         // SAFETY: tasks are disjoint ranges inside src and dst (offset by 3), both alive
         // and dst borrowed mutably for the whole call.
-        unsafe { pool().run(tasks, Stores::Cached) };
+        unsafe { pool().run(tasks.into(), Stores::Cached) };
         assert!(dst[3..at + 3] == src[..at]);
         assert_eq!(dst[..3], [0, 0, 0]);
     }

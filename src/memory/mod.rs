@@ -66,7 +66,7 @@ pub(crate) use crate::driver::batch_copy_available;
 pub use arena::PinnedArena;
 pub(crate) use arena::SlotLease;
 pub use copier::CopyPool;
-pub(crate) use copier::{CopyTask, Stores};
+pub(crate) use copier::{CopyTask, CopyTasks, Stores};
 pub use device::DevicePtrGuard;
 pub(crate) use device::{DeviceAlloc, DeviceView};
 pub(crate) use gather::{available as gather_available, gather_async};
