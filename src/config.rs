@@ -14,7 +14,7 @@ pub enum CopyStores {
     Auto,
     /// Ordinary stores (plain `memcpy`).
     Cached,
-    /// Non-temporal stores for copies of 64 KiB or more (x86-64; elsewhere ordinary).
+    /// Non-temporal stores for copies of 256 bytes or more (x86-64; elsewhere ordinary).
     Streaming,
 }
 
