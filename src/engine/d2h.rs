@@ -423,22 +423,23 @@ fn submit_staged(
     let n_windows = end.div_ceil(slot);
     let nslots = super::lease_slots(ctx, job, n_windows)?;
     let mut pending: Vec<Option<plan::Window>> = vec![None; nslots];
-    for (w_idx, w) in plan::windows(offsets, sizes, end, slot).enumerate() {
+    for (w_idx, w) in plan::windows(end, slot).enumerate() {
         let k = w_idx % nslots;
         if let Some(prev) = pending[k].take() {
-            drain(&mut job.leases[k], &prev, offsets, region)?;
+            drain(&mut job.leases[k], prev, offsets, sizes, region)?;
         }
         let parts = w
-            .parts
-            .iter()
+            .parts(offsets, sizes)
             .map(|p| (p.window_off, views[p.item], p.item_off, p.len));
         // SAFETY: every view is borrowed from the caller's batch for this whole call (and
         // cloned into the retained registry if the call ends with copies unproven); the
         // copy stream waits for the current stream and the producer event above, which
         // order the views' producing work before these copies.
         unsafe { job.leases[k].d2h_window(ctx, parts, &stream) }?;
-        stats.copies += w.parts.len();
-        stats.staged_bytes += w.parts.iter().map(|p| p.len).sum::<usize>();
+        for p in w.parts(offsets, sizes) {
+            stats.copies += 1;
+            stats.staged_bytes += p.len;
+        }
         stats.windows += 1;
         pending[k] = Some(w);
     }
@@ -446,7 +447,7 @@ fn submit_staged(
     for j in 0..nslots {
         let k = (n_windows + j) % nslots;
         if let Some(prev) = pending[k].take() {
-            drain(&mut job.leases[k], &prev, offsets, region)?;
+            drain(&mut job.leases[k], prev, offsets, sizes, region)?;
         }
     }
     Ok(())
@@ -455,13 +456,13 @@ fn submit_staged(
 /// Copies a finished window out of its slot into the output region.
 fn drain(
     lease: &mut SlotLease,
-    w: &plan::Window,
+    w: plan::Window,
     offsets: &[usize],
+    sizes: &[usize],
     region: &mut HostRegion,
 ) -> Result<()> {
     let pieces: Vec<(usize, usize, usize)> = w
-        .parts
-        .iter()
+        .parts(offsets, sizes)
         .map(|p| (p.window_off, offsets[p.item] + p.item_off, p.len))
         .collect();
     let rt = crate::runtime::runtime();

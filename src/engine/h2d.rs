@@ -256,12 +256,10 @@ fn submit<T>(
         let mut filling: VecDeque<(usize, usize, usize)> = VecDeque::new(); // (slot, start, len)
         let (offsets, sizes) = (&offsets[..staged.len()], &sizes[..staged.len()]);
         stats.staged_bytes += sizes.iter().sum::<usize>();
-        let mut windows = plan::windows(offsets, sizes, staged_end, window)
-            .enumerate()
-            .peekable();
+        let mut windows = plan::windows(staged_end, window).enumerate().peekable();
         while let Some((w_idx, w)) = windows.next() {
             let k = w_idx % nslots;
-            let pieces = w.parts.iter().map(|p| {
+            let pieces = w.parts(offsets, sizes).map(|p| {
                 let bytes = staged[p.item];
                 (p.window_off, &bytes[p.item_off..p.item_off + p.len])
             });

@@ -54,63 +54,57 @@ pub(crate) struct Part {
     pub len: usize,
 }
 
-/// One window: `[start, start + len)` of the batch's buffer and the item pieces in it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// One window: `[start, start + len)` of the batch's buffer. [`Window::parts`] lists the
+/// item pieces in it, computed when asked for (no list is kept per window).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Window {
     pub start: usize,
     pub len: usize,
-    pub parts: Vec<Part>,
 }
 
-/// Cuts `[0, end)` into windows of `window` bytes (the last may be shorter) and lists,
-/// for each, the pieces of the items (`offsets[i]`, `sizes[i]`, sorted by offset and not
-/// overlapping) that fall inside it. Empty items produce no piece. Windows are produced
-/// lazily, so a 1 GiB batch does not build its whole plan up front.
-pub(crate) fn windows<'a>(
-    offsets: &'a [usize],
-    sizes: &'a [usize],
-    end: usize,
-    window: usize,
-) -> impl Iterator<Item = Window> + 'a {
-    debug_assert!(window > 0);
-    debug_assert_eq!(offsets.len(), sizes.len());
-    let mut item = 0usize;
-    let mut start = 0usize;
-    std::iter::from_fn(move || {
-        if start >= end {
-            return None;
+impl Window {
+    /// The pieces of the items (`offsets[i]`, `sizes[i]`, sorted by offset and not
+    /// overlapping) that fall inside this window, in item order. Empty items produce no
+    /// piece.
+    pub(crate) fn parts<'a>(
+        self,
+        offsets: &'a [usize],
+        sizes: &'a [usize],
+    ) -> impl Iterator<Item = Part> + 'a {
+        debug_assert_eq!(offsets.len(), sizes.len());
+        let (start, stop) = (self.start, self.start + self.len);
+        // The first item that ends after `start`: items are sorted and do not overlap, so
+        // their ends are sorted too (binary search).
+        let (mut lo, mut hi) = (0, offsets.len());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if offsets[mid] + sizes[mid] <= start {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
         }
-        let len = window.min(end - start);
-        let stop = start + len;
-        let mut parts = Vec::new();
-        // Items are sorted; `item` is the first one not wholly before `start`.
-        let mut i = item;
-        while i < offsets.len() && offsets[i] < stop {
-            let (o, n) = (offsets[i], sizes[i]);
-            let lo = o.max(start);
-            let hi = (o + n).min(stop);
-            if hi > lo {
-                parts.push(Part {
+        (lo..offsets.len())
+            .take_while(move |&i| offsets[i] < stop)
+            .filter_map(move |i| {
+                let (o, n) = (offsets[i], sizes[i]);
+                let (a, b) = (o.max(start), (o + n).min(stop));
+                (b > a).then_some(Part {
                     item: i,
-                    item_off: lo - o,
-                    window_off: lo - start,
-                    len: hi - lo,
-                });
-            }
-            if o + n <= stop {
-                // The item ends inside this window: later windows never need it.
-                if i == item {
-                    item += 1;
-                }
-            }
-            i += 1;
-        }
-        start = stop;
-        Some(Window {
-            start: stop - len,
-            len,
-            parts,
-        })
+                    item_off: a - o,
+                    window_off: a - start,
+                    len: b - a,
+                })
+            })
+    }
+}
+
+/// Cuts `[0, end)` into windows of `window` bytes (the last may be shorter).
+pub(crate) fn windows(end: usize, window: usize) -> impl Iterator<Item = Window> {
+    debug_assert!(window > 0);
+    (0..end).step_by(window.max(1)).map(move |start| Window {
+        start,
+        len: window.min(end - start),
     })
 }
 
@@ -145,12 +139,12 @@ mod tests {
 
     #[test]
     fn one_item_spanning_three_windows() {
-        let w: Vec<_> = windows(&[0], &[25], 25, 10).collect();
+        let w: Vec<_> = windows(25, 10).collect();
         assert_eq!(w.len(), 3);
         assert_eq!(w[2].start, 20);
         assert_eq!(w[2].len, 5);
         assert_eq!(
-            w[1].parts,
+            w[1].parts(&[0], &[25]).collect::<Vec<_>>(),
             vec![Part {
                 item: 0,
                 item_off: 10,
@@ -175,11 +169,11 @@ mod tests {
             let (offs, end) = pack(sizes.iter().copied(), align).unwrap();
             let mut covered: Vec<usize> = vec![0; sizes.len()];
             let mut next_start = 0;
-            for w in windows(&offs, &sizes, end, window) {
+            for w in windows(end, window) {
                 prop_assert_eq!(w.start, next_start);
                 prop_assert!(w.len > 0 && w.len <= window);
                 next_start = w.start + w.len;
-                for p in &w.parts {
+                for p in w.parts(&offs, &sizes) {
                     prop_assert!(p.window_off + p.len <= w.len);
                     // the piece's place in the window is its place in the batch buffer
                     prop_assert_eq!(w.start + p.window_off, offs[p.item] + p.item_off);
