@@ -184,6 +184,12 @@ impl Stream {
         self.inner.raw.0
     }
 
+    /// The stream as a map key: its device and its handle's address (unique among the
+    /// streams alive on that device).
+    pub(crate) fn key(&self) -> (usize, usize) {
+        (self.inner.device, self.inner.raw.0 as usize)
+    }
+
     /// Whether every piece of work queued on the stream so far finishes within `limit`:
     /// an event recorded now is polled (sleeping between queries, never blocking in the
     /// driver). `false` on any error, or when the time runs out.

@@ -97,10 +97,6 @@ fn poke() {
     COMPLETER.cv.notify_one();
 }
 
-fn key(s: &Stream) -> (usize, usize) {
-    (s.index(), s.as_raw() as usize)
-}
-
 /// Instead of synchronising `job`'s stream: records an event after its copies and hands
 /// its owners (and `sources()`) to the completion thread. On error (the event cannot be
 /// made or recorded) the copies are drained first, as a failed blocking call does.
@@ -120,7 +116,7 @@ pub(crate) fn detach<S: Send + 'static>(
         status: Mutex::new(Status::Pending(None)),
         cv: Condvar::new(),
     });
-    let k = key(owners.stream());
+    let k = owners.stream().key();
     let job = Job {
         done: done.clone(),
         owners,
@@ -140,7 +136,7 @@ pub(crate) fn detach<S: Send + 'static>(
                 drop(q);
                 if let Some(job) = job {
                     let r = job.done.synchronize();
-                    complete(job, r.map(|()| true));
+                    complete(job, r);
                 }
                 return Err(Error::Worker {
                     reason: format!("cannot start the completion thread: {e}"),
@@ -161,14 +157,14 @@ pub(crate) struct Pending {
 }
 
 /// Releases (or, on error, retains) a finished job's owners and wakes its handle.
-fn complete(job: Job, r: Result<bool>) {
+fn complete(job: Job, r: Result<()>) {
     let Job {
         done,
         owners,
         shared,
     } = job;
     match r {
-        Ok(_) => {
+        Ok(()) => {
             owners.release(&done);
             shared.finish(Ok(()));
         }
@@ -183,17 +179,33 @@ fn complete(job: Job, r: Result<bool>) {
 fn run() {
     let mut q = lock(&COMPLETER.queues);
     loop {
-        // The oldest call of each stream whose event has an answer.
+        // The oldest call of each stream whose event has an answer. The events are asked
+        // with the queues unlocked: `poke` (a host function, on the driver's thread) takes
+        // that lock, and must not wait on a thread that is inside the driver.
         let mut finished = Vec::new();
-        for jobs in q.by_stream.values_mut() {
-            while let Some(head) = jobs.front() {
-                match head.done.query() {
-                    Ok(false) => break,
-                    r => {
-                        if let Some(job) = jobs.pop_front() {
-                            finished.push((job, r));
-                        }
-                    }
+        loop {
+            let heads: Vec<((usize, usize), Event)> = q
+                .by_stream
+                .iter()
+                .filter_map(|(k, jobs)| jobs.front().map(|j| (*k, j.done.clone())))
+                .collect();
+            drop(q);
+            let answers: Vec<((usize, usize), Result<()>)> = heads
+                .into_iter()
+                .filter_map(|(k, e)| match e.query() {
+                    Ok(false) => None,
+                    r => Some((k, r.map(|_| ()))),
+                })
+                .collect();
+            q = lock(&COMPLETER.queues);
+            if answers.is_empty() {
+                break;
+            }
+            // Only this thread takes jobs off the queues (others append), so each head
+            // asked about is still its stream's head.
+            for (k, r) in answers {
+                if let Some(job) = q.by_stream.get_mut(&k).and_then(VecDeque::pop_front) {
+                    finished.push((job, r));
                 }
             }
         }
