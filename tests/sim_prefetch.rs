@@ -4,7 +4,7 @@
 
 mod common;
 
-use pinlane::driver::sim::{enable, SimConfig};
+use pinlane::driver::sim::SimConfig;
 use pinlane::{
     transfer_tensor_d2h, D2hOptions, DType, Error, H2dOptions, Prefetcher, Tensor, Value,
 };
@@ -16,21 +16,18 @@ use std::time::{Duration, Instant};
 const DEVICE_BYTES: usize = 32 << 20;
 
 fn sim() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        std::env::remove_var("LOCAL_RANK");
-        pinlane::Config::new()
-            .slot_bytes(64 << 10)
-            .arena_bytes(1 << 20)
-            .install()
-            .expect("the simulated binary's runtime");
-        enable(
+    common::sim_with(
+        || {
+            pinlane::Config::new()
+                .slot_bytes(64 << 10)
+                .arena_bytes(1 << 20)
+        },
+        || {
             SimConfig::seeded(0xFE7C)
                 .max_delay(Duration::from_micros(40))
-                .memory_per_device(DEVICE_BYTES),
-        )
-        .expect("enable the simulated device");
-    });
+                .memory_per_device(DEVICE_BYTES)
+        },
+    );
 }
 
 fn batch(i: usize) -> Vec<Tensor> {

@@ -4,7 +4,7 @@
 
 mod common;
 
-use pinlane::driver::sim::{enable, SimConfig};
+use pinlane::driver::sim::SimConfig;
 use pinlane::memory::PinnedBufferMut;
 use pinlane::{
     memory_stats, transfer_tensor_d2h, transfer_tensor_h2d, D2hOptions, Device, Error, Location,
@@ -14,15 +14,10 @@ use pinlane::{
 const D0: Device = Device::cuda(0);
 
 fn sim() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        std::env::remove_var("LOCAL_RANK");
-        pinlane::Config::new()
-            .pinned_output_bytes(8 << 20)
-            .install()
-            .expect("the runtime");
-        enable(SimConfig::seeded(0x9A0D)).expect("the simulated device");
-    });
+    common::sim_with(
+        || pinlane::Config::new().pinned_output_bytes(8 << 20),
+        || SimConfig::seeded(0x9A0D),
+    );
 }
 
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());

@@ -125,20 +125,33 @@ pub fn fingerprint<B: pinlane::Batch>(b: &B) -> Vec<(DType, Vec<usize>, Vec<u8>)
 /// Switches this test binary to the simulated device (once; every test of a simulated
 /// binary calls it first), with a small staging arena so batches span many slots.
 pub fn sim() {
-    use pinlane::driver::sim::{enable, SimConfig};
+    sim_with(
+        || {
+            pinlane::Config::new()
+                .slot_bytes(64 << 10)
+                .arena_bytes(1 << 20)
+        },
+        || {
+            pinlane::driver::sim::SimConfig::seeded(0x5EED)
+                .max_delay(std::time::Duration::from_micros(40))
+        },
+    );
+}
+
+/// Switches this test binary to the simulated device with the runtime `config()` and the
+/// simulator `sim()` make (once per binary: later calls, whatever they pass, do nothing).
+pub fn sim_with(
+    config: impl FnOnce() -> pinlane::Config,
+    sim: impl FnOnce() -> pinlane::driver::sim::SimConfig,
+) {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         // The simulated devices are this binary's own: the machine's LOCAL_RANK (set when
         // the suite runs on a real GPU 1) must not pick one of them. Tests that set it do
         // so themselves.
         std::env::remove_var("LOCAL_RANK");
-        pinlane::Config::new()
-            .slot_bytes(64 << 10)
-            .arena_bytes(1 << 20)
-            .install()
-            .expect("the simulated binary's runtime");
-        enable(SimConfig::seeded(0x5EED).max_delay(std::time::Duration::from_micros(40)))
-            .expect("enable the simulated device");
+        config().install().expect("the simulated binary's runtime");
+        pinlane::driver::sim::enable(sim()).expect("enable the simulated device");
     });
 }
 
