@@ -291,11 +291,10 @@ impl<'a> Synced<'a> {
         Ok(Synced(stream))
     }
 
-    /// The proof for the work queued on `stream` before `done` was recorded there: `done`
-    /// has completed (queried or waited for by the caller).
-    pub(crate) fn by_event(stream: &'a Stream, done: &crate::driver::Event) -> Synced<'a> {
-        let _ = done;
-        Synced(stream)
+    /// The proof for the work queued on `stream` before `done` was recorded there, if
+    /// `done` has completed (asked here, without blocking).
+    pub(crate) fn by_event(stream: &'a Stream, done: &crate::driver::Event) -> Option<Synced<'a>> {
+        matches!(done.query(), Ok(true)).then_some(Synced(stream))
     }
 
     /// The proof, if an event recorded on `stream` now completes within `limit` (polled,

@@ -155,10 +155,13 @@ impl Detached {
     }
 
     /// `done` (recorded by [`InFlight::detach`]) has completed: every copy is done, so
-    /// everything goes back.
+    /// everything goes back. The event is asked once more here, so the proof stands on
+    /// its own; if it has not completed, everything is retained instead.
     pub(crate) fn release(mut self, done: &crate::driver::Event) {
+        let Some(proof) = Synced::by_event(&self.stream, done) else {
+            return self.retain();
+        };
         if let Some((mut leases, held, sources, _)) = self.parts.take() {
-            let proof = Synced::by_event(&self.stream, done);
             leases.iter_mut().for_each(|l| l.mark_idle(&proof));
             drop((leases, held, sources));
         }
