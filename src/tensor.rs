@@ -278,7 +278,8 @@ impl Tensor {
     /// This host tensor's own memory, page-locked in place (`cuMemHostRegister`,
     /// portable), as a page-locked tensor over the same bytes: no copy. For buffers sent
     /// again and again (an embedding table, a reused input): H2D then copies them straight
-    /// from their memory (those of 256 KiB and more; smaller ones are staged anyway). The
+    /// from their memory (those of 256 KiB and more, 64 KiB and more where the driver has
+    /// `cuMemcpyBatchAsync`; smaller ones are staged anyway). The
     /// registration lasts until the returned tensor and every clone of it are gone; the
     /// original tensor is unaffected. A page-locked tensor comes back as a clone.
     ///
@@ -322,7 +323,7 @@ impl Tensor {
         // owner) until it has unregistered them; pinlane tensors never change their bytes.
         let block =
             unsafe { memory::pinned::register(ptr, len, device.ordinal(), Box::new(buf.clone())) }?;
-        let view = memory::PinnedBuf::views(&block, 0, std::iter::once((0, len)))?.remove(0);
+        let view = memory::PinnedBuf::view(&block, 0, len)?;
         Ok(Tensor::from_parts(
             self.dtype,
             self.shape.clone(),

@@ -258,8 +258,9 @@ fn lease_slots(ctx: &ContextGuard, job: &mut InFlight, n_windows: usize) -> Resu
 
 /// Rebuilds `batch` (which has `n` tensors) with the tensors at visit indices `indices`
 /// replaced by `outputs`, in that order; the others are kept (cloned). When every tensor
-/// is replaced in visit order (the usual case), the outputs are made one by one as the
-/// batch is rebuilt, with no list in between.
+/// is replaced in visit order (the usual case), the outputs are taken one by one as the
+/// batch is rebuilt (a lazy `outputs` is made then too), with no list of `Option`s in
+/// between.
 fn rebuild_with<B: Batch>(
     batch: &B,
     n: usize,

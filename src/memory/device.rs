@@ -280,12 +280,13 @@ impl DeviceView {
         unsafe { src.h2d_async(&ctx, alloc, self.offset, stream) }
     }
 
-    /// Whether two views are the same bytes of the same allocation.
     /// Whether both are views into one allocation (never for empty views).
     pub(crate) fn same_alloc(&self, other: &DeviceView) -> bool {
         matches!((&self.alloc, &other.alloc), (Some(a), Some(b)) if Arc::ptr_eq(a, b))
     }
 
+    /// Whether two views are the same bytes of the same allocation (empty views: of the
+    /// same device).
     pub(crate) fn same_as(&self, other: &DeviceView) -> bool {
         let same_alloc = match (&self.alloc, &other.alloc) {
             (Some(a), Some(b)) => Arc::ptr_eq(a, b),

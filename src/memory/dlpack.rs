@@ -186,7 +186,7 @@ pub(crate) fn import<M: ManagedTensorBase>(
         DLDeviceType::CUDAHOST => {
             // SAFETY: as above; the producer says the memory is page-locked.
             let block = unsafe { PinnedBlock::foreign(addr as usize as *mut u8, nbytes, owner) };
-            Storage::Pinned(PinnedBuf::views(&block, 0, std::iter::once((0, nbytes)))?.remove(0))
+            Storage::Pinned(PinnedBuf::view(&block, 0, nbytes)?)
         }
         DLDeviceType::CUDA => {
             let ordinal = usize::try_from(device.device_id)

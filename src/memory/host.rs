@@ -150,12 +150,12 @@ impl HostBuf {
         &self.data.all_bytes()[self.offset..self.offset + self.nbytes]
     }
 
-    /// Whether two views are the same bytes of the same data.
     /// Whether both are views into the bytes of one owner.
     pub(crate) fn same_owner(&self, other: &HostBuf) -> bool {
         std::ptr::addr_eq(Arc::as_ptr(&self.data), Arc::as_ptr(&other.data))
     }
 
+    /// Whether two views are the same bytes of the same data.
     pub(crate) fn same_as(&self, other: &HostBuf) -> bool {
         self.same_owner(other) && self.offset == other.offset && self.nbytes == other.nbytes
     }

@@ -289,10 +289,28 @@ impl PinnedBuf {
         self.block.ptr.0.wrapping_add(self.offset)
     }
 
-    /// Views of `block` at `base + offset` for each `(offset, nbytes)`: one batch's output
-    /// tensors, made in one pass while the copies that write them run (the caller hands
-    /// them out only once those copies are proven complete) (a `Result` per view made the collection measurably
-    /// slower for a thousand tensors).
+    /// `nbytes` at `offset` of `block`.
+    ///
+    /// # Errors
+    /// A range outside the block (never a view that reaches past it).
+    pub(crate) fn view(
+        block: &Arc<PinnedBlock>,
+        offset: usize,
+        nbytes: usize,
+    ) -> Result<PinnedBuf> {
+        check_range("pinned view", offset, nbytes, block.len)?;
+        Ok(PinnedBuf {
+            block: block.clone(),
+            offset,
+            nbytes,
+        })
+    }
+
+    /// Views of `block` at `base + offset` for each `(offset, nbytes)`: one D2H batch's
+    /// output tensors, made in one pass while the copies that write them run (the caller
+    /// hands them out only once those copies are proven complete). One comparison per
+    /// view on the fast path: a `Result` per view made the collection measurably slower
+    /// for a thousand tensors.
     ///
     /// # Errors
     /// The first range outside the block.

@@ -92,8 +92,9 @@ impl<T: Element + bytemuck::Pod> PinnedBufferMut<T> {
             return &mut [];
         }
         // SAFETY: `base..base + len * size_of::<T>()` is inside the block (the pool gave a
-        // range of at least that many bytes) and was taken for this buffer alone (no other buffer, tensor or copy uses it until the buffer
-        // is frozen or dropped), and `&mut self` makes the borrow exclusive; the range is
+        // range of at least that many bytes) and was taken for this buffer alone (no
+        // other buffer, tensor or copy uses it until the buffer is frozen or dropped), and
+        // `&mut self` makes the borrow exclusive; the range is
         // aligned for every dtype (blocks are page-aligned, shared ranges 256-aligned),
         // and every bit pattern is a valid `T` (Pod).
         unsafe {
@@ -119,8 +120,7 @@ impl<T: Element + bytemuck::Pod> PinnedBufferMut<T> {
             });
         }
         let nbytes = self.len * std::mem::size_of::<T>();
-        let view =
-            PinnedBuf::views(&self.block, self.base, std::iter::once((0, nbytes)))?.remove(0);
+        let view = PinnedBuf::view(&self.block, self.base, nbytes)?;
         Ok(Tensor::from_parts(
             T::DTYPE,
             shape,
