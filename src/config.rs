@@ -31,6 +31,22 @@ pub enum SmallD2h {
     Each,
 }
 
+/// How H2D moves many small page-locked tensors (under 4 MiB each, at least 4 of them, in
+/// memory pinlane page-locked: `to_pinned`, [`PinnedBufferMut`](crate::PinnedBufferMut),
+/// D2H outputs, `register_pinned`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SmallH2d {
+    /// A kernel reads them straight from host memory, through the device's mapping of
+    /// page-locked memory, into the batch's device buffer: one launch, no host copy
+    /// (default; on a device without that mapping, as `Copy`).
+    #[default]
+    Kernel,
+    /// Copies: those under 64 KiB (256 KiB without `cuMemcpyBatchAsync`) are staged like
+    /// pageable memory, the others copied directly.
+    Copy,
+}
+
 /// Settings of the [`Runtime`](crate::Runtime): sizes of the page-locked staging arena
 /// and output pools, the copy threads, device pool release, and the bounds on waits.
 ///
@@ -53,6 +69,7 @@ pub enum SmallD2h {
 /// | [`streaming_stores`](Config::streaming_stores) | `true` | `PINLANE_NT_COPY` (`0` or `1`) | no |
 /// | [`pipeline_slots`](Config::pipeline_slots) | 8 | `PINLANE_PIPELINE_SLOTS` | no |
 /// | [`small_d2h`](Config::small_d2h) | `gather` | `PINLANE_D2H_SMALL` (`gather`, `batch`, `each`) | no |
+/// | [`small_h2d`](Config::small_h2d) | `kernel` | `PINLANE_H2D_SMALL` (`kernel`, `copy`) | no |
 /// | [`slot_wait`](Config::slot_wait) | 60 s | `PINLANE_SLOT_WAIT_MS` | no |
 /// | [`drop_sync_wait`](Config::drop_sync_wait) | 60 s | `PINLANE_DROP_SYNC_WAIT_MS` | no |
 ///
@@ -100,6 +117,8 @@ pub struct Config {
     pub pipeline_slots: usize,
     /// How D2H moves many small tensors.
     pub small_d2h: SmallD2h,
+    /// How H2D moves many small page-locked tensors.
+    pub small_h2d: SmallH2d,
     /// Longest a call waits for a staging slot while every slot is leased; then it fails
     /// with [`Error::StagingExhausted`] instead of waiting forever.
     pub slot_wait: Duration,
@@ -131,6 +150,7 @@ impl Config {
             streaming_stores: true,
             pipeline_slots: 8,
             small_d2h: SmallD2h::Gather,
+            small_h2d: SmallH2d::Kernel,
             slot_wait: Duration::from_secs(60),
             drop_sync_wait: Duration::from_secs(60),
         }
@@ -211,6 +231,13 @@ impl Config {
                 "batch" => SmallD2h::Batch,
                 "each" => SmallD2h::Each,
                 _ => return Err(invalid(n, &v, "expected gather, batch or each")),
+            };
+        }
+        if let Some((n, v)) = get("PINLANE_H2D_SMALL") {
+            c.small_h2d = match v.as_str() {
+                "kernel" => SmallH2d::Kernel,
+                "copy" => SmallH2d::Copy,
+                _ => return Err(invalid(n, &v, "expected kernel or copy")),
             };
         }
         if let Some((n, v)) = get("PINLANE_SLOT_WAIT_MS") {
@@ -305,6 +332,8 @@ setters! {
     pipeline_slots: usize;
     /// Sets [`Config::small_d2h`].
     small_d2h: SmallD2h;
+    /// Sets [`Config::small_h2d`].
+    small_h2d: SmallH2d;
     /// Sets [`Config::slot_wait`].
     slot_wait: Duration;
     /// Sets [`Config::drop_sync_wait`].
@@ -379,6 +408,7 @@ mod tests {
             ("PINLANE_NT_COPY", "0"),
             ("PINLANE_PIPELINE_SLOTS", "2"),
             ("PINLANE_D2H_SMALL", "each"),
+            ("PINLANE_H2D_SMALL", "copy"),
             ("PINLANE_SLOT_WAIT_MS", "12"),
             ("PINLANE_DROP_SYNC_WAIT_MS", "13"),
         ]))
@@ -397,6 +427,7 @@ mod tests {
             .streaming_stores(false)
             .pipeline_slots(2)
             .small_d2h(SmallD2h::Each)
+            .small_h2d(SmallH2d::Copy)
             .slot_wait(Duration::from_millis(12))
             .drop_sync_wait(Duration::from_millis(13));
         assert_eq!(c, want);
@@ -410,6 +441,7 @@ mod tests {
             ("PINLANE_NT_COPY", "yes"),
             ("PINLANE_FILL_STORES", "fast"),
             ("PINLANE_D2H_SMALL", ""),
+            ("PINLANE_H2D_SMALL", "gather"),
             ("PINLANE_SPIN_US", "1.5"),
         ] {
             match Config::from_vars(vars(&[(name, value)])) {

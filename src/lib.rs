@@ -52,7 +52,7 @@ mod runtime;
 mod tensor;
 
 pub use batch::{Batch, Leaf, Value};
-pub use config::{Config, CopyStores, SmallD2h};
+pub use config::{Config, CopyStores, SmallD2h, SmallH2d};
 pub use device::{Device, DeviceSpec};
 pub use driver::{Event, RawEvent, RawStream, Stream};
 pub use dtype::{DType, Element};

@@ -289,10 +289,81 @@ fn d2h_output_modes() {
     assert_eq!(s.direct_bytes, 0);
     assert_eq!(pageable, b);
 
-    // Outputs fed back to h2d: page-locked, but small (under 256 KiB), so staged and
-    // sharing one copy rather than a DMA each.
-    transfer_tensor_h2d(&pinned).unwrap();
+    // Outputs fed back to h2d: five small page-locked tensors, read from host memory by
+    // one kernel launch rather than a DMA each.
+    let again = transfer_tensor_h2d(&pinned).unwrap();
     let s = last_transfer_stats().unwrap();
     assert_eq!(s.direct_bytes, 0, "{s:?}");
+    assert_eq!(s.mapped_bytes, b.iter().map(Tensor::nbytes).sum(), "{s:?}");
     assert_eq!(s.copies, 1, "{s:?}");
+    assert_eq!(d2h(&again), b);
+}
+
+#[test]
+fn small_page_locked_sources_are_read_by_the_kernel_beside_other_routes() {
+    require_gpu!();
+    let dev = common::dev();
+    // 64 images and 100 odd-sized small tensors (unaligned ends) page-locked by pinlane,
+    // six registered in place, a 5 MB page-locked one (direct), pageable ones (staged),
+    // and page-locked memory imported through DLPack (staged: maybe not mapped).
+    let images: Vec<Tensor> = (0..64)
+        .map(|i| {
+            common::tensor(DType::U8, &[3, 224, 224], 100 + i)
+                .to_pinned_on(dev)
+                .unwrap()
+        })
+        .collect();
+    let odd: Vec<Tensor> = (0..100)
+        .map(|i| {
+            common::tensor(DType::U8, &[1 + 37 * i], 300 + i as u64)
+                .to_pinned_on(dev)
+                .unwrap()
+        })
+        .collect();
+    let tables: Vec<Tensor> = (0..6)
+        .map(|i| common::tensor(DType::F32, &[4096 + i], 500 + i as u64))
+        .collect();
+    let registered: Vec<Tensor> = tables
+        .iter()
+        .map(|t| t.register_pinned(dev).unwrap())
+        .collect();
+    let large = common::tensor(DType::U8, &[5_000_000], 7)
+        .to_pinned_on(dev)
+        .unwrap();
+    let pageable = common::tensor(DType::F64, &[3000], 8);
+    let imported = pinlane::Tensor::from_dlpack(
+        common::tensor(DType::I16, &[700], 9)
+            .to_pinned_on(dev)
+            .unwrap()
+            .to_dlpack()
+            .unwrap(),
+    )
+    .unwrap();
+    let b = (
+        images.clone(),
+        odd.clone(),
+        registered.clone(),
+        large.clone(),
+        pageable.clone(),
+        imported.clone(),
+    );
+    for _ in 0..3 {
+        let on = transfer_tensor_h2d(&b).unwrap();
+        let s = last_transfer_stats().unwrap();
+        let sum = |v: &[Tensor]| v.iter().map(Tensor::nbytes).sum::<usize>();
+        assert_eq!(
+            s.mapped_bytes,
+            sum(&images) + sum(&odd) + sum(&registered),
+            "{s:?}"
+        );
+        assert_eq!(s.direct_bytes, 5_000_000, "{s:?}");
+        assert_eq!(s.staged_bytes, 24_000 + 1400, "{s:?}");
+        let back = d2h(&on);
+        assert_eq!(back.0, images);
+        assert_eq!(back.1, odd);
+        assert_eq!(back.2, tables);
+        assert_eq!(back.3, large);
+        assert_eq!(back.4, pageable);
+        assert_eq!(back.5, imported);
+    }
 }

@@ -604,3 +604,35 @@ fn a_batch_s_outputs_are_views_into_one_allocation() {
     assert!(!back[0].same_allocation(&b[0]));
     assert!(!b[0].same_allocation(&b[1]), "separate host tensors");
 }
+
+#[test]
+fn page_locked_memory_of_other_owners_is_copied_not_read_by_the_kernel() {
+    common::sim();
+    // Imported through DLPack as kDLCUDAHost: pinlane cannot know that the memory is
+    // mapped for the device, so it is staged, while its own page-locked tensors beside it
+    // are read by the kernel.
+    let host: Vec<Tensor> = (0..10)
+        .map(|i| common::tensor(DType::U16, &[300], 60 + i))
+        .collect();
+    let b: Vec<Tensor> = host
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let own = t.to_pinned().unwrap();
+            if i % 2 == 0 {
+                Tensor::from_dlpack(own.to_dlpack().unwrap()).unwrap()
+            } else {
+                own
+            }
+        })
+        .collect();
+    assert!(b.iter().all(|t| t.location() == Location::Pinned));
+    let on = transfer_tensor_h2d(&b).unwrap();
+    let s = pinlane::last_transfer_stats().unwrap();
+    assert_eq!(
+        (s.mapped_bytes, s.staged_bytes),
+        (5 * 600, 5 * 600),
+        "{s:?}"
+    );
+    assert_eq!(d2h_on(&on, D0), host);
+}

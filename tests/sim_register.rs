@@ -71,3 +71,25 @@ fn page_locked_empty_and_device_tensors() {
         Err(Error::DeviceUnavailable { .. })
     ));
 }
+
+#[test]
+fn many_small_registered_tensors_are_read_by_the_kernel() {
+    common::sim();
+    // The simulated kernel reads registered memory only if it was registered
+    // device-mapped, as on a real device.
+    let host: Vec<Tensor> = (0..6)
+        .map(|i| common::tensor(DType::F64, &[1000 + i], 40 + i as u64))
+        .collect();
+    let pinned: Vec<Tensor> = host
+        .iter()
+        .map(|t| t.register_pinned(D0).unwrap())
+        .collect();
+    let on = transfer_tensor_h2d(&pinned).unwrap();
+    let s = pinlane::last_transfer_stats().unwrap();
+    let total: usize = host.iter().map(Tensor::nbytes).sum();
+    assert_eq!((s.mapped_bytes, s.staged_bytes), (total, 0), "{s:?}");
+    assert_eq!(
+        transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap(),
+        host
+    );
+}

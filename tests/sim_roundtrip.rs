@@ -100,7 +100,7 @@ fn thousands_of_tiny_tensors() {
 }
 
 #[test]
-fn small_pinned_sources_share_copies_large_ones_go_direct() {
+fn small_pinned_sources_are_read_by_one_kernel_large_ones_go_direct() {
     common::sim();
     let mut b: Vec<Tensor> = (0..1000)
         .map(|i| {
@@ -109,20 +109,60 @@ fn small_pinned_sources_share_copies_large_ones_go_direct() {
                 .unwrap()
         })
         .collect();
+    // Under 4 MiB: read by the kernel too (in 64 KiB pieces). Over it: one direct copy.
     b.push(
         common::tensor(DType::U8, &[300_000], 1)
             .to_pinned()
             .unwrap(),
     );
+    b.push(
+        common::tensor(DType::U8, &[5_000_000], 2)
+            .to_pinned()
+            .unwrap(),
+    );
+    b.push(common::tensor(DType::U16, &[5_000], 3)); // pageable: staged
     let on = transfer_tensor_h2d(&b).unwrap();
     let s = pinlane::last_transfer_stats().unwrap();
+    assert_eq!(s.mapped_bytes, 1000 * 1024 + 300_000, "{s:?}");
+    assert_eq!(s.direct_bytes, 5_000_000, "{s:?}");
+    assert_eq!(s.staged_bytes, 10_000, "{s:?}");
     assert_eq!(
-        s.direct_bytes, 300_000,
-        "only the large one goes direct: {s:?}"
+        s.copies, 3,
+        "one launch, one direct copy, one window: {s:?}"
     );
-    assert_eq!(s.staged_bytes, 1000 * 1024, "{s:?}");
-    assert!(s.copies < 1000 / 10, "the small ones share copies: {s:?}");
     assert_eq!(transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap(), b);
+}
+
+#[test]
+fn page_locked_sources_the_kernel_cannot_take_are_copied() {
+    common::sim();
+    // Three are too few for a launch: staged.
+    let few: Vec<Tensor> = (0..3)
+        .map(|i| common::tensor(DType::I32, &[100], i).to_pinned().unwrap())
+        .collect();
+    let on = transfer_tensor_h2d(&few).unwrap();
+    let s = pinlane::last_transfer_stats().unwrap();
+    assert_eq!((s.mapped_bytes, s.staged_bytes), (0, 1200), "{s:?}");
+    assert_eq!(
+        transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap(),
+        few
+    );
+    // The 64 KiB slot holds 2,730 descriptors: the kernel reads the first 2,730 of these
+    // 3,000 tensors, and the rest are staged.
+    let many: Vec<Tensor> = (0..3000)
+        .map(|i| common::tensor(DType::U8, &[16], i).to_pinned().unwrap())
+        .collect();
+    let on = transfer_tensor_h2d(&many).unwrap();
+    let s = pinlane::last_transfer_stats().unwrap();
+    assert_eq!(
+        (s.mapped_bytes, s.staged_bytes),
+        (2730 * 16, 270 * 16),
+        "{s:?}"
+    );
+    assert_eq!(
+        transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap(),
+        many
+    );
 }
 
 #[test]

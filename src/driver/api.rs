@@ -82,6 +82,7 @@ route! {
     fn cuDriverGetVersion(v: *mut c_int);
     fn cuDeviceGetCount(n: *mut c_int);
     fn cuDeviceGet(d: *mut sys::CUdevice, ordinal: c_int);
+    fn cuDeviceGetAttribute(v: *mut c_int, attr: sys::CUdevice_attribute, d: sys::CUdevice);
     fn cuDevicePrimaryCtxRetain(ctx: *mut sys::CUcontext, d: sys::CUdevice);
     fn cuCtxGetCurrent(ctx: *mut sys::CUcontext);
     fn cuCtxPushCurrent_v2(ctx: sys::CUcontext);

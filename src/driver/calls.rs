@@ -48,15 +48,20 @@ pub(crate) unsafe fn host_free(_ctx: &ContextGuard, p: *mut u8) -> Result<()> {
     })
 }
 
-/// Page-locks `nbytes` (> 0) of existing host memory at `p` in place, for every context
-/// (`cuMemHostRegister`, portable).
+/// Page-locks `nbytes` (> 0) of existing host memory at `p` in place, for every context,
+/// and maps it for the devices (`cuMemHostRegister`, portable and device-mapped: kernels
+/// may then read it, see [`host_memory_mapped`](super::host_memory_mapped)).
 ///
 /// # Safety
 /// `p..p + nbytes` is host memory that stays allocated until [`host_unregister`].
 pub(crate) unsafe fn host_register(_ctx: &ContextGuard, p: *mut u8, nbytes: usize) -> Result<()> {
     // SAFETY: the caller's obligation; a context is current (the guard proves it).
     let res = unsafe {
-        super::api::cuMemHostRegister_v2(p.cast(), nbytes, sys::CU_MEMHOSTREGISTER_PORTABLE)
+        super::api::cuMemHostRegister_v2(
+            p.cast(),
+            nbytes,
+            sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP,
+        )
     };
     check("cuMemHostRegister", res)
 }

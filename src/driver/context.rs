@@ -24,6 +24,9 @@ use std::sync::{Mutex, OnceLock};
 pub(crate) struct DeviceHandles {
     pub(crate) ctx: Handle<sys::CUcontext>,
     pub(crate) pool: Handle<sys::CUmemoryPool>,
+    /// Whether kernels on the device can read page-locked host memory through its host
+    /// address (see [`host_memory_mapped`]).
+    pub(crate) host_mapped: bool,
 }
 
 /// One slot per device, filled on first use. A `Mutex` (not `OnceLock` per device) because
@@ -146,7 +149,25 @@ pub(crate) fn handles(device: usize) -> Result<DeviceHandles> {
         let _guard = push(ctx, device)?;
         create_pool(dev)?
     };
-    let h = DeviceHandles { ctx, pool };
+    // Unified addressing makes memory from cuMemHostAlloc readable by kernels at its host
+    // address; the second attribute extends that to cuMemHostRegister'd ranges (mapped).
+    // A driver that cannot say is taken to mean no.
+    let host_mapped = [
+        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING,
+        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM,
+    ]
+    .into_iter()
+    .all(|attr| {
+        let mut v: std::ffi::c_int = 0;
+        // SAFETY: out-pointer to a live local; `dev` is a valid device handle.
+        let res = unsafe { super::api::cuDeviceGetAttribute(&mut v, attr, dev) };
+        check("cuDeviceGetAttribute", res).is_ok() && v == 1
+    });
+    let h = DeviceHandles {
+        ctx,
+        pool,
+        host_mapped,
+    };
     *slot = Some(h);
     drop(slot);
     // Module loading waits for every stream of the context: do it now, with the context's
@@ -154,6 +175,14 @@ pub(crate) fn handles(device: usize) -> Result<DeviceHandles> {
     // error here (D2H then copies small tensors one by one).
     let _ = super::kernels::gather_kernel(device);
     Ok(h)
+}
+
+/// Whether kernels on `device` can read pinlane's page-locked host memory (from
+/// `cuMemHostAlloc`, or registered by [`host_register`](super::host_register)) through its
+/// host address: unified addressing, and host pointers usable for registered memory.
+/// `false` when the device cannot be opened.
+pub(crate) fn host_memory_mapped(device: usize) -> bool {
+    handles(device).is_ok_and(|h| h.host_mapped)
 }
 
 /// Makes `device`'s context, pool and kernel now ([`crate::Runtime::warm_up`]).

@@ -112,11 +112,14 @@ const GATHER_BLOCK: u32 = 256;
 /// Queues `pinlane_gather(pieces, n, dst)` on `stream`.
 ///
 /// # Safety
-/// 1. `pieces` is device memory holding `n` [`GatherPiece`]s, written before this point of
-///    `stream`, alive until the kernel has run.
-/// 2. Every piece's source range is device memory whose producing work is ordered before
-///    this point of `stream`, alive until the kernel has run; every `dst + dst_off` range
-///    is inside device memory at `dst`, alive and written by nothing else meanwhile.
+/// 1. `pieces` is memory the kernel may read (as for sources, below) holding `n`
+///    [`GatherPiece`]s, written before this point of `stream`, alive and unchanged until
+///    the kernel has run.
+/// 2. Every piece's source range is memory the kernel may read (device memory, or
+///    page-locked host memory mapped for the device: [`host_memory_mapped`](super::host_memory_mapped))
+///    whose producing work is ordered before this point of `stream`, alive until the
+///    kernel has run; every `dst + dst_off` range is inside device memory at `dst`, alive
+///    and written by nothing else meanwhile.
 pub(crate) unsafe fn launch_gather(
     _ctx: &ContextGuard,
     k: GatherKernel,

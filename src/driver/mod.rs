@@ -42,8 +42,8 @@ pub(crate) use batch_copy::{
 };
 pub(crate) use calls::*;
 pub(crate) use context::{
-    apply_pool_release_threshold, bind, device_pool_stats, pool_release_threshold,
-    set_pool_release_threshold, trim_device_pools, warm_up, ContextGuard,
+    apply_pool_release_threshold, bind, device_pool_stats, host_memory_mapped,
+    pool_release_threshold, set_pool_release_threshold, trim_device_pools, warm_up, ContextGuard,
 };
 pub use error::DriverError;
 pub use event::{Event, RawEvent};
@@ -52,7 +52,7 @@ pub use kernels::gather_unavailable_reason;
 /// rebuild by the kernel tests).
 #[cfg(feature = "test-util")]
 pub use kernels::GATHER_PTX;
-pub(crate) use kernels::{gather_kernel, launch_gather, GatherPiece};
+pub(crate) use kernels::{gather_kernel, launch_gather, GatherKernel, GatherPiece};
 #[cfg(feature = "nvtx")]
 pub use nvtx::nvtx_loaded;
 pub use stream::{RawStream, Stream};
@@ -78,6 +78,7 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuDriverGetVersion",
     "cuDeviceGetCount",
     "cuDeviceGet",
+    "cuDeviceGetAttribute",
     "cuDevicePrimaryCtxRetain",
     "cuCtxGetCurrent",
     "cuCtxPushCurrent_v2",

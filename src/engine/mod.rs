@@ -209,8 +209,12 @@ pub struct TransferStats {
     pub bytes: usize,
     /// Bytes that went through staging slots.
     pub staged_bytes: usize,
-    /// Bytes copied straight from page-locked sources (H2D).
+    /// Bytes copied straight from page-locked sources (H2D), or gathered on the device
+    /// before their copy (D2H).
     pub direct_bytes: usize,
+    /// Bytes a kernel read straight from page-locked host sources (H2D,
+    /// [`SmallH2d::Kernel`](crate::SmallH2d::Kernel)).
+    pub mapped_bytes: usize,
     /// Copy submissions (`cuMemcpy*Async` calls).
     pub copies: usize,
     /// Staging windows used.

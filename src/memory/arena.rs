@@ -17,7 +17,7 @@ use super::copier::{Stores, Ticket};
 use super::{
     check_range, retained, CopyPool, CopyTask, CopyTasks, DeviceAlloc, DeviceView, HostRegion,
 };
-use crate::driver::{self, ContextGuard, Event, HostPtr, Stream};
+use crate::driver::{self, ContextGuard, Event, GatherKernel, GatherPiece, HostPtr, Stream};
 use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
@@ -459,6 +459,66 @@ impl SlotLease {
         // unchanged until its event completes (bytes_mut waits for it). Destination: inside
         // `dst` (checked above), alive and stream-ordered by the caller's obligation.
         unsafe { driver::memcpy_h2d_async(ctx, dst.addr(at), src, len, stream) }?;
+        self.mark_used(stream)
+    }
+
+    /// Writes `pieces` into the slot as gather descriptors and queues the gather kernel on
+    /// `stream`, which reads them from the slot in place, through its device mapping; then
+    /// records the slot's event. Every piece's destination must lie inside `dst`.
+    ///
+    /// # Safety
+    /// 1. `stream`'s device maps page-locked host memory
+    ///    ([`driver::host_memory_mapped`]), so the kernel can read the slot.
+    /// 2. Every piece's source is memory a kernel on that device may read (device memory,
+    ///    or page-locked host memory mapped for it) whose producing work is ordered before
+    ///    this point of `stream`, alive and unchanged until the slot's event completes.
+    /// 3. `dst` is usable in `stream`'s order (allocated on it, or its allocation ordered
+    ///    before) and is kept alive until the slot's event completes.
+    pub(crate) unsafe fn gather_from_slot(
+        &mut self,
+        ctx: &ContextGuard,
+        kernel: GatherKernel,
+        pieces: impl Iterator<Item = GatherPiece>,
+        dst: &DeviceAlloc,
+        stream: &Stream,
+    ) -> Result<()> {
+        let buf = self.bytes_mut()?;
+        let whole = buf.len() - buf.len() % std::mem::size_of::<GatherPiece>();
+        let descs: &mut [GatherPiece] =
+            bytemuck::try_cast_slice_mut(&mut buf[..whole]).map_err(|e| {
+                crate::Error::InvalidOption {
+                    name: "gather",
+                    reason: format!("staging slot: {e}"),
+                }
+            })?;
+        let capacity = descs.len();
+        let mut n = 0;
+        for p in pieces {
+            // Checked here: the kernel writes device memory unchecked.
+            let (off, len) = (p.dst_off as usize, p.len as usize);
+            check_range("gather destination", off, len, dst.nbytes())?;
+            let Some(d) = descs.get_mut(n) else {
+                return Err(crate::Error::InvalidOption {
+                    name: "gather",
+                    reason: format!("more than {capacity} pieces do not fit the staging slot"),
+                });
+            };
+            *d = p;
+            n += 1;
+        }
+        let count = u32::try_from(n).map_err(|_| crate::Error::InvalidOption {
+            name: "gather",
+            reason: format!("{n} pieces"),
+        })?;
+        let at = self.slab().ptr.0 as u64;
+        // Busy before queueing: if the call fails after this, the slot is waited for.
+        self.slab().busy = true;
+        // SAFETY: the descriptors are in the slot, which this lease owns and nothing
+        // changes until its event completes (bytes_mut waits for it), and which the kernel
+        // can read at its host address (obligation 1); each destination lies inside `dst`
+        // (checked above), which obligation 3 keeps alive and stream-ordered; the sources
+        // are obligation 2.
+        unsafe { driver::launch_gather(ctx, kernel, at, count, dst.addr(0), stream) }?;
         self.mark_used(stream)
     }
 

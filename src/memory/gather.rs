@@ -7,8 +7,14 @@
 //!  kernel:          scratch ──► for each piece: dst[dst_off..+len] = src[..len]
 //!  result:          one DeviceAlloc with every tensor at its output offset
 //! ```
+//!
+//! The same kernel moves many small page-locked host tensors to the device (H2D): it
+//! reads them at their host addresses, through the device's mapping of page-locked
+//! memory, straight into the batch's device buffer, with no host copy and one launch for
+//! them all ([`h2d_gather_async`]). Its descriptors stay in the staging slot, which the
+//! kernel reads in place.
 
-use super::{DeviceAlloc, DeviceView, InFlight};
+use super::{DeviceAlloc, DeviceView, InFlight, PinnedBuf};
 use crate::driver::{self, ContextGuard, GatherPiece, Stream};
 use crate::error::Result;
 use std::sync::Arc;
@@ -95,4 +101,86 @@ pub(crate) unsafe fn gather_async(
     job.hold(&dst, end);
     drop(scratch);
     launched.map(|()| dst)
+}
+
+/// Most bytes one H2D gather piece reads: larger sources are cut into pieces this size, so
+/// that many blocks of the kernel share a large tensor's reads (a block takes one piece).
+const H2D_PIECE: usize = 64 << 10;
+
+/// Gather descriptors a page-locked source of `nbytes` needs in [`h2d_gather_async`].
+pub(crate) fn h2d_gather_pieces(nbytes: usize) -> usize {
+    nbytes.div_ceil(H2D_PIECE)
+}
+
+/// Whether [`h2d_gather_async`] can run on `device`: the kernel is loaded and the device
+/// maps page-locked host memory.
+pub(crate) fn h2d_gather_available(device: usize) -> bool {
+    driver::host_memory_mapped(device) && available(device)
+}
+
+/// Queues the gather kernel on `job`'s stream to read page-locked `sources` straight from
+/// host memory into `dst` at `offsets`. The descriptors (see [`h2d_gather_pieces`]) go
+/// into `job`'s first staging slot, which the kernel reads in place.
+///
+/// # Errors
+/// A source the kernel may not read ([`PinnedBuf::mapped`]), a device that does not map
+/// host memory, a destination outside `dst`, or more pieces than the slot holds: all
+/// before anything is queued.
+///
+/// # Safety
+/// `dst` is usable in the stream's order and `job` holds it; every source stays alive and
+/// unchanged until the stream is proven idle.
+pub(crate) unsafe fn h2d_gather_async(
+    ctx: &ContextGuard,
+    job: &mut InFlight,
+    device: usize,
+    sources: &[&PinnedBuf],
+    offsets: &[usize],
+    dst: &DeviceAlloc,
+) -> Result<()> {
+    ctx.check("gather", device)?;
+    if sources.len() != offsets.len() {
+        return Err(crate::Error::LengthMismatch {
+            op: "gather",
+            what: "sources and offsets",
+        });
+    }
+    let unreadable = |reason: String| crate::Error::InvalidOption {
+        name: "gather",
+        reason,
+    };
+    if !driver::host_memory_mapped(device) {
+        return Err(unreadable(format!(
+            "cuda:{device} does not map host memory"
+        )));
+    }
+    if let Some(k) = sources.iter().position(|s| !s.mapped()) {
+        return Err(unreadable(format!(
+            "source {k} is not mapped for the device"
+        )));
+    }
+    let Some(kernel) = driver::gather_kernel(device) else {
+        return Err(crate::Error::NoCuda {
+            op: "gather",
+            reason: driver::gather_unavailable_reason(crate::Device::cuda(device))
+                .unwrap_or_default(),
+        });
+    };
+    let stream: Stream = job.stream().clone();
+    let Some(lease) = job.leases.first_mut() else {
+        return Err(unreadable("no staging slot leased".into()));
+    };
+    let pieces = sources.iter().zip(offsets).flat_map(|(s, &off)| {
+        let (src, len) = (s.as_ptr() as u64, s.bytes().len());
+        (0..len).step_by(H2D_PIECE).map(move |at| GatherPiece {
+            src: src + at as u64,
+            dst_off: (off + at) as u64,
+            len: H2D_PIECE.min(len - at) as u64,
+        })
+    });
+    // SAFETY: the device maps host memory (checked above); every source is page-locked
+    // memory pinlane allocated or registered device-mapped (checked above), kept alive and
+    // unchanged by the caller until the stream is idle, which is after the slot's event;
+    // `dst` is the caller's obligation; `gather_from_slot` checks each destination.
+    unsafe { lease.gather_from_slot(ctx, kernel, pieces, dst, &stream) }
 }

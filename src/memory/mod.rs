@@ -69,7 +69,10 @@ pub use copier::CopyPool;
 pub(crate) use copier::{CopyTask, CopyTasks, Stores};
 pub use device::DevicePtrGuard;
 pub(crate) use device::{DeviceAlloc, DeviceView};
-pub(crate) use gather::{available as gather_available, gather_async};
+pub(crate) use gather::{
+    available as gather_available, gather_async, h2d_gather_async, h2d_gather_available,
+    h2d_gather_pieces,
+};
 pub use host::HostPool;
 pub(crate) use host::{HostBuf, HostRegion};
 pub(crate) use inflight::{Detached, InFlight};

@@ -289,6 +289,17 @@ impl PinnedBuf {
         self.block.ptr.0.wrapping_add(self.offset)
     }
 
+    /// Whether a kernel may read these bytes at their host address, on a device that maps
+    /// host memory ([`driver::host_memory_mapped`]): memory pinlane allocated
+    /// (`cuMemHostAlloc`) or registered itself (device-mapped). Not memory another owner
+    /// page-locked (a DLPack import), which may be registered without a device mapping.
+    pub(crate) fn mapped(&self) -> bool {
+        matches!(
+            self.block.release,
+            Release::Free { .. } | Release::Pool { .. } | Release::Registered { .. }
+        )
+    }
+
     /// `nbytes` at `offset` of `block`.
     ///
     /// # Errors

@@ -31,6 +31,28 @@ impl Sim {
         OK
     }
 
+    pub(crate) unsafe fn cuDeviceGetAttribute(
+        &self,
+        v: *mut c_int,
+        attr: sys::CUdevice_attribute,
+        d: sys::CUdevice,
+    ) -> CUresult {
+        use sys::CUdevice_attribute as A;
+        if d < 0 || d as usize >= self.cfg.devices {
+            return CUresult::CUDA_ERROR_INVALID_DEVICE;
+        }
+        let value = match attr {
+            A::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING
+            | A::CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM => {
+                c_int::from(self.cfg.host_mapped)
+            }
+            _ => 0,
+        };
+        // SAFETY: out-pointer per the driver contract.
+        unsafe { *v = value };
+        OK
+    }
+
     pub(crate) unsafe fn cuDevicePrimaryCtxRetain(
         &self,
         ctx: *mut sys::CUcontext,
@@ -258,7 +280,7 @@ impl Sim {
         &self,
         p: *mut c_void,
         n: usize,
-        _flags: c_uint,
+        flags: c_uint,
     ) -> CUresult {
         if p.is_null() || n == 0 {
             return CUresult::CUDA_ERROR_INVALID_VALUE;
@@ -270,11 +292,12 @@ impl Sim {
             .registered
             .range(..end)
             .next_back()
-            .is_some_and(|(&s, &len)| s + len as u64 > start);
+            .is_some_and(|(&s, &(len, _))| s + len as u64 > start);
         if overlaps {
             return CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
         }
-        mem.registered.insert(start, n);
+        let mapped = flags & sys::CU_MEMHOSTREGISTER_DEVICEMAP != 0;
+        mem.registered.insert(start, (n, mapped));
         OK
     }
 

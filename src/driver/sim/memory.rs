@@ -59,19 +59,46 @@ pub(super) struct Memory {
     pub(super) dead_bytes: usize,
     /// Device bytes in use, per device.
     pub(super) used: Vec<usize>,
-    /// Host ranges registered with `cuMemHostRegister`: start address -> length.
-    pub(super) registered: BTreeMap<u64, usize>,
+    /// Host ranges registered with `cuMemHostRegister`: start address -> (length, whether
+    /// registered with `CU_MEMHOSTREGISTER_DEVICEMAP`).
+    pub(super) registered: BTreeMap<u64, (usize, bool)>,
 }
 
 impl Memory {
     /// Whether `[addr, addr + n)` lies inside one live or quarantined region.
     pub(super) fn covers(&self, addr: u64, n: usize) -> bool {
-        let inside = |map: &BTreeMap<u64, Region>| {
+        n == 0 || self.region_of(addr, n).is_some()
+    }
+
+    /// The live or quarantined region holding all of `[addr, addr + n)`.
+    fn region_of(&self, addr: u64, n: usize) -> Option<&Region> {
+        fn inside(map: &BTreeMap<u64, Region>, addr: u64, n: usize) -> Option<&Region> {
             map.range(..=addr)
                 .next_back()
-                .is_some_and(|(&start, r)| addr - start + n as u64 <= r.len as u64)
-        };
-        n == 0 || inside(&self.live) || inside(&self.dead)
+                .filter(|(&start, r)| addr - start + n as u64 <= r.len as u64)
+                .map(|(_, r)| r)
+        }
+        inside(&self.live, addr, n).or_else(|| inside(&self.dead, addr, n))
+    }
+
+    /// Whether `[addr, addr + n)` is device memory (live or quarantined).
+    pub(super) fn is_device(&self, addr: u64, n: usize) -> bool {
+        n == 0 || self.region_of(addr, n).is_some_and(|r| r.device.is_some())
+    }
+
+    /// Whether a kernel may read `[addr, addr + n)`: device memory; or, on a device that
+    /// maps host memory (`host_mapped`), page-locked host memory from `cuMemHostAlloc` or
+    /// registered with `CU_MEMHOSTREGISTER_DEVICEMAP`.
+    pub(super) fn kernel_readable(&self, addr: u64, n: usize, host_mapped: bool) -> bool {
+        if n == 0 || self.is_device(addr, n) {
+            return true;
+        }
+        let registered = self
+            .registered
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(&s, &(len, mapped))| mapped && addr - s + n as u64 <= len as u64);
+        host_mapped && (self.covers(addr, n) || registered)
     }
 
     pub(super) fn bury(&mut self, r: Region) {

@@ -65,6 +65,11 @@ pub struct SimConfig {
     /// Memory of each simulated device (default 4 GiB): allocations past it fail with
     /// `CUDA_ERROR_OUT_OF_MEMORY`.
     pub memory_per_device: usize,
+    /// Whether the devices report unified addressing and host pointers usable for
+    /// registered memory (default `true`), so that kernels may read page-locked host
+    /// memory; `false` makes pinlane take its kernel-free paths, and a kernel that reads
+    /// host memory anyway fails with `CUDA_ERROR_ILLEGAL_ADDRESS`.
+    pub host_mapped: bool,
 }
 
 impl Default for SimConfig {
@@ -74,6 +79,7 @@ impl Default for SimConfig {
             devices: 2,
             max_delay: Duration::from_micros(100),
             memory_per_device: 4 << 30,
+            host_mapped: true,
         }
     }
 }

@@ -141,7 +141,8 @@ impl Sim {
             Op::Gather { pieces, n, dst } => {
                 let mem = lock(&self.mem);
                 let desc_bytes = n as usize * 24;
-                if !mem.covers(pieces, desc_bytes) {
+                let host_mapped = self.cfg.host_mapped;
+                if !mem.kernel_readable(pieces, desc_bytes, host_mapped) {
                     return Err(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
                 }
                 // SAFETY: `pieces..+desc_bytes` is inside a simulated region (checked).
@@ -152,7 +153,7 @@ impl Sim {
                     };
                     let (src, off, len) = (word(0), word(1), word(2) as usize);
                     let to = dst.wrapping_add(off);
-                    if !mem.covers(src, len) || !mem.covers(to, len) {
+                    if !mem.kernel_readable(src, len, host_mapped) || !mem.is_device(to, len) {
                         return Err(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
                     }
                     // SAFETY: both ranges are inside simulated regions (checked above),

@@ -1,0 +1,34 @@
+//! A simulated device that does not map page-locked host memory for kernels (no unified
+//! addressing): many small page-locked sources are then copied, never read by the gather
+//! kernel (the simulator fails a kernel that reads host memory on such a device).
+
+mod common;
+
+use pinlane::{transfer_tensor_d2h, transfer_tensor_h2d, D2hOptions, DType, Tensor};
+
+#[test]
+fn small_page_locked_sources_are_staged_without_a_device_mapping() {
+    common::sim_with(
+        || {
+            pinlane::Config::new()
+                .slot_bytes(64 << 10)
+                .arena_bytes(1 << 20)
+        },
+        || {
+            let mut s = pinlane::driver::sim::SimConfig::seeded(0x5EED);
+            s.host_mapped = false;
+            s
+        },
+    );
+    let b: Vec<Tensor> = (0..100)
+        .map(|i| common::tensor(DType::F32, &[256], i).to_pinned().unwrap())
+        .collect();
+    let on = transfer_tensor_h2d(&b).unwrap();
+    let s = pinlane::last_transfer_stats().unwrap();
+    assert_eq!((s.mapped_bytes, s.staged_bytes), (0, 100 * 1024), "{s:?}");
+    // D2H's gather reads device memory only: still used.
+    let back = transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap();
+    let s = pinlane::last_transfer_stats().unwrap();
+    assert!(s.direct_bytes >= 100 * 1024 && s.copies <= 3, "{s:?}");
+    assert_eq!(back, b);
+}
