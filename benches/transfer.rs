@@ -257,6 +257,35 @@ fn main() {
                     c.name,
                     marks.join(", ")
                 );
+                // Whole calls, and where the slowest one lost its time: a stall that hits
+                // a different phase in each call is invisible in the per-phase medians.
+                let total =
+                    |run: &Vec<(&str, Duration)>| run.last().map_or(Duration::ZERO, |m| m.1);
+                let mut totals: Vec<f64> =
+                    runs.iter().map(|r| total(r).as_secs_f64() * 1e6).collect();
+                totals.sort_by(f64::total_cmp);
+                if let Some(slow) = runs.iter().max_by_key(|r| total(r)) {
+                    let mut phases: Vec<(usize, &str, f64)> = (0..slow.len())
+                        .map(|k| {
+                            let prev = k.checked_sub(1).map_or(Duration::ZERO, |j| slow[j].1);
+                            (k, slow[k].0, (slow[k].1 - prev).as_secs_f64() * 1e6)
+                        })
+                        .collect();
+                    phases.sort_by(|a, b| b.2.total_cmp(&a.2));
+                    let top: Vec<String> = phases
+                        .iter()
+                        .take(6)
+                        .map(|(k, name, us)| format!("#{k} {name} {us:.0}"))
+                        .collect();
+                    eprintln!(
+                        "trace {} {call}: whole calls min/median/max {:.0}/{:.0}/{:.0} us; the slowest call's longest phases: {}",
+                        c.name,
+                        totals[0],
+                        totals[totals.len() / 2],
+                        totals[totals.len() - 1],
+                        top.join(", ")
+                    );
+                }
             };
             show("h2d", &mut |r| {
                 drop(transfer_tensor_h2d(&c.sources[r % n]).unwrap())

@@ -420,7 +420,7 @@ fn submit_staged(
     }
     let stream = job.stream().clone();
     let slot = plan::window_size(end, crate::runtime::runtime().arena.slot_bytes());
-    let n_windows = end.div_ceil(slot);
+    let n_windows = plan::window_count(end, slot);
     let nslots = super::lease_slots(ctx, job, n_windows)?;
     let mut pending: Vec<Option<plan::Window>> = vec![None; nslots];
     for (w_idx, w) in plan::windows(end, slot).enumerate() {

@@ -339,7 +339,7 @@ fn submit<T>(
     if staged_end > 0 {
         let rt = crate::runtime::runtime();
         let window = plan::window_size(staged_end, rt.arena.slot_bytes());
-        let n_windows = staged_end.div_ceil(window);
+        let n_windows = plan::window_count(staged_end, window);
         let nslots = super::lease_slots(ctx, job, n_windows + first_window_slot)?;
         super::trace::mark("leased");
         // Windows whose fill has started but whose copy is not queued yet, oldest first.
