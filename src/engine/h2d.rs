@@ -13,11 +13,13 @@
 //!    `cuMemcpyBatchAsync` where the driver has it, else one copy each. The mapped ones:
 //!    one launch of the gather kernel, its descriptors in the first staging slot.
 //! 4. The staged region is cut into windows (at most one staging slot each, smaller for
-//!    small batches so the first copy starts early): the copy threads copy the pieces of
-//!    the pageable tensors that fall in a window into a slot (the slot has the window's
-//!    exact layout, padding included), then one copy moves the whole window. Fills run up
-//!    to two windows ahead of the copies; slots are reused round-robin, and refilling one
-//!    waits for its previous copy only. Many small tensors share one copy.
+//!    small batches and for the first windows of large ones, so the first copy starts
+//!    early): the copy threads copy the pieces of the pageable tensors that fall in a
+//!    window into a slot (the slot has the window's exact layout, padding included), then
+//!    one copy moves the whole window. The calling thread polls ([`Pump`]): each filled
+//!    window's copy is queued at once, in order, and a window's fill starts as soon as
+//!    its slot's previous copy has finished; meanwhile it copies pieces itself. Many
+//!    small tensors share one copy.
 //! 5. While the copies run, build the device tensors (views into the buffer) and the
 //!    rebuilt batch; then synchronise the stream and hand them out.
 
@@ -29,7 +31,6 @@ use crate::error::{Error, Result};
 use crate::memory::{self, DeviceAlloc, DeviceView, InFlight, PinnedBuf, Stores, DEVICE_ALIGN};
 use crate::tensor::{Storage, Tensor};
 use crate::{H2dOptions, SmallH2d};
-use std::collections::VecDeque;
 use std::sync::Arc;
 
 /// Page-locked sources smaller than this are staged like pageable ones: many of them then
@@ -342,11 +343,6 @@ fn submit<T>(
         let n_windows = plan::window_count(staged_end, window);
         let nslots = super::lease_slots(ctx, job, n_windows + first_window_slot)?;
         super::trace::mark("leased");
-        // Windows whose fill has started but whose copy is not queued yet, oldest first.
-        // Up to `ahead` fills run at once, so the copy threads go from one window to the
-        // next without a gap; fewer than `nslots`, so a slot is never refilled before its
-        // own window's copy is queued.
-        let ahead = (nslots - 1).min(2);
         // Streaming stores fill small batches faster, ordinary ones large batches
         // (measured: docs/performance.md).
         let stores = rt.fill_stores(if staged_end <= SMALL_BATCH {
@@ -354,12 +350,17 @@ fn submit<T>(
         } else {
             Stores::Cached
         });
-        let mut filling: VecDeque<(usize, usize, usize)> = VecDeque::new(); // (slot, start, len)
         let (offsets, sizes) = (&offsets[..staged.len()], &sizes[..staged.len()]);
         stats.staged_bytes += sizes.iter().sum::<usize>();
-        let mut windows = plan::windows(staged_end, window).enumerate().peekable();
-        while let Some((w_idx, w)) = windows.next() {
-            let k = (w_idx + first_window_slot) % nslots;
+        let windows: Vec<plan::Window> = plan::windows(staged_end, window).collect();
+        let mut pump = Pump {
+            windows: &windows,
+            first_slot: first_window_slot,
+            nslots,
+            queued: 0,
+            started: 0,
+        };
+        let fill = |job: &mut InFlight, k: usize, w: plan::Window| {
             let pieces = w.parts(offsets, sizes).map(|p| {
                 let bytes = staged[p.item];
                 (p.window_off, &bytes[p.item_off..p.item_off + p.len])
@@ -367,27 +368,74 @@ fn submit<T>(
             // SAFETY: the pieces borrow the caller's batch, alive for this whole call; the
             // lease settles its fill before the call ends (InFlight::finish/abort settle
             // every lease, and so does dropping one).
-            unsafe { job.leases[k].fill_start(pieces, &rt.copy, stores) }?;
-            super::trace::mark("fill started");
-            filling.push_back((k, w.start, w.len));
-            // After the last fill no slot is needed again: its copies are queued below,
-            // once `meanwhile` has run while the copy threads fill.
-            let last = windows.peek().is_none();
-            while filling.len() > ahead && !last {
-                let Some((k, start, len)) = filling.pop_front() else {
-                    break;
-                };
-                queue_window(ctx, job, k, len, &alloc, start, &stream, stats)?;
-            }
+            unsafe { job.leases[k].fill_start(pieces, &rt.copy, stores) }
+        };
+        let mut queue = |job: &mut InFlight, k: usize, w: plan::Window| {
+            queue_window(ctx, job, k, w.len, &alloc, w.start, &stream, stats)
+        };
+        while pump.started < windows.len() {
+            pump.turn(job, &fill, &mut queue)?;
         }
+        // Every fill is started: make the outputs while the copy threads fill.
         let made = meanwhile(Some(&alloc))?;
-        while let Some((k, start, len)) = filling.pop_front() {
-            queue_window(ctx, job, k, len, &alloc, start, &stream, stats)?;
+        while pump.queued < windows.len() {
+            pump.turn(job, &fill, &mut queue)?;
         }
         Ok((Some(alloc), made))
     } else {
         let made = meanwhile(Some(&alloc))?;
         Ok((Some(alloc), made))
+    }
+}
+
+/// The staging windows of one call in flight. Window `w` uses slot
+/// `(w + first_slot) % nslots`; windows before `queued` have their copy queued, those from
+/// `queued` to `started` are filling.
+struct Pump<'a> {
+    windows: &'a [plan::Window],
+    first_slot: usize,
+    nslots: usize,
+    queued: usize,
+    started: usize,
+}
+
+impl Pump<'_> {
+    fn slot(&self, w: usize) -> usize {
+        (w + self.first_slot) % self.nslots
+    }
+
+    /// One turn: queues the copy of every filled window, in order, so the copy engine
+    /// gets each window as soon as it is ready; then starts the fill of every window
+    /// whose slot is free (its previous window's copy queued and finished, asked without
+    /// blocking). With nothing to do, this thread copies pieces of the oldest fill.
+    fn turn(
+        &mut self,
+        job: &mut InFlight,
+        fill: &impl Fn(&mut InFlight, usize, plan::Window) -> Result<()>,
+        queue: &mut impl FnMut(&mut InFlight, usize, plan::Window) -> Result<()>,
+    ) -> Result<()> {
+        let mut progress = false;
+        while self.queued < self.started && job.leases[self.slot(self.queued)].fill_done() {
+            queue(job, self.slot(self.queued), self.windows[self.queued])?;
+            self.queued += 1;
+            progress = true;
+        }
+        while self.started < self.windows.len()
+            && self.started - self.queued < self.nslots
+            && job.leases[self.slot(self.started)].idle_now()?
+        {
+            fill(job, self.slot(self.started), self.windows[self.started])?;
+            super::trace::mark("fill started");
+            self.started += 1;
+            progress = true;
+        }
+        if !progress {
+            if self.queued < self.started {
+                job.leases[self.slot(self.queued)].help_fill();
+            }
+            std::hint::spin_loop();
+        }
+        Ok(())
     }
 }
 

@@ -344,6 +344,35 @@ impl SlotLease {
         Ok(())
     }
 
+    /// Whether the slot's last device copy is known to be finished, asked without blocking.
+    ///
+    /// # Errors
+    /// The driver's error for the slot's event.
+    pub(crate) fn idle_now(&mut self) -> Result<bool> {
+        let slab = self.slab();
+        if slab.busy {
+            match &slab.event {
+                Some(ev) if !ev.query()? => return Ok(false),
+                _ => slab.busy = false,
+            }
+        }
+        Ok(true)
+    }
+
+    /// Whether the host copies started by [`SlotLease::fill_start`] are finished (true
+    /// when none were started).
+    pub(crate) fn fill_done(&self) -> bool {
+        self.filling.as_ref().is_none_or(Ticket::is_done)
+    }
+
+    /// Takes part in the fill started by [`SlotLease::fill_start`]: copies its pieces that
+    /// no copy thread has taken yet.
+    pub(crate) fn help_fill(&self) {
+        if let Some(t) = &self.filling {
+            t.help();
+        }
+    }
+
     /// Waits for host copies into the slot started by [`SlotLease::fill_start`].
     pub(crate) fn settle(&mut self) {
         if let Some(t) = self.filling.take() {

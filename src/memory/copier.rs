@@ -314,6 +314,21 @@ impl Ticket {
         self.finish();
     }
 
+    /// Whether every piece of the job is copied (its stores visible to this thread).
+    pub(crate) fn is_done(&self) -> bool {
+        self.job
+            .as_ref()
+            .is_none_or(|j| j.done.load(Ordering::Acquire) == j.pieces.len())
+    }
+
+    /// Copies pieces of the job that no thread has taken yet, if any; returns when none
+    /// is left to take (others may still be copying theirs).
+    pub(crate) fn help(&self) {
+        if let Some(j) = &self.job {
+            j.work();
+        }
+    }
+
     fn finish(&mut self) {
         let Some(job) = self.job.take() else { return };
         job.work();
