@@ -32,7 +32,7 @@ pub enum SmallD2h {
 }
 
 /// How H2D moves many small page-locked tensors (under 4 MiB each, at least 4 of them, in
-/// memory pinlane page-locked: `to_pinned`, [`PinnedBufferMut`](crate::PinnedBufferMut),
+/// memory pinlane page-locked: `to_pinned`, [`PinnedBufferMut`](crate::memory::PinnedBufferMut),
 /// D2H outputs, `register_pinned`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]

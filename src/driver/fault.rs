@@ -2,7 +2,7 @@
 //! kind fail on the calling thread, so the failure rules can be proven on the real device.
 //!
 //! The injected call is not made: the checked wrapper returns
-//! [`Error::Driver`](crate::Error::Driver) with the name `INJECTED_FAULT` instead of
+//! [`Error::Driver`] with the name `INJECTED_FAULT` instead of
 //! calling the driver, so an injected allocation leaks nothing and an injected copy moves
 //! nothing. Plans are per thread, so tests running in parallel do not see each other's.
 
