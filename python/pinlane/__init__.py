@@ -32,11 +32,13 @@ def cuda_available():
 
 
 def configure(**settings):
-    """Sets pinlane's configuration for this process, before its first transfer: the
-    fields of the Rust ``pinlane::Config`` as keywords, e.g.
-    ``pinlane.configure(arena_bytes=256 << 20, pinned_output_bytes=1 << 30, copy_threads=8)``
-    (the README's configuration table lists them, with their defaults). Values are parsed
-    strictly, as the ``PINLANE_*`` environment variables are.
+    """Sets pinlane's configuration for this process, before its first transfer. The
+    keywords are the ``PINLANE_*`` environment variables of the README's configuration
+    table, lower-case and without the prefix (mostly the Rust ``Config`` field names;
+    ``d2h_small``, ``h2d_small``, ``nt_copy``, ``spin_us``, ``slot_wait_ms`` and
+    ``drop_sync_wait_ms`` differ), e.g.
+    ``pinlane.configure(arena_bytes=256 << 20, copy_threads=8, h2d_small="copy")``.
+    Values are parsed strictly, as the variables are.
 
     Raises:
         ValueError: an unknown setting, or a value that does not parse or is out of range.

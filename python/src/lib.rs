@@ -45,9 +45,10 @@ fn default_device() -> PyResult<usize> {
         .map_err(errors::to_py)
 }
 
-/// Installs pinlane's configuration from keyword settings named as the fields of the Rust
-/// `Config` (`arena_bytes=...`, `pinned_output_bytes=...`), parsed as the `PINLANE_*`
-/// variables are: strictly. Must come before the first transfer of the process.
+/// Installs pinlane's configuration from keyword settings named as the `PINLANE_*`
+/// variables, lower-case and without the prefix (`arena_bytes=...`, `h2d_small=...`),
+/// parsed as those variables are: strictly. Must come before the first transfer of the
+/// process.
 #[pyfunction]
 #[pyo3(signature = (**settings))]
 fn configure(settings: Option<&Bound<'_, pyo3::types::PyDict>>) -> PyResult<()> {

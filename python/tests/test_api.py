@@ -79,8 +79,8 @@ for bad, why in [({"arena_bytes": "lots"}, "PINLANE_ARENA_BYTES"), ({"arenna_byt
         print("accepted", bad)
     except ValueError as e:
         print("refused", why in str(e))
-pinlane.configure(arena_bytes=64 << 20, copy_threads=2)
-pinlane.configure(arena_bytes=64 << 20, copy_threads=2)  # the same again: fine
+pinlane.configure(arena_bytes=64 << 20, copy_threads=2, h2d_small="kernel")
+pinlane.configure(arena_bytes=64 << 20, copy_threads=2, h2d_small="kernel")  # again: fine
 try:
     pinlane.configure(arena_bytes=32 << 20)
     print("accepted a second, different configuration")
