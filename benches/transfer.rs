@@ -139,10 +139,16 @@ impl Row {
     }
 }
 
-/// Times `reps` calls of `f(rep)` after 2 warm-ups.
+/// Warm-up calls before timing: the H2D cache ring keeps the last 4 batches alive
+/// (`num_caches`), so the device pool grows during the first 5 calls of a batch size (by a
+/// batch each: 1.2 to 1.9 ms for 1 GiB); from the 6th on it reuses its memory.
+const WARMUPS: usize = 6;
+
+/// Times `reps` calls of `f(rep)` after [`WARMUPS`] warm-ups.
 fn time(reps: usize, mut f: impl FnMut(usize)) -> (Duration, f64) {
-    f(0);
-    f(1);
+    for w in 0..WARMUPS {
+        f(w);
+    }
     let cpu0 = cpu_seconds();
     let mut v = Vec::with_capacity(reps);
     for r in 0..reps {
@@ -233,10 +239,19 @@ fn main() {
             // start, then each phase's duration (the time since the previous mark).
             let show = |call: &str, f: &mut dyn FnMut(usize)| {
                 let mut runs: Vec<Vec<(&'static str, Duration)>> = Vec::new();
+                // Device memory the pools have reserved: which calls made a pool grow.
+                let reserved = || -> u64 {
+                    pinlane::memory_stats().devices.iter().map(|d| d.reserved_bytes).sum()
+                };
+                let mut grew = Vec::new();
                 for r in 0..21 {
+                    let before = reserved();
                     pinlane::trace_next_call();
                     f(r);
                     runs.extend(pinlane::last_trace());
+                    if reserved() > before {
+                        grew.push(r);
+                    }
                 }
                 let Some(first) = runs.first().cloned() else {
                     return;
@@ -264,6 +279,21 @@ fn main() {
                 let mut totals: Vec<f64> =
                     runs.iter().map(|r| total(r).as_secs_f64() * 1e6).collect();
                 totals.sort_by(f64::total_cmp);
+                let slow_alloc: Vec<String> = runs
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(r, run)| {
+                        let k = run.iter().position(|m| m.0 == "allocated")?;
+                        let d = run[k].1 - k.checked_sub(1).map_or(Duration::ZERO, |j| run[j].1);
+                        (d > Duration::from_micros(200))
+                            .then(|| format!("call {r}: {:.0} us", d.as_secs_f64() * 1e6))
+                    })
+                    .collect();
+                eprintln!(
+                    "trace {} {call}: allocations over 200 us: [{}]; calls that grew a device pool: {grew:?}",
+                    c.name,
+                    slow_alloc.join(", ")
+                );
                 if let Some(slow) = runs.iter().max_by_key(|r| total(r)) {
                     let mut phases: Vec<(usize, &str, f64)> = (0..slow.len())
                         .map(|k| {
