@@ -241,7 +241,11 @@ fn main() {
                 let mut runs: Vec<Vec<(&'static str, Duration)>> = Vec::new();
                 // Device memory the pools have reserved: which calls made a pool grow.
                 let reserved = || -> u64 {
-                    pinlane::memory_stats().devices.iter().map(|d| d.reserved_bytes).sum()
+                    pinlane::memory_stats()
+                        .devices
+                        .iter()
+                        .map(|d| d.reserved_bytes)
+                        .sum()
                 };
                 let mut grew = Vec::new();
                 for r in 0..21 {

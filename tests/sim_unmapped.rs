@@ -6,8 +6,8 @@ mod common;
 
 use pinlane::{transfer_tensor_d2h, transfer_tensor_h2d, D2hOptions, DType, Tensor};
 
-#[test]
-fn small_page_locked_sources_are_staged_without_a_device_mapping() {
+/// This binary's simulated devices do not map host memory.
+fn unmapped_sim() {
     common::sim_with(
         || {
             pinlane::Config::new()
@@ -20,6 +20,11 @@ fn small_page_locked_sources_are_staged_without_a_device_mapping() {
             s
         },
     );
+}
+
+#[test]
+fn small_page_locked_sources_are_staged_without_a_device_mapping() {
+    unmapped_sim();
     let b: Vec<Tensor> = (0..100)
         .map(|i| common::tensor(DType::F32, &[256], i).to_pinned().unwrap())
         .collect();
@@ -31,4 +36,23 @@ fn small_page_locked_sources_are_staged_without_a_device_mapping() {
     let s = pinlane::last_transfer_stats().unwrap();
     assert!(s.direct_bytes >= 100 * 1024 && s.copies <= 3, "{s:?}");
     assert_eq!(back, b);
+}
+
+#[test]
+fn empty_page_locked_views_do_not_start_a_kernel_without_a_device_mapping() {
+    unmapped_sim();
+    // D2H outputs of a batch with empty tensors: the empty ones are views of the same
+    // page-locked block as the non-empty one. Sent back, none may go to the kernel here.
+    let b: Vec<Tensor> = (0..6)
+        .map(|i| common::tensor(DType::U8, &[if i == 0 { 100 } else { 0 }], i))
+        .collect();
+    let on = transfer_tensor_h2d(&b).unwrap();
+    let pinned = transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap();
+    let again = transfer_tensor_h2d(&pinned).unwrap();
+    let s = pinlane::last_transfer_stats().unwrap();
+    assert_eq!((s.mapped_bytes, s.staged_bytes), (0, 100), "{s:?}");
+    assert_eq!(
+        transfer_tensor_d2h(&again, &D2hOptions::default()).unwrap(),
+        b
+    );
 }

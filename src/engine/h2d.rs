@@ -105,9 +105,10 @@ pub(crate) fn transfer<B: Batch>(
         DIRECT_MIN_BYTES
     };
     let rt = crate::runtime::runtime();
-    let kernel = rt.settings().small_h2d == SmallH2d::Kernel;
+    let kernel =
+        rt.settings().small_h2d == SmallH2d::Kernel && memory::h2d_gather_available(device);
     // The kernel's descriptors must fit one staging slot.
-    let mut room = if kernel && memory::h2d_gather_available(device) {
+    let mut room = if kernel {
         rt.arena.slot_bytes() / std::mem::size_of::<driver::GatherPiece>()
     } else {
         0
@@ -127,7 +128,9 @@ pub(crate) fn transfer<B: Batch>(
             }
             Storage::Pinned(b) => {
                 let pieces = memory::h2d_gather_pieces(t.nbytes());
-                let readable = pieces <= room && b.mapped();
+                // (An empty tensor needs no piece: only `kernel` keeps it off the kernel
+                // where the kernel cannot run.)
+                let readable = kernel && pieces <= room && b.mapped();
                 match pinned_route(t.nbytes(), readable, direct_min) {
                     Route::Mapped => {
                         room -= pieces;
