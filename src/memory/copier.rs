@@ -570,4 +570,28 @@ mod tests {
             h.join().unwrap();
         }
     }
+
+    #[test]
+    fn a_helped_job_is_done_only_when_every_piece_is_copied() {
+        let n = if cfg!(miri) { 600 << 10 } else { 6 << 20 };
+        let src: Vec<u8> = (0..n).map(|i| (i * 31 + i / 977) as u8).collect();
+        let mut dst = vec![0u8; n];
+        let task = CopyTask {
+            src: src.as_ptr(),
+            dst: dst.as_mut_ptr(),
+            len: n,
+        };
+        // SAFETY: both buffers outlive the ticket, which is waited for below before they
+        // are read or dropped; nothing else touches `dst` meanwhile.
+        let ticket = unsafe { pool().submit(vec![task].into(), Stores::Cached) };
+        // The caller takes pieces until none is left, then polls as the H2D pump does.
+        ticket.help();
+        while !ticket.is_done() {
+            std::hint::spin_loop();
+        }
+        // Read before `wait` (which synchronises by itself): `is_done` alone must make the
+        // workers' stores visible (Miri's race detector checks this).
+        assert!(src == dst);
+        ticket.wait();
+    }
 }
