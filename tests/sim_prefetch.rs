@@ -16,18 +16,11 @@ use std::time::{Duration, Instant};
 const DEVICE_BYTES: usize = 32 << 20;
 
 fn sim() {
-    common::sim_with(
-        || {
-            pinlane::Config::new()
-                .slot_bytes(64 << 10)
-                .arena_bytes(1 << 20)
-        },
-        || {
-            SimConfig::seeded(0xFE7C)
-                .max_delay(Duration::from_micros(40))
-                .memory_per_device(DEVICE_BYTES)
-        },
-    );
+    common::sim_with(common::sim_runtime, || {
+        SimConfig::seeded(0xFE7C)
+            .max_delay(Duration::from_micros(40))
+            .memory_per_device(DEVICE_BYTES)
+    });
 }
 
 fn batch(i: usize) -> Vec<Tensor> {

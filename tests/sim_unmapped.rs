@@ -8,18 +8,9 @@ use pinlane::{transfer_tensor_d2h, transfer_tensor_h2d, D2hOptions, DType, Tenso
 
 /// This binary's simulated devices do not map host memory.
 fn unmapped_sim() {
-    common::sim_with(
-        || {
-            pinlane::Config::new()
-                .slot_bytes(64 << 10)
-                .arena_bytes(1 << 20)
-        },
-        || {
-            let mut s = pinlane::driver::sim::SimConfig::seeded(0x5EED);
-            s.host_mapped = false;
-            s
-        },
-    );
+    common::sim_with(common::sim_runtime, || {
+        common::sim_device().host_mapped(false)
+    });
 }
 
 #[test]

@@ -125,17 +125,19 @@ pub fn fingerprint<B: pinlane::Batch>(b: &B) -> Vec<(DType, Vec<usize>, Vec<u8>)
 /// Switches this test binary to the simulated device (once; every test of a simulated
 /// binary calls it first), with a small staging arena so batches span many slots.
 pub fn sim() {
-    sim_with(
-        || {
-            pinlane::Config::new()
-                .slot_bytes(64 << 10)
-                .arena_bytes(1 << 20)
-        },
-        || {
-            pinlane::driver::sim::SimConfig::seeded(0x5EED)
-                .max_delay(std::time::Duration::from_micros(40))
-        },
-    );
+    sim_with(sim_runtime, sim_device);
+}
+
+/// The runtime of the simulated binaries: a small staging arena (16 slots of 64 KiB).
+pub fn sim_runtime() -> pinlane::Config {
+    pinlane::Config::new()
+        .slot_bytes(64 << 10)
+        .arena_bytes(1 << 20)
+}
+
+/// The simulated device of [`sim`]: seeded, each operation delayed up to 40 us.
+pub fn sim_device() -> pinlane::driver::sim::SimConfig {
+    pinlane::driver::sim::SimConfig::seeded(0x5EED).max_delay(std::time::Duration::from_micros(40))
 }
 
 /// Switches this test binary to the simulated device with the runtime `config()` and the

@@ -110,6 +110,12 @@ impl SimConfig {
         self.memory_per_device = bytes;
         self
     }
+
+    /// Sets [`SimConfig::host_mapped`].
+    pub fn host_mapped(mut self, mapped: bool) -> SimConfig {
+        self.host_mapped = mapped;
+        self
+    }
 }
 
 static SIM: OnceLock<Sim> = OnceLock::new();
