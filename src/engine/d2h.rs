@@ -420,10 +420,11 @@ fn submit_staged(
     }
     let stream = job.stream().clone();
     let slot = plan::window_size(end, crate::runtime::runtime().arena.slot_bytes());
-    let n_windows = plan::window_count(end, slot);
+    let windows: Vec<plan::Window> = plan::windows(end, slot).collect();
+    let n_windows = windows.len();
     let nslots = super::lease_slots(ctx, job, n_windows)?;
     let mut pending: Vec<Option<plan::Window>> = vec![None; nslots];
-    for (w_idx, w) in plan::windows(end, slot).enumerate() {
+    for (w_idx, &w) in windows.iter().enumerate() {
         let k = w_idx % nslots;
         if let Some(prev) = pending[k].take() {
             drain(&mut job.leases[k], prev, offsets, sizes, region)?;

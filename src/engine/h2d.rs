@@ -343,8 +343,8 @@ fn submit<T>(
     if staged_end > 0 {
         let rt = crate::runtime::runtime();
         let window = plan::window_size(staged_end, rt.arena.slot_bytes());
-        let n_windows = plan::window_count(staged_end, window);
-        let nslots = super::lease_slots(ctx, job, n_windows + first_window_slot)?;
+        let windows: Vec<plan::Window> = plan::windows(staged_end, window).collect();
+        let nslots = super::lease_slots(ctx, job, windows.len() + first_window_slot)?;
         super::trace::mark("leased");
         // Streaming stores fill small batches faster, ordinary ones large batches
         // (measured: docs/performance.md).
@@ -355,7 +355,6 @@ fn submit<T>(
         });
         let (offsets, sizes) = (&offsets[..staged.len()], &sizes[..staged.len()]);
         stats.staged_bytes += sizes.iter().sum::<usize>();
-        let windows: Vec<plan::Window> = plan::windows(staged_end, window).collect();
         let mut pump = Pump {
             windows: &windows,
             first_slot: first_window_slot,
