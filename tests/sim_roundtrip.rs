@@ -131,6 +131,10 @@ fn small_pinned_sources_are_read_by_one_kernel_large_ones_go_direct() {
         "one launch, one direct copy, one window: {s:?}"
     );
     assert_eq!(transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap(), b);
+    // Back: the small ones gathered by one launch that reads its descriptors in the
+    // staging slot (no upload), then that range and the large tensor copied.
+    let s = pinlane::last_transfer_stats().unwrap();
+    assert_eq!(s.copies, 3, "one launch, two copies: {s:?}");
 }
 
 #[test]

@@ -22,10 +22,12 @@ fn small_page_locked_sources_are_staged_without_a_device_mapping() {
     let on = transfer_tensor_h2d(&b).unwrap();
     let s = pinlane::last_transfer_stats().unwrap();
     assert_eq!((s.mapped_bytes, s.staged_bytes), (0, 100 * 1024), "{s:?}");
-    // D2H's gather reads device memory only: still used.
+    // D2H's gather reads device memory only: still used, its descriptors uploaded to the
+    // device first (the kernel cannot read them in the slot here).
     let back = transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap();
     let s = pinlane::last_transfer_stats().unwrap();
-    assert!(s.direct_bytes >= 100 * 1024 && s.copies <= 3, "{s:?}");
+    assert!(s.direct_bytes >= 100 * 1024, "{s:?}");
+    assert_eq!(s.copies, 3, "upload, launch, one copy: {s:?}");
     assert_eq!(back, b);
 }
 

@@ -346,8 +346,8 @@ fn submit(
             )
         };
         match g {
-            Ok(g) => {
-                stats.copies += 2; // the descriptors' upload and the kernel
+            Ok((g, submitted)) => {
+                stats.copies += submitted; // the kernel (and the descriptors' upload)
                 super::trace::mark("gather queued");
                 gathered = DeviceView::new(&g, 0, small_end)?;
                 items.push(&gathered);

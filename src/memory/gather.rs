@@ -3,8 +3,9 @@
 //! (each copy submission costs microseconds; a thousand tensors would cost milliseconds).
 //!
 //! ```text
-//!  slot (pinned):   [desc0 desc1 ... descN-1]  ──H2D──►  scratch (device, freed in stream order)
-//!  kernel:          scratch ──► for each piece: dst[dst_off..+len] = src[..len]
+//!  slot (pinned):   [desc0 desc1 ... descN-1]  (read in place through the device's mapping,
+//!                   or, where the device maps no host memory, copied to a device scratch)
+//!  kernel:          descriptors ──► for each piece: dst[dst_off..+len] = src[..len]
 //!  result:          one DeviceAlloc with every tensor at its output offset
 //! ```
 //!
@@ -25,8 +26,10 @@ pub(crate) fn available(device: usize) -> bool {
 }
 
 /// Queues a gather of `views` (at `offsets`, in a buffer of `end` bytes) on `job`'s stream
-/// and returns the buffer, held by `job`. The descriptors go through `job`'s first staging
-/// slot (which must hold `24 * views.len()` bytes).
+/// and returns the buffer, held by `job`, and how many submissions that took (1, or 2 with
+/// the descriptors' upload). The descriptors go into `job`'s first staging
+/// slot (which must hold `24 * views.len()` bytes); the kernel reads them there in place
+/// where the device maps page-locked host memory, else from a device copy of them.
 ///
 /// # Safety
 /// Every view's producing work is ordered before this point of the stream, and every view
@@ -38,7 +41,7 @@ pub(crate) unsafe fn gather_async(
     views: &[&DeviceView],
     offsets: &[usize],
     end: usize,
-) -> Result<Arc<DeviceAlloc>> {
+) -> Result<(Arc<DeviceAlloc>, usize)> {
     ctx.check("gather", device)?;
     // Every descriptor must be checked here: the kernel writes device memory unchecked.
     if views.len() != offsets.len() {
@@ -50,13 +53,6 @@ pub(crate) unsafe fn gather_async(
     for (v, &off) in views.iter().zip(offsets) {
         super::check_range("gather destination", off, v.nbytes(), end)?;
     }
-    let stream: Stream = job.stream().clone();
-    let Some(lease) = job.leases.first_mut() else {
-        return Err(crate::Error::InvalidOption {
-            name: "gather",
-            reason: "no staging slot leased".into(),
-        });
-    };
     let Some(kernel) = driver::gather_kernel(device) else {
         return Err(crate::Error::NoCuda {
             op: "gather",
@@ -64,25 +60,50 @@ pub(crate) unsafe fn gather_async(
                 .unwrap_or_default(),
         });
     };
+    let slot_bytes = job.leases.first().map_or(0, |l| l.len());
     let desc_bytes = views.len() * std::mem::size_of::<GatherPiece>();
     let n = u32::try_from(views.len())
         .ok()
-        .filter(|_| desc_bytes <= lease.len() && end > 0);
+        .filter(|&n| n > 0 && end > 0 && desc_bytes <= slot_bytes);
     let Some(n) = n else {
         return Err(crate::Error::InvalidOption {
             name: "gather",
-            reason: format!("{} pieces do not fit the staging slot", views.len()),
+            reason: format!(
+                "{} pieces of {end} bytes for a staging slot of {slot_bytes} bytes",
+                views.len()
+            ),
         });
     };
+    let stream: Stream = job.stream().clone();
+    let dst = DeviceAlloc::new_async(ctx, device, end, &stream, stream.clone())?;
+    job.hold(&dst, end);
+    let lease = job
+        .leases
+        .first_mut()
+        .ok_or_else(|| crate::Error::InvalidOption {
+            name: "gather",
+            reason: "no staging slot leased".into(),
+        })?;
+    let descs = views.iter().zip(offsets).map(|(v, &off)| GatherPiece {
+        src: v.addr(0).unwrap_or(0),
+        dst_off: off as u64,
+        len: v.nbytes() as u64,
+    });
+    if driver::host_memory_mapped(device) {
+        // SAFETY: the device maps page-locked host memory (checked just above), so the
+        // kernel reads the descriptors in the slot in place; the sources are device views
+        // whose producing work and lifetime are the caller's obligation; `dst` was
+        // allocated on this stream and `job` holds it; `gather_from_slot` checks every
+        // destination against it.
+        unsafe { lease.gather_from_slot(ctx, kernel, descs, &dst, &stream) }?;
+        return Ok((dst, 1));
+    }
+    // Without the mapping, the descriptors are copied to a device scratch buffer first.
     {
         let buf = lease.bytes_mut()?;
-        let descs: &mut [GatherPiece] = bytemuck::cast_slice_mut(&mut buf[..desc_bytes]);
-        for ((d, v), &off) in descs.iter_mut().zip(views).zip(offsets) {
-            *d = GatherPiece {
-                src: v.addr(0).unwrap_or(0),
-                dst_off: off as u64,
-                len: v.nbytes() as u64,
-            };
+        let slot: &mut [GatherPiece] = bytemuck::cast_slice_mut(&mut buf[..desc_bytes]);
+        for (d, p) in slot.iter_mut().zip(descs) {
+            *d = p;
         }
     }
     // The scratch is freed on the copy stream itself when dropped below: after the kernel
@@ -91,16 +112,14 @@ pub(crate) unsafe fn gather_async(
     // SAFETY: `scratch` was allocated on this stream and lives until the free queued when
     // it drops, after the kernel; the lease's event covers the slot.
     unsafe { lease.h2d_window(ctx, desc_bytes, &scratch, 0, &stream) }?;
-    let dst = DeviceAlloc::new_async(ctx, device, end, &stream, stream.clone())?;
     // SAFETY: the descriptors were copied into `scratch` just before on this stream; each
     // describes a whole view (source in range by construction) going to `off..off+len`,
     // inside `dst` (every range was checked against `end` above); the views'
     // producing work and lifetime are the caller's obligation; `dst` is held by `job`.
     let launched =
         unsafe { driver::launch_gather(ctx, kernel, scratch.addr(0), n, dst.addr(0), &stream) };
-    job.hold(&dst, end);
     drop(scratch);
-    launched.map(|()| dst)
+    launched.map(|()| (dst, 2))
 }
 
 /// Most bytes one H2D gather piece reads: larger sources are cut into pieces this size, so
