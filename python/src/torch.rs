@@ -73,13 +73,13 @@ impl Torch {
         ts: &[Tensor],
         min_run: usize,
     ) -> PyResult<Vec<Bound<'py, PyAny>>> {
-        let mut dls = Vec::with_capacity(ts.len());
-        for t in ts {
-            dls.push(handover(t)?);
-        }
+        // Each capsule is taken out (`None`) when a Python object adopts it.
+        let mut dls = ts
+            .iter()
+            .map(|t| handover(t).map(Some))
+            .collect::<PyResult<Vec<Option<Managed>>>>()?;
         let mut out = Vec::with_capacity(ts.len());
         let mut i = 0;
-        let mut dls = dls.into_iter().map(Some).collect::<Vec<_>>();
         while i < ts.len() {
             let (len, stride) = run_at(ts, &dls, i);
             if len >= min_run {
