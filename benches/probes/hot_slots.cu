@@ -11,7 +11,11 @@
 // after the same threads wrote X MiB more elsewhere (do later writes cool its lines?), and
 // part 4 runs the ring with each window's DMA held until the window L later is filled,
 // the last L windows filled with non-temporal stores.
-// Results: benches/results/issue11_part6.txt; docs/performance.md, issue 11, fourth part.
+// With `mix` (./hot mix), part 5 runs the ring with every P-th window (and the last two)
+// filled with non-temporal stores and queued as soon as filled, the others with memcpy
+// and queued only once the K windows after them are filled (their lines cooled), so the
+// copy engine's order is not the fill order.
+// Results: benches/results/issue11_part6.txt (runs 1 to 3); docs/performance.md, issue 11, fourth part.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -62,6 +66,7 @@ static const int NF = 5;
 
 int main(int argc, char** argv) {
   const bool lag = argc > 1 && strcmp(argv[1], "lag") == 0;
+  const bool mix = argc > 1 && strcmp(argv[1], "mix") == 0;
   { FILE* f = fopen("/proc/cpuinfo", "r"); char b[8192]; bool d = false; while (f && fgets(b, sizeof b, f)) if (strstr(b, "flags") && strstr(b, " cldemote")) d = true; if (f) fclose(f); printf("cpuinfo lists cldemote: %s\n", d ? "yes" : "no"); }
   const int T = 12, NS = 8;
   const size_t W = 8 << 20, MAXT = 1ull << 30;
@@ -143,6 +148,68 @@ int main(int argc, char** argv) {
       printf("ring, %4zu MiB, %d threads, DMA held until window +%d is filled, last %d windows nt: %.1f GB/s (min %.1f max %.1f)\n", total >> 20, T, L, L, res[2], res[0], res[4]);
       fflush(stdout);
     }
+    return 0;
+  }
+
+  if (mix) {
+    // Part 5: non-temporal windows go first, ordinary ones once cooled.
+    for (size_t total : {256ull << 20, 1ull << 30})
+    for (int round = 0; round < 2; round++)
+    for (int P : {0, 2, 3, 4})
+    for (int K : {1, 2}) {
+      if (P == 0 && K == 2) continue;
+      const int NW = total / W;
+      auto is_nt = [&](int w) { return P > 0 && (w % P == 0 || w >= NW - 2); };
+      std::vector<double> res;
+      for (int rep = 0; rep < 5; rep++) {
+        std::vector<std::atomic<int>> done(NW); for (auto& d : done) d = 0;
+        std::vector<std::atomic<int>> freed(NW); for (int w = 0; w < NW; w++) freed[w] = w < NS ? 1 : 0;
+        std::vector<char> queued(NW, 0);
+        std::vector<int> slot_last(NS, -1);  // the window whose DMA the slot's event follows
+        std::atomic<bool> go{false};
+        std::vector<std::thread> th;
+        for (int t = 0; t < T; t++) th.emplace_back([&, t] {
+          while (!go.load()) {}
+          size_t part = W / T / 4096 * 4096, lo = t * part, hi = t == T - 1 ? W : lo + part;
+          for (int w = 0; w < NW; w++) {
+            while (!freed[w].load(std::memory_order_acquire)) _mm_pause();
+            (is_nt(w) ? copy_nt : copy_plain)(slots[w % NS] + lo, src + (size_t)w * W + lo, hi - lo);
+            done[w].fetch_add(1, std::memory_order_release);
+          }
+        });
+        double s0 = now(); go = true;
+        int nqueued = 0, next_free = NS, oldest = 0;
+        while (nqueued < NW) {
+          bool any = false;
+          for (int w = oldest; w < NW; w++) {
+            if (queued[w]) continue;
+            if (done[w].load(std::memory_order_acquire) != T) break;  // fills finish in order
+            int gate = is_nt(w) ? w : std::min(w + K, NW - 1);
+            if (done[gate].load(std::memory_order_acquire) != T) continue;
+            CK(cudaMemcpyAsync(dev + (size_t)w * W, slots[w % NS], W, cudaMemcpyHostToDevice, st));
+            CK(cudaEventRecord(ev[w % NS], st));
+            slot_last[w % NS] = w; queued[w] = 1; nqueued++; any = true;
+          }
+          while (oldest < NW && queued[oldest]) oldest++;
+          // A window's slot is free once its previous window's DMA is queued and done.
+          while (next_free < NW && queued[next_free - NS] && cudaEventQuery(ev[next_free % NS]) == cudaSuccess) {
+            freed[next_free].store(1, std::memory_order_release); next_free++;
+          }
+          if (!any) _mm_pause();
+        }
+        CK(cudaStreamSynchronize(st));
+        double dt = now() - s0;
+        for (auto& x : th) x.join();
+        res.push_back(total / dt / 1e9);
+      }
+      std::sort(res.begin(), res.end());
+      if (P == 0) printf("ring, %4zu MiB, %d threads, memcpy, in order: %.1f GB/s (min %.1f max %.1f)\n", total >> 20, T, res[2], res[0], res[4]);
+      else printf("ring, %4zu MiB, %d threads, every %d. window nt, others queued %d windows later: %.1f GB/s (min %.1f max %.1f)\n", total >> 20, T, P, K, res[2], res[0], res[4]);
+      fflush(stdout);
+    }
+    std::vector<char> back(W);
+    CK(cudaMemcpy(back.data(), dev + (1ull << 30) - 3 * W, W, cudaMemcpyDeviceToHost));
+    printf("verify a late window: %s\n", memcmp(back.data(), src + (1ull << 30) - 3 * W, W) == 0 ? "ok" : "BAD");
     return 0;
   }
 
