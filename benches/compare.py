@@ -1,6 +1,6 @@
 """Turns the two benches' JSON into the comparison table (Markdown, on stdout) and a plot.
 
-    python3 benches/compare.py benches/results/pinlane.json benches/results/spdl.json docs/performance.png
+    python3 benches/compare.py benches/results/pinlane.json benches/results/py_compare.json docs/performance.png
 
 Needs matplotlib only for the plot (`pip install matplotlib`); without it, the table is
 still printed.
