@@ -165,6 +165,11 @@ pub(crate) fn transfer<B: Batch>(
     if order.is_empty() {
         return Ok((batch::replace_tensors(batch, Vec::new()), None));
     }
+    // The copy threads will fill staging slots: wake them now, so that they are up by the
+    // time the first window is handed out (planning and the allocation come first).
+    if staged.iter().map(|b| b.len()).sum::<usize>() >= rt.copy.parallel_min() {
+        rt.copy.prewake();
+    }
 
     super::trace::mark("gathered");
     let stream = thread_state::h2d_stream(device)?;

@@ -21,7 +21,10 @@
 //! waiting for the first keeps the workers busy with no gap between windows.
 //!
 //! Idle workers spin for a few microseconds before sleeping, so the next window's job
-//! does not pay a thread wake-up (tens of microseconds) each time.
+//! does not pay a thread wake-up (tens of microseconds) each time. Waking sleeping
+//! workers is passed on: the submitting thread wakes one, which wakes the rest, so the
+//! caller pays for one wake-up, not one per worker; and a caller that knows a job is
+//! coming can wake them ahead of it ([`CopyPool::prewake`]).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -177,6 +180,11 @@ impl CopyPool {
         self.threads
     }
 
+    /// Jobs below this many bytes run on the calling thread alone.
+    pub(crate) fn parallel_min(&self) -> usize {
+        self.parallel_min
+    }
+
     fn worker(&self) {
         loop {
             let job = self.next_job();
@@ -207,8 +215,13 @@ impl CopyPool {
             if q.iter().all(|j| j.exhausted()) {
                 self.sleepers.fetch_add(1, Ordering::Relaxed);
                 let q = self.work_ready.wait(q).unwrap_or_else(|e| e.into_inner());
-                self.sleepers.fetch_sub(1, Ordering::Relaxed);
+                let others = self.sleepers.fetch_sub(1, Ordering::Relaxed) - 1;
                 drop(q);
+                // Wake-ups are passed on: the thread that hands out work wakes one worker
+                // (one wake-up's cost on its own path) and that worker wakes the rest.
+                if others > 0 {
+                    self.work_ready.notify_all();
+                }
             }
             spin_until = None;
         }
@@ -294,10 +307,24 @@ impl CopyPool {
             q.push_back(job.clone());
             self.queued.fetch_add(1, Ordering::Relaxed);
         }
-        if self.sleepers.load(Ordering::Relaxed) > 0 {
-            self.work_ready.notify_all();
-        }
+        self.wake();
         Ticket { job: Some(job) }
+    }
+
+    /// Wakes the sleeping workers, if any, so that they are spinning when work comes: for
+    /// a caller that knows it will submit a job shortly (while it does other work first).
+    pub(crate) fn prewake(&'static self) {
+        if self.threads > 1 {
+            self.start();
+            self.wake();
+        }
+    }
+
+    /// Wakes one sleeping worker, which wakes the others (see `next_job`).
+    fn wake(&self) {
+        if self.sleepers.load(Ordering::Relaxed) > 0 {
+            self.work_ready.notify_one();
+        }
     }
 }
 
