@@ -429,18 +429,20 @@ fn submit_staged(
         if let Some(prev) = pending[k].take() {
             drain(&mut job.leases[k], prev, offsets, sizes, region)?;
         }
-        let parts = w
-            .parts(offsets, sizes)
-            .map(|p| (p.window_off, views[p.item], p.item_off, p.len));
+        // The stats are counted as the parts are queued (one pass over them).
+        let (mut copies, mut bytes) = (0, 0);
+        let parts = w.parts(offsets, sizes).map(|p| {
+            copies += 1;
+            bytes += p.len;
+            (p.window_off, views[p.item], p.item_off, p.len)
+        });
         // SAFETY: every view is borrowed from the caller's batch for this whole call (and
         // cloned into the retained registry if the call ends with copies unproven); the
         // copy stream waits for the current stream and the producer event above, which
         // order the views' producing work before these copies.
         unsafe { job.leases[k].d2h_window(ctx, parts, &stream) }?;
-        for p in w.parts(offsets, sizes) {
-            stats.copies += 1;
-            stats.staged_bytes += p.len;
-        }
+        stats.copies += copies;
+        stats.staged_bytes += bytes;
         stats.windows += 1;
         pending[k] = Some(w);
     }
