@@ -82,23 +82,29 @@ def transfer_tensor_h2d(batch, /, *, num_caches=4):
     * Containers (list, tuple, namedtuple, dict, defaultdict, dataclass, nested) are
       rebuilt with their own types; other leaves, and CUDA tensors, are returned as the
       same objects.
+    * Each output holds the values torch gives its source (``tensor.to(device)`` would
+      give the same bits), lazy bits resolved: a negated view (``is_neg()``, such as
+      ``z.conj().imag``) arrives negated.
     * Sources are read in place: page-locked ones (``pin_memory()``) of 1 MiB and more
       are copied straight from their memory; pageable ones, and smaller page-locked ones,
       through pinlane's page-locked staging ring, where many small tensors share one
-      copy. A non-contiguous tensor is first made contiguous on the host, and its output
-      is contiguous.
+      copy. A non-contiguous or negated tensor is first made a plain contiguous tensor on
+      the host, and its output is contiguous.
     * The call returns once the copies are done; the outputs are ready for work on any
       stream. Their memory is freed, when torch lets them go, in order on torch's current
       stream of the device at the time of the call.
     * The thread keeps its last ``num_caches`` batches' device memory referenced.
-    * A tensor that requires grad, or whose dtype pinlane lacks (complex, float8), is
-      moved by torch (``tensor.to(device)``), keeping autograd.
+    * A tensor that requires grad, whose dtype pinlane lacks (complex, float8, ...), or
+      that torch does not export (sparse and other layouts) is moved by torch
+      (``tensor.to(device)``, keeping autograd, on torch's current stream).
     * No CUDA (or torch not loaded): the batch is returned as is.
 
     Raises:
-        ValueError: ``num_caches`` is not an int >= 0, or ``LOCAL_RANK`` is malformed.
-        RuntimeError: ``LOCAL_RANK`` names no device, or a copy failed (nothing of the
-            batch is changed).
+        ValueError: ``num_caches`` is not an int >= 0, or ``LOCAL_RANK`` is not an
+            integer.
+        RuntimeError: ``LOCAL_RANK`` is an integer that names no device, or a copy
+            failed (nothing of the batch is changed).
+        MemoryError: device memory ran out.
     """
     num_caches = _num_caches(num_caches)
     torch = _torch_with_cuda()
@@ -110,9 +116,6 @@ def transfer_tensor_h2d(batch, /, *, num_caches=4):
     device = _native.default_device()
     consumer = torch.cuda.current_stream(device).cuda_stream
     outs = _native.h2d(tensors, device=device, num_caches=num_caches, consumer_stream=consumer)
-    for i, o in enumerate(outs):
-        if o is None:
-            outs[i] = tensors[i].to(torch.device("cuda", device))
     return rebuild(batch, torch.Tensor, outs)
 
 
@@ -127,6 +130,20 @@ def _device_str(device):
     raise ValueError(f"device must be a torch.device, a str or an int, not {type(device).__name__}")
 
 
+def _stream_arg(torch, stream):
+    if not isinstance(stream, torch.cuda.Stream):
+        raise TypeError(f"stream must be a torch.cuda.Stream, not {type(stream).__name__}")
+    return (stream.cuda_stream, stream.device.index)
+
+
+def _event_arg(torch, event):
+    if not isinstance(event, torch.cuda.Event):
+        raise TypeError(f"producer_event must be a torch.cuda.Event, not {type(event).__name__}")
+    if not event.cuda_event:  # never recorded: nothing to wait for
+        return None
+    return (event.cuda_event, event.device.index)
+
+
 def transfer_tensor_d2h(batch, /, *, device=None, stream=None, producer_event=None):
     """Copies the CUDA torch tensors of ``batch`` on ``device`` to CPU tensors in
     page-locked memory and returns the same structure with them in their place.
@@ -135,21 +152,32 @@ def transfer_tensor_d2h(batch, /, *, device=None, stream=None, producer_event=No
       ``cuda:{LOCAL_RANK}``. Tensors on other devices, CPU tensors and other leaves are
       returned as the same objects.
     * The copy waits for the work queued on torch's current stream of the device (and
-      for ``producer_event``, a ``torch.cuda.Event``, when given), so tensors still being
-      produced there are copied once ready. It runs on the thread's own stream, or on
-      ``stream`` (a ``torch.cuda.Stream`` on ``device``) when given; the call returns once
-      the copies are done.
+      for ``producer_event``, a recorded ``torch.cuda.Event``, when given), so tensors
+      still being produced there are copied once ready. It runs on the thread's own
+      stream, or on ``stream`` (a ``torch.cuda.Stream`` on ``device``) when given; the
+      call returns once the copies are done.
+    * Each output holds the values torch gives its source (``tensor.cpu()`` would give
+      the same bits), lazy bits resolved: a negated view (``is_neg()``) arrives negated.
     * Outputs are views into pinlane's recycled page-locked blocks (``is_pinned()`` is
-      true): the memory goes back to the pool when torch lets the tensors go.
-    * A non-contiguous tensor is made contiguous on the device first (on torch's current
-      stream); a tensor that requires grad, or whose dtype pinlane lacks, is moved by torch
-      (``tensor.to("cpu")``), keeping autograd.
+      true; when the pool is full, a batch gets ordinary memory): the memory goes back to
+      the pool when torch lets the tensors go.
+    * A non-contiguous or negated tensor is first made a plain contiguous tensor on the
+      device, on torch's current stream; a tensor that requires grad, whose dtype
+      pinlane lacks (complex, float8, ...), or that torch does not export is moved by
+      torch (``tensor.to("cpu")``, keeping autograd). With ``producer_event``, this
+      torch-side work starts only once the event has completed (the call waits for it on
+      the host first).
     * No CUDA (or torch not loaded): the batch is returned as is.
 
     Raises:
         ValueError: ``device`` is not a CUDA device, ``stream`` is given without
-            ``device`` or is on another device, ``producer_event`` is on another device.
-        RuntimeError: the device index is unavailable, or a copy failed.
+            ``device`` or is on another device, ``producer_event`` is on another device,
+            or ``LOCAL_RANK`` (for ``device=None``) is not an integer.
+        TypeError: ``stream`` is not a ``torch.cuda.Stream``, or ``producer_event`` not a
+            ``torch.cuda.Event``.
+        RuntimeError: the device index is unavailable (``LOCAL_RANK`` naming no device
+            included), or a copy failed.
+        MemoryError: memory for the outputs ran out.
     """
     dev = _device_str(device)
     _native.check_device(dev)
@@ -158,15 +186,10 @@ def transfer_tensor_d2h(batch, /, *, device=None, stream=None, producer_event=No
     torch = _torch_with_cuda()
     if torch is None:
         return batch
+    s = None if stream is None else _stream_arg(torch, stream)
+    e = None if producer_event is None else _event_arg(torch, producer_event)
     tensors = flatten(batch, torch.Tensor)
     if not tensors:
         return batch
-    s = None if stream is None else (stream.cuda_stream, stream.device.index)
-    e = None
-    if producer_event is not None and producer_event.cuda_event:
-        e = (producer_event.cuda_event, producer_event.device.index)
     outs = _native.d2h(tensors, device=dev, stream=s, event=e)
-    for i, o in enumerate(outs):
-        if o is None:
-            outs[i] = tensors[i].to("cpu")
     return rebuild(batch, torch.Tensor, outs)

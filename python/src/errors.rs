@@ -4,7 +4,8 @@
 //! match the device; `RuntimeError` when the resolved device index is unavailable. The
 //! rest of pinlane's bad-input errors are `ValueError` too; failures of the driver or of
 //! memory are `RuntimeError` (`MemoryError` for out of memory), and so is a `LOCAL_RANK`
-//! that names no device (the resolved index is unavailable).
+//! that names no device (an integer: the resolved index is unavailable). A `LOCAL_RANK`
+//! that is no integer is a `ValueError`, as spdl's `int(os.environ["LOCAL_RANK"])` raises.
 
 use pinlane::Error;
 use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyValueError};
@@ -23,6 +24,9 @@ pub(crate) fn to_py(e: Error) -> PyErr {
         | Error::InvalidConfig { .. }
         | Error::DLPack { .. }
         | Error::External { .. } => PyValueError::new_err(msg),
+        Error::InvalidLocalRank { value, .. } if value.trim().parse::<i64>().is_err() => {
+            PyValueError::new_err(msg)
+        }
         Error::Driver { error, .. } if error.is_out_of_memory() => PyMemoryError::new_err(msg),
         Error::Deferred(inner) => match inner.as_ref() {
             Error::Driver { error, .. } if error.is_out_of_memory() => PyMemoryError::new_err(msg),

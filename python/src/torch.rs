@@ -10,6 +10,7 @@ use dlpark::DlpackFlags;
 use pinlane::Tensor;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use std::ffi::c_void;
 
 /// A torch tensor's descriptor, owned: torch's deleter runs when it drops (or when the
@@ -27,10 +28,19 @@ pub(crate) enum Kind {
 }
 
 /// PyTorch's exchange API, looked up once per call from the class of the batch's first
-/// tensor.
+/// tensor, and the torch objects the calls compare with.
 pub(crate) struct Torch {
     api: ExchangeApi,
+    objs: &'static TorchObjs,
 }
+
+/// torch objects looked up once per process.
+struct TorchObjs {
+    int8: Py<PyAny>,
+    uint8: Py<PyAny>,
+}
+
+static TORCH_OBJS: PyOnceLock<TorchObjs> = PyOnceLock::new();
 
 impl Torch {
     /// The exchange API of `tensor`'s class.
@@ -38,13 +48,37 @@ impl Torch {
     /// # Errors
     /// `RuntimeError` when the class publishes none (PyTorch older than 2.10).
     pub(crate) fn of(tensor: &Bound<'_, PyAny>) -> PyResult<Torch> {
+        let py = tensor.py();
+        let objs = TORCH_OBJS.get_or_try_init(py, || -> PyResult<TorchObjs> {
+            let torch = py.import("torch")?;
+            Ok(TorchObjs {
+                int8: torch.getattr("int8")?.unbind(),
+                uint8: torch.getattr("uint8")?.unbind(),
+            })
+        })?;
         match ExchangeApi::from_object(tensor.as_borrowed())? {
-            Some(api) => Ok(Torch { api }),
+            Some(api) => Ok(Torch { api, objs }),
             None => Err(PyRuntimeError::new_err(
                 "pinlane needs PyTorch 2.10 or newer: torch.Tensor.__dlpack_c_exchange_api__ \
                  (DLPack 1.3's C exchange API) is missing",
             )),
         }
+    }
+
+    /// Whether pinlane has `tensor`'s dtype, as torch names it (`dl`: its descriptor).
+    /// The descriptor alone does not tell: torch exports its sub-byte integer types
+    /// (`int1`..`int7`, `uint1`..`uint7`, one per byte) as 8-bit integers, so an 8-bit
+    /// integer is asked its torch dtype.
+    pub(crate) fn has_dtype(&self, tensor: &Bound<'_, PyAny>, dl: &Managed) -> PyResult<bool> {
+        if !supported_dtype(dl) {
+            return Ok(false);
+        }
+        let DLDataType { code, bits, .. } = header(dl).dl_tensor.dtype;
+        if bits != 8 || !matches!(code, DLDataTypeCode::INT | DLDataTypeCode::UINT) {
+            return Ok(true);
+        }
+        let d = tensor.getattr(pyo3::intern!(tensor.py(), "dtype"))?;
+        Ok(d.is(&self.objs.int8) || d.is(&self.objs.uint8))
     }
 
     /// `tensor`'s descriptor (taking a reference to its storage), and torch's current
@@ -224,8 +258,9 @@ pub(crate) fn kind(dl: &Managed) -> Kind {
     }
 }
 
-/// Whether pinlane has the tensor's dtype: bool, (u)int 8 to 64, float 16/32/64, bfloat16.
-pub(crate) fn supported_dtype(dl: &Managed) -> bool {
+/// Whether pinlane has the descriptor's dtype: bool, (u)int 8 to 64, float 16/32/64,
+/// bfloat16 (see [`Torch::has_dtype`] for what the descriptor does not say).
+fn supported_dtype(dl: &Managed) -> bool {
     let DLDataType { code, bits, lanes } = header(dl).dl_tensor.dtype;
     lanes == 1
         && match code {

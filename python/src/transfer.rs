@@ -1,18 +1,38 @@
 //! The two calls over a flat list of torch tensors (the Python half walks the
-//! containers). Each returns one entry per input tensor:
+//! containers). Each returns one output per input tensor, in order:
 //!
-//! * a new torch tensor, for a tensor pinlane moved;
+//! * a new torch tensor over pinlane's memory, for a tensor pinlane moved;
 //! * the same object, for a tensor the call does not move (a device tensor given to H2D;
 //!   a host tensor, or one on another device, given to D2H);
-//! * `None`, for a tensor pinlane leaves to torch: one that requires grad (so autograd
-//!   keeps its history, as spdl does) or whose dtype pinlane lacks (complex, float8).
+//! * torch's own `tensor.to(...)` of it, for a tensor pinlane leaves to torch: one that
+//!   requires grad (so autograd keeps its history, as spdl does), one whose dtype pinlane
+//!   lacks (complex, float8, ...), or one that torch will not export or pinlane cannot
+//!   hold (sparse and other layouts).
+//!
+//! What pinlane delivers is a tensor's values with the bits torch's own copy gives.
+//! Torch may hold values lazily: a view with the negation bit (`is_neg()`, e.g.
+//! `z.conj().imag`) shares memory holding the values before negation, and the exchange
+//! API hands over that memory without the bit. Such a view is resolved where its memory
+//! is, as torch's `tensor.to(...)` resolves it (the host and the device negate NaNs
+//! differently: the device's result is the canonical NaN), and a strided view is made
+//! compact there too: by torch's `resolve_neg()` / `contiguous()`, on the host for H2D,
+//! on the device (on torch's current stream, which the copy waits for) for D2H. The
+//! conjugate bit exists only on complex tensors, which torch moves. Torch exports its
+//! sub-byte integer types as 8-bit integers: 8-bit integers are asked their torch dtype
+//! ([`Torch::has_dtype`]), and those types go to torch too.
+//!
+//! D2H's `producer_event` orders pinlane's copies, but torch's own work on a device
+//! tensor (that resolving, and the fall-back `to("cpu")`) runs on torch's current stream,
+//! which does not wait for the event: before the first such work of a call, the call
+//! waits on the host until the event has completed (a wait the call would make anyway:
+//! it returns only after copies that wait for the same event).
 //!
 //! Copies run with the GIL released; the outputs are made after, with it held.
 //! `min_run`: the shortest run of same-shape outputs handed to torch as one tensor (see
 //! [`Torch::export_all`]); benches/py_overhead.py sets it high to time the per-tensor way.
 
 use crate::errors::to_py;
-use crate::torch::{self, Kind, Torch};
+use crate::torch::{self, Kind, Managed, Torch};
 use pinlane::{D2hOptions, Device, Event, H2dOptions, RawEvent, RawStream, Stream, Tensor};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::intern;
@@ -25,39 +45,89 @@ const DIRECT_MIN_BYTES: usize = 1 << 20;
 
 /// One input's fate.
 enum Slot<'py> {
-    /// Moved: the index of its output in the transfer's result.
+    /// Moved by pinlane: the index of its output in the transfer's result.
     Moved(usize),
     /// Returned as the same object.
     Same(Bound<'py, PyAny>),
-    /// Left to torch.
-    Torch,
+    /// Moved by torch (`tensor.to(target)`).
+    Torch(Bound<'py, PyAny>),
 }
 
-/// The outputs, in input order.
+/// Runs once before the first torch-side work on a tensor the call reads (see the
+/// module docs): D2H waits for its producer event there; H2D has nothing to wait for.
+type BeforeTorch<'a> = &'a mut dyn FnMut() -> PyResult<()>;
+
+/// The outputs, in input order: pinlane's, handed to torch; the same objects; torch's
+/// `to(target)` of the rest (after `before_torch`).
 fn outputs<'py>(
     py: Python<'py>,
     torch: &Torch,
     slots: Vec<Slot<'py>>,
     moved: &[Tensor],
     min_run: usize,
-) -> PyResult<Vec<Option<Bound<'py, PyAny>>>> {
+    target: &str,
+    before_torch: BeforeTorch<'_>,
+) -> PyResult<Vec<Bound<'py, PyAny>>> {
     let mut exported = torch
         .export_all(py, moved, min_run)?
         .into_iter()
         .map(Some)
         .collect::<Vec<_>>();
-    Ok(slots
-        .into_iter()
-        .map(|s| match s {
-            Slot::Moved(k) => exported[k].take(),
-            Slot::Same(o) => Some(o),
-            Slot::Torch => None,
-        })
-        .collect())
+    let mut out = Vec::with_capacity(slots.len());
+    for s in slots {
+        out.push(match s {
+            Slot::Moved(k) => exported[k].take().ok_or_else(|| {
+                PyRuntimeError::new_err("pinlane: an output was handed out twice")
+            })?,
+            Slot::Same(o) => o,
+            Slot::Torch(t) => {
+                before_torch()?;
+                t.call_method1(intern!(py, "to"), (target,))?
+            }
+        });
+    }
+    Ok(out)
 }
 
 fn requires_grad(t: &Bound<'_, PyAny>) -> PyResult<bool> {
     t.getattr(intern!(t.py(), "requires_grad"))?.is_truthy()
+}
+
+/// `t.device` as torch names it: its type (`"cpu"`, `"cuda"`, ...) and index. Asked only
+/// of tensors the exchange API refuses, to decide whether the call moves them.
+fn torch_device(t: &Bound<'_, PyAny>) -> PyResult<(String, Option<usize>)> {
+    let py = t.py();
+    let d = t.getattr(intern!(py, "device"))?;
+    Ok((
+        d.getattr(intern!(py, "type"))?.extract()?,
+        d.getattr(intern!(py, "index"))?.extract()?,
+    ))
+}
+
+/// `t`'s values as a plain compact tensor that pinlane copies byte for byte: `None` with
+/// `dl` itself when `t` already is one; otherwise torch's `resolve_neg()` /
+/// `contiguous()` of it, where it lives (after `before_torch`), and that tensor's
+/// descriptor.
+fn readable<'py>(
+    torch: &Torch,
+    t: &Bound<'py, PyAny>,
+    dl: Managed,
+    before_torch: BeforeTorch<'_>,
+) -> PyResult<(Option<Bound<'py, PyAny>>, Managed)> {
+    let py = t.py();
+    // The exchange API exports the memory of a negated view without its bit.
+    let neg = t.call_method0(intern!(py, "is_neg"))?.is_truthy()?;
+    if !neg && torch::is_compact(&dl) {
+        return Ok((None, dl));
+    }
+    before_torch()?;
+    let mut c = t.clone();
+    if neg {
+        c = c.call_method0(intern!(py, "resolve_neg"))?;
+    }
+    let c = c.call_method0(intern!(py, "contiguous"))?;
+    let (dl, _) = torch.import(&c)?;
+    Ok((Some(c), dl))
 }
 
 /// Checks a device argument without the driver: `None`, `"cuda"` and `"cuda:N"` pass;
@@ -82,48 +152,19 @@ pub(crate) fn h2d<'py>(
     num_caches: usize,
     consumer_stream: usize,
     min_run: usize,
-) -> PyResult<Vec<Option<Bound<'py, PyAny>>>> {
+) -> PyResult<Vec<Bound<'py, PyAny>>> {
     let Some(first) = tensors.first() else {
         return Ok(Vec::new());
     };
     let torch = Torch::of(first)?;
+    let target = format!("cuda:{device}");
     let mut slots = Vec::with_capacity(tensors.len());
     let mut inputs = Vec::with_capacity(tensors.len());
     for t in tensors {
-        if requires_grad(&t)? {
-            slots.push(Slot::Torch);
-            continue;
-        }
-        let (mut dl, _) = torch.import(&t)?;
-        if !matches!(torch::kind(&dl), Kind::Host) {
-            slots.push(Slot::Same(t));
-            continue;
-        }
-        if !torch::supported_dtype(&dl) {
-            slots.push(Slot::Torch);
-            continue;
-        }
-        let src = if torch::is_compact(&dl) {
-            t
-        } else {
-            // pinlane tensors are compact: a strided view is copied to a compact tensor
-            // first (on the host), and the output is compact.
-            let c = t.call_method0(intern!(py, "contiguous"))?;
-            dl = torch.import(&c)?.0;
-            c
-        };
-        if torch::nbytes(&dl) >= DIRECT_MIN_BYTES
-            && src.call_method0(intern!(py, "is_pinned"))?.is_truthy()?
-        {
-            // SAFETY: torch says the memory is page-locked (allocated by, or registered
-            // with, CUDA).
-            unsafe { torch::mark_page_locked(&mut dl) };
-        }
-        slots.push(Slot::Moved(inputs.len()));
-        inputs.push(torch::to_pinlane(dl)?);
+        slots.push(h2d_slot(&torch, t, &mut inputs)?);
     }
     if inputs.is_empty() {
-        return outputs(py, &torch, slots, &[], min_run);
+        return outputs(py, &torch, slots, &[], min_run, &target, &mut || Ok(()));
     }
     let dev = Device::cuda(device);
     // SAFETY: `consumer_stream` is torch's current stream of `device` (the Python half
@@ -139,7 +180,75 @@ pub(crate) fn h2d<'py>(
         .detach(|| pinlane::transfer_tensor_h2d_with(&inputs, &opts))
         .map_err(to_py)?;
     drop(inputs);
-    outputs(py, &torch, slots, &moved, min_run)
+    outputs(py, &torch, slots, &moved, min_run, &target, &mut || Ok(()))
+}
+
+/// What H2D does with `t`; a tensor pinlane moves is pushed onto `inputs`.
+fn h2d_slot<'py>(
+    torch: &Torch,
+    t: Bound<'py, PyAny>,
+    inputs: &mut Vec<Tensor>,
+) -> PyResult<Slot<'py>> {
+    // Torch moves what is on the host and either requires grad (keeping autograd) or
+    // will not be exported (a sparse or other non-strided tensor); the rest of those
+    // stays as it is.
+    let by_torch = |t: Bound<'py, PyAny>| -> PyResult<Slot<'py>> {
+        Ok(match torch_device(&t)?.0.as_str() {
+            "cpu" => Slot::Torch(t),
+            _ => Slot::Same(t),
+        })
+    };
+    if requires_grad(&t)? {
+        return by_torch(t);
+    }
+    let Ok((dl, _)) = torch.import(&t) else {
+        return by_torch(t);
+    };
+    if !matches!(torch::kind(&dl), Kind::Host) {
+        return Ok(Slot::Same(t));
+    }
+    if !torch.has_dtype(&t, &dl)? {
+        return Ok(Slot::Torch(t));
+    }
+    // On the host: torch's work there is synchronous, with nothing to wait for first.
+    let (copy, mut dl) = readable(torch, &t, dl, &mut || Ok(()))?;
+    let src = copy.as_ref().unwrap_or(&t);
+    if torch::nbytes(&dl) >= DIRECT_MIN_BYTES
+        && src
+            .call_method0(intern!(t.py(), "is_pinned"))?
+            .is_truthy()?
+    {
+        // SAFETY: torch says the memory is page-locked (allocated by, or registered
+        // with, CUDA).
+        unsafe { torch::mark_page_locked(&mut dl) };
+    }
+    Ok(match torch::to_pinlane(dl) {
+        Ok(p) => {
+            inputs.push(p);
+            Slot::Moved(inputs.len() - 1)
+        }
+        // pinlane cannot hold it (its import says why): torch moves it.
+        Err(_) => Slot::Torch(t),
+    })
+}
+
+/// D2H's wait for the producer event before torch-side work (see the module docs): the
+/// first `pass` synchronises with the event on the host, with the GIL released.
+struct ProducerGate {
+    event: Option<Event>,
+    passed: bool,
+}
+
+impl ProducerGate {
+    fn pass(&mut self, py: Python<'_>) -> PyResult<()> {
+        if !self.passed {
+            if let Some(e) = &self.event {
+                py.detach(|| e.synchronize()).map_err(to_py)?;
+            }
+            self.passed = true;
+        }
+        Ok(())
+    }
 }
 
 /// `transfer_tensor_d2h` over `tensors`: the CUDA tensors on `device` (`None`: LOCAL_RANK)
@@ -155,7 +264,7 @@ pub(crate) fn d2h<'py>(
     stream: Option<(usize, usize)>,
     event: Option<(usize, usize)>,
     min_run: usize,
-) -> PyResult<Vec<Option<Bound<'py, PyAny>>>> {
+) -> PyResult<Vec<Bound<'py, PyAny>>> {
     check_device(device)?;
     if stream.is_some() && device.is_none() {
         return Err(to_py(pinlane::Error::StreamWithoutDevice));
@@ -164,10 +273,7 @@ pub(crate) fn d2h<'py>(
         None | Some("cuda") => Device::from_local_rank(),
         Some(s) => s.parse::<Device>(),
     }
-    .map_err(|e| match e {
-        pinlane::Error::InvalidLocalRank { .. } => PyRuntimeError::new_err(e.to_string()),
-        e => to_py(e),
-    })?;
+    .map_err(to_py)?;
     let count = pinlane::driver::available().map_or(0, |i| i.device_count);
     if dev.ordinal() >= count {
         return Err(PyRuntimeError::new_err(format!(
@@ -188,13 +294,17 @@ pub(crate) fn d2h<'py>(
             unsafe { Stream::from_raw(raw as RawStream, Device::cuda(on)) }.map_err(to_py)?,
         );
     }
+    let mut gate = ProducerGate {
+        event: None,
+        passed: false,
+    };
     if let Some((raw, on)) = event {
         // SAFETY: a recorded `torch.cuda.Event`'s handle and device (created in that
         // device's primary context), alive while the caller holds the object, for the
         // whole call.
-        opts = opts.producer_event(
-            unsafe { Event::from_raw(raw as RawEvent, Device::cuda(on)) }.map_err(to_py)?,
-        );
+        let e = unsafe { Event::from_raw(raw as RawEvent, Device::cuda(on)) }.map_err(to_py)?;
+        opts = opts.producer_event(e.clone());
+        gate.event = Some(e);
     }
     let Some(first) = tensors.first() else {
         return Ok(Vec::new());
@@ -204,35 +314,12 @@ pub(crate) fn d2h<'py>(
     let mut inputs = Vec::with_capacity(tensors.len());
     let mut current: Option<usize> = None;
     for t in tensors {
-        if requires_grad(&t)? {
-            // spdl copies these one by one on the current stream, keeping autograd: so
-            // does the Python half, with torch.
-            slots.push(Slot::Torch);
-            continue;
-        }
-        let (mut dl, work) = torch.import(&t)?;
-        match torch::kind(&dl) {
-            Kind::Cuda(n) if n == dev.ordinal() => {}
-            _ => {
-                slots.push(Slot::Same(t));
-                continue;
-            }
-        }
-        if !torch::supported_dtype(&dl) {
-            slots.push(Slot::Torch);
-            continue;
-        }
-        current.get_or_insert(work as usize);
-        if !torch::is_compact(&dl) {
-            // A strided view is made compact on the device first, on torch's current
-            // stream, which the copy waits for.
-            dl = torch.import(&t.call_method0(intern!(py, "contiguous"))?)?.0;
-        }
-        slots.push(Slot::Moved(inputs.len()));
-        inputs.push(torch::to_pinlane(dl)?);
+        let before = &mut || gate.pass(py);
+        slots.push(d2h_slot(&torch, t, dev, before, &mut inputs, &mut current)?);
     }
+    let before = &mut || gate.pass(py);
     if inputs.is_empty() {
-        return outputs(py, &torch, slots, &[], min_run);
+        return outputs(py, &torch, slots, &[], min_run, "cpu", before);
     }
     // torch's current stream of the device: the spec's "caller's current stream".
     let raw_current = current.unwrap_or(0);
@@ -246,5 +333,50 @@ pub(crate) fn d2h<'py>(
         })
         .map_err(to_py)?;
     drop(inputs);
-    outputs(py, &torch, slots, &moved, min_run)
+    outputs(py, &torch, slots, &moved, min_run, "cpu", before)
+}
+
+/// What D2H from `dev` does with `t`; a tensor pinlane moves is pushed onto `inputs`,
+/// and torch's current stream on `dev` noted in `current` (from the first such tensor).
+fn d2h_slot<'py>(
+    torch: &Torch,
+    t: Bound<'py, PyAny>,
+    dev: Device,
+    before_torch: BeforeTorch<'_>,
+    inputs: &mut Vec<Tensor>,
+    current: &mut Option<usize>,
+) -> PyResult<Slot<'py>> {
+    // Torch moves what is on `dev` and either requires grad (spdl copies these one by
+    // one on the current stream, keeping autograd) or will not be exported (a sparse or
+    // other non-strided tensor); the rest of those stays as it is.
+    let by_torch = |t: Bound<'py, PyAny>| -> PyResult<Slot<'py>> {
+        Ok(match torch_device(&t)? {
+            (ty, Some(n)) if ty == "cuda" && n == dev.ordinal() => Slot::Torch(t),
+            _ => Slot::Same(t),
+        })
+    };
+    if requires_grad(&t)? {
+        return by_torch(t);
+    }
+    let Ok((dl, work)) = torch.import(&t) else {
+        return by_torch(t);
+    };
+    match torch::kind(&dl) {
+        Kind::Cuda(n) if n == dev.ordinal() => {}
+        _ => return Ok(Slot::Same(t)),
+    }
+    if !torch.has_dtype(&t, &dl)? {
+        return Ok(Slot::Torch(t));
+    }
+    current.get_or_insert(work as usize);
+    // Resolved and made compact on the device, on torch's current stream (which the copy
+    // waits for), once the producer event has completed.
+    let (_, dl) = readable(torch, &t, dl, before_torch)?;
+    Ok(match torch::to_pinlane(dl) {
+        Ok(p) => {
+            inputs.push(p);
+            Slot::Moved(inputs.len() - 1)
+        }
+        Err(_) => Slot::Torch(t),
+    })
 }

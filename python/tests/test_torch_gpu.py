@@ -276,3 +276,126 @@ def test_every_device_of_the_machine(torch):
             assert torch.equal(b2, back["x"])
     (g,) = transfer_tensor_h2d([torch.ones(4)])
     assert g.device.index == pinlane._native.default_device()
+
+
+def test_negated_views_arrive_negated_both_ways(torch):
+    # A view with torch's lazy negation bit shares memory holding the un-negated values;
+    # the exchange API hands over that memory without the bit (issue 25, hole 1).
+    dev = torch.device("cuda", cuda_index(torch))
+    z = torch.tensor([1.5 + 2.5j], dtype=torch.complex64)
+    x = z.conj().imag
+    assert x.is_neg() and x.is_contiguous()
+    (g,) = transfer_tensor_h2d([x])
+    assert g.cpu().tolist() == [-2.5]
+    (h,) = transfer_tensor_d2h([z.to(dev).conj().imag])
+    assert h.tolist() == [-2.5]
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32,
+                  torch.int8, torch.int64):
+        base = torch.arange(1, 13, dtype=dtype).reshape(3, 4)
+        for side in ("cpu", dev):
+            b = base.to(side)
+            views = [torch._neg_view(b), torch._neg_view(b).t(), torch._neg_view(b[:, ::2])]
+            # 20 same-shape negated tensors: the run handed to torch as one tensor
+            views += [torch._neg_view(torch.full((4,), i, dtype=dtype, device=side)) for i in range(20)]
+            assert all(v.is_neg() for v in views)
+            want = [v.resolve_neg().cpu() for v in views]
+            if side == "cpu":
+                out = transfer_tensor_d2h(transfer_tensor_h2d(views))
+            else:
+                out = transfer_tensor_d2h(views)
+            for v, o, w in zip(views, out, want):
+                assert not o.is_neg() and torch.equal(o, w), f"{dtype} on {side}: {o} != {w}"
+    # NaN payloads: the bits are torch's own copy's (which negates on the destination).
+    nans = torch.tensor([0x7FC00001, -0x3FFFFE, 0x7F800001, 1], dtype=torch.int32).view(torch.float32)
+    for v in (torch._neg_view(nans), torch._neg_view(nans.reshape(2, 2)).t()):
+        (g,) = transfer_tensor_h2d([v])
+        assert torch.equal(g.cpu().view(torch.int32), v.to(dev).cpu().view(torch.int32))
+        d = torch._neg_view(nans.to(dev).reshape(2, 2))
+        for w in (d, d.t()):
+            (h,) = transfer_tensor_d2h([w])
+            assert torch.equal(h.contiguous().view(torch.int32), w.cpu().contiguous().view(torch.int32))
+
+
+def test_sub_byte_integer_dtypes_keep_their_dtype(torch):
+    # torch exports int1..int7 and uint1..uint7 (one value a byte) as 8-bit integers
+    # through DLPack: pinlane leaves them to torch instead of returning (u)int8 tensors.
+    dev = torch.device("cuda", cuda_index(torch))
+    names = [n for n in (f"{p}int{b}" for p in ("u", "") for b in range(1, 8)) if hasattr(torch, n)]
+    assert names, "this torch has no sub-byte integer dtypes"
+    for name in names:
+        dt = getattr(torch, name)
+        x = torch.randint(0, 2, (8,), dtype=torch.uint8).view(dt)
+        (g,) = transfer_tensor_h2d([x])
+        assert g.dtype == dt and g.device == dev, f"{name}: {g.dtype} on {g.device}"
+        assert torch.equal(g.cpu().view(torch.uint8), x.view(torch.uint8))
+        (h,) = transfer_tensor_d2h([g])
+        assert h.dtype == dt and torch.equal(h.view(torch.uint8), x.view(torch.uint8)), name
+
+
+def _producer(torch, dev, fill, sleep_cycles=200_000_000):
+    """Runs `fill()` on a side stream after ~0.1 s of GPU time; returns its event."""
+    side = torch.cuda.Stream(dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side), torch.no_grad():
+        torch.cuda._sleep(sleep_cycles)
+        fill()
+        ev = torch.cuda.Event()
+        ev.record(side)
+    return ev
+
+
+def test_d2h_waits_for_the_producer_event_before_torch_moves_a_tensor(torch):
+    # Tensors that require grad, and dtypes pinlane lacks, are moved by torch's
+    # .to("cpu"), which knows nothing of producer_event (issue 25, hole 2).
+    dev = torch.device("cuda", cuda_index(torch))
+    g = torch.zeros(300, dtype=torch.complex64, device=dev)
+    w = torch.zeros(300, dtype=torch.float32, device=dev, requires_grad=True)
+    torch.cuda.synchronize(dev)
+    ev = _producer(torch, dev, lambda: (g.fill_(7), w.fill_(3)))
+    back = transfer_tensor_d2h({"g": g, "w": w}, producer_event=ev)
+    assert torch.all(back["g"] == 7), "torch's copy ran before the producer event"
+    assert back["w"].requires_grad and torch.all(back["w"] == 3)
+
+
+def test_d2h_waits_for_the_producer_event_before_resolving_a_view(torch):
+    # Strided and negated views are made plain on torch's current stream, which does not
+    # wait for producer_event (issue 25, hole 3); with and without a custom stream.
+    dev = torch.device("cuda", cuda_index(torch))
+    for stream in (None, torch.cuda.Stream(dev)):
+        x = torch.zeros(512, 1024, dtype=torch.float32, device=dev)
+        src = torch.arange(512 * 1024, dtype=torch.float32, device=dev).reshape(512, 1024)
+        torch.cuda.synchronize(dev)
+        ev = _producer(torch, dev, lambda: x.copy_(src))
+        views = [x.t(), x[:, ::2], torch._neg_view(x), x.unsqueeze(0).expand(2, 512, 1024)]
+        kw = {} if stream is None else {"device": dev, "stream": stream}
+        back = transfer_tensor_d2h(views, producer_event=ev, **kw)
+        want = [src.t(), src[:, ::2], -src, src.unsqueeze(0).expand(2, 512, 1024)]
+        for i, (b, e) in enumerate(zip(back, want)):
+            assert torch.equal(b, e.cpu()), f"view {i} copied before the producer event"
+
+
+def test_local_rank_errors_are_the_documented_exceptions(torch):
+    x = torch.ones(2, device=torch.device("cuda", cuda_index(torch)))
+    old = os.environ.get("LOCAL_RANK")
+    try:
+        for value, exc in (("abc", ValueError), ("1.5", ValueError), ("", ValueError),
+                           ("99", RuntimeError), ("-1", RuntimeError)):
+            os.environ["LOCAL_RANK"] = value
+            with pytest.raises(exc):
+                transfer_tensor_h2d([torch.ones(2)])
+            with pytest.raises(exc):
+                transfer_tensor_d2h([x])
+    finally:
+        if old is None:
+            os.environ.pop("LOCAL_RANK", None)
+        else:
+            os.environ["LOCAL_RANK"] = old
+
+
+def test_a_stream_or_event_of_another_type_is_a_type_error(torch):
+    dev = torch.device("cuda", cuda_index(torch))
+    x = torch.ones(2, device=dev)
+    with pytest.raises(TypeError, match="torch.cuda.Stream"):
+        transfer_tensor_d2h([x], device=dev, stream=12345)
+    with pytest.raises(TypeError, match="torch.cuda.Event"):
+        transfer_tensor_d2h([x], producer_event=12345)
