@@ -115,6 +115,20 @@ pub enum Error {
     #[error("worker thread: {reason}")]
     Worker { reason: String },
 
+    /// User code that pinlane ran on one of its own threads (an owner's `Drop` or a
+    /// DLPack deleter run when a non-blocking call's copies completed, a waker) panicked.
+    /// The thread caught the panic and went on; the error is kept for the next call on
+    /// the device (see [`crate::driver::deferred`]).
+    #[error("user code panicked on pinlane's {thread} thread ({what}): {message}")]
+    Panicked {
+        /// The thread: `"completion"`.
+        thread: &'static str,
+        /// What pinlane was running: `"releasing a completed transfer's owners"`.
+        what: &'static str,
+        /// The panic's message.
+        message: String,
+    },
+
     /// The page-locked pool ([`Config::pinned_output_bytes`](crate::Config::pinned_output_bytes))
     /// has no room for a [`PinnedBufferMut`](crate::memory::PinnedBufferMut) of this size.
     #[error("the page-locked pool has no room for {requested} bytes (cap {cap} bytes)")]
@@ -208,4 +222,14 @@ impl Error {
             _ => None,
         }
     }
+}
+
+/// A caught panic's message (`panic!` with a literal or a formatted string), for errors
+/// that report user code that panicked on pinlane's threads.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
 }

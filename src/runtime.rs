@@ -2,7 +2,9 @@
 //! the output pools, the copy threads) and the [`Config`] they were built from.
 //!
 //! The transfer calls use the process's runtime, which [`Config::install`] creates; if no
-//! configuration was installed, the first call that needs it installs [`Config::new`].
+//! configuration was installed, the first call that needs it (a transfer, [`runtime`],
+//! [`warm_up`]) installs [`Config::new`]. [`memory_stats`] and [`trim`] never do: a
+//! library may ask for statistics early without fixing the configuration.
 //! The driver layer keeps its own per-device facts (primary contexts, device pools, the
 //! loaded kernel), which the runtime configures ([`Config::device_pool_release_bytes`])
 //! and trims.
@@ -205,20 +207,10 @@ impl Runtime {
             staging: self.arena.stats(),
             pinned_outputs: self.outputs.stats(),
             pageable_outputs: self.host_pool.stats(),
-            devices: driver::device_pool_stats()
-                .into_iter()
-                .map(|(d, s)| DevicePoolStats {
-                    device: Device::cuda(d),
-                    reserved_bytes: s.reserved,
-                    used_bytes: s.used,
-                    peak_reserved_bytes: s.reserved_high,
-                })
-                .collect(),
+            devices: device_pool_stats(),
             pageable_fallbacks: self.outputs.fallbacks(),
             slot_waits: self.arena.waits(),
-            failed_frees: crate::memory::failed_frees(),
-            retained_owners: retained::retained_count(),
-            retained_bytes: retained::retained_bytes(),
+            ..process_counts()
         }
     }
 }
@@ -275,16 +267,52 @@ pub struct MemoryStats {
     pub retained_owners: usize,
     /// Bytes those owners hold.
     pub retained_bytes: usize,
+    /// Errors raised on pinlane's own threads, where no call could return them (a failed
+    /// free, user code that panicked while a non-blocking call's owners were released):
+    /// each is returned by the next call on its device, on any thread, as
+    /// [`Error::Deferred`] (see [`crate::driver::deferred`]).
+    pub background_errors: usize,
 }
 
-/// [`Runtime::memory_stats`] of the process's runtime.
+/// [`Runtime::memory_stats`] of the process's runtime. Before the runtime exists (no
+/// transfer yet, no [`Config::install`]) it installs nothing: the pools are empty, and
+/// only the process-wide counts and device pools made already are reported.
 ///
 /// ```
 /// let s = pinlane::memory_stats();
 /// assert!(s.staging.in_use_bytes <= s.staging.held_bytes);
 /// ```
 pub fn memory_stats() -> MemoryStats {
-    runtime().memory_stats()
+    match RUNTIME.get() {
+        Some(rt) => rt.memory_stats(),
+        None => MemoryStats {
+            devices: device_pool_stats(),
+            ..process_counts()
+        },
+    }
+}
+
+/// What is counted outside the runtime's pools.
+fn process_counts() -> MemoryStats {
+    MemoryStats {
+        failed_frees: crate::memory::failed_frees(),
+        retained_owners: retained::retained_count(),
+        retained_bytes: retained::retained_bytes(),
+        background_errors: driver::deferred::background_count(),
+        ..MemoryStats::default()
+    }
+}
+
+fn device_pool_stats() -> Vec<DevicePoolStats> {
+    driver::device_pool_stats()
+        .into_iter()
+        .map(|(d, s)| DevicePoolStats {
+            device: Device::cuda(d),
+            reserved_bytes: s.reserved,
+            used_bytes: s.used,
+            peak_reserved_bytes: s.reserved_high,
+        })
+        .collect()
 }
 
 /// [`Runtime::warm_up`] of the process's runtime.
@@ -303,10 +331,15 @@ pub fn warm_up(device: Device) -> Result<()> {
     runtime().warm_up(device)
 }
 
-/// [`Runtime::trim`] of the process's runtime.
+/// [`Runtime::trim`] of the process's runtime. Before the runtime exists it installs
+/// nothing: it trims the device pools made already (if any), the only memory pinlane can
+/// hold then.
 ///
 /// # Errors
 /// As [`Runtime::trim`].
 pub fn trim() -> Result<()> {
-    runtime().trim()
+    match RUNTIME.get() {
+        Some(rt) => rt.trim(),
+        None => driver::trim_device_pools(),
+    }
 }

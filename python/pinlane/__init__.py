@@ -55,7 +55,9 @@ def trim():
 
 
 def memory_stats():
-    """Bytes pinlane holds and uses, per pool, as a dict."""
+    """Bytes pinlane holds and uses, per pool, as a dict; ``background_errors`` counts
+    errors raised on pinlane's own threads (each is raised by the next call on its
+    device). Asking before the first transfer fixes no configuration."""
     return _native.memory_stats()
 
 

@@ -126,6 +126,7 @@ fn memory_stats(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
         devs.set_item(dp.device.ordinal(), e)?;
     }
     d.set_item("devices", devs)?;
+    d.set_item("background_errors", s.background_errors)?;
     Ok(d)
 }
 

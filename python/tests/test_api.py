@@ -65,7 +65,8 @@ def test_bad_num_caches_is_a_value_error(n):
 def test_memory_stats_and_trim():
     pinlane.trim()
     stats = pinlane.memory_stats()
-    assert set(stats) == {"staging", "pinned_outputs", "pageable_outputs", "devices"}
+    assert set(stats) == {"staging", "pinned_outputs", "pageable_outputs", "devices",
+                          "background_errors"}
     assert stats["staging"]["in_use_bytes"] == 0
 
 

@@ -1,29 +1,71 @@
 //! Errors raised where they cannot be returned (inside `Drop`), kept for the next call.
 //!
 //! A `Drop` must not panic, and a failed `cuMemFreeAsync` or `cuStreamDestroy` there has
-//! nobody to return to. It is kept with what it belongs to: the thread that dropped the
-//! owner and the device the owner was on. That thread's next transfer call on that device
-//! returns it as [`crate::Error::Deferred`] before doing anything, and [`take`] lets the
-//! thread collect it at any time; other threads and other devices never see it. Only the
-//! first unseen error per thread and device is kept (later ones are usually consequences
-//! of it); [`dropped_count`] says how many were not, process-wide.
+//! nobody to return to. Where it is kept depends on the thread:
+//!
+//! * On a caller's thread, it is kept with that thread and the device the owner was on:
+//!   that thread's next transfer call on that device returns it as
+//!   [`crate::Error::Deferred`] before doing anything, and [`take`] lets the thread
+//!   collect it at any time; other threads never see it.
+//! * On one of pinlane's own threads (the completion thread of the non-blocking calls,
+//!   which drops owners, and any other marked with [`mark_background_thread`]), no call
+//!   will ever run on that thread: it is kept with the device, and the next transfer call
+//!   for that device on any thread returns it (cudarc's `error_state` on its context is
+//!   the model). [`background_count`] counts these, and `memory_stats()` reports it.
+//!
+//! Only the first unseen error per thread and device (and per device, for pinlane's
+//! threads) is kept: later ones are usually consequences of it; [`dropped_count`] says
+//! how many were not, process-wide.
 
 use crate::device::Device;
 use crate::error::Error;
-use std::cell::RefCell;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::cell::{Cell, RefCell};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 thread_local! {
     /// This thread's pending errors, at most one per device.
     static PENDING: RefCell<Vec<(usize, Error)>> = const { RefCell::new(Vec::new()) };
+    /// Whether this is one of pinlane's own threads.
+    static BACKGROUND: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Errors not kept: recorded while one was pending for the same thread and device, or on
-/// a thread that was exiting. Relaxed: a statistic only.
-static DROPPED: AtomicUsize = AtomicUsize::new(0);
+/// Errors recorded on pinlane's own threads, at most one per device.
+static ON_DEVICE: Mutex<Vec<(usize, Error)>> = Mutex::new(Vec::new());
+/// Whether `ON_DEVICE` may hold anything: lets every call skip its lock when it is
+/// empty. Release when set after a push, Acquire when read: a call that sees `true`
+/// then takes the lock, which orders the rest.
+static ANY_ON_DEVICE: AtomicBool = AtomicBool::new(false);
 
-/// Records an error raised in `Drop` of an owner on `device`.
+/// Errors not kept: recorded while one was pending for the same thread (or, on pinlane's
+/// threads, device), or on a thread that was exiting. Relaxed: a statistic only.
+static DROPPED: AtomicUsize = AtomicUsize::new(0);
+/// Errors recorded on pinlane's own threads, kept or not. Relaxed: a statistic only.
+static BACKGROUND_ERRORS: AtomicUsize = AtomicUsize::new(0);
+
+fn lock_on_device() -> std::sync::MutexGuard<'static, Vec<(usize, Error)>> {
+    ON_DEVICE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Marks the calling thread as one of pinlane's own (see the module docs).
+pub(crate) fn mark_background_thread() {
+    let _ = BACKGROUND.try_with(|b| b.set(true));
+}
+
+/// Records an error raised where it cannot be returned (in `Drop` of an owner on
+/// `device`, or in user code pinlane ran on its own threads).
 pub(crate) fn record(device: usize, err: Error) {
+    if BACKGROUND.try_with(Cell::get).unwrap_or(false) {
+        BACKGROUND_ERRORS.fetch_add(1, Ordering::Relaxed);
+        let mut on = lock_on_device();
+        if on.iter().any(|(d, _)| *d == device) {
+            DROPPED.fetch_add(1, Ordering::Relaxed);
+        } else {
+            on.push((device, err));
+            ANY_ON_DEVICE.store(true, Ordering::Release);
+        }
+        return;
+    }
     let kept = PENDING.try_with(|p| {
         let mut p = p.borrow_mut();
         if p.iter().any(|(d, _)| *d == device) {
@@ -38,21 +80,32 @@ pub(crate) fn record(device: usize, err: Error) {
     }
 }
 
-/// Takes the calling thread's pending error for `device`, if any.
+/// Takes the pending error for `device` that the calling thread should see: its own
+/// first, else one recorded for the device on pinlane's own threads.
 ///
 /// ```
 /// assert!(pinlane::driver::deferred::take(pinlane::Device::cuda(0)).is_none());
 /// ```
 pub fn take(device: Device) -> Option<Error> {
     let device = device.ordinal();
-    PENDING
+    let own = PENDING
         .try_with(|p| {
             let mut p = p.borrow_mut();
             let i = p.iter().position(|(d, _)| *d == device)?;
             Some(p.swap_remove(i).1)
         })
         .ok()
-        .flatten()
+        .flatten();
+    if own.is_some() || !ANY_ON_DEVICE.load(Ordering::Acquire) {
+        return own;
+    }
+    let mut on = lock_on_device();
+    let i = on.iter().position(|(d, _)| *d == device)?;
+    let e = on.swap_remove(i).1;
+    if on.is_empty() {
+        ANY_ON_DEVICE.store(false, Ordering::Relaxed);
+    }
+    Some(e)
 }
 
 /// How many errors were not kept (see the module docs), process-wide.
@@ -60,8 +113,14 @@ pub fn dropped_count() -> usize {
     DROPPED.load(Ordering::Relaxed)
 }
 
-/// `Err(Error::Deferred)` if the calling thread has an error pending for `device`: what
-/// every transfer call checks first.
+/// How many errors were recorded on pinlane's own threads (kept for the next call on
+/// their device, or not kept when one was pending there already), process-wide.
+pub fn background_count() -> usize {
+    BACKGROUND_ERRORS.load(Ordering::Relaxed)
+}
+
+/// `Err(Error::Deferred)` if an error is pending for `device` that the calling thread
+/// should see ([`take`]): what every transfer call checks first.
 pub(crate) fn surface(device: usize) -> Result<(), Error> {
     match take(Device::cuda(device)) {
         Some(e) => Err(Error::Deferred(Box::new(e))),
@@ -85,6 +144,28 @@ mod tests {
         );
         assert_eq!(take(Device::cuda(0)), None);
         assert_eq!(surface(0), Ok(()));
+    }
+
+    #[test]
+    fn an_error_on_pinlanes_own_thread_reaches_the_next_call_on_any_thread() {
+        // Regression (issue 19): an error recorded on the completion thread went to that
+        // thread's own slot, which no call ever reads.
+        let before = background_count();
+        std::thread::spawn(|| {
+            mark_background_thread();
+            record(5, Error::StreamWithoutDevice);
+            record(5, Error::InvalidDevice { value: "y".into() }); // one per device
+        })
+        .join()
+        .unwrap();
+        assert!(background_count() >= before + 2);
+        assert_eq!(surface(4), Ok(()), "another device's call does not see it");
+        let seen = std::thread::spawn(|| surface(5)).join().unwrap();
+        assert_eq!(
+            seen,
+            Err(Error::Deferred(Box::new(Error::StreamWithoutDevice)))
+        );
+        assert_eq!(surface(5), Ok(()), "reported once");
     }
 
     #[test]

@@ -10,6 +10,13 @@
 //! error, it also looks at the pending events every [`FALLBACK`] while any are pending.
 //! Calls on one stream complete in their order: only the oldest of each stream's calls
 //! is asked about.
+//!
+//! The thread is supervised. Releasing owners runs user code (an owner's `Drop`, a
+//! DLPack deleter) and waking a handle runs its waker: a panic there is caught, recorded
+//! on the device for its next call on any thread ([`Error::Panicked`], see
+//! [`crate::driver::deferred`]), and the thread goes on. Should the thread stop anyway,
+//! every handle still waiting is woken at once with [`Error::Worker`] (what its copies
+//! use is retained: nothing proves them done), and the next call starts a new thread.
 
 use crate::driver::{Event, Stream};
 use crate::error::{Error, Result};
@@ -64,11 +71,24 @@ impl Shared {
     }
 }
 
-/// One call in flight: its event, its owners, its handle's state.
+/// One call in flight: its event, its owners (until released or retained), its handle's
+/// state.
 struct Job {
     done: Event,
-    owners: Detached,
+    owners: Option<Detached>,
     shared: Arc<Shared>,
+}
+
+impl Drop for Job {
+    /// A job dropped before [`complete`] finished it (the thread stopped): its handle is
+    /// woken with an error, and its owners, dropped unreleased, are retained.
+    fn drop(&mut self) {
+        self.shared.finish(Err(Error::Worker {
+            reason: "pinlane's completion thread stopped before this transfer completed; \
+                     what its copies use is retained"
+                .into(),
+        }));
+    }
 }
 
 /// Pending calls, per stream, oldest first.
@@ -119,7 +139,7 @@ pub(crate) fn detach<S: Send + 'static>(
     let k = owners.stream().key();
     let job = Job {
         done: done.clone(),
-        owners,
+        owners: Some(owners),
         shared: shared.clone(),
     };
     let mut q = lock(&COMPLETER.queues);
@@ -156,27 +176,58 @@ pub(crate) struct Pending {
     done: Event,
 }
 
-/// Releases (or, on error, retains) a finished job's owners and wakes its handle.
-fn complete(job: Job, r: Result<()>) {
-    let Job {
-        done,
-        owners,
-        shared,
-    } = job;
-    match r {
-        Ok(()) => {
-            owners.release(&done);
-            shared.finish(Ok(()));
+/// Releases (or, on error, retains) a finished job's owners and wakes its handle. Both
+/// run user code (owners' drops, the waker): a panic there is recorded for the device's
+/// next call, and the handle still gets `r`.
+fn complete(mut job: Job, r: Result<()>) {
+    let outcome = r.clone();
+    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        match (job.owners.take(), r) {
+            (Some(owners), Ok(())) => {
+                owners.release(&job.done);
+                job.shared.finish(Ok(()));
+            }
+            (owners, r) => {
+                if let Some(owners) = owners {
+                    owners.retain();
+                }
+                job.shared.finish(r);
+            }
         }
-        Err(e) => {
-            owners.retain();
-            shared.finish(Err(e));
-        }
+    }));
+    if let Err(panic) = run {
+        crate::driver::deferred::record(
+            job.done.index(),
+            Error::Panicked {
+                thread: "completion",
+                what: "releasing a completed transfer's owners",
+                message: crate::error::panic_message(&*panic),
+            },
+        );
+        job.shared.finish(outcome); // a no-op if the panic came after it
+    }
+}
+
+/// Dropped when the completion thread ends, which it does only by unwinding: wakes every
+/// waiting handle with an error (dropping their jobs) and lets the next call start a new
+/// thread.
+struct Supervisor;
+
+impl Drop for Supervisor {
+    fn drop(&mut self) {
+        let jobs = {
+            let mut q = lock(&COMPLETER.queues);
+            q.started = false;
+            std::mem::take(&mut q.by_stream)
+        };
+        drop(jobs);
     }
 }
 
 /// The completion thread.
 fn run() {
+    crate::driver::deferred::mark_background_thread();
+    let _supervisor = Supervisor;
     let mut q = lock(&COMPLETER.queues);
     loop {
         // The oldest call of each stream whose event has an answer. The events are asked

@@ -103,11 +103,7 @@ fn work<B: Batch, I: Iterator<Item = B>>(
             Ok(Some(b)) => b,
             Ok(None) => return,
             Err(panic) => {
-                let reason = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "a panic".into());
+                let reason = crate::error::panic_message(&*panic);
                 let _ = tx.send(Err(Error::Worker {
                     reason: format!("the source iterator panicked: {reason}"),
                 }));

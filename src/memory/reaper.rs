@@ -13,7 +13,7 @@
 //! The memory handed over is no longer used by anything (its copies were proven
 //! complete); it simply stays allocated a little longer.
 
-use crate::driver::HostPtr;
+use crate::driver::{self, HostPtr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Mutex, OnceLock};
@@ -55,6 +55,8 @@ fn start() -> Option<Sender<Job>> {
     std::thread::Builder::new()
         .name("pinlane-free".into())
         .spawn(move || {
+            // No call runs here: errors recorded while freeing go to the device.
+            driver::deferred::mark_background_thread();
             for (ptr, device) in rx {
                 // SAFETY: free_pinned_later's caller gave these obligations for `ptr`.
                 unsafe { free_now(ptr, device) };

@@ -1,0 +1,93 @@
+//! pinlane's own threads on the simulated device (issue 19): user code they run (an
+//! owner's `Drop`) may panic without stopping them, and what goes wrong there reaches the
+//! next call on the device, on any thread, and the statistics.
+
+mod common;
+
+use pinlane::{
+    memory_stats, set_current_stream, transfer_tensor_d2h_async, transfer_tensor_h2d,
+    transfer_tensor_h2d_async, D2hOptions, DType, Device, Error, H2dOptions, Stream, Tensor,
+    Transfer,
+};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// `t.wait()` on another thread, given `limit`: `None` if it has not returned by then.
+fn wait_within<B: Send + 'static>(t: Transfer<B>, limit: Duration) -> Option<pinlane::Result<B>> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(t.wait());
+    });
+    rx.recv_timeout(limit).ok()
+}
+
+/// An owner whose `Drop` panics (it keeps the device memory it lends alive).
+struct PanickingOwner(#[allow(dead_code)] Tensor);
+
+impl Drop for PanickingOwner {
+    fn drop(&mut self) {
+        panic!("the owner's Drop panicked on purpose");
+    }
+}
+
+#[test]
+fn a_panicking_owner_neither_stops_the_completion_thread_nor_goes_unseen() {
+    common::sim();
+    let dev = Device::cuda(0);
+    let t = common::tensor(DType::F32, &[1000], 3);
+    let theirs = transfer_tensor_h2d(&t).unwrap(); // "another library's" device memory
+    let lent = Stream::legacy(dev).unwrap();
+    let g = theirs.device_ptr(&lent).unwrap();
+    let ptr = g.ptr();
+    drop(g);
+    // SAFETY: `ptr` is the 4000 bytes of cuda:0 memory `theirs` holds, kept alive by the
+    // owner, and nothing writes it.
+    let ext =
+        unsafe { Tensor::from_device_ptr(ptr, dev, DType::F32, [1000], PanickingOwner(theirs)) }
+            .unwrap();
+    let errors_before = memory_stats().background_errors;
+    let slow = Stream::new(dev).unwrap();
+    let pending = {
+        // The copy waits 50 ms behind the current stream: the call's job holds the last
+        // reference to `ext`, so the owner drops (and panics) on the completion thread.
+        let _current = set_current_stream(&slow);
+        slow.delay_async(Duration::from_millis(50)).unwrap();
+        transfer_tensor_d2h_async(&vec![ext], &D2hOptions::default()).unwrap()
+    };
+    assert!(!pending.is_ready());
+    let back = wait_within(pending, Duration::from_secs(10))
+        .expect("wait() hung: the completion thread died in the owner's Drop")
+        .expect("the copies themselves succeeded");
+    assert_eq!(back[0], t);
+    assert_eq!(memory_stats().background_errors, errors_before + 1);
+    // The next call for the device, on another thread, reports the panic once.
+    let t2 = t.clone();
+    let first = std::thread::spawn(move || transfer_tensor_h2d(&t2))
+        .join()
+        .unwrap();
+    match first {
+        Err(Error::Deferred(e)) => match *e {
+            Error::Panicked {
+                thread, message, ..
+            } => {
+                assert_eq!(thread, "completion");
+                assert!(message.contains("on purpose"), "{message}");
+            }
+            other => panic!("deferred {other:?}, not the panic"),
+        },
+        other => panic!("the panic was not reported: {other:?}"),
+    }
+    assert!(transfer_tensor_h2d(&t).is_ok(), "reported once");
+    // The completion thread still completes non-blocking calls.
+    for _ in 0..3 {
+        let h = transfer_tensor_h2d_async(&t, &H2dOptions::default()).unwrap();
+        let on = wait_within(h, Duration::from_secs(10))
+            .expect("wait() hung after the panic")
+            .unwrap();
+        let d = transfer_tensor_d2h_async(&on, &D2hOptions::default()).unwrap();
+        let back = wait_within(d, Duration::from_secs(10))
+            .expect("wait() hung after the panic")
+            .unwrap();
+        assert_eq!(back, t);
+    }
+}
