@@ -370,7 +370,7 @@ fn main() {
                 s.rebuild(&mut |t| {
                     let made = t.as_bytes().and_then(|src| {
                         let mut b = pinlane::memory::PinnedBufferMut::<u8>::new(src.len(), device)?;
-                        b.as_mut_slice().copy_from_slice(src);
+                        b.copy_from_slice(src)?;
                         b.freeze([src.len()])
                     });
                     made.unwrap_or_else(|_| {

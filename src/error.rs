@@ -115,6 +115,24 @@ pub enum Error {
     #[error("worker thread: {reason}")]
     Worker { reason: String },
 
+    /// A [`Batch`](crate::Batch) implementation whose `rebuild` does not hand over the
+    /// tensors its `visit` gave, one by one and in the same order (a hand-written
+    /// implementation that skips, adds or reorders a tensor). No batch is returned: its
+    /// tensors would be in the wrong places.
+    #[error(
+        "Batch contract broken: visit gave {visited} tensors, rebuild handed over \
+         {rebuilt}{}",
+        first_mismatch.map(|k| format!("; tensor {k} of the rebuild is not tensor {k} of the visit")).unwrap_or_default()
+    )]
+    BatchMismatch {
+        /// Tensors `visit` gave.
+        visited: usize,
+        /// Tensors `rebuild` handed to its function.
+        rebuilt: usize,
+        /// The first position where the two disagree.
+        first_mismatch: Option<usize>,
+    },
+
     /// User code that pinlane ran on one of its own threads (an owner's `Drop` or a
     /// DLPack deleter run when a non-blocking call's copies completed, a waker) panicked.
     /// The thread caught the panic and went on; the error is kept for the next call on

@@ -146,3 +146,70 @@ fn constructors_and_typed_access() {
         Err(Error::NotOnHost { .. })
     ));
 }
+
+/// A hand-written `Batch` that breaks the contract: `rebuild` hands over its tensors in
+/// the other order (an image and its labels swapped), or `visit` skips one.
+struct Mismatched {
+    image: Tensor,
+    labels: Tensor,
+    visit_skips_labels: bool,
+}
+
+impl pinlane::Batch for Mismatched {
+    fn visit<'a>(&'a self, f: &mut dyn FnMut(&'a Tensor)) {
+        f(&self.image);
+        if !self.visit_skips_labels {
+            f(&self.labels);
+        }
+    }
+    fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
+        let labels = f(&self.labels);
+        let image = f(&self.image);
+        Mismatched {
+            image,
+            labels,
+            visit_skips_labels: self.visit_skips_labels,
+        }
+    }
+}
+
+#[test]
+fn a_batch_whose_rebuild_disagrees_with_its_visit_is_a_typed_error() {
+    // Regression (issue 19): a visit that skips a tensor gave back Ok with a host tensor
+    // where a device tensor belongs; a rebuild in another order swapped the two.
+    common::sim();
+    let _turn = serial();
+    let image = common::tensor(DType::U8, &[3, 8, 8], 5);
+    let labels = common::tensor(DType::I64, &[4], 6);
+    let on = transfer_tensor_h2d(&(image.clone(), labels.clone())).unwrap();
+    for visit_skips_labels in [false, true] {
+        let host = Mismatched {
+            image: image.clone(),
+            labels: labels.clone(),
+            visit_skips_labels,
+        };
+        let dev = Mismatched {
+            image: on.0.clone(),
+            labels: on.1.clone(),
+            visit_skips_labels,
+        };
+        let visited = if visit_skips_labels { 1 } else { 2 };
+        let want = Error::BatchMismatch {
+            visited,
+            rebuilt: 2,
+            first_mismatch: Some(0),
+        };
+        assert_eq!(transfer_tensor_h2d(&host).err(), Some(want.clone()));
+        assert_eq!(
+            transfer_tensor_d2h(&dev, &D2hOptions::default()).err(),
+            Some(want)
+        );
+    }
+    // Nothing was left behind: the next transfers are exact.
+    let back = transfer_tensor_d2h(
+        &transfer_tensor_h2d(&(image.clone(), labels.clone())).unwrap(),
+        &D2hOptions::default(),
+    );
+    assert_eq!(back.unwrap(), (image, labels));
+    assert_eq!(pinlane::memory_stats().retained_bytes, 0);
+}

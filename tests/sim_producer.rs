@@ -129,3 +129,54 @@ fn the_pool_is_bounded_and_bad_shapes_are_errors() {
         "nothing kept"
     );
 }
+
+#[test]
+fn recycled_memory_is_never_read_before_it_is_written() {
+    // Regression (issue 19): a new buffer's as_mut_slice() handed out the previous
+    // buffer's bytes (recycled page-locked memory never written by this buffer).
+    sim();
+    let _turn = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let n = 1 << 18;
+    for _ in 0..2 {
+        let mut old = PinnedBufferMut::<u32>::new(n, D0).unwrap();
+        old.copy_from_slice(&vec![0xABAB_ABAB; n]).unwrap();
+        drop(old.freeze([n]).unwrap()); // back to the pool, bytes and all
+    }
+    let mut fresh = PinnedBufferMut::<u32>::new(n, D0).unwrap();
+    assert!(
+        fresh.as_mut_slice().iter().all(|&x| x == 0),
+        "saw another buffer's bytes"
+    );
+    // Frozen without a write: zeros too.
+    let never_written = PinnedBufferMut::<u32>::new(n, D0).unwrap();
+    assert!(never_written
+        .freeze([n])
+        .unwrap()
+        .to_vec::<u32>()
+        .unwrap()
+        .iter()
+        .all(|&x| x == 0));
+    // Filled through the uninitialised view: exactly what was written, no zeroing pass.
+    let mut decoded = PinnedBufferMut::<u16>::new(1000, D0).unwrap();
+    for (i, v) in decoded.as_uninit_mut().iter_mut().enumerate() {
+        v.write(i as u16);
+    }
+    // SAFETY: the loop above wrote every one of the 1000 values.
+    unsafe { decoded.assume_init() };
+    let want: Vec<u16> = (0..1000).collect();
+    assert_eq!(decoded.as_mut_slice(), &want[..]);
+    assert_eq!(
+        decoded.freeze([1000]).unwrap().to_vec::<u16>().unwrap(),
+        want
+    );
+    // copy_from_slice takes exactly len values.
+    let mut b = PinnedBufferMut::<u8>::new(10, D0).unwrap();
+    assert!(matches!(
+        b.copy_from_slice(&[1; 9]),
+        Err(Error::ShapeMismatch {
+            expected: 10,
+            got: 9,
+            ..
+        })
+    ));
+}

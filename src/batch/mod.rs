@@ -51,7 +51,10 @@ use crate::tensor::Tensor;
 /// assert_eq!(doubled, s);
 /// ```
 ///
-/// Implementations must visit and rebuild the same tensors in the same order.
+/// Implementations must visit and rebuild the same tensors in the same order: `rebuild`
+/// calls its function once on each tensor `visit` gives, in visit order. The transfer
+/// calls check this and return [`Error::BatchMismatch`](crate::Error::BatchMismatch)
+/// for an implementation that skips, adds or reorders a tensor.
 pub trait Batch {
     /// Calls `f` on every tensor, in order.
     fn visit<'a>(&'a self, f: &mut dyn FnMut(&'a Tensor));

@@ -190,7 +190,10 @@ pub(crate) fn transfer<B: Batch>(
                 Err(e) => return Err(job.abort(e, keep_sources)),
             };
             let storages = views.into_iter().map(Storage::Pinned);
-            let rebuilt = rebuild(batch, &all, &picked, &sizes, storages);
+            let rebuilt = match rebuild(batch, &all, &picked, &sizes, storages) {
+                Ok(b) => b,
+                Err(e) => return Err(job.abort(e, keep_sources)),
+            };
             super::trace::mark("rebuilt");
             pending = match mode {
                 Mode::Blocking => {
@@ -225,7 +228,7 @@ pub(crate) fn transfer<B: Batch>(
                 &picked,
                 &sizes,
                 views.into_iter().map(Storage::Host),
-            );
+            )?;
             super::trace::mark("rebuilt");
             rebuilt
         }
@@ -242,7 +245,7 @@ fn rebuild<B: Batch>(
     picked: &[usize],
     sizes: &[usize],
     storages: impl Iterator<Item = Storage>,
-) -> B {
+) -> Result<B> {
     let moved = picked
         .iter()
         .zip(storages)
@@ -251,7 +254,7 @@ fn rebuild<B: Batch>(
             let t = all[i];
             Tensor::from_parts(t.dtype(), t.shape().clone(), n, storage)
         });
-    super::rebuild_with(batch, all.len(), picked, moved)
+    super::rebuild_with(batch, all, picked, moved)
 }
 
 /// Tensors up to this size are gathered on the device when there are enough of them.

@@ -243,7 +243,10 @@ pub(crate) fn transfer<B: Batch>(
     };
     super::trace::mark("submitted");
     let moved = outputs.into_iter();
-    let rebuilt = super::rebuild_with(batch, all.len(), &order, moved);
+    let rebuilt = match super::rebuild_with(batch, &all, &order, moved) {
+        Ok(b) => b,
+        Err(e) => return Err(job.abort(e, keep_sources)),
+    };
     super::trace::mark("rebuilt");
     let pending = match mode {
         Mode::Blocking => {

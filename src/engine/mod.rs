@@ -260,34 +260,68 @@ fn lease_slots(ctx: &ContextGuard, job: &mut InFlight, n_windows: usize) -> Resu
     Ok(job.leases.len().max(1))
 }
 
-/// Rebuilds `batch` (which has `n` tensors) with the tensors at visit indices `indices`
-/// replaced by `outputs`, in that order; the others are kept (cloned). When every tensor
-/// is replaced in visit order (the usual case), the outputs are taken one by one as the
-/// batch is rebuilt (a lazy `outputs` is made then too), with no list of `Option`s in
-/// between.
+/// Rebuilds `batch`, whose tensors in visit order are `all`, with the tensors at visit
+/// indices `indices` replaced by `outputs`, in that order; the others are kept (cloned).
+/// When every tensor is replaced in visit order (the usual case), the outputs are taken
+/// one by one as the batch is rebuilt (a lazy `outputs` is made then too), with no list
+/// of `Option`s in between.
+///
+/// The `Batch` contract is checked on the way: `rebuild` must hand over, one by one, the
+/// tensors `visit` gave, in the same order (the same references, or at least the same
+/// storage, dtype and shape). A hand-written implementation that skips, adds or reorders
+/// a tensor gets [`Error::BatchMismatch`] instead of a batch with tensors in the wrong
+/// places.
 fn rebuild_with<B: Batch>(
     batch: &B,
-    n: usize,
+    all: &[&crate::Tensor],
     indices: &[usize],
     mut outputs: impl Iterator<Item = crate::Tensor>,
-) -> B {
-    if indices.len() == n && indices.iter().enumerate().all(|(k, &i)| k == i) {
-        return batch.rebuild(&mut |orig| outputs.next().unwrap_or_else(|| orig.clone()));
-    }
-    let mut new: Vec<Option<crate::Tensor>> = vec![None; n];
-    for (&i, t) in indices.iter().zip(outputs) {
-        if let Some(slot) = new.get_mut(i) {
-            *slot = Some(t);
+) -> Result<B> {
+    let n = all.len();
+    let mut k = 0;
+    let mut first_mismatch = None;
+    let mut check = |orig: &crate::Tensor| {
+        let same = all.get(k).is_some_and(|v| {
+            std::ptr::eq(*v, orig)
+                || (v.same_storage(orig) && v.dtype() == orig.dtype() && v.shape() == orig.shape())
+        });
+        if !same && first_mismatch.is_none() {
+            first_mismatch = Some(k);
         }
+        k += 1;
+    };
+    let rebuilt = if indices.len() == n && indices.iter().enumerate().all(|(k, &i)| k == i) {
+        batch.rebuild(&mut |orig| {
+            check(orig);
+            outputs.next().unwrap_or_else(|| orig.clone())
+        })
+    } else {
+        let mut new: Vec<Option<crate::Tensor>> = vec![None; n];
+        for (&i, t) in indices.iter().zip(outputs) {
+            if let Some(slot) = new.get_mut(i) {
+                *slot = Some(t);
+            }
+        }
+        let mut it = new.into_iter();
+        batch.rebuild(&mut |orig| {
+            check(orig);
+            it.next().flatten().unwrap_or_else(|| orig.clone())
+        })
+    };
+    if k != n || first_mismatch.is_some() {
+        return Err(Error::BatchMismatch {
+            visited: n,
+            rebuilt: k,
+            first_mismatch,
+        });
     }
-    let mut it = new.into_iter();
-    batch.rebuild(&mut |orig| it.next().flatten().unwrap_or_else(|| orig.clone()))
+    Ok(rebuilt)
 }
 
 #[cfg(test)]
 mod tests {
     use super::rebuild_with;
-    use crate::Tensor;
+    use crate::{Batch, Error, Tensor};
 
     fn t(v: u8) -> Tensor {
         Tensor::scalar(v)
@@ -296,16 +330,64 @@ mod tests {
     #[test]
     fn rebuild_with_replaces_the_named_tensors_in_any_order() {
         let b = vec![t(0), t(1), t(2)];
+        let all = crate::batch::tensors(&b);
         // Every tensor, in visit order: the direct path.
-        let all = rebuild_with(&b, 3, &[0, 1, 2], [t(10), t(11), t(12)].into_iter());
-        assert_eq!(all, vec![t(10), t(11), t(12)]);
+        let every = rebuild_with(&b, &all, &[0, 1, 2], [t(10), t(11), t(12)].into_iter());
+        assert_eq!(every, Ok(vec![t(10), t(11), t(12)]));
         // Every tensor, reordered (small ones first, as the D2H gather lays them out).
-        let perm = rebuild_with(&b, 3, &[2, 0, 1], [t(12), t(10), t(11)].into_iter());
-        assert_eq!(perm, vec![t(10), t(11), t(12)]);
+        let perm = rebuild_with(&b, &all, &[2, 0, 1], [t(12), t(10), t(11)].into_iter());
+        assert_eq!(perm, Ok(vec![t(10), t(11), t(12)]));
         // Some tensors: the others are kept.
-        let some = rebuild_with(&b, 3, &[2, 0], [t(12), t(10)].into_iter());
-        assert_eq!(some, vec![t(10), t(1), t(12)]);
-        let none = rebuild_with(&b, 3, &[], std::iter::empty());
-        assert_eq!(none, b);
+        let some = rebuild_with(&b, &all, &[2, 0], [t(12), t(10)].into_iter());
+        assert_eq!(some, Ok(vec![t(10), t(1), t(12)]));
+        let none = rebuild_with(&b, &all, &[], std::iter::empty());
+        assert_eq!(none, Ok(b.clone()));
+    }
+
+    /// Visits `a` then `b`; rebuilds them in the other order, or skips `b` on the visit.
+    struct Broken {
+        a: Tensor,
+        b: Tensor,
+        skip_b: bool,
+    }
+
+    impl Batch for Broken {
+        fn visit<'a>(&'a self, f: &mut dyn FnMut(&'a Tensor)) {
+            f(&self.a);
+            if !self.skip_b {
+                f(&self.b);
+            }
+        }
+        fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
+            let b = f(&self.b);
+            let a = f(&self.a);
+            Broken {
+                a,
+                b,
+                skip_b: self.skip_b,
+            }
+        }
+    }
+
+    #[test]
+    fn a_rebuild_that_disagrees_with_its_visit_is_an_error() {
+        let x = Tensor::from_vec(vec![1u8; 6], [2, 3]).unwrap();
+        let y = Tensor::from_vec(vec![2i64; 4], [4]).unwrap();
+        for skip_b in [false, true] {
+            let broken = Broken {
+                a: x.clone(),
+                b: y.clone(),
+                skip_b,
+            };
+            let all = crate::batch::tensors(&broken);
+            let outs = all.iter().map(|&t| t.clone());
+            let r = rebuild_with(&broken, &all, &(0..all.len()).collect::<Vec<_>>(), outs);
+            let want = Error::BatchMismatch {
+                visited: if skip_b { 1 } else { 2 },
+                rebuilt: 2,
+                first_mismatch: Some(0),
+            };
+            assert_eq!(r.err(), Some(want));
+        }
     }
 }

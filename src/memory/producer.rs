@@ -18,6 +18,14 @@ use std::sync::Arc;
 /// The memory goes back to the pool when the buffer, or the last tensor over it, drops;
 /// [`memory_stats`](crate::memory_stats)`().pinned_outputs` counts it.
 ///
+/// The memory is recycled, so it may hold another batch's bytes: a buffer is never read
+/// before it is written. [`as_mut_slice`](Self::as_mut_slice) zeroes it the first time
+/// (and [`freeze`](Self::freeze) of a buffer never written gives zeros);
+/// [`copy_from_slice`](Self::copy_from_slice) fills it without zeroing first, and a
+/// producer that writes every value itself (a decoder) does so through
+/// [`as_uninit_mut`](Self::as_uninit_mut) and [`assume_init`](Self::assume_init), also
+/// without zeroing.
+///
 /// ```
 /// use pinlane::{memory::PinnedBufferMut, Device};
 /// # fn main() -> pinlane::Result<()> {
@@ -35,13 +43,17 @@ pub struct PinnedBufferMut<T> {
     block: Arc<PinnedBlock>,
     base: usize,
     len: usize,
+    /// Whether every value has been written (zeroed, copied in, or promised by
+    /// `assume_init`): only then are the values readable as `T`.
+    init: bool,
     _values: PhantomData<T>,
 }
 
 impl<T: Element + bytemuck::Pod> PinnedBufferMut<T> {
     /// A buffer of `len` values, taken from the pool (allocated under `device`'s context
     /// when the pool has no free block; page-locked memory is usable from every device).
-    /// Its contents are unspecified (recycled memory) until written.
+    /// Nothing of the recycled memory can be read before it is written (see the type's
+    /// docs).
     ///
     /// # Errors
     /// [`Error::NoCuda`], [`Error::DeviceUnavailable`]; [`Error::ShapeOverflow`] for a
@@ -58,6 +70,7 @@ impl<T: Element + bytemuck::Pod> PinnedBufferMut<T> {
                 block: PinnedBlock::empty(),
                 base: 0,
                 len: 0,
+                init: true,
                 _values: PhantomData,
             });
         }
@@ -72,6 +85,7 @@ impl<T: Element + bytemuck::Pod> PinnedBufferMut<T> {
             block,
             base,
             len,
+            init: false,
             _values: PhantomData,
         })
     }
@@ -86,28 +100,90 @@ impl<T: Element + bytemuck::Pod> PinnedBufferMut<T> {
         self.len == 0
     }
 
-    /// The values, to write.
+    /// The values, to write (and read back). The first call zeroes them, unless they
+    /// were all written already ([`copy_from_slice`](Self::copy_from_slice), or
+    /// [`assume_init`](Self::assume_init)).
     pub fn as_mut_slice(&mut self) -> &mut [T] {
+        self.zero_unless_written();
+        let values = self.as_uninit_mut();
+        // SAFETY: every value has been written (`init`), and any bit pattern is a valid
+        // `T` (Pod); `MaybeUninit<T>` has `T`'s layout.
+        unsafe { &mut *(std::ptr::from_mut(values) as *mut [T]) }
+    }
+
+    /// Writes every value from `src`, without zeroing first: the fastest way to fill the
+    /// buffer from memory.
+    ///
+    /// # Errors
+    /// [`Error::ShapeMismatch`] when `src` is not `len` values long (nothing is written).
+    pub fn copy_from_slice(&mut self, src: &[T]) -> Result<()> {
+        if src.len() != self.len {
+            return Err(Error::ShapeMismatch {
+                shape: vec![self.len],
+                expected: self.len,
+                got: src.len(),
+            });
+        }
+        let dst = self.as_uninit_mut();
+        // SAFETY: `dst` and `src` are `len` values each and do not overlap (`dst` is this
+        // buffer's exclusive range of page-locked memory, `src` a shared borrow the caller
+        // holds, which cannot alias a `&mut` borrow of the buffer).
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_mut_ptr().cast::<T>(), src.len());
+        }
+        self.init = true;
+        Ok(())
+    }
+
+    /// The values as uninitialised memory, for a producer that writes every one of them
+    /// (a decoder), without zeroing first; then [`assume_init`](Self::assume_init).
+    pub fn as_uninit_mut(&mut self) -> &mut [std::mem::MaybeUninit<T>] {
         if self.len == 0 {
             return &mut [];
         }
         // SAFETY: `base..base + len * size_of::<T>()` is inside the block (the pool gave a
         // range of at least that many bytes) and was taken for this buffer alone (no
         // other buffer, tensor or copy uses it until the buffer is frozen or dropped), and
-        // `&mut self` makes the borrow exclusive; the range is
-        // aligned for every dtype (blocks are page-aligned, shared ranges 256-aligned),
-        // and every bit pattern is a valid `T` (Pod).
+        // `&mut self` makes the borrow exclusive; the range is aligned for every dtype
+        // (blocks are page-aligned, shared ranges 256-aligned). `MaybeUninit` asks
+        // nothing of the bytes.
         unsafe {
-            std::slice::from_raw_parts_mut(self.block.ptr_at(self.base).cast::<T>(), self.len)
+            std::slice::from_raw_parts_mut(
+                self.block
+                    .ptr_at(self.base)
+                    .cast::<std::mem::MaybeUninit<T>>(),
+                self.len,
+            )
         }
     }
 
-    /// A tensor of `shape` over the buffer's values, without a copy.
+    /// Marks every value written, after a producer filled them all through
+    /// [`as_uninit_mut`](Self::as_uninit_mut).
+    ///
+    /// # Safety
+    /// 1. Every one of the `len` values was written since the buffer was made.
+    pub unsafe fn assume_init(&mut self) {
+        self.init = true;
+    }
+
+    /// Zeroes the values unless they have all been written.
+    fn zero_unless_written(&mut self) {
+        if !self.init {
+            let bytes = self.len * std::mem::size_of::<T>();
+            let values = self.as_uninit_mut();
+            // SAFETY: `values` is this buffer's exclusive range of `bytes` bytes.
+            unsafe { std::ptr::write_bytes(values.as_mut_ptr().cast::<u8>(), 0, bytes) };
+            self.init = true;
+        }
+    }
+
+    /// A tensor of `shape` over the buffer's values, without a copy (zeros where the
+    /// buffer was never written).
     ///
     /// # Errors
     /// [`Error::ShapeMismatch`] when `shape` does not hold `len` values (the buffer is
     /// dropped, back to the pool).
-    pub fn freeze(self, shape: impl Into<Shape>) -> Result<Tensor> {
+    pub fn freeze(mut self, shape: impl Into<Shape>) -> Result<Tensor> {
         let shape = shape.into();
         let numel = shape.try_numel().ok_or_else(|| Error::ShapeOverflow {
             shape: shape.dims().to_vec(),
@@ -119,6 +195,7 @@ impl<T: Element + bytemuck::Pod> PinnedBufferMut<T> {
                 got: self.len,
             });
         }
+        self.zero_unless_written();
         let nbytes = self.len * std::mem::size_of::<T>();
         let view = PinnedBuf::view(&self.block, self.base, nbytes)?;
         Ok(Tensor::from_parts(
