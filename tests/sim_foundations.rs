@@ -185,3 +185,35 @@ fn the_runtime_is_configured_once_and_trims_what_is_unused() {
     assert!(memory_stats().staging.held_bytes <= 256 << 10);
     rt.set_arena_bytes(1 << 20).unwrap();
 }
+
+#[test]
+fn the_device_pools_peak_never_goes_down() {
+    // Regression (issue 19): the simulator answered every pool attribute with the bytes
+    // in use, so `peak_reserved_bytes` fell when memory was freed.
+    let _turn = serial();
+    let peak = || {
+        memory_stats()
+            .devices
+            .iter()
+            .find(|d| d.device == Device::cuda(0))
+            .map(|d| (d.peak_reserved_bytes, d.reserved_bytes, d.used_bytes))
+            .unwrap_or_default()
+    };
+    let big = common::tensor(DType::U8, &[16 << 20], 3);
+    // Not kept in the thread's cache ring: dropped, its memory is freed.
+    let on = transfer_tensor_h2d_with(&vec![big], &H2dOptions::default().num_caches(0)).unwrap();
+    let (during, reserved, used) = peak();
+    assert!(
+        during >= 16 << 20 && during >= reserved && reserved >= used,
+        "{:?}",
+        peak()
+    );
+    drop(on);
+    Stream::legacy(Device::cuda(0))
+        .unwrap()
+        .synchronize()
+        .unwrap();
+    pinlane::trim().unwrap();
+    let (after, _, _) = peak();
+    assert!(after >= during, "the peak went down: {during} -> {after}");
+}

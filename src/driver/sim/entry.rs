@@ -328,18 +328,28 @@ impl Sim {
         OK // the simulated pool caches nothing: freed memory is given back at once
     }
 
-    /// Reserved and used memory are both what the pool's device has allocated (the
-    /// simulated pool caches nothing).
+    /// The simulated pool caches nothing: reserved memory is what the pool's device has
+    /// allocated now (`*_CURRENT`), and its highest so far (`*_HIGH`). Other attributes
+    /// are not modelled: asking for one fails, rather than answering something else.
     pub(crate) unsafe fn cuMemPoolGetAttribute(
         &self,
         pool: sys::CUmemoryPool,
-        _a: sys::CUmemPool_attribute,
+        a: sys::CUmemPool_attribute,
         v: *mut c_void,
     ) -> CUresult {
+        use sys::CUmemPool_attribute::*;
         let d = (pool as usize).wrapping_sub(POOL) / 16;
-        let used = lock(&self.mem).used.get(d).copied().unwrap_or(0) as u64;
-        // SAFETY: the attributes pinlane reads are u64 (contract).
-        unsafe { *v.cast::<u64>() = used };
+        let mem = lock(&self.mem);
+        let of = |x: &Vec<usize>| x.get(d).copied().unwrap_or(0) as u64;
+        let value = match a {
+            CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT | CU_MEMPOOL_ATTR_USED_MEM_CURRENT => {
+                of(&mem.used)
+            }
+            CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH | CU_MEMPOOL_ATTR_USED_MEM_HIGH => of(&mem.high),
+            _ => return CUresult::CUDA_ERROR_NOT_SUPPORTED,
+        };
+        // SAFETY: the four attributes answered are u64 values (the driver's contract).
+        unsafe { *v.cast::<u64>() = value };
         OK
     }
 
@@ -368,6 +378,7 @@ impl Sim {
             return CUresult::CUDA_ERROR_OUT_OF_MEMORY;
         };
         mem.used[d] += n;
+        mem.high[d] = mem.high[d].max(mem.used[d]);
         if let Some(k) = lock(&self.seen).device_allocs.get_mut(d) {
             *k += 1;
         }

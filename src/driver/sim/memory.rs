@@ -59,6 +59,8 @@ pub(super) struct Memory {
     pub(super) dead_bytes: usize,
     /// Device bytes in use, per device.
     pub(super) used: Vec<usize>,
+    /// Highest `used` so far, per device.
+    pub(super) high: Vec<usize>,
     /// Host ranges registered with `cuMemHostRegister`: start address -> (length, whether
     /// registered with `CU_MEMHOSTREGISTER_DEVICEMAP`).
     pub(super) registered: BTreeMap<u64, (usize, bool)>,

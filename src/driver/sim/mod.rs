@@ -233,6 +233,7 @@ impl Sim {
         Sim {
             mem: Mutex::new(Memory {
                 used: vec![0; devices],
+                high: vec![0; devices],
                 ..Memory::default()
             }),
             streams: AtomicU64::new(0),
