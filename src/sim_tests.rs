@@ -195,3 +195,25 @@ fn a_wait_for_a_slot_ends_with_a_typed_error() {
     drop(held);
     assert!(arena.lease(&ctx, true).unwrap().is_some());
 }
+
+#[test]
+fn the_gather_kernel_as_the_first_use_of_a_device_does_not_deadlock() {
+    // Regression (issue 19): asking for the gather kernel held its lock while loading,
+    // and loading made the device's context, which asked for the kernel again: a thread
+    // that reached a device through the gather path first waited on itself forever.
+    setup();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        // cuda:1: no other test of this binary touches it first.
+        let _ = tx.send(driver::gather_kernel(1).is_some());
+    });
+    let loaded = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the first gather_kernel(1) hung");
+    assert!(
+        loaded,
+        "{:?}",
+        driver::gather_unavailable_reason(Device::cuda(1))
+    );
+    assert!(driver::gather_kernel(1).is_some(), "loaded once, then read");
+}

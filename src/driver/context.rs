@@ -29,9 +29,26 @@ pub(crate) struct DeviceHandles {
     pub(crate) host_mapped: bool,
 }
 
-/// One slot per device, filled on first use. A `Mutex` (not `OnceLock` per device) because
-/// creation is fallible and rare; reads after creation copy the handles out.
-static DEVICES: OnceLock<Vec<Mutex<Option<DeviceHandles>>>> = OnceLock::new();
+/// One slot per device, set once on first use: every later read (each `bind`, so each
+/// event query of a polling loop) is a lock-free load.
+static DEVICES: OnceLock<Vec<DeviceSlot>> = OnceLock::new();
+
+/// A device's handles, and the lock that serialises their creation. Creation is fallible
+/// (and tried again by the next call after a failure), so it is not `OnceLock`'s
+/// `get_or_init`; the lock is taken only by threads that found no handles, only around
+/// creating them, and with no other pinlane lock held (creation takes none).
+#[derive(Default)]
+struct DeviceSlot {
+    handles: OnceLock<DeviceHandles>,
+    creating: Mutex<()>,
+}
+
+fn slots() -> &'static [DeviceSlot] {
+    DEVICES.get_or_init(|| {
+        let n = super::available().map_or(0, |i| i.device_count);
+        (0..n).map(|_| DeviceSlot::default()).collect()
+    })
+}
 
 /// The release threshold for device pools, set by the runtime from its configuration.
 static RELEASE_THRESHOLD: AtomicU64 = AtomicU64::new(u64::MAX);
@@ -53,7 +70,7 @@ fn made() -> Vec<(usize, DeviceHandles)> {
         slots
             .iter()
             .enumerate()
-            .filter_map(|(d, m)| (*m.lock().unwrap_or_else(|p| p.into_inner())).map(|h| (d, h)))
+            .filter_map(|(d, s)| s.handles.get().map(|h| (d, *h)))
             .collect()
     })
 }
@@ -116,18 +133,32 @@ pub(crate) fn device_pool_stats() -> Vec<(usize, PoolAttrs)> {
         .collect()
 }
 
-/// The primary context and pool of `device`, made on first use.
+/// The primary context and pool of `device`, made on first use (with the gather kernel,
+/// loaded right after).
 pub(crate) fn handles(device: usize) -> Result<DeviceHandles> {
     check_device(device)?;
-    let slots = DEVICES.get_or_init(|| {
-        let n = super::available().map_or(0, |i| i.device_count);
-        (0..n).map(|_| Mutex::new(None)).collect()
-    });
     // check_device passed, so the index is in range.
-    let mut slot = slots[device].lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(h) = *slot {
-        return Ok(h);
+    let slot = &slots()[device];
+    if let Some(h) = slot.handles.get() {
+        return Ok(*h);
     }
+    let creating = slot.creating.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(h) = slot.handles.get() {
+        return Ok(*h); // another thread made them while this one waited
+    }
+    let h = create(device)?;
+    let h = *slot.handles.get_or_init(|| h);
+    drop(creating);
+    // Module loading waits for every stream of the context: do it now, with the context's
+    // creation, and never on a later transfer's path. A kernel that cannot load is not an
+    // error here (D2H then copies small tensors one by one). It takes the kernel's own
+    // slot, never this one: no lock is held across it but that.
+    super::kernels::load_gather_once(device, h.ctx);
+    Ok(h)
+}
+
+/// Retains `device`'s primary context and makes pinlane's pool on it.
+fn create(device: usize) -> Result<DeviceHandles> {
     let mut dev: sys::CUdevice = 0;
     // SAFETY: out-pointer to a live local; `device` is below the device count.
     unsafe {
@@ -163,18 +194,11 @@ pub(crate) fn handles(device: usize) -> Result<DeviceHandles> {
         let res = unsafe { super::api::cuDeviceGetAttribute(&mut v, attr, dev) };
         check("cuDeviceGetAttribute", res).is_ok() && v == 1
     });
-    let h = DeviceHandles {
+    Ok(DeviceHandles {
         ctx,
         pool,
         host_mapped,
-    };
-    *slot = Some(h);
-    drop(slot);
-    // Module loading waits for every stream of the context: do it now, with the context's
-    // creation, and never on a later transfer's path. A kernel that cannot load is not an
-    // error here (D2H then copies small tensors one by one).
-    let _ = super::kernels::gather_kernel(device);
-    Ok(h)
+    })
 }
 
 /// Whether kernels on `device` can read pinlane's page-locked host memory (from
@@ -231,7 +255,7 @@ pub(crate) fn bind(device: usize) -> Result<ContextGuard> {
     push(handles(device)?.ctx, device)
 }
 
-fn push(ctx: Handle<sys::CUcontext>, device: usize) -> Result<ContextGuard> {
+pub(super) fn push(ctx: Handle<sys::CUcontext>, device: usize) -> Result<ContextGuard> {
     let mut current: sys::CUcontext = std::ptr::null_mut();
     // SAFETY: out-pointer to a live local.
     unsafe { check("cuCtxGetCurrent", super::api::cuCtxGetCurrent(&mut current)) }?;
