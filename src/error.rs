@@ -203,6 +203,18 @@ pub enum Error {
         what: &'static str,
     },
 
+    /// An invariant of pinlane itself does not hold (a copy range outside its buffer, a
+    /// gather that does not fit the slot it was planned for): a bug in pinlane, reported
+    /// instead of queueing a copy that could touch memory it should not. Please report it
+    /// with the message.
+    #[error("internal error in {op}: {reason} (a pinlane bug)")]
+    Internal {
+        /// Where it was found.
+        op: &'static str,
+        /// What did not hold.
+        reason: String,
+    },
+
     /// A CUDA driver call failed.
     #[error("{op} failed: {}", .error)]
     Driver {

@@ -102,8 +102,8 @@ fn load_gather(device: usize, ctx: Handle<sys::CUcontext>) -> Result<GatherKerne
         }
     }
     let _ctx = super::context::push(ctx, device)?;
-    let image = CString::new(GATHER_PTX).map_err(|_| crate::Error::InvalidOption {
-        name: "GATHER_PTX",
+    let image = CString::new(GATHER_PTX).map_err(|_| crate::Error::Internal {
+        op: "GATHER_PTX",
         reason: "contains a NUL byte".into(),
     })?;
     let mut module: sys::CUmodule = std::ptr::null_mut();

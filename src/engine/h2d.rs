@@ -369,6 +369,7 @@ fn submit<T>(
             nslots,
             queued: 0,
             started: 0,
+            patience: super::patience::Patience::new(rt.settings().slot_wait),
         };
         let fill = |job: &mut InFlight, k: usize, w: plan::Window| {
             let pieces = w.parts(offsets, sizes).map(|p| {
@@ -400,13 +401,15 @@ fn submit<T>(
 
 /// The staging windows of one call in flight. Window `w` uses slot
 /// `(w + first_slot) % nslots`; windows before `queued` have their copy queued, those from
-/// `queued` to `started` are filling.
+/// `queued` to `started` are filling. Turns without progress back off and, after
+/// [`Config::slot_wait`](crate::Config::slot_wait) of them, fail (a hung device).
 struct Pump<'a> {
     windows: &'a [plan::Window],
     first_slot: usize,
     nslots: usize,
     queued: usize,
     started: usize,
+    patience: super::patience::Patience,
 }
 
 impl Pump<'_> {
@@ -417,7 +420,12 @@ impl Pump<'_> {
     /// One turn: queues the copy of every filled window, in order, so the copy engine
     /// gets each window as soon as it is ready; then starts the fill of every window
     /// whose slot is free (its previous window's copy queued and finished, asked without
-    /// blocking). With nothing to do, this thread copies pieces of the oldest fill.
+    /// blocking). With nothing to do, this thread copies pieces of the oldest fill, then
+    /// pauses ([`Patience`](super::patience::Patience)).
+    ///
+    /// # Errors
+    /// A failed fill, copy or event query; [`Error::StagingExhausted`](crate::Error::StagingExhausted)
+    /// once the turns have made no progress for `slot_wait`.
     fn turn(
         &mut self,
         job: &mut InFlight,
@@ -439,13 +447,14 @@ impl Pump<'_> {
             self.started += 1;
             progress = true;
         }
-        if !progress {
-            if self.queued < self.started {
-                job.leases[self.slot(self.queued)].help_fill();
-            }
-            std::hint::spin_loop();
+        if progress {
+            self.patience.progress();
+            return Ok(());
         }
-        Ok(())
+        if self.queued < self.started {
+            job.leases[self.slot(self.queued)].help_fill();
+        }
+        self.patience.pause()
     }
 }
 

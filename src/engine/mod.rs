@@ -6,6 +6,7 @@
 //! | `mod.rs` | the public calls, [`TransferStats`] |
 //! | `options.rs` | [`H2dOptions`], [`D2hOptions`], device strings and `LOCAL_RANK` |
 //! | `plan.rs` | pure planning: batch layout and staging windows |
+//! | `patience.rs` | how polling loops back off, and when they give up |
 //! | `thread_state.rs` | per-thread streams, the cache ring, the current stream |
 //! | `h2d.rs`, `d2h.rs` | the two directions |
 //! | `prefetch.rs` | [`Prefetcher`]: batches moved ahead on a worker thread |
@@ -14,6 +15,7 @@ mod completion;
 mod d2h;
 mod h2d;
 mod options;
+mod patience;
 mod plan;
 mod prefetch;
 mod thread_state;

@@ -130,16 +130,30 @@ impl<B> Iterator for Prefetcher<B> {
 }
 
 impl<B> Drop for Prefetcher<B> {
+    /// Stops the worker and waits for it to exit, at most
+    /// [`Config::drop_sync_wait`](crate::Config::drop_sync_wait): a worker still inside
+    /// the source's `next()` (which pinlane cannot interrupt) is then left to exit on its
+    /// own when that returns, and the drop returns.
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
         // Dropping the receiver fails the worker's pending send, and drops the batches
         // waiting in the channel.
         drop(self.rx.take());
-        if let Some(w) = self.worker.take() {
-            // The worker catches the source's panics; a panic elsewhere in it has been
-            // reported by the thread already, and Drop must not panic.
-            let _ = w.join();
+        let Some(w) = self.worker.take() else { return };
+        let limit = crate::runtime::runtime().settings().drop_sync_wait;
+        let started = std::time::Instant::now();
+        let mut nap = std::time::Duration::from_micros(50);
+        while !w.is_finished() {
+            let waited = started.elapsed();
+            if waited >= limit {
+                return; // detached: it sees `stop` (or a closed channel) and exits
+            }
+            std::thread::sleep(nap.min(limit - waited));
+            nap = (nap * 2).min(std::time::Duration::from_millis(5));
         }
+        // The worker catches the source's panics; a panic elsewhere in it has been
+        // reported by the thread already, and Drop must not panic.
+        let _ = w.join();
     }
 }
 

@@ -515,8 +515,8 @@ impl SlotLease {
         let whole = buf.len() - buf.len() % std::mem::size_of::<GatherPiece>();
         let descs: &mut [GatherPiece] =
             bytemuck::try_cast_slice_mut(&mut buf[..whole]).map_err(|e| {
-                crate::Error::InvalidOption {
-                    name: "gather",
+                crate::Error::Internal {
+                    op: "gather",
                     reason: format!("staging slot: {e}"),
                 }
             })?;
@@ -527,16 +527,16 @@ impl SlotLease {
             let (off, len) = (p.dst_off as usize, p.len as usize);
             check_range("gather destination", off, len, dst.nbytes())?;
             let Some(d) = descs.get_mut(n) else {
-                return Err(crate::Error::InvalidOption {
-                    name: "gather",
+                return Err(crate::Error::Internal {
+                    op: "gather",
                     reason: format!("more than {capacity} pieces do not fit the staging slot"),
                 });
             };
             *d = p;
             n += 1;
         }
-        let count = u32::try_from(n).map_err(|_| crate::Error::InvalidOption {
-            name: "gather",
+        let count = u32::try_from(n).map_err(|_| crate::Error::Internal {
+            op: "gather",
             reason: format!("{n} pieces"),
         })?;
         let at = self.slab().ptr.0 as u64;

@@ -66,8 +66,8 @@ pub(crate) unsafe fn gather_async(
         .ok()
         .filter(|&n| n > 0 && end > 0 && desc_bytes <= slot_bytes);
     let Some(n) = n else {
-        return Err(crate::Error::InvalidOption {
-            name: "gather",
+        return Err(crate::Error::Internal {
+            op: "gather",
             reason: format!(
                 "{} pieces of {end} bytes for a staging slot of {slot_bytes} bytes",
                 views.len()
@@ -80,8 +80,8 @@ pub(crate) unsafe fn gather_async(
     let lease = job
         .leases
         .first_mut()
-        .ok_or_else(|| crate::Error::InvalidOption {
-            name: "gather",
+        .ok_or_else(|| crate::Error::Internal {
+            op: "gather",
             reason: "no staging slot leased".into(),
         })?;
     let descs = views.iter().zip(offsets).map(|(v, &off)| GatherPiece {
@@ -164,8 +164,9 @@ pub(crate) unsafe fn h2d_gather_async(
             what: "sources and offsets",
         });
     }
-    let unreadable = |reason: String| crate::Error::InvalidOption {
-        name: "gather",
+    // The engine routes here only sources the device can read: anything else is a bug.
+    let unreadable = |reason: String| crate::Error::Internal {
+        op: "gather",
         reason,
     };
     if !driver::host_memory_mapped(device) {

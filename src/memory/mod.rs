@@ -103,8 +103,8 @@ pub(crate) fn check_range(what: &str, at: usize, n: usize, len: usize) -> crate:
     if at.checked_add(n).is_some_and(|end| end <= len) {
         return Ok(());
     }
-    Err(crate::Error::InvalidOption {
-        name: "copy range",
+    Err(crate::Error::Internal {
+        op: "copy range",
         reason: format!("{what}: {at}+{n} exceeds {len} bytes"),
     })
 }

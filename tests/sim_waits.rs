@@ -1,0 +1,84 @@
+//! Bounded waits on a slow simulated device (issue 19): every operation the simulator
+//! runs waits up to 400 ms, and the runtime allows 30 ms for a staging slot to come free
+//! and 300 ms for a drop to wait. A call whose slots stay busy fails with a typed error
+//! instead of spinning on event queries; a prefetcher whose source is stuck is dropped
+//! within its limit.
+
+mod common;
+
+use pinlane::driver::sim::SimConfig;
+use pinlane::{
+    memory_stats, transfer_tensor_h2d_with, DType, Error, H2dOptions, Prefetcher, Tensor,
+};
+use std::time::{Duration, Instant};
+
+fn sim() {
+    common::sim_with(
+        || {
+            pinlane::Config::new()
+                .slot_bytes(64 << 10)
+                .arena_bytes(128 << 10)
+                .pipeline_slots(2)
+                .slot_wait(Duration::from_millis(30))
+                .drop_sync_wait(Duration::from_millis(300))
+        },
+        || SimConfig::seeded(0x51_0E).max_delay(Duration::from_millis(400)),
+    );
+}
+
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+#[test]
+fn a_call_whose_slots_stay_busy_fails_within_its_limit() {
+    sim();
+    let _turn = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    // 1 MiB through two 64 KiB slots: the pump waits for each slot's copy to finish
+    // before filling it again, and each copy takes up to 400 ms here.
+    let big = vec![common::tensor(DType::U8, &[1 << 20], 9)];
+    let opts = H2dOptions::default().num_caches(0);
+    let t0 = Instant::now();
+    let r = transfer_tensor_h2d_with(&big, &opts);
+    let took = t0.elapsed();
+    assert!(
+        matches!(r, Err(Error::StagingExhausted { waited_ms, .. }) if waited_ms >= 30),
+        "{r:?}"
+    );
+    // The limit, then the drain of the copies already queued (two slots' worth).
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    assert_eq!(
+        memory_stats().retained_bytes,
+        0,
+        "drained, nothing retained"
+    );
+    // One slot's worth still moves, exactly.
+    let small = vec![common::tensor(DType::F32, &[1000], 10)];
+    let on = transfer_tensor_h2d_with(&small, &opts).unwrap();
+    let back = pinlane::transfer_tensor_d2h(&on, &pinlane::D2hOptions::default()).unwrap();
+    assert_eq!(back, small);
+}
+
+#[test]
+fn a_prefetcher_whose_source_is_stuck_drops_within_its_limit() {
+    sim();
+    let _turn = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let (entered_tx, entered) = std::sync::mpsc::channel();
+    let source = (0..).map(move |i: usize| {
+        if i == 1 {
+            let _ = entered_tx.send(());
+            std::thread::sleep(Duration::from_secs(20)); // stuck in the user's iterator
+        }
+        vec![Tensor::scalar(i as u32)]
+    });
+    let mut p = Prefetcher::new(source, 1, H2dOptions::default()).unwrap();
+    assert!(p.next().unwrap().is_ok());
+    entered
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the worker asks for the second batch");
+    let t0 = Instant::now();
+    drop(p);
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_millis(250) && took < Duration::from_secs(3),
+        "dropped after {took:?}, the limit is 300 ms"
+    );
+}
