@@ -620,49 +620,81 @@ impl Tensor {
         memory::dlpack::export(&self.storage, self.dtype, self.dims(), keep, stream)
     }
 
-    fn import_dlpack<M: dlpark::ManagedTensorBase>(dl: dlpark::Managed<M>) -> Result<Tensor> {
-        let (dtype, shape, nbytes, storage) = memory::dlpack::import(dl)?;
+    fn import_dlpack<M: dlpark::ManagedTensorBase>(
+        dl: dlpark::Managed<M>,
+        writes: memory::dlpack::Writes,
+    ) -> Result<Tensor> {
+        let (dtype, shape, nbytes, storage) = memory::dlpack::import(dl, writes)?;
         Ok(Tensor::from_parts(dtype, shape, nbytes, storage))
     }
 
     /// A tensor over a versioned DLPack tensor's memory, without a copy (`kDLCPU`,
-    /// `kDLCUDAHost` and `kDLCUDA`; contiguous, every dtype pinlane has). The producer's
-    /// deleter runs exactly once: when the last tensor over the memory is gone, or right
-    /// away if the import fails. A `kDLCUDA` tensor is [external device
+    /// `kDLCUDAHost` and `kDLCUDA`; contiguous, every dtype pinlane has), when nobody else
+    /// writes that memory: the producer flagged it `READ_ONLY` (pinlane's own exports
+    /// are) or `IS_COPIED` (it is pinlane's alone). A pinlane tensor's bytes never change,
+    /// and safe code reads them (`as_bytes`); memory its producer may still write is
+    /// imported with the unsafe [`Tensor::from_dlpack_writable`]. The producer's deleter
+    /// runs exactly once: when the last tensor over the memory is gone, or right away if
+    /// the import fails. A `kDLCUDA` tensor is [external device
     /// memory](Tensor::from_device_ptr): order the work that produces it before a transfer
     /// reads it, as for any device tensor.
     ///
     /// # Errors
-    /// [`Error::DLPack`] for an unsupported device type or dtype, non-contiguous strides,
-    /// a null or misaligned data pointer; [`Error::NoCuda`] / [`Error::DeviceUnavailable`]
-    /// for a CUDA tensor on a device this process cannot use.
+    /// [`Error::DLPack`] for writable memory (neither flag set), an unsupported device
+    /// type or dtype, non-contiguous strides, a null or misaligned data pointer;
+    /// [`Error::NoCuda`] / [`Error::DeviceUnavailable`] for a CUDA tensor on a device
+    /// this process cannot use.
     pub fn from_dlpack(dl: dlpark::versioned::Dlpack) -> Result<Tensor> {
-        Tensor::import_dlpack(dl)
+        Tensor::import_dlpack(dl, memory::dlpack::Writes::Refused)
     }
 
-    /// [`Tensor::from_dlpack`] for the legacy, unversioned `DLManagedTensor`.
-    ///
-    /// # Errors
-    /// As [`Tensor::from_dlpack`].
-    pub fn from_dlpack_legacy(dl: dlpark::legacy::Dlpack) -> Result<Tensor> {
-        Tensor::import_dlpack(dl)
-    }
-
-    /// [`Tensor::from_dlpack`] from a raw pointer, as C code or another library hands it
-    /// over. pinlane takes ownership: the deleter runs exactly once, also on error.
+    /// [`Tensor::from_dlpack`] for memory its producer could still write (no `READ_ONLY`
+    /// or `IS_COPIED` flag: a PyTorch tensor's, say).
     ///
     /// # Safety
-    /// `ptr` is null (an error) or a valid `DLManagedTensorVersioned` whose ownership the
-    /// caller gives up: its descriptor is readable and unchanged until its deleter runs,
-    /// and the deleter may be called once, from any thread.
+    /// 1. Nothing writes the memory while a tensor over it lives, except, for device
+    ///    memory, work ordered before each transfer that reads it (the caller's current
+    ///    stream, or a producer event), as for [`Tensor::from_device_ptr`].
     ///
     /// # Errors
-    /// As [`Tensor::from_dlpack`]; also a null pointer, and a major version other than 1.
+    /// As [`Tensor::from_dlpack`], but for the flags.
+    pub unsafe fn from_dlpack_writable(dl: dlpark::versioned::Dlpack) -> Result<Tensor> {
+        Tensor::import_dlpack(dl, memory::dlpack::Writes::Promised)
+    }
+
+    /// [`Tensor::from_dlpack_writable`] for the legacy, unversioned `DLManagedTensor`
+    /// (which has no flags to say its memory is read-only).
+    ///
+    /// # Safety
+    /// As [`Tensor::from_dlpack_writable`].
+    ///
+    /// # Errors
+    /// As [`Tensor::from_dlpack_writable`].
+    pub unsafe fn from_dlpack_legacy(dl: dlpark::legacy::Dlpack) -> Result<Tensor> {
+        Tensor::import_dlpack(dl, memory::dlpack::Writes::Promised)
+    }
+
+    /// [`Tensor::from_dlpack_writable`] from a raw pointer, as C code or another library
+    /// hands it over. pinlane takes ownership: the deleter runs exactly once, also on
+    /// error.
+    ///
+    /// # Safety
+    /// 1. `ptr` is null (an error) or a valid `DLManagedTensorVersioned` whose ownership
+    ///    the caller gives up: its descriptor is readable and unchanged until its deleter
+    ///    runs, and the deleter may be called once, from any thread.
+    /// 2. As [`Tensor::from_dlpack_writable`]: nothing writes the memory while a tensor
+    ///    over it lives.
+    ///
+    /// # Errors
+    /// As [`Tensor::from_dlpack_writable`]; also a null pointer, and a major version
+    /// other than 1.
     pub unsafe fn from_dlpack_raw(
         ptr: *mut dlpark::ffi::DLManagedTensorVersioned,
     ) -> Result<Tensor> {
-        // SAFETY: the caller's contract, passed on unchanged.
-        let (dtype, shape, nbytes, storage) = unsafe { memory::dlpack::import_raw(ptr) }?;
+        // SAFETY: the caller's contract, passed on unchanged (obligation 2 is what
+        // `Writes::Promised` stands for).
+        let (dtype, shape, nbytes, storage) =
+            unsafe { memory::dlpack::import_raw(ptr, memory::dlpack::Writes::Promised) }?;
         Ok(Tensor::from_parts(dtype, shape, nbytes, storage))
     }
 
@@ -675,7 +707,8 @@ impl Tensor {
     /// As [`Tensor::from_dlpack_raw`].
     pub unsafe fn from_dlpack_legacy_raw(ptr: *mut dlpark::ffi::DLManagedTensor) -> Result<Tensor> {
         // SAFETY: the caller's contract, passed on unchanged.
-        let (dtype, shape, nbytes, storage) = unsafe { memory::dlpack::import_raw(ptr) }?;
+        let (dtype, shape, nbytes, storage) =
+            unsafe { memory::dlpack::import_raw(ptr, memory::dlpack::Writes::Promised) }?;
         Ok(Tensor::from_parts(dtype, shape, nbytes, storage))
     }
 

@@ -368,7 +368,8 @@ fn dlpack_deleters_run_exactly_once() {
             drops: drops.clone(),
         },
     );
-    let back = Tensor::from_dlpack_legacy(legacy).unwrap();
+    // SAFETY: nothing writes the capsule's bytes while `back` lives.
+    let back = unsafe { Tensor::from_dlpack_legacy(legacy) }.unwrap();
     assert_eq!(back, t);
     drop(back);
     assert_eq!(drops.load(Ordering::SeqCst), 2);
@@ -413,7 +414,9 @@ fn capsule(
             code: DLDataTypeCode::FLOAT,
             bits: 32,
             lanes: 1,
-        });
+        })
+        .set_flags(DlpackFlags::READ_ONLY) // nobody writes the test's bytes
+        .unwrap();
     edit(init.tensor_mut());
     // SAFETY: data points into the boxed Vec in the context, alive until the deleter.
     unsafe { init.finish() }
@@ -635,4 +638,41 @@ fn page_locked_memory_of_other_owners_is_copied_not_read_by_the_kernel() {
         "{s:?}"
     );
     assert_eq!(d2h_on(&on, D0), host);
+}
+
+#[test]
+fn dlpack_memory_its_producer_may_write_needs_the_unsafe_import() {
+    // Regression (issue 19): the safe import took writable memory, and `as_bytes()` then
+    // handed out `&[u8]` over bytes the producer could still change.
+    common::sim();
+    let drops = Arc::new(AtomicUsize::new(0));
+    let words: Vec<u8> = (0u32..4).flat_map(|w| (w as f32).to_ne_bytes()).collect();
+    let with_flags = |flags: DlpackFlags| {
+        let raw = capsule(words.clone(), vec![4], None, &drops, |_| {}).into_raw();
+        // SAFETY: `raw` is the capsule just made, owned here alone.
+        unsafe { (*raw).flags = flags };
+        // SAFETY: a valid capsule, ownership taken back.
+        unsafe { pinlane::dlpark::versioned::Dlpack::from_raw(raw) }.unwrap()
+    };
+    let r = Tensor::from_dlpack(with_flags(DlpackFlags::empty()));
+    assert!(
+        matches!(&r, Err(Error::DLPack { reason }) if reason.contains("from_dlpack_writable")),
+        "{r:?}"
+    );
+    assert_eq!(
+        drops.load(Ordering::SeqCst),
+        1,
+        "the refused capsule's deleter ran"
+    );
+    // A copy made for the consumer is its alone: safe.
+    let copied = Tensor::from_dlpack(with_flags(DlpackFlags::IS_COPIED)).unwrap();
+    assert_eq!(copied.to_vec::<f32>().unwrap(), vec![0.0, 1.0, 2.0, 3.0]);
+    // SAFETY: nothing writes the capsule's bytes while the tensor lives.
+    let writable = unsafe { Tensor::from_dlpack_writable(with_flags(DlpackFlags::empty())) };
+    assert_eq!(
+        writable.unwrap().to_vec::<f32>().unwrap(),
+        vec![0.0, 1.0, 2.0, 3.0]
+    );
+    drop(copied);
+    assert_eq!(drops.load(Ordering::SeqCst), 3, "every deleter ran once");
 }

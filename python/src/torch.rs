@@ -328,7 +328,12 @@ pub(crate) unsafe fn mark_page_locked(dl: &mut Managed) {
     unsafe { (*dl.as_ptr()).dl_tensor.device.device_type = DLDeviceType::CUDAHOST };
 }
 
-/// A pinlane tensor over an imported descriptor.
+/// A pinlane tensor over an imported descriptor of a torch tensor the call is moving.
 pub(crate) fn to_pinlane(dl: Managed) -> PyResult<Tensor> {
-    Tensor::from_dlpack(dl).map_err(to_py)
+    // SAFETY: torch's memory is writable, and pinlane's tensor over it lives for the
+    // call only (the calls drop their inputs before returning). Nothing in pinlane
+    // writes it; the calls' contract, as torch's own copies', is that the caller's code
+    // does not write a tensor while it is being moved (device tensors: work that writes
+    // them is ordered before the copy, on the current stream or the producer event).
+    unsafe { Tensor::from_dlpack_writable(dl) }.map_err(to_py)
 }

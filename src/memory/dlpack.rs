@@ -141,7 +141,20 @@ fn is_compact(shape: &[i64], strides: &[i64]) -> bool {
 /// deleter runs when the storage's last view drops, or here on error.
 pub(crate) fn import<M: ManagedTensorBase>(
     dl: Managed<M>,
+    writes: Writes,
 ) -> Result<(DType, Shape, usize, Storage)> {
+    if writes == Writes::Refused
+        && !dl
+            .flags()
+            .intersects(DlpackFlags::READ_ONLY | DlpackFlags::IS_COPIED)
+    {
+        return Err(bad(
+            "the producer may still write this memory (it is flagged neither READ_ONLY nor \
+             IS_COPIED), and a pinlane tensor's bytes never change: import it with the \
+             unsafe Tensor::from_dlpack_writable, whose contract is that nothing writes it \
+             while pinlane's tensor lives",
+        ));
+    }
     let (dtype, shape, nbytes, device, addr) = {
         let t = dl.validate().map_err(|e| bad(e.to_string()))?;
         let dtype = from_dl_dtype(t.dtype())?;
@@ -213,6 +226,15 @@ pub(crate) fn import<M: ManagedTensorBase>(
     Ok((dtype, shape, nbytes, storage))
 }
 
+/// Whether an [`import`] takes memory its producer may still write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Writes {
+    /// Only memory flagged `READ_ONLY` or `IS_COPIED` (nobody else writes it).
+    Refused,
+    /// Any memory: the caller promised that nothing writes it while the tensor lives.
+    Promised,
+}
+
 /// [`import`] from a raw pointer to a managed tensor (versioned or legacy), taking
 /// ownership of it: its deleter runs exactly once, also on error (dlpark releases a
 /// capsule of an incompatible version before returning).
@@ -223,10 +245,11 @@ pub(crate) fn import<M: ManagedTensorBase>(
 /// may be called once, from any thread.
 pub(crate) unsafe fn import_raw<M: ManagedTensorBase>(
     ptr: *mut M,
+    writes: Writes,
 ) -> Result<(DType, Shape, usize, Storage)> {
     // SAFETY: the caller's contract is dlpark's `from_raw` contract.
     let dl = unsafe { Managed::from_raw(ptr) }.map_err(|e| bad(e.to_string()))?;
-    import(dl)
+    import(dl, writes)
 }
 
 #[cfg(test)]
