@@ -288,15 +288,8 @@ impl Config {
         Ok(())
     }
 
-    /// Installs this configuration as the process's runtime; see [`Runtime`](crate::Runtime).
-    ///
-    /// # Errors
-    /// [`Error::InvalidOption`] for a value out of range; [`Error::AlreadyRunning`] when a
-    /// runtime with another configuration is already running (installing the same one
-    /// again is fine).
-    pub fn install(self) -> Result<&'static crate::Runtime> {
-        crate::runtime::install(self)
-    }
+    // `Config::install` lives in runtime.rs, with the runtime it makes: this module only
+    // describes settings.
 }
 
 macro_rules! setters {

@@ -5,8 +5,9 @@
 //! a driver error raised while freeing is recorded (see [`crate::driver::deferred`]) and
 //! returned by the next transfer call as [`Error::Deferred`].
 
+use crate::driver::error::DriverError;
 use crate::dtype::DType;
-use crate::tensor::Location;
+use crate::location::Location;
 
 /// Result alias used throughout pinlane.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -222,7 +223,7 @@ pub enum Error {
         op: &'static str,
         /// The `CUresult`, with helpers such as
         /// [`DriverError::is_out_of_memory`](crate::driver::DriverError::is_out_of_memory).
-        error: crate::driver::DriverError,
+        error: DriverError,
     },
 
     /// An error raised earlier inside a `Drop` (where it could not be returned),
@@ -246,7 +247,7 @@ impl Error {
     }
 
     /// The driver error, if this is one.
-    pub fn driver_error(&self) -> Option<crate::driver::DriverError> {
+    pub fn driver_error(&self) -> Option<DriverError> {
         match self {
             Error::Driver { error, .. } => Some(*error),
             _ => None,

@@ -47,6 +47,7 @@ mod dtype;
 mod engine;
 mod error;
 mod layout;
+mod location;
 pub mod memory;
 mod runtime;
 mod tensor;
@@ -64,11 +65,12 @@ pub use engine::{
 };
 pub use error::{Error, Result};
 pub use layout::Shape;
+pub use location::Location;
 pub use memory::DevicePtrGuard;
 pub use runtime::{
     memory_stats, runtime, trim, warm_up, DevicePoolStats, MemoryStats, PoolStats, Runtime,
 };
-pub use tensor::{Location, Tensor};
+pub use tensor::Tensor;
 
 /// `#[derive(Batch)]`: see [`Batch`]. Fields are visited in declaration order;
 /// `#[batch(skip)]` passes a field through unchanged (cloned).

@@ -47,7 +47,19 @@ pub fn runtime() -> &'static Runtime {
     RUNTIME.get_or_init(|| Runtime::new(Config::new()))
 }
 
-pub(crate) fn install(config: Config) -> Result<&'static Runtime> {
+impl Config {
+    /// Installs this configuration as the process's runtime; see [`Runtime`].
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] for a value out of range; [`Error::AlreadyRunning`] when a
+    /// runtime with another configuration is already running (installing the same one
+    /// again is fine).
+    pub fn install(self) -> Result<&'static Runtime> {
+        install(self)
+    }
+}
+
+fn install(config: Config) -> Result<&'static Runtime> {
     config.validate()?;
     let mut fresh = false;
     let rt = RUNTIME.get_or_init(|| {

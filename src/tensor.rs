@@ -10,27 +10,7 @@ use crate::memory::{self, DeviceAlloc, DevicePtrGuard, DeviceView, HostBuf, Pinn
 use crate::Stream;
 use std::fmt;
 
-/// Where a tensor's bytes live.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Location {
-    /// Ordinary (pageable) host memory.
-    Host,
-    /// Page-locked host memory (copied to and from devices without staging).
-    Pinned,
-    /// Memory of CUDA device N.
-    Cuda(usize),
-}
-
-impl fmt::Display for Location {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Location::Host => f.write_str("host"),
-            Location::Pinned => f.write_str("pinned host"),
-            Location::Cuda(i) => write!(f, "cuda:{i}"),
-        }
-    }
-}
-
+pub use crate::location::Location;
 pub(crate) use crate::memory::Storage;
 
 /// A contiguous, row-major tensor. Cloning is cheap (two reference counts, no

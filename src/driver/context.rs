@@ -12,7 +12,13 @@
 //! at the next synchronisation; [`trim_device_pools`] gives back all that backs no
 //! allocation. It is pinlane's, not the device's default pool, so pinlane changes no
 //! process-wide setting.
+//!
+//! And each device gets its gather kernel ([`gather_kernel`]), loaded right after its
+//! context is made: loading a module waits for all work on the device, so it never
+//! happens on a later transfer's path.
 
+use super::guard::ContextGuard;
+use super::kernels::{self, GatherKernel};
 use super::{check, check_device, Handle};
 use crate::error::Result;
 use cudarc::driver::sys;
@@ -33,14 +39,17 @@ pub(crate) struct DeviceHandles {
 /// event query of a polling loop) is a lock-free load.
 static DEVICES: OnceLock<Vec<DeviceSlot>> = OnceLock::new();
 
-/// A device's handles, and the lock that serialises their creation. Creation is fallible
-/// (and tried again by the next call after a failure), so it is not `OnceLock`'s
-/// `get_or_init`; the lock is taken only by threads that found no handles, only around
-/// creating them, and with no other pinlane lock held (creation takes none).
+/// A device's handles and gather kernel, and the locks that serialise making them.
+/// Creation is fallible (and tried again by the next call after a failure), so it is not
+/// `OnceLock`'s `get_or_init`; each lock is taken only by threads that found nothing,
+/// only around making it, and with no other pinlane lock held (making takes none).
 #[derive(Default)]
 struct DeviceSlot {
     handles: OnceLock<DeviceHandles>,
     creating: Mutex<()>,
+    /// The kernel, or why it could not be loaded; set once (a failure is not retried).
+    gather: OnceLock<std::result::Result<GatherKernel, String>>,
+    loading: Mutex<()>,
 }
 
 fn slots() -> &'static [DeviceSlot] {
@@ -152,9 +161,39 @@ pub(crate) fn handles(device: usize) -> Result<DeviceHandles> {
     // Module loading waits for every stream of the context: do it now, with the context's
     // creation, and never on a later transfer's path. A kernel that cannot load is not an
     // error here (D2H then copies small tensors one by one). It takes the kernel's own
-    // slot, never this one: no lock is held across it but that.
-    super::kernels::load_gather_once(device, h.ctx);
+    // lock, not `creating`, and calls nothing that takes either.
+    load_gather_once(slot, device, h.ctx);
     Ok(h)
+}
+
+/// Loads `device`'s gather kernel under `ctx` (its primary context, pushed directly, not
+/// through [`handles`]) unless it was tried already.
+fn load_gather_once(slot: &DeviceSlot, device: usize, ctx: Handle<sys::CUcontext>) {
+    if slot.gather.get().is_some() {
+        return;
+    }
+    let _loading = slot.loading.lock().unwrap_or_else(|p| p.into_inner());
+    if slot.gather.get().is_none() {
+        let r = push(ctx, device)
+            .and_then(|guard| kernels::load_gather(&guard))
+            .map_err(|e| e.to_string());
+        let _ = slot.gather.set(r);
+    }
+}
+
+/// The gather kernel of `device`, loaded with its context on first use; `None` if it
+/// cannot be loaded (see [`gather_unavailable_reason`]).
+pub(crate) fn gather_kernel(device: usize) -> Option<GatherKernel> {
+    let ctx = handles(device).ok()?.ctx;
+    let slot = &slots()[device]; // handles passed: the index is in range
+    load_gather_once(slot, device, ctx);
+    slot.gather.get()?.as_ref().ok().copied()
+}
+
+/// Why the gather kernel of `device` is unavailable, if it was tried and failed.
+pub fn gather_unavailable_reason(device: crate::Device) -> Option<String> {
+    let slot = DEVICES.get()?.get(device.ordinal())?;
+    slot.gather.get()?.as_ref().err().cloned()
 }
 
 /// Retains `device`'s primary context and makes pinlane's pool on it.
@@ -260,63 +299,9 @@ pub(super) fn push(ctx: Handle<sys::CUcontext>, device: usize) -> Result<Context
     // SAFETY: out-pointer to a live local.
     unsafe { check("cuCtxGetCurrent", super::api::cuCtxGetCurrent(&mut current)) }?;
     if current == ctx.0 {
-        return Ok(ContextGuard {
-            pushed: false,
-            device,
-            _not_send: std::marker::PhantomData,
-        });
+        return Ok(ContextGuard::new(device, false));
     }
     // SAFETY: `ctx` is a retained primary context, valid for the life of the process.
     unsafe { check("cuCtxPushCurrent", super::api::cuCtxPushCurrent_v2(ctx.0)) }?;
-    Ok(ContextGuard {
-        pushed: true,
-        device,
-        _not_send: std::marker::PhantomData,
-    })
-}
-
-/// Keeps a device's context current; pops it on drop if it pushed it.
-///
-/// Not `Send`: the context stack is per thread.
-pub(crate) struct ContextGuard {
-    pushed: bool,
-    /// The device whose context this guard keeps current: calls that take a guard and a
-    /// device index check they agree ([`ContextGuard::check`]).
-    device: usize,
-    _not_send: std::marker::PhantomData<*const ()>,
-}
-
-impl ContextGuard {
-    /// The device whose context is current.
-    pub(crate) fn device(&self) -> usize {
-        self.device
-    }
-
-    /// `Ok` if this guard is for `device`; a typed error otherwise (a call would run in
-    /// another device's context).
-    pub(crate) fn check(&self, op: &'static str, device: usize) -> Result<()> {
-        if self.device == device {
-            Ok(())
-        } else {
-            Err(crate::Error::ContextMismatch {
-                op,
-                current: self.device,
-                device,
-            })
-        }
-    }
-}
-
-impl Drop for ContextGuard {
-    fn drop(&mut self) {
-        if self.pushed {
-            let mut popped: sys::CUcontext = std::ptr::null_mut();
-            // SAFETY: this guard pushed a context on this thread (the guard is !Send via
-            // its PhantomData) and nothing popped it since.
-            let res = unsafe { super::api::cuCtxPopCurrent_v2(&mut popped) };
-            if let Err(e) = check("cuCtxPopCurrent", res) {
-                super::deferred::record(self.device, e);
-            }
-        }
-    }
+    Ok(ContextGuard::new(device, true))
 }

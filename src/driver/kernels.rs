@@ -1,12 +1,13 @@
 //! pinlane's device kernels: PTX committed in `kernels/`, loaded with `cuModuleLoadData`
-//! once per device on first use. If loading fails (a driver too old for the PTX, say),
-//! the kernel is reported unavailable and callers take their kernel-free path.
+//! once per device when its context is made (the device's slot in `context.rs` keeps
+//! it), and launched here. If loading fails (a driver too old for the PTX, say), the
+//! kernel is reported unavailable and callers take their kernel-free path.
 
-use super::{check, fault_point, ContextGuard, DevicePtr, FaultKindTag, Handle, Stream};
+use super::guard::ContextGuard;
+use super::{check, fault_point, DevicePtr, FaultKindTag, Handle, Stream};
 use crate::error::Result;
 use cudarc::driver::sys;
 use std::ffi::CString;
-use std::sync::{Mutex, OnceLock};
 
 /// The gather kernel's PTX (kernels/gather.cu, built by kernels/build.sh).
 pub const GATHER_PTX: &str = include_str!("../../kernels/gather.ptx");
@@ -31,60 +32,10 @@ pub(crate) struct GatherKernel {
     func: Handle<sys::CUfunction>,
 }
 
-/// A device's gather kernel, or why it could not be loaded: set once, when the device's
-/// context is made ([`load_gather_once`]); the lock serialises that load and is held
-/// across nothing but it.
-#[derive(Default)]
-struct GatherSlot {
-    loaded: OnceLock<std::result::Result<GatherKernel, String>>,
-    loading: Mutex<()>,
-}
-
-/// Per device.
-static GATHER: OnceLock<Vec<GatherSlot>> = OnceLock::new();
-
-fn gather_slot(device: usize) -> Option<&'static GatherSlot> {
-    GATHER
-        .get_or_init(|| {
-            let n = super::available().map_or(0, |i| i.device_count);
-            (0..n).map(|_| GatherSlot::default()).collect()
-        })
-        .get(device)
-}
-
-/// The gather kernel of `device`, loaded with its context on first use; `None` if it
-/// cannot be loaded (see [`gather_unavailable_reason`]).
-pub(crate) fn gather_kernel(device: usize) -> Option<GatherKernel> {
-    // Makes the device's context, which loads the kernel; never the other way round.
-    let ctx = super::context::handles(device).ok()?.ctx;
-    load_gather_once(device, ctx);
-    gather_slot(device)?.loaded.get()?.as_ref().ok().copied()
-}
-
-/// Loads `device`'s gather kernel under `ctx` (its primary context) unless it was tried
-/// already. Takes no lock but the kernel slot's own, and calls nothing that takes one
-/// (the context is pushed directly, not through [`super::context::handles`]).
-pub(crate) fn load_gather_once(device: usize, ctx: Handle<sys::CUcontext>) {
-    let Some(slot) = gather_slot(device) else {
-        return;
-    };
-    if slot.loaded.get().is_some() {
-        return;
-    }
-    let _loading = slot.loading.lock().unwrap_or_else(|p| p.into_inner());
-    if slot.loaded.get().is_none() {
-        let r = load_gather(device, ctx).map_err(|e| e.to_string());
-        let _ = slot.loaded.set(r);
-    }
-}
-
-/// Why the gather kernel of `device` is unavailable, if it was tried and failed.
-pub fn gather_unavailable_reason(device: crate::Device) -> Option<String> {
-    let slot = GATHER.get()?.get(device.ordinal())?;
-    slot.loaded.get()?.as_ref().err().cloned()
-}
-
-fn load_gather(device: usize, ctx: Handle<sys::CUcontext>) -> Result<GatherKernel> {
+/// Loads the gather kernel under `ctx`'s device context (made current by the guard).
+/// Waits for all work on the device (`cuModuleLoadData`): callers do it once, when the
+/// context is made.
+pub(super) fn load_gather(_ctx: &ContextGuard) -> Result<GatherKernel> {
     let names: &[&str] = if super::simulated() {
         &[] // the simulated device runs the gather itself
     } else {
@@ -101,7 +52,6 @@ fn load_gather(device: usize, ctx: Handle<sys::CUcontext>) -> Result<GatherKerne
             });
         }
     }
-    let _ctx = super::context::push(ctx, device)?;
     let image = CString::new(GATHER_PTX).map_err(|_| crate::Error::Internal {
         op: "GATHER_PTX",
         reason: "contains a NUL byte".into(),

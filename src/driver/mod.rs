@@ -26,10 +26,11 @@ mod batch_copy;
 mod calls;
 mod context;
 pub mod deferred;
-mod error;
+pub(crate) mod error;
 mod event;
 #[cfg(feature = "test-util")]
 pub mod fault;
+mod guard;
 mod kernels;
 #[cfg(feature = "nvtx")]
 pub(crate) mod nvtx;
@@ -41,18 +42,19 @@ pub(crate) use batch_copy::{
     available as batch_copy_available, memcpy_batch_d2h_async, memcpy_batch_h2d_async,
 };
 pub(crate) use calls::*;
+pub use context::gather_unavailable_reason;
 pub(crate) use context::{
-    apply_pool_release_threshold, bind, device_pool_stats, host_memory_mapped,
-    pool_release_threshold, set_pool_release_threshold, trim_device_pools, warm_up, ContextGuard,
+    apply_pool_release_threshold, bind, device_pool_stats, gather_kernel, host_memory_mapped,
+    pool_release_threshold, set_pool_release_threshold, trim_device_pools, warm_up,
 };
 pub use error::DriverError;
 pub use event::{Event, RawEvent};
-pub use kernels::gather_unavailable_reason;
+pub(crate) use guard::ContextGuard;
 /// The gather kernel's PTX as pinlane embeds it (feature `test-util`: checked against a
 /// rebuild by the kernel tests).
 #[cfg(feature = "test-util")]
 pub use kernels::GATHER_PTX;
-pub(crate) use kernels::{gather_kernel, launch_gather, GatherKernel, GatherPiece};
+pub(crate) use kernels::{launch_gather, GatherKernel, GatherPiece};
 #[cfg(feature = "nvtx")]
 pub use nvtx::nvtx_loaded;
 pub use stream::{RawStream, Stream};

@@ -23,11 +23,12 @@ use crate::batch::{self, Batch};
 use crate::device::DeviceSpec;
 use crate::driver::{self, ContextGuard};
 use crate::error::{Error, Result};
+use crate::location::Location;
 use crate::memory::{
     self, DeviceView, HostBuf, HostRegion, InFlight, PinnedBlock, PinnedBuf, SlotLease,
     DEVICE_ALIGN,
 };
-use crate::tensor::{Location, Storage, Tensor};
+use crate::tensor::{Storage, Tensor};
 use crate::{D2hOptions, HostOutput, SmallD2h};
 
 pub(crate) fn transfer<B: Batch>(

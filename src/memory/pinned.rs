@@ -1,6 +1,7 @@
 //! Page-locked host memory that tensors own: [`PinnedBuf`] (a view into a
 //! [`PinnedBlock`]), and the bounded [`PinnedOutputPool`] that D2H outputs come from.
 
+use super::reaper::free_pinned;
 use super::{check_range, DeviceAlloc, DeviceView};
 use crate::driver::{self, ContextGuard, HostPtr, Stream};
 use crate::error::Result;
@@ -176,17 +177,6 @@ impl Drop for PinnedBlock {
             }
         }
     }
-}
-
-/// Frees a pinned allocation under the context it was allocated under.
-///
-/// # Safety
-/// `ptr` came from `host_alloc` under `device`'s context, is not freed yet, and no copy
-/// touches it any more.
-pub(crate) unsafe fn free_pinned(ptr: HostPtr<u8>, device: usize) -> Result<()> {
-    let ctx = driver::bind(device)?;
-    // SAFETY: the caller's obligations.
-    unsafe { driver::host_free(&ctx, ptr.0) }
 }
 
 /// A new block of `len` bytes allocated under `device`'s context, freed on drop or

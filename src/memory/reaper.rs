@@ -66,11 +66,23 @@ fn start() -> Option<Sender<Job>> {
         .map(|_| tx)
 }
 
+/// Frees a pinned allocation under the context it was allocated under, on this thread
+/// (`cuMemFreeHost` waits for all work on the device).
+///
+/// # Safety
+/// `ptr` came from `host_alloc` under `device`'s context, is not freed yet, and no copy
+/// touches it any more.
+pub(crate) unsafe fn free_pinned(ptr: HostPtr<u8>, device: usize) -> crate::Result<()> {
+    let ctx = driver::bind(device)?;
+    // SAFETY: the caller's obligations.
+    unsafe { driver::host_free(&ctx, ptr.0) }
+}
+
 /// # Safety
 /// As [`free_pinned_later`].
 unsafe fn free_now(ptr: HostPtr<u8>, device: usize) {
     // SAFETY: the caller's obligations.
-    if unsafe { super::pinned::free_pinned(ptr, device) }.is_err() {
+    if unsafe { free_pinned(ptr, device) }.is_err() {
         FAILED.fetch_add(1, Ordering::Relaxed);
     }
 }
