@@ -119,10 +119,11 @@ pub struct Config {
     pub small_d2h: SmallD2h,
     /// How H2D moves many small page-locked tensors.
     pub small_h2d: SmallH2d,
-    /// Longest a call waits for a staging slot while every slot is leased, or for one of
-    /// its own slots' copies to finish so that it can fill the slot again (the H2D
-    /// pipeline, which polls backing off); then it fails with [`Error::StagingExhausted`]
-    /// instead of waiting forever (the copies it queued are drained first).
+    /// Longest a call waits for a staging slot while every slot is leased, or for the
+    /// device to finish one of its own slots' copies so that it can fill the slot again
+    /// (the H2D pipeline, which polls backing off; host fills do not count); then it
+    /// fails with [`Error::StagingExhausted`] instead of waiting forever (the copies it
+    /// queued are drained first).
     pub slot_wait: Duration,
     /// Longest a `Drop` waits: for copies it must see finished (an unfinished call's
     /// stream; past it the buffers are retained, never freed early), or for a

@@ -613,7 +613,11 @@ impl Tensor {
     /// writes that memory: the producer flagged it `READ_ONLY` (pinlane's own exports
     /// are) or `IS_COPIED` (it is pinlane's alone). A pinlane tensor's bytes never change,
     /// and safe code reads them (`as_bytes`); memory its producer may still write is
-    /// imported with the unsafe [`Tensor::from_dlpack_writable`]. The producer's deleter
+    /// imported with the unsafe [`Tensor::from_dlpack_writable`]. DLPack's `READ_ONLY`
+    /// itself forbids only the consumer's writes: pinlane takes it as the producer's word
+    /// that nobody writes the memory while the capsule lives, so a producer that flags a
+    /// read-only view of memory it still writes (numpy's read-only view of a writable
+    /// array, say) must not hand that capsule to this call. The producer's deleter
     /// runs exactly once: when the last tensor over the memory is gone, or right away if
     /// the import fails. A `kDLCUDA` tensor is [external device
     /// memory](Tensor::from_device_ptr): order the work that produces it before a transfer

@@ -169,6 +169,12 @@ fn recycled_memory_is_never_read_before_it_is_written() {
         decoded.freeze([1000]).unwrap().to_vec::<u16>().unwrap(),
         want
     );
+    // Handing out the uninitialised view again forgets that the values were written
+    // (safe code could have stored uninitialised ones): without assume_init, zeros.
+    let mut again = PinnedBufferMut::<u32>::new(16, D0).unwrap();
+    again.copy_from_slice(&[7; 16]).unwrap();
+    let _ = again.as_uninit_mut();
+    assert!(again.as_mut_slice().iter().all(|&x| x == 0));
     // copy_from_slice takes exactly len values.
     let mut b = PinnedBufferMut::<u8>::new(10, D0).unwrap();
     assert!(matches!(

@@ -299,6 +299,14 @@ pub(crate) fn d2h<'py>(
         passed: false,
     };
     if let Some((raw, on)) = event {
+        if on != dev.ordinal() {
+            // Checked here, before any torch-side work waits for it (the engine checks too,
+            // but only once pinlane moves a tensor).
+            return Err(to_py(pinlane::Error::EventDeviceMismatch {
+                event_device: on,
+                device: dev.ordinal(),
+            }));
+        }
         // SAFETY: a recorded `torch.cuda.Event`'s handle and device (created in that
         // device's primary context), alive while the caller holds the object, for the
         // whole call.

@@ -156,13 +156,17 @@ pub(crate) fn handles(device: usize) -> Result<DeviceHandles> {
         return Ok(*h); // another thread made them while this one waited
     }
     let h = create(device)?;
+    // Module loading waits for every stream of the context: do it now, with the context's
+    // creation, and never on a later transfer's path. The kernel's lock is taken before
+    // the handles are published, so a thread that finds them and asks for the kernel
+    // waits for this load instead of loading it on its own transfer's path. Lock order:
+    // `creating`, then `loading`; the load takes neither again (the context is pushed
+    // directly). A kernel that cannot load is not an error here (D2H then copies small
+    // tensors one by one).
+    let loading = slot.loading.lock().unwrap_or_else(|p| p.into_inner());
     let h = *slot.handles.get_or_init(|| h);
     drop(creating);
-    // Module loading waits for every stream of the context: do it now, with the context's
-    // creation, and never on a later transfer's path. A kernel that cannot load is not an
-    // error here (D2H then copies small tensors one by one). It takes the kernel's own
-    // lock, not `creating`, and calls nothing that takes either.
-    load_gather_once(slot, device, h.ctx);
+    load_gather_locked(slot, device, h.ctx, &loading);
     Ok(h)
 }
 
@@ -172,7 +176,17 @@ fn load_gather_once(slot: &DeviceSlot, device: usize, ctx: Handle<sys::CUcontext
     if slot.gather.get().is_some() {
         return;
     }
-    let _loading = slot.loading.lock().unwrap_or_else(|p| p.into_inner());
+    let loading = slot.loading.lock().unwrap_or_else(|p| p.into_inner());
+    load_gather_locked(slot, device, ctx, &loading);
+}
+
+/// [`load_gather_once`] with the slot's `loading` lock held (`_held`).
+fn load_gather_locked(
+    slot: &DeviceSlot,
+    device: usize,
+    ctx: Handle<sys::CUcontext>,
+    _held: &std::sync::MutexGuard<'_, ()>,
+) {
     if slot.gather.get().is_none() {
         let r = push(ctx, device)
             .and_then(|guard| kernels::load_gather(&guard))

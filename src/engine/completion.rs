@@ -204,7 +204,9 @@ fn complete(mut job: Job, r: Result<()>) {
                 message: crate::error::panic_message(&*panic),
             },
         );
-        job.shared.finish(outcome); // a no-op if the panic came after it
+        // A no-op if the panic came after it; the waker it may run is user code too.
+        let shared = &job.shared;
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| shared.finish(outcome)));
     }
 }
 

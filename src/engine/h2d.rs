@@ -420,12 +420,13 @@ impl Pump<'_> {
     /// One turn: queues the copy of every filled window, in order, so the copy engine
     /// gets each window as soon as it is ready; then starts the fill of every window
     /// whose slot is free (its previous window's copy queued and finished, asked without
-    /// blocking). With nothing to do, this thread copies pieces of the oldest fill, then
-    /// pauses ([`Patience`](super::patience::Patience)).
+    /// blocking). With nothing to do, this thread copies pieces of the oldest fill; with no
+    /// fill left either (every slot busy on the device), it pauses
+    /// ([`Patience`](super::patience::Patience)).
     ///
     /// # Errors
     /// A failed fill, copy or event query; [`Error::StagingExhausted`](crate::Error::StagingExhausted)
-    /// once the turns have made no progress for `slot_wait`.
+    /// once the device has kept every slot busy for `slot_wait`.
     fn turn(
         &mut self,
         job: &mut InFlight,
@@ -452,8 +453,14 @@ impl Pump<'_> {
             return Ok(());
         }
         if self.queued < self.started {
+            // Waiting for host copies (ours and the copy threads'), which always end:
+            // help, and do not count it against the device.
             job.leases[self.slot(self.queued)].help_fill();
+            self.patience.progress();
+            std::hint::spin_loop();
+            return Ok(());
         }
+        // Waiting for the device to finish a slot's copy.
         self.patience.pause()
     }
 }

@@ -105,7 +105,7 @@ impl<T: Element + bytemuck::Pod> PinnedBufferMut<T> {
     /// [`assume_init`](Self::assume_init)).
     pub fn as_mut_slice(&mut self) -> &mut [T] {
         self.zero_unless_written();
-        let values = self.as_uninit_mut();
+        let values = self.values();
         // SAFETY: every value has been written (`init`), and any bit pattern is a valid
         // `T` (Pod); `MaybeUninit<T>` has `T`'s layout.
         unsafe { &mut *(std::ptr::from_mut(values) as *mut [T]) }
@@ -124,7 +124,7 @@ impl<T: Element + bytemuck::Pod> PinnedBufferMut<T> {
                 got: src.len(),
             });
         }
-        let dst = self.as_uninit_mut();
+        let dst = self.values();
         // SAFETY: `dst` and `src` are `len` values each and do not overlap (`dst` is this
         // buffer's exclusive range of page-locked memory, `src` a shared borrow the caller
         // holds, which cannot alias a `&mut` borrow of the buffer).
@@ -136,8 +136,17 @@ impl<T: Element + bytemuck::Pod> PinnedBufferMut<T> {
     }
 
     /// The values as uninitialised memory, for a producer that writes every one of them
-    /// (a decoder), without zeroing first; then [`assume_init`](Self::assume_init).
+    /// (a decoder), without zeroing first; then [`assume_init`](Self::assume_init). Safe
+    /// code may store uninitialised values through it, so the buffer counts as unwritten
+    /// again until `assume_init` (a later [`as_mut_slice`](Self::as_mut_slice) or
+    /// [`freeze`](Self::freeze) without it zeroes the values).
     pub fn as_uninit_mut(&mut self) -> &mut [std::mem::MaybeUninit<T>] {
+        self.init = false;
+        self.values()
+    }
+
+    /// The buffer's range, as uninitialised memory, leaving `init` as it is.
+    fn values(&mut self) -> &mut [std::mem::MaybeUninit<T>] {
         if self.len == 0 {
             return &mut [];
         }
@@ -170,7 +179,7 @@ impl<T: Element + bytemuck::Pod> PinnedBufferMut<T> {
     fn zero_unless_written(&mut self) {
         if !self.init {
             let bytes = self.len * std::mem::size_of::<T>();
-            let values = self.as_uninit_mut();
+            let values = self.values();
             // SAFETY: `values` is this buffer's exclusive range of `bytes` bytes.
             unsafe { std::ptr::write_bytes(values.as_mut_ptr().cast::<u8>(), 0, bytes) };
             self.init = true;
