@@ -310,3 +310,33 @@ proptest! {
         prop_assert_eq!(common::fingerprint(&back.unwrap()), expected);
     }
 }
+
+#[test]
+fn wait_timeout_bounds_the_wait_and_keeps_the_handle() {
+    common::sim();
+    let _turn = serial();
+    let b = batch(21);
+    let on = transfer_tensor_h2d(&b).unwrap();
+    let slow = Stream::new(Device::cuda(0)).unwrap();
+    let mut pending = {
+        let _current = set_current_stream(&slow);
+        slow.delay_async(Duration::from_millis(300)).unwrap();
+        d2h(&on)
+    };
+    let t0 = std::time::Instant::now();
+    assert!(pending.wait_timeout(Duration::from_millis(30)).is_none());
+    let waited = t0.elapsed();
+    assert!(
+        waited >= Duration::from_millis(30) && waited < Duration::from_millis(250),
+        "{waited:?}"
+    );
+    assert!(!pending.is_ready(), "still copying behind the busy stream");
+    let got = pending
+        .wait_timeout(Duration::from_secs(10))
+        .expect("done within 10 s");
+    assert_eq!(got.unwrap(), b);
+    assert!(matches!(
+        pending.wait_timeout(Duration::ZERO),
+        Some(Err(Error::InvalidOption { .. }))
+    ));
+}

@@ -387,7 +387,8 @@ impl<B> Transfer<B> {
         Ok(batch)
     }
 
-    /// Waits (asleep) for the copies and returns the batch.
+    /// Waits (asleep) for the copies and returns the batch. On a device that never
+    /// finishes them this waits for ever; [`Transfer::wait_timeout`] bounds the wait.
     ///
     /// # Errors
     /// The error that made the copies fail, with the blocking calls' rules: nothing the
@@ -400,6 +401,44 @@ impl<B> Transfer<B> {
             }
         }
         self.take()
+    }
+
+    /// Waits (asleep) at most `limit` for the copies: `Some` with what
+    /// [`wait`](Transfer::wait) returns once they are done, `None` if they are not done
+    /// by then. After `None` the handle is as before (wait again, or drop it: pinlane keeps
+    /// what the copies use until they finish); after `Some` its batch is taken.
+    ///
+    /// ```
+    /// # fn main() -> pinlane::Result<()> {
+    /// let batch = vec![pinlane::Tensor::from_vec(vec![1u8; 16], [16])?];
+    /// let mut t = pinlane::transfer_tensor_h2d_async(&batch, &pinlane::H2dOptions::default())?;
+    /// let on_gpu = loop {
+    ///     match t.wait_timeout(std::time::Duration::from_millis(100)) {
+    ///         Some(r) => break r?,
+    ///         None => eprintln!("still copying"), // a server would check its deadline here
+    ///     }
+    /// };
+    /// # let _ = on_gpu;
+    /// # Ok(()) }
+    /// ```
+    pub fn wait_timeout(&mut self, limit: std::time::Duration) -> Option<Result<B>> {
+        if let Some(p) = &self.pending {
+            let deadline = std::time::Instant::now() + limit;
+            let mut s = lock(&p.shared.status);
+            while let Status::Pending(_) = *s {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    return None;
+                }
+                s = p
+                    .shared
+                    .cv
+                    .wait_timeout(s, left)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+        }
+        Some(self.take())
     }
 
     /// The result, once done.
