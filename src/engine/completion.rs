@@ -54,14 +54,20 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Shared {
     fn finish(&self, r: Result<()>) {
+        self.finish_with(|| r);
+    }
+
+    /// Finishes with `r()` if still pending (finished once only); `r` is not called
+    /// otherwise, so a fallback result costs nothing when it is not needed.
+    fn finish_with(&self, r: impl FnOnce() -> Result<()>) {
         let waker = {
             let mut s = lock(&self.status);
-            match std::mem::replace(&mut *s, Status::Done(r)) {
+            if !matches!(*s, Status::Pending(_)) {
+                return;
+            }
+            match std::mem::replace(&mut *s, Status::Done(r())) {
                 Status::Pending(w) => w,
-                other => {
-                    *s = other; // finished once only
-                    None
-                }
+                _ => None,
             }
         };
         self.cv.notify_all();
@@ -83,11 +89,15 @@ impl Drop for Job {
     /// A job dropped before [`complete`] finished it (the thread stopped): its handle is
     /// woken with an error, and its owners, dropped unreleased, are retained.
     fn drop(&mut self) {
-        self.shared.finish(Err(Error::Worker {
-            reason: "pinlane's completion thread stopped before this transfer completed; \
-                     what its copies use is retained"
-                .into(),
-        }));
+        // Built only for a job still pending: a completed one (every job, normally) pays
+        // one lock, no allocation.
+        self.shared.finish_with(|| {
+            Err(Error::Worker {
+                reason: "pinlane's completion thread stopped before this transfer completed; \
+                         what its copies use is retained"
+                    .into(),
+            })
+        });
     }
 }
 

@@ -461,7 +461,12 @@ impl Pump<'_> {
             return Ok(());
         }
         // Waiting for the device to finish a slot's copy.
-        self.patience.pause()
+        self.patience
+            .pause()
+            .map_err(|waited| crate::Error::StagingExhausted {
+                waited_ms: u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
+                retained_bytes: crate::memory::retained::retained_bytes(),
+            })
     }
 }
 

@@ -141,15 +141,11 @@ impl<B> Drop for Prefetcher<B> {
         drop(self.rx.take());
         let Some(w) = self.worker.take() else { return };
         let limit = crate::runtime::runtime().settings().drop_sync_wait;
-        let started = std::time::Instant::now();
-        let mut nap = std::time::Duration::from_micros(50);
+        let mut patience = super::patience::Patience::new(limit);
         while !w.is_finished() {
-            let waited = started.elapsed();
-            if waited >= limit {
+            if patience.pause().is_err() {
                 return; // detached: it sees `stop` (or a closed channel) and exits
             }
-            std::thread::sleep(nap.min(limit - waited));
-            nap = (nap * 2).min(std::time::Duration::from_millis(5));
         }
         // The worker catches the source's panics; a panic elsewhere in it has been
         // reported by the thread already, and Drop must not panic.
