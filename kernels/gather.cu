@@ -2,11 +2,14 @@
 // PTX is committed (kernels/gather.ptx) and loaded at run time with cuModuleLoadData, so
 // users need only the driver.
 
-// One piece of a gather: `len` bytes at device address `src` go to `dst + dst_off`.
+// One piece of a gather: `len` bytes at device address `src` go to `dst + dst_off`, and
+// `zeros` zero bytes after them (the padding up to the next piece, so that the copy of the
+// whole gathered range that follows reads only bytes that were written).
 struct GatherPiece {
     unsigned long long src;
     unsigned long long dst_off;
     unsigned long long len;
+    unsigned long long zeros;
 };
 
 // Copies many small device buffers into one contiguous buffer, so that one DMA can move
@@ -31,6 +34,9 @@ extern "C" __global__ void pinlane_gather(const GatherPiece* __restrict__ pieces
         }
         for (unsigned long long j = head + threadIdx.x; j < p.len; j += blockDim.x) {
             d[j] = s[j];
+        }
+        for (unsigned long long j = p.len + threadIdx.x; j < p.len + p.zeros; j += blockDim.x) {
+            d[j] = 0;
         }
     }
 }

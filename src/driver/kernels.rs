@@ -12,16 +12,19 @@ use std::ffi::CString;
 /// The gather kernel's PTX (kernels/gather.cu, built by kernels/build.sh).
 pub const GATHER_PTX: &str = include_str!("../../kernels/gather.ptx");
 
-/// Descriptor of one gather piece, as the kernel reads it (`struct GatherPiece`).
+/// Descriptor of one gather piece, as the kernel reads it (`struct GatherPiece`): `len`
+/// bytes from `src` to `dst + dst_off`, then `zeros` zero bytes (the padding before the
+/// next piece, so that a copy of the whole gathered range reads only written bytes).
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct GatherPiece {
     pub(crate) src: u64,
     pub(crate) dst_off: u64,
     pub(crate) len: u64,
+    pub(crate) zeros: u64,
 }
 
-// SAFETY: three u64 fields, repr(C), no padding: all-zero is a valid value.
+// SAFETY: four u64 fields, repr(C), no padding: all-zero is a valid value.
 unsafe impl bytemuck::Zeroable for GatherPiece {}
 // SAFETY: as above; every bit pattern is valid and the type is Copy + 'static.
 unsafe impl bytemuck::Pod for GatherPiece {}
@@ -90,7 +93,7 @@ const GATHER_BLOCK: u32 = 256;
 /// 2. Every piece's source range is memory the kernel may read (device memory, or
 ///    page-locked host memory mapped for the device: [`host_memory_mapped`](super::host_memory_mapped))
 ///    whose producing work is ordered before this point of `stream`, alive until the
-///    kernel has run; every `dst + dst_off` range is inside device memory at `dst`, alive
+///    kernel has run; every `dst + dst_off .. + len + zeros` range is inside device memory at `dst`, alive
 ///    and written by nothing else meanwhile.
 pub(crate) unsafe fn launch_gather(
     _ctx: &ContextGuard,

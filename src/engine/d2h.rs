@@ -114,7 +114,7 @@ pub(crate) fn transfer<B: Batch>(
         if !picked.is_sorted_by_key(|i| !small(i)) {
             picked.sort_by_key(|i| !small(i));
         }
-        // The descriptors go through one staging slot: gather as many as fit (24 bytes
+        // The descriptors go through one staging slot: gather as many as fit (32 bytes
         // each); any further small tensors are copied one by one.
         n_small.min(rt.arena.slot_bytes() / GATHER_DESC_BYTES)
     } else {
@@ -266,7 +266,7 @@ fn is_small(nbytes: usize) -> bool {
     (1..=GATHER_MAX_BYTES).contains(&nbytes)
 }
 /// Bytes of one gather descriptor (`GatherPiece`).
-const GATHER_DESC_BYTES: usize = 24;
+const GATHER_DESC_BYTES: usize = std::mem::size_of::<driver::GatherPiece>();
 /// Fewest small tensors worth a kernel launch and a descriptor upload.
 const GATHER_MIN_COUNT: usize = 4;
 

@@ -5,7 +5,8 @@
 //! ```text
 //!  slot (pinned):   [desc0 desc1 ... descN-1]  (read in place through the device's mapping,
 //!                   or, where the device maps no host memory, copied to a device scratch)
-//!  kernel:          descriptors ──► for each piece: dst[dst_off..+len] = src[..len]
+//!  kernel:          descriptors ──► for each piece: dst[dst_off..+len] = src[..len],
+//!                   then zeros up to the next piece
 //!  result:          one DeviceAlloc with every tensor at its output offset
 //! ```
 //!
@@ -28,7 +29,7 @@ pub(crate) fn available(device: usize) -> bool {
 /// Queues a gather of `views` (at `offsets`, in a buffer of `end` bytes) on `job`'s stream
 /// and returns the buffer, held by `job`, and how many submissions that took (1, or 2 with
 /// the descriptors' upload). The descriptors go into `job`'s first staging
-/// slot (which must hold `24 * views.len()` bytes); the kernel reads them there in place
+/// slot (which must hold `32 * views.len()` bytes); the kernel reads them there in place
 /// where the device maps page-locked host memory, else from a device copy of them.
 ///
 /// # Safety
@@ -84,11 +85,7 @@ pub(crate) unsafe fn gather_async(
             op: "gather",
             reason: "no staging slot leased".into(),
         })?;
-    let descs = views.iter().zip(offsets).map(|(v, &off)| GatherPiece {
-        src: v.addr(0).unwrap_or(0),
-        dst_off: off as u64,
-        len: v.nbytes() as u64,
-    });
+    let descs = d2h_pieces(views, offsets, end);
     if driver::host_memory_mapped(device) {
         // SAFETY: the device maps page-locked host memory (checked just above), so the
         // kernel reads the descriptors in the slot in place; the sources are device views
@@ -120,6 +117,38 @@ pub(crate) unsafe fn gather_async(
         unsafe { driver::launch_gather(ctx, kernel, scratch.addr(0), n, dst.addr(0), &stream) };
     drop(scratch);
     launched.map(|()| (dst, 2))
+}
+
+/// The D2H gather's descriptors: each view to its offset, and zeros from its end up to the
+/// next offset (or `end`), so that the pieces and their padding tile `0..end` and the one
+/// copy of the range that follows reads only bytes the kernel wrote. The caller checked
+/// that the offsets rise and each view fits before the next.
+fn d2h_pieces<'a>(
+    views: &'a [&'a DeviceView],
+    offsets: &'a [usize],
+    end: usize,
+) -> impl Iterator<Item = GatherPiece> + 'a {
+    let sources = views.iter().map(|v| (v.addr(0).unwrap_or(0), v.nbytes()));
+    tile(sources, offsets, end)
+}
+
+/// Pieces from `(address, length)` sources to `offsets`, each padded with zeros up to the
+/// next offset (the last up to `end`).
+fn tile<'a>(
+    sources: impl Iterator<Item = (u64, usize)> + 'a,
+    offsets: &'a [usize],
+    end: usize,
+) -> impl Iterator<Item = GatherPiece> + 'a {
+    let next = offsets.iter().skip(1).copied().chain(std::iter::once(end));
+    sources
+        .zip(offsets)
+        .zip(next)
+        .map(|(((src, len), &off), next)| GatherPiece {
+            src,
+            dst_off: off as u64,
+            len: len as u64,
+            zeros: next.saturating_sub(off + len) as u64,
+        })
 }
 
 /// Most bytes one H2D gather piece reads: larger sources are cut into pieces this size, so
@@ -196,6 +225,7 @@ pub(crate) unsafe fn h2d_gather_async(
             src: src + at as u64,
             dst_off: (off + at) as u64,
             len: H2D_PIECE.min(len - at) as u64,
+            zeros: 0,
         })
     });
     // SAFETY: the device maps host memory (checked above); every source is page-locked
@@ -203,4 +233,42 @@ pub(crate) unsafe fn h2d_gather_async(
     // unchanged by the caller until the stream is idle, which is after the slot's event;
     // `dst` is the caller's obligation; `gather_from_slot` checks each destination.
     unsafe { lease.gather_from_slot(ctx, kernel, pieces, dst, &stream) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tile;
+    use proptest::prelude::*;
+
+    /// Offsets of `sizes` back to back, each 256-byte aligned, and the end of the last.
+    fn pack(sizes: &[usize]) -> (Vec<usize>, usize) {
+        let mut end = 0usize;
+        let offsets = sizes
+            .iter()
+            .map(|&n| {
+                let at = end.next_multiple_of(256);
+                end = at + n;
+                at
+            })
+            .collect();
+        (offsets, end)
+    }
+
+    proptest! {
+        /// The pieces and their zeros cover the gathered range exactly once, in order: the
+        /// copy of the whole range reads no byte the kernel left unwritten.
+        #[test]
+        fn pieces_and_padding_tile_the_range(sizes in proptest::collection::vec(0usize..2000, 1..40)) {
+            let (offsets, end) = pack(&sizes);
+            let sources = sizes.iter().enumerate().map(|(k, &n)| (k as u64 * 4096, n));
+            let mut at = 0u64;
+            for (k, p) in tile(sources, &offsets, end).enumerate() {
+                prop_assert_eq!(p.dst_off, at);
+                prop_assert_eq!(p.len, sizes[k] as u64);
+                prop_assert_eq!(p.src, k as u64 * 4096);
+                at += p.len + p.zeros;
+            }
+            prop_assert_eq!(at, end as u64);
+        }
+    }
 }

@@ -140,25 +140,31 @@ impl Sim {
             }
             Op::Gather { pieces, n, dst } => {
                 let mem = lock(&self.mem);
-                let desc_bytes = n as usize * 24;
+                let desc_bytes = n as usize * 32;
                 let host_mapped = self.cfg.host_mapped;
                 if !mem.kernel_readable(pieces, desc_bytes, host_mapped) {
                     return Err(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
                 }
                 // SAFETY: `pieces..+desc_bytes` is inside a simulated region (checked).
                 let raw = unsafe { std::slice::from_raw_parts(pieces as *const u8, desc_bytes) };
-                for d in raw.chunks_exact(24) {
+                for d in raw.chunks_exact(32) {
                     let word = |i: usize| {
                         u64::from_ne_bytes(d[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]))
                     };
                     let (src, off, len) = (word(0), word(1), word(2) as usize);
+                    let zeros = word(3) as usize;
                     let to = dst.wrapping_add(off);
-                    if !mem.kernel_readable(src, len, host_mapped) || !mem.is_device(to, len) {
+                    if !mem.kernel_readable(src, len, host_mapped)
+                        || !mem.is_device(to, len.saturating_add(zeros))
+                    {
                         return Err(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
                     }
                     // SAFETY: both ranges are inside simulated regions (checked above),
                     // kept allocated by the lock; the kernel's contract makes them disjoint.
-                    unsafe { std::ptr::copy_nonoverlapping(src as *const u8, to as *mut u8, len) };
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(src as *const u8, to as *mut u8, len);
+                        std::ptr::write_bytes((to as *mut u8).add(len), 0, zeros);
+                    }
                 }
                 Ok(())
             }
