@@ -230,6 +230,11 @@ pub enum Error {
     /// surfaced on the next call.
     #[error("an earlier release failed: {0}")]
     Deferred(Box<Error>),
+
+    /// [`Runtime::shutdown`](crate::Runtime::shutdown) reached its deadline with work
+    /// still running; what that work uses stays held (and counted) until it finishes.
+    #[error("shutdown incomplete after {waited_ms} ms: {reason}")]
+    ShutdownIncomplete { waited_ms: u64, reason: String },
 }
 
 impl Error {

@@ -58,7 +58,7 @@ pub use device::{Device, DeviceSpec};
 pub use driver::{Event, RawEvent, RawStream, Stream};
 pub use dtype::{DType, Element};
 pub use engine::{
-    cached_batches, current_stream, last_trace, last_transfer_stats, set_current_stream,
+    cached_batches, current_stream, last_trace, last_transfer_stats, set_current_stream, shutdown,
     trace_next_call, transfer_tensor_d2h, transfer_tensor_d2h_async, transfer_tensor_h2d,
     transfer_tensor_h2d_async, transfer_tensor_h2d_with, CurrentStreamGuard, D2hOptions,
     H2dOptions, HostOutput, Prefetcher, Transfer, TransferStats, MAX_NUM_CACHES,

@@ -1,10 +1,14 @@
-//! [`Runtime`]: the one place that owns pinlane's process-wide memory (the staging arena,
-//! the output pools, the copy threads) and the [`Config`] they were built from.
+//! [`Runtime`]: the one place that owns pinlane's memory (the staging arena, the output
+//! pools, the copy threads) and the [`Config`] they were built from.
 //!
-//! The transfer calls use the process's runtime, which [`Config::install`] creates; if no
-//! configuration was installed, the first call that needs it (a transfer, [`runtime`],
-//! [`warm_up`]) installs [`Config::new`]. [`memory_stats`] and [`trim`] never do: a
-//! library may ask for statistics early without fixing the configuration.
+//! A runtime is a value ([`Arc<Runtime>`]). The transfer calls use the process's default
+//! runtime, which [`Config::install`] creates; if no configuration was installed, the
+//! first call that needs it (a transfer, [`runtime`], [`warm_up`]) installs
+//! [`Config::new`]. [`memory_stats`] and [`trim`] never do: a library may ask for
+//! statistics early without fixing the configuration. [`Runtime::shutdown`] (or
+//! [`shutdown`] for the default) gives its memory back and stops its threads; the next
+//! transfer then makes a new default runtime from the same configuration.
+//!
 //! The driver layer keeps its own per-device facts (primary contexts, device pools, the
 //! loaded kernel), which the runtime configures ([`Config::device_pool_release_bytes`])
 //! and trims.
@@ -14,9 +18,11 @@ use crate::device::Device;
 use crate::driver;
 use crate::error::{Error, Result};
 use crate::memory::{retained, CopyPool, HostPool, PinnedArena, PinnedOutputPool, Stores};
-use std::sync::OnceLock;
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
-/// pinlane's process-wide state, built from a [`Config`].
+/// pinlane's memory and copy threads, built from a [`Config`].
 ///
 /// ```
 /// let rt = pinlane::runtime();
@@ -27,70 +33,161 @@ use std::sync::OnceLock;
 /// ```
 pub struct Runtime {
     config: Config,
-    pub(crate) arena: PinnedArena,
-    pub(crate) outputs: PinnedOutputPool,
-    pub(crate) host_pool: HostPool,
-    pub(crate) copy: CopyPool,
+    pub(crate) arena: Arc<PinnedArena>,
+    pub(crate) outputs: Arc<PinnedOutputPool>,
+    pub(crate) host_pool: Arc<HostPool>,
+    pub(crate) copy: Arc<CopyPool>,
+    /// Set by [`Runtime::shutdown`].
+    shut_down: AtomicBool,
 }
 
-static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+/// The process's default runtime, and the configuration the next default is made from
+/// (the one installed last, kept across [`shutdown`]).
+struct DefaultSlot {
+    runtime: Option<Arc<Runtime>>,
+    config: Option<Config>,
+}
 
-/// The process's runtime, installing [`Config::new`] if none was installed.
-pub fn runtime() -> &'static Runtime {
-    if let Some(rt) = RUNTIME.get() {
+static DEFAULT: Mutex<DefaultSlot> = Mutex::new(DefaultSlot {
+    runtime: None,
+    config: None,
+});
+
+/// Bumped whenever the default runtime changes, so that each thread's cached handle to it
+/// ([`CACHED`]) is checked with one atomic load instead of a lock.
+static GENERATION: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    static CACHED: RefCell<Option<(u64, Arc<Runtime>)>> = const { RefCell::new(None) };
+}
+
+fn lock_default() -> std::sync::MutexGuard<'static, DefaultSlot> {
+    DEFAULT.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The process's default runtime, installing [`Config::new`] (or the configuration
+/// installed last, after a [`shutdown`]) if there is none.
+pub fn runtime() -> Arc<Runtime> {
+    let g = GENERATION.load(Ordering::Acquire);
+    let cached = CACHED
+        .try_with(|c| match &*c.borrow() {
+            Some((cg, rt)) if *cg == g => Some(rt.clone()),
+            _ => None,
+        })
+        .ok()
+        .flatten();
+    if let Some(rt) = cached {
         return rt;
     }
-    // The defaults always validate. Whatever install says (another configuration won a
-    // race, which is what its caller asked for; or a pool made before could not take the
-    // release threshold), a runtime is in place once it returns.
-    let _ = install(Config::new());
-    RUNTIME.get_or_init(|| Runtime::new(Config::new()))
+    let rt = {
+        let mut d = lock_default();
+        match &d.runtime {
+            Some(rt) => rt.clone(),
+            None => {
+                // The defaults always validate, and so did an installed configuration.
+                let config = d.config.clone().unwrap_or_default();
+                let rt = Runtime::new(config.clone());
+                // A pool made before could not take the release threshold: its next
+                // operation is no worse than before, and `set_device_pool_release_bytes`
+                // reports it.
+                let _ = apply_release_threshold(&config);
+                d.runtime = Some(rt.clone());
+                GENERATION.fetch_add(1, Ordering::AcqRel);
+                rt
+            }
+        }
+    };
+    let g = GENERATION.load(Ordering::Acquire);
+    // During the thread's own teardown the cache is gone: the lock above served the call.
+    let _ = CACHED.try_with(|c| *c.borrow_mut() = Some((g, rt.clone())));
+    rt
+}
+
+/// The default runtime if there is one, making none.
+pub(crate) fn current() -> Option<Arc<Runtime>> {
+    lock_default().runtime.clone()
+}
+
+/// Marks `rt` shut down and, if it is the default, removes it: the next call makes a new
+/// default from the same configuration.
+pub(crate) fn retire(rt: &Runtime) {
+    rt.shut_down.store(true, Ordering::SeqCst);
+    let mut d = lock_default();
+    if d.runtime.as_ref().is_some_and(|r| std::ptr::eq(&**r, rt)) {
+        d.runtime = None;
+        GENERATION.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+fn apply_release_threshold(config: &Config) -> Result<()> {
+    driver::set_pool_release_threshold(config.device_pool_release_bytes);
+    // Pools made before the runtime (a `Stream::new` first, say) get it too.
+    driver::apply_pool_release_threshold()
 }
 
 impl Config {
-    /// Installs this configuration as the process's runtime; see [`Runtime`].
+    /// Installs this configuration as the process's default runtime; see [`Runtime`].
     ///
     /// # Errors
     /// [`Error::InvalidOption`] for a value out of range; [`Error::AlreadyRunning`] when a
-    /// runtime with another configuration is already running (installing the same one
-    /// again is fine).
-    pub fn install(self) -> Result<&'static Runtime> {
+    /// runtime with another configuration is already the default (installing the same
+    /// one again is fine; after [`shutdown`], another one is too).
+    pub fn install(self) -> Result<Arc<Runtime>> {
         install(self)
+    }
+
+    /// A runtime of this configuration of its own, not the process's default: its pools
+    /// and copy threads serve whatever uses it (the transfer calls use the default), and
+    /// [`Runtime::shutdown`] gives them back.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] for a value out of range.
+    pub fn build(self) -> Result<Arc<Runtime>> {
+        self.validate()?;
+        Ok(Runtime::new(self))
     }
 }
 
-fn install(config: Config) -> Result<&'static Runtime> {
+fn install(config: Config) -> Result<Arc<Runtime>> {
     config.validate()?;
-    let mut fresh = false;
-    let rt = RUNTIME.get_or_init(|| {
-        fresh = true;
-        Runtime::new(config.clone())
-    });
-    if fresh {
-        driver::set_pool_release_threshold(config.device_pool_release_bytes);
-        // Pools made before the runtime (a `Stream::new` first, say) get it too.
-        driver::apply_pool_release_threshold()?;
-    } else if rt.config != config {
-        return Err(Error::AlreadyRunning {
-            reason: format!("{:?}", rt.config),
-        });
-    }
+    let rt = {
+        let mut d = lock_default();
+        if let Some(rt) = &d.runtime {
+            if rt.config != config {
+                return Err(Error::AlreadyRunning {
+                    reason: format!("{:?}", rt.config),
+                });
+            }
+            return Ok(rt.clone());
+        }
+        let rt = Runtime::new(config.clone());
+        d.runtime = Some(rt.clone());
+        d.config = Some(config.clone());
+        GENERATION.fetch_add(1, Ordering::AcqRel);
+        rt
+    };
+    apply_release_threshold(&config)?;
     Ok(rt)
 }
 
 impl Runtime {
-    fn new(config: Config) -> Runtime {
-        Runtime {
-            arena: PinnedArena::new(config.slot_bytes, config.arena_bytes, config.slot_wait),
-            outputs: PinnedOutputPool::new(config.pinned_output_bytes),
-            host_pool: HostPool::new(config.host_pool_bytes),
-            copy: CopyPool::new(
+    fn new(config: Config) -> Arc<Runtime> {
+        Arc::new(Runtime {
+            arena: Arc::new(PinnedArena::new(
+                config.slot_bytes,
+                config.arena_bytes,
+                config.slot_wait,
+            )),
+            outputs: Arc::new(PinnedOutputPool::new(config.pinned_output_bytes)),
+            host_pool: Arc::new(HostPool::new(config.host_pool_bytes)),
+            copy: Arc::new(CopyPool::new(
                 config.resolved_copy_threads(),
                 config.parallel_min,
                 config.spin,
-            ),
+            )),
             config,
-        }
+            shut_down: AtomicBool::new(false),
+        })
     }
 
     /// The configuration in force: the installed one, with the limits changed since.
@@ -101,6 +198,28 @@ impl Runtime {
         c.host_pool_bytes = self.host_pool.max_bytes();
         c.device_pool_release_bytes = driver::pool_release_threshold();
         c
+    }
+
+    /// Whether [`Runtime::shutdown`] was called.
+    pub fn is_shut_down(&self) -> bool {
+        self.shut_down.load(Ordering::SeqCst)
+    }
+
+    /// Closes the pools (free memory given back now, the rest as it comes back) and trims
+    /// the device pools; the first failed free.
+    pub(crate) fn close_pools(&self) -> Result<()> {
+        let mut first = None;
+        let mut note = |r: Result<()>| {
+            if let Err(e) = r {
+                first.get_or_insert(e);
+            }
+        };
+        note(self.arena.close());
+        note(self.outputs.set_max_bytes(0));
+        note(self.outputs.trim());
+        self.host_pool.set_max_bytes(0);
+        note(driver::trim_device_pools());
+        first.map_or(Ok(()), Err)
     }
 
     /// Threads that copy pageable memory, the calling thread included.
@@ -295,7 +414,7 @@ pub struct MemoryStats {
 /// assert!(s.staging.in_use_bytes <= s.staging.held_bytes);
 /// ```
 pub fn memory_stats() -> MemoryStats {
-    match RUNTIME.get() {
+    match current() {
         Some(rt) => rt.memory_stats(),
         None => MemoryStats {
             devices: device_pool_stats(),
@@ -350,7 +469,7 @@ pub fn warm_up(device: Device) -> Result<()> {
 /// # Errors
 /// As [`Runtime::trim`].
 pub fn trim() -> Result<()> {
-    match RUNTIME.get() {
+    match current() {
         Some(rt) => rt.trim(),
         None => driver::trim_device_pools(),
     }

@@ -16,13 +16,9 @@ fn setup() {
     });
 }
 
-fn leak<T>(t: T) -> &'static T {
-    Box::leak(Box::new(t))
-}
-
 /// Device bytes of `alloc` read back through a fresh staging slot.
 fn read_device(alloc: &std::sync::Arc<DeviceAlloc>, n: usize) -> Vec<u8> {
-    let arena = leak(PinnedArena::new(4096, 4096, Duration::from_secs(5)));
+    let arena = std::sync::Arc::new(PinnedArena::new(4096, 4096, Duration::from_secs(5)));
     let ctx = driver::bind(0).unwrap();
     let s = Stream::new(Device::cuda(0)).unwrap();
     let view = DeviceView::new(alloc, 0, n).unwrap();
@@ -37,7 +33,7 @@ fn read_device(alloc: &std::sync::Arc<DeviceAlloc>, n: usize) -> Vec<u8> {
 fn a_slot_lease_dropped_without_proof_waits_for_its_copy() {
     setup();
     // One slot, so the next lease gets the same slab.
-    let arena = leak(PinnedArena::new(4096, 4096, Duration::from_secs(5)));
+    let arena = std::sync::Arc::new(PinnedArena::new(4096, 4096, Duration::from_secs(5)));
     let ctx = driver::bind(0).unwrap();
     let s = Stream::new(Device::cuda(0)).unwrap();
     let dst = DeviceAlloc::new_async(&ctx, 0, 4096, &s, s.clone()).unwrap();
@@ -85,7 +81,7 @@ fn gather_descriptors_are_checked_against_the_destination() {
         DeviceView::new(&src, 1000, 100).is_err(),
         "a view past its allocation"
     );
-    let arena = leak(PinnedArena::new(4096, 4096, Duration::from_secs(5)));
+    let arena = std::sync::Arc::new(PinnedArena::new(4096, 4096, Duration::from_secs(5)));
     let mut job = InFlight::new(s.clone(), Duration::from_secs(5));
     job.leases.push(arena.lease(&ctx, true).unwrap().unwrap());
     // SAFETY: refused before any copy is queued; the views live past the job.
@@ -153,7 +149,7 @@ fn dropping_an_unfinished_job_does_not_wait_forever() {
 #[test]
 fn small_output_batches_share_blocks() {
     setup();
-    let pool: &'static PinnedOutputPool = leak(PinnedOutputPool::new(4 << 20));
+    let pool = std::sync::Arc::new(PinnedOutputPool::new(4 << 20));
     // 1,100 batches of one 4-byte scalar, all kept: before, each took a 2 MiB block and
     // the third fell back to pageable memory.
     let ranges: Vec<_> = (0..1100)
@@ -180,7 +176,7 @@ fn small_output_batches_share_blocks() {
 fn a_wait_for_a_slot_ends_with_a_typed_error() {
     setup();
     // One slot, held: before, a second lease waited on the condvar with no bound.
-    let arena = leak(PinnedArena::new(4096, 4096, Duration::from_millis(50)));
+    let arena = std::sync::Arc::new(PinnedArena::new(4096, 4096, Duration::from_millis(50)));
     let ctx = driver::bind(0).unwrap();
     let held = arena.lease(&ctx, true).unwrap().unwrap();
     let t0 = Instant::now();

@@ -108,16 +108,23 @@ struct Queues {
     /// A host function ran since the thread last looked.
     poked: bool,
     started: bool,
+    /// Set by [`quiesce`]: the thread exits once no call is pending (the next call starts
+    /// a new one).
+    stop: bool,
 }
 
 struct Completer {
     queues: Mutex<Queues>,
     cv: Condvar,
+    /// Signalled when the thread exits after [`quiesce`] (its own condvar: a wake-up for
+    /// the thread must never go to a waiter here instead).
+    exited: Condvar,
 }
 
 static COMPLETER: LazyLock<Completer> = LazyLock::new(|| Completer {
     queues: Mutex::new(Queues::default()),
     cv: Condvar::new(),
+    exited: Condvar::new(),
 });
 
 /// Queued on each stream after a call's event: wakes the completion thread. Calls no
@@ -155,6 +162,7 @@ pub(crate) fn detach<S: Send + 'static>(
     let mut q = lock(&COMPLETER.queues);
     q.by_stream.entry(k).or_default().push_back(job);
     if !q.started {
+        q.stop = false;
         match std::thread::Builder::new()
             .name("pinlane-complete".into())
             .spawn(run)
@@ -220,7 +228,30 @@ fn complete(mut job: Job, r: Result<()>) {
     }
 }
 
-/// Dropped when the completion thread ends, which it does only by unwinding: wakes every
+/// Waits up to `limit` for every pending non-blocking call to complete (owners released,
+/// handles woken) and the completion thread to exit; says whether both happened. A call
+/// made meanwhile starts a new thread. For [`Runtime::shutdown`](crate::Runtime::shutdown).
+pub(crate) fn quiesce(limit: std::time::Duration) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    let mut q = lock(&COMPLETER.queues);
+    q.stop = true;
+    COMPLETER.cv.notify_all();
+    while q.started {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        // The thread notifies when it exits; the step bounds a missed wake-up.
+        q = COMPLETER
+            .exited
+            .wait_timeout(q, left.min(std::time::Duration::from_millis(5)))
+            .unwrap_or_else(|p| p.into_inner())
+            .0;
+    }
+    true
+}
+
+/// Dropped when the completion thread ends by unwinding: wakes every
 /// waiting handle with an error (dropping their jobs) and lets the next call start a new
 /// thread.
 struct Supervisor;
@@ -239,7 +270,7 @@ impl Drop for Supervisor {
 /// The completion thread.
 fn run() {
     crate::driver::deferred::mark_background_thread();
-    let _supervisor = Supervisor;
+    let supervisor = Supervisor;
     let mut q = lock(&COMPLETER.queues);
     loop {
         // The oldest call of each stream whose event has an answer. The events are asked
@@ -283,6 +314,15 @@ fn run() {
         }
         if std::mem::take(&mut q.poked) {
             continue;
+        }
+        if q.by_stream.is_empty() && q.stop {
+            // Asked to stop, and nothing pending. `started` goes false under the same lock
+            // that found the queues empty, so a call queued after this starts a new thread;
+            // the supervisor must not take that thread's jobs.
+            q.started = false;
+            std::mem::forget(supervisor);
+            COMPLETER.exited.notify_all();
+            return;
         }
         q = if q.by_stream.is_empty() {
             COMPLETER.cv.wait(q).unwrap_or_else(|p| p.into_inner())

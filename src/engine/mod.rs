@@ -10,6 +10,7 @@
 //! | `thread_state.rs` | per-thread streams, the cache ring, the current stream |
 //! | `h2d.rs`, `d2h.rs` | the two directions |
 //! | `prefetch.rs` | [`Prefetcher`]: batches moved ahead on a worker thread |
+//! | `shutdown.rs` | [`Runtime::shutdown`](crate::Runtime::shutdown): memory back, threads stopped |
 
 mod completion;
 mod d2h;
@@ -18,12 +19,14 @@ mod options;
 mod patience;
 mod plan;
 mod prefetch;
+mod shutdown;
 mod thread_state;
 mod trace;
 
 pub use completion::Transfer;
 pub use options::{D2hOptions, H2dOptions, HostOutput, MAX_NUM_CACHES};
 pub use prefetch::Prefetcher;
+pub use shutdown::shutdown;
 pub use thread_state::{cached_batches, current_stream, set_current_stream, CurrentStreamGuard};
 pub use trace::{last_trace, trace_next_call};
 

@@ -19,8 +19,8 @@ use super::{
 };
 use crate::driver::{self, ContextGuard, Event, GatherKernel, GatherPiece, HostPtr, Stream};
 use crate::error::{Error, Result};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// The page-locked staging slots of the [`Runtime`](crate::Runtime).
@@ -38,6 +38,8 @@ pub struct PinnedArena {
     state: Mutex<ArenaState>,
     /// Signalled when a slot goes back on the free list.
     returned: Condvar,
+    /// Set by [`PinnedArena::close`]: slots are freed as they come back.
+    closed: AtomicBool,
     /// Leases that found every slot leased and waited.
     waits: AtomicU64,
 }
@@ -77,6 +79,7 @@ impl PinnedArena {
                 peak: 0,
             }),
             returned: Condvar::new(),
+            closed: AtomicBool::new(false),
             waits: AtomicU64::new(0),
         }
     }
@@ -109,6 +112,13 @@ impl PinnedArena {
             st.free.split_off(keep)
         };
         free_slabs(excess)
+    }
+
+    /// Frees every free slot, and from now on every slot as it comes back (a lease made
+    /// later still works; its slot is freed when it ends). For the runtime's shutdown.
+    pub(crate) fn close(&self) -> Result<()> {
+        self.closed.store(true, Ordering::SeqCst);
+        self.trim()
     }
 
     /// Frees every free slot.
@@ -150,7 +160,7 @@ impl PinnedArena {
     /// them), and after the arena's `slot_wait` it fails with
     /// [`Error::StagingExhausted`].
     pub(crate) fn lease(
-        &'static self,
+        self: &Arc<Self>,
         ctx: &ContextGuard,
         wait: bool,
     ) -> Result<Option<SlotLease>> {
@@ -209,7 +219,9 @@ impl PinnedArena {
     fn give_back(&self, slab: Slab) {
         let excess = {
             let mut st = self.lock();
-            if st.allocated > self.max_slots.load(Ordering::Relaxed) {
+            if st.allocated > self.max_slots.load(Ordering::Relaxed)
+                || self.closed.load(Ordering::SeqCst)
+            {
                 st.allocated -= 1;
                 Some(slab)
             } else {
@@ -271,7 +283,7 @@ impl Slab {
 pub(crate) struct SlotLease {
     /// `Some` until drop.
     slab: Option<Slab>,
-    arena: &'static PinnedArena,
+    arena: Arc<PinnedArena>,
     /// The host copies filling the slot, when started with [`SlotLease::fill_start`] and
     /// not yet waited for. Every other use of the slot waits for it first.
     filling: Option<Ticket>,
@@ -305,10 +317,10 @@ impl<'a> Synced<'a> {
 }
 
 impl SlotLease {
-    fn new(slab: Slab, arena: &'static PinnedArena) -> SlotLease {
+    fn new(slab: Slab, arena: &Arc<PinnedArena>) -> SlotLease {
         SlotLease {
             slab: Some(slab),
-            arena,
+            arena: arena.clone(),
             filling: None,
         }
     }
@@ -401,7 +413,7 @@ impl SlotLease {
     pub(crate) unsafe fn fill_start<'a>(
         &mut self,
         pieces: impl Iterator<Item = (usize, &'a [u8])>,
-        copy: &'static CopyPool,
+        copy: &Arc<CopyPool>,
         stores: Stores,
     ) -> Result<()> {
         let buf = self.bytes_mut()?;
@@ -436,7 +448,7 @@ impl SlotLease {
         &mut self,
         region: &mut HostRegion,
         pieces: &[(usize, usize, usize)],
-        copy: &'static CopyPool,
+        copy: &Arc<CopyPool>,
         stores: Stores,
     ) -> Result<()> {
         let slot_len = self.len();
@@ -525,7 +537,14 @@ impl SlotLease {
         for p in pieces {
             // Checked here: the kernel writes device memory unchecked.
             let (off, len) = (p.dst_off as usize, p.len as usize);
-            check_range("gather destination", off, len, dst.nbytes())?;
+            let span = usize::try_from(p.zeros)
+                .ok()
+                .and_then(|z| len.checked_add(z))
+                .ok_or_else(|| crate::Error::Internal {
+                    op: "gather",
+                    reason: format!("piece of {len} + {} bytes", p.zeros),
+                })?;
+            check_range("gather destination", off, span, dst.nbytes())?;
             let Some(d) = descs.get_mut(n) else {
                 return Err(crate::Error::Internal {
                     op: "gather",

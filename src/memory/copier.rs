@@ -27,7 +27,7 @@
 //! coming can wake them ahead of it ([`CopyPool::prewake`]).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 /// Largest piece of a job: small enough to spread a 32 MiB window over 16 threads, large
@@ -146,6 +146,11 @@ pub struct CopyPool {
     sleepers: AtomicUsize,
     work_ready: Condvar,
     started: OnceLock<()>,
+    /// Set by [`CopyPool::stop`]: workers exit once idle, and later jobs run on the
+    /// calling thread alone.
+    stopping: AtomicBool,
+    /// The workers, for [`CopyPool::stop`] to see them finish.
+    workers: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
 
 impl CopyPool {
@@ -159,20 +164,52 @@ impl CopyPool {
             sleepers: AtomicUsize::new(0),
             work_ready: Condvar::new(),
             started: OnceLock::new(),
+            stopping: AtomicBool::new(false),
+            workers: Mutex::new(Vec::new()),
         }
     }
 
-    /// Spawns the workers on first use; they need the pool's `'static` address.
-    fn start(&'static self) {
+    /// Spawns the workers on first use; each holds the pool until it exits.
+    fn start(self: &Arc<Self>) {
         self.started.get_or_init(|| {
+            let mut workers = self.workers.lock().unwrap_or_else(|e| e.into_inner());
             for k in 1..self.threads {
+                let pool = self.clone();
                 // A worker that fails to spawn only means fewer threads: the caller always
                 // works on its own job, so every job still finishes.
-                let _ = std::thread::Builder::new()
+                if let Ok(h) = std::thread::Builder::new()
                     .name(format!("pinlane-copy-{k}"))
-                    .spawn(move || self.worker());
+                    .spawn(move || pool.worker())
+                {
+                    workers.push(h);
+                }
             }
         });
+    }
+
+    /// Stops the workers: each exits once no job has pieces left for it, and every later
+    /// job runs on the calling thread alone. Waits up to `limit` for them to exit and says
+    /// whether they all did (the rest exit on their own, after the jobs they are on).
+    pub(crate) fn stop(&self, limit: std::time::Duration) -> bool {
+        {
+            // Under the queue lock, so that no worker misses the wake-up between its look
+            // at the flag and its sleep.
+            let _q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+            self.stopping.store(true, Ordering::SeqCst);
+            self.work_ready.notify_all();
+        }
+        let deadline = std::time::Instant::now() + limit;
+        let mut workers = self.workers.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            workers.retain(|h| !h.is_finished());
+            if workers.is_empty() {
+                return true;
+            }
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
     }
 
     /// Threads that copy, the calling thread included.
@@ -186,14 +223,14 @@ impl CopyPool {
     }
 
     fn worker(&self) {
-        loop {
-            let job = self.next_job();
+        while let Some(job) = self.next_job() {
             job.work();
         }
     }
 
     /// The oldest job with pieces left; spins briefly, then sleeps, while there is none.
-    fn next_job(&self) -> Arc<Job> {
+    /// `None` once the pool is stopping and no job has pieces left.
+    fn next_job(&self) -> Option<Arc<Job>> {
         let mut spin_until = None;
         loop {
             if self.queued.load(Ordering::Relaxed) > 0 {
@@ -203,7 +240,7 @@ impl CopyPool {
                     self.queued.fetch_sub(1, Ordering::Relaxed);
                 }
                 if let Some(j) = q.front() {
-                    return j.clone();
+                    return Some(j.clone());
                 }
             }
             let deadline = *spin_until.get_or_insert_with(|| std::time::Instant::now() + self.spin);
@@ -213,6 +250,9 @@ impl CopyPool {
             }
             let q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
             if q.iter().all(|j| j.exhausted()) {
+                if self.stopping.load(Ordering::SeqCst) {
+                    return None;
+                }
                 self.sleepers.fetch_add(1, Ordering::Relaxed);
                 let q = self.work_ready.wait(q).unwrap_or_else(|e| e.into_inner());
                 let others = self.sleepers.fetch_sub(1, Ordering::Relaxed) - 1;
@@ -231,7 +271,7 @@ impl CopyPool {
     ///
     /// # Safety
     /// As for [`CopyPool::submit`], until `run` returns.
-    pub(crate) unsafe fn run(&'static self, tasks: CopyTasks, stores: Stores) {
+    pub(crate) unsafe fn run(self: &Arc<Self>, tasks: CopyTasks, stores: Stores) {
         // SAFETY: the ticket is waited before returning, within the caller's guarantee.
         unsafe { self.submit(tasks, stores) }.wait();
     }
@@ -244,13 +284,13 @@ impl CopyPool {
     /// For every task, until the ticket is waited or dropped (it must not be leaked):
     /// `src..src+len` is readable and unchanged, `dst..dst+len` is writable, the two do
     /// not overlap, and nothing else reads or writes `dst..dst+len`.
-    pub(crate) unsafe fn submit(&'static self, tasks: CopyTasks, stores: Stores) -> Ticket {
+    pub(crate) unsafe fn submit(self: &Arc<Self>, tasks: CopyTasks, stores: Stores) -> Ticket {
         let CopyTasks {
             tasks,
             total,
             largest,
         } = tasks;
-        if total < self.parallel_min || self.threads == 1 {
+        if total < self.parallel_min || self.threads == 1 || self.stopping.load(Ordering::Relaxed) {
             for t in &tasks {
                 // SAFETY: the caller's contract, for each task.
                 unsafe { copy_bytes(t.src, t.dst, t.len, stores) };
@@ -313,8 +353,8 @@ impl CopyPool {
 
     /// Wakes the sleeping workers, if any, so that they are spinning when work comes: for
     /// a caller that knows it will submit a job shortly (while it does other work first).
-    pub(crate) fn prewake(&'static self) {
-        if self.threads > 1 {
+    pub(crate) fn prewake(self: &Arc<Self>) {
+        if self.threads > 1 && !self.stopping.load(Ordering::Relaxed) {
             self.start();
             self.wake();
         }
@@ -461,9 +501,15 @@ mod tests {
     use super::*;
 
     /// A pool of 4 threads for these tests (the runtime's is sized for the machine).
-    fn pool() -> &'static CopyPool {
-        static P: OnceLock<CopyPool> = OnceLock::new();
-        P.get_or_init(|| CopyPool::new(4, 256 << 10, std::time::Duration::from_micros(50)))
+    fn pool() -> &'static Arc<CopyPool> {
+        static P: OnceLock<Arc<CopyPool>> = OnceLock::new();
+        P.get_or_init(|| {
+            Arc::new(CopyPool::new(
+                4,
+                256 << 10,
+                std::time::Duration::from_micros(50),
+            ))
+        })
     }
 
     fn run_copy(src: &[u8], dst: &mut [u8], cuts: &[usize]) {
@@ -620,5 +666,34 @@ mod tests {
         // workers' stores visible (Miri's race detector checks this).
         assert!(src == dst);
         ticket.wait();
+    }
+
+    #[test]
+    fn a_stopped_pool_ends_its_workers_and_still_copies() {
+        let pool = Arc::new(CopyPool::new(4, 1024, std::time::Duration::from_micros(50)));
+        let src: Vec<u8> = (0..(1usize << 20)).map(|i| (i % 251) as u8).collect();
+        let mut dst = vec![0u8; src.len()];
+        let task = |dst: &mut [u8]| CopyTask {
+            src: src.as_ptr(),
+            dst: dst.as_mut_ptr(),
+            len: src.len(),
+        };
+        // SAFETY: src and dst are distinct vectors of the task's length, alive throughout.
+        unsafe { pool.run(vec![task(&mut dst)].into(), Stores::Cached) };
+        assert!(dst == src);
+        assert_eq!(Arc::strong_count(&pool), 4, "three workers hold the pool");
+        assert!(
+            pool.stop(std::time::Duration::from_secs(5)),
+            "workers did not exit"
+        );
+        assert_eq!(
+            Arc::strong_count(&pool),
+            1,
+            "the workers let go of the pool"
+        );
+        dst.iter_mut().for_each(|b| *b = 0);
+        // SAFETY: as above.
+        unsafe { pool.run(vec![task(&mut dst)].into(), Stores::Cached) };
+        assert!(dst == src, "a stopped pool copies on the calling thread");
     }
 }

@@ -166,7 +166,7 @@ impl HostBuf {
 pub(crate) struct HostRegion {
     words: Vec<u64>,
     nbytes: usize,
-    pool: &'static HostPool,
+    pool: Arc<HostPool>,
     /// Set by [`HostRegion::freeze`], which hands the words (and their return to the
     /// pool) to the frozen region.
     frozen: bool,
@@ -174,12 +174,12 @@ pub(crate) struct HostRegion {
 
 impl HostRegion {
     /// A region of at least `nbytes`, recycled (already faulted in) when `pool` has one.
-    pub(crate) fn take(pool: &'static HostPool, nbytes: usize) -> HostRegion {
+    pub(crate) fn take(pool: &Arc<HostPool>, nbytes: usize) -> HostRegion {
         let words = pool.take(nbytes.div_ceil(8));
         HostRegion {
             words,
             nbytes,
-            pool,
+            pool: pool.clone(),
             frozen: false,
         }
     }
@@ -192,7 +192,7 @@ impl HostRegion {
     pub(crate) fn freeze(mut self) -> FrozenRegion {
         self.frozen = true;
         let words = std::mem::take(&mut self.words);
-        FrozenRegion(Arc::new(Pooled(words, self.pool)))
+        FrozenRegion(Arc::new(Pooled(words, self.pool.clone())))
     }
 }
 
@@ -235,7 +235,7 @@ impl HostBuf {
 }
 
 /// Words that go back to the [`HostPool`] when dropped.
-struct Pooled(Vec<u64>, &'static HostPool);
+struct Pooled(Vec<u64>, Arc<HostPool>);
 
 impl HostBytes for Pooled {
     fn all_bytes(&self) -> &[u8] {
@@ -433,8 +433,8 @@ mod tests {
 
     #[test]
     fn regions_are_recycled_and_views_see_their_bytes() {
-        let pool: &'static HostPool = Box::leak(Box::new(HostPool::new(1 << 20)));
-        let mut r = HostRegion::take(pool, 1000);
+        let pool = Arc::new(HostPool::new(1 << 20));
+        let mut r = HostRegion::take(&pool, 1000);
         r.bytes_mut()[256..260].copy_from_slice(&[9, 8, 7, 6]);
         let ptr = r.bytes_mut().as_ptr() as usize;
         let frozen = r.freeze();
@@ -452,7 +452,7 @@ mod tests {
         assert_eq!(pool.stats().in_use_bytes, 0);
         assert_eq!(pool.stats().in_use_count, 0);
         assert_eq!(pool.cached_bytes(), 1000usize.div_ceil(8) * 8);
-        let mut again = HostRegion::take(pool, 1000);
+        let mut again = HostRegion::take(&pool, 1000);
         assert_eq!(again.bytes_mut().as_ptr() as usize, ptr);
         assert_eq!(pool.stats().in_use_count, 1);
         drop(again);

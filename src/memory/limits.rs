@@ -1,5 +1,5 @@
-//! The hardware's pinned-memory copy rates, measured in the calling process (feature
-//! `test-util`): the yardstick benchmarks print their figures against.
+//! The hardware's pinned-memory copy rates, measured in the calling process: the
+//! yardstick benchmarks (pinlane's, and a user's own) print their figures against.
 
 use crate::driver::{self, Event, Stream};
 use crate::error::Result;

@@ -55,7 +55,6 @@ pub(crate) mod dlpack;
 mod gather;
 mod host;
 mod inflight;
-#[cfg(feature = "test-util")]
 mod limits;
 pub(crate) mod pinned;
 mod producer;
@@ -76,12 +75,12 @@ pub(crate) use gather::{
 pub use host::HostPool;
 pub(crate) use host::{HostBuf, HostRegion};
 pub(crate) use inflight::{Detached, InFlight};
-#[cfg(feature = "test-util")]
 pub use limits::{measure_pinned_limits, PinnedLimits};
 pub(crate) use pinned::{h2d_batch_async, PinnedBlock, PinnedBuf};
 pub use pinned::{PinnedOutputPool, SHARE_MAX};
 pub use producer::PinnedBufferMut;
 pub(crate) use reaper::failed as failed_frees;
+pub(crate) use reaper::quiesce as quiesce_frees;
 
 /// Where a tensor's bytes are, and who owns them: each variant is a view holding an
 /// `Arc` to shared memory (pinlane's, or another owner's), so cloning one is a

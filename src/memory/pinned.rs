@@ -30,7 +30,7 @@ enum Release {
     Free { device: usize },
     /// Back to the output pool's free list.
     Pool {
-        pool: &'static PinnedOutputPool,
+        pool: Arc<PinnedOutputPool>,
         device: usize,
     },
     /// Drop the owner that keeps it page-locked and alive (with the block).
@@ -184,7 +184,7 @@ impl Drop for PinnedBlock {
 fn alloc_block(
     len: usize,
     device: usize,
-    pool: Option<&'static PinnedOutputPool>,
+    pool: Option<&Arc<PinnedOutputPool>>,
 ) -> Result<Arc<PinnedBlock>> {
     if len == 0 {
         return Ok(PinnedBlock::empty());
@@ -193,7 +193,10 @@ fn alloc_block(
     let ctx = driver::bind(device)?;
     let ptr = driver::host_alloc(&ctx, len)?;
     let release = match pool {
-        Some(pool) => Release::Pool { pool, device },
+        Some(pool) => Release::Pool {
+            pool: pool.clone(),
+            device,
+        },
         None => Release::Free { device },
     };
     Ok(Arc::new(PinnedBlock {
@@ -231,7 +234,6 @@ pub(crate) unsafe fn register(
 }
 
 /// A page-locked block of its own (freed on drop), for measurements.
-#[cfg(feature = "test-util")]
 pub(crate) fn block_of(len: usize, device: usize) -> Result<Arc<PinnedBlock>> {
     alloc_block(len, device, None)
 }
@@ -539,7 +541,7 @@ impl PinnedOutputPool {
     /// block is allocated under `device`'s context; a free one is reused whatever context
     /// allocated it (page-locked memory is portable).
     pub(crate) fn take(
-        &'static self,
+        self: &Arc<Self>,
         nbytes: usize,
         device: usize,
     ) -> Result<Option<(Arc<PinnedBlock>, usize)>> {
@@ -556,7 +558,7 @@ impl PinnedOutputPool {
 
     /// A range of the shared block, starting a new shared block when it is full.
     fn take_shared(
-        &'static self,
+        self: &Arc<Self>,
         nbytes: usize,
         device: usize,
     ) -> Result<Option<(Arc<PinnedBlock>, usize)>> {
@@ -582,7 +584,11 @@ impl PinnedOutputPool {
     }
 
     /// A block of its own of at least `nbytes`.
-    fn take_block(&'static self, nbytes: usize, device: usize) -> Result<Option<Arc<PinnedBlock>>> {
+    fn take_block(
+        self: &Arc<Self>,
+        nbytes: usize,
+        device: usize,
+    ) -> Result<Option<Arc<PinnedBlock>>> {
         let want = nbytes.div_ceil(BLOCK_ROUND).saturating_mul(BLOCK_ROUND);
         let mut to_free = Vec::new();
         let reuse = {
@@ -631,7 +637,10 @@ impl PinnedOutputPool {
             return Ok(Some(Arc::new(PinnedBlock {
                 ptr,
                 len,
-                release: Release::Pool { pool: self, device },
+                release: Release::Pool {
+                    pool: self.clone(),
+                    device,
+                },
             })));
         }
         match alloc_block(want, device, Some(self)) {

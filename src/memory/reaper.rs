@@ -15,14 +15,21 @@
 
 use crate::driver::{self, HostPtr};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{channel, Sender};
-use std::sync::{Mutex, OnceLock};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Mutex;
+use std::time::Duration;
 
 /// A block to free: its address and the device whose context allocated it.
 type Job = (HostPtr<u8>, usize);
 
-/// The reaper thread's queue (`None` if the thread could not be spawned).
-static QUEUE: OnceLock<Mutex<Option<Sender<Job>>>> = OnceLock::new();
+/// The reaper thread: its queue, and a channel that says when it has exited.
+struct Reaper {
+    tx: Sender<Job>,
+    exited: Receiver<()>,
+}
+
+/// The running reaper thread, if any: started on first use, and again after [`quiesce`].
+static REAPER: Mutex<Option<Reaper>> = Mutex::new(None);
 /// Frees that failed on the reaper thread (nobody to return them to).
 static FAILED: AtomicUsize = AtomicUsize::new(0);
 
@@ -32,16 +39,31 @@ static FAILED: AtomicUsize = AtomicUsize::new(0);
 /// `ptr` came from `host_alloc` under `device`'s context, is freed by nothing else, and no
 /// copy touches it any more.
 pub(crate) unsafe fn free_pinned_later(ptr: HostPtr<u8>, device: usize) {
-    let queue = QUEUE.get_or_init(|| Mutex::new(start()));
-    let sent = queue
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .as_ref()
-        .map(|tx| tx.send((ptr, device)).is_ok());
-    if sent != Some(true) {
+    let sent = {
+        let mut r = REAPER.lock().unwrap_or_else(|p| p.into_inner());
+        if r.is_none() {
+            *r = start();
+        }
+        r.as_ref().is_some_and(|r| r.tx.send((ptr, device)).is_ok())
+    };
+    if !sent {
         // No reaper thread (it could not be spawned): free here, waiting if need be.
         // SAFETY: the caller's obligations.
         unsafe { free_now(ptr, device) };
+    }
+}
+
+/// Lets the reaper thread free what it was given and exit; waits up to `limit` for that
+/// and says whether it happened (no thread running counts). A later free starts a new
+/// thread. For [`Runtime::shutdown`](crate::Runtime::shutdown).
+pub(crate) fn quiesce(limit: Duration) -> bool {
+    let reaper = REAPER.lock().unwrap_or_else(|p| p.into_inner()).take();
+    match reaper {
+        None => true,
+        Some(Reaper { tx, exited }) => {
+            drop(tx); // the thread's loop ends after the frees already queued
+            exited.recv_timeout(limit).is_ok()
+        }
     }
 }
 
@@ -50,8 +72,9 @@ pub(crate) fn failed() -> usize {
     FAILED.load(Ordering::Relaxed)
 }
 
-fn start() -> Option<Sender<Job>> {
+fn start() -> Option<Reaper> {
     let (tx, rx) = channel::<Job>();
+    let (done, exited) = channel::<()>();
     std::thread::Builder::new()
         .name("pinlane-free".into())
         .spawn(move || {
@@ -61,9 +84,10 @@ fn start() -> Option<Sender<Job>> {
                 // SAFETY: free_pinned_later's caller gave these obligations for `ptr`.
                 unsafe { free_now(ptr, device) };
             }
+            let _ = done.send(());
         })
         .ok()
-        .map(|_| tx)
+        .map(|_| Reaper { tx, exited })
 }
 
 /// Frees a pinned allocation under the context it was allocated under, on this thread

@@ -8,7 +8,10 @@ use proptest::prelude::*;
 /// `PINLANE_REQUIRE_GPU=1`, when a missing GPU is a failure.
 pub fn gpu() -> bool {
     match pinlane::driver::available() {
-        Some(_) => true,
+        Some(_) => {
+            shut_down_at_exit();
+            true
+        }
         None => {
             let reason = pinlane::driver::unavailable_reason().unwrap_or("unknown");
             if std::env::var("PINLANE_REQUIRE_GPU").as_deref() == Ok("1") {
@@ -18,6 +21,25 @@ pub fn gpu() -> bool {
             false
         }
     }
+}
+
+/// Registers (once) a process-exit hook that shuts pinlane's runtime down, as a program
+/// that wants a clean leak report does at its end: so compute-sanitizer's leak check over
+/// a GPU test binary sees only what the tests themselves leaked. Registered after the
+/// driver was loaded, so it runs before the driver's own exit handlers.
+fn shut_down_at_exit() {
+    extern "C" fn at_exit() {
+        if let Err(e) = pinlane::shutdown(std::time::Duration::from_secs(10)) {
+            eprintln!("pinlane::shutdown at exit: {e}");
+        }
+    }
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: registers a plain function; atexit has no other precondition.
+        if unsafe { libc::atexit(at_exit) } != 0 {
+            eprintln!("could not register pinlane's shutdown at exit");
+        }
+    });
 }
 
 /// Returns from the test early (skipping) when there is no GPU; see [`gpu`].
@@ -124,11 +146,13 @@ pub fn fingerprint<B: pinlane::Batch>(b: &B) -> Vec<(DType, Vec<usize>, Vec<u8>)
 
 /// Switches this test binary to the simulated device (once; every test of a simulated
 /// binary calls it first), with a small staging arena so batches span many slots.
+#[cfg(feature = "sim")]
 pub fn sim() {
     sim_with(sim_runtime, sim_device);
 }
 
 /// The runtime of the simulated binaries: a small staging arena (16 slots of 64 KiB).
+#[cfg(feature = "sim")]
 pub fn sim_runtime() -> pinlane::Config {
     pinlane::Config::new()
         .slot_bytes(64 << 10)
@@ -136,12 +160,14 @@ pub fn sim_runtime() -> pinlane::Config {
 }
 
 /// The simulated device of [`sim`]: seeded, each operation delayed up to 40 us.
+#[cfg(feature = "sim")]
 pub fn sim_device() -> pinlane::driver::sim::SimConfig {
     pinlane::driver::sim::SimConfig::seeded(0x5EED).max_delay(std::time::Duration::from_micros(40))
 }
 
 /// Switches this test binary to the simulated device with the runtime `config()` and the
 /// simulator `sim()` make (once per binary: later calls, whatever they pass, do nothing).
+#[cfg(feature = "sim")]
 pub fn sim_with(
     config: impl FnOnce() -> pinlane::Config,
     sim: impl FnOnce() -> pinlane::driver::sim::SimConfig,

@@ -207,6 +207,20 @@ pub fn activity() -> Option<Activity> {
     active().map(|s| lock(&s.seen).clone())
 }
 
+/// Page-locked host bytes allocated (`cuMemHostAlloc`) and not freed yet: what a leak
+/// checker would report if the process ended now (`None` when the simulator is not
+/// enabled).
+pub fn page_locked_bytes() -> Option<usize> {
+    active().map(|s| {
+        lock(&s.mem)
+            .live
+            .values()
+            .filter(|r| r.device.is_none())
+            .map(|r| r.len)
+            .sum()
+    })
+}
+
 thread_local! {
     /// The simulated context stack: device indices.
     static CTX: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };

@@ -1,0 +1,108 @@
+//! Shutting a runtime down: [`Runtime::shutdown`] and [`shutdown`] (the default one).
+//!
+//! Here, in the engine, because it stops the completion thread, which the engine owns;
+//! the memory it gives back belongs to the layers below.
+
+use super::completion;
+use crate::error::{Error, Result};
+use crate::memory::{self, retained};
+use crate::runtime::{self, Runtime};
+use std::time::{Duration, Instant};
+
+impl Runtime {
+    /// Gives back the memory this runtime holds and stops its threads, waiting up to
+    /// `timeout` in all. Afterwards:
+    ///
+    /// * It is no longer the process's default: the next transfer makes a new default
+    ///   runtime from the same configuration (or the one [`Config::install`] sets now).
+    /// * Its free staging slots and page-locked output blocks are freed (`cuMemFreeHost`,
+    ///   on the calling thread: it waits for the device's queued work), and so is each
+    ///   one in use when it comes back: the slot of a call still running when it ends,
+    ///   an output block when the last tensor over it drops. Its pageable pool and the
+    ///   device pools' cached memory are given back.
+    /// * Its copy threads have exited; a call that still uses it copies on its own thread.
+    /// * pinlane's process-wide threads have finished their work and exited: the thread
+    ///   that completes non-blocking calls (every pending call completes first, its owners
+    ///   released and its handle woken) and the thread that frees page-locked memory off
+    ///   the transfer path. Both start again when needed.
+    ///
+    /// What stays: tensors the caller holds (and the blocks under them, until they drop),
+    /// each thread's cache ring of recent batches (released when the thread exits), and
+    /// the per-device context, pool and kernel, which live as long as the process. So a
+    /// program that drops its tensors, ends its threads and then calls [`shutdown`] leaves
+    /// nothing of pinlane's for a leak checker (NVIDIA's compute-sanitizer) to report.
+    ///
+    /// Calls running on other threads meanwhile are not interrupted: they finish on
+    /// whichever runtime they started with.
+    ///
+    /// # Errors
+    /// [`Error::ShutdownIncomplete`] when something was still running at the deadline (a
+    /// pending call whose stream has not finished, a thread that did not exit): the
+    /// memory it uses stays held and counted, and is freed when it comes back. Otherwise
+    /// the first failed free.
+    ///
+    /// ```
+    /// let rt = pinlane::Config::new().arena_bytes(16 << 20).build()?;
+    /// rt.shutdown(std::time::Duration::from_secs(5))?;
+    /// assert_eq!(rt.memory_stats().staging.held_bytes, 0);
+    /// # Ok::<(), pinlane::Error>(())
+    /// ```
+    ///
+    /// [`Config::install`]: crate::Config::install
+    pub fn shutdown(&self, timeout: Duration) -> Result<()> {
+        let started = Instant::now();
+        let deadline = started + timeout;
+        let left = || deadline.saturating_duration_since(Instant::now());
+        runtime::retire(self);
+        let mut unfinished = Vec::new();
+        // Pending calls first: completing them releases their slots and blocks.
+        if !completion::quiesce(left()) {
+            unfinished.push("non-blocking calls still pending");
+        }
+        retained::release_finished(left().min(Duration::from_millis(100)));
+        let freed = self.close_pools();
+        if !self.copy.stop(left()) {
+            unfinished.push("copy threads still copying");
+        }
+        // Last: the frees handed to it (slots that came back to the closed arena).
+        if !memory::quiesce_frees(left()) {
+            unfinished.push("page-locked frees still queued");
+        }
+        if unfinished.is_empty() {
+            return freed;
+        }
+        Err(Error::ShutdownIncomplete {
+            waited_ms: started.elapsed().as_millis() as u64,
+            reason: unfinished.join(", "),
+        })
+    }
+}
+
+/// [`Runtime::shutdown`] of the process's default runtime; with none (no transfer yet, or
+/// shut down already), it still stops pinlane's process-wide threads and trims the device
+/// pools.
+///
+/// ```
+/// pinlane::shutdown(std::time::Duration::from_secs(5))?;
+/// assert_eq!(pinlane::memory_stats().staging.held_bytes, 0);
+/// # Ok::<(), pinlane::Error>(())
+/// ```
+///
+/// # Errors
+/// As [`Runtime::shutdown`].
+pub fn shutdown(timeout: Duration) -> Result<()> {
+    if let Some(rt) = runtime::current() {
+        return rt.shutdown(timeout);
+    }
+    let started = Instant::now();
+    let deadline = started + timeout;
+    let left = || deadline.saturating_duration_since(Instant::now());
+    let done = completion::quiesce(left()) & memory::quiesce_frees(left());
+    if !done {
+        return Err(Error::ShutdownIncomplete {
+            waited_ms: started.elapsed().as_millis() as u64,
+            reason: "pinlane's threads still working".into(),
+        });
+    }
+    crate::driver::trim_device_pools()
+}

@@ -1,0 +1,149 @@
+//! Shutting the runtime down (issue 19): on the simulated device, which counts the
+//! page-locked memory still allocated (what a leak checker reports at exit), and on
+//! Linux, where the threads pinlane started can be listed by name.
+//!
+//! One test, in steps: shutdown acts on the whole process, so nothing may run beside it.
+// The simulated device and the test hooks: `cargo test --features test-util`.
+#![cfg(feature = "test-util")]
+
+mod common;
+
+use pinlane::driver::sim::{page_locked_bytes, SimConfig};
+use pinlane::{
+    memory_stats, transfer_tensor_d2h, transfer_tensor_d2h_async, transfer_tensor_h2d_async,
+    transfer_tensor_h2d_with, Config, D2hOptions, DType, Device, Error, H2dOptions, HostOutput,
+    Stream,
+};
+use std::time::Duration;
+
+fn config() -> Config {
+    Config::new()
+        .slot_bytes(256 << 10)
+        .arena_bytes(1 << 20)
+        .copy_threads(4)
+        .parallel_min(16 << 10)
+}
+
+/// Names of this process's threads that pinlane started (`pinlane-*`, the simulator's
+/// own stream threads left out), from /proc (which cuts names to 15 bytes).
+fn pinlane_threads() -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    dir.filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|n| n.trim().to_string())
+        .filter(|n| n.starts_with("pinlane-") && !n.starts_with("pinlane-sim"))
+        .collect()
+}
+
+fn batch(seed: u64) -> Vec<pinlane::Tensor> {
+    vec![
+        common::tensor(DType::F32, &[300_000], seed), // 1.2 MiB: staged, by the copy threads
+        common::tensor(DType::U8, &[3, 17], seed + 1),
+        common::tensor(DType::I64, &[5], seed + 2),
+        common::tensor(DType::F16, &[64, 9], seed + 3),
+        common::tensor(DType::Bool, &[7], seed + 4),
+    ]
+}
+
+/// Every way of moving a batch, the outputs checked and dropped.
+fn move_batches(seed: u64) {
+    let host = batch(seed);
+    let opts = H2dOptions::default();
+    let dev = transfer_tensor_h2d_with(&host, &opts).unwrap();
+    for output in [HostOutput::Pinned, HostOutput::Pageable] {
+        let o = D2hOptions::default().output(output);
+        assert_eq!(transfer_tensor_d2h(&dev, &o).unwrap(), host);
+    }
+    let dev2 = transfer_tensor_h2d_async(&host, &opts)
+        .unwrap()
+        .wait()
+        .unwrap();
+    let back = transfer_tensor_d2h_async(&dev2, &D2hOptions::default())
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(back, host);
+}
+
+#[test]
+fn shutdown_gives_everything_back_and_the_next_call_starts_afresh() {
+    common::sim_with(config, || {
+        SimConfig::seeded(0x5D).max_delay(Duration::from_micros(40))
+    });
+    let linux = std::path::Path::new("/proc/self/task").exists();
+
+    // 1. Work on every path, then shut down: no page-locked byte left, no thread.
+    move_batches(1);
+    let first = pinlane::runtime();
+    assert!(memory_stats().staging.held_bytes > 0);
+    assert!(memory_stats().pinned_outputs.held_bytes > 0);
+    if linux {
+        let t = pinlane_threads();
+        assert!(t.iter().any(|n| n.starts_with("pinlane-copy")), "{t:?}");
+        assert!(t.iter().any(|n| n == "pinlane-complet"), "{t:?}");
+    }
+    pinlane::shutdown(Duration::from_secs(10)).unwrap();
+    assert!(first.is_shut_down());
+    let s = memory_stats(); // made no runtime: the pools are empty
+    assert_eq!(
+        (s.staging.held_bytes, s.pinned_outputs.held_bytes),
+        (0, 0),
+        "{s:?}"
+    );
+    assert_eq!(first.memory_stats().staging.held_bytes, 0);
+    assert_eq!(first.memory_stats().pinned_outputs.held_bytes, 0);
+    assert_eq!(
+        page_locked_bytes(),
+        Some(0),
+        "page-locked memory left after shutdown"
+    );
+    if linux {
+        // The copy threads are stopped; the completion and free threads exited too.
+        assert_eq!(pinlane_threads(), Vec::<String>::new());
+    }
+
+    // 2. The next call makes a new default runtime, of the same configuration.
+    move_batches(2);
+    let second = pinlane::runtime();
+    assert!(!std::sync::Arc::ptr_eq(&first, &second));
+    assert!(!second.is_shut_down());
+    assert_eq!(second.config(), config());
+    assert_eq!(
+        first.config().pinned_output_bytes,
+        0,
+        "a closed pool keeps nothing"
+    );
+
+    // 3. A call still pending at the deadline: a typed error, nothing freed under it,
+    //    and the call completes; a second shutdown then finishes the job.
+    let busy = Stream::new(Device::cuda(0)).unwrap();
+    busy.delay_async(Duration::from_millis(400)).unwrap();
+    let dev = transfer_tensor_h2d_with(&batch(3), &H2dOptions::default()).unwrap();
+    let pending = {
+        let _g = pinlane::set_current_stream(&busy);
+        transfer_tensor_d2h_async(&dev, &D2hOptions::default()).unwrap()
+    };
+    let r = pinlane::shutdown(Duration::from_millis(30));
+    assert!(matches!(r, Err(Error::ShutdownIncomplete { .. })), "{r:?}");
+    assert_eq!(
+        pending.wait().unwrap(),
+        batch(3),
+        "the pending call's bytes"
+    );
+    pinlane::shutdown(Duration::from_secs(10)).unwrap();
+    assert_eq!(page_locked_bytes(), Some(0));
+
+    // 4. After a shutdown another configuration may be installed.
+    let rt = config().arena_bytes(512 << 10).install().unwrap();
+    assert_eq!(pinlane::runtime().config().arena_bytes, 512 << 10);
+    move_batches(4);
+    drop(rt);
+    pinlane::shutdown(Duration::from_secs(10)).unwrap();
+
+    // 5. A runtime of its own, shut down: its stats are zeros; the default is untouched.
+    let own = config().build().unwrap();
+    own.shutdown(Duration::from_secs(1)).unwrap();
+    assert_eq!(own.memory_stats().staging, Default::default());
+    assert_eq!(page_locked_bytes(), Some(0));
+}
