@@ -1,6 +1,8 @@
 //! GPU: failures part way through a batch (injected into real driver calls): a typed
 //! error, the input unchanged, queued copies drained, owners retained when the drain
 //! fails and released by the next successful synchronisation, the next call working.
+// Faults injected into real driver calls: `--features test-util`.
+#![cfg(feature = "test-util")]
 
 mod common;
 

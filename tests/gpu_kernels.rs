@@ -9,6 +9,7 @@ use pinlane::{
 };
 
 #[test]
+#[cfg(feature = "test-util")] // stream delays or fault injection
 fn committed_ptx_matches_a_rebuild() {
     require_gpu!();
     let have_nvcc = std::process::Command::new("nvcc")

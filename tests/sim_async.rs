@@ -3,6 +3,8 @@
 //! faults at every kind and position, and random round trips. The simulator delays every
 //! queued operation at random and poisons freed memory, so waiting too little or freeing
 //! too early shows up as wrong bytes.
+// The simulated device and the test hooks: `cargo test --features test-util`.
+#![cfg(feature = "test-util")]
 
 mod common;
 

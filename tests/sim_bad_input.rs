@@ -1,5 +1,7 @@
 //! Bad input on the simulated device (2 devices), a test each: a clear typed error, no
 //! panic, nothing moved.
+// The simulated device and the test hooks: `cargo test --features test-util`.
+#![cfg(feature = "test-util")]
 
 mod common;
 

@@ -1,6 +1,8 @@
 //! Many threads on the simulated device: 8 threads x 500 batches mixing h2d and d2h, each
 //! checking its own bytes (no data crosses between threads), with different cache-ring
 //! sizes contending for the same staging arena and pools.
+// The simulated device and the test hooks: `cargo test --features test-util`.
+#![cfg(feature = "test-util")]
 
 mod common;
 

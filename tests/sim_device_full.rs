@@ -1,6 +1,8 @@
 //! Simulated device with 16 MiB of memory: when the device is full, a D2H of many small
 //! tensors (which the gather kernel would collect in a device buffer) falls back to one
 //! copy per tensor, which needs no device memory, and succeeds.
+// The simulated device and the test hooks: `cargo test --features test-util`.
+#![cfg(feature = "test-util")]
 
 use pinlane::driver::sim::{enable, SimConfig};
 use pinlane::{transfer_tensor_d2h, transfer_tensor_h2d, D2hOptions, DType, Device, Tensor};

@@ -2,6 +2,8 @@
 //! no context and no memory on `cuda:0`, whatever it does (h2d, d2h in both output modes,
 //! page-locked copies, streams, events, lent pointers, DLPack). Its own binary, so no
 //! other test touches `cuda:0` meanwhile.
+// The simulated device and the test hooks: `cargo test --features test-util`.
+#![cfg(feature = "test-util")]
 
 mod common;
 

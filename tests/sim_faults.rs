@@ -3,6 +3,8 @@
 //! early: the next calls' bytes, read through poisoned memory, stay exact), owners
 //! retained and counted when the drain fails and released by the next synchronisation,
 //! and the next call on the thread working.
+// The simulated device and the test hooks: `cargo test --features test-util`.
+#![cfg(feature = "test-util")]
 
 mod common;
 

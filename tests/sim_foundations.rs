@@ -2,6 +2,8 @@
 //! for the holes issue 8's review found that the public API can show.
 //!
 //! The tests share the staging arena and measure it, so they run one at a time.
+// The simulated device and the test hooks: `cargo test --features test-util`.
+#![cfg(feature = "test-util")]
 
 mod common;
 

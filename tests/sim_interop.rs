@@ -2,6 +2,8 @@
 //! external host and device memory, lent pointers, borrowed streams and events, DLPack.
 //! The simulator poisons freed device memory (0xDD), so a free that comes before a use
 //! shows up as wrong bytes.
+// The simulated device and the test hooks: `cargo test --features test-util`.
+#![cfg(feature = "test-util")]
 
 mod common;
 

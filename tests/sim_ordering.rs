@@ -2,6 +2,8 @@
 //! With the producer's event the copy waits and sees the final values; without any wait
 //! the simulator's delays make the copy see the old ones, which shows these tests can
 //! catch a missing wait.
+// The simulated device and the test hooks: `cargo test --features test-util`.
+#![cfg(feature = "test-util")]
 
 mod common;
 

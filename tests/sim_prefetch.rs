@@ -1,6 +1,8 @@
 //! The prefetcher on the simulated device (32 MiB of device memory, so one batch can be
 //! made too large to fit): order, the depth bound, errors in place, a panicking source,
 //! early drop, and random round trips.
+// The simulated device and the test hooks: `cargo test --features test-util`.
+#![cfg(feature = "test-util")]
 
 mod common;
 

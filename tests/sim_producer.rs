@@ -2,6 +2,8 @@
 //! with an 8 MiB page-locked pool: frozen without a copy, moved by one direct copy (large)
 //! or read by the gather kernel (many small ones), back to the pool when the last tensor
 //! drops, bounded by the cap.
+// The simulated device and the test hooks: `cargo test --features test-util`.
+#![cfg(feature = "test-util")]
 
 mod common;
 

@@ -2,6 +2,8 @@
 //! device: page-locked in place with no copy, then moved by one direct copy;
 //! unregistered when the last tensor over it drops (the same memory can be registered
 //! again), refused while a registration of it is alive.
+// The simulated device and the test hooks: `cargo test --features test-util`.
+#![cfg(feature = "test-util")]
 
 mod common;
 

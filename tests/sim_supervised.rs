@@ -1,6 +1,8 @@
 //! pinlane's own threads on the simulated device (issue 19): user code they run (an
 //! owner's `Drop`) may panic without stopping them, and what goes wrong there reaches the
 //! next call on the device, on any thread, and the statistics.
+// The simulated device and the test hooks: `cargo test --features test-util`.
+#![cfg(feature = "test-util")]
 
 mod common;
 

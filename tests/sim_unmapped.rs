@@ -1,6 +1,8 @@
 //! A simulated device that does not map page-locked host memory for kernels (no unified
 //! addressing): many small page-locked sources are then copied, never read by the gather
 //! kernel (the simulator fails a kernel that reads host memory on such a device).
+// The simulated device and the test hooks: `cargo test --features test-util`.
+#![cfg(feature = "test-util")]
 
 mod common;
 

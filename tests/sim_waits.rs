@@ -3,6 +3,8 @@
 //! and 300 ms for a drop to wait. A call whose slots stay busy fails with a typed error
 //! instead of spinning on event queries; a prefetcher whose source is stuck is dropped
 //! within its limit.
+// The simulated device and the test hooks: `cargo test --features test-util`.
+#![cfg(feature = "test-util")]
 
 mod common;
 
