@@ -47,7 +47,7 @@ pub enum SmallH2d {
     Copy,
 }
 
-/// Settings of the [`Runtime`](crate::Runtime): sizes of the page-locked staging arena
+/// Settings of the [`Runtime`](crate::runtime::Runtime): sizes of the page-locked staging arena
 /// and output pools, the copy threads, device pool release, and the bounds on waits.
 ///
 /// Build one with [`Config::new`] (the defaults below) and the setters, then
@@ -57,10 +57,10 @@ pub enum SmallH2d {
 /// | field | default | environment variable ([`Config::from_env`]) | changeable at run time |
 /// | --- | --- | --- | --- |
 /// | [`slot_bytes`](Config::slot_bytes) | 8 MiB | `PINLANE_SLOT_BYTES` | no |
-/// | [`arena_bytes`](Config::arena_bytes) | 128 MiB | `PINLANE_ARENA_BYTES` | [`Runtime::set_arena_bytes`](crate::Runtime::set_arena_bytes) |
-/// | [`pinned_output_bytes`](Config::pinned_output_bytes) | 2 GiB | `PINLANE_PINNED_OUTPUT_BYTES` | [`Runtime::set_pinned_output_bytes`](crate::Runtime::set_pinned_output_bytes) |
-/// | [`host_pool_bytes`](Config::host_pool_bytes) | 2 GiB | `PINLANE_HOST_POOL_BYTES` | [`Runtime::set_host_pool_bytes`](crate::Runtime::set_host_pool_bytes) |
-/// | [`device_pool_release_bytes`](Config::device_pool_release_bytes) | `u64::MAX` (keep all) | `PINLANE_DEVICE_POOL_RELEASE_BYTES` | [`Runtime::set_device_pool_release_bytes`](crate::Runtime::set_device_pool_release_bytes) |
+/// | [`arena_bytes`](Config::arena_bytes) | 128 MiB | `PINLANE_ARENA_BYTES` | [`Runtime::set_arena_bytes`](crate::runtime::Runtime::set_arena_bytes) |
+/// | [`pinned_output_bytes`](Config::pinned_output_bytes) | 2 GiB | `PINLANE_PINNED_OUTPUT_BYTES` | [`Runtime::set_pinned_output_bytes`](crate::runtime::Runtime::set_pinned_output_bytes) |
+/// | [`host_pool_bytes`](Config::host_pool_bytes) | 2 GiB | `PINLANE_HOST_POOL_BYTES` | [`Runtime::set_host_pool_bytes`](crate::runtime::Runtime::set_host_pool_bytes) |
+/// | [`device_pool_release_bytes`](Config::device_pool_release_bytes) | `u64::MAX` (keep all) | `PINLANE_DEVICE_POOL_RELEASE_BYTES` | [`Runtime::set_device_pool_release_bytes`](crate::runtime::Runtime::set_device_pool_release_bytes) |
 /// | [`copy_threads`](Config::copy_threads) | 3/4 of the cores, at most 12 | `PINLANE_COPY_THREADS` | no |
 /// | [`parallel_min`](Config::parallel_min) | 256 KiB | `PINLANE_PARALLEL_MIN` | no |
 /// | [`spin`](Config::spin) | 50 µs | `PINLANE_SPIN_US` | no |
@@ -91,7 +91,7 @@ pub struct Config {
     /// to whole slots, and at least one slot.
     pub arena_bytes: usize,
     /// Most page-locked bytes the D2H output pool holds; a batch that does not fit gets
-    /// pageable outputs instead (counted in [`MemoryStats`](crate::MemoryStats)).
+    /// pageable outputs instead (counted in [`MemoryStats`](crate::runtime::MemoryStats)).
     pub pinned_output_bytes: usize,
     /// Most bytes of recycled pageable D2H output memory kept for reuse.
     pub host_pool_bytes: usize,
@@ -127,7 +127,7 @@ pub struct Config {
     pub slot_wait: Duration,
     /// Longest a `Drop` waits: for copies it must see finished (an unfinished call's
     /// stream; past it the buffers are retained, never freed early), or for a
-    /// [`Prefetcher`](crate::Prefetcher)'s worker to exit (past it the worker is left to
+    /// [`Prefetcher`](crate::engine::Prefetcher)'s worker to exit (past it the worker is left to
     /// exit on its own). Then the drop returns.
     pub drop_sync_wait: Duration,
 }

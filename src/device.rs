@@ -33,35 +33,7 @@ impl Device {
         self.0
     }
 
-    /// `cuda:{LOCAL_RANK}`, `cuda:0` when `LOCAL_RANK` is unset: the spec's default device.
-    ///
-    /// # Errors
-    /// [`Error::NoCuda`] without a usable driver (the rank cannot be checked);
-    /// [`Error::InvalidLocalRank`] when `LOCAL_RANK` is not a number below the device
-    /// count.
-    ///
-    /// ```
-    /// match pinlane::Device::from_local_rank() {
-    ///     Ok(d) => println!("this process works on {d}"),
-    ///     Err(e) => println!("no device: {e}"),
-    /// }
-    /// ```
-    pub fn from_local_rank() -> Result<Device> {
-        let info = crate::driver::require("Device::from_local_rank")?;
-        env_local_rank(info.device_count).map(Device)
-    }
-
-    /// Every device the driver sees (none without a usable driver).
-    ///
-    /// ```
-    /// for d in pinlane::Device::all() {
-    ///     println!("{d}");
-    /// }
-    /// ```
-    pub fn all() -> impl Iterator<Item = Device> {
-        let n = crate::driver::available().map_or(0, |i| i.device_count);
-        (0..n).map(Device)
-    }
+    // `from_local_rank` and `all` ask the driver: they are in `driver/devices.rs`.
 }
 
 impl fmt::Display for Device {
@@ -179,7 +151,7 @@ pub(crate) fn local_rank_device(value: Option<&str>, device_count: usize) -> Res
 
 /// Reads `LOCAL_RANK` (the one environment variable the spec defines): unset means 0; a
 /// value that is not Unicode is invalid.
-fn env_local_rank(device_count: usize) -> Result<usize> {
+pub(crate) fn env_local_rank(device_count: usize) -> Result<usize> {
     match std::env::var("LOCAL_RANK") {
         Ok(v) => local_rank_device(Some(&v), device_count),
         Err(std::env::VarError::NotPresent) => Ok(0),

@@ -110,13 +110,13 @@ pub enum Error {
     #[error("{op}: no usable CUDA driver or device ({reason})")]
     NoCuda { op: &'static str, reason: String },
 
-    /// A thread pinlane runs work on could not start (a [`Prefetcher`](crate::Prefetcher)'s
+    /// A thread pinlane runs work on could not start (a [`Prefetcher`](crate::engine::Prefetcher)'s
     /// worker, the non-blocking calls' completion thread), or a prefetcher's source
     /// iterator panicked.
     #[error("worker thread: {reason}")]
     Worker { reason: String },
 
-    /// A [`Batch`](crate::Batch) implementation whose `rebuild` does not hand over the
+    /// A [`Batch`](crate::batch::Batch) implementation whose `rebuild` does not hand over the
     /// tensors its `visit` gave, one by one and in the same order (a hand-written
     /// implementation that skips, adds or reorders a tensor). No batch is returned: its
     /// tensors would be in the wrong places.
@@ -148,7 +148,7 @@ pub enum Error {
         message: String,
     },
 
-    /// The page-locked pool ([`Config::pinned_output_bytes`](crate::Config::pinned_output_bytes))
+    /// The page-locked pool ([`Config::pinned_output_bytes`](crate::config::Config::pinned_output_bytes))
     /// has no room for a [`PinnedBufferMut`](crate::memory::PinnedBufferMut) of this size.
     #[error("the page-locked pool has no room for {requested} bytes (cap {cap} bytes)")]
     PinnedPoolFull { requested: usize, cap: usize },
@@ -158,7 +158,7 @@ pub enum Error {
     InvalidOption { name: &'static str, reason: String },
 
     /// A configuration value that does not parse or is out of range
-    /// ([`Config::from_env`](crate::Config::from_env)).
+    /// ([`Config::from_env`](crate::config::Config::from_env)).
     #[error("{variable}={value:?} is not valid: {reason}")]
     InvalidConfig {
         variable: String,
@@ -166,12 +166,12 @@ pub enum Error {
         reason: String,
     },
 
-    /// [`Config::install`](crate::Config::install) after the runtime started with another
+    /// [`Config::install`](crate::config::Config::install) after the runtime started with another
     /// configuration.
     #[error("the pinlane runtime is already running with another configuration: {reason}")]
     AlreadyRunning { reason: String },
 
-    /// Every staging slot stayed leased for [`Config::slot_wait`](crate::Config::slot_wait)
+    /// Every staging slot stayed leased for [`Config::slot_wait`](crate::config::Config::slot_wait)
     /// (slots held by retained owners whose copies could not be proven complete, or a
     /// hung device); nothing was queued and the input is unchanged.
     #[error(
@@ -231,7 +231,7 @@ pub enum Error {
     #[error("an earlier release failed: {0}")]
     Deferred(Box<Error>),
 
-    /// [`Runtime::shutdown`](crate::Runtime::shutdown) reached its deadline with work
+    /// [`Runtime::shutdown`](crate::runtime::Runtime::shutdown) reached its deadline with work
     /// still running; what that work uses stays held (and counted) until it finishes.
     #[error("shutdown incomplete after {waited_ms} ms: {reason}")]
     ShutdownIncomplete { waited_ms: u64, reason: String },

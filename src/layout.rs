@@ -189,7 +189,7 @@ mod tests {
                 .unwrap(),
             0
         );
-        let t = crate::Tensor::from_vec(Vec::<f64>::new(), [1 << 40, 1 << 40, 0]).unwrap();
+        let t = crate::tensor::Tensor::from_vec(Vec::<f64>::new(), [1 << 40, 1 << 40, 0]).unwrap();
         assert_eq!(t.nbytes(), 0);
     }
 

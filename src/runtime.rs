@@ -6,7 +6,7 @@
 //! first call that needs it (a transfer, [`runtime`], [`warm_up`]) installs
 //! [`Config::new`]. [`memory_stats`] and [`trim`] never do: a library may ask for
 //! statistics early without fixing the configuration. [`Runtime::shutdown`] (or
-//! [`shutdown`] for the default) gives its memory back and stops its threads; the next
+//! `pinlane::shutdown` for the default) gives its memory back and stops its threads; the next
 //! transfer then makes a new default runtime from the same configuration.
 //!
 //! The driver layer keeps its own per-device facts (primary contexts, device pools, the
@@ -42,7 +42,7 @@ pub struct Runtime {
 }
 
 /// The process's default runtime, and the configuration the next default is made from
-/// (the one installed last, kept across [`shutdown`]).
+/// (the one installed last, kept across a shutdown).
 struct DefaultSlot {
     runtime: Option<Arc<Runtime>>,
     config: Option<Config>,
@@ -66,7 +66,7 @@ fn lock_default() -> std::sync::MutexGuard<'static, DefaultSlot> {
 }
 
 /// The process's default runtime, installing [`Config::new`] (or the configuration
-/// installed last, after a [`shutdown`]) if there is none.
+/// installed last, after a shutdown) if there is none.
 pub fn runtime() -> Arc<Runtime> {
     let g = GENERATION.load(Ordering::Acquire);
     let cached = CACHED
@@ -131,7 +131,7 @@ impl Config {
     /// # Errors
     /// [`Error::InvalidOption`] for a value out of range; [`Error::AlreadyRunning`] when a
     /// runtime with another configuration is already the default (installing the same
-    /// one again is fine; after [`shutdown`], another one is too).
+    /// one again is fine; after `pinlane::shutdown`, another one is too).
     pub fn install(self) -> Result<Arc<Runtime>> {
         install(self)
     }
@@ -292,7 +292,7 @@ impl Runtime {
     /// without blocking).
     ///
     /// Memory in use stays: tensors the caller holds, the batches in each thread's cache
-    /// ring ([`H2dOptions::num_caches`](crate::H2dOptions::num_caches)), device memory
+    /// ring ([`H2dOptions::num_caches`](crate::engine::H2dOptions::num_caches)), device memory
     /// whose in-order free has not run yet on its consumer stream (synchronise that stream
     /// first to give it back too).
     ///

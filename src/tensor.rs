@@ -3,11 +3,11 @@
 //! CUDA device.
 
 use crate::device::Device;
+use crate::driver::Stream;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::layout::Shape;
 use crate::memory::{self, DeviceAlloc, DevicePtrGuard, DeviceView, HostBuf, PinnedBuf};
-use crate::Stream;
 use std::fmt;
 
 pub use crate::location::Location;
@@ -502,7 +502,11 @@ impl Tensor {
     /// [`Error::NotOnDevice`], a size mismatch as [`Error::InvalidOption`], or the driver's
     /// error.
     #[cfg(feature = "test-util")]
-    pub unsafe fn overwrite_async(&self, src: &Tensor, stream: &crate::Stream) -> Result<()> {
+    pub unsafe fn overwrite_async(
+        &self,
+        src: &Tensor,
+        stream: &crate::driver::Stream,
+    ) -> Result<()> {
         let (Storage::Device(dst), Storage::Pinned(buf)) = (&self.storage, &src.storage) else {
             return Err(Error::InvalidOption {
                 name: "overwrite_async",

@@ -53,7 +53,7 @@ use crate::tensor::Tensor;
 ///
 /// Implementations must visit and rebuild the same tensors in the same order: `rebuild`
 /// calls its function once on each tensor `visit` gives, in visit order. The transfer
-/// calls check this and return [`Error::BatchMismatch`](crate::Error::BatchMismatch)
+/// calls check this and return [`Error::BatchMismatch`](crate::error::Error::BatchMismatch)
 /// for an implementation that skips, adds or reorders a tensor.
 pub trait Batch {
     /// Calls `f` on every tensor, in order.

@@ -38,8 +38,8 @@ crate::impl_leaf!(
     String,
     &'static str,
     std::time::Duration,
-    crate::DType,
-    crate::Shape,
+    crate::dtype::DType,
+    crate::layout::Shape,
 );
 
 impl<T: Batch> Batch for Vec<T> {

@@ -135,7 +135,7 @@ unsafe fn memcpy_batch_async(
     let n = dsts.len();
     if srcs.len() != n || sizes.len() != n {
         // Queueing nothing would hand out the uninitialised destination as results.
-        return Err(crate::Error::LengthMismatch {
+        return Err(crate::error::Error::LengthMismatch {
             op: "cuMemcpyBatchAsync",
             what: "destinations, sources and sizes",
         });
@@ -146,12 +146,12 @@ unsafe fn memcpy_batch_async(
     if stream.is_legacy() {
         // The batched copy's stream-ordered source access is defined for ordinary
         // streams; the legacy stream is refused rather than trusted.
-        return Err(crate::Error::LegacyStream {
+        return Err(crate::error::Error::LegacyStream {
             op: "cuMemcpyBatchAsync",
         });
     }
     let Some(e) = entry() else {
-        return Err(crate::Error::NoCuda {
+        return Err(crate::error::Error::NoCuda {
             op: "cuMemcpyBatchAsync",
             reason: "the driver lacks it (CUDA 12.8+)".into(),
         });

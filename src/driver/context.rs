@@ -7,7 +7,7 @@
 //! left as it was.
 //!
 //! Each device also gets one stream-ordered memory pool of pinlane's own. Its release
-//! threshold ([`Config::device_pool_release_bytes`](crate::Config::device_pool_release_bytes))
+//! threshold ([`Config::device_pool_release_bytes`](crate::config::Config::device_pool_release_bytes))
 //! says how much freed memory stays cached for reuse instead of going back to the driver
 //! at the next synchronisation; [`trim_device_pools`] gives back all that backs no
 //! allocation. It is pinlane's, not the device's default pool, so pinlane changes no
@@ -131,7 +131,7 @@ pub(crate) fn device_pool_stats() -> Vec<(usize, PoolAttrs)> {
         .into_iter()
         .filter_map(|(d, h)| {
             let attrs = (|| {
-                Ok::<_, crate::Error>(PoolAttrs {
+                Ok::<_, crate::error::Error>(PoolAttrs {
                     reserved: get(h.pool.0, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
                     used: get(h.pool.0, CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
                     reserved_high: get(h.pool.0, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?,
@@ -205,7 +205,7 @@ pub(crate) fn gather_kernel(device: usize) -> Option<GatherKernel> {
 }
 
 /// Why the gather kernel of `device` is unavailable, if it was tried and failed.
-pub fn gather_unavailable_reason(device: crate::Device) -> Option<String> {
+pub fn gather_unavailable_reason(device: crate::device::Device) -> Option<String> {
     let slot = DEVICES.get()?.get(device.ordinal())?;
     slot.gather.get()?.as_ref().err().cloned()
 }
@@ -262,7 +262,7 @@ pub(crate) fn host_memory_mapped(device: usize) -> bool {
     handles(device).is_ok_and(|h| h.host_mapped)
 }
 
-/// Makes `device`'s context, pool and kernel now ([`crate::Runtime::warm_up`]).
+/// Makes `device`'s context, pool and kernel now ([`crate::runtime::Runtime::warm_up`]).
 pub(crate) fn warm_up(device: usize) -> Result<()> {
     handles(device).map(|_| ())
 }

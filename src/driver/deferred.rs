@@ -5,10 +5,10 @@
 //!
 //! * On a caller's thread, it is kept with that thread and the device the owner was on:
 //!   that thread's next transfer call on that device returns it as
-//!   [`crate::Error::Deferred`] before doing anything, and [`take`] lets the thread
+//!   [`crate::error::Error::Deferred`] before doing anything, and [`take`] lets the thread
 //!   collect it at any time; other threads never see it.
 //! * On one of pinlane's own threads (the completion thread of the non-blocking calls,
-//!   which drops owners, and any other marked with [`mark_background_thread`]), no call
+//!   which drops owners, and any other marked with `mark_background_thread`), no call
 //!   will ever run on that thread: it is kept with the device, and the next transfer call
 //!   for that device on any thread returns it (cudarc's `error_state` on its context is
 //!   the model). [`background_count`] counts these, and `memory_stats()` reports it.

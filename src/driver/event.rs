@@ -13,7 +13,7 @@ pub type RawEvent = sys::CUevent;
 /// pinlane made it ([`Event::new`]), never if it was borrowed ([`Event::from_raw`]).
 ///
 /// Record it on a stream after producing work, then pass it to
-/// [`D2hOptions::producer_event`](crate::D2hOptions::producer_event) so a copy waits for
+/// [`D2hOptions::producer_event`](crate::engine::D2hOptions::producer_event) so a copy waits for
 /// that work.
 ///
 /// ```no_run
@@ -58,7 +58,7 @@ impl Event {
     }
 
     /// An event that another library made (cudarc, PyTorch's `torch.cuda.Event`), for use
-    /// as [`D2hOptions::producer_event`](crate::D2hOptions::producer_event). pinlane never
+    /// as [`D2hOptions::producer_event`](crate::engine::D2hOptions::producer_event). pinlane never
     /// destroys it.
     ///
     /// # Safety

@@ -39,7 +39,7 @@ impl ContextGuard {
         if self.device == device {
             Ok(())
         } else {
-            Err(crate::Error::ContextMismatch {
+            Err(crate::error::Error::ContextMismatch {
                 op,
                 current: self.device,
                 device,

@@ -49,13 +49,13 @@ pub(super) fn load_gather(_ctx: &ContextGuard) -> Result<GatherKernel> {
         let lib = unsafe { sys::culib() };
         // SAFETY: resolving a symbol's address; the pointer is never called here.
         if unsafe { lib.get::<*const ()>(name.as_bytes()) }.is_err() {
-            return Err(crate::Error::NoCuda {
+            return Err(crate::error::Error::NoCuda {
                 op: "gather kernel",
                 reason: format!("the driver lacks {name}"),
             });
         }
     }
-    let image = CString::new(GATHER_PTX).map_err(|_| crate::Error::Internal {
+    let image = CString::new(GATHER_PTX).map_err(|_| crate::error::Error::Internal {
         op: "GATHER_PTX",
         reason: "contains a NUL byte".into(),
     })?;

@@ -13,6 +13,7 @@
 //! | `api.rs` | the raw entry points: `libcuda`'s, or (feature `sim`) a table chosen once |
 //! | `sim/` | the simulated device (`sim::enable`, feature `sim`), split by concern |
 //! | `context.rs` | primary contexts, one per device, and the guard that makes one current |
+//! | `devices.rs` | `Device::from_local_rank` and `Device::all`: the devices the driver sees |
 //! | `stream.rs` | [`Stream`]: an owned (or borrowed legacy) `CUstream` |
 //! | `event.rs` | [`Event`]: an owned `CUevent` |
 //! | `calls.rs` | memory and copy calls: one checked `unsafe fn` per driver call |
@@ -26,6 +27,7 @@ mod batch_copy;
 mod calls;
 mod context;
 pub mod deferred;
+mod devices;
 pub(crate) mod error;
 mod event;
 #[cfg(feature = "test-util")]
@@ -214,7 +216,7 @@ fn probe() -> &'static std::result::Result<DriverInfo, String> {
 ///
 /// # Errors
 /// [`Error::NoCuda`], [`Error::DeviceUnavailable`], or the driver's error.
-pub fn device_memory_info(device: crate::Device) -> Result<(usize, usize)> {
+pub fn device_memory_info(device: crate::device::Device) -> Result<(usize, usize)> {
     require("device_memory_info")?;
     let _ctx = bind(device.ordinal())?;
     let (mut free, mut total) = (0usize, 0usize);

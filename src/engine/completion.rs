@@ -142,7 +142,7 @@ pub(crate) fn detach<S: Send + 'static>(
     device: usize,
     sources: impl FnOnce() -> S,
 ) -> Result<Pending> {
-    let done = match Event::new(crate::Device::cuda(device)) {
+    let done = match Event::new(crate::device::Device::cuda(device)) {
         Ok(e) => e,
         Err(e) => return Err(job.abort(e, sources)),
     };
@@ -230,7 +230,7 @@ fn complete(mut job: Job, r: Result<()>) {
 
 /// Waits up to `limit` for every pending non-blocking call to complete (owners released,
 /// handles woken) and the completion thread to exit; says whether both happened. A call
-/// made meanwhile starts a new thread. For [`Runtime::shutdown`](crate::Runtime::shutdown).
+/// made meanwhile starts a new thread. For [`Runtime::shutdown`](crate::runtime::Runtime::shutdown).
 pub(crate) fn quiesce(limit: std::time::Duration) -> bool {
     let deadline = std::time::Instant::now() + limit;
     let mut q = lock(&COMPLETER.queues);
@@ -417,7 +417,7 @@ impl<B> Transfer<B> {
     /// `cuStreamWaitEvent`.
     pub fn batch_for(&self, stream: &Stream) -> Result<&B>
     where
-        B: crate::Batch,
+        B: crate::batch::Batch,
     {
         if let Some(e) = &self.failed {
             return Err(e.clone());
@@ -429,7 +429,7 @@ impl<B> Transfer<B> {
             if crate::batch::tensors(batch).iter().any(|t| !t.is_cuda()) {
                 return Err(Error::NotOnDevice {
                     op: "Transfer::batch_for",
-                    location: crate::Location::Host,
+                    location: crate::location::Location::Host,
                 });
             }
             p.done.wait_on(stream)?;

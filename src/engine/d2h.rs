@@ -18,10 +18,12 @@
 //!    outputs, hand the call's owners to the completion thread), rebuild the batch.
 
 use super::completion::{self, Pending};
-use super::{plan, record_stats, thread_state, Mode, TransferStats};
+use super::{plan, record_stats, thread_state, Call, Mode, TransferStats};
+use super::{D2hOptions, HostOutput};
 use crate::batch::{self, Batch};
+use crate::config::SmallD2h;
 use crate::device::DeviceSpec;
-use crate::driver::{self, ContextGuard};
+use crate::driver::{self, Stream};
 use crate::error::{Error, Result};
 use crate::location::Location;
 use crate::memory::{
@@ -29,25 +31,85 @@ use crate::memory::{
     DEVICE_ALIGN,
 };
 use crate::tensor::{Storage, Tensor};
-use crate::{D2hOptions, HostOutput, SmallD2h};
+use std::sync::Arc;
 
 pub(crate) fn transfer<B: Batch>(
     batch: &B,
     opts: &D2hOptions,
     mode: Mode,
 ) -> Result<(B, Option<Pending>)> {
+    let all = batch::tensors(batch);
+    let Some((device, picked)) = target(opts, &all)? else {
+        return Ok((batch::replace_tensors(batch, Vec::new()), None));
+    };
+    let stream = copy_stream(device, opts)?;
+    let rt = crate::runtime::runtime();
+    let (picked, small) = small_plan(&all, picked, device, &stream, opts, &rt);
+    let mut views: Vec<&DeviceView> = Vec::with_capacity(picked.len());
+    let mut sizes: Vec<usize> = Vec::with_capacity(picked.len());
+    for &i in &picked {
+        if let Storage::Device(v) = all[i].storage() {
+            views.push(v);
+            sizes.push(v.nbytes());
+        } // else: not picked (every picked tensor is on the device)
+    }
+    let (offsets, end) = plan::pack(sizes.iter().copied(), DEVICE_ALIGN)?;
+    let block = match opts.output {
+        HostOutput::Pinned if end > 0 => rt.outputs.take(end, device)?,
+        HostOutput::Pinned => Some((PinnedBlock::empty(), 0)),
+        HostOutput::Pageable => None,
+    };
+
+    super::trace::mark("planned");
+    let ctx = driver::bind(device)?;
+    let job = InFlight::new(stream, rt.settings().drop_sync_wait);
+    let mut call = Call {
+        ctx: &ctx,
+        device,
+        stats: TransferStats {
+            tensors: picked.len(),
+            bytes: sizes.iter().sum(),
+            ..TransferStats::default()
+        },
+    };
+    let layout = Layout {
+        views: &views,
+        offsets: &offsets,
+        sizes: &sizes,
+        gather_n: small.gather_n,
+        batched: small.batched,
+        end,
+    };
+    let out = Outputs {
+        all: &all,
+        picked: &picked,
+        layout: &layout,
+    };
+    // Pageable outputs are finished by host copies after the device copies, so that path
+    // completes inside the call in both modes.
+    let (rebuilt, pending) = match block {
+        Some((block, base)) => into_block(batch, &out, &mut call, job, (&block, base), mode)?,
+        None => (into_region(batch, &out, &mut call, job, &rt)?, None),
+    };
+    record_stats(call.stats);
+    Ok((rebuilt, pending))
+}
+
+/// The device the call copies from and the tensors it moves (indices into `all`), after
+/// the checks that come before any copy; `None` when the batch passes through (no tensor
+/// on that device, or no CUDA).
+fn target(opts: &D2hOptions, all: &[&Tensor]) -> Result<Option<(usize, Vec<usize>)>> {
     // Checks that need no driver come first, so bad options are errors everywhere.
     let spec = opts.device.as_ref().unwrap_or(&DeviceSpec::LocalRank);
     spec.check()?;
     if opts.stream.is_some() && opts.device.is_none() {
         return Err(Error::StreamWithoutDevice);
     }
-    let all = batch::tensors(batch);
     if all.is_empty() {
-        return Ok((batch::replace_tensors(batch, Vec::new()), None));
+        return Ok(None);
     }
     let Some(info) = driver::available() else {
-        return Ok((batch::replace_tensors(batch, Vec::new()), None));
+        return Ok(None);
     };
     let device = spec.resolve(info.device_count)?.ordinal();
     if let Some(s) = &opts.stream {
@@ -70,16 +132,21 @@ pub(crate) fn transfer<B: Batch>(
         .filter(|&i| all[i].location() == Location::Cuda(device))
         .collect();
     if picked.is_empty() {
-        return Ok((batch::replace_tensors(batch, Vec::new()), None));
+        return Ok(None);
     }
     driver::deferred::surface(device)?;
+    Ok(Some((device, picked)))
+}
 
+/// The stream the copies go on (the thread's, or the caller's), made to wait for the
+/// caller's current stream and for the producer event if one was given.
+fn copy_stream(device: usize, opts: &D2hOptions) -> Result<Stream> {
     let stream = match &opts.stream {
         Some(s) => s.clone(),
         None => thread_state::d2h_stream(device)?,
     };
-    let ctx = driver::bind(device)?;
-    let current = thread_state::current_stream(crate::Device::cuda(device))?;
+    let _ctx = driver::bind(device)?;
+    let current = thread_state::current_stream(crate::device::Device::cuda(device))?;
     if !current.same_as(&stream) {
         let ready = thread_state::ready_event(device)?;
         ready.record(&current)?;
@@ -88,23 +155,39 @@ pub(crate) fn transfer<B: Batch>(
     if let Some(e) = &opts.producer_event {
         e.wait_on(&stream)?;
     }
+    Ok(stream)
+}
 
-    // Small tensors go first in the output layout, so that when they are gathered on the
-    // device (one kernel) they form one contiguous range that one copy moves.
-    let mut picked = picked;
+/// How the small tensors move: in one batched copy, or the first `gather_n` (in output
+/// order) gathered on the device by one kernel; the rest one copy each.
+struct Small {
+    batched: bool,
+    gather_n: usize,
+}
+
+/// Chooses how the small tensors of `picked` move, and puts them first in the output
+/// layout (so that, gathered on the device, they form one contiguous range that one copy
+/// moves).
+fn small_plan(
+    all: &[&Tensor],
+    mut picked: Vec<usize>,
+    device: usize,
+    stream: &Stream,
+    opts: &D2hOptions,
+    rt: &crate::runtime::Runtime,
+) -> (Vec<usize>, Small) {
     let small = |i: &usize| is_small(all[*i].nbytes());
     let n_small = picked.iter().filter(|i| small(i)).count();
     // Small tensors into page-locked outputs: one cuMemcpyBatchAsync instead of the
     // gather kernel with `SmallD2h::Batch` (an experiment; docs/performance.md). Never on
     // the legacy stream (a caller's `D2hOptions::stream` may be it), which the batched
     // copy does not take.
-    let rt = crate::runtime::runtime();
-    let batch_small = n_small >= GATHER_MIN_COUNT
+    let batched = n_small >= GATHER_MIN_COUNT
         && !stream.is_legacy()
         && opts.output == HostOutput::Pinned
         && rt.settings().small_d2h == SmallD2h::Batch
         && memory::batch_copy_available();
-    let gather_n = if !batch_small
+    let gather_n = if !batched
         && n_small >= GATHER_MIN_COUNT
         && rt.settings().small_d2h == SmallD2h::Gather
         && memory::gather_available(device)
@@ -120,142 +203,110 @@ pub(crate) fn transfer<B: Batch>(
     } else {
         0
     };
-    let mut views: Vec<&DeviceView> = Vec::with_capacity(picked.len());
-    let mut sizes: Vec<usize> = Vec::with_capacity(picked.len());
-    for &i in &picked {
-        if let Storage::Device(v) = all[i].storage() {
-            views.push(v);
-            sizes.push(v.nbytes());
-        } // else: not picked (every picked tensor is on the device)
-    }
-    let (offsets, end) = plan::pack(sizes.iter().copied(), DEVICE_ALIGN)?;
-    let block = match opts.output {
-        HostOutput::Pinned if end > 0 => rt.outputs.take(end, device)?,
-        HostOutput::Pinned => Some((PinnedBlock::empty(), 0)),
-        HostOutput::Pageable => None,
-    };
+    (picked, Small { batched, gather_n })
+}
 
-    super::trace::mark("planned");
-    let mut job = InFlight::new(stream, crate::runtime::runtime().settings().drop_sync_wait);
-    let mut stats = TransferStats {
-        tensors: picked.len(),
-        bytes: sizes.iter().sum(),
-        ..TransferStats::default()
+/// The moved tensors: the batch's tensors in visit order, the indices of those moved (in
+/// output order), and their layout.
+struct Outputs<'a> {
+    all: &'a [&'a Tensor],
+    picked: &'a [usize],
+    layout: &'a Layout<'a>,
+}
+
+impl Outputs<'_> {
+    /// Clones of the source tensors, for whatever must keep them alive past the call.
+    fn sources(&self) -> impl FnOnce() -> Vec<Tensor> + '_ {
+        || self.picked.iter().map(|&i| self.all[i].clone()).collect()
+    }
+}
+
+/// Page-locked outputs: every copy straight into `block` from `base`, the batch rebuilt
+/// around views of it, then the copies waited for (or handed to the completion thread).
+fn into_block<B: Batch>(
+    batch: &B,
+    out: &Outputs,
+    call: &mut Call,
+    mut job: InFlight,
+    (block, base): (&Arc<PinnedBlock>, usize),
+    mode: Mode,
+) -> Result<(B, Option<Pending>)> {
+    let l = out.layout;
+    job.hold(block, l.end);
+    let run = if l.batched {
+        submit_batch(call, &mut job, block, base, l.views, l.offsets)
+    } else {
+        submit(call, &mut job, l, Dest::Block(block, base))
     };
-    let keep_sources = || {
-        picked
-            .iter()
-            .map(|&i| all[i].clone())
-            .collect::<Vec<Tensor>>()
+    if let Err(e) = run {
+        return Err(job.abort(e, out.sources()));
+    }
+    // The output views are made while the copies run; nobody reads them before the copies
+    // are proven done (on failure they are dropped unread, and `job` keeps the block
+    // until the stream has let go of it).
+    let ranges = l.offsets.iter().copied().zip(l.sizes.iter().copied());
+    let views = match PinnedBuf::views(block, base, ranges) {
+        Ok(v) => v,
+        Err(e) => return Err(job.abort(e, out.sources())),
     };
-    let layout = Layout {
-        views: &views,
-        offsets: &offsets,
-        sizes: &sizes,
-        gather_n,
-        end,
+    let storages = views.into_iter().map(Storage::Pinned);
+    let rebuilt = match rebuild(batch, out, storages) {
+        Ok(b) => b,
+        Err(e) => return Err(job.abort(e, out.sources())),
     };
-    // Pageable outputs are finished by host copies after the device copies, so that path
-    // completes inside the call in both modes.
-    let mut pending = None;
-    let rebuilt = match block {
-        Some((block, base)) => {
-            job.hold(&block, end);
-            let run = if batch_small {
-                submit_batch(
-                    &ctx, device, &mut job, &block, base, &views, &offsets, &mut stats,
-                )
-            } else {
-                submit(
-                    &ctx,
-                    device,
-                    &mut job,
-                    &layout,
-                    Dest::Block(&block, base),
-                    &mut stats,
-                )
-            };
-            if let Err(e) = run {
-                return Err(job.abort(e, keep_sources));
-            }
-            // The output views are made while the copies run; nobody reads them before
-            // the copies are proven done (on failure they are dropped unread, and `job`
-            // keeps the block until the stream has let go of it).
-            let views = PinnedBuf::views(
-                &block,
-                base,
-                offsets.iter().copied().zip(sizes.iter().copied()),
-            );
-            let views = match views {
-                Ok(v) => v,
-                Err(e) => return Err(job.abort(e, keep_sources)),
-            };
-            let storages = views.into_iter().map(Storage::Pinned);
-            let rebuilt = match rebuild(batch, &all, &picked, &sizes, storages) {
-                Ok(b) => b,
-                Err(e) => return Err(job.abort(e, keep_sources)),
-            };
-            super::trace::mark("rebuilt");
-            pending = match mode {
-                Mode::Blocking => {
-                    job.finish(keep_sources)?;
-                    None
-                }
-                Mode::Async => Some(completion::detach(job, device, keep_sources)?),
-            };
-            super::trace::mark("synced");
-            rebuilt
+    super::trace::mark("rebuilt");
+    let pending = match mode {
+        Mode::Blocking => {
+            job.finish(out.sources())?;
+            None
         }
-        None => {
-            let mut region = HostRegion::take(&rt.host_pool, end);
-            if let Err(e) = submit(
-                &ctx,
-                device,
-                &mut job,
-                &layout,
-                Dest::Region(&mut region),
-                &mut stats,
-            ) {
-                return Err(job.abort(e, keep_sources));
-            }
-            job.finish(keep_sources)?;
-            super::trace::mark("synced");
-            let frozen = region.freeze();
-            let views =
-                HostBuf::views(&frozen, offsets.iter().copied().zip(sizes.iter().copied()))?;
-            let rebuilt = rebuild(
-                batch,
-                &all,
-                &picked,
-                &sizes,
-                views.into_iter().map(Storage::Host),
-            )?;
-            super::trace::mark("rebuilt");
-            rebuilt
-        }
+        Mode::Async => Some(completion::detach(job, call.device, out.sources())?),
     };
-    record_stats(stats);
+    super::trace::mark("synced");
     Ok((rebuilt, pending))
 }
 
-/// `batch` with the tensors at `picked` (visit indices into `all`) replaced by host
-/// tensors over `storages` (of `sizes` bytes), in that order.
+/// Pageable outputs: the copies through staging slots into a recycled region, waited for
+/// inside the call in both modes, then the batch rebuilt around views of the region.
+fn into_region<B: Batch>(
+    batch: &B,
+    out: &Outputs,
+    call: &mut Call,
+    mut job: InFlight,
+    rt: &crate::runtime::Runtime,
+) -> Result<B> {
+    let l = out.layout;
+    let mut region = HostRegion::take(&rt.host_pool, l.end);
+    if let Err(e) = submit(call, &mut job, l, Dest::Region(&mut region)) {
+        return Err(job.abort(e, out.sources()));
+    }
+    job.finish(out.sources())?;
+    super::trace::mark("synced");
+    let frozen = region.freeze();
+    let ranges = l.offsets.iter().copied().zip(l.sizes.iter().copied());
+    let views = HostBuf::views(&frozen, ranges)?;
+    let rebuilt = rebuild(batch, out, views.into_iter().map(Storage::Host))?;
+    super::trace::mark("rebuilt");
+    Ok(rebuilt)
+}
+
+/// `batch` with the moved tensors replaced by host tensors over `storages`, in output
+/// order.
 fn rebuild<B: Batch>(
     batch: &B,
-    all: &[&Tensor],
-    picked: &[usize],
-    sizes: &[usize],
+    out: &Outputs,
     storages: impl Iterator<Item = Storage>,
 ) -> Result<B> {
-    let moved = picked
+    let moved = out
+        .picked
         .iter()
         .zip(storages)
-        .zip(sizes)
+        .zip(out.layout.sizes)
         .map(|((&i, storage), &n)| {
-            let t = all[i];
+            let t = out.all[i];
             Tensor::from_parts(t.dtype(), t.shape().clone(), n, storage)
         });
-    super::rebuild_with(batch, all, picked, moved)
+    super::rebuild_with(batch, out.all, out.picked, moved)
 }
 
 /// Tensors up to this size are gathered on the device when there are enough of them.
@@ -272,16 +323,13 @@ const GATHER_MIN_COUNT: usize = 4;
 
 /// Page-locked outputs with `SmallD2h::Batch`: the small tensors in one batched copy,
 /// the rest one copy each.
-#[allow(clippy::too_many_arguments)]
 fn submit_batch(
-    ctx: &ContextGuard,
-    device: usize,
+    call: &mut Call,
     job: &mut InFlight,
     block: &PinnedBlock,
     base: usize,
     views: &[&DeviceView],
     offsets: &[usize],
-    stats: &mut TransferStats,
 ) -> Result<()> {
     let stream = job.stream().clone();
     let (small, rest): (Vec<usize>, Vec<usize>) =
@@ -291,21 +339,23 @@ fn submit_batch(
     // SAFETY: as in submit_direct: the block is new to this call and held by `job`; the
     // views are borrowed from the caller's batch; the copy stream waits for the current
     // stream and the producer event (and is not the legacy stream: the caller checked).
-    unsafe { block.d2h_batch_async(ctx, &sv, &so, device, &stream) }?;
-    stats.copies += 1;
-    stats.direct_bytes += sv.iter().map(|v| v.nbytes()).sum::<usize>();
+    unsafe { block.d2h_batch_async(call.ctx, &sv, &so, call.device, &stream) }?;
+    call.stats.copies += 1;
+    call.stats.direct_bytes += sv.iter().map(|v| v.nbytes()).sum::<usize>();
     let rv: Vec<&DeviceView> = rest.iter().map(|&k| views[k]).collect();
     let ro: Vec<usize> = rest.iter().map(|&k| offsets[k]).collect();
-    submit_direct(ctx, job, block, base, &rv, &ro, stats)
+    submit_direct(call, job, block, base, &rv, &ro)
 }
 
 /// The batch's output layout: tensors (in output order), their offsets and sizes, how
-/// many leading ones are gathered, and the end of the last.
+/// many leading ones are gathered (or whether the small ones go in one batched copy), and
+/// the end of the last.
 struct Layout<'a> {
     views: &'a [&'a DeviceView],
     offsets: &'a [usize],
     sizes: &'a [usize],
     gather_n: usize,
+    batched: bool,
     end: usize,
 }
 
@@ -320,14 +370,7 @@ enum Dest<'a> {
 
 /// Queues every copy of the batch: the gather of the leading small tensors (if any) into
 /// one device range, then that range and the remaining tensors to `dest`.
-fn submit(
-    ctx: &ContextGuard,
-    device: usize,
-    job: &mut InFlight,
-    l: &Layout,
-    dest: Dest,
-    stats: &mut TransferStats,
-) -> Result<()> {
+fn submit(call: &mut Call, job: &mut InFlight, l: &Layout, dest: Dest) -> Result<()> {
     let gathered;
     let mut items: Vec<&DeviceView> = Vec::with_capacity(l.views.len() - l.gather_n + 1);
     let mut offsets = Vec::with_capacity(items.capacity());
@@ -335,15 +378,15 @@ fn submit(
     let mut first_each = l.gather_n;
     if l.gather_n > 0 {
         let small_end = l.offsets[l.gather_n - 1] + l.sizes[l.gather_n - 1];
-        super::lease_slots(ctx, job, 1)?;
+        super::lease_slots(call.ctx, job, 1)?;
         // SAFETY: the views are borrowed from the caller's batch for this whole call (and
         // cloned into the retained registry if it ends with copies unproven); the copy
         // stream already waits for the current stream and the producer event.
         let g = unsafe {
             memory::gather_async(
-                ctx,
+                call.ctx,
                 job,
-                device,
+                call.device,
                 &l.views[..l.gather_n],
                 &l.offsets[..l.gather_n],
                 small_end,
@@ -351,7 +394,7 @@ fn submit(
         };
         match g {
             Ok((g, submitted)) => {
-                stats.copies += submitted; // the kernel (and the descriptors' upload)
+                call.stats.copies += submitted; // the kernel (and the descriptors' upload)
                 super::trace::mark("gather queued");
                 gathered = DeviceView::new(&g, 0, small_end)?;
                 items.push(&gathered);
@@ -370,22 +413,29 @@ fn submit(
     offsets.extend_from_slice(&l.offsets[first_each..]);
     sizes.extend_from_slice(&l.sizes[first_each..]);
     match dest {
-        Dest::Block(block, base) => submit_direct(ctx, job, block, base, &items, &offsets, stats),
+        Dest::Block(block, base) => submit_direct(call, job, block, base, &items, &offsets),
         Dest::Region(region) => {
-            submit_staged(ctx, job, &items, &offsets, &sizes, l.end, region, stats)
+            let items = Layout {
+                views: &items,
+                offsets: &offsets,
+                sizes: &sizes,
+                gather_n: 0,
+                batched: false,
+                end: l.end,
+            };
+            submit_staged(call, job, &items, region)
         }
     }
 }
 
 /// Page-locked outputs: one copy per item, straight into the output block.
 fn submit_direct(
-    ctx: &ContextGuard,
+    call: &mut Call,
     job: &mut InFlight,
     block: &PinnedBlock,
     base: usize,
     views: &[&DeviceView],
     offsets: &[usize],
-    stats: &mut TransferStats,
 ) -> Result<()> {
     let stream = job.stream().clone();
     for (k, v) in views.iter().enumerate() {
@@ -398,27 +448,23 @@ fn submit_direct(
         // the retained registry if the call ends with copies unproven), or is the
         // gathered buffer that `job` holds; the copy stream waits for the current stream
         // and the producer event above.
-        unsafe { block.d2h_async(ctx, base + offsets[k], v, &stream) }?;
-        stats.copies += 1;
-        stats.direct_bytes += v.nbytes();
+        unsafe { block.d2h_async(call.ctx, base + offsets[k], v, &stream) }?;
+        call.stats.copies += 1;
+        call.stats.direct_bytes += v.nbytes();
     }
     Ok(())
 }
 
 /// Pageable outputs: window by window through staging slots; each slot is drained into
 /// the output region (in parallel) once its copies have finished, while the next
-/// window's copies run.
-#[allow(clippy::too_many_arguments)]
+/// window's copies run. `items` are the copies' sources (no gather left to do).
 fn submit_staged(
-    ctx: &ContextGuard,
+    call: &mut Call,
     job: &mut InFlight,
-    views: &[&DeviceView],
-    offsets: &[usize],
-    sizes: &[usize],
-    end: usize,
+    items: &Layout,
     region: &mut HostRegion,
-    stats: &mut TransferStats,
 ) -> Result<()> {
+    let (views, offsets, sizes, end) = (items.views, items.offsets, items.sizes, items.end);
     if end == 0 {
         return Ok(());
     }
@@ -426,7 +472,7 @@ fn submit_staged(
     let slot = plan::window_size(end, crate::runtime::runtime().arena.slot_bytes());
     let windows: Vec<plan::Window> = plan::windows(end, slot).collect();
     let n_windows = windows.len();
-    let nslots = super::lease_slots(ctx, job, n_windows)?;
+    let nslots = super::lease_slots(call.ctx, job, n_windows)?;
     let mut pending: Vec<Option<plan::Window>> = vec![None; nslots];
     for (w_idx, &w) in windows.iter().enumerate() {
         let k = w_idx % nslots;
@@ -444,10 +490,10 @@ fn submit_staged(
         // cloned into the retained registry if the call ends with copies unproven); the
         // copy stream waits for the current stream and the producer event above, which
         // order the views' producing work before these copies.
-        unsafe { job.leases[k].d2h_window(ctx, parts, &stream) }?;
-        stats.copies += copies;
-        stats.staged_bytes += bytes;
-        stats.windows += 1;
+        unsafe { job.leases[k].d2h_window(call.ctx, parts, &stream) }?;
+        call.stats.copies += copies;
+        call.stats.staged_bytes += bytes;
+        call.stats.windows += 1;
         pending[k] = Some(w);
     }
     // Drain what is left, oldest first (the slot after the last one used).

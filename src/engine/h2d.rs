@@ -24,13 +24,14 @@
 //!    rebuilt batch; then synchronise the stream and hand them out.
 
 use super::completion::{self, Pending};
-use super::{plan, record_stats, thread_state, Mode, TransferStats};
+use super::H2dOptions;
+use super::{plan, record_stats, thread_state, Call, Mode, TransferStats};
 use crate::batch::{self, Batch};
-use crate::driver::{self, ContextGuard, Stream};
+use crate::config::SmallH2d;
+use crate::driver::{self, Stream};
 use crate::error::{Error, Result};
 use crate::memory::{self, DeviceAlloc, DeviceView, InFlight, PinnedBuf, Stores, DEVICE_ALIGN};
 use crate::tensor::{Storage, Tensor};
-use crate::{H2dOptions, SmallH2d};
 use std::sync::Arc;
 
 /// Page-locked sources smaller than this are staged like pageable ones: many of them then
@@ -81,10 +82,132 @@ pub(crate) fn transfer<B: Batch>(
     opts: &H2dOptions,
     mode: Mode,
 ) -> Result<(B, Option<Pending>)> {
+    let Some(device) = target(opts)? else {
+        return Ok((batch::replace_tensors(batch, Vec::new()), None));
+    };
+    let all = batch::tensors(batch);
+    let rt = crate::runtime::runtime();
+    let src = route(&all, device, &rt);
+    let order = &src.order;
+    if order.is_empty() {
+        return Ok((batch::replace_tensors(batch, Vec::new()), None));
+    }
+    // The copy threads will fill staging slots: wake them now, so that they are up by the
+    // time the first window is handed out (planning and the allocation come first).
+    if src.staged.iter().map(|b| b.len()).sum::<usize>() >= rt.copy.parallel_min() {
+        rt.copy.prewake();
+    }
+
+    super::trace::mark("gathered");
+    let stream = thread_state::h2d_stream(device)?;
+    let ctx = driver::bind(device)?;
+    let consumer = consumer_stream(opts, device)?;
+    let sizes: Vec<usize> = order.iter().map(|&i| all[i].nbytes()).collect();
+    let (offsets, end) = plan::pack(sizes.iter().copied(), DEVICE_ALIGN)?;
+    let staged_end = src
+        .staged
+        .len()
+        .checked_sub(1)
+        .map_or(0, |last| offsets[last] + sizes[last]);
+
+    super::trace::mark("planned");
+    let mut job = InFlight::new(stream, rt.settings().drop_sync_wait);
+    let mut call = Call {
+        ctx: &ctx,
+        device,
+        stats: TransferStats {
+            tensors: order.len(),
+            bytes: sizes.iter().sum(),
+            ..TransferStats::default()
+        },
+    };
+    // The output tensors (views into the batch's buffer, which `job` holds too) are made
+    // while the host fills the staging slots, and the batch is rebuilt around them while
+    // the copies run. They reach the caller only if the copies succeed; otherwise they are
+    // dropped here, and `job` keeps the buffer until the stream has let go of it.
+    let layout = Layout {
+        offsets: &offsets,
+        sizes: &sizes,
+        end,
+        staged_end,
+    };
+    let make_outputs =
+        |alloc: Option<&Arc<DeviceAlloc>>| device_outputs(&all, order, &layout, device, alloc);
+    let run = submit(&mut call, &consumer, &mut job, &src, &layout, make_outputs);
+    let keep_sources = || {
+        order
+            .iter()
+            .map(|&i| all[i].clone())
+            .collect::<Vec<Tensor>>()
+    };
+    let (alloc, outputs) = match run {
+        Ok(r) => r,
+        Err(e) => return Err(job.abort(e, keep_sources)),
+    };
+    super::trace::mark("submitted");
+    let rebuilt = match super::rebuild_with(batch, &all, order, outputs.into_iter()) {
+        Ok(b) => b,
+        Err(e) => return Err(job.abort(e, keep_sources)),
+    };
+    super::trace::mark("rebuilt");
+    let pending = match mode {
+        Mode::Blocking => {
+            job.finish(keep_sources)?;
+            None
+        }
+        Mode::Async => Some(completion::detach(job, device, keep_sources)?),
+    };
+    super::trace::mark("synced");
+    record_stats(call.stats);
+    if let Some(a) = alloc {
+        thread_state::cache_batch(device, a, opts.num_caches)?;
+    }
+    Ok((rebuilt, pending))
+}
+
+/// The stream whose order frees the batch's device memory: the caller's consumer stream,
+/// or the legacy stream.
+fn consumer_stream(opts: &H2dOptions, device: usize) -> Result<Stream> {
+    match &opts.consumer_stream {
+        Some(s) => Ok(s.clone()),
+        None => Stream::legacy(crate::device::Device::cuda(device)),
+    }
+}
+
+/// The output tensors: views of `alloc` at the layout's offsets, with the dtypes and
+/// shapes of the sources at `order` (empty views when nothing was allocated).
+fn device_outputs(
+    all: &[&Tensor],
+    order: &[usize],
+    l: &Layout,
+    device: usize,
+    alloc: Option<&Arc<DeviceAlloc>>,
+) -> Result<Vec<Tensor>> {
+    let views = match alloc {
+        Some(a) => DeviceView::views(a, l.offsets.iter().copied().zip(l.sizes.iter().copied()))?,
+        None => vec![DeviceView::empty(device); order.len()],
+    };
+    let made = order.iter().zip(views).map(|(&i, view)| {
+        let t = all[i];
+        Tensor::from_parts(
+            t.dtype(),
+            t.shape().clone(),
+            t.nbytes(),
+            Storage::Device(view),
+        )
+    });
+    let made = made.collect();
+    super::trace::mark("outputs made");
+    Ok(made)
+}
+
+/// The device the call copies to, after the checks that come before any copy; `None`
+/// without CUDA (the batch passes through).
+fn target(opts: &H2dOptions) -> Result<Option<usize>> {
     opts.device.check()?; // a string that names no device is an error on every machine
     opts.check()?; // before any copy: a bad option must not lose a finished transfer
     let Some(info) = driver::available() else {
-        return Ok((batch::replace_tensors(batch, Vec::new()), None));
+        return Ok(None);
     };
     let device = opts.device.resolve(info.device_count)?.ordinal();
     driver::deferred::surface(device)?;
@@ -96,7 +219,21 @@ pub(crate) fn transfer<B: Batch>(
             });
         }
     }
-    let all = batch::tensors(batch);
+    Ok(Some(device))
+}
+
+/// The batch's host tensors by route: `order` lists them (as indices into the visit
+/// order) staged ones first, then mapped ones, then direct ones; `staged` holds the first
+/// ones' bytes, `mapped` and `direct` the others' buffers.
+struct Routed<'a> {
+    order: Vec<usize>,
+    staged: Vec<&'a [u8]>,
+    mapped: Vec<&'a PinnedBuf>,
+    direct: Vec<&'a PinnedBuf>,
+}
+
+/// Routes every host tensor of `all` (one pass over the batch).
+fn route<'a>(all: &[&'a Tensor], device: usize, rt: &crate::runtime::Runtime) -> Routed<'a> {
     // With the batched copy, direct copies are one submission for all of them, and
     // smaller page-locked tensors are worth copying directly.
     let direct_min = if memory::batch_copy_available() {
@@ -104,7 +241,6 @@ pub(crate) fn transfer<B: Batch>(
     } else {
         DIRECT_MIN_BYTES
     };
-    let rt = crate::runtime::runtime();
     let kernel =
         rt.settings().small_h2d == SmallH2d::Kernel && memory::h2d_gather_available(device);
     // The kernel's descriptors must fit one staging slot.
@@ -113,9 +249,6 @@ pub(crate) fn transfer<B: Batch>(
     } else {
         0
     };
-    // One pass over the batch: `order` lists (as indices into `all`) the host tensors:
-    // staged ones first, then mapped ones, then direct ones; `staged` holds the first
-    // ones' bytes, `mapped` and `direct` the others' buffers.
     let mut order = Vec::with_capacity(all.len());
     let mut staged: Vec<&[u8]> = Vec::with_capacity(all.len());
     let mut mapped: Vec<(usize, &PinnedBuf)> = Vec::new();
@@ -160,114 +293,21 @@ pub(crate) fn transfer<B: Batch>(
     }
     order.extend(mapped.iter().map(|d| d.0));
     order.extend(direct.iter().map(|d| d.0));
-    let mapped: Vec<&PinnedBuf> = mapped.into_iter().map(|d| d.1).collect();
-    let direct: Vec<&PinnedBuf> = direct.into_iter().map(|d| d.1).collect();
-    if order.is_empty() {
-        return Ok((batch::replace_tensors(batch, Vec::new()), None));
+    Routed {
+        order,
+        staged,
+        mapped: mapped.into_iter().map(|d| d.1).collect(),
+        direct: direct.into_iter().map(|d| d.1).collect(),
     }
-    // The copy threads will fill staging slots: wake them now, so that they are up by the
-    // time the first window is handed out (planning and the allocation come first).
-    if staged.iter().map(|b| b.len()).sum::<usize>() >= rt.copy.parallel_min() {
-        rt.copy.prewake();
-    }
-
-    super::trace::mark("gathered");
-    let stream = thread_state::h2d_stream(device)?;
-    let ctx = driver::bind(device)?;
-    let consumer = match &opts.consumer_stream {
-        Some(s) => s.clone(),
-        None => Stream::legacy(crate::Device::cuda(device))?,
-    };
-    let sizes: Vec<usize> = order.iter().map(|&i| all[i].nbytes()).collect();
-    let (offsets, end) = plan::pack(sizes.iter().copied(), DEVICE_ALIGN)?;
-    let staged_end = staged
-        .len()
-        .checked_sub(1)
-        .map_or(0, |last| offsets[last] + sizes[last]);
-
-    super::trace::mark("planned");
-    let mut job = InFlight::new(stream, crate::runtime::runtime().settings().drop_sync_wait);
-    let mut stats = TransferStats {
-        tensors: order.len(),
-        bytes: sizes.iter().sum(),
-        ..TransferStats::default()
-    };
-    // The output tensors (views into the batch's buffer, which `job` holds too) are made
-    // while the host fills the staging slots, and the batch is rebuilt around them while
-    // the copies run. They reach the caller only if the copies succeed; otherwise they are
-    // dropped here, and `job` keeps the buffer until the stream has let go of it.
-    let make_outputs = |alloc: Option<&Arc<DeviceAlloc>>| -> Result<Vec<Tensor>> {
-        let views = match alloc {
-            Some(a) => DeviceView::views(a, offsets.iter().copied().zip(sizes.iter().copied()))?,
-            None => vec![DeviceView::empty(device); order.len()],
-        };
-        let made = order.iter().zip(views).map(|(&i, view)| {
-            let t = all[i];
-            Tensor::from_parts(
-                t.dtype(),
-                t.shape().clone(),
-                t.nbytes(),
-                Storage::Device(view),
-            )
-        });
-        let made = made.collect();
-        super::trace::mark("outputs made");
-        Ok(made)
-    };
-    let run = submit(
-        &ctx,
-        device,
-        &consumer,
-        &mut job,
-        Sources {
-            staged: &staged,
-            mapped: &mapped,
-            direct: &direct,
-        },
-        &offsets,
-        &sizes,
-        end,
-        staged_end,
-        &mut stats,
-        make_outputs,
-    );
-    let keep_sources = || {
-        order
-            .iter()
-            .map(|&i| all[i].clone())
-            .collect::<Vec<Tensor>>()
-    };
-    let (alloc, outputs) = match run {
-        Ok(r) => r,
-        Err(e) => return Err(job.abort(e, keep_sources)),
-    };
-    super::trace::mark("submitted");
-    let moved = outputs.into_iter();
-    let rebuilt = match super::rebuild_with(batch, &all, &order, moved) {
-        Ok(b) => b,
-        Err(e) => return Err(job.abort(e, keep_sources)),
-    };
-    super::trace::mark("rebuilt");
-    let pending = match mode {
-        Mode::Blocking => {
-            job.finish(keep_sources)?;
-            None
-        }
-        Mode::Async => Some(completion::detach(job, device, keep_sources)?),
-    };
-    super::trace::mark("synced");
-    record_stats(stats);
-    if let Some(a) = alloc {
-        thread_state::cache_batch(device, a, opts.num_caches)?;
-    }
-    Ok((rebuilt, pending))
 }
 
-/// The batch's host tensors by route, in layout order: staged, mapped, direct.
-struct Sources<'a> {
-    staged: &'a [&'a [u8]],
-    mapped: &'a [&'a PinnedBuf],
-    direct: &'a [&'a PinnedBuf],
+/// The batch's layout in its device buffer: each tensor's offset and size (in layout
+/// order), the buffer's size, and the end of the staged region at its front.
+struct Layout<'a> {
+    offsets: &'a [usize],
+    sizes: &'a [usize],
+    end: usize,
+    staged_end: usize,
 }
 
 /// Queues every copy of the batch on `job`'s stream, calling `meanwhile` with the batch's
@@ -275,134 +315,158 @@ struct Sources<'a> {
 /// those fills (or after the direct copies and the kernel when nothing is staged; with
 /// `None` when all host tensors are empty and there is nothing to copy). Returns the
 /// batch's allocation and what `meanwhile` made.
-#[allow(clippy::too_many_arguments)]
 fn submit<T>(
-    ctx: &ContextGuard,
-    device: usize,
+    call: &mut Call,
     consumer: &Stream,
     job: &mut InFlight,
-    src: Sources,
-    offsets: &[usize],
-    sizes: &[usize],
-    end: usize,
-    staged_end: usize,
-    stats: &mut TransferStats,
+    src: &Routed,
+    l: &Layout,
     meanwhile: impl FnOnce(Option<&Arc<DeviceAlloc>>) -> Result<T>,
 ) -> Result<(Option<Arc<DeviceAlloc>>, T)> {
-    if end == 0 {
+    if l.end == 0 {
         return Ok((None, meanwhile(None)?));
     }
     let stream = job.stream().clone();
-    let alloc = DeviceAlloc::new_async(ctx, device, end, &stream, consumer.clone())?;
-    job.hold(&alloc, end);
+    let alloc = DeviceAlloc::new_async(call.ctx, call.device, l.end, &stream, consumer.clone())?;
+    job.hold(&alloc, l.end);
     super::trace::mark("allocated");
 
-    let Sources {
-        staged,
-        mapped,
-        direct,
-    } = src;
     // The mapped sources follow the staged ones in `offsets` and `sizes`, the direct ones
     // follow those.
+    let (n_staged, n_mapped) = (src.staged.len(), src.mapped.len());
+    queue_direct(call, &stream, &src.direct, n_staged + n_mapped, l, &alloc)?;
+    // With the kernel's descriptors in the first slot, the windows start at the second,
+    // so that the first fill does not wait for the kernel (unless there is one slot only).
+    let mut first_window_slot = 0;
+    if n_mapped > 0 {
+        let at = &l.offsets[n_staged..n_staged + n_mapped];
+        super::lease_slots(call.ctx, job, 1)?;
+        // SAFETY: `alloc` was allocated on this stream and `job` holds it until the stream
+        // is proven idle; the sources are borrowed from the caller's batch for this whole
+        // call, and cloned into the retained registry (or, for a non-blocking call, into
+        // its owners) until the kernel is proven done.
+        unsafe { memory::h2d_gather_async(call.ctx, job, call.device, &src.mapped, at, &alloc) }?;
+        call.stats.copies += 1;
+        call.stats.mapped_bytes += l.sizes[n_staged..n_staged + n_mapped].iter().sum::<usize>();
+        first_window_slot = 1;
+        super::trace::mark("gather queued");
+    }
+    if l.staged_end == 0 {
+        let made = meanwhile(Some(&alloc))?;
+        return Ok((Some(alloc), made));
+    }
+    let made = run_windows(
+        call,
+        job,
+        &src.staged,
+        l,
+        &alloc,
+        first_window_slot,
+        meanwhile,
+    )?;
+    Ok((Some(alloc), made))
+}
+
+/// Queues the direct copies of the page-locked sources `direct`, which are at `first` and
+/// after in the layout: one batched copy where the driver has it, else one each.
+fn queue_direct(
+    call: &mut Call,
+    stream: &Stream,
+    direct: &[&PinnedBuf],
+    first: usize,
+    l: &Layout,
+    alloc: &Arc<DeviceAlloc>,
+) -> Result<()> {
+    let stats = &mut call.stats;
     let direct: Vec<(&PinnedBuf, usize)> = direct
         .iter()
-        .zip(staged.len() + mapped.len()..)
-        .filter(|&(_, k)| sizes[k] > 0)
+        .zip(first..)
+        .filter(|&(_, k)| l.sizes[k] > 0)
         .map(|(&buf, k)| {
-            stats.direct_bytes += sizes[k];
-            (buf, offsets[k])
+            stats.direct_bytes += l.sizes[k];
+            (buf, l.offsets[k])
         })
         .collect();
     if direct.len() >= 2 && memory::batch_copy_available() && !stream.is_legacy() {
         let (bufs, at): (Vec<&PinnedBuf>, Vec<usize>) = direct.into_iter().unzip();
         // SAFETY: as for the single copies below, for every source; the stream is
         // pinlane's own H2D stream, never the legacy one.
-        unsafe { memory::h2d_batch_async(ctx, &bufs, &alloc, &at, device, &stream) }?;
-        stats.copies += 1;
+        unsafe { memory::h2d_batch_async(call.ctx, &bufs, alloc, &at, call.device, stream) }?;
+        call.stats.copies += 1;
     } else {
         for (buf, at) in direct {
-            // SAFETY: `alloc` was allocated on this stream and `job` holds it until the
-            // stream is proven idle; the source is borrowed from the caller's batch for
-            // this whole call, and cloned into the retained registry (or, for a
+            // SAFETY: `alloc` was allocated on this stream and the caller's `job` holds it
+            // until the stream is proven idle; the source is borrowed from the caller's
+            // batch for this whole call, and cloned into the retained registry (or, for a
             // non-blocking call, into its owners) until the copy is proven done.
-            unsafe { buf.h2d_async(ctx, &alloc, at, &stream) }?;
-            stats.copies += 1;
+            unsafe { buf.h2d_async(call.ctx, alloc, at, stream) }?;
+            call.stats.copies += 1;
         }
     }
+    Ok(())
+}
 
-    // With the kernel's descriptors in the first slot, the windows start at the second,
-    // so that the first fill does not wait for the kernel (unless there is one slot only).
-    let mut first_window_slot = 0;
-    if !mapped.is_empty() {
-        let at = &offsets[staged.len()..staged.len() + mapped.len()];
-        super::lease_slots(ctx, job, 1)?;
-        // SAFETY: `alloc` was allocated on this stream and `job` holds it until the stream
-        // is proven idle; the sources are borrowed from the caller's batch for this whole
-        // call, and cloned into the retained registry (or, for a non-blocking call, into
-        // its owners) until the kernel is proven done.
-        unsafe { memory::h2d_gather_async(ctx, job, device, mapped, at, &alloc) }?;
-        stats.copies += 1;
-        let sizes = &sizes[staged.len()..staged.len() + mapped.len()];
-        stats.mapped_bytes += sizes.iter().sum::<usize>();
-        first_window_slot = 1;
-        super::trace::mark("gather queued");
-    }
-
-    if staged_end > 0 {
-        let rt = crate::runtime::runtime();
-        let window = plan::window_size(staged_end, rt.arena.slot_bytes());
-        let windows: Vec<plan::Window> = plan::windows(staged_end, window).collect();
-        let nslots = super::lease_slots(ctx, job, windows.len() + first_window_slot)?;
-        super::trace::mark("leased");
-        // Streaming stores fill small batches faster, ordinary ones large batches
-        // (measured: docs/performance.md).
-        let stores = rt.fill_stores(if staged_end <= SMALL_BATCH {
-            Stores::Streaming
-        } else {
-            Stores::Cached
-        });
-        let (offsets, sizes) = (&offsets[..staged.len()], &sizes[..staged.len()]);
-        stats.staged_bytes += sizes.iter().sum::<usize>();
-        let mut pump = Pump {
-            windows: &windows,
-            first_slot: first_window_slot,
-            nslots,
-            queued: 0,
-            started: 0,
-            patience: super::patience::Patience::new(rt.settings().slot_wait),
-        };
-        let fill = |job: &mut InFlight, k: usize, w: plan::Window| {
-            let pieces = w.parts(offsets, sizes).map(|p| {
-                let bytes = staged[p.item];
-                (p.window_off, &bytes[p.item_off..p.item_off + p.len])
-            });
-            // SAFETY: the pieces borrow the caller's batch, alive for this whole call; the
-            // lease settles its fill before the call ends (InFlight::finish/abort settle
-            // every lease, and so does dropping one).
-            unsafe { job.leases[k].fill_start(pieces, &rt.copy, stores) }
-        };
-        let mut queue = |job: &mut InFlight, k: usize, w: plan::Window| {
-            queue_window(ctx, job, k, w.len, &alloc, w.start, &stream, stats)
-        };
-        while pump.started < windows.len() {
-            pump.turn(job, &fill, &mut queue)?;
-        }
-        // Every fill is started: make the outputs while the copy threads fill.
-        let made = meanwhile(Some(&alloc))?;
-        while pump.queued < windows.len() {
-            pump.turn(job, &fill, &mut queue)?;
-        }
-        Ok((Some(alloc), made))
+/// The staged region (`l.staged_end` bytes at the front of `alloc`) through the staging
+/// slots, window by window ([`Pump`]), the first window in slot `first_slot`; calls
+/// `meanwhile` once every fill is started and returns what it made.
+fn run_windows<T>(
+    call: &mut Call,
+    job: &mut InFlight,
+    staged: &[&[u8]],
+    l: &Layout,
+    alloc: &Arc<DeviceAlloc>,
+    first_slot: usize,
+    meanwhile: impl FnOnce(Option<&Arc<DeviceAlloc>>) -> Result<T>,
+) -> Result<T> {
+    let rt = crate::runtime::runtime();
+    let window = plan::window_size(l.staged_end, rt.arena.slot_bytes());
+    let windows: Vec<plan::Window> = plan::windows(l.staged_end, window).collect();
+    let nslots = super::lease_slots(call.ctx, job, windows.len() + first_slot)?;
+    super::trace::mark("leased");
+    // Streaming stores fill small batches faster, ordinary ones large batches
+    // (measured: docs/performance.md).
+    let stores = rt.fill_stores(if l.staged_end <= SMALL_BATCH {
+        Stores::Streaming
     } else {
-        let made = meanwhile(Some(&alloc))?;
-        Ok((Some(alloc), made))
+        Stores::Cached
+    });
+    let (offsets, sizes) = (&l.offsets[..staged.len()], &l.sizes[..staged.len()]);
+    call.stats.staged_bytes += sizes.iter().sum::<usize>();
+    let mut pump = Pump {
+        windows: &windows,
+        first_slot,
+        nslots,
+        queued: 0,
+        started: 0,
+        patience: super::patience::Patience::new(rt.settings().slot_wait),
+    };
+    let fill = |job: &mut InFlight, k: usize, w: plan::Window| {
+        let pieces = w.parts(offsets, sizes).map(|p| {
+            let bytes = staged[p.item];
+            (p.window_off, &bytes[p.item_off..p.item_off + p.len])
+        });
+        // SAFETY: the pieces borrow the caller's batch, alive for this whole call; the
+        // lease settles its fill before the call ends (InFlight::finish/abort settle
+        // every lease, and so does dropping one).
+        unsafe { job.leases[k].fill_start(pieces, &rt.copy, stores) }
+    };
+    let mut queue =
+        |job: &mut InFlight, k: usize, w: plan::Window| queue_window(call, job, k, w, alloc);
+    while pump.started < windows.len() {
+        pump.turn(job, &fill, &mut queue)?;
     }
+    // Every fill is started: make the outputs while the copy threads fill.
+    let made = meanwhile(Some(alloc))?;
+    while pump.queued < windows.len() {
+        pump.turn(job, &fill, &mut queue)?;
+    }
+    Ok(made)
 }
 
 /// The staging windows of one call in flight. Window `w` uses slot
 /// `(w + first_slot) % nslots`; windows before `queued` have their copy queued, those from
 /// `queued` to `started` are filling. Turns without progress back off and, after
-/// [`Config::slot_wait`](crate::Config::slot_wait) of them, fail (a hung device).
+/// [`Config::slot_wait`](crate::config::Config::slot_wait) of them, fail (a hung device).
 struct Pump<'a> {
     windows: &'a [plan::Window],
     first_slot: usize,
@@ -425,7 +489,7 @@ impl Pump<'_> {
     /// ([`Patience`](super::patience::Patience)).
     ///
     /// # Errors
-    /// A failed fill, copy or event query; [`Error::StagingExhausted`](crate::Error::StagingExhausted)
+    /// A failed fill, copy or event query; [`Error::StagingExhausted`](crate::error::Error::StagingExhausted)
     /// once the device has kept every slot busy for `slot_wait`.
     fn turn(
         &mut self,
@@ -463,31 +527,29 @@ impl Pump<'_> {
         // Waiting for the device to finish a slot's copy.
         self.patience
             .pause()
-            .map_err(|waited| crate::Error::StagingExhausted {
+            .map_err(|waited| crate::error::Error::StagingExhausted {
                 waited_ms: u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
                 retained_bytes: crate::memory::retained::retained_bytes(),
             })
     }
 }
 
-/// Queues the copy of a filled slot (waiting for its fill first) to `alloc` at `start`.
-#[allow(clippy::too_many_arguments)]
+/// Queues the copy of a filled slot `k` (waiting for its fill first) to window `w` of
+/// `alloc`.
 fn queue_window(
-    ctx: &ContextGuard,
+    call: &mut Call,
     job: &mut InFlight,
     k: usize,
-    len: usize,
+    w: plan::Window,
     alloc: &DeviceAlloc,
-    start: usize,
-    stream: &Stream,
-    stats: &mut TransferStats,
 ) -> Result<()> {
+    let stream = job.stream().clone();
     // SAFETY: `alloc` was allocated on this stream and `job` holds it until the stream is
     // proven idle.
-    unsafe { job.leases[k].h2d_window(ctx, len, alloc, start, stream) }?;
+    unsafe { job.leases[k].h2d_window(call.ctx, w.len, alloc, w.start, &stream) }?;
     super::trace::mark("window queued");
-    stats.copies += 1;
-    stats.windows += 1;
+    call.stats.copies += 1;
+    call.stats.windows += 1;
     Ok(())
 }
 

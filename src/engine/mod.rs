@@ -10,7 +10,7 @@
 //! | `thread_state.rs` | per-thread streams, the cache ring, the current stream |
 //! | `h2d.rs`, `d2h.rs` | the two directions |
 //! | `prefetch.rs` | [`Prefetcher`]: batches moved ahead on a worker thread |
-//! | `shutdown.rs` | [`Runtime::shutdown`](crate::Runtime::shutdown): memory back, threads stopped |
+//! | `shutdown.rs` | [`Runtime::shutdown`](crate::runtime::Runtime::shutdown): memory back, threads stopped |
 
 mod completion;
 mod d2h;
@@ -80,14 +80,14 @@ pub fn transfer_tensor_h2d<B: Batch>(batch: &B) -> Result<B> {
 /// ```
 ///
 /// # Errors
-/// [`Error::InvalidDevice`](crate::Error::InvalidDevice),
-/// [`Error::InvalidLocalRank`](crate::Error::InvalidLocalRank),
-/// [`Error::DeviceUnavailable`](crate::Error::DeviceUnavailable),
-/// [`Error::StreamDeviceMismatch`](crate::Error::StreamDeviceMismatch) and
-/// [`Error::InvalidOption`](crate::Error::InvalidOption) for bad options (before any copy);
-/// [`Error::Deferred`](crate::Error::Deferred) for an earlier release failure of this thread on
-/// the device; [`Error::StagingExhausted`](crate::Error::StagingExhausted); the driver's error
-/// ([`Error::Driver`](crate::Error::Driver)) if a copy, allocation or synchronisation fails,
+/// [`Error::InvalidDevice`](crate::error::Error::InvalidDevice),
+/// [`Error::InvalidLocalRank`](crate::error::Error::InvalidLocalRank),
+/// [`Error::DeviceUnavailable`](crate::error::Error::DeviceUnavailable),
+/// [`Error::StreamDeviceMismatch`](crate::error::Error::StreamDeviceMismatch) and
+/// [`Error::InvalidOption`](crate::error::Error::InvalidOption) for bad options (before any copy);
+/// [`Error::Deferred`](crate::error::Error::Deferred) for an earlier release failure of this thread on
+/// the device; [`Error::StagingExhausted`](crate::error::Error::StagingExhausted); the driver's error
+/// ([`Error::Driver`](crate::error::Error::Driver)) if a copy, allocation or synchronisation fails,
 /// after draining what was queued. The input is never changed.
 pub fn transfer_tensor_h2d_with<B: Batch>(batch: &B, opts: &H2dOptions) -> Result<B> {
     trace::start("h2d");
@@ -187,15 +187,15 @@ pub fn transfer_tensor_d2h_async<B: Batch>(batch: &B, opts: &D2hOptions) -> Resu
 /// ```
 ///
 /// # Errors
-/// [`Error::InvalidDevice`](crate::Error::InvalidDevice),
-/// [`Error::StreamWithoutDevice`](crate::Error::StreamWithoutDevice),
-/// [`Error::StreamDeviceMismatch`](crate::Error::StreamDeviceMismatch),
-/// [`Error::EventDeviceMismatch`](crate::Error::EventDeviceMismatch),
-/// [`Error::InvalidLocalRank`](crate::Error::InvalidLocalRank),
-/// [`Error::DeviceUnavailable`](crate::Error::DeviceUnavailable) for bad options (before any
-/// copy); [`Error::Deferred`](crate::Error::Deferred);
-/// [`Error::StagingExhausted`](crate::Error::StagingExhausted); the driver's error
-/// ([`Error::Driver`](crate::Error::Driver)) after draining what was queued. The input is never
+/// [`Error::InvalidDevice`](crate::error::Error::InvalidDevice),
+/// [`Error::StreamWithoutDevice`](crate::error::Error::StreamWithoutDevice),
+/// [`Error::StreamDeviceMismatch`](crate::error::Error::StreamDeviceMismatch),
+/// [`Error::EventDeviceMismatch`](crate::error::Error::EventDeviceMismatch),
+/// [`Error::InvalidLocalRank`](crate::error::Error::InvalidLocalRank),
+/// [`Error::DeviceUnavailable`](crate::error::Error::DeviceUnavailable) for bad options (before any
+/// copy); [`Error::Deferred`](crate::error::Error::Deferred);
+/// [`Error::StagingExhausted`](crate::error::Error::StagingExhausted); the driver's error
+/// ([`Error::Driver`](crate::error::Error::Driver)) after draining what was queued. The input is never
 /// changed.
 pub fn transfer_tensor_d2h<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
     trace::start("d2h");
@@ -218,7 +218,7 @@ pub struct TransferStats {
     /// before their copy (D2H).
     pub direct_bytes: usize,
     /// Bytes a kernel read straight from page-locked host sources (H2D,
-    /// [`SmallH2d::Kernel`](crate::SmallH2d::Kernel)).
+    /// [`SmallH2d::Kernel`](crate::config::SmallH2d::Kernel)).
     pub mapped_bytes: usize,
     /// Copy submissions (`cuMemcpy*Async` calls).
     pub copies: usize,
@@ -228,6 +228,14 @@ pub struct TransferStats {
 
 thread_local! {
     static LAST: Cell<Option<TransferStats>> = const { Cell::new(None) };
+}
+
+/// What every queueing step of one call needs: the device's context made current, the
+/// device, and the call's statistics as they are counted.
+struct Call<'a> {
+    ctx: &'a ContextGuard,
+    device: usize,
+    stats: TransferStats,
 }
 
 fn record_stats(s: TransferStats) {
@@ -241,7 +249,7 @@ pub fn last_transfer_stats() -> Option<TransferStats> {
 }
 
 /// Leases staging slots into `job` for `n_windows` windows: the first may block until
-/// another call returns one; more (up to [`Config::pipeline_slots`](crate::Config::pipeline_slots):
+/// another call returns one; more (up to [`Config::pipeline_slots`](crate::config::Config::pipeline_slots):
 /// by default 8, enough to keep several windows' copies queued while the host fills the
 /// next, leaving half of the default arena to a transfer in the other direction) only if
 /// free. Returns how many the job holds (at least one).
@@ -278,14 +286,14 @@ fn lease_slots(ctx: &ContextGuard, job: &mut InFlight, n_windows: usize) -> Resu
 /// places.
 fn rebuild_with<B: Batch>(
     batch: &B,
-    all: &[&crate::Tensor],
+    all: &[&crate::tensor::Tensor],
     indices: &[usize],
-    mut outputs: impl Iterator<Item = crate::Tensor>,
+    mut outputs: impl Iterator<Item = crate::tensor::Tensor>,
 ) -> Result<B> {
     let n = all.len();
     let mut k = 0;
     let mut first_mismatch = None;
-    let mut check = |orig: &crate::Tensor| {
+    let mut check = |orig: &crate::tensor::Tensor| {
         let same = all.get(k).is_some_and(|v| {
             std::ptr::eq(*v, orig)
                 || (v.same_storage(orig) && v.dtype() == orig.dtype() && v.shape() == orig.shape())
@@ -301,7 +309,7 @@ fn rebuild_with<B: Batch>(
             outputs.next().unwrap_or_else(|| orig.clone())
         })
     } else {
-        let mut new: Vec<Option<crate::Tensor>> = vec![None; n];
+        let mut new: Vec<Option<crate::tensor::Tensor>> = vec![None; n];
         for (&i, t) in indices.iter().zip(outputs) {
             if let Some(slot) = new.get_mut(i) {
                 *slot = Some(t);

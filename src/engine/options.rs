@@ -45,11 +45,11 @@ impl H2dOptions {
     /// Checks the values that need no driver.
     ///
     /// # Errors
-    /// [`Error::InvalidOption`](crate::Error::InvalidOption) for `num_caches` above
+    /// [`Error::InvalidOption`](crate::error::Error::InvalidOption) for `num_caches` above
     /// [`MAX_NUM_CACHES`].
-    pub(crate) fn check(&self) -> crate::Result<()> {
+    pub(crate) fn check(&self) -> crate::error::Result<()> {
         if self.num_caches > MAX_NUM_CACHES {
-            return Err(crate::Error::InvalidOption {
+            return Err(crate::error::Error::InvalidOption {
                 name: "num_caches",
                 reason: format!("{} is above the most, {MAX_NUM_CACHES}", self.num_caches),
             });
@@ -57,7 +57,7 @@ impl H2dOptions {
         Ok(())
     }
 
-    /// Sets [`H2dOptions::device`]: a [`Device`](crate::Device), or `"cuda"` / `"cuda:N"`.
+    /// Sets [`H2dOptions::device`]: a [`Device`](crate::device::Device), or `"cuda"` / `"cuda:N"`.
     pub fn device(mut self, d: impl Into<DeviceSpec>) -> Self {
         self.device = d.into();
         self
@@ -87,7 +87,7 @@ impl H2dOptions {
 #[derive(Clone, Debug, Default)]
 #[non_exhaustive]
 pub struct D2hOptions {
-    /// The CUDA device to copy from: a [`Device`](crate::Device), `"cuda:N"`, or
+    /// The CUDA device to copy from: a [`Device`](crate::device::Device), `"cuda:N"`, or
     /// `"cuda"` / `None` for `cuda:{LOCAL_RANK}` (`cuda:0` when `LOCAL_RANK` is unset).
     pub device: Option<DeviceSpec>,
     /// A stream to copy on, used as given and not cached. Requires `device`, and must be
@@ -120,7 +120,7 @@ pub enum HostOutput {
 }
 
 impl D2hOptions {
-    /// Sets [`D2hOptions::device`]: a [`Device`](crate::Device), or `"cuda"` / `"cuda:N"`.
+    /// Sets [`D2hOptions::device`]: a [`Device`](crate::device::Device), or `"cuda"` / `"cuda:N"`.
     pub fn device(mut self, d: impl Into<DeviceSpec>) -> Self {
         self.device = Some(d.into());
         self

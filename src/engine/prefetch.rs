@@ -131,7 +131,7 @@ impl<B> Iterator for Prefetcher<B> {
 
 impl<B> Drop for Prefetcher<B> {
     /// Stops the worker and waits for it to exit, at most
-    /// [`Config::drop_sync_wait`](crate::Config::drop_sync_wait): a worker still inside
+    /// [`Config::drop_sync_wait`](crate::config::Config::drop_sync_wait): a worker still inside
     /// the source's `next()` (which pinlane cannot interrupt) is then left to exit on its
     /// own when that returns, and the drop returns.
     fn drop(&mut self) {

@@ -48,7 +48,7 @@ impl Runtime {
     /// # Ok::<(), pinlane::Error>(())
     /// ```
     ///
-    /// [`Config::install`]: crate::Config::install
+    /// [`Config::install`]: crate::config::Config::install
     pub fn shutdown(&self, timeout: Duration) -> Result<()> {
         let started = Instant::now();
         let deadline = started + timeout;

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-/// The page-locked staging slots of the [`Runtime`](crate::Runtime).
+/// The page-locked staging slots of the [`Runtime`](crate::runtime::Runtime).
 ///
 /// ```
 /// let arena = &pinlane::runtime().memory_stats().staging;
@@ -131,10 +131,10 @@ impl PinnedArena {
         free_slabs(free)
     }
 
-    pub(crate) fn stats(&self) -> crate::PoolStats {
+    pub(crate) fn stats(&self) -> crate::runtime::PoolStats {
         let st = self.lock();
         let leased = st.allocated - st.free.len();
-        crate::PoolStats {
+        crate::runtime::PoolStats {
             held_bytes: st.allocated * self.slot_bytes,
             in_use_bytes: leased * self.slot_bytes,
             in_use_count: leased,
@@ -527,7 +527,7 @@ impl SlotLease {
         let whole = buf.len() - buf.len() % std::mem::size_of::<GatherPiece>();
         let descs: &mut [GatherPiece] =
             bytemuck::try_cast_slice_mut(&mut buf[..whole]).map_err(|e| {
-                crate::Error::Internal {
+                crate::error::Error::Internal {
                     op: "gather",
                     reason: format!("staging slot: {e}"),
                 }
@@ -540,13 +540,13 @@ impl SlotLease {
             let span = usize::try_from(p.zeros)
                 .ok()
                 .and_then(|z| len.checked_add(z))
-                .ok_or_else(|| crate::Error::Internal {
+                .ok_or_else(|| crate::error::Error::Internal {
                     op: "gather",
                     reason: format!("piece of {len} + {} bytes", p.zeros),
                 })?;
             check_range("gather destination", off, span, dst.nbytes())?;
             let Some(d) = descs.get_mut(n) else {
-                return Err(crate::Error::Internal {
+                return Err(crate::error::Error::Internal {
                     op: "gather",
                     reason: format!("more than {capacity} pieces do not fit the staging slot"),
                 });
@@ -554,7 +554,7 @@ impl SlotLease {
             *d = p;
             n += 1;
         }
-        let count = u32::try_from(n).map_err(|_| crate::Error::Internal {
+        let count = u32::try_from(n).map_err(|_| crate::error::Error::Internal {
             op: "gather",
             reason: format!("{n} pieces"),
         })?;

@@ -130,7 +130,7 @@ impl Job {
     }
 }
 
-/// The copy threads of the [`Runtime`](crate::Runtime) ([`Config::copy_threads`](crate::Config::copy_threads)).
+/// The copy threads of the [`Runtime`](crate::runtime::Runtime) ([`Config::copy_threads`](crate::config::Config::copy_threads)).
 pub struct CopyPool {
     threads: usize,
     /// Jobs below this many bytes run on the calling thread alone.

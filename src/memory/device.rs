@@ -298,7 +298,7 @@ impl DeviceView {
 }
 
 /// A device tensor's address lent for work on one stream, from
-/// [`Tensor::device_ptr`](crate::Tensor::device_ptr).
+/// [`Tensor::device_ptr`](crate::tensor::Tensor::device_ptr).
 ///
 /// **The rule:** queue every use of the pointer on the guard's stream while the guard
 /// lives. When it drops (or [`DevicePtrGuard::finish`] is called), an event is recorded

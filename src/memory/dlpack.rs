@@ -9,10 +9,10 @@
 //! and gives `Tensor` its parts.
 
 use super::{DeviceAlloc, DevicePtrGuard, DeviceView, HostBuf, PinnedBlock, PinnedBuf, Storage};
+use crate::driver::Stream;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::layout::Shape;
-use crate::Stream;
 use dlpark::ffi::{DLDataType, DLDataTypeCode, DLDevice, DLDeviceType};
 use dlpark::metadata::Dynamic;
 use dlpark::{DlpackFlags, Managed, ManagedTensorBase};

@@ -46,7 +46,7 @@ pub(crate) unsafe fn gather_async(
     ctx.check("gather", device)?;
     // Every descriptor must be checked here: the kernel writes device memory unchecked.
     if views.len() != offsets.len() {
-        return Err(crate::Error::LengthMismatch {
+        return Err(crate::error::Error::LengthMismatch {
             op: "gather",
             what: "views and offsets",
         });
@@ -55,9 +55,9 @@ pub(crate) unsafe fn gather_async(
         super::check_range("gather destination", off, v.nbytes(), end)?;
     }
     let Some(kernel) = driver::gather_kernel(device) else {
-        return Err(crate::Error::NoCuda {
+        return Err(crate::error::Error::NoCuda {
             op: "gather",
-            reason: driver::gather_unavailable_reason(crate::Device::cuda(device))
+            reason: driver::gather_unavailable_reason(crate::device::Device::cuda(device))
                 .unwrap_or_default(),
         });
     };
@@ -67,7 +67,7 @@ pub(crate) unsafe fn gather_async(
         .ok()
         .filter(|&n| n > 0 && end > 0 && desc_bytes <= slot_bytes);
     let Some(n) = n else {
-        return Err(crate::Error::Internal {
+        return Err(crate::error::Error::Internal {
             op: "gather",
             reason: format!(
                 "{} pieces of {end} bytes for a staging slot of {slot_bytes} bytes",
@@ -81,7 +81,7 @@ pub(crate) unsafe fn gather_async(
     let lease = job
         .leases
         .first_mut()
-        .ok_or_else(|| crate::Error::Internal {
+        .ok_or_else(|| crate::error::Error::Internal {
             op: "gather",
             reason: "no staging slot leased".into(),
         })?;
@@ -188,13 +188,13 @@ pub(crate) unsafe fn h2d_gather_async(
 ) -> Result<()> {
     ctx.check("gather", device)?;
     if sources.len() != offsets.len() {
-        return Err(crate::Error::LengthMismatch {
+        return Err(crate::error::Error::LengthMismatch {
             op: "gather",
             what: "sources and offsets",
         });
     }
     // The engine routes here only sources the device can read: anything else is a bug.
-    let unreadable = |reason: String| crate::Error::Internal {
+    let unreadable = |reason: String| crate::error::Error::Internal {
         op: "gather",
         reason,
     };
@@ -209,9 +209,9 @@ pub(crate) unsafe fn h2d_gather_async(
         )));
     }
     let Some(kernel) = driver::gather_kernel(device) else {
-        return Err(crate::Error::NoCuda {
+        return Err(crate::error::Error::NoCuda {
             op: "gather",
-            reason: driver::gather_unavailable_reason(crate::Device::cuda(device))
+            reason: driver::gather_unavailable_reason(crate::device::Device::cuda(device))
                 .unwrap_or_default(),
         });
     };

@@ -249,12 +249,12 @@ impl Drop for Pooled {
     }
 }
 
-/// Recycled pageable output memory of the [`Runtime`](crate::Runtime).
+/// Recycled pageable output memory of the [`Runtime`](crate::runtime::Runtime).
 ///
 /// Writing into freshly allocated memory is bound by page faults (5 to 7 GB/s on one
 /// thread), far below the link; so D2H output regions come back here when their last
 /// tensor drops, already faulted in, and the next batch of a similar size reuses one.
-/// Bounded: at most [`Config::host_pool_bytes`](crate::Config::host_pool_bytes) are kept;
+/// Bounded: at most [`Config::host_pool_bytes`](crate::config::Config::host_pool_bytes) are kept;
 /// the oldest cached regions are freed to make room for a newer one.
 pub struct HostPool {
     max_bytes: AtomicUsize,
@@ -316,9 +316,9 @@ impl HostPool {
         drop(free);
     }
 
-    pub(crate) fn stats(&self) -> crate::PoolStats {
+    pub(crate) fn stats(&self) -> crate::runtime::PoolStats {
         let st = self.lock();
-        crate::PoolStats {
+        crate::runtime::PoolStats {
             held_bytes: st.cached + st.in_use,
             in_use_bytes: st.in_use,
             in_use_count: st.in_use_count,

@@ -20,10 +20,10 @@ pub struct PinnedLimits {
 /// of page-locked memory each way and one device buffer each way.
 ///
 /// # Errors
-/// [`crate::Error::NoCuda`], or the driver's error from an allocation, copy or
+/// [`crate::error::Error::NoCuda`], or the driver's error from an allocation, copy or
 /// synchronisation.
 pub fn measure_pinned_limits(
-    device: crate::Device,
+    device: crate::device::Device,
     nbytes: usize,
     reps: usize,
 ) -> Result<PinnedLimits> {

@@ -98,11 +98,11 @@ pub const DEVICE_ALIGN: usize = 256;
 
 /// `Ok` if `at..at + n` lies within `len` bytes (no overflow); else an error naming `what`.
 /// Every copy the memory layer queues checks its ranges with this first.
-pub(crate) fn check_range(what: &str, at: usize, n: usize, len: usize) -> crate::Result<()> {
+pub(crate) fn check_range(what: &str, at: usize, n: usize, len: usize) -> crate::error::Result<()> {
     if at.checked_add(n).is_some_and(|end| end <= len) {
         return Ok(());
     }
-    Err(crate::Error::Internal {
+    Err(crate::error::Error::Internal {
         op: "copy range",
         reason: format!("{what}: {at}+{n} exceeds {len} bytes"),
     })

@@ -416,7 +416,7 @@ pub(crate) unsafe fn h2d_batch_async(
 }
 
 /// The bounded pool of page-locked blocks that D2H outputs live in (when the caller asks
-/// for page-locked outputs, the default), owned by the [`Runtime`](crate::Runtime).
+/// for page-locked outputs, the default), owned by the [`Runtime`](crate::runtime::Runtime).
 ///
 /// A D2H batch takes a range of one block, its tensors are views into it, and the block
 /// comes back to the pool when the last view of it drops. Batches of at least
@@ -424,9 +424,9 @@ pub(crate) unsafe fn h2d_batch_async(
 /// slightly different sizes reuse each other's blocks); smaller batches share 2 MiB
 /// blocks, each taking a 256-byte-aligned range, so keeping many small batches alive does
 /// not take a block each. The pool holds at most
-/// [`Config::pinned_output_bytes`](crate::Config::pinned_output_bytes); when a batch does
+/// [`Config::pinned_output_bytes`](crate::config::Config::pinned_output_bytes); when a batch does
 /// not fit even after freeing the unused blocks, the call falls back to pageable outputs
-/// (counted in [`MemoryStats::pageable_fallbacks`](crate::MemoryStats::pageable_fallbacks)).
+/// (counted in [`MemoryStats::pageable_fallbacks`](crate::runtime::MemoryStats::pageable_fallbacks)).
 pub struct PinnedOutputPool {
     max_bytes: AtomicUsize,
     state: Mutex<PoolState>,
@@ -479,7 +479,7 @@ impl PinnedOutputPool {
         self.fallbacks.load(Ordering::Relaxed)
     }
 
-    pub(crate) fn stats(&self) -> crate::PoolStats {
+    pub(crate) fn stats(&self) -> crate::runtime::PoolStats {
         let st = self.lock();
         let free: usize = st.free.iter().map(|b| b.1).sum();
         // The shared block stays current after its ranges' tensors are gone: with no
@@ -488,7 +488,7 @@ impl PinnedOutputPool {
             Some((b, _)) if Arc::strong_count(b) == 1 => b.len,
             _ => 0,
         };
-        crate::PoolStats {
+        crate::runtime::PoolStats {
             held_bytes: st.held,
             in_use_bytes: st.held - free - idle_shared,
             in_use_count: st.blocks - st.free.len() - usize::from(idle_shared > 0),

@@ -11,7 +11,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 /// A writable page-locked buffer of `len` values of `T`, from the same bounded, recycled
-/// pool as page-locked D2H outputs ([`crate::Config::pinned_output_bytes`]): a loader
+/// pool as page-locked D2H outputs ([`crate::config::Config::pinned_output_bytes`]): a loader
 /// decodes or assembles a batch straight into it, then [`freeze`](Self::freeze)s it into
 /// a [`Tensor`] (no copy). H2D copies such a tensor straight from its memory (one DMA,
 /// no host copy, when it is 256 KiB or more; smaller ones are staged, many per copy).

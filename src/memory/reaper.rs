@@ -6,7 +6,7 @@
 //! transfer's path (output blocks evicted to make room under the cap, staging slots above
 //! a lowered cap) go to one dedicated thread, started on first use, which waits in its
 //! place. Frees the caller causes directly stay on the caller's thread: the last drop of a
-//! page-locked tensor of its own (`to_pinned`), and [`Runtime::trim`](crate::Runtime::trim).
+//! page-locked tensor of its own (`to_pinned`), and [`Runtime::trim`](crate::runtime::Runtime::trim).
 //! (Sending those here too was measured to be worse: thousands of queued frees, each
 //! waiting for the device, ran during the next transfers and halved their speed.)
 //!
@@ -55,7 +55,7 @@ pub(crate) unsafe fn free_pinned_later(ptr: HostPtr<u8>, device: usize) {
 
 /// Lets the reaper thread free what it was given and exit; waits up to `limit` for that
 /// and says whether it happened (no thread running counts). A later free starts a new
-/// thread. For [`Runtime::shutdown`](crate::Runtime::shutdown).
+/// thread. For [`Runtime::shutdown`](crate::runtime::Runtime::shutdown).
 pub(crate) fn quiesce(limit: Duration) -> bool {
     let reaper = REAPER.lock().unwrap_or_else(|p| p.into_inner()).take();
     match reaper {
@@ -96,7 +96,7 @@ fn start() -> Option<Reaper> {
 /// # Safety
 /// `ptr` came from `host_alloc` under `device`'s context, is not freed yet, and no copy
 /// touches it any more.
-pub(crate) unsafe fn free_pinned(ptr: HostPtr<u8>, device: usize) -> crate::Result<()> {
+pub(crate) unsafe fn free_pinned(ptr: HostPtr<u8>, device: usize) -> crate::error::Result<()> {
     let ctx = driver::bind(device)?;
     // SAFETY: the caller's obligations.
     unsafe { driver::host_free(&ctx, ptr.0) }
