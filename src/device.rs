@@ -1,46 +1,9 @@
-//! [`Device`]: a CUDA device, as a type. Parsed once from `"cuda"` / `"cuda:N"` or taken
-//! from `LOCAL_RANK`; every call that works with a device takes one.
+//! Devices as calls name them: [`Device`] parsed from `"cuda"` / `"cuda:N"` or taken from
+//! `LOCAL_RANK`, and [`DeviceSpec`], a device before the driver is asked. (The `Device`
+//! type itself is an identifier, in `location.rs`, at the bottom of the crate.)
 
 use crate::error::{Error, Result};
-use std::fmt;
-
-/// A CUDA device: its ordinal, as the driver numbers the devices this process sees.
-///
-/// `Display` writes `cuda:N`. Making a `Device` does not touch the driver; calls check the
-/// ordinal against the device count when they use it ([`Error::DeviceUnavailable`]).
-///
-/// ```
-/// use pinlane::Device;
-/// # fn main() -> pinlane::Result<()> {
-/// let d: Device = "cuda:1".parse()?;
-/// assert_eq!(d, Device::cuda(1));
-/// assert_eq!(d.ordinal(), 1);
-/// assert_eq!(d.to_string(), "cuda:1");
-/// assert!("cpu".parse::<Device>().is_err()); // a typed error: Error::InvalidDevice
-/// # Ok(()) }
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Device(usize);
-
-impl Device {
-    /// The device of ordinal `n`.
-    pub const fn cuda(n: usize) -> Device {
-        Device(n)
-    }
-
-    /// The ordinal (`N` of `cuda:N`).
-    pub const fn ordinal(self) -> usize {
-        self.0
-    }
-
-    // `from_local_rank` and `all` ask the driver: they are in `driver/devices.rs`.
-}
-
-impl fmt::Display for Device {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "cuda:{}", self.0)
-    }
-}
+pub use crate::location::Device;
 
 /// Parses `"cuda:N"`, or `"cuda"` for [`Device::from_local_rank`]. Anything else
 /// (`"cpu"`, `"cuda:x"`, `"gpu"`, `""`, `"CUDA:0"`, `"cuda:+1"`) is
@@ -50,7 +13,7 @@ impl std::str::FromStr for Device {
 
     fn from_str(s: &str) -> Result<Device> {
         match DeviceSpec::parse(s) {
-            DeviceSpec::Ordinal(n) => Ok(Device(n)),
+            DeviceSpec::Ordinal(n) => Ok(Device::cuda(n)),
             DeviceSpec::LocalRank => Device::from_local_rank(),
             DeviceSpec::Invalid(value) => Err(Error::InvalidDevice { value }),
         }
@@ -106,10 +69,10 @@ impl DeviceSpec {
     /// The device this names, given the device count.
     pub(crate) fn resolve(&self, device_count: usize) -> Result<Device> {
         match self {
-            DeviceSpec::LocalRank => env_local_rank(device_count).map(Device),
-            DeviceSpec::Ordinal(i) if *i < device_count => Ok(Device(*i)),
+            DeviceSpec::LocalRank => env_local_rank(device_count).map(Device::cuda),
+            DeviceSpec::Ordinal(i) if *i < device_count => Ok(Device::cuda(*i)),
             DeviceSpec::Ordinal(i) => Err(Error::DeviceUnavailable {
-                index: *i,
+                device: Device::cuda(*i),
                 device_count,
             }),
             DeviceSpec::Invalid(value) => Err(Error::InvalidDevice {
@@ -121,7 +84,7 @@ impl DeviceSpec {
 
 impl From<Device> for DeviceSpec {
     fn from(d: Device) -> DeviceSpec {
-        DeviceSpec::Ordinal(d.0)
+        DeviceSpec::Ordinal(d.ordinal())
     }
 }
 
@@ -149,17 +112,38 @@ pub(crate) fn local_rank_device(value: Option<&str>, device_count: usize) -> Res
     }
 }
 
-/// Reads `LOCAL_RANK` (the one environment variable the spec defines): unset means 0; a
-/// value that is not Unicode is invalid.
-pub(crate) fn env_local_rank(device_count: usize) -> Result<usize> {
+thread_local! {
+    /// `LOCAL_RANK` as this thread first read it (`None`: unset; `Err`: not Unicode): the
+    /// environment is read once per thread, by its first call that resolves the default
+    /// device, not on every call.
+    static LOCAL_RANK: std::cell::OnceCell<RawRank> = const { std::cell::OnceCell::new() };
+}
+
+type RawRank = Option<std::result::Result<String, String>>;
+
+fn read_local_rank() -> RawRank {
     match std::env::var("LOCAL_RANK") {
-        Ok(v) => local_rank_device(Some(&v), device_count),
-        Err(std::env::VarError::NotPresent) => Ok(0),
-        Err(std::env::VarError::NotUnicode(v)) => Err(Error::InvalidLocalRank {
-            value: v.to_string_lossy().into_owned(),
+        Ok(v) => Some(Ok(v)),
+        Err(std::env::VarError::NotPresent) => None,
+        Err(std::env::VarError::NotUnicode(v)) => Some(Err(v.to_string_lossy().into_owned())),
+    }
+}
+
+/// The device `LOCAL_RANK` (the one environment variable the spec defines) names, as this
+/// thread read it first: unset means 0; a value that is not Unicode is invalid.
+pub(crate) fn env_local_rank(device_count: usize) -> Result<usize> {
+    let resolve = |raw: &RawRank| match raw {
+        None => Ok(0),
+        Some(Ok(v)) => local_rank_device(Some(v), device_count),
+        Some(Err(v)) => Err(Error::InvalidLocalRank {
+            value: v.clone(),
             device_count,
         }),
-    }
+    };
+    // While the thread is being torn down its cache is gone: read the environment.
+    LOCAL_RANK
+        .try_with(|c| resolve(c.get_or_init(read_local_rank)))
+        .unwrap_or_else(|_| resolve(&read_local_rank()))
 }
 
 #[cfg(test)]
@@ -223,7 +207,7 @@ mod tests {
         assert_eq!(
             DeviceSpec::Ordinal(99).resolve(1),
             Err(Error::DeviceUnavailable {
-                index: 99,
+                device: Device::cuda(99),
                 device_count: 1
             })
         );

@@ -7,7 +7,7 @@
 
 use crate::driver::error::DriverError;
 use crate::dtype::DType;
-use crate::location::Location;
+use crate::location::{Device, Location};
 
 /// Result alias used throughout pinlane.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -42,8 +42,11 @@ pub enum Error {
     InvalidBytes { dtype: DType, reason: String },
 
     /// An event that belongs to another device than the transfer's.
-    #[error("the producer event is on cuda:{event_device}, but the transfer is on cuda:{device}")]
-    EventDeviceMismatch { event_device: usize, device: usize },
+    #[error("the producer event is on {event_device}, but the transfer is on {device}")]
+    EventDeviceMismatch {
+        event_device: Device,
+        device: Device,
+    },
 
     /// The calling thread's transfer state is gone (the thread is exiting).
     #[error("the calling thread's transfer state is no longer available (thread exiting)")]
@@ -72,29 +75,32 @@ pub enum Error {
     InvalidDevice { value: String },
 
     /// A CUDA device index this machine does not have.
-    #[error("cuda:{index} is unavailable: this machine has {device_count} CUDA device(s)")]
-    DeviceUnavailable { index: usize, device_count: usize },
+    #[error("{device} is unavailable: this machine has {device_count} CUDA device(s)")]
+    DeviceUnavailable { device: Device, device_count: usize },
 
     /// A custom stream was given without naming the device it belongs to.
     #[error("a custom stream requires the device to be given too")]
     StreamWithoutDevice,
 
     /// A custom stream that belongs to another device than the one requested.
-    #[error("the stream is on cuda:{stream_device}, but cuda:{device} was requested")]
-    StreamDeviceMismatch { stream_device: usize, device: usize },
+    #[error("the stream is on {stream_device}, but {device} was requested")]
+    StreamDeviceMismatch {
+        stream_device: Device,
+        device: Device,
+    },
 
     /// A raw stream handed to pinlane that belongs to another context than the primary
     /// context of the device it was given with.
-    #[error("the raw stream does not belong to cuda:{device}'s primary context")]
-    ForeignStream { device: usize },
+    #[error("the raw stream does not belong to {device}'s primary context")]
+    ForeignStream { device: Device },
 
     /// An event used on a stream of another device (events and streams must share a
     /// device).
-    #[error("{op}: the event is on cuda:{event_device}, the stream on cuda:{stream_device}")]
+    #[error("{op}: the event is on {event_device}, the stream on {stream_device}")]
     EventStreamMismatch {
         op: &'static str,
-        event_device: usize,
-        stream_device: usize,
+        event_device: Device,
+        stream_device: Device,
     },
 
     /// Memory handed to pinlane by another owner (a host owner, a device pointer, a
@@ -185,11 +191,11 @@ pub enum Error {
 
     /// An internal call made with one device's context current for another device's
     /// memory or stream.
-    #[error("{op}: cuda:{current}'s context is current, but the call is for cuda:{device}")]
+    #[error("{op}: {current}'s context is current, but the call is for {device}")]
     ContextMismatch {
         op: &'static str,
-        current: usize,
-        device: usize,
+        current: Device,
+        device: Device,
     },
 
     /// A copy path that cannot run on the legacy default stream was given it.

@@ -379,7 +379,7 @@ impl Tensor {
         match &self.storage {
             Storage::Host(_) => Location::Host,
             Storage::Pinned(_) => Location::Pinned,
-            Storage::Device(v) => Location::Cuda(v.device()),
+            Storage::Device(v) => Location::Cuda(Device::cuda(v.device())),
         }
     }
 

@@ -52,7 +52,7 @@ fn trim_gives_back_a_4_gib_batch() {
     let n = 4usize << 30;
     let big = vec![Tensor::from_vec(vec![0x5Au8; n], [n]).unwrap()];
     let on = transfer_tensor_h2d_with(&big, &H2dOptions::default().num_caches(0)).unwrap();
-    assert_eq!(on[0].location(), Location::Cuda(dev.ordinal()));
+    assert_eq!(on[0].location(), Location::Cuda(dev));
     drop(on);
     Stream::legacy(dev).unwrap().synchronize().unwrap();
     let held = reserved();

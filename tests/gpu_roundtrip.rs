@@ -43,7 +43,7 @@ proptest! {
         let src = common::mix(&v, pin_every, 0);
         let on_gpu = transfer_tensor_h2d(&src).unwrap();
         for t in pinlane::batch::tensors(&on_gpu) {
-            prop_assert_eq!(t.location(), Location::Cuda(common::dev().ordinal()));
+            prop_assert_eq!(t.location(), Location::Cuda(common::dev()));
         }
         let (mode, loc) = if pageable { (HostOutput::Pageable, Location::Host) } else { (HostOutput::Pinned, Location::Pinned) };
         let back = transfer_tensor_d2h(&on_gpu, &D2hOptions::default().output(mode)).unwrap();

@@ -26,7 +26,7 @@ fn h2d_moves_host_tensors_and_passes_the_rest_through() {
         42u64,
     );
     let r = transfer_tensor_h2d(&b).unwrap();
-    assert_eq!(r.0.location(), Location::Cuda(common::dev().ordinal()));
+    assert_eq!(r.0.location(), Location::Cuda(common::dev()));
     assert!(
         r.1.same_storage(&dev),
         "a device tensor comes back with the same storage"
@@ -194,7 +194,7 @@ fn d2h_on_a_custom_stream_and_option_errors() {
     assert_eq!(
         transfer_tensor_d2h(&b, &D2hOptions::default().device("cuda:99")).unwrap_err(),
         Error::DeviceUnavailable {
-            index: 99,
+            device: pinlane::Device::cuda(99),
             device_count: count
         }
     );

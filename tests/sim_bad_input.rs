@@ -20,33 +20,43 @@ fn on_device() -> Vec<Tensor> {
     transfer_tensor_h2d(&vec![common::tensor(DType::F32, &[10], 1)]).unwrap()
 }
 
+/// Runs `f` on a new thread with `LOCAL_RANK` set to `value` (`None`: unset): a thread
+/// reads `LOCAL_RANK` once, at its first call that needs the default device.
+fn with_local_rank<T: Send>(value: Option<&str>, f: impl FnOnce() -> T + Send) -> T {
+    match value {
+        Some(v) => std::env::set_var("LOCAL_RANK", v),
+        None => std::env::remove_var("LOCAL_RANK"),
+    }
+    let r = std::thread::scope(|s| s.spawn(f).join().unwrap());
+    std::env::remove_var("LOCAL_RANK");
+    r
+}
+
 #[test]
 fn local_rank_values() {
     common::sim();
     let _turn = serial();
     let b = vec![Tensor::scalar(1u8)];
-    let on = on_device();
+    let on = with_local_rank(None, on_device);
     for bad in ["abc", "-1", "99", "2", ""] {
-        std::env::set_var("LOCAL_RANK", bad);
         let expected = Error::InvalidLocalRank {
             value: bad.into(),
             device_count: 2,
         };
-        assert_eq!(
-            transfer_tensor_h2d(&b).unwrap_err(),
-            expected,
-            "h2d LOCAL_RANK={bad:?}"
-        );
-        assert_eq!(
-            transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap_err(),
-            expected,
-            "d2h LOCAL_RANK={bad:?}"
-        );
+        let (h2d, d2h) = with_local_rank(Some(bad), || {
+            (
+                transfer_tensor_h2d(&b).unwrap_err(),
+                transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap_err(),
+            )
+        });
+        assert_eq!(h2d, expected, "h2d LOCAL_RANK={bad:?}");
+        assert_eq!(d2h, expected, "d2h LOCAL_RANK={bad:?}");
     }
-    std::env::set_var("LOCAL_RANK", "1");
-    let on1 = transfer_tensor_h2d(&b).unwrap();
-    assert_eq!(on1[0].location(), pinlane::Location::Cuda(1));
-    std::env::remove_var("LOCAL_RANK");
+    let on1 = with_local_rank(Some("1"), || transfer_tensor_h2d(&b).unwrap());
+    assert_eq!(
+        on1[0].location(),
+        pinlane::Location::Cuda(pinlane::Device::cuda(1))
+    );
     // cuda:1's tensors are on another device for a cuda:0 transfer: they pass through.
     let r = transfer_tensor_d2h(&on1, &D2hOptions::default().device("cuda:0")).unwrap();
     assert!(r[0].same_storage(&on1[0]));
@@ -54,6 +64,25 @@ fn local_rank_values() {
         transfer_tensor_d2h(&on1, &D2hOptions::default().device("cuda:1")).unwrap(),
         b
     );
+}
+
+#[test]
+fn local_rank_is_read_once_per_thread() {
+    common::sim();
+    let _turn = serial();
+    let b = vec![Tensor::scalar(7u8)];
+    let (first, later) = with_local_rank(Some("1"), || {
+        let first = transfer_tensor_h2d(&b).unwrap();
+        // Changed after this thread's first call: this thread keeps the value it read.
+        std::env::set_var("LOCAL_RANK", "0");
+        let later = transfer_tensor_h2d(&b).unwrap();
+        (first, later)
+    });
+    let d1 = Some(pinlane::Device::cuda(1));
+    assert_eq!((first[0].device(), later[0].device()), (d1, d1));
+    // A new thread reads it afresh.
+    let fresh = with_local_rank(Some("0"), || transfer_tensor_h2d(&b).unwrap());
+    assert_eq!(fresh[0].device(), Some(pinlane::Device::cuda(0)));
 }
 
 #[test]
@@ -71,7 +100,7 @@ fn device_strings() {
     assert_eq!(
         transfer_tensor_d2h(&on, &D2hOptions::default().device("cuda:99")).unwrap_err(),
         Error::DeviceUnavailable {
-            index: 99,
+            device: pinlane::Device::cuda(99),
             device_count: 2
         }
     );
@@ -94,8 +123,8 @@ fn streams_and_events_on_the_wrong_device() {
         )
         .unwrap_err(),
         Error::StreamDeviceMismatch {
-            stream_device: 1,
-            device: 0
+            stream_device: pinlane::Device::cuda(1),
+            device: pinlane::Device::cuda(0)
         }
     );
     let e1 = Event::new(pinlane::Device::cuda(1)).unwrap();
@@ -106,16 +135,16 @@ fn streams_and_events_on_the_wrong_device() {
         )
         .unwrap_err(),
         Error::EventDeviceMismatch {
-            event_device: 1,
-            device: 0
+            event_device: pinlane::Device::cuda(1),
+            device: pinlane::Device::cuda(0)
         }
     );
     let opts = pinlane::H2dOptions::default().consumer_stream(s1);
     assert_eq!(
         pinlane::transfer_tensor_h2d_with(&vec![Tensor::scalar(1u8)], &opts).unwrap_err(),
         Error::StreamDeviceMismatch {
-            stream_device: 1,
-            device: 0
+            stream_device: pinlane::Device::cuda(1),
+            device: pinlane::Device::cuda(0)
         }
     );
     assert!(Stream::new(pinlane::Device::cuda(5)).is_err(), "no cuda:5");

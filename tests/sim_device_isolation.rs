@@ -37,12 +37,19 @@ fn work_on_cuda1_leaves_cuda0_untouched() {
     let dl = Tensor::from_dlpack(on[0].to_dlpack_on(&s).unwrap()).unwrap();
     drop((dl, on));
 
-    // LOCAL_RANK=1 as the default device works the same way.
+    // LOCAL_RANK=1 as the default device works the same way (on a new thread: a thread
+    // reads LOCAL_RANK once, at its first call that needs it).
     std::env::set_var("LOCAL_RANK", "1");
-    let on = transfer_tensor_h2d(&b).unwrap();
-    assert_eq!(on[0].device(), Some(d1));
-    assert_eq!(transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap(), b);
-    let _ = b[0].to_pinned().unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let on = transfer_tensor_h2d(&b).unwrap();
+            assert_eq!(on[0].device(), Some(d1));
+            assert_eq!(transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap(), b);
+            let _ = b[0].to_pinned().unwrap();
+        })
+        .join()
+        .unwrap();
+    });
 
     let seen = activity().unwrap();
     assert!(

@@ -84,7 +84,7 @@ fn devices_are_chosen_per_call_and_per_thread() {
     }
     // Strings still work; a bad one is a typed error.
     let on = transfer_tensor_h2d_with(&b, &H2dOptions::default().device("cuda:1")).unwrap();
-    assert_eq!(on[0].location(), Location::Cuda(1));
+    assert_eq!(on[0].location(), Location::Cuda(pinlane::Device::cuda(1)));
     assert!(matches!(
         transfer_tensor_h2d_with(&b, &H2dOptions::default().device("cpu")),
         Err(Error::InvalidDevice { .. })
@@ -92,7 +92,7 @@ fn devices_are_chosen_per_call_and_per_thread() {
     assert_eq!(
         transfer_tensor_h2d_with(&b, &H2dOptions::default().device(Device::cuda(7))).unwrap_err(),
         Error::DeviceUnavailable {
-            index: 7,
+            device: Device::cuda(7),
             device_count: 2
         }
     );
@@ -276,7 +276,7 @@ fn borrowed_streams_and_events_are_used_and_never_destroyed() {
         // A stream of cuda:1 named as cuda:0's is refused.
         // SAFETY: refused before use.
         let wrong = unsafe { Stream::from_raw(theirs.as_raw(), D0) };
-        assert_eq!(wrong.unwrap_err(), Error::ForeignStream { device: 0 });
+        assert_eq!(wrong.unwrap_err(), Error::ForeignStream { device: D0 });
         // The null handle is the legacy stream.
         // SAFETY: null names the legacy stream.
         assert!(unsafe { Stream::from_raw(std::ptr::null_mut(), D1) }

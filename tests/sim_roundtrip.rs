@@ -36,7 +36,7 @@ proptest! {
         let src = common::mix(&v, pin_every, dev_every);
         let on = transfer_tensor_h2d(&src).unwrap();
         for t in pinlane::batch::tensors(&on) {
-            prop_assert_eq!(t.location(), Location::Cuda(0));
+            prop_assert_eq!(t.location(), Location::Cuda(pinlane::Device::cuda(0)));
         }
         let mode = if pageable { HostOutput::Pageable } else { HostOutput::Pinned };
         let back = transfer_tensor_d2h(&on, &D2hOptions::default().output(mode)).unwrap();

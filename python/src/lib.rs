@@ -37,10 +37,12 @@ fn unavailable_reason() -> Option<String> {
     }
 }
 
-/// The ordinal `"cuda"` / `None` names: `LOCAL_RANK`, or 0 when it is unset.
+/// The ordinal `"cuda"` / `None` names: `LOCAL_RANK`, or 0 when it is unset. Read on
+/// every call, as spdl reads it (the Rust core reads it once per thread).
 #[pyfunction]
 fn default_device() -> PyResult<usize> {
-    pinlane::Device::from_local_rank()
+    let value = std::env::var_os("LOCAL_RANK").map(|v| v.to_string_lossy().into_owned());
+    pinlane::Device::from_local_rank_value(value.as_deref())
         .map(pinlane::Device::ordinal)
         .map_err(errors::to_py)
 }

@@ -303,8 +303,8 @@ pub(crate) fn d2h<'py>(
             // Checked here, before any torch-side work waits for it (the engine checks too,
             // but only once pinlane moves a tensor).
             return Err(to_py(pinlane::Error::EventDeviceMismatch {
-                event_device: on,
-                device: dev.ordinal(),
+                event_device: Device::cuda(on),
+                device: dev,
             }));
         }
         // SAFETY: a recorded `torch.cuda.Event`'s handle and device (created in that

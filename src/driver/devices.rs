@@ -23,6 +23,26 @@ impl Device {
         crate::device::env_local_rank(info.device_count).map(Device::cuda)
     }
 
+    /// The device a `LOCAL_RANK` value names (`None`: unset, which names `cuda:0`), checked
+    /// against the devices the driver sees. [`Device::from_local_rank`] reads the variable
+    /// once per thread; this is for callers that read it themselves, on every call (the
+    /// Python package does, as spdl does).
+    ///
+    /// # Errors
+    /// As [`Device::from_local_rank`].
+    ///
+    /// ```
+    /// if pinlane::driver::available().is_some() {
+    ///     assert_eq!(pinlane::Device::from_local_rank_value(None)?, pinlane::Device::cuda(0));
+    /// }
+    /// assert!(pinlane::Device::from_local_rank_value(Some("x")).is_err());
+    /// # Ok::<(), pinlane::Error>(())
+    /// ```
+    pub fn from_local_rank_value(value: Option<&str>) -> Result<Device> {
+        let info = super::require("Device::from_local_rank_value")?;
+        crate::device::local_rank_device(value, info.device_count).map(Device::cuda)
+    }
+
     /// Every device the driver sees (none without a usable driver).
     ///
     /// ```

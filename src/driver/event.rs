@@ -108,8 +108,8 @@ impl Event {
         }
         Err(Error::EventStreamMismatch {
             op,
-            event_device: self.inner.device,
-            stream_device: stream.index(),
+            event_device: crate::device::Device::cuda(self.inner.device),
+            stream_device: crate::device::Device::cuda(stream.index()),
         })
     }
 

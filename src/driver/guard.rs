@@ -41,8 +41,8 @@ impl ContextGuard {
         } else {
             Err(crate::error::Error::ContextMismatch {
                 op,
-                current: self.device,
-                device,
+                current: crate::device::Device::cuda(self.device),
+                device: crate::device::Device::cuda(device),
             })
         }
     }

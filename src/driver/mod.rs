@@ -262,7 +262,7 @@ pub(crate) fn check_device(index: usize) -> Result<()> {
         Ok(())
     } else {
         Err(Error::DeviceUnavailable {
-            index,
+            device: crate::device::Device::cuda(index),
             device_count: info.device_count,
         })
     }

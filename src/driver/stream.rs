@@ -115,7 +115,9 @@ impl Stream {
             // SAFETY: obligation 1: a live stream handle; the device's context is current.
             let owner = unsafe { super::stream_context(&ctx, raw) }?;
             if owner != super::context::handles(ordinal)?.ctx.0 {
-                return Err(Error::ForeignStream { device: ordinal });
+                return Err(Error::ForeignStream {
+                    device: crate::device::Device::cuda(ordinal),
+                });
             }
         }
         Ok(Stream {

@@ -115,21 +115,21 @@ fn target(opts: &D2hOptions, all: &[&Tensor]) -> Result<Option<(usize, Vec<usize
     if let Some(s) = &opts.stream {
         if s.index() != device {
             return Err(Error::StreamDeviceMismatch {
-                stream_device: s.index(),
-                device,
+                stream_device: crate::device::Device::cuda(s.index()),
+                device: crate::device::Device::cuda(device),
             });
         }
     }
     if let Some(e) = &opts.producer_event {
         if e.index() != device {
             return Err(Error::EventDeviceMismatch {
-                event_device: e.index(),
-                device,
+                event_device: crate::device::Device::cuda(e.index()),
+                device: crate::device::Device::cuda(device),
             });
         }
     }
     let picked: Vec<usize> = (0..all.len())
-        .filter(|&i| all[i].location() == Location::Cuda(device))
+        .filter(|&i| all[i].location() == Location::Cuda(crate::device::Device::cuda(device)))
         .collect();
     if picked.is_empty() {
         return Ok(None);

@@ -214,8 +214,8 @@ fn target(opts: &H2dOptions) -> Result<Option<usize>> {
     if let Some(s) = &opts.consumer_stream {
         if s.index() != device {
             return Err(Error::StreamDeviceMismatch {
-                stream_device: s.index(),
-                device,
+                stream_device: crate::device::Device::cuda(s.index()),
+                device: crate::device::Device::cuda(device),
             });
         }
     }
