@@ -250,9 +250,9 @@ fn main() {
                 let mut grew = Vec::new();
                 for r in 0..21 {
                     let before = reserved();
-                    pinlane::trace_next_call();
+                    pinlane::observe::trace_next_call();
                     f(r);
-                    runs.extend(pinlane::last_trace());
+                    runs.extend(pinlane::observe::last_trace());
                     if reserved() > before {
                         grew.push(r);
                     }

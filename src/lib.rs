@@ -27,7 +27,7 @@
 //! | memory | [`memory`] | raw buffers and their owners: pinned arena, device allocations, in-flight tracking, the retained registry |
 //! | tensor | [`Tensor`], [`DType`], [`Shape`] | a cheap handle to immutable, contiguous bytes somewhere |
 //! | traversal | [`batch`] | the [`Batch`] trait, `#[derive(Batch)]`, the dynamic [`Value`] |
-//! | engine | [`transfer_tensor_h2d`], [`transfer_tensor_d2h`] | planning, per-thread streams, the cache ring |
+//! | engine | [`transfer_tensor_h2d`], [`transfer_tensor_d2h`] | planning, per-thread streams, the cache ring; [`observe`]: what a call did |
 //!
 //! The rules (stream ordering, buffer lifetimes, failure handling) are in
 //! `docs/semantics.md`; the design in `docs/architecture.md`.
@@ -58,10 +58,10 @@ pub use device::{Device, DeviceSpec};
 pub use driver::{Event, RawEvent, RawStream, Stream};
 pub use dtype::{DType, Element};
 pub use engine::{
-    cached_batches, current_stream, last_trace, last_transfer_stats, set_current_stream, shutdown,
-    trace_next_call, transfer_tensor_d2h, transfer_tensor_d2h_async, transfer_tensor_h2d,
-    transfer_tensor_h2d_async, transfer_tensor_h2d_with, CurrentStreamGuard, D2hOptions,
-    H2dOptions, HostOutput, Prefetcher, Transfer, TransferStats, MAX_NUM_CACHES,
+    cached_batches, current_stream, set_current_stream, shutdown, transfer_tensor_d2h,
+    transfer_tensor_d2h_async, transfer_tensor_h2d, transfer_tensor_h2d_async,
+    transfer_tensor_h2d_with, CurrentStreamGuard, D2hOptions, H2dOptions, HostOutput, Prefetcher,
+    Transfer, MAX_NUM_CACHES,
 };
 pub use error::{Error, Result};
 pub use layout::Shape;
@@ -71,6 +71,25 @@ pub use runtime::{
     memory_stats, runtime, trim, warm_up, DevicePoolStats, MemoryStats, PoolStats, Runtime,
 };
 pub use tensor::Tensor;
+
+/// What a call did, for debugging and tuning: the calling thread's last transfer's
+/// [`TransferStats`](observe::TransferStats) (tensors, bytes by route, copies, windows)
+/// and the timed phases of its next call ([`trace_next_call`](observe::trace_next_call),
+/// [`last_trace`](observe::last_trace)). Spans and NVTX ranges are features `tracing` and
+/// `nvtx`.
+///
+/// ```
+/// use pinlane::observe::last_transfer_stats;
+/// let b = vec![pinlane::Tensor::from_vec(vec![1.0f32; 8], [8])?];
+/// let _ = pinlane::transfer_tensor_h2d(&b)?;
+/// if let Some(s) = last_transfer_stats() {
+///     assert_eq!((s.tensors, s.bytes), (1, 32));
+/// }
+/// # Ok::<(), pinlane::Error>(())
+/// ```
+pub mod observe {
+    pub use crate::engine::{last_trace, last_transfer_stats, trace_next_call, TransferStats};
+}
 
 /// `#[derive(Batch)]`: see [`Batch`]. Fields are visited in declaration order;
 /// `#[batch(skip)]` passes a field through unchanged (cloned).

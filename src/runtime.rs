@@ -90,7 +90,7 @@ pub fn runtime() -> Arc<Runtime> {
                 // A pool made before could not take the release threshold: its next
                 // operation is no worse than before, and `set_device_pool_release_bytes`
                 // reports it.
-                let _ = apply_release_threshold(&config);
+                let _ = apply_process_settings(&config);
                 d.runtime = Some(rt.clone());
                 GENERATION.fetch_add(1, Ordering::AcqRel);
                 rt
@@ -119,7 +119,10 @@ pub(crate) fn retire(rt: &Runtime) {
     }
 }
 
-fn apply_release_threshold(config: &Config) -> Result<()> {
+/// The settings of the default runtime that the layers below keep process-wide: the
+/// device pools' release threshold and the bound on waits inside `Drop`.
+fn apply_process_settings(config: &Config) -> Result<()> {
+    retained::set_drop_wait(config.drop_sync_wait);
     driver::set_pool_release_threshold(config.device_pool_release_bytes);
     // Pools made before the runtime (a `Stream::new` first, say) get it too.
     driver::apply_pool_release_threshold()
@@ -166,7 +169,7 @@ fn install(config: Config) -> Result<Arc<Runtime>> {
         GENERATION.fetch_add(1, Ordering::AcqRel);
         rt
     };
-    apply_release_threshold(&config)?;
+    apply_process_settings(&config)?;
     Ok(rt)
 }
 

@@ -29,9 +29,13 @@ fn read_device(alloc: &std::sync::Arc<DeviceAlloc>, n: usize) -> Vec<u8> {
     lease.bytes_mut().unwrap()[..n].to_vec()
 }
 
+/// Taken by the tests that change or rely on the process-wide bound of waits in `Drop`.
+static DROP_WAIT_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn a_slot_lease_dropped_without_proof_waits_for_its_copy() {
     setup();
+    let _turn = DROP_WAIT_TESTS.lock().unwrap_or_else(|p| p.into_inner());
     // One slot, so the next lease gets the same slab.
     let arena = std::sync::Arc::new(PinnedArena::new(4096, 4096, Duration::from_secs(5)));
     let ctx = driver::bind(0).unwrap();
@@ -52,6 +56,40 @@ fn a_slot_lease_dropped_without_proof_waits_for_its_copy() {
     assert!(read_device(&dst, 4096).iter().all(|&b| b == 0x11));
     // With proof, the drop does not wait: mark the slot idle after a synchronisation.
     again.mark_idle(&Synced::synchronize(&s).unwrap());
+}
+
+/// Past the drop bound, a lease's slot waits in the retained registry for its copy and
+/// comes back to the arena once that copy is proven done; the drop itself returns in time.
+#[cfg(feature = "test-util")]
+#[test]
+fn a_slot_lease_dropped_past_its_bound_is_retained_then_returned() {
+    setup();
+    let _turn = DROP_WAIT_TESTS.lock().unwrap_or_else(|p| p.into_inner());
+    let arena = std::sync::Arc::new(PinnedArena::new(4096, 4096, Duration::from_secs(5)));
+    let ctx = driver::bind(0).unwrap();
+    let s = Stream::new(Device::cuda(0)).unwrap();
+    let dst = DeviceAlloc::new_async(&ctx, 0, 4096, &s, s.clone()).unwrap();
+    let mut lease = arena.lease(&ctx, true).unwrap().unwrap();
+    lease.bytes_mut().unwrap().fill(0x33);
+    s.delay_async(Duration::from_millis(1000)).unwrap();
+    // SAFETY: `dst` was allocated on `s` and outlives the copy (synchronised below).
+    unsafe { lease.h2d_window(&ctx, 4096, &dst, 0, &s) }.unwrap();
+    let before = crate::memory::retained::retained_bytes();
+    crate::memory::retained::set_drop_wait(Duration::from_millis(50));
+    let t0 = Instant::now();
+    drop(lease);
+    let took = t0.elapsed();
+    crate::memory::retained::set_drop_wait(Duration::from_secs(60));
+    assert!(took < Duration::from_millis(600), "dropped after {took:?}");
+    assert_eq!(crate::memory::retained::retained_bytes(), before + 4096);
+    assert_eq!(arena.stats().in_use_count, 1, "the slot is not free yet");
+    // Not poisoned or reused under the copy: the device gets the slot's bytes.
+    s.synchronize().unwrap();
+    assert!(read_device(&dst, 4096).iter().all(|&b| b == 0x33));
+    crate::memory::retained::release_finished(Duration::from_millis(100));
+    assert_eq!(crate::memory::retained::retained_bytes(), before);
+    assert_eq!(arena.stats().in_use_count, 0, "the slot came back");
+    assert!(arena.lease(&ctx, false).unwrap().is_some());
 }
 
 #[test]
@@ -121,6 +159,8 @@ fn a_context_guard_refuses_another_devices_call() {
 #[test]
 fn dropping_an_unfinished_job_does_not_wait_forever() {
     setup();
+    // Its retained bytes must not mix with another test's.
+    let _turn = DROP_WAIT_TESTS.lock().unwrap_or_else(|p| p.into_inner());
     let s = Stream::new(Device::cuda(0)).unwrap();
     let ctx = driver::bind(0).unwrap();
     let a = DeviceAlloc::new_async(&ctx, 0, 4096, &s, s.clone()).unwrap();

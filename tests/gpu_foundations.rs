@@ -115,12 +115,12 @@ fn d2h_on_the_legacy_stream_never_takes_the_batched_copy() {
         .stream(Stream::legacy(dev).unwrap());
     let back = transfer_tensor_d2h(&on, &opts).unwrap();
     assert_eq!(back, b);
-    let s = pinlane::last_transfer_stats().unwrap();
+    let s = pinlane::observe::last_transfer_stats().unwrap();
     assert_eq!(s.copies, 64, "one copy each on the legacy stream: {s:?}");
     // On the thread's own stream the batched copy is used: one submission.
     let back = transfer_tensor_d2h(&on, &D2hOptions::default().device(dev)).unwrap();
     assert_eq!(back, b);
-    assert_eq!(pinlane::last_transfer_stats().unwrap().copies, 1);
+    assert_eq!(pinlane::observe::last_transfer_stats().unwrap().copies, 1);
 }
 
 #[test]

@@ -3,10 +3,8 @@
 
 mod common;
 
-use pinlane::{
-    last_transfer_stats, transfer_tensor_d2h, transfer_tensor_h2d, D2hOptions, DType, HostOutput,
-    Tensor,
-};
+use pinlane::observe::last_transfer_stats;
+use pinlane::{transfer_tensor_d2h, transfer_tensor_h2d, D2hOptions, DType, HostOutput, Tensor};
 
 #[test]
 #[cfg(feature = "test-util")] // stream delays or fault injection

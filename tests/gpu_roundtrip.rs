@@ -67,10 +67,10 @@ fn arena_in_this_binary_is_small() {
         Tensor::scalar(3u8),
     ];
     let on = transfer_tensor_h2d(&b).unwrap();
-    assert!(pinlane::last_transfer_stats().unwrap().windows >= 10);
+    assert!(pinlane::observe::last_transfer_stats().unwrap().windows >= 10);
     let pageable = D2hOptions::default().output(HostOutput::Pageable);
     let back = transfer_tensor_d2h(&on, &pageable).unwrap();
     assert_eq!(back, b);
-    let s = pinlane::last_transfer_stats().unwrap();
+    let s = pinlane::observe::last_transfer_stats().unwrap();
     assert!(s.windows >= 10, "{s:?}");
 }

@@ -4,10 +4,11 @@
 
 mod common;
 
+use pinlane::observe::last_transfer_stats;
 use pinlane::{
-    cached_batches, last_transfer_stats, set_current_stream, transfer_tensor_d2h,
-    transfer_tensor_h2d, transfer_tensor_h2d_with, D2hOptions, DType, Error, Event, H2dOptions,
-    HostOutput, Location, Stream, Tensor,
+    cached_batches, set_current_stream, transfer_tensor_d2h, transfer_tensor_h2d,
+    transfer_tensor_h2d_with, D2hOptions, DType, Error, Event, H2dOptions, HostOutput, Location,
+    Stream, Tensor,
 };
 use std::time::{Duration, Instant};
 

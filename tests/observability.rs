@@ -148,9 +148,9 @@ fn nvtx_without_its_library_is_a_no_op_and_the_timer_still_works() {
     let loaded = pinlane::driver::nvtx_loaded();
     eprintln!("libnvToolsExt loaded: {loaded}");
     let b = vec![Tensor::from_vec(vec![1u16; 4096], [4096]).unwrap()];
-    pinlane::trace_next_call();
+    pinlane::observe::trace_next_call();
     let on = transfer_tensor_h2d(&b).unwrap();
-    let marks = pinlane::last_trace().unwrap();
+    let marks = pinlane::observe::last_trace().unwrap();
     let labels: Vec<&str> = marks.iter().map(|m| m.0).collect();
     assert!(
         labels.contains(&"planned") && labels.contains(&"synced"),

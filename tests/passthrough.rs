@@ -27,7 +27,11 @@ fn no_cuda_h2d_returns_the_same_storage() {
     let r = transfer_tensor_h2d(&b).unwrap();
     assert_eq!(r, b);
     assert!(r.0[0].same_storage(&b.0[0]), "a cheap clone, not a copy");
-    assert_eq!(pinlane::last_transfer_stats(), None, "nothing was moved");
+    assert_eq!(
+        pinlane::observe::last_transfer_stats(),
+        None,
+        "nothing was moved"
+    );
 }
 
 #[test]

@@ -30,7 +30,7 @@ fn a_full_device_does_not_fail_the_gather_path() {
 
     let back = transfer_tensor_d2h(&on_small, &D2hOptions::default()).unwrap();
     assert_eq!(back, small);
-    let s = pinlane::last_transfer_stats().unwrap();
+    let s = pinlane::observe::last_transfer_stats().unwrap();
     assert_eq!(
         s.copies, 64,
         "one copy per tensor after the gather ran out of memory: {s:?}"

@@ -633,7 +633,7 @@ fn page_locked_memory_of_other_owners_is_copied_not_read_by_the_kernel() {
         .collect();
     assert!(b.iter().all(|t| t.location() == Location::Pinned));
     let on = transfer_tensor_h2d(&b).unwrap();
-    let s = pinlane::last_transfer_stats().unwrap();
+    let s = pinlane::observe::last_transfer_stats().unwrap();
     assert_eq!(
         (s.mapped_bytes, s.staged_bytes),
         (5 * 600, 5 * 600),

@@ -42,7 +42,7 @@ fn a_filled_buffer_is_a_page_locked_tensor_moved_without_staging() {
     assert_eq!(t.location(), Location::Pinned);
     assert_eq!(t.to_vec::<u32>().unwrap(), want);
     let on = transfer_tensor_h2d(&vec![t.clone()]).unwrap();
-    let s = pinlane::last_transfer_stats().unwrap();
+    let s = pinlane::observe::last_transfer_stats().unwrap();
     assert_eq!(
         (s.direct_bytes, s.staged_bytes),
         (1_200_000, 0),
@@ -82,7 +82,7 @@ fn small_buffers_are_independent_and_read_by_the_kernel() {
         );
     }
     let on = transfer_tensor_h2d(&tensors).unwrap();
-    let s = pinlane::last_transfer_stats().unwrap();
+    let s = pinlane::observe::last_transfer_stats().unwrap();
     assert_eq!(
         (s.mapped_bytes, s.direct_bytes, s.staged_bytes),
         (64 * 1000, 0, 0),

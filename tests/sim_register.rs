@@ -27,7 +27,7 @@ fn registered_memory_is_moved_directly_and_unregistered_with_its_last_tensor() {
     );
     for _ in 0..3 {
         let on = transfer_tensor_h2d(&vec![pinned.clone()]).unwrap();
-        let s = pinlane::last_transfer_stats().unwrap();
+        let s = pinlane::observe::last_transfer_stats().unwrap();
         assert_eq!((s.direct_bytes, s.staged_bytes), (512 << 10, 0), "{s:?}");
         assert_eq!(
             transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap(),
@@ -87,7 +87,7 @@ fn many_small_registered_tensors_are_read_by_the_kernel() {
         .map(|t| t.register_pinned(D0).unwrap())
         .collect();
     let on = transfer_tensor_h2d(&pinned).unwrap();
-    let s = pinlane::last_transfer_stats().unwrap();
+    let s = pinlane::observe::last_transfer_stats().unwrap();
     let total: usize = host.iter().map(Tensor::nbytes).sum();
     assert_eq!((s.mapped_bytes, s.staged_bytes), (total, 0), "{s:?}");
     assert_eq!(

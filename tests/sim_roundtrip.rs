@@ -96,7 +96,7 @@ fn thousands_of_tiny_tensors() {
         .unwrap();
         assert_eq!(back, b, "{mode:?}");
     }
-    let s = pinlane::last_transfer_stats().unwrap();
+    let s = pinlane::observe::last_transfer_stats().unwrap();
     // 64 KiB slots carry 2,048 gather descriptors (32 bytes each): those tensors share
     // one copy, the other 2,952 are copied one by one.
     assert!(s.copies < 5000 - 2000, "small tensors share copies: {s:?}");
@@ -125,7 +125,7 @@ fn small_pinned_sources_are_read_by_one_kernel_large_ones_go_direct() {
     );
     b.push(common::tensor(DType::U16, &[5_000], 3)); // pageable: staged
     let on = transfer_tensor_h2d(&b).unwrap();
-    let s = pinlane::last_transfer_stats().unwrap();
+    let s = pinlane::observe::last_transfer_stats().unwrap();
     assert_eq!(s.mapped_bytes, 1000 * 1024 + 300_000, "{s:?}");
     assert_eq!(s.direct_bytes, 5_000_000, "{s:?}");
     assert_eq!(s.staged_bytes, 10_000, "{s:?}");
@@ -136,7 +136,7 @@ fn small_pinned_sources_are_read_by_one_kernel_large_ones_go_direct() {
     assert_eq!(transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap(), b);
     // Back: the small ones gathered by one launch that reads its descriptors in the
     // staging slot (no upload), then that range and the large tensor copied.
-    let s = pinlane::last_transfer_stats().unwrap();
+    let s = pinlane::observe::last_transfer_stats().unwrap();
     assert_eq!(s.copies, 3, "one launch, two copies: {s:?}");
 }
 
@@ -148,7 +148,7 @@ fn page_locked_sources_the_kernel_cannot_take_are_copied() {
         .map(|i| common::tensor(DType::I32, &[100], i).to_pinned().unwrap())
         .collect();
     let on = transfer_tensor_h2d(&few).unwrap();
-    let s = pinlane::last_transfer_stats().unwrap();
+    let s = pinlane::observe::last_transfer_stats().unwrap();
     assert_eq!((s.mapped_bytes, s.staged_bytes), (0, 1200), "{s:?}");
     assert_eq!(
         transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap(),
@@ -160,7 +160,7 @@ fn page_locked_sources_the_kernel_cannot_take_are_copied() {
         .map(|i| common::tensor(DType::U8, &[16], i).to_pinned().unwrap())
         .collect();
     let on = transfer_tensor_h2d(&many).unwrap();
-    let s = pinlane::last_transfer_stats().unwrap();
+    let s = pinlane::observe::last_transfer_stats().unwrap();
     assert_eq!(
         (s.mapped_bytes, s.staged_bytes),
         (2048 * 16, 952 * 16),

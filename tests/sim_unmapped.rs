@@ -22,12 +22,12 @@ fn small_page_locked_sources_are_staged_without_a_device_mapping() {
         .map(|i| common::tensor(DType::F32, &[256], i).to_pinned().unwrap())
         .collect();
     let on = transfer_tensor_h2d(&b).unwrap();
-    let s = pinlane::last_transfer_stats().unwrap();
+    let s = pinlane::observe::last_transfer_stats().unwrap();
     assert_eq!((s.mapped_bytes, s.staged_bytes), (0, 100 * 1024), "{s:?}");
     // D2H's gather reads device memory only: still used, its descriptors uploaded to the
     // device first (the kernel cannot read them in the slot here).
     let back = transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap();
-    let s = pinlane::last_transfer_stats().unwrap();
+    let s = pinlane::observe::last_transfer_stats().unwrap();
     assert!(s.direct_bytes >= 100 * 1024, "{s:?}");
     assert_eq!(s.copies, 3, "upload, launch, one copy: {s:?}");
     assert_eq!(back, b);
@@ -44,7 +44,7 @@ fn empty_page_locked_views_do_not_start_a_kernel_without_a_device_mapping() {
     let on = transfer_tensor_h2d(&b).unwrap();
     let pinned = transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap();
     let again = transfer_tensor_h2d(&pinned).unwrap();
-    let s = pinlane::last_transfer_stats().unwrap();
+    let s = pinlane::observe::last_transfer_stats().unwrap();
     assert_eq!((s.mapped_bytes, s.staged_bytes), (0, 100), "{s:?}");
     assert_eq!(
         transfer_tensor_d2h(&again, &D2hOptions::default()).unwrap(),

@@ -84,3 +84,61 @@ fn a_prefetcher_whose_source_is_stuck_drops_within_its_limit() {
         "dropped after {took:?}, the limit is 300 ms"
     );
 }
+
+/// Counts its drops.
+struct Owner(
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    #[allow(dead_code)] Vec<Tensor>,
+);
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn external_memory_lent_to_a_busy_stream_drops_within_its_limit() {
+    sim();
+    let _turn = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let d0 = pinlane::Device::cuda(0);
+    let t = common::tensor(DType::F32, &[256], 11);
+    let theirs = pinlane::transfer_tensor_h2d(&vec![t]).unwrap(); // "another library's" memory
+    let legacy = pinlane::Stream::legacy(d0).unwrap();
+    let g = theirs[0].device_ptr(&legacy).unwrap();
+    let (ptr, nbytes) = (g.ptr(), g.nbytes());
+    drop(g);
+    let drops = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let owner = Owner(drops.clone(), theirs);
+    // SAFETY: `ptr` is `nbytes` of cuda:0 memory that `owner` keeps alive (it holds the
+    // tensor), and nothing writes it.
+    let ext = unsafe { Tensor::from_device_ptr(ptr, d0, DType::F32, [nbytes / 4], owner) }.unwrap();
+    // Lent to a stream that stays busy for 2 s.
+    let busy = pinlane::Stream::new(d0).unwrap();
+    busy.delay_async(Duration::from_secs(2)).unwrap();
+    drop(ext.device_ptr(&busy).unwrap());
+    let before = memory_stats().retained_bytes;
+    let t0 = Instant::now();
+    drop(ext);
+    let took = t0.elapsed();
+    // Before: the drop waited on the host for the whole 2 s.
+    assert!(
+        took >= Duration::from_millis(250) && took < Duration::from_millis(1500),
+        "dropped after {took:?}, the limit is 300 ms"
+    );
+    assert_eq!(
+        drops.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "not released early"
+    );
+    assert_eq!(
+        memory_stats().retained_bytes,
+        before + nbytes,
+        "held and counted"
+    );
+    // Once the use has run, a release check lets the owner go, exactly once.
+    busy.synchronize().unwrap();
+    pinlane::memory::retained::try_release();
+    assert_eq!(drops.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(memory_stats().retained_bytes, before);
+}

@@ -3,10 +3,8 @@
 //! coming back unchanged. `cargo run --release -- --simulated` runs the same on pinlane's
 //! simulated device instead (no GPU used; its timings say nothing about a GPU).
 
-use pinlane::{
-    driver, last_transfer_stats, transfer_tensor_d2h, transfer_tensor_h2d, Batch, D2hOptions,
-    Tensor,
-};
+use pinlane::observe::last_transfer_stats;
+use pinlane::{driver, transfer_tensor_d2h, transfer_tensor_h2d, Batch, D2hOptions, Tensor};
 use std::time::{Duration, Instant};
 
 #[derive(Batch, Clone, PartialEq, Debug)]

@@ -160,6 +160,28 @@ impl Event {
         check("cuEventQuery", res).map(|()| true)
     }
 
+    /// Whether the recorded work finishes within `limit`: polled, with naps growing from
+    /// 20 us to 5 ms, never blocking in the driver (a hung device cannot hold the caller
+    /// past `limit`).
+    ///
+    /// # Errors
+    /// The driver's error from `cuEventQuery`.
+    pub(crate) fn done_within(&self, limit: std::time::Duration) -> Result<bool> {
+        let deadline = std::time::Instant::now() + limit;
+        let mut nap = std::time::Duration::from_micros(20);
+        loop {
+            if self.query()? {
+                return Ok(true);
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return Ok(false);
+            }
+            std::thread::sleep(nap.min(deadline - now));
+            nap = (nap * 2).min(std::time::Duration::from_millis(5));
+        }
+    }
+
     /// Makes `stream` wait (on the device, without blocking the host) for this event. The
     /// stream may be on another device (the driver orders across devices).
     ///

@@ -45,10 +45,10 @@ pub fn trace_next_call() {
 /// call's start. `None` if no armed call has ended on this thread.
 ///
 /// ```
-/// pinlane::trace_next_call();
+/// pinlane::observe::trace_next_call();
 /// let b = vec![pinlane::Tensor::scalar(1u8)];
 /// let _ = pinlane::transfer_tensor_h2d(&b);
-/// let marks = pinlane::last_trace().unwrap(); // empty without CUDA: nothing to do
+/// let marks = pinlane::observe::last_trace().unwrap(); // empty without CUDA: nothing to do
 /// assert!(marks.windows(2).all(|w| w[0].1 <= w[1].1));
 /// ```
 pub fn last_trace() -> Option<Vec<(&'static str, Duration)>> {

@@ -619,6 +619,22 @@ impl SlotLease {
     }
 }
 
+/// A slot whose copy outlived its lease's bounded wait, held in the retained registry
+/// until its event completes; dropping it (the proof given) returns the slot.
+struct SlabBack {
+    slab: Option<Slab>,
+    arena: Arc<PinnedArena>,
+}
+
+impl Drop for SlabBack {
+    fn drop(&mut self) {
+        if let Some(mut slab) = self.slab.take() {
+            slab.busy = false;
+            self.arena.give_back(slab);
+        }
+    }
+}
+
 impl Drop for SlotLease {
     fn drop(&mut self) {
         // Host copies into the slot finish before it can go back to the arena.
@@ -627,15 +643,31 @@ impl Drop for SlotLease {
             return;
         };
         if slab.busy {
-            // No proof of completion was given: wait for the slot's event. If that fails,
-            // nobody knows whether a copy still touches the slot; it is never reused.
-            let waited = slab.event.as_ref().map_or(Ok(()), Event::synchronize);
-            if let Err(e) = waited {
-                driver::deferred::record(slab.device, e);
-                self.arena.forget(slab);
-                return;
+            // No proof of completion was given: wait for the slot's event, within the drop
+            // bound. Past it, the slot waits in the retained registry for that event and
+            // comes back to the arena then. If the wait fails, nobody knows whether a copy
+            // still touches the slot; it is never reused.
+            let ev = slab.event.clone();
+            let waited = ev
+                .as_ref()
+                .map_or(Ok(true), |e| e.done_within(retained::drop_wait()));
+            match waited {
+                Ok(true) => slab.busy = false,
+                Ok(false) => {
+                    let bytes = slab.len;
+                    let back = SlabBack {
+                        slab: Some(slab),
+                        arena: self.arena.clone(),
+                    };
+                    retained::retain_until(ev.into_iter().collect(), Box::new(back), bytes);
+                    return;
+                }
+                Err(e) => {
+                    driver::deferred::record(slab.device, e);
+                    self.arena.forget(slab);
+                    return;
+                }
             }
-            slab.busy = false;
         }
         #[cfg(feature = "sim")]
         if crate::driver::sim::is_enabled() {

@@ -5,7 +5,6 @@
 use crate::device::Device;
 use crate::driver::{self, ContextGuard, DevicePtr, Event, Handle, Stream};
 use crate::error::Result;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Device memory that tensors are views of: one allocation from pinlane's stream-ordered
@@ -27,10 +26,10 @@ pub(crate) struct DeviceAlloc {
     /// One event per stream that used this memory through a lent pointer, re-recorded at
     /// each later use on that stream (stream order makes the newest cover the older ones).
     uses: Mutex<Vec<(Handle<driver::RawStream>, Event)>>,
-    /// Set when a use could not be recorded nor waited for: the memory is then never
-    /// released (a leak, instead of a free that a kernel may still read).
-    leak: AtomicBool,
 }
+
+/// A foreign owner on its way to the retained registry (`Send` is all it needs there).
+struct ForeignOwner(#[allow(dead_code)] Box<dyn Send + Sync>);
 
 enum Backing {
     /// pinlane's pool; freed in order on this stream.
@@ -56,7 +55,6 @@ impl DeviceAlloc {
             device,
             backing: Backing::Pool { free_on },
             uses: Mutex::new(Vec::new()),
-            leak: AtomicBool::new(false),
         }))
     }
 
@@ -78,7 +76,6 @@ impl DeviceAlloc {
             device,
             backing: Backing::Foreign(Some(owner)),
             uses: Mutex::new(Vec::new()),
-            leak: AtomicBool::new(false),
         })
     }
 
@@ -111,22 +108,11 @@ impl DeviceAlloc {
         uses.push((raw, ev));
         Ok(())
     }
-
-    /// Never release this memory (a use could not be proven complete).
-    fn leak(&self) {
-        self.leak.store(true, Ordering::Relaxed);
-    }
 }
 
 impl Drop for DeviceAlloc {
     fn drop(&mut self) {
         let uses = std::mem::take(self.uses.get_mut().unwrap_or_else(|p| p.into_inner()));
-        if *self.leak.get_mut() {
-            if let Backing::Foreign(owner) = &mut self.backing {
-                std::mem::forget(owner.take());
-            }
-            return;
-        }
         match &mut self.backing {
             Backing::Pool { free_on } => {
                 let res = driver::bind(self.device).and_then(|ctx| {
@@ -146,12 +132,26 @@ impl Drop for DeviceAlloc {
                 }
             }
             Backing::Foreign(owner) => {
-                for (_, ev) in &uses {
-                    if let Err(e) = ev.synchronize() {
-                        // The use cannot be proven complete: keep the memory forever.
-                        driver::deferred::record(self.device, e);
-                        std::mem::forget(owner.take());
-                        return;
+                // Each lent use is waited for on the host, within the drop bound in all.
+                let deadline = std::time::Instant::now() + super::retained::drop_wait();
+                for (k, (_, ev)) in uses.iter().enumerate() {
+                    let left = deadline.saturating_duration_since(std::time::Instant::now());
+                    match ev.done_within(left) {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            // Still running at the bound: the owner waits in the retained
+                            // registry for this use and the later ones, counted.
+                            let rest: Vec<Event> = uses[k..].iter().map(|u| u.1.clone()).collect();
+                            let keep = owner.take().map(ForeignOwner);
+                            super::retained::retain_until(rest, Box::new(keep), self.nbytes);
+                            return;
+                        }
+                        Err(e) => {
+                            // The use cannot be proven complete: keep the memory forever.
+                            driver::deferred::record(self.device, e);
+                            std::mem::forget(owner.take());
+                            return;
+                        }
                     }
                 }
                 drop(owner.take()); // pinlane's copies finished before any view could drop
@@ -360,7 +360,10 @@ impl DevicePtrGuard {
     ///
     /// # Errors
     /// The driver's error from creating or recording the event. The memory is then kept
-    /// until the stream is synchronised; if that fails too, it is never released.
+    /// until the stream is idle: waited for up to
+    /// [`Config::drop_sync_wait`](crate::config::Config::drop_sync_wait), then held in the
+    /// retained registry (counted in `memory_stats().retained_bytes`) until a later check
+    /// finds the stream idle.
     pub fn finish(mut self) -> Result<()> {
         self.record()
     }
@@ -373,9 +376,11 @@ impl DevicePtrGuard {
             return Ok(()); // no bytes, nothing to protect
         };
         alloc.record_use(&self.stream).inspect_err(|_| {
-            // Fall back to waiting on the host; if even that fails, never release.
-            if self.stream.synchronize().is_err() {
-                alloc.leak();
+            // Fall back to waiting on the host, within the drop bound; past it, the memory
+            // waits in the retained registry until the stream is proven idle.
+            if !self.stream.idle_within(super::retained::drop_wait()) {
+                let keep = Box::new(alloc.clone());
+                super::retained::retain(self.stream.clone(), keep, alloc.nbytes());
             }
         })
     }

@@ -6,16 +6,55 @@
 //! slots, device allocations, clones of the source tensors) move here instead, and their
 //! bytes are counted. A later successful synchronisation of the same stream proves the
 //! copies done and releases them; [`try_release`] attempts that for every stream.
+//!
+//! A `Drop` whose wait for recorded work runs past its bound
+//! ([`Config::drop_sync_wait`](crate::config::Config::drop_sync_wait)) puts what it
+//! guards here too, with the events that must complete first: released once they have
+//! (checked without blocking by every waiting lease, `trim()` and `shutdown`, or by
+//! [`try_release`]).
 
-use crate::driver::Stream;
+use crate::driver::{Event, Stream};
 use std::any::Any;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
+use std::time::Duration;
 
 struct Entry {
-    stream: Stream,
+    proof: Proof,
     _keep: Box<dyn Any + Send>,
     bytes: usize,
+}
+
+/// What proves an entry's owners unused.
+enum Proof {
+    /// A successful synchronisation of this stream.
+    Stream(Stream),
+    /// All these events complete.
+    Events(Vec<Event>),
+}
+
+impl Entry {
+    fn on(&self, stream: &Stream) -> bool {
+        matches!(&self.proof, Proof::Stream(s) if s.same_as(stream))
+    }
+}
+
+/// The bound on a wait inside a `Drop` of the memory layer: set by the runtime from
+/// [`Config::drop_sync_wait`](crate::config::Config::drop_sync_wait) (60 s until one is
+/// made), in milliseconds.
+static DROP_WAIT_MS: AtomicU64 = AtomicU64::new(60_000);
+
+/// Sets the bound of [`drop_wait`].
+pub(crate) fn set_drop_wait(d: Duration) {
+    DROP_WAIT_MS.store(
+        u64::try_from(d.as_millis()).unwrap_or(u64::MAX),
+        Ordering::Relaxed,
+    );
+}
+
+/// How long a `Drop` may wait for recorded work before it retains instead.
+pub(crate) fn drop_wait() -> Duration {
+    Duration::from_millis(DROP_WAIT_MS.load(Ordering::Relaxed))
 }
 
 static ENTRIES: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
@@ -42,10 +81,19 @@ pub fn retained_count() -> usize {
 }
 
 pub(crate) fn retain(stream: Stream, keep: Box<dyn Any + Send>, bytes: usize) {
+    push(Proof::Stream(stream), keep, bytes);
+}
+
+/// Keeps `keep` (counted as `bytes`) until every event of `events` has completed.
+pub(crate) fn retain_until(events: Vec<Event>, keep: Box<dyn Any + Send>, bytes: usize) {
+    push(Proof::Events(events), keep, bytes);
+}
+
+fn push(proof: Proof, keep: Box<dyn Any + Send>, bytes: usize) {
     let mut entries = lock();
     BYTES.fetch_add(bytes, Ordering::Relaxed);
     entries.push(Entry {
-        stream,
+        proof,
         _keep: keep,
         bytes,
     });
@@ -58,8 +106,7 @@ pub(crate) fn release_proven(stream: &Stream) {
     }
     let released: Vec<Entry> = {
         let mut entries = lock();
-        let (gone, kept): (Vec<_>, Vec<_>) =
-            entries.drain(..).partition(|e| e.stream.same_as(stream));
+        let (gone, kept): (Vec<_>, Vec<_>) = entries.drain(..).partition(|e| e.on(stream));
         *entries = kept;
         let bytes: usize = gone.iter().map(|e| e.bytes).sum();
         BYTES.fetch_sub(bytes, Ordering::Relaxed);
@@ -79,8 +126,10 @@ pub(crate) fn release_finished(limit: std::time::Duration) {
     }
     let mut streams: Vec<Stream> = Vec::new();
     for e in lock().iter() {
-        if !streams.iter().any(|s| s.same_as(&e.stream)) {
-            streams.push(e.stream.clone());
+        if let Proof::Stream(s) = &e.proof {
+            if !streams.iter().any(|x| x.same_as(s)) {
+                streams.push(s.clone());
+            }
         }
     }
     for s in streams {
@@ -88,16 +137,39 @@ pub(crate) fn release_finished(limit: std::time::Duration) {
             release_proven(&s);
         }
     }
+    release_completed(|e| e.query() == Ok(true));
+}
+
+/// Releases the event-proven entries whose events all pass `done`.
+fn release_completed(done: impl Fn(&Event) -> bool) {
+    let released: Vec<Entry> = {
+        let mut entries = lock();
+        let (gone, kept): (Vec<_>, Vec<_>) = entries.drain(..).partition(|e| match &e.proof {
+            Proof::Events(evs) => evs.iter().all(&done),
+            Proof::Stream(_) => false,
+        });
+        *entries = kept;
+        BYTES.fetch_sub(gone.iter().map(|e| e.bytes).sum(), Ordering::Relaxed);
+        gone
+    };
+    drop(released); // outside the lock: drops call the driver
 }
 
 /// Tries to synchronise every stream with retained owners and releases those that
 /// succeed. Returns the bytes still retained.
 pub fn try_release() -> usize {
-    let streams: Vec<Stream> = lock().iter().map(|e| e.stream.clone()).collect();
+    let streams: Vec<Stream> = lock()
+        .iter()
+        .filter_map(|e| match &e.proof {
+            Proof::Stream(s) => Some(s.clone()),
+            Proof::Events(_) => None,
+        })
+        .collect();
     for s in streams {
         if s.synchronize().is_ok() {
             release_proven(&s);
         }
     }
+    release_completed(|e| e.synchronize().is_ok());
     retained_bytes()
 }
