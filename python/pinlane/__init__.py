@@ -94,7 +94,9 @@ def transfer_tensor_h2d(batch, /, *, num_caches=4):
       the host, and its output is contiguous.
     * The call returns once the copies are done; the outputs are ready for work on any
       stream. Their memory is freed, when torch lets them go, in order on torch's current
-      stream of the device at the time of the call.
+      stream of the device at the time of the call. If that stream is a
+      ``torch.cuda.ExternalStream``, keep it alive until those outputs are freed (torch
+      asks the same of an external stream for as long as its work uses memory).
     * The thread keeps its last ``num_caches`` batches' device memory referenced.
     * A tensor that requires grad, whose dtype pinlane lacks (complex, float8, ...), or
       that torch does not export (sparse and other layouts) is moved by torch
