@@ -37,12 +37,17 @@ fn unavailable_reason() -> Option<String> {
     }
 }
 
-/// The ordinal `"cuda"` / `None` names: `LOCAL_RANK`, or 0 when it is unset. Read on
-/// every call, as spdl reads it (the Rust core reads it once per thread).
-#[pyfunction]
-fn default_device() -> PyResult<usize> {
+/// The device `"cuda"` / `None` names: `cuda:{LOCAL_RANK}`, `cuda:0` when it is unset.
+/// Read on every call, as spdl reads it (the Rust core reads it once per thread).
+pub(crate) fn local_rank_device() -> pinlane::Result<pinlane::Device> {
     let value = std::env::var_os("LOCAL_RANK").map(|v| v.to_string_lossy().into_owned());
     pinlane::Device::from_local_rank_value(value.as_deref())
+}
+
+/// The ordinal `"cuda"` / `None` names (see [`local_rank_device`]).
+#[pyfunction]
+fn default_device() -> PyResult<usize> {
+    local_rank_device()
         .map(pinlane::Device::ordinal)
         .map_err(errors::to_py)
 }

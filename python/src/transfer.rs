@@ -270,7 +270,7 @@ pub(crate) fn d2h<'py>(
         return Err(to_py(pinlane::Error::StreamWithoutDevice));
     }
     let dev = match device {
-        None | Some("cuda") => Device::from_local_rank(),
+        None | Some("cuda") => crate::local_rank_device(),
         Some(s) => s.parse::<Device>(),
     }
     .map_err(to_py)?;

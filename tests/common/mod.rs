@@ -42,6 +42,14 @@ fn shut_down_at_exit() {
     });
 }
 
+/// Whether this process runs under NVIDIA's compute-sanitizer, whose own device memory
+/// (tracking state that grows with the allocations it watches) shows in
+/// `cuMemGetInfo`: tests that measure the device's memory in use measure pinlane's pools
+/// instead there.
+pub fn under_sanitizer() -> bool {
+    std::env::var_os("NV_SANITIZER_INJECTION_PORT_BASE").is_some()
+}
+
 /// Returns from the test early (skipping) when there is no GPU; see [`gpu`].
 #[macro_export]
 macro_rules! require_gpu {
