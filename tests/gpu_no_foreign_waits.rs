@@ -21,6 +21,12 @@ const BUSY: Duration = Duration::from_secs(3);
 #[test]
 fn transfers_do_not_wait_for_other_streams() {
     require_gpu!();
+    if common::under_sanitizer() {
+        // A timing test: the sanitizer serialises kernels, so the gather kernel queues
+        // behind the other stream's 3 s of work there, which is the tool's doing.
+        eprintln!("skipped under compute-sanitizer (timing)");
+        return;
+    }
     // A small output pool, so the 6 MiB batch below must evict the free 4 MiB block.
     Config::new()
         .pinned_output_bytes(8 << 20)
