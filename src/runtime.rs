@@ -138,17 +138,6 @@ impl Config {
     pub fn install(self) -> Result<Arc<Runtime>> {
         install(self)
     }
-
-    /// A runtime of this configuration of its own, not the process's default: its pools
-    /// and copy threads serve whatever uses it (the transfer calls use the default), and
-    /// [`Runtime::shutdown`] gives them back.
-    ///
-    /// # Errors
-    /// [`Error::InvalidOption`] for a value out of range.
-    pub fn build(self) -> Result<Arc<Runtime>> {
-        self.validate()?;
-        Ok(Runtime::new(self))
-    }
 }
 
 fn install(config: Config) -> Result<Arc<Runtime>> {

@@ -141,9 +141,10 @@ fn shutdown_gives_everything_back_and_the_next_call_starts_afresh() {
     drop(rt);
     pinlane::shutdown(Duration::from_secs(10)).unwrap();
 
-    // 5. A runtime of its own, shut down: its stats are zeros; the default is untouched.
-    let own = config().build().unwrap();
-    own.shutdown(Duration::from_secs(1)).unwrap();
-    assert_eq!(own.memory_stats().staging, Default::default());
+    // 5. A runtime value kept past its shutdown reports empty pools and says so.
+    let rt = pinlane::runtime();
+    rt.shutdown(Duration::from_secs(10)).unwrap();
+    assert!(rt.is_shut_down());
+    assert_eq!(rt.memory_stats().staging, Default::default());
     assert_eq!(page_locked_bytes(), Some(0));
 }

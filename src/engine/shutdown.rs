@@ -42,9 +42,11 @@ impl Runtime {
     /// the first failed free.
     ///
     /// ```
-    /// let rt = pinlane::Config::new().arena_bytes(16 << 20).build()?;
+    /// let rt = pinlane::runtime();
     /// rt.shutdown(std::time::Duration::from_secs(5))?;
+    /// assert!(rt.is_shut_down());
     /// assert_eq!(rt.memory_stats().staging.held_bytes, 0);
+    /// assert!(!std::sync::Arc::ptr_eq(&rt, &pinlane::runtime())); // a new default
     /// # Ok::<(), pinlane::Error>(())
     /// ```
     ///
