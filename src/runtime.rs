@@ -17,6 +17,7 @@ use crate::config::{Config, CopyStores};
 use crate::device::Device;
 use crate::driver;
 use crate::error::{Error, Result};
+pub use crate::memory::PoolStats;
 use crate::memory::{retained, CopyPool, HostPool, PinnedArena, PinnedOutputPool, Stores};
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -336,20 +337,6 @@ impl Runtime {
             ..process_counts()
         }
     }
-}
-
-/// What one kind of host memory holds.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct PoolStats {
-    /// Bytes allocated and kept (in use or cached for reuse).
-    pub held_bytes: usize,
-    /// Bytes of those in use now (leased slots, blocks or regions with live tensors).
-    pub in_use_bytes: usize,
-    /// Highest `held_bytes` so far.
-    pub peak_bytes: usize,
-    /// Allocations (slots, blocks, regions) in use now.
-    pub in_use_count: usize,
 }
 
 /// What one device's memory pool holds (the pool's own attributes).

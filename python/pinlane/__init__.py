@@ -20,6 +20,7 @@ __all__ = [
     "transfer_tensor_d2h",
     "cuda_available",
     "trim",
+    "shutdown",
     "memory_stats",
     "configure",
 ]
@@ -52,6 +53,22 @@ def trim():
     """Gives back the memory pinlane caches (staging slots, free page-locked output
     blocks, the device pools' free memory); what live tensors use stays."""
     _native.trim()
+
+
+def shutdown(timeout=10.0):
+    """Gives back everything pinlane holds (staging slots, page-locked output blocks,
+    cached pageable memory, the device pools' free memory) and stops its threads, waiting
+    up to ``timeout`` seconds; the next transfer starts afresh, with the same
+    configuration (or a new one from ``configure``). Memory under tensors still alive is
+    freed when they go. Call it last, with your tensors dropped, and NVIDIA's
+    compute-sanitizer reports no leak of pinlane's.
+
+    Raises:
+        ValueError: ``timeout`` is negative or not a number.
+        RuntimeError: work was still running at the deadline (its memory stays held, and
+            is freed when it finishes).
+    """
+    _native.shutdown(timeout)
 
 
 def memory_stats():

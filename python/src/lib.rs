@@ -109,6 +109,20 @@ fn trim(py: Python<'_>) -> PyResult<()> {
     py.detach(pinlane::trim).map_err(errors::to_py)
 }
 
+/// Gives back everything pinlane holds and stops its threads, waiting up to `timeout`
+/// seconds (see `pinlane::shutdown`); a later transfer starts afresh.
+#[pyfunction]
+#[pyo3(signature = (timeout=10.0))]
+fn shutdown(py: Python<'_>, timeout: f64) -> PyResult<()> {
+    let Ok(limit) = std::time::Duration::try_from_secs_f64(timeout) else {
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "timeout must be a number of seconds >= 0, not {timeout}"
+        )));
+    };
+    py.detach(|| pinlane::shutdown(limit))
+        .map_err(errors::to_py)
+}
+
 /// Bytes held and in use, per pool (see `pinlane::memory_stats`), as a dict.
 #[pyfunction]
 fn memory_stats(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
@@ -143,6 +157,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(unavailable_reason, m)?)?;
     m.add_function(wrap_pyfunction!(default_device, m)?)?;
     m.add_function(wrap_pyfunction!(trim, m)?)?;
+    m.add_function(wrap_pyfunction!(shutdown, m)?)?;
     m.add_function(wrap_pyfunction!(configure, m)?)?;
     m.add_function(wrap_pyfunction!(memory_stats, m)?)?;
     m.add_function(wrap_pyfunction!(transfer::h2d, m)?)?;

@@ -70,6 +70,14 @@ def test_memory_stats_and_trim():
     assert stats["staging"]["in_use_bytes"] == 0
 
 
+def test_shutdown_without_a_transfer_and_bad_timeouts():
+    pinlane.shutdown()
+    assert pinlane.memory_stats()["staging"]["held_bytes"] == 0
+    for bad in (-1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="timeout"):
+            pinlane.shutdown(bad)
+
+
 def test_configure_is_strict_and_once_per_process():
     # Configuration is per process: a fresh interpreter for each run.
     code = """

@@ -399,3 +399,20 @@ def test_a_stream_or_event_of_another_type_is_a_type_error(torch):
         transfer_tensor_d2h([x], device=dev, stream=12345)
     with pytest.raises(TypeError, match="torch.cuda.Event"):
         transfer_tensor_d2h([x], producer_event=12345)
+
+
+def test_shutdown_gives_memory_back_and_the_next_call_starts_afresh(torch):
+    dev = torch.device("cuda", cuda_index(torch))
+    batch = {"x": torch.arange(4096, dtype=torch.float32), "y": [torch.ones(3, 5)]}
+    on = transfer_tensor_h2d(batch)
+    back = transfer_tensor_d2h(on)
+    assert torch.equal(back["x"], batch["x"])
+    assert pinlane.memory_stats()["staging"]["held_bytes"] > 0
+    del on, back
+    pinlane.shutdown()
+    stats = pinlane.memory_stats()
+    assert stats["staging"]["held_bytes"] == 0
+    assert stats["pinned_outputs"]["held_bytes"] == 0
+    again = transfer_tensor_d2h(transfer_tensor_h2d(batch))
+    assert torch.equal(again["x"], batch["x"]) and torch.equal(again["y"][0], batch["y"][0])
+    assert again["x"].device == torch.device("cpu") and dev.type == "cuda"

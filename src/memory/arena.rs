@@ -131,10 +131,10 @@ impl PinnedArena {
         free_slabs(free)
     }
 
-    pub(crate) fn stats(&self) -> crate::runtime::PoolStats {
+    pub(crate) fn stats(&self) -> super::PoolStats {
         let st = self.lock();
         let leased = st.allocated - st.free.len();
-        crate::runtime::PoolStats {
+        super::PoolStats {
             held_bytes: st.allocated * self.slot_bytes,
             in_use_bytes: leased * self.slot_bytes,
             in_use_count: leased,

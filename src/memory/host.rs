@@ -316,9 +316,9 @@ impl HostPool {
         drop(free);
     }
 
-    pub(crate) fn stats(&self) -> crate::runtime::PoolStats {
+    pub(crate) fn stats(&self) -> super::PoolStats {
         let st = self.lock();
-        crate::runtime::PoolStats {
+        super::PoolStats {
             held_bytes: st.cached + st.in_use,
             in_use_bytes: st.in_use,
             in_use_count: st.in_use_count,

@@ -107,3 +107,18 @@ pub(crate) fn check_range(what: &str, at: usize, n: usize, len: usize) -> crate:
         reason: format!("{what}: {at}+{n} exceeds {len} bytes"),
     })
 }
+
+/// What one kind of host memory holds: the staging arena, the page-locked output pool or
+/// the recycled pageable pool (a field of the runtime's `MemoryStats`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PoolStats {
+    /// Bytes allocated and kept (in use or cached for reuse).
+    pub held_bytes: usize,
+    /// Bytes of those in use now (leased slots, blocks or regions with live tensors).
+    pub in_use_bytes: usize,
+    /// Highest `held_bytes` so far.
+    pub peak_bytes: usize,
+    /// Allocations (slots, blocks, regions) in use now.
+    pub in_use_count: usize,
+}

@@ -479,7 +479,7 @@ impl PinnedOutputPool {
         self.fallbacks.load(Ordering::Relaxed)
     }
 
-    pub(crate) fn stats(&self) -> crate::runtime::PoolStats {
+    pub(crate) fn stats(&self) -> super::PoolStats {
         let st = self.lock();
         let free: usize = st.free.iter().map(|b| b.1).sum();
         // The shared block stays current after its ranges' tensors are gone: with no
@@ -488,7 +488,7 @@ impl PinnedOutputPool {
             Some((b, _)) if Arc::strong_count(b) == 1 => b.len,
             _ => 0,
         };
-        crate::runtime::PoolStats {
+        super::PoolStats {
             held_bytes: st.held,
             in_use_bytes: st.held - free - idle_shared,
             in_use_count: st.blocks - st.free.len() - usize::from(idle_shared > 0),
