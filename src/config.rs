@@ -72,6 +72,7 @@ pub enum SmallH2d {
 /// | [`small_h2d`](Config::small_h2d) | `kernel` | `PINLANE_H2D_SMALL` (`kernel`, `copy`) | no |
 /// | [`slot_wait`](Config::slot_wait) | 60 s | `PINLANE_SLOT_WAIT_MS` | no |
 /// | [`drop_sync_wait`](Config::drop_sync_wait) | 60 s | `PINLANE_DROP_SYNC_WAIT_MS` | no |
+/// | [`sync_wait`](Config::sync_wait) | none | `PINLANE_SYNC_WAIT_MS` | no |
 ///
 /// ```
 /// use pinlane::Config;
@@ -130,6 +131,14 @@ pub struct Config {
     /// [`Prefetcher`](crate::engine::Prefetcher)'s worker to exit (past it the worker is left to
     /// exit on its own). Then the drop returns.
     pub drop_sync_wait: Duration,
+    /// Longest a blocking call waits for the device to finish its copies (and the work
+    /// they wait for: a D2H waits for the caller's current stream), at its end or while
+    /// draining after a failure; then it fails with [`Error::SyncTimeout`], and what the
+    /// copies use is held in the retained registry until they finish (never freed early).
+    /// `None` (the default): the call waits in `cuStreamSynchronize` for as long as it
+    /// takes. With a limit the wait is polled (an event query, yielding, then naps of at
+    /// most 1 ms), which may end a few microseconds later than the driver's own wait.
+    pub sync_wait: Option<Duration>,
 }
 
 impl Default for Config {
@@ -158,6 +167,7 @@ impl Config {
             small_h2d: SmallH2d::Kernel,
             slot_wait: Duration::from_secs(60),
             drop_sync_wait: Duration::from_secs(60),
+            sync_wait: None,
         }
     }
 
@@ -251,9 +261,16 @@ impl Config {
         if let Some((n, v)) = get("PINLANE_DROP_SYNC_WAIT_MS") {
             c.drop_sync_wait = Duration::from_millis(parse(n, &v)?);
         }
+        if let Some((n, v)) = get("PINLANE_SYNC_WAIT_MS") {
+            c.sync_wait = Some(Duration::from_millis(parse(n, &v)?));
+        }
         c.validate().map_err(|e| match e {
             Error::InvalidOption { name, reason } => {
-                let variable = format!("PINLANE_{}", name.to_uppercase());
+                // The variables of durations carry their unit.
+                let variable = match name {
+                    "sync_wait" => "PINLANE_SYNC_WAIT_MS".to_string(),
+                    _ => format!("PINLANE_{}", name.to_uppercase()),
+                };
                 let value = var(&variable).unwrap_or_default();
                 Error::InvalidConfig {
                     variable,
@@ -285,6 +302,9 @@ impl Config {
         }
         if self.copy_threads == Some(0) {
             return bad("copy_threads", "must be at least 1");
+        }
+        if self.sync_wait == Some(Duration::ZERO) {
+            return bad("sync_wait", "must be more than 0 ms (or none)");
         }
         Ok(())
     }
@@ -336,6 +356,8 @@ setters! {
     slot_wait: Duration;
     /// Sets [`Config::drop_sync_wait`].
     drop_sync_wait: Duration;
+    /// Sets [`Config::sync_wait`].
+    sync_wait: Option<Duration>;
 }
 
 impl Config {
@@ -409,6 +431,7 @@ mod tests {
             ("PINLANE_H2D_SMALL", "copy"),
             ("PINLANE_SLOT_WAIT_MS", "12"),
             ("PINLANE_DROP_SYNC_WAIT_MS", "13"),
+            ("PINLANE_SYNC_WAIT_MS", "14"),
         ]))
         .unwrap();
         let want = Config::new()
@@ -427,7 +450,8 @@ mod tests {
             .small_d2h(SmallD2h::Each)
             .small_h2d(SmallH2d::Copy)
             .slot_wait(Duration::from_millis(12))
-            .drop_sync_wait(Duration::from_millis(13));
+            .drop_sync_wait(Duration::from_millis(13))
+            .sync_wait(Some(Duration::from_millis(14)));
         assert_eq!(c, want);
     }
 
@@ -441,6 +465,8 @@ mod tests {
             ("PINLANE_D2H_SMALL", ""),
             ("PINLANE_H2D_SMALL", "gather"),
             ("PINLANE_SPIN_US", "1.5"),
+            ("PINLANE_SYNC_WAIT_MS", "soon"),
+            ("PINLANE_SYNC_WAIT_MS", "0"), // parses, but no call could finish in 0 ms
         ] {
             match Config::from_vars(vars(&[(name, value)])) {
                 Err(Error::InvalidConfig {

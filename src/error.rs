@@ -237,6 +237,13 @@ pub enum Error {
     #[error("an earlier release failed: {0}")]
     Deferred(Box<Error>),
 
+    /// A blocking call's copies did not finish within
+    /// [`Config::sync_wait`](crate::config::Config::sync_wait): what they use is held in
+    /// the retained registry until they do (never freed early); the call's input is
+    /// unchanged.
+    #[error("the device did not finish the call's copies within {waited_ms} ms (sync_wait)")]
+    SyncTimeout { waited_ms: u64 },
+
     /// [`Runtime::shutdown`](crate::runtime::Runtime::shutdown) reached its deadline with work
     /// still running; what that work uses stays held (and counted) until it finishes.
     #[error("shutdown incomplete after {waited_ms} ms: {reason}")]

@@ -124,6 +124,7 @@ pub(crate) fn retire(rt: &Runtime) {
 /// device pools' release threshold and the bound on waits inside `Drop`.
 fn apply_process_settings(config: &Config) -> Result<()> {
     retained::set_drop_wait(config.drop_sync_wait);
+    retained::set_sync_wait(config.sync_wait);
     driver::set_pool_release_threshold(config.device_pool_release_bytes);
     // Pools made before the runtime (a `Stream::new` first, say) get it too.
     driver::apply_pool_release_threshold()

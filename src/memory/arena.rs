@@ -253,6 +253,13 @@ impl PinnedArena {
     }
 }
 
+/// The error of a bounded wait for copies that ran out, started at `started`.
+fn sync_timeout(started: Instant) -> Error {
+    Error::SyncTimeout {
+        waited_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+    }
+}
+
 /// Frees slabs (each under the context of the device that allocated it).
 fn free_slabs(slabs: Vec<Slab>) -> Result<()> {
     // SAFETY: free slabs: each lease dropped after its copies were proven complete
@@ -294,12 +301,25 @@ pub(crate) struct SlotLease {
 pub(crate) struct Synced<'a>(&'a Stream);
 
 impl<'a> Synced<'a> {
-    /// Synchronises `stream`.
+    /// Synchronises `stream`: in the driver, or, with a
+    /// [`Config::sync_wait`](crate::config::Config::sync_wait), by polling an event
+    /// recorded now, for at most that long.
     ///
     /// # Errors
-    /// The driver's error: the stream's copies are then not proven complete.
+    /// The driver's error, or [`Error::SyncTimeout`]: the stream's copies are then not
+    /// proven complete.
     pub(crate) fn synchronize(stream: &'a Stream) -> Result<Synced<'a>> {
-        stream.synchronize()?;
+        match retained::sync_wait() {
+            None => stream.synchronize()?,
+            Some(limit) => {
+                let started = Instant::now();
+                let ev = Event::new(stream.device())?;
+                ev.record(stream)?;
+                if !ev.done_within(limit)? {
+                    return Err(sync_timeout(started));
+                }
+            }
+        }
         Ok(Synced(stream))
     }
 
@@ -344,12 +364,21 @@ impl SlotLease {
         self.slab.as_ref().map_or(0, |s| s.len)
     }
 
-    /// Waits for the slot's last copy, if it was not waited for yet.
+    /// Waits for the slot's last copy, if it was not waited for yet (for at most
+    /// [`Config::sync_wait`](crate::config::Config::sync_wait) when one is set).
     fn wait_idle(&mut self) -> Result<()> {
         let slab = self.slab();
         if slab.busy {
             if let Some(ev) = &slab.event {
-                ev.synchronize()?;
+                match retained::sync_wait() {
+                    None => ev.synchronize()?,
+                    Some(limit) => {
+                        let started = Instant::now();
+                        if !ev.done_within(limit)? {
+                            return Err(sync_timeout(started));
+                        }
+                    }
+                }
             }
             slab.busy = false;
         }

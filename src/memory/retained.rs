@@ -57,6 +57,27 @@ pub(crate) fn drop_wait() -> Duration {
     Duration::from_millis(DROP_WAIT_MS.load(Ordering::Relaxed))
 }
 
+/// The bound on a blocking call's waits for its copies, in milliseconds (`u64::MAX`:
+/// none): set by the runtime from
+/// [`Config::sync_wait`](crate::config::Config::sync_wait).
+static SYNC_WAIT_MS: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// Sets the bound of [`sync_wait`].
+pub(crate) fn set_sync_wait(d: Option<Duration>) {
+    let ms = d.map_or(u64::MAX, |d| {
+        u64::try_from(d.as_millis()).unwrap_or(u64::MAX - 1)
+    });
+    SYNC_WAIT_MS.store(ms, Ordering::Relaxed);
+}
+
+/// How long a blocking call may wait for its copies (`None`: as long as they take).
+pub(crate) fn sync_wait() -> Option<Duration> {
+    match SYNC_WAIT_MS.load(Ordering::Relaxed) {
+        u64::MAX => None,
+        ms => Some(Duration::from_millis(ms)),
+    }
+}
+
 static ENTRIES: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
 /// Sum of `bytes` over ENTRIES. Written under the ENTRIES lock; read without it (Relaxed)
 /// as a fast "nothing retained" check and a statistic.

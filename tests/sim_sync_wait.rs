@@ -1,0 +1,63 @@
+//! A bounded wait for a blocking call's copies (issue 19, item 4): with
+//! `Config::sync_wait`, a D2H whose copies wait behind a stream that stays busy returns
+//! within the limit with `Error::SyncTimeout`, holds (and counts) what the copies use
+//! until they finish, and the next calls work. Its own binary: the limit is the runtime's.
+// The simulated device and the test hooks: `cargo test --features test-util`.
+#![cfg(feature = "test-util")]
+
+mod common;
+
+use pinlane::driver::sim::SimConfig;
+use pinlane::{
+    memory_stats, set_current_stream, transfer_tensor_d2h, transfer_tensor_h2d, Config, D2hOptions,
+    DType, Device, Error, HostOutput, Stream,
+};
+use std::time::{Duration, Instant};
+
+#[test]
+fn a_blocking_call_whose_copies_wait_too_long_fails_within_its_limit() {
+    common::sim_with(
+        || Config::new().sync_wait(Some(Duration::from_millis(200))),
+        || SimConfig::seeded(0x5_1C).max_delay(Duration::from_micros(40)),
+    );
+    let d0 = Device::cuda(0);
+    let host = vec![
+        common::tensor(DType::F32, &[4096], 1),
+        common::tensor(DType::U8, &[3, 7], 2),
+    ];
+    let on = transfer_tensor_h2d(&host).unwrap();
+    for output in [HostOutput::Pinned, HostOutput::Pageable] {
+        // The caller's current stream stays busy for 2 s: the D2H's copies wait for it.
+        let busy = Stream::new(d0).unwrap();
+        busy.delay_async(Duration::from_secs(2)).unwrap();
+        let before = memory_stats().retained_bytes;
+        let t0 = Instant::now();
+        let r = {
+            let _g = set_current_stream(&busy);
+            transfer_tensor_d2h(&on, &D2hOptions::default().output(output))
+        };
+        let took = t0.elapsed();
+        // Before: the call waited in cuStreamSynchronize for the whole 2 s.
+        assert!(
+            matches!(r, Err(Error::SyncTimeout { waited_ms }) if waited_ms >= 200),
+            "{output:?}: {r:?}"
+        );
+        assert!(
+            took < Duration::from_millis(1500),
+            "{output:?}: returned after {took:?}"
+        );
+        assert!(
+            memory_stats().retained_bytes > before,
+            "{output:?}: what the copies use is held"
+        );
+        // Once the stream has finished, a release check gives it back.
+        busy.synchronize().unwrap();
+        pinlane::memory::retained::try_release();
+        assert_eq!(memory_stats().retained_bytes, before, "{output:?}");
+        // The input is unchanged, and the next call moves it exactly.
+        assert_eq!(
+            transfer_tensor_d2h(&on, &D2hOptions::default().output(output)).unwrap(),
+            host
+        );
+    }
+}
