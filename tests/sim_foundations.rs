@@ -68,8 +68,18 @@ fn failed_final_syncs_that_hold_every_slot_do_not_hang_other_threads() {
     });
     assert!(on_ok, "{back:?}");
     let s = memory_stats();
-    assert_eq!(s.retained_owners, 0, "{s:?}");
+    // The waiting call released what it needed: at least one of the two groups (the other
+    // may still have been copying when it looked, and slots were free by then).
+    assert!(s.retained_owners < 2, "{s:?}");
     assert!(s.slot_waits >= 1, "{s:?}");
+    // The rest goes at a later check, once its stream is idle (trim checks without
+    // blocking).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while memory_stats().retained_owners > 0 && std::time::Instant::now() < deadline {
+        pinlane::trim().unwrap();
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(memory_stats().retained_owners, 0, "{:?}", memory_stats());
 }
 
 #[test]
