@@ -11,18 +11,31 @@ use std::fmt;
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DType {
+    /// `bool`: one byte, 0 or 1.
     Bool,
+    /// `u8`.
     U8,
+    /// `i8`.
     I8,
+    /// `i16`.
     I16,
+    /// `i32`.
     I32,
+    /// `i64`.
     I64,
+    /// `u16`.
     U16,
+    /// `u32`.
     U32,
+    /// `u64`.
     U64,
+    /// IEEE half precision (`half::f16`).
     F16,
+    /// bfloat16 (`half::bf16`).
     Bf16,
+    /// `f32`.
     F32,
+    /// `f64`.
     F64,
 }
 

@@ -19,32 +19,48 @@ pub enum Error {
     /// A constructor was given a number of elements that does not match the shape.
     #[error("shape {shape:?} holds {expected} elements, but {got} were given")]
     ShapeMismatch {
+        /// The shape, as given.
         shape: Vec<usize>,
+        /// Elements the shape holds.
         expected: usize,
+        /// Elements given.
         got: usize,
     },
 
     /// A shape whose element count or byte size overflows `usize`.
     #[error("shape {shape:?} is too large: its size overflows")]
-    ShapeOverflow { shape: Vec<usize> },
+    ShapeOverflow {
+        /// The shape, as given.
+        shape: Vec<usize>,
+    },
 
     /// A typed view or copy asked for another element type than the tensor holds.
     #[error("{op}: tensor holds {got}, but {expected} was asked for")]
     DTypeMismatch {
+        /// The operation that asked.
         op: &'static str,
+        /// The dtype asked for.
         expected: DType,
+        /// The dtype the tensor holds.
         got: DType,
     },
 
     /// Raw bytes that are not valid values of the dtype (a bool byte other than 0 or 1),
     /// or whose length is not a whole number of elements.
     #[error("invalid {dtype} bytes: {reason}")]
-    InvalidBytes { dtype: DType, reason: String },
+    InvalidBytes {
+        /// The dtype the bytes were meant to hold.
+        dtype: DType,
+        /// What is wrong with them.
+        reason: String,
+    },
 
     /// An event that belongs to another device than the transfer's.
     #[error("the producer event is on {event_device}, but the transfer is on {device}")]
     EventDeviceMismatch {
+        /// The event's device.
         event_device: Device,
+        /// The transfer's device.
         device: Device,
     },
 
@@ -55,28 +71,45 @@ pub enum Error {
     /// A host-only operation was asked of a tensor that lives elsewhere.
     #[error("{op}: tensor is on {location}, but this needs host memory")]
     NotOnHost {
+        /// The operation that asked.
         op: &'static str,
+        /// Where the tensor's bytes are.
         location: Location,
     },
 
     /// A device-only operation was asked of a tensor that lives elsewhere.
     #[error("{op}: tensor is on {location}, but this needs a CUDA device tensor")]
     NotOnDevice {
+        /// The operation that asked.
         op: &'static str,
+        /// Where the tensor's bytes are.
         location: Location,
     },
 
     /// `LOCAL_RANK` is set but is not a device index this machine has.
     #[error("LOCAL_RANK={value:?} is not a device index below the device count {device_count}")]
-    InvalidLocalRank { value: String, device_count: usize },
+    InvalidLocalRank {
+        /// `LOCAL_RANK`'s value.
+        value: String,
+        /// Devices this machine has.
+        device_count: usize,
+    },
 
     /// A device string that does not name a CUDA device (`"cpu"`, `"cuda:x"`, `""`).
     #[error("{value:?} is not a CUDA device (expected \"cuda\" or \"cuda:N\")")]
-    InvalidDevice { value: String },
+    InvalidDevice {
+        /// The string given.
+        value: String,
+    },
 
     /// A CUDA device index this machine does not have.
     #[error("{device} is unavailable: this machine has {device_count} CUDA device(s)")]
-    DeviceUnavailable { device: Device, device_count: usize },
+    DeviceUnavailable {
+        /// The device asked for.
+        device: Device,
+        /// Devices this machine has.
+        device_count: usize,
+    },
 
     /// A custom stream was given without naming the device it belongs to.
     #[error("a custom stream requires the device to be given too")]
@@ -85,42 +118,64 @@ pub enum Error {
     /// A custom stream that belongs to another device than the one requested.
     #[error("the stream is on {stream_device}, but {device} was requested")]
     StreamDeviceMismatch {
+        /// The stream's device.
         stream_device: Device,
+        /// The device requested.
         device: Device,
     },
 
     /// A raw stream handed to pinlane that belongs to another context than the primary
     /// context of the device it was given with.
     #[error("the raw stream does not belong to {device}'s primary context")]
-    ForeignStream { device: Device },
+    ForeignStream {
+        /// The device the stream was given with.
+        device: Device,
+    },
 
     /// An event used on a stream of another device (events and streams must share a
     /// device).
     #[error("{op}: the event is on {event_device}, the stream on {stream_device}")]
     EventStreamMismatch {
+        /// The operation that found it.
         op: &'static str,
+        /// The event's device.
         event_device: Device,
+        /// The stream's device.
         stream_device: Device,
     },
 
     /// Memory handed to pinlane by another owner (a host owner, a device pointer, a
     /// DLPack tensor) that pinlane cannot use as a tensor, and why.
     #[error("external memory: {reason}")]
-    External { reason: String },
+    External {
+        /// Why the memory cannot be used.
+        reason: String,
+    },
 
     /// A DLPack tensor pinlane cannot import, or a tensor it cannot export, and why.
     #[error("DLPack: {reason}")]
-    DLPack { reason: String },
+    DLPack {
+        /// Why the tensor cannot be imported or exported.
+        reason: String,
+    },
 
     /// An operation needs the CUDA driver, and none is usable on this machine.
     #[error("{op}: no usable CUDA driver or device ({reason})")]
-    NoCuda { op: &'static str, reason: String },
+    NoCuda {
+        /// The operation that needed the driver.
+        op: &'static str,
+        /// Why no driver or device is usable.
+        reason: String,
+    },
 
     /// A thread pinlane runs work on could not start (a [`Prefetcher`](crate::engine::Prefetcher)'s
     /// worker, the non-blocking calls' completion thread), or a prefetcher's source
     /// iterator panicked.
     #[error("worker thread: {reason}")]
-    Worker { reason: String },
+    Worker {
+        /// What happened to the thread.
+        reason: String,
+    },
 
     /// A [`Batch`](crate::batch::Batch) implementation whose `rebuild` does not hand over the
     /// tensors its `visit` gave, one by one and in the same order (a hand-written
@@ -157,25 +212,41 @@ pub enum Error {
     /// The page-locked pool ([`Config::pinned_output_bytes`](crate::config::Config::pinned_output_bytes))
     /// has no room for a [`PinnedBufferMut`](crate::memory::PinnedBufferMut) of this size.
     #[error("the page-locked pool has no room for {requested} bytes (cap {cap} bytes)")]
-    PinnedPoolFull { requested: usize, cap: usize },
+    PinnedPoolFull {
+        /// Bytes asked for.
+        requested: usize,
+        /// The pool's cap, in bytes.
+        cap: usize,
+    },
 
     /// An option outside its allowed range.
     #[error("invalid option {name}: {reason}")]
-    InvalidOption { name: &'static str, reason: String },
+    InvalidOption {
+        /// The option.
+        name: &'static str,
+        /// What its value must be.
+        reason: String,
+    },
 
     /// A configuration value that does not parse or is out of range
     /// ([`Config::from_env`](crate::config::Config::from_env)).
     #[error("{variable}={value:?} is not valid: {reason}")]
     InvalidConfig {
+        /// The `PINLANE_*` variable.
         variable: String,
+        /// Its value.
         value: String,
+        /// What is wrong with it.
         reason: String,
     },
 
     /// [`Config::install`](crate::config::Config::install) after the runtime started with another
     /// configuration.
     #[error("the pinlane runtime is already running with another configuration: {reason}")]
-    AlreadyRunning { reason: String },
+    AlreadyRunning {
+        /// The running runtime's configuration.
+        reason: String,
+    },
 
     /// Every staging slot stayed leased for [`Config::slot_wait`](crate::config::Config::slot_wait)
     /// (slots held by retained owners whose copies could not be proven complete, or a
@@ -185,7 +256,9 @@ pub enum Error {
          after failed synchronisations)"
     )]
     StagingExhausted {
+        /// Milliseconds the call waited.
         waited_ms: u64,
+        /// Bytes held by retained owners at that point.
         retained_bytes: usize,
     },
 
@@ -193,20 +266,28 @@ pub enum Error {
     /// memory or stream.
     #[error("{op}: {current}'s context is current, but the call is for {device}")]
     ContextMismatch {
+        /// The call.
         op: &'static str,
+        /// The device whose context is current.
         current: Device,
+        /// The device the call is for.
         device: Device,
     },
 
     /// A copy path that cannot run on the legacy default stream was given it.
     #[error("{op}: the legacy default stream cannot be used here")]
-    LegacyStream { op: &'static str },
+    LegacyStream {
+        /// The copy path.
+        op: &'static str,
+    },
 
     /// Two parallel arrays that must have one entry per copy have different lengths (an
     /// internal inconsistency, reported instead of queueing nothing).
     #[error("{op}: {what} have different lengths")]
     LengthMismatch {
+        /// The call.
         op: &'static str,
+        /// The arrays that differ.
         what: &'static str,
     },
 
@@ -242,12 +323,20 @@ pub enum Error {
     /// the retained registry until they do (never freed early); the call's input is
     /// unchanged.
     #[error("the device did not finish the call's copies within {waited_ms} ms (sync_wait)")]
-    SyncTimeout { waited_ms: u64 },
+    SyncTimeout {
+        /// Milliseconds the call waited.
+        waited_ms: u64,
+    },
 
     /// [`Runtime::shutdown`](crate::runtime::Runtime::shutdown) reached its deadline with work
     /// still running; what that work uses stays held (and counted) until it finishes.
     #[error("shutdown incomplete after {waited_ms} ms: {reason}")]
-    ShutdownIncomplete { waited_ms: u64, reason: String },
+    ShutdownIncomplete {
+        /// Milliseconds shutdown waited.
+        waited_ms: u64,
+        /// What was still running.
+        reason: String,
+    },
 }
 
 impl Error {

@@ -10,6 +10,8 @@ use proc_macro2::{Span, TokenStream as Tokens};
 use quote::{format_ident, quote};
 use syn::{parse_macro_input, parse_quote, Data, DeriveInput, Fields, Ident};
 
+/// Implements `pinlane::Batch` for a struct or enum: every field visited and rebuilt in
+/// declaration order, `#[batch(skip)]` fields cloned unchanged.
 #[proc_macro_derive(Batch, attributes(batch))]
 pub fn derive_batch(input: TokenStream) -> TokenStream {
     let input = parse_macro_input!(input as DeriveInput);

@@ -18,22 +18,32 @@ use std::collections::BTreeMap;
 /// ```
 #[derive(Clone, Debug, PartialEq)]
 pub enum Value {
+    /// A tensor: moved by the transfers.
     Tensor(Tensor),
+    /// A list, visited in order.
     List(Vec<Value>),
+    /// A tuple, visited in order (kept apart from a list so that a round trip keeps it).
     Tuple(Vec<Value>),
     /// Keys are kept, in sorted order.
     Map(BTreeMap<String, Value>),
+    /// Anything else, passed through unchanged.
     Leaf(Leaf),
 }
 
 /// A non-tensor leaf of a [`Value`], passed through transfers unchanged.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Leaf {
+    /// No value (Python's `None`).
     None,
+    /// A boolean.
     Bool(bool),
+    /// An integer.
     Int(i64),
+    /// A float.
     Float(f64),
+    /// A string.
     Str(String),
+    /// Bytes.
     Bytes(Vec<u8>),
 }
 

@@ -11,8 +11,11 @@ use std::time::Instant;
 #[derive(Clone, Copy, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct PinnedLimits {
+    /// Host to device, alone.
     pub h2d: f64,
+    /// Device to host, alone.
     pub d2h: f64,
+    /// Both directions at once, on two streams (the total).
     pub both: f64,
 }
 
