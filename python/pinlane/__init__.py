@@ -24,7 +24,7 @@ __all__ = [
     "memory_stats",
     "configure",
 ]
-__version__ = "0.1.0"
+__version__ = _native.__version__
 
 
 def cuda_available():

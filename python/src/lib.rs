@@ -153,6 +153,7 @@ fn memory_stats(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(device_count, m)?)?;
     m.add_function(wrap_pyfunction!(unavailable_reason, m)?)?;
     m.add_function(wrap_pyfunction!(default_device, m)?)?;

@@ -3,6 +3,9 @@ or a GPU (CI has neither). Batches of numpy arrays and plain objects come back a
 bad arguments raise spdl's exceptions before anything else."""
 
 import collections
+import importlib.metadata
+import pathlib
+import re
 import subprocess
 import sys
 
@@ -60,6 +63,13 @@ def test_a_stream_without_a_device_is_a_value_error():
 def test_bad_num_caches_is_a_value_error(n):
     with pytest.raises(ValueError, match="num_caches"):
         pinlane.transfer_tensor_h2d([1], num_caches=n)
+
+
+def test_one_version_for_the_crate_and_the_package():
+    root = pathlib.Path(__file__).resolve().parents[2] / "Cargo.toml"
+    crate = re.search(r'^version = "([^"]+)"', root.read_text(), re.M).group(1)
+    assert pinlane.__version__ == crate
+    assert importlib.metadata.version("pinlane") == crate
 
 
 def test_memory_stats_and_trim():
