@@ -32,21 +32,45 @@ fn read_device(alloc: &std::sync::Arc<DeviceAlloc>, n: usize) -> Vec<u8> {
 /// Taken by the tests that change or rely on the process-wide bound of waits in `Drop`.
 static DROP_WAIT_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-#[test]
-fn a_slot_lease_dropped_without_proof_waits_for_its_copy() {
-    setup();
-    let _turn = DROP_WAIT_TESTS.lock().unwrap_or_else(|p| p.into_inner());
-    // One slot, so the next lease gets the same slab.
+/// A one-slot arena (so the next lease gets the same slab) whose slot, filled with
+/// `fill`, has its copy to `dst` queued on `s` behind a host-side delay of `delay`.
+struct SlowSlot {
+    arena: std::sync::Arc<PinnedArena>,
+    s: Stream,
+    dst: std::sync::Arc<DeviceAlloc>,
+    lease: crate::memory::SlotLease,
+}
+
+fn slow_slot(fill: u8, delay: Duration) -> SlowSlot {
     let arena = std::sync::Arc::new(PinnedArena::new(4096, 4096, Duration::from_secs(5)));
     let ctx = driver::bind(0).unwrap();
     let s = Stream::new(Device::cuda(0)).unwrap();
     let dst = DeviceAlloc::new_async(&ctx, 0, 4096, &s, s.clone()).unwrap();
     let mut lease = arena.lease(&ctx, true).unwrap().unwrap();
-    lease.bytes_mut().unwrap().fill(0x11);
-    // The copy out of the slot runs only after 100 ms.
-    s.delay_async(Duration::from_millis(100)).unwrap();
-    // SAFETY: `dst` was allocated on `s` and outlives the copy (synchronised below).
+    lease.bytes_mut().unwrap().fill(fill);
+    s.delay_async(delay).unwrap();
+    // SAFETY: `dst` was allocated on `s`; the callers synchronise `s` before `dst` drops.
     unsafe { lease.h2d_window(&ctx, 4096, &dst, 0, &s) }.unwrap();
+    SlowSlot {
+        arena,
+        s,
+        dst,
+        lease,
+    }
+}
+
+#[test]
+fn a_slot_lease_dropped_without_proof_waits_for_its_copy() {
+    setup();
+    let _turn = DROP_WAIT_TESTS.lock().unwrap_or_else(|p| p.into_inner());
+    // The copy out of the slot runs only after 100 ms.
+    let SlowSlot {
+        arena,
+        s,
+        dst,
+        lease,
+    } = slow_slot(0x11, Duration::from_millis(100));
+    let ctx = driver::bind(0).unwrap();
     // Dropped with no proof of completion: before the fix the slot went back as free at
     // once, was poisoned and refilled, and the delayed copy read the new bytes.
     drop(lease);
@@ -65,15 +89,13 @@ fn a_slot_lease_dropped_without_proof_waits_for_its_copy() {
 fn a_slot_lease_dropped_past_its_bound_is_retained_then_returned() {
     setup();
     let _turn = DROP_WAIT_TESTS.lock().unwrap_or_else(|p| p.into_inner());
-    let arena = std::sync::Arc::new(PinnedArena::new(4096, 4096, Duration::from_secs(5)));
+    let SlowSlot {
+        arena,
+        s,
+        dst,
+        lease,
+    } = slow_slot(0x33, Duration::from_millis(1000));
     let ctx = driver::bind(0).unwrap();
-    let s = Stream::new(Device::cuda(0)).unwrap();
-    let dst = DeviceAlloc::new_async(&ctx, 0, 4096, &s, s.clone()).unwrap();
-    let mut lease = arena.lease(&ctx, true).unwrap().unwrap();
-    lease.bytes_mut().unwrap().fill(0x33);
-    s.delay_async(Duration::from_millis(1000)).unwrap();
-    // SAFETY: `dst` was allocated on `s` and outlives the copy (synchronised below).
-    unsafe { lease.h2d_window(&ctx, 4096, &dst, 0, &s) }.unwrap();
     let before = crate::memory::retained::retained_bytes();
     crate::memory::retained::set_drop_wait(Duration::from_millis(50));
     let t0 = Instant::now();
@@ -120,7 +142,7 @@ fn gather_descriptors_are_checked_against_the_destination() {
         "a view past its allocation"
     );
     let arena = std::sync::Arc::new(PinnedArena::new(4096, 4096, Duration::from_secs(5)));
-    let mut job = InFlight::new(s.clone(), Duration::from_secs(5));
+    let mut job = InFlight::new(s.clone());
     job.leases.push(arena.lease(&ctx, true).unwrap().unwrap());
     // SAFETY: refused before any copy is queued; the views live past the job.
     let past_end =
@@ -166,12 +188,14 @@ fn dropping_an_unfinished_job_does_not_wait_forever() {
     let a = DeviceAlloc::new_async(&ctx, 0, 4096, &s, s.clone()).unwrap();
     // A stream that stays busy (a hung device, as far as the drop can tell).
     s.delay_async(Duration::from_millis(1500)).unwrap();
-    let mut job = InFlight::new(s.clone(), Duration::from_millis(50));
+    crate::memory::retained::set_drop_wait(Duration::from_millis(50));
+    let mut job = InFlight::new(s.clone());
     job.hold(&a, 4096);
     drop(a);
     let before = crate::memory::retained::retained_bytes();
     let t0 = Instant::now();
     drop(job);
+    crate::memory::retained::set_drop_wait(Duration::from_secs(60));
     assert!(
         t0.elapsed() < Duration::from_millis(1000),
         "{:?}",

@@ -36,6 +36,8 @@ import pytest
 import pinlane
 from pinlane import transfer_tensor_d2h, transfer_tensor_h2d
 from pinlane._tree import flatten
+# A CPU tensor of random bytes (NaN patterns included), bool as 0/1: the GPU tests' own.
+from test_torch_gpu import pattern
 
 CASES = int(os.environ.get("PINLANE_PROP_CASES", "400"))
 SEED = int(os.environ.get("PINLANE_PROP_SEED", "20261201"))
@@ -66,7 +68,7 @@ class Caps:
             if dt is None:
                 continue
             try:
-                x = values(torch, dt, (6,), 1)
+                x = pattern(torch, dt, (6,), 1)
                 if not torch.equal(bits(torch, x.to(dev).cpu()), bits(torch, x)):
                     raise AssertionError("torch's own round trip changed the bytes")
             except Exception as e:  # noqa: BLE001 - a dtype torch cannot move is left out
@@ -101,20 +103,6 @@ class Caps:
         return (f"dtypes moved: {[str(d).replace('torch.', '') for d in self.dtypes]}; "
                 f"of those only as they are (no views, no pinning): {self.shells}; "
                 f"left out (torch cannot move them): {self.refused}")
-
-
-def values(torch, dtype, shape, seed):
-    """A CPU tensor of random bytes (NaN patterns included: misplaced or altered bytes
-    show); bool gets 0/1."""
-    g = torch.Generator().manual_seed(seed)
-    n = 1
-    for d in shape:
-        n *= d
-    size = torch.empty((), dtype=dtype).element_size()
-    raw = torch.randint(0, 256, (n * size,), dtype=torch.uint8, generator=g)
-    if dtype == torch.bool:
-        return (raw % 2 == 1).reshape(shape)
-    return raw.view(dtype).reshape(shape)
 
 
 def bits(torch, t):
@@ -356,7 +344,7 @@ class Made:
         if spec.alias >= 0:
             base, final = self.bases[spec.alias], self.finals[spec.alias]
         else:
-            base = values(torch, spec.dtype, spec.shape, spec.seed)
+            base = pattern(torch, spec.dtype, spec.shape, spec.seed)
             side = self.far if spec.far else self.near
             if side == "cpu":
                 if spec.pinned:

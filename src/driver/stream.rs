@@ -199,21 +199,7 @@ impl Stream {
         let Ok(ev) = super::Event::new(self.device()) else {
             return false;
         };
-        if ev.record(self).is_err() {
-            return false;
-        }
-        let deadline = std::time::Instant::now() + limit;
-        let mut nap = std::time::Duration::from_micros(20);
-        loop {
-            match ev.query() {
-                Ok(true) => return true,
-                Ok(false) if std::time::Instant::now() < deadline => {
-                    std::thread::sleep(nap);
-                    nap = (nap * 2).min(std::time::Duration::from_millis(5));
-                }
-                _ => return false,
-            }
-        }
+        ev.record(self).is_ok() && ev.done_within(limit) == Ok(true)
     }
 
     /// Queues a call of `f` (on a driver thread) after the work queued so far: the

@@ -18,7 +18,7 @@
 //!    outputs, hand the call's owners to the completion thread), rebuild the batch.
 
 use super::completion::{self, Pending};
-use super::{plan, record_stats, thread_state, Call, Mode, TransferStats};
+use super::{plan, record_stats, thread_state, Call, Mode};
 use super::{D2hOptions, HostOutput};
 use crate::batch::{self, Batch};
 use crate::config::SmallD2h;
@@ -42,6 +42,7 @@ pub(crate) fn transfer<B: Batch>(
     let Some((device, picked)) = target(opts, &all)? else {
         return Ok((batch::replace_tensors(batch, Vec::new()), None));
     };
+    let ctx = driver::bind(device)?;
     let stream = copy_stream(device, opts)?;
     let rt = crate::runtime::runtime();
     let (picked, small) = small_plan(&all, picked, device, &stream, opts, &rt);
@@ -61,17 +62,8 @@ pub(crate) fn transfer<B: Batch>(
     };
 
     super::trace::mark("planned");
-    let ctx = driver::bind(device)?;
-    let job = InFlight::new(stream, rt.settings().drop_sync_wait);
-    let mut call = Call {
-        ctx: &ctx,
-        device,
-        stats: TransferStats {
-            tensors: picked.len(),
-            bytes: sizes.iter().sum(),
-            ..TransferStats::default()
-        },
-    };
+    let job = InFlight::new(stream);
+    let mut call = Call::new(&ctx, device, &rt, picked.len(), sizes.iter().sum());
     let layout = Layout {
         views: &views,
         offsets: &offsets,
@@ -89,7 +81,7 @@ pub(crate) fn transfer<B: Batch>(
     // completes inside the call in both modes.
     let (rebuilt, pending) = match block {
         Some((block, base)) => into_block(batch, &out, &mut call, job, (&block, base), mode)?,
-        None => (into_region(batch, &out, &mut call, job, &rt)?, None),
+        None => (into_region(batch, &out, &mut call, job)?, None),
     };
     record_stats(call.stats);
     Ok((rebuilt, pending))
@@ -139,13 +131,13 @@ fn target(opts: &D2hOptions, all: &[&Tensor]) -> Result<Option<(usize, Vec<usize
 }
 
 /// The stream the copies go on (the thread's, or the caller's), made to wait for the
-/// caller's current stream and for the producer event if one was given.
+/// caller's current stream and for the producer event if one was given. The caller has
+/// the device's context bound.
 fn copy_stream(device: usize, opts: &D2hOptions) -> Result<Stream> {
     let stream = match &opts.stream {
         Some(s) => s.clone(),
         None => thread_state::d2h_stream(device)?,
     };
-    let _ctx = driver::bind(device)?;
     let current = thread_state::current_stream(crate::device::Device::cuda(device))?;
     if !current.same_as(&stream) {
         let ready = thread_state::ready_event(device)?;
@@ -273,10 +265,9 @@ fn into_region<B: Batch>(
     out: &Outputs,
     call: &mut Call,
     mut job: InFlight,
-    rt: &crate::runtime::Runtime,
 ) -> Result<B> {
     let l = out.layout;
-    let mut region = HostRegion::take(&rt.host_pool, l.end);
+    let mut region = HostRegion::take(&call.rt.host_pool, l.end);
     if let Err(e) = submit(call, &mut job, l, Dest::Region(&mut region)) {
         return Err(job.abort(e, out.sources()));
     }
@@ -378,7 +369,7 @@ fn submit(call: &mut Call, job: &mut InFlight, l: &Layout, dest: Dest) -> Result
     let mut first_each = l.gather_n;
     if l.gather_n > 0 {
         let small_end = l.offsets[l.gather_n - 1] + l.sizes[l.gather_n - 1];
-        super::lease_slots(call.ctx, job, 1)?;
+        super::lease_slots(call, job, 1)?;
         // SAFETY: the views are borrowed from the caller's batch for this whole call (and
         // cloned into the retained registry if it ends with copies unproven); the copy
         // stream already waits for the current stream and the producer event.
@@ -469,15 +460,15 @@ fn submit_staged(
         return Ok(());
     }
     let stream = job.stream().clone();
-    let slot = plan::window_size(end, crate::runtime::runtime().arena.slot_bytes());
+    let slot = plan::window_size(end, call.rt.arena.slot_bytes());
     let windows: Vec<plan::Window> = plan::windows(end, slot).collect();
     let n_windows = windows.len();
-    let nslots = super::lease_slots(call.ctx, job, n_windows)?;
+    let nslots = super::lease_slots(call, job, n_windows)?;
     let mut pending: Vec<Option<plan::Window>> = vec![None; nslots];
     for (w_idx, &w) in windows.iter().enumerate() {
         let k = w_idx % nslots;
         if let Some(prev) = pending[k].take() {
-            drain(&mut job.leases[k], prev, offsets, sizes, region)?;
+            drain(call.rt, &mut job.leases[k], prev, offsets, sizes, region)?;
         }
         // The stats are counted as the parts are queued (one pass over them).
         let (mut copies, mut bytes) = (0, 0);
@@ -500,7 +491,7 @@ fn submit_staged(
     for j in 0..nslots {
         let k = (n_windows + j) % nslots;
         if let Some(prev) = pending[k].take() {
-            drain(&mut job.leases[k], prev, offsets, sizes, region)?;
+            drain(call.rt, &mut job.leases[k], prev, offsets, sizes, region)?;
         }
     }
     Ok(())
@@ -508,6 +499,7 @@ fn submit_staged(
 
 /// Copies a finished window out of its slot into the output region.
 fn drain(
+    rt: &crate::runtime::Runtime,
     lease: &mut SlotLease,
     w: plan::Window,
     offsets: &[usize],
@@ -518,6 +510,5 @@ fn drain(
         .parts(offsets, sizes)
         .map(|p| (p.window_off, offsets[p.item] + p.item_off, p.len))
         .collect();
-    let rt = crate::runtime::runtime();
     lease.drain_into(region, &pieces, &rt.copy, rt.drain_stores())
 }

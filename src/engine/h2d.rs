@@ -25,7 +25,7 @@
 
 use super::completion::{self, Pending};
 use super::H2dOptions;
-use super::{plan, record_stats, thread_state, Call, Mode, TransferStats};
+use super::{plan, record_stats, thread_state, Call, Mode};
 use crate::batch::{self, Batch};
 use crate::config::SmallH2d;
 use crate::driver::{self, Stream};
@@ -111,16 +111,8 @@ pub(crate) fn transfer<B: Batch>(
         .map_or(0, |last| offsets[last] + sizes[last]);
 
     super::trace::mark("planned");
-    let mut job = InFlight::new(stream, rt.settings().drop_sync_wait);
-    let mut call = Call {
-        ctx: &ctx,
-        device,
-        stats: TransferStats {
-            tensors: order.len(),
-            bytes: sizes.iter().sum(),
-            ..TransferStats::default()
-        },
-    };
+    let mut job = InFlight::new(stream);
+    let mut call = Call::new(&ctx, device, &rt, order.len(), sizes.iter().sum());
     // The output tensors (views into the batch's buffer, which `job` holds too) are made
     // while the host fills the staging slots, and the batch is rebuilt around them while
     // the copies run. They reach the caller only if the copies succeed; otherwise they are
@@ -340,7 +332,7 @@ fn submit<T>(
     let mut first_window_slot = 0;
     if n_mapped > 0 {
         let at = &l.offsets[n_staged..n_staged + n_mapped];
-        super::lease_slots(call.ctx, job, 1)?;
+        super::lease_slots(call, job, 1)?;
         // SAFETY: `alloc` was allocated on this stream and `job` holds it until the stream
         // is proven idle; the sources are borrowed from the caller's batch for this whole
         // call, and cloned into the retained registry (or, for a non-blocking call, into
@@ -418,10 +410,10 @@ fn run_windows<T>(
     first_slot: usize,
     meanwhile: impl FnOnce(Option<&Arc<DeviceAlloc>>) -> Result<T>,
 ) -> Result<T> {
-    let rt = crate::runtime::runtime();
+    let rt = call.rt;
     let window = plan::window_size(l.staged_end, rt.arena.slot_bytes());
     let windows: Vec<plan::Window> = plan::windows(l.staged_end, window).collect();
-    let nslots = super::lease_slots(call.ctx, job, windows.len() + first_slot)?;
+    let nslots = super::lease_slots(call, job, windows.len() + first_slot)?;
     super::trace::mark("leased");
     // Streaming stores fill small batches faster, ordinary ones large batches
     // (measured: docs/performance.md).

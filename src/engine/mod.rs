@@ -235,7 +235,31 @@ thread_local! {
 struct Call<'a> {
     ctx: &'a ContextGuard,
     device: usize,
+    /// The runtime the call started with: its pools and settings for every step.
+    rt: &'a crate::runtime::Runtime,
     stats: TransferStats,
+}
+
+impl<'a> Call<'a> {
+    /// A call moving `tensors` tensors of `bytes` bytes in all.
+    fn new(
+        ctx: &'a ContextGuard,
+        device: usize,
+        rt: &'a crate::runtime::Runtime,
+        tensors: usize,
+        bytes: usize,
+    ) -> Call<'a> {
+        Call {
+            ctx,
+            device,
+            rt,
+            stats: TransferStats {
+                tensors,
+                bytes,
+                ..TransferStats::default()
+            },
+        }
+    }
 }
 
 fn record_stats(s: TransferStats) {
@@ -253,17 +277,16 @@ pub fn last_transfer_stats() -> Option<TransferStats> {
 /// by default 8, enough to keep several windows' copies queued while the host fills the
 /// next, leaving half of the default arena to a transfer in the other direction) only if
 /// free. Returns how many the job holds (at least one).
-fn lease_slots(ctx: &ContextGuard, job: &mut InFlight, n_windows: usize) -> Result<usize> {
-    let rt = crate::runtime::runtime();
-    let arena = &rt.arena;
-    let pipeline_slots = rt.settings().pipeline_slots;
+fn lease_slots(call: &Call, job: &mut InFlight, n_windows: usize) -> Result<usize> {
+    let arena = &call.rt.arena;
+    let pipeline_slots = call.rt.settings().pipeline_slots;
     if job.leases.is_empty() {
-        if let Some(first) = arena.lease(ctx, true)? {
+        if let Some(first) = arena.lease(call.ctx, true)? {
             job.leases.push(first);
         }
     }
     while job.leases.len() < pipeline_slots.min(n_windows) {
-        match arena.lease(ctx, false)? {
+        match arena.lease(call.ctx, false)? {
             Some(l) => job.leases.push(l),
             None => break,
         }

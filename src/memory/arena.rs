@@ -253,11 +253,20 @@ impl PinnedArena {
     }
 }
 
-/// The error of a bounded wait for copies that ran out, started at `started`.
-fn sync_timeout(started: Instant) -> Error {
-    Error::SyncTimeout {
-        waited_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+/// Waits for `ev`, a call's copies: in the driver, or for at most
+/// [`Config::sync_wait`](crate::config::Config::sync_wait) when one is set, then
+/// [`Error::SyncTimeout`].
+fn wait_for(ev: &Event) -> Result<()> {
+    let Some(limit) = retained::sync_wait() else {
+        return ev.synchronize();
+    };
+    let started = Instant::now();
+    if ev.done_within(limit)? {
+        return Ok(());
     }
+    Err(Error::SyncTimeout {
+        waited_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+    })
 }
 
 /// Frees slabs (each under the context of the device that allocated it).
@@ -311,13 +320,10 @@ impl<'a> Synced<'a> {
     pub(crate) fn synchronize(stream: &'a Stream) -> Result<Synced<'a>> {
         match retained::sync_wait() {
             None => stream.synchronize()?,
-            Some(limit) => {
-                let started = Instant::now();
+            Some(_) => {
                 let ev = Event::new(stream.device())?;
                 ev.record(stream)?;
-                if !ev.done_within(limit)? {
-                    return Err(sync_timeout(started));
-                }
+                wait_for(&ev)?;
             }
         }
         Ok(Synced(stream))
@@ -370,15 +376,7 @@ impl SlotLease {
         let slab = self.slab();
         if slab.busy {
             if let Some(ev) = &slab.event {
-                match retained::sync_wait() {
-                    None => ev.synchronize()?,
-                    Some(limit) => {
-                        let started = Instant::now();
-                        if !ev.done_within(limit)? {
-                            return Err(sync_timeout(started));
-                        }
-                    }
-                }
+                wait_for(ev)?;
             }
             slab.busy = false;
         }

@@ -18,18 +18,15 @@ pub(crate) struct InFlight {
     held: Vec<(Arc<dyn Any + Send + Sync>, usize)>,
     /// Set once finish/abort has run, so Drop knows not to synchronise again.
     done: bool,
-    /// Longest the Drop fallback waits for the stream.
-    drop_wait: std::time::Duration,
 }
 
 impl InFlight {
-    pub(crate) fn new(stream: Stream, drop_wait: std::time::Duration) -> InFlight {
+    pub(crate) fn new(stream: Stream) -> InFlight {
         InFlight {
             stream,
             leases: Vec::new(),
             held: Vec::new(),
             done: false,
-            drop_wait,
         }
     }
 
@@ -195,11 +192,12 @@ impl Drop for InFlight {
         // Not reached by the engine (every path calls finish or abort); kept so that no
         // lease goes back to the arena with a copy still running. Bounded: a hung device
         // must not hang the dropping thread, so the stream is polled through an event
-        // for at most `drop_wait`; if it is not proven idle by then, everything is
+        // for at most the drop bound (`retained::drop_wait`); if it is not proven idle by
+        // then, everything is
         // retained (never freed early) and the drop returns.
         self.settle();
         let stream = self.stream.clone();
-        match Synced::within(&stream, self.drop_wait) {
+        match Synced::within(&stream, retained::drop_wait()) {
             Some(proof) => self.leases.iter_mut().for_each(|l| l.mark_idle(&proof)),
             None => self.retain(()),
         }
