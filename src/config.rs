@@ -138,6 +138,9 @@ pub struct Config {
     /// `None` (the default): the call waits in `cuStreamSynchronize` for as long as it
     /// takes. With a limit the wait is polled (an event query, yielding, then naps of at
     /// most 1 ms), which may end a few microseconds later than the driver's own wait.
+    /// With a limit, page-locked frees the caller causes directly (the last drop of a
+    /// [`Tensor::to_pinned`](crate::tensor::Tensor::to_pinned) buffer, `trim()`, lowering a
+    /// cap) go to pinlane's free thread too, since `cuMemFreeHost` waits for the device.
     pub sync_wait: Option<Duration>,
 }
 

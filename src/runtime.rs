@@ -291,7 +291,10 @@ impl Runtime {
     /// first to give it back too).
     ///
     /// The page-locked frees run on the calling thread, and `cuMemFreeHost` waits for all
-    /// work queued on the device by anyone: call it where such a wait is acceptable.
+    /// work queued on the device by anyone: call it where such a wait is acceptable. With
+    /// [`Config::sync_wait`] set they run on pinlane's free thread instead, and the call
+    /// does not wait for the device (a failed free there is reported by the next call on
+    /// the device).
     ///
     /// # Errors
     /// The first failed free or trim; the rest are still attempted.

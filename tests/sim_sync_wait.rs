@@ -14,12 +14,16 @@ use pinlane::{
 };
 use std::time::{Duration, Instant};
 
-#[test]
-fn a_blocking_call_whose_copies_wait_too_long_fails_within_its_limit() {
+fn sim() {
     common::sim_with(
         || Config::new().sync_wait(Some(Duration::from_millis(200))),
         || SimConfig::seeded(0x5_1C).max_delay(Duration::from_micros(40)),
     );
+}
+
+#[test]
+fn a_blocking_call_whose_copies_wait_too_long_fails_within_its_limit() {
+    sim();
     let d0 = Device::cuda(0);
     let host = vec![
         common::tensor(DType::F32, &[4096], 1),
@@ -60,4 +64,28 @@ fn a_blocking_call_whose_copies_wait_too_long_fails_within_its_limit() {
             host
         );
     }
+}
+
+#[test]
+fn with_a_bound_the_frees_a_caller_causes_do_not_wait_for_a_busy_device() {
+    // Before: the last drop of a `to_pinned` buffer and `trim()` freed on the caller's
+    // thread, and `cuMemFreeHost` waited for the busy stream (2 s here). With
+    // `Config::sync_wait` they go to the free thread (tests/sim_waits.rs shows the
+    // default, which waits).
+    sim();
+    let d0 = Device::cuda(0);
+    let src = common::tensor(DType::F32, &[4096], 3);
+    let t = src.to_pinned_on(d0).unwrap();
+    assert_eq!(t, src);
+    let busy = Stream::new(d0).unwrap();
+    busy.delay_async(Duration::from_secs(2)).unwrap();
+    let t0 = Instant::now();
+    drop(t);
+    pinlane::trim().unwrap();
+    let took = t0.elapsed();
+    assert!(
+        took < Duration::from_millis(1000),
+        "returned after {took:?}"
+    );
+    busy.synchronize().unwrap();
 }

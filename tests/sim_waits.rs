@@ -142,3 +142,23 @@ fn external_memory_lent_to_a_busy_stream_drops_within_its_limit() {
     assert_eq!(drops.load(std::sync::atomic::Ordering::SeqCst), 1);
     assert_eq!(memory_stats().retained_bytes, before);
 }
+
+#[test]
+fn by_default_the_last_drop_of_a_to_pinned_buffer_waits_for_the_device() {
+    // The documented default (no `Config::sync_wait` here): `cuMemFreeHost` waits for all
+    // work queued on the device, as the simulator's does too (tests/sim_sync_wait.rs
+    // shows the bounded policy, which would pass vacuously if the simulator did not wait).
+    sim();
+    let _turn = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let d0 = pinlane::Device::cuda(0);
+    let t = common::tensor(DType::F32, &[4096], 12)
+        .to_pinned_on(d0)
+        .unwrap();
+    let busy = pinlane::Stream::new(d0).unwrap();
+    busy.delay_async(Duration::from_millis(600)).unwrap();
+    let t0 = Instant::now();
+    drop(t);
+    let took = t0.elapsed();
+    assert!(took >= Duration::from_millis(500), "dropped after {took:?}");
+    busy.synchronize().unwrap();
+}

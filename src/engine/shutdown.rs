@@ -16,7 +16,9 @@ impl Runtime {
     /// * It is no longer the process's default: the next transfer makes a new default
     ///   runtime from the same configuration (or the one [`Config::install`] sets now).
     /// * Its free staging slots and page-locked output blocks are freed (`cuMemFreeHost`,
-    ///   on the calling thread: it waits for the device's queued work), and so is each
+    ///   on the calling thread: it waits for the device's queued work; on pinlane's free
+    ///   thread, within `timeout`, when
+    ///   [`Config::sync_wait`](crate::config::Config::sync_wait) is set), and so is each
     ///   one in use when it comes back: the slot of a call still running when it ends,
     ///   an output block when the last tensor over it drops. Its pageable pool and the
     ///   device pools' cached memory are given back.

@@ -1,7 +1,7 @@
 //! Page-locked host memory that tensors own: [`PinnedBuf`] (a view into a
 //! [`PinnedBlock`]), and the bounded [`PinnedOutputPool`] that D2H outputs come from.
 
-use super::reaper::free_pinned;
+use super::reaper::free_pinned_in_policy;
 use super::{check_range, DeviceAlloc, DeviceView};
 use crate::driver::{self, ContextGuard, HostPtr, Stream};
 use crate::error::Result;
@@ -167,11 +167,12 @@ impl Drop for PinnedBlock {
                 // Freed here, on the dropping thread, which waits for the device's queued
                 // work (cuMemFreeHost does): handing thousands of such frees to the free
                 // thread made them run during later transfers and halved their speed
-                // (measured on the H200). Only frees on a transfer's path go there.
+                // (measured on the H200). Only frees on a transfer's path go there, and
+                // these too when the program bounded its waits (Config::sync_wait).
                 // SAFETY: a dedicated block from host_alloc whose last owner is us; copies
                 // that read or wrote it were proven complete before any tensor owning it
                 // could drop (memory module invariant).
-                if let Err(e) = unsafe { free_pinned(self.ptr, device) } {
+                if let Err(e) = unsafe { free_pinned_in_policy(self.ptr, device) } {
                     driver::deferred::record(device, e);
                 }
             }
@@ -684,16 +685,16 @@ fn free_blocks(blocks: Vec<(HostPtr<u8>, usize, usize)>) -> Result<()> {
     unsafe { free_all(blocks.into_iter().map(|(ptr, _, device)| (ptr, device))) }
 }
 
-/// Frees every `(ptr, device)` with [`free_pinned`]; all are attempted, the first error is
-/// returned.
+/// Frees every `(ptr, device)` with [`free_pinned_in_policy`]; all are attempted, the
+/// first error is returned.
 ///
 /// # Safety
-/// As [`free_pinned`], for each.
+/// As [`free_pinned_in_policy`], for each.
 pub(crate) unsafe fn free_all(items: impl IntoIterator<Item = (HostPtr<u8>, usize)>) -> Result<()> {
     let mut first = None;
     for (ptr, device) in items {
         // SAFETY: the caller's obligations, for this item.
-        if let Err(e) = unsafe { free_pinned(ptr, device) } {
+        if let Err(e) = unsafe { free_pinned_in_policy(ptr, device) } {
             first.get_or_insert(e);
         }
     }

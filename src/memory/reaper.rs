@@ -6,9 +6,12 @@
 //! transfer's path (output blocks evicted to make room under the cap, staging slots above
 //! a lowered cap) go to one dedicated thread, started on first use, which waits in its
 //! place. Frees the caller causes directly stay on the caller's thread: the last drop of a
-//! page-locked tensor of its own (`to_pinned`), and [`Runtime::trim`](crate::runtime::Runtime::trim).
-//! (Sending those here too was measured to be worse: thousands of queued frees, each
-//! waiting for the device, ran during the next transfers and halved their speed.)
+//! page-locked tensor of its own (`to_pinned`), and [`Runtime::trim`](crate::runtime::Runtime::trim)
+//! (sending those here too was measured to be worse: thousands of queued frees, each
+//! waiting for the device, ran during the next transfers and halved their speed) - unless
+//! the program asked for bounded waits ([`Config::sync_wait`](crate::config::Config::sync_wait)):
+//! then they come here as well, and the caller never waits for the device
+//! ([`free_pinned_in_policy`]).
 //!
 //! The memory handed over is no longer used by anything (its copies were proven
 //! complete); it simply stays allocated a little longer.
@@ -96,17 +99,41 @@ fn start() -> Option<Reaper> {
 /// # Safety
 /// `ptr` came from `host_alloc` under `device`'s context, is not freed yet, and no copy
 /// touches it any more.
-pub(crate) unsafe fn free_pinned(ptr: HostPtr<u8>, device: usize) -> crate::error::Result<()> {
+unsafe fn free_pinned(ptr: HostPtr<u8>, device: usize) -> crate::error::Result<()> {
     let ctx = driver::bind(device)?;
     // SAFETY: the caller's obligations.
     unsafe { driver::host_free(&ctx, ptr.0) }
+}
+
+/// Frees a block the caller gives up directly (a dropped `to_pinned` tensor, a trim):
+/// here, waiting for the device, when the program set no bound on waits; on the reaper
+/// thread when it did ([`Config::sync_wait`](crate::config::Config::sync_wait)), so the
+/// caller does not wait for other work on the device. An error from a free done there is
+/// counted ([`failed`]) instead of returned.
+///
+/// # Safety
+/// As [`free_pinned_later`].
+pub(crate) unsafe fn free_pinned_in_policy(
+    ptr: HostPtr<u8>,
+    device: usize,
+) -> crate::error::Result<()> {
+    if super::retained::sync_wait().is_some() {
+        // SAFETY: the caller's obligations.
+        unsafe { free_pinned_later(ptr, device) };
+        Ok(())
+    } else {
+        // SAFETY: the caller's obligations.
+        unsafe { free_pinned(ptr, device) }
+    }
 }
 
 /// # Safety
 /// As [`free_pinned_later`].
 unsafe fn free_now(ptr: HostPtr<u8>, device: usize) {
     // SAFETY: the caller's obligations.
-    if unsafe { free_pinned(ptr, device) }.is_err() {
+    if let Err(e) = unsafe { free_pinned(ptr, device) } {
         FAILED.fetch_add(1, Ordering::Relaxed);
+        // On the reaper thread, kept for the next call on the device, on any thread.
+        driver::deferred::record(device, e);
     }
 }

@@ -266,6 +266,8 @@ impl Sim {
     }
 
     pub(crate) unsafe fn cuMemFreeHost(&self, p: *mut c_void) -> CUresult {
+        // As the driver: the free waits for all work queued on the context's device.
+        self.wait_device_idle(self.current_device());
         let mut mem = lock(&self.mem);
         match mem.live.remove(&(p as u64)) {
             Some(r) => {

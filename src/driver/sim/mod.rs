@@ -171,6 +171,10 @@ pub(crate) struct Sim {
     /// Counts streams, to seed each one's delays differently.
     streams: AtomicU64,
     legacy: Vec<OnceLock<Arc<SimStream>>>,
+    /// Every stream made, with its device: `cuMemFreeHost` waits for those of its device,
+    /// as the driver's does. Weak: a stream's state lives while its handle or its worker
+    /// (queued work) does.
+    all_streams: Mutex<Vec<(usize, std::sync::Weak<stream::StreamState>)>>,
     /// What each device has seen, for [`activity`].
     seen: Mutex<Activity>,
 }
@@ -252,6 +256,7 @@ impl Sim {
             }),
             streams: AtomicU64::new(0),
             legacy: (0..devices).map(|_| OnceLock::new()).collect(),
+            all_streams: Mutex::new(Vec::new()),
             seen: Mutex::new(Activity {
                 context_used: vec![false; devices],
                 host_allocs: vec![0; devices],

@@ -52,6 +52,24 @@ pub(crate) struct SimEvent {
 }
 
 impl Sim {
+    /// Waits until every stream of `device` has run what was queued on it before this
+    /// call: what `cuMemFreeHost` does (measured on the H200: a free waited 1.5 s for
+    /// another stream's host function).
+    pub(super) fn wait_device_idle(&self, device: usize) {
+        let streams: Vec<Arc<StreamState>> = lock(&self.all_streams)
+            .iter()
+            .filter(|(d, _)| *d == device)
+            .filter_map(|(_, w)| w.upgrade())
+            .collect();
+        for st in streams {
+            let mut p = lock(&st.progress);
+            let target = p.submitted;
+            while p.done < target {
+                p = st.changed.wait(p).unwrap_or_else(|e| e.into_inner());
+            }
+        }
+    }
+
     pub(super) fn new_stream(&'static self, device: usize) -> Arc<SimStream> {
         let (tx, rx) = mpsc::channel::<Op>();
         let state = Arc::new(StreamState {
@@ -59,6 +77,11 @@ impl Sim {
             changed: Condvar::new(),
         });
         let k = self.streams.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut all = lock(&self.all_streams);
+            all.retain(|(_, w)| w.strong_count() > 0);
+            all.push((device, Arc::downgrade(&state)));
+        }
         let mut rng = (self.cfg.seed ^ k.wrapping_mul(0x9E37_79B9_7F4A_7C15)) | 1;
         let max = self.cfg.max_delay.as_nanos() as u64;
         let st = state.clone();
