@@ -1,17 +1,31 @@
-"""spdl 0.8.0 and pinlane's Python package in one process, on the same torch tensors:
-every batch of ../shared/PERFORMANCE.md, both directions.
+"""pinlane's Python package against what users would pick instead, in one process, on the
+same torch tensors: every batch of ../shared/PERFORMANCE.md, both directions.
 
-    ../shared/gpu/pack --spdl                                   # here
+    ../shared/gpu/pack --peers                                  # here (spdl, tensordict)
     bash .gpu/with-python python3 benches/spdl_compare.py \\
         --json $OUT/py_compare.json --rust $OUT/pinlane.json --png $OUT/py_compare.png   # there
 
+The ways, each giving a batch of the same structure whose tensors are ready for work on
+any stream when the call returns (so the torch ways end with a synchronize, as pinlane's
+and spdl's calls do inside):
+
+* pinlane, spdl 0.8.0 (`transfer_tensor_h2d` / `transfer_tensor_d2h`);
+* torch `.to`: `t.to(dev)` per tensor / `t.cpu()`;
+* torch pinned: `t.pin_memory().to(dev, non_blocking=True)` / a copy into
+  `torch.empty(..., pin_memory=True)` with `copy_(non_blocking=True)`;
+* tensordict 0.15.3: `TensorDict(batch).to(dev, non_blocking_pin=True)` (also with
+  `num_threads=8`) and `.to(dev, non_blocking=True)`; D2H `.to("cpu", non_blocking=True)`
+  (also with `non_blocking_pin=True, num_threads=8`). Building the TensorDict from the
+  batch is part of the call.
+
+Ways whose library is not installed are left out (`--peers` carries spdl and tensordict).
 Whole calls are timed (median after warm-up; the process's CPU time per GB, all threads,
-beside each figure), the two libraries taking turns configuration
-by configuration; sources are rotated among copies for small batches; every
-configuration's bytes are checked once for each library; the pinned limit is measured in
-this same process with torch (page-locked memory, one 256 MiB copy each way). With
-`--rust`, the JSON of `bench-transfer --json` from the same session is read to put the
-Rust figures beside the Python ones (the "within 1.1x of Rust" target).
+beside each figure), the ways taking turns configuration by configuration; sources are
+rotated among copies for small batches; every configuration's bytes are checked once for
+each way; the pinned limit is measured in this same process with torch (page-locked
+memory, one 256 MiB copy each way). With `--rust`, the JSON of `bench-transfer --json`
+from the same session is read to put the Rust figures beside the Python ones (the
+"within 1.1x of Rust" target).
 """
 
 import argparse
@@ -22,8 +36,6 @@ import time
 import torch
 
 import pinlane
-from spdl.io import transfer_tensor_d2h as spdl_d2h
-from spdl.io import transfer_tensor_h2d as spdl_h2d
 
 
 def pattern(shape, dtype, seed):
@@ -95,10 +107,62 @@ def limits(dev):
     return n / timed(8, up) / 1e9, n / timed(8, down) / 1e9
 
 
-LIBS = {
-    "spdl 0.8.0": (spdl_h2d, lambda b: spdl_d2h(b, device="cuda:0")),
-    "pinlane": (pinlane.transfer_tensor_h2d, lambda b: pinlane.transfer_tensor_d2h(b, device="cuda:0")),
-}
+def as_list(batch):
+    return batch if isinstance(batch, dict) else {f"t{i:04}": t for i, t in enumerate(batch)}
+
+
+def like(batch, d):
+    """`d` (a mapping) in the structure of `batch` (a dict or a list)."""
+    return dict(d.items()) if isinstance(batch, dict) else [d[f"t{i:04}"] for i in range(len(batch))]
+
+
+def each(batch, fn):
+    return {k: fn(v) for k, v in batch.items()} if isinstance(batch, dict) else [fn(v) for v in batch]
+
+
+def synced(fn):
+    def call(b):
+        out = fn(b)
+        torch.cuda.synchronize()
+        return out
+    return call
+
+
+def pinned_out(t):
+    out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    out.copy_(t, non_blocking=True)
+    return out
+
+
+def ways(dev):
+    """name -> (h2d, d2h): every way whose library is installed."""
+    w = {
+        "pinlane": (pinlane.transfer_tensor_h2d, lambda b: pinlane.transfer_tensor_d2h(b, device="cuda:0")),
+        "torch .to": (synced(lambda b: each(b, lambda t: t.to(dev))), lambda b: each(b, lambda t: t.cpu())),
+        "torch pinned": (synced(lambda b: each(b, lambda t: t.pin_memory().to(dev, non_blocking=True))),
+                         synced(lambda b: each(b, pinned_out))),
+    }
+    try:
+        from spdl.io import transfer_tensor_d2h as spdl_d2h
+        from spdl.io import transfer_tensor_h2d as spdl_h2d
+
+        w["spdl 0.8.0"] = (spdl_h2d, lambda b: spdl_d2h(b, device="cuda:0"))
+    except ImportError:
+        print("spdl not installed: left out")
+    try:
+        from tensordict import TensorDict
+
+        def td(to_dev, to_cpu):
+            return (synced(lambda b: like(b, TensorDict(as_list(b), batch_size=[]).to(dev, **to_dev))),
+                    synced(lambda b: like(b, TensorDict(as_list(b), batch_size=[]).to("cpu", **to_cpu))))
+
+        w["td non_blocking_pin"] = td(dict(non_blocking_pin=True), dict(non_blocking=True))
+        w["td non_blocking_pin 8 thr"] = td(dict(non_blocking_pin=True, num_threads=8),
+                                            dict(non_blocking_pin=True, num_threads=8))
+        w["td non_blocking"] = td(dict(non_blocking=True), dict(non_blocking=True))
+    except ImportError:
+        print("tensordict not installed: left out")
+    return w
 
 
 def main():
@@ -121,10 +185,13 @@ def main():
         ("1 x 1 KiB f32", [[pattern((256,), f32, s)] for s in range(8)], 400),
     ]
     rows = []
+    libs = ways(dev)
     for name, sources, reps in configs:
         n = len(sources)
         nbytes = nbytes_of(sources[0])
-        for lib, (h2d, d2h) in LIBS.items():
+        for lib, (h2d, d2h) in libs.items():
+            # The slow ways get fewer calls on the large batches (they take up to 1 s each).
+            r_lib = reps if lib in ("pinlane", "spdl 0.8.0") or nbytes < (64 << 20) else min(reps, 4)
             on = [h2d(s) for s in sources]
             torch.cuda.synchronize()
             assert same(on[0], sources[0]), f"{lib} {name}: H2D changed bytes"
@@ -134,7 +201,7 @@ def main():
             for direction, fn in (("H2D", lambda r: h2d(sources[r % n])),
                                   ("D2H", lambda r: d2h(on[r % n]))):
                 cpu = []
-                m = timed(reps, fn, cpu)
+                m = timed(r_lib, fn, cpu)
                 lim = h2d_lim if direction == "H2D" else d2h_lim
                 rows.append(dict(lib=lib, batch=name, direction=direction, bytes=nbytes,
                                  median_us=m * 1e6, gbs=nbytes / m / 1e9,
@@ -150,23 +217,27 @@ def main():
                 if key:
                     rust[(r["batch"], key)] = r
     by = {(r["lib"], r["batch"], r["direction"]): r for r in rows}
+    others = [lib for lib in libs if lib != "pinlane"]
     print()
-    print("| batch | direction | pinlane (Python) | x limit | CPU s/GB | spdl 0.8.0 | CPU s/GB | pinlane / spdl | Rust bench | Python / Rust time |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| batch | dir | " + " | ".join(libs) + " | fastest other | pinlane / fastest | pinlane x limit | Rust bench | Python / Rust |")
+    print("| --- | --- | " + " | ".join("---:" for _ in libs) + " | --- | ---: | ---: | ---: | ---: |")
     table = []
     for name, _, _ in configs:
         for direction in ("H2D", "D2H"):
-            p, s = by[("pinlane", name, direction)], by[("spdl 0.8.0", name, direction)]
+            p = by[("pinlane", name, direction)]
+            best = min(others, key=lambda lib: by[(lib, name, direction)]["median_us"])
+            b = by[(best, name, direction)]
             r = rust.get((name, direction))
-            ratio = s["median_us"] / p["median_us"]
-            rust_txt = f"{r['median_us']:.1f} us" if r else "-"
+            ratio = b["median_us"] / p["median_us"]
+            cells = " | ".join(f"{by[(lib, name, direction)]['median_us']:.1f}" for lib in libs)
+            rust_txt = f"{r['median_us']:.1f}" if r else "-"
             vs_rust = f"{p['median_us'] / r['median_us']:.2f}" if r else "-"
-            print(f"| {name} | {direction} | {p['gbs']:.2f} GB/s, {p['median_us']:.1f} us | "
-                  f"{p['fraction_of_limit']:.3f} | {p['cpu_s_per_gb']:.3f} | "
-                  f"{s['gbs']:.2f} GB/s, {s['median_us']:.1f} us | {s['cpu_s_per_gb']:.3f} | "
-                  f"{ratio:.1f}x | {rust_txt} | {vs_rust} |")
-            table.append(dict(batch=name, direction=direction, pinlane=p, spdl=s,
+            print(f"| {name} | {direction} | {cells} | {best} ({b['fraction_of_limit']:.3f} of limit) | "
+                  f"{ratio:.2f}x | {p['fraction_of_limit']:.3f} | {rust_txt} | {vs_rust} |")
+            table.append(dict(batch=name, direction=direction, pinlane=p, fastest_other=best,
+                              other=b, spdl=by.get(("spdl 0.8.0", name, direction)),
                               rust_us=r["median_us"] if r else None, speedup=ratio))
+    print("\n(us per batch, median; CPU s/GB in the JSON)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(limits=dict(h2d=h2d_lim, d2h=d2h_lim), rows=rows, table=table), f, indent=1)
@@ -186,7 +257,7 @@ def plot(table, path):
         rows = [t for t in table if t["direction"] == direction]
         names = [t["batch"] for t in rows]
         x = range(len(rows))
-        ax.bar([i - 0.2 for i in x], [t["spdl"]["median_us"] for t in rows], 0.4, label="spdl 0.8.0")
+        ax.bar([i - 0.2 for i in x], [t["other"]["median_us"] for t in rows], 0.4, label="fastest other way")
         ax.bar([i + 0.2 for i in x], [t["pinlane"]["median_us"] for t in rows], 0.4, label="pinlane (Python)")
         ax.set_yscale("log")
         ax.set_xticks(list(x))
