@@ -1,7 +1,9 @@
-"""Where the time of a Python call goes, per tensor, for 1000 x 1 KiB (GPU machine):
-the container walk, the torch attribute reads, the native import (tensors the call passes
-through), the handover to torch (runs of same-shape outputs as one tensor split with
-unbind(0), or one DLPack import per tensor), and the whole calls.
+"""Where the time of a Python call goes (GPU machine): for one 1 KiB tensor, each piece of
+the call (the Python half's checks and lookups, the native call with and without a copy,
+torch's own ways beside it); for 1000 x 1 KiB, per tensor: the container walk, the torch
+attribute reads, the native import (tensors the call passes through), the handover to
+torch (runs of same-shape outputs as one tensor split with unbind(0), or one DLPack import
+per tensor), and the whole calls. Medians of warm loops, in microseconds.
 
     bash .gpu/with-python python3 benches/py_overhead.py
 """
@@ -26,7 +28,73 @@ def us(fn, reps=30):
     return statistics.median(v) * 1e6
 
 
+def h2d_as_before(batch):
+    """The Python half of transfer_tensor_h2d before issue 20 (pinlane 0.1.0 at 89d6fc0):
+    torch.cuda.is_available() on every call, the current stream asked from Python, the
+    recursive walk for every batch. For a before/after in one process."""
+    if pinlane._native.device_count() == 0 or not torch.cuda.is_available():
+        return batch
+    out = []
+    pinlane._tree._collect(batch, torch.Tensor, out)
+    device = _native.default_device()
+    consumer = torch.cuda.current_stream(device).cuda_stream
+    outs = _native.h2d(out, device=device, num_caches=4, consumer_stream=consumer)
+    it = iter(outs)
+    return pinlane._tree._rebuild(batch, torch.Tensor, it)
+
+
+def one_tensor():
+    """The pieces of one call with one 1 KiB tensor, each timed alone in a warm loop."""
+    t = torch.randn(256)
+    d = t.cuda()
+    torch.cuda.synchronize()
+    cur = torch.cuda.current_stream(0).cuda_stream
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    out = torch.empty(256, pin_memory=True)
+
+    def to_synced():
+        t.to("cuda")
+        torch.cuda.synchronize()
+
+    def pinned_copy():
+        out.copy_(d, non_blocking=True)
+        torch.cuda.synchronize()
+
+    rows = [
+        ("torch.cuda.is_available()", torch.cuda.is_available),
+        ("pinlane._torch_with_cuda()", pinlane._torch_with_cuda),
+        ("flatten([t])", lambda: flatten([t], torch.Tensor)),
+        ("rebuild([t])", lambda: rebuild([t], torch.Tensor, [d])),
+        ("_native.default_device()", _native.default_device),
+        ("torch.cuda.current_stream(0).cuda_stream", lambda: torch.cuda.current_stream(0).cuda_stream),
+        ("torch._C._cuda_getCurrentRawStream(0)", (lambda: raw(0)) if raw else None),
+        ("torch.cuda.synchronize() (idle)", torch.cuda.synchronize),
+        ("torch.empty(256, device='cuda')", lambda: torch.empty(256, device="cuda")),
+        ("native h2d, a CUDA input (import, pass through)", lambda: _native.h2d([d], device=0, num_caches=4, consumer_stream=cur)),
+        ("native d2h, a CPU input (import, pass through)", lambda: _native.d2h([t], device="cuda:0")),
+        ("native h2d, current stream passed in", lambda: _native.h2d([t], device=0, num_caches=4, consumer_stream=cur)),
+        ("native h2d, current stream asked natively", lambda: _native.h2d([t], device=0, num_caches=4)),
+        ("native: torch's current stream (exchange API)", lambda: _native.torch_current_stream(t, 0)),
+        ("native d2h", lambda: _native.d2h([d], device="cuda:0")),
+        ("pinlane.transfer_tensor_h2d([t]), Python half as before", lambda: h2d_as_before([t])),
+        ("pinlane.transfer_tensor_h2d([t])", lambda: pinlane.transfer_tensor_h2d([t])),
+        ("pinlane.transfer_tensor_d2h([d])", lambda: pinlane.transfer_tensor_d2h([d])),
+        ("torch: t.to('cuda')", lambda: t.to("cuda")),
+        ("torch: t.to('cuda') + synchronize()", to_synced),
+        ("torch: d.cpu()", lambda: d.cpu()),
+        ("torch: page-locked out.copy_(d) + synchronize()", pinned_copy),
+    ]
+    print(f"{'what (one 1 KiB tensor)':<50} {'us':>9}")
+    for name, fn in rows:
+        if fn is None:
+            print(f"{name:<50} {'-':>9}")
+            continue
+        print(f"{name:<50} {us(fn, reps=2000):>9.2f}")
+    print()
+
+
 def main():
+    one_tensor()
     n = 1000
     host = [torch.randn(256) for _ in range(n)]
     pinned = [t.pin_memory() for t in host]
@@ -43,7 +111,7 @@ def main():
         ("torch.cuda.current_stream", lambda: torch.cuda.current_stream(0).cuda_stream),
         ("native h2d, CUDA inputs (import, pass through)", lambda: _native.h2d(dev, device=0, num_caches=4, consumer_stream=cur)),
         ("native d2h, CPU inputs (import, pass through)", lambda: _native.d2h(host, device="cuda:0")),
-        ("native h2d pageable", lambda: _native.h2d(host, device=0, num_caches=4, consumer_stream=cur)),
+        ("native h2d pageable", lambda: _native.h2d(host, device=0, num_caches=4)),
         ("native h2d pageable, per-tensor handover", lambda: _native.h2d(host, device=0, num_caches=4, consumer_stream=cur, min_run=1 << 30)),
         ("native h2d pinned", lambda: _native.h2d(pinned, device=0, num_caches=4, consumer_stream=cur)),
         ("native d2h", lambda: _native.d2h(dev, device="cuda:0")),

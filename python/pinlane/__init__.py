@@ -78,11 +78,21 @@ def memory_stats():
     return _native.memory_stats()
 
 
+# Set once both torch and pinlane have seen a GPU: that does not change in a process, and
+# asking torch again costs ~1-2 us a call.
+_cuda_seen = False
+
+
 def _torch_with_cuda():
     """torch, if the caller loaded it and both torch and pinlane see a GPU; else None."""
+    global _cuda_seen
     torch = sys.modules.get("torch")
-    if torch is None or _native.device_count() == 0 or not torch.cuda.is_available():
+    if torch is None:
         return None
+    if not _cuda_seen:
+        if _native.device_count() == 0 or not torch.cuda.is_available():
+            return None
+        _cuda_seen = True
     return torch
 
 
@@ -134,9 +144,9 @@ def transfer_tensor_h2d(batch, /, *, num_caches=4):
     tensors = flatten(batch, torch.Tensor)
     if not tensors:
         return batch
-    device = _native.default_device()
-    consumer = torch.cuda.current_stream(device).cuda_stream
-    outs = _native.h2d(tensors, device=device, num_caches=num_caches, consumer_stream=consumer)
+    # The outputs' memory is freed in order on torch's current stream of the device, which
+    # the native half asks torch for (through its DLPack exchange API: one C call).
+    outs = _native.h2d(tensors, device=_native.default_device(), num_caches=num_caches)
     return rebuild(batch, torch.Tensor, outs)
 
 

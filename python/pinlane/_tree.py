@@ -29,6 +29,16 @@ def _is_dataclass_instance(obj):
 
 def flatten(batch, leaf_type):
     """The leaves of ``batch`` that are instances of ``leaf_type``, in walk order."""
+    t = type(batch)
+    if t is list or t is tuple:
+        # The common case first, without the recursive walk: a flat list of leaves.
+        out = []
+        for x in batch:
+            if not isinstance(x, leaf_type):
+                break
+            out.append(x)
+        else:
+            return out
     out = []
     _collect(batch, leaf_type, out)
     return out
@@ -51,6 +61,18 @@ def _collect(obj, leaf_type, out):
 def rebuild(batch, leaf_type, replacements):
     """``batch`` with its ``leaf_type`` leaves replaced, in walk order, by
     ``replacements`` (a sequence as long as ``flatten(batch, leaf_type)``)."""
+    t = type(batch)
+    if (t is list or t is tuple) and len(batch) == len(replacements):
+        # A flat list of leaves, without the recursive walk (same result).
+        changed = False
+        for x, r in zip(batch, replacements):
+            if not isinstance(x, leaf_type):
+                break
+            changed = changed or x is not r
+        else:
+            if not changed:
+                return batch
+            return list(replacements) if t is list else tuple(replacements)
     it = iter(replacements)
     out = _rebuild(batch, leaf_type, it)
     if next(it, _END) is not _END:

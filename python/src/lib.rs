@@ -164,5 +164,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(transfer::h2d, m)?)?;
     m.add_function(wrap_pyfunction!(transfer::d2h, m)?)?;
     m.add_function(wrap_pyfunction!(transfer::check_device, m)?)?;
+    m.add_function(wrap_pyfunction!(transfer::torch_current_stream, m)?)?;
     Ok(())
 }

@@ -38,6 +38,8 @@ pub(crate) struct Torch {
 struct TorchObjs {
     int8: Py<PyAny>,
     uint8: Py<PyAny>,
+    /// `torch.Tensor`'s exchange API's `current_work_stream`, if it publishes one.
+    current_work_stream: dlpark::ffi::DLPackCurrentWorkStream,
 }
 
 static TORCH_OBJS: PyOnceLock<TorchObjs> = PyOnceLock::new();
@@ -54,6 +56,7 @@ impl Torch {
             Ok(TorchObjs {
                 int8: torch.getattr("int8")?.unbind(),
                 uint8: torch.getattr("uint8")?.unbind(),
+                current_work_stream: current_work_stream_fn(&torch.getattr("Tensor")?),
             })
         })?;
         match ExchangeApi::from_object(tensor.as_borrowed())? {
@@ -79,6 +82,31 @@ impl Torch {
         }
         let d = tensor.getattr(pyo3::intern!(tensor.py(), "dtype"))?;
         Ok(d.is(&self.objs.int8) || d.is(&self.objs.uint8))
+    }
+
+    /// torch's current stream on CUDA device `device`, as a raw handle: one C call through
+    /// the exchange API (`torch.cuda.current_stream(device).cuda_stream` costs ~3 us from
+    /// Python), or that Python expression where torch publishes no such call.
+    pub(crate) fn current_stream(&self, py: Python<'_>, device: usize) -> PyResult<usize> {
+        if let Some(f) = self.objs.current_work_stream {
+            let id = i32::try_from(device)
+                .map_err(|_| PyValueError::new_err(format!("no CUDA device {device}")))?;
+            let mut out: *mut c_void = std::ptr::null_mut();
+            // SAFETY: `f` is torch's `current_work_stream` from its exchange API table, which
+            // lives as long as the process; it writes one pointer to `out`, a live local,
+            // and is called with the GIL held (this function holds `py`).
+            let rc = unsafe { f(DLDeviceType::CUDA, id, &mut out) };
+            if rc == 0 {
+                return Ok(out as usize);
+            }
+            // A failure sets a Python exception: take it, and ask torch the slow way.
+            let _ = PyErr::take(py);
+        }
+        py.import("torch")?
+            .getattr("cuda")?
+            .call_method1("current_stream", (device,))?
+            .getattr("cuda_stream")?
+            .extract()
     }
 
     /// `tensor`'s descriptor (taking a reference to its storage), and torch's current
@@ -144,6 +172,34 @@ impl Torch {
         }
         Ok(out)
     }
+}
+
+/// The `current_work_stream` of `cls`'s DLPack exchange API (the first table of DLPack's
+/// major version 1 in its chain), if it has one.
+fn current_work_stream_fn(cls: &Bound<'_, PyAny>) -> dlpark::ffi::DLPackCurrentWorkStream {
+    use dlpark::ffi::{DLPackExchangeAPI, DLPackExchangeAPIHeader, DLPACK_MAJOR_VERSION};
+    let capsule = cls.getattr("__dlpack_c_exchange_api__").ok()?;
+    // SAFETY: PyCapsule_GetPointer checks the capsule's name (a wrong object or name gives
+    // null, with an exception set, which is cleared below).
+    let mut header = unsafe {
+        pyo3::ffi::PyCapsule_GetPointer(capsule.as_ptr(), c"dlpack_exchange_api".as_ptr())
+    }
+    .cast::<DLPackExchangeAPIHeader>();
+    if header.is_null() {
+        let _ = PyErr::take(cls.py());
+        return None;
+    }
+    for _ in 0..16 {
+        // SAFETY: a non-null header of the table torch publishes for the life of the
+        // process, or of an older table its chain links to (DLPack's contract).
+        let h = unsafe { header.as_ref() }?;
+        if h.version.major == DLPACK_MAJOR_VERSION {
+            // SAFETY: a table of major version 1 is a `DLPackExchangeAPI`.
+            return unsafe { (*header.cast::<DLPackExchangeAPI>()).current_work_stream };
+        }
+        header = h.prev_api;
+    }
+    None
 }
 
 /// Runs of this many tensors or more are handed to torch as one tensor.

@@ -130,6 +130,18 @@ fn readable<'py>(
     Ok((Some(c), dl))
 }
 
+/// torch's current stream of CUDA device `device` as `h2d` asks for it (through the
+/// exchange API of `probe`'s class, a torch tensor), as a raw handle: for the tests, which
+/// compare it with `torch.cuda.current_stream(device).cuda_stream`.
+#[pyfunction]
+pub(crate) fn torch_current_stream(
+    py: Python<'_>,
+    probe: Bound<'_, PyAny>,
+    device: usize,
+) -> PyResult<usize> {
+    Torch::of(&probe)?.current_stream(py, device)
+}
+
 /// Checks a device argument without the driver: `None`, `"cuda"` and `"cuda:N"` pass;
 /// anything else is the `ValueError` spdl raises, on every machine.
 #[pyfunction]
@@ -142,15 +154,16 @@ pub(crate) fn check_device(device: Option<&str>) -> PyResult<()> {
 }
 
 /// `transfer_tensor_h2d` over `tensors`, onto `device`, freeing returned memory in order
-/// on `consumer_stream` (torch's current stream of `device`, as a raw handle).
+/// on `consumer_stream` (a raw handle; `None`: torch's current stream of `device`, asked
+/// through its exchange API).
 #[pyfunction]
-#[pyo3(signature = (tensors, *, device, num_caches, consumer_stream, min_run=torch::MIN_RUN))]
+#[pyo3(signature = (tensors, *, device, num_caches, consumer_stream=None, min_run=torch::MIN_RUN))]
 pub(crate) fn h2d<'py>(
     py: Python<'py>,
     tensors: Vec<Bound<'py, PyAny>>,
     device: usize,
     num_caches: usize,
-    consumer_stream: usize,
+    consumer_stream: Option<usize>,
     min_run: usize,
 ) -> PyResult<Vec<Bound<'py, PyAny>>> {
     let Some(first) = tensors.first() else {
@@ -167,10 +180,15 @@ pub(crate) fn h2d<'py>(
         return outputs(py, &torch, slots, &[], min_run, &target, &mut || Ok(()));
     }
     let dev = Device::cuda(device);
-    // SAFETY: `consumer_stream` is torch's current stream of `device` (the Python half
-    // passes `torch.cuda.current_stream(device).cuda_stream`): a stream of the device's
-    // primary context, which torch never destroys (its streams come from pools that live
-    // as long as the process).
+    let consumer_stream = match consumer_stream {
+        Some(raw) => raw,
+        None => torch.current_stream(py, device)?,
+    };
+    // SAFETY: `consumer_stream` is torch's current stream of `device` (asked of torch just
+    // now, or passed by the caller as `torch.cuda.current_stream(device).cuda_stream`): a
+    // stream of the device's primary context that stays alive for the call (torch's own
+    // streams come from pools that live as long as the process; an ExternalStream is the
+    // caller's to keep alive, as documented).
     let consumer = unsafe { Stream::from_raw(consumer_stream as RawStream, dev) }.map_err(to_py)?;
     let opts = H2dOptions::default()
         .device(dev)

@@ -167,6 +167,43 @@ def test_torch_kernels_read_h2d_outputs_and_memory_is_freed_in_order(torch):
     assert total.item() == expected.item()
 
 
+def test_h2d_frees_on_the_stream_torch_calls_current(torch):
+    # The native half asks torch's DLPack exchange API for the current stream (one C call
+    # instead of torch.cuda.current_stream(dev).cuda_stream from Python): it must name the
+    # same stream, inside `with torch.cuda.stream(...)` (an ExternalStream too), and per
+    # thread (torch's current stream is the thread's).
+    idx = cuda_index(torch)
+    dev = torch.device("cuda", idx)
+    probe = torch.empty(1)
+
+    def asked():
+        return pinlane._native.torch_current_stream(probe, idx)
+
+    assert asked() == torch.cuda.current_stream(dev).cuda_stream
+    side = torch.cuda.Stream(dev)
+    assert side.cuda_stream != torch.cuda.current_stream(dev).cuda_stream
+    other = []
+    with torch.cuda.stream(side):
+        assert asked() == side.cuda_stream
+        t = threading.Thread(target=lambda: other.append((asked(), torch.cuda.current_stream(dev).cuda_stream)))
+        t.start()
+        t.join()
+    assert other[0][0] == other[0][1] != side.cuda_stream
+    ext = torch.cuda.ExternalStream(side.cuda_stream, device=dev)
+    with torch.cuda.stream(ext):
+        assert asked() == side.cuda_stream
+        # And the call frees there: a read queued on the side stream sees the bytes.
+        x = pattern(torch, torch.float32, (1 << 20,), 77)
+        (g,) = transfer_tensor_h2d([x], num_caches=0)
+        torch.cuda._sleep(100_000_000)
+        total = g.double().sum()
+        del g
+        for i in range(4):
+            transfer_tensor_h2d([pattern(torch, torch.float32, (1 << 20,), 200 + i)], num_caches=0)
+    side.synchronize()
+    assert total.item() == x.double().sum().item()
+
+
 def test_many_python_threads_at_once(torch):
     errors = []
 

@@ -125,3 +125,23 @@ def test_a_count_mismatch_is_an_error_not_a_wrong_batch():
         rebuild(batch, Leaf, ["x"])
     with pytest.raises(ValueError, match="more"):
         rebuild(batch, Leaf, ["x", "y", "z"])
+
+
+def test_flat_sequences_take_the_short_way_with_the_same_results():
+    # flatten/rebuild skip the recursive walk for a plain list or tuple of leaves (issue
+    # 20): the results must be those of the walk.
+    a, b = Leaf(1), Leaf(2)
+    for seq in ([a, b], (a, b), [a], ()):
+        assert flatten(seq, Leaf) == list(seq)
+        assert rebuild(seq, Leaf, list(seq)) is seq
+        out = rebuild(seq, Leaf, ["x"] * len(seq))
+        assert type(out) is type(seq) and list(out) == ["x"] * len(seq)
+    # A non-leaf among them: the walk, which keeps it and descends into containers.
+    mixed = [a, 3, [b]]
+    assert flatten(mixed, Leaf) == [a, b]
+    assert rebuild(mixed, Leaf, ["x", "y"]) == ["x", 3, ["y"]]
+    # Same length as the replacements but not all leaves: still the walk's count check.
+    with pytest.raises(ValueError, match="more"):
+        rebuild([a, 3], Leaf, ["x", "y"])
+    # A namedtuple is a tuple subclass, not a tuple: rebuilt as itself.
+    assert rebuild(Point(a, b), Leaf, ["x", "y"]) == Point("x", "y")
