@@ -92,6 +92,10 @@ def _torch_with_cuda():
     if not _cuda_seen:
         if _native.device_count() == 0 or not torch.cuda.is_available():
             return None
+        # torch's own CUDA state, as its first CUDA call would make it: without it torch
+        # says `is_pinned()` is False for page-locked memory (pinlane's D2H outputs), and
+        # nothing else in these calls makes it (the current stream is asked in C).
+        torch.cuda.init()
         _cuda_seen = True
     return torch
 

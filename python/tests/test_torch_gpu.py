@@ -193,7 +193,7 @@ def test_h2d_frees_on_the_stream_torch_calls_current(torch):
     with torch.cuda.stream(ext):
         assert asked() == side.cuda_stream
         # And the call frees there: a read queued on the side stream sees the bytes.
-        x = pattern(torch, torch.float32, (1 << 20,), 77)
+        x = torch.randint(0, 1000, (1 << 20,), generator=torch.Generator().manual_seed(77)).float()
         (g,) = transfer_tensor_h2d([x], num_caches=0)
         torch.cuda._sleep(100_000_000)
         total = g.double().sum()
@@ -202,6 +202,25 @@ def test_h2d_frees_on_the_stream_torch_calls_current(torch):
             transfer_tensor_h2d([pattern(torch, torch.float32, (1 << 20,), 200 + i)], num_caches=0)
     side.synchronize()
     assert total.item() == x.double().sum().item()
+
+
+def test_pinlane_first_in_a_process_gives_page_locked_outputs(torch):
+    # Regression (issue 20): once the Python half stopped asking torch.cuda for the current
+    # stream, nothing made torch's CUDA state in a process where pinlane ran first, and
+    # torch then said is_pinned() is False for pinlane's page-locked D2H outputs.
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, pinlane\n"
+        "x = [torch.arange(1000, dtype=torch.float32)]\n"
+        "(back,) = pinlane.transfer_tensor_d2h(pinlane.transfer_tensor_h2d(x))\n"
+        "assert torch.equal(back, x[0]), 'bytes'\n"
+        "assert back.is_pinned(), 'not page-locked to torch'\n"
+        "print('ok')\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
 
 
 def test_many_python_threads_at_once(torch):
