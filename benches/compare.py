@@ -21,7 +21,7 @@ def main():
     lim = pin["limits"]
     # spdl's rows: from the old spdl-only JSON, or the spdl half of spdl_compare.py's.
     spdl["rows"] = [dict(r, direction="H2D pageable" if r["direction"] == "H2D" else r["direction"])
-                    for r in spdl["rows"] if r.get("lib", "spdl 0.8.0") == "spdl 0.8.0"]
+                    for r in spdl["rows"] if r.get("lib", "spdl") in ("spdl", "spdl 0.8.0")]
     s_rows = {(r["batch"], r["direction"]): r for r in spdl["rows"]}
     print(f"Pinned limit measured by pinlane's bench: H2D {lim['h2d']:.1f} GB/s, D2H {lim['d2h']:.1f} GB/s, "
           f"both at once {lim['both']:.1f} GB/s (spdl's process: H2D {spdl['limits']['h2d']:.1f}, "

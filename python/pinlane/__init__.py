@@ -13,11 +13,14 @@ torch loaded there is no torch tensor to move, and without CUDA a batch comes ba
 import sys
 
 from . import _native
+from ._prefetch import Prefetcher, prefetch
 from ._tree import flatten, rebuild
 
 __all__ = [
     "transfer_tensor_h2d",
     "transfer_tensor_d2h",
+    "prefetch",
+    "Prefetcher",
     "cuda_available",
     "trim",
     "shutdown",

@@ -223,6 +223,20 @@ def test_pinlane_first_in_a_process_gives_page_locked_outputs(torch):
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
 
 
+def test_the_documented_differences_from_spdl_hold(torch):
+    # python/README.md, "Migrating from spdl": H2D outputs live in pinlane's pool, not
+    # torch's caching allocator, and their storage cannot be resized in place.
+    dev = torch.device("cuda", cuda_index(torch))
+    x = [torch.arange(1 << 16, dtype=torch.float32)]
+    torch.cuda.synchronize(dev)
+    before = torch.cuda.memory_allocated(dev)
+    (g,) = transfer_tensor_h2d(x, num_caches=0)
+    assert torch.cuda.memory_allocated(dev) == before, "counted by torch's allocator"
+    with pytest.raises(RuntimeError):
+        g.resize_(1 << 20)
+    assert torch.equal(g.clone().cpu(), x[0])
+
+
 def test_many_python_threads_at_once(torch):
     errors = []
 

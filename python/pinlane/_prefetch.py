@@ -1,0 +1,157 @@
+"""``pinlane.prefetch``: the next batches moved to the GPU on a background thread while
+the caller uses the current one."""
+
+import queue
+import sys
+import threading
+
+__all__ = ["prefetch", "Prefetcher"]
+
+_DONE = object()
+
+
+class _Failure:
+    """An exception raised on the worker thread, handed to the consumer."""
+
+    def __init__(self, exc):
+        self.exc = exc
+
+
+def prefetch(batches, *, depth=1, num_caches=4):
+    """Iterates over ``batches`` (any iterable of host batches: a ``DataLoader``, a
+    generator, a list) with each batch already moved by ``transfer_tensor_h2d``: a
+    background thread moves up to ``depth`` batches ahead of the one the caller is using,
+    so the copy of batch *n + 1* overlaps the work on batch *n*.
+
+    * Each batch is what ``transfer_tensor_h2d(batch, num_caches=num_caches)`` gives,
+      same structure and semantics, in the source's order.
+    * The outputs' memory is freed in order on the stream that was torch's current stream
+      of the device when ``prefetch`` was called (the worker makes it its own current
+      stream), so use the batches there, as with the blocking call.
+    * An exception from the source or from a transfer is raised by the ``next()`` that
+      would have returned that batch; the batches before it come first.
+    * At most ``depth`` moved batches wait in the queue, plus the ``num_caches`` most
+      recent ones the worker thread keeps referenced (see ``transfer_tensor_h2d``).
+    * ``close()`` (or leaving a ``with`` block, or the end of the iteration) stops the
+      worker: it waits up to ``timeout`` seconds (10 by default) for the worker to leave
+      the source; a worker still inside the source's ``next()`` then is left to finish on
+      its own (it is a daemon thread and stops before its next batch).
+
+    Example::
+
+        loader = torch.utils.data.DataLoader(dataset, batch_size=64, num_workers=4)
+        with pinlane.prefetch(loader) as batches:
+            for batch in batches:          # already on cuda:{LOCAL_RANK}
+                loss = model(batch["image"]).sum()
+
+    Raises:
+        ValueError: ``depth`` is not an int >= 1, or ``num_caches`` not an int >= 0.
+    """
+    return Prefetcher(batches, depth=depth, num_caches=num_caches)
+
+
+def _int_at_least(name, value, least):
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{name} must be an int >= {least}, not {value!r}")
+    return value
+
+
+class Prefetcher:
+    """The iterator ``prefetch`` returns; see there."""
+
+    def __init__(self, batches, *, depth=1, num_caches=4):
+        from . import _native, _torch_with_cuda
+
+        self._depth = _int_at_least("depth", depth, 1)
+        self._num_caches = _int_at_least("num_caches", num_caches, 0)
+        source = iter(batches)
+        torch = _torch_with_cuda()
+        # The consumer's current stream, made the worker's: the outputs are freed in order
+        # there, as a blocking call on this thread would free them.
+        stream = torch.cuda.current_stream(_native.default_device()) if torch else None
+        self._queue = queue.Queue(maxsize=self._depth)
+        self._stop = threading.Event()
+        self._finished = False
+        self._thread = threading.Thread(
+            target=self._work, args=(source, stream), name="pinlane-prefetch-py", daemon=True
+        )
+        self._thread.start()
+
+    def _put(self, item):
+        """Puts `item` on the queue unless the consumer stops first; says whether it did."""
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _work(self, source, stream):
+        from . import transfer_tensor_h2d
+
+        try:
+            torch = sys.modules.get("torch")
+            ctx = torch.cuda.stream(stream) if stream is not None else None
+            if ctx is not None:
+                ctx.__enter__()
+            try:
+                for batch in source:
+                    if self._stop.is_set():
+                        return
+                    if not self._put(transfer_tensor_h2d(batch, num_caches=self._num_caches)):
+                        return
+            finally:
+                if ctx is not None:
+                    ctx.__exit__(None, None, None)
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer, raised there
+            self._put(_Failure(e))
+            return
+        self._put(_DONE)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._finished:
+            raise StopIteration
+        while True:  # at the source's pace, for as long as the worker lives
+            try:
+                item = self._queue.get(timeout=0.1)
+                break
+            except queue.Empty:
+                if not self._thread.is_alive() and self._queue.empty():
+                    self._finished = True
+                    raise RuntimeError("pinlane.prefetch: the worker thread ended without a batch or an error") from None
+        if item is _DONE:
+            self.close()
+            raise StopIteration
+        if isinstance(item, _Failure):
+            self.close()
+            raise item.exc
+        return item
+
+    def close(self, timeout=10.0):
+        """Stops the worker and drops the batches it moved ahead; waits up to `timeout`
+        seconds for it to exit and says whether it did."""
+        self._finished = True
+        self._stop.set()
+        while True:  # unblock a worker waiting to put, and let its batches go
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __del__(self):
+        stop = getattr(self, "_stop", None)
+        if stop is not None:
+            stop.set()

@@ -1,0 +1,287 @@
+"""What pinlane buys you on your machine: ``python -m pinlane.bench``.
+
+    python -m pinlane.bench                              # the five standard batches
+    python -m pinlane.bench --batch 64x3x224x224:uint8   # your own: COUNT x SHAPE : DTYPE
+    python -m pinlane.bench --batch 8x8388608:float32 --batch 1x256:float32 --quick
+
+Each batch moves to the GPU and back every way a user would pick: pinlane, torch `.to`
+(`t.to(dev)` / `t.cpu()`), torch pinned (`t.pin_memory().to(dev, non_blocking=True)` / a
+copy into `torch.empty(..., pin_memory=True)`), and, when they are installed, spdl's
+`transfer_tensor_*` and tensordict's `TensorDict.to`. Every way returns tensors ready for
+work on any stream (the torch and tensordict ways end with `torch.cuda.synchronize()`, as
+pinlane's calls synchronise inside); every way's result is checked once per batch. Whole
+calls are timed (median after warm-up), ways taking turns batch by batch, in one process
+with the page-locked limit measured in it (torch, one 256 MiB copy each way). A progress
+line runs on stderr; the table comes at the end. Without torch or a GPU it says so and
+exits 0.
+
+The same machinery, more batches and JSON: ``benches/spdl_compare.py`` in the repository.
+"""
+
+import argparse
+import statistics
+import sys
+import time
+
+# Warm-up calls before timing: pinlane's H2D keeps the last 4 batches alive (num_caches),
+# so its device pool grows during the first 5 calls of a batch size.
+WARMUPS = 6
+
+
+def pattern(torch, shape, dtype, seed):
+    """Random bytes (not zeros: misplaced bytes show) as a tensor of `dtype` and `shape`."""
+    g = torch.Generator().manual_seed(seed)
+    n = 1
+    for d in shape:
+        n *= d
+    nbytes = n * torch.empty((), dtype=dtype).element_size()
+    raw = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=g)
+    return raw.view(dtype).reshape(shape)
+
+
+def leaves(batch):
+    return list(batch.values()) if isinstance(batch, dict) else list(batch)
+
+
+def nbytes_of(batch):
+    return sum(t.numel() * t.element_size() for t in leaves(batch))
+
+
+def same(torch, a, b):
+    """Same structure, dtypes, shapes and bytes (NaN patterns included)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict) and a.keys() != b.keys():
+        return False
+    xs, ys = leaves(a), leaves(b)
+    return len(xs) == len(ys) and all(
+        x.dtype == y.dtype and x.shape == y.shape
+        and torch.equal(x.cpu().reshape(-1).view(torch.uint8), y.cpu().reshape(-1).view(torch.uint8))
+        for x, y in zip(xs, ys))
+
+
+def timed(reps, fn, cpu=None):
+    """Median seconds per call after WARMUPS calls; with `cpu` (a list), appends the
+    process CPU seconds (all threads) per call, averaged over the timed calls."""
+    for w in range(WARMUPS):
+        fn(w)
+    v = []
+    c0 = time.process_time()
+    for r in range(reps):
+        t0 = time.perf_counter()
+        fn(r)
+        v.append(time.perf_counter() - t0)
+    if cpu is not None:
+        cpu.append((time.process_time() - c0) / reps)
+    return statistics.median(v)
+
+
+def limits(torch, dev):
+    """The page-locked limit (GB/s) each way: one 256 MiB copy, median of 8."""
+    n = 256 << 20
+    host = torch.empty(n, dtype=torch.uint8).pin_memory()
+    host.fill_(7)
+    d = torch.empty(n, dtype=torch.uint8, device=dev)
+    back = torch.empty(n, dtype=torch.uint8).pin_memory()
+
+    def up(_):
+        d.copy_(host, non_blocking=True)
+        torch.cuda.synchronize()
+
+    def down(_):
+        back.copy_(d, non_blocking=True)
+        torch.cuda.synchronize()
+
+    return n / timed(8, up) / 1e9, n / timed(8, down) / 1e9
+
+
+def _keyed(batch):
+    return batch if isinstance(batch, dict) else {f"t{i:04}": t for i, t in enumerate(batch)}
+
+
+def _like(batch, d):
+    """`d` (a mapping) in the structure of `batch` (a dict or a list)."""
+    return dict(d.items()) if isinstance(batch, dict) else [d[f"t{i:04}"] for i in range(len(batch))]
+
+
+def _each(batch, fn):
+    return {k: fn(v) for k, v in batch.items()} if isinstance(batch, dict) else [fn(v) for v in batch]
+
+
+def ways(torch, dev, log=print):
+    """name -> (h2d, d2h or None): every way whose library is installed. Batches are lists
+    or dicts of CPU (H2D) or CUDA (D2H) tensors."""
+    import pinlane
+
+    def synced(fn):
+        def call(b):
+            out = fn(b)
+            torch.cuda.synchronize()
+            return out
+        return call
+
+    def pinned_out(t):
+        out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        out.copy_(t, non_blocking=True)
+        return out
+
+    device = str(dev)
+    w = {
+        "pinlane": (pinlane.transfer_tensor_h2d, lambda b: pinlane.transfer_tensor_d2h(b, device=device)),
+        "torch .to": (synced(lambda b: _each(b, lambda t: t.to(dev))), lambda b: _each(b, lambda t: t.cpu())),
+        "torch pinned": (synced(lambda b: _each(b, lambda t: t.pin_memory().to(dev, non_blocking=True))),
+                         synced(lambda b: _each(b, pinned_out))),
+    }
+    try:
+        from spdl.io import transfer_tensor_d2h as spdl_d2h
+        from spdl.io import transfer_tensor_h2d as spdl_h2d
+
+        w["spdl"] = (spdl_h2d, lambda b: spdl_d2h(b, device=device))
+    except ImportError:
+        log("spdl not installed: left out")
+    try:
+        from tensordict import TensorDict
+
+        def td_h2d(**kw):
+            return synced(lambda b: _like(b, TensorDict(_keyed(b), batch_size=[]).to(dev, **kw)))
+
+        # `non_blocking_pin` and `num_threads` pin host tensors: H2D only.
+        w["td non_blocking_pin"] = (td_h2d(non_blocking_pin=True), None)
+        w["td non_blocking_pin 8 thr"] = (td_h2d(non_blocking_pin=True, num_threads=8), None)
+        w["td non_blocking"] = (td_h2d(non_blocking=True), synced(
+            lambda b: _like(b, TensorDict(_keyed(b), batch_size=[]).to("cpu", non_blocking=True))))
+    except ImportError:
+        log("tensordict not installed: left out")
+    return w
+
+
+def measure(torch, configs, libs, lims, progress=None):
+    """Times every way over every batch. `configs`: (name, sources, reps), sources a list
+    of batches (rotated among; their bytes are checked once per way); `lims`: (H2D, D2H)
+    GB/s. Returns rows: lib, batch, direction, bytes, median_us, gbs, fraction_of_limit,
+    cpu_s_per_gb."""
+    rows = []
+    steps = len(configs) * len(libs)
+    k = 0
+    for name, sources, reps in configs:
+        n = len(sources)
+        nbytes = nbytes_of(sources[0])
+        for lib, (h2d, d2h) in libs.items():
+            k += 1
+            if progress:
+                progress(f"[{k}/{steps}] {name}: {lib}")
+            # The slow ways get fewer calls on the large batches (they take up to 1 s each).
+            r_lib = reps if lib in ("pinlane", "spdl") or nbytes < (64 << 20) else min(reps, 4)
+            on = [h2d(s) for s in sources]
+            torch.cuda.synchronize()
+            assert same(torch, on[0], sources[0]), f"{lib} {name}: H2D changed bytes"
+            back = (d2h or (lambda b: _each(b, lambda t: t.cpu())))(on[0])
+            assert same(torch, back, sources[0]), f"{lib} {name}: round trip changed bytes"
+            del back
+            directions = [("H2D", lambda r: h2d(sources[r % n]))]
+            if d2h is not None:
+                directions.append(("D2H", lambda r: d2h(on[r % n])))
+            for direction, fn in directions:
+                cpu = []
+                m = timed(r_lib, fn, cpu)
+                lim = lims[0] if direction == "H2D" else lims[1]
+                rows.append(dict(lib=lib, batch=name, direction=direction, bytes=nbytes,
+                                 median_us=m * 1e6, gbs=nbytes / m / 1e9,
+                                 fraction_of_limit=nbytes / m / 1e9 / lim,
+                                 cpu_s_per_gb=cpu[0] / (nbytes / 1e9)))
+            del on
+            torch.cuda.empty_cache()
+    return rows
+
+
+def fastest(rows, libs, batch, direction):
+    """(pinlane's row, the fastest other way's row) for one batch and direction."""
+    by = {(r["lib"], r["batch"], r["direction"]): r for r in rows}
+    others = [lib for lib in libs if lib != "pinlane" and (lib, batch, direction) in by]
+    best = min(others, key=lambda lib: by[(lib, batch, direction)]["median_us"])
+    return by[("pinlane", batch, direction)], by[(best, batch, direction)]
+
+
+def standard_batches(torch, quick=False):
+    """The five batches of pinlane's benchmarks: (name, sources, reps)."""
+    big = 3 if quick else 8
+    f32, u8 = torch.float32, torch.uint8
+    return [
+        ("8 x 32 MiB f32", [{f"t{i:04}": pattern(torch, (8 << 20,), f32, i) for i in range(8)}], big),
+        ("1 GiB f32", [[pattern(torch, (256 << 20,), f32, 99)]], min(big, 6)),
+        ("64 x 3x224x224 u8", [[pattern(torch, (3, 224, 224), u8, s * 100 + i) for i in range(64)]
+                               for s in range(4)], 10 if quick else 30),
+        ("1000 x 1 KiB f32", [[pattern(torch, (256,), f32, s * 10000 + i) for i in range(1000)]
+                              for s in range(4)], 20 if quick else 60),
+        ("1 x 1 KiB f32", [[pattern(torch, (256,), f32, s)] for s in range(8)], 100 if quick else 400),
+    ]
+
+
+def parse_batch(torch, spec, quick=False):
+    """`COUNT x D1 x D2 ... : DTYPE` (e.g. `64x3x224x224:uint8`) as a config."""
+    try:
+        dims, _, dtype_name = spec.partition(":")
+        parts = [int(p) for p in dims.lower().split("x")]
+        dtype = getattr(torch, dtype_name or "float32")
+        if not isinstance(dtype, torch.dtype) or len(parts) < 1 or min(parts) < 0:
+            raise ValueError
+    except (ValueError, AttributeError):
+        raise SystemExit(f"pinlane.bench: bad --batch {spec!r}: use COUNT x SHAPE : DTYPE, e.g. 64x3x224x224:uint8")
+    count, shape = parts[0], tuple(parts[1:])
+    one = pattern(torch, shape, dtype, 0)
+    nbytes = count * one.numel() * one.element_size()
+    copies = 1 if nbytes >= (64 << 20) else 4
+    reps = 6 if nbytes >= (64 << 20) else (30 if quick else 100)
+    name = f"{count} x {'x'.join(map(str, shape)) or 'scalar'} {dtype_name or 'float32'}"
+    sources = [[pattern(torch, shape, dtype, c * 100003 + i) for i in range(count)] for c in range(copies)]
+    return name, sources, reps
+
+
+def table(rows, libs, configs, out=print):
+    out("| batch | dir | pinlane us | GB/s | x limit | fastest other way | its us | pinlane / fastest |")
+    out("| --- | --- | ---: | ---: | ---: | --- | ---: | ---: |")
+    for name, _, _ in configs:
+        for direction in ("H2D", "D2H"):
+            p, b = fastest(rows, libs, name, direction)
+            out(f"| {name} | {direction} | {p['median_us']:.1f} | {p['gbs']:.2f} | {p['fraction_of_limit']:.3f} | "
+                f"{b['lib']} | {b['median_us']:.1f} | {b['median_us'] / p['median_us']:.2f}x |")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m pinlane.bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch", action="append", default=[],
+                    help="COUNT x SHAPE : DTYPE, e.g. 64x3x224x224:uint8 (repeatable); default: the five standard batches")
+    ap.add_argument("--quick", action="store_true", help="fewer calls per batch")
+    args = ap.parse_args(argv)
+    try:
+        import torch
+    except ImportError:
+        print("pinlane.bench: torch is not installed: nothing to compare")
+        return 0
+    import pinlane
+
+    if not pinlane.cuda_available() or not torch.cuda.is_available():
+        print(f"pinlane.bench: no CUDA GPU here ({pinlane._native.unavailable_reason() or 'torch sees none'}): "
+              "nothing to measure")
+        return 0
+    dev = torch.device("cuda", pinlane._native.default_device())
+    err = sys.stderr
+
+    def progress(msg):
+        err.write(f"\r{msg:<72}")
+        err.flush()
+
+    progress("measuring the page-locked limit")
+    lims = limits(torch, dev)
+    configs = [parse_batch(torch, s, args.quick) for s in args.batch] or standard_batches(torch, args.quick)
+    libs = ways(torch, dev, log=lambda m: err.write(m + "\n"))
+    rows = measure(torch, configs, libs, lims, progress)
+    err.write("\r" + " " * 72 + "\r")
+    print(f"{torch.cuda.get_device_name(dev)}; page-locked limit in this process: H2D {lims[0]:.1f} GB/s, "
+          f"D2H {lims[1]:.1f} GB/s; medians of whole calls, each ready on any stream")
+    table(rows, libs, configs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+"""`python -m pinlane.bench` where it cannot measure (CI: no torch, no GPU): it says why
+and exits 0. The GPU machine runs it for real in test_integrations_gpu.py."""
+
+import subprocess
+import sys
+
+import pytest
+
+
+def test_bench_without_a_gpu_says_so_and_exits_0():
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("a GPU is here: test_integrations_gpu.py runs the bench")
+    except ImportError:
+        pass
+    out = subprocess.run([sys.executable, "-m", "pinlane.bench", "--quick"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "nothing to" in out.stdout, out.stdout
+
+
+def test_bench_rejects_a_bad_batch_spec():
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        pytest.skip("the spec is parsed once torch is there")
+    from pinlane import bench
+
+    with pytest.raises(SystemExit, match="COUNT x SHAPE"):
+        bench.parse_batch(__import__("torch"), "64x3x:uint8")
+    with pytest.raises(SystemExit, match="COUNT x SHAPE"):
+        bench.parse_batch(__import__("torch"), "4x4:notadtype")

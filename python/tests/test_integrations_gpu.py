@@ -1,0 +1,78 @@
+"""The places users plug pinlane in, on the GPU machine: the examples under
+python/examples/ (Lightning, a DataLoader loop, torchrun), pinlane.prefetch with torch
+tensors, and `python -m pinlane.bench`. Each example runs as a user would run it, in its
+own process, and fails its test when the bytes or the training differ."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+import pinlane
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
+
+
+def run(args, timeout=300):
+    out = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout)
+    print(out.stdout[-3000:])
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
+    return out.stdout
+
+
+def test_lightning_trains_identically_with_pinlanes_hook(torch):
+    if not (_has("lightning") or _has("pytorch_lightning")):
+        pytest.skip("Lightning is not installed")
+    out = run([str(EXAMPLES / "lightning_hook.py"), "--compare", "--steps", "40"])
+    assert "identical losses: True; identical weights: True" in out
+
+
+def _has(module):
+    try:
+        __import__(module)
+        return True
+    except ImportError:
+        return False
+
+
+def test_dataloader_loop_moves_the_same_bytes_three_ways(torch):
+    out = run([str(EXAMPLES / "dataloader_loop.py"), "--batches", "30", "--workers", "2"])
+    assert "same bytes everywhere: True" in out
+
+
+def test_torchrun_ranks_receive_exact_bytes(torch):
+    env = dict(os.environ)
+    env.pop("LOCAL_RANK", None)  # torchrun sets it per process
+    n = min(torch.cuda.device_count(), 2)
+    out = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
+         str(EXAMPLES / "torchrun_checksum.py")],
+        capture_output=True, text=True, timeout=300, env=env)
+    print(out.stdout[-2000:], out.stderr[-2000:])
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    assert f"{n} rank(s):" in out.stdout and "exact" in out.stdout
+
+
+def test_prefetch_moves_torch_batches_in_order_and_frees_on_the_callers_stream(torch):
+    idx = pinlane._native.default_device()
+    dev = torch.device("cuda", idx)
+    g = torch.Generator().manual_seed(5)
+    host = [{"x": torch.randint(0, 1000, (1 << 20,), generator=g).float(), "i": torch.tensor(i)} for i in range(12)]
+    side = torch.cuda.Stream(dev)
+    sums = []
+    with torch.cuda.stream(side):
+        with pinlane.prefetch(host, depth=2, num_caches=0) as batches:
+            for k, b in enumerate(batches):
+                assert b["x"].device == dev and int(b["i"]) == k
+                torch.cuda._sleep(20_000_000)  # the read runs late on the side stream
+                sums.append(b["x"].double().sum())  # queued on the side stream
+                del b  # freed in order on the side stream: not reused before the sum ran
+    side.synchronize()
+    assert [s.item() for s in sums] == [t["x"].double().sum().item() for t in host]
+
+
+def test_bench_runs_one_small_batch(torch):
+    out = run(["-m", "pinlane.bench", "--batch", "4x256:float32", "--quick"])
+    assert "| 4 x 256 float32 | H2D |" in out and "| 4 x 256 float32 | D2H |" in out
