@@ -3,7 +3,7 @@
 
 mod common;
 
-use pinlane::batch::{replace_tensors, tensors};
+use pinlane::batch::{replace_tensors, tensors, tensors_with_paths, Path};
 use pinlane::{Batch, DType, Leaf, Tensor, Value};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, HashMap};
@@ -223,8 +223,90 @@ fn nested() -> impl Strategy<Value = Nested> {
     )
 }
 
+/// Each tensor's path, shown, in visit order.
+fn paths<B: Batch>(b: &B) -> Vec<String> {
+    tensors_with_paths(b)
+        .into_iter()
+        .map(|(p, _)| p.to_string())
+        .collect()
+}
+
+/// A hand-written `Batch` that gives no paths of its own: the default numbers its tensors.
+struct Pair(Tensor, Tensor);
+impl Batch for Pair {
+    fn visit<'a>(&'a self, f: &mut dyn FnMut(&'a Tensor)) {
+        f(&self.0);
+        f(&self.1);
+    }
+    fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
+        Pair(f(&self.0), f(&self.1))
+    }
+}
+
+#[test]
+fn paths_name_fields_positions_and_keys() {
+    let named = Named {
+        a: t(1),
+        skipped: t(0),
+        meta: Meta(3),
+        inner: vec![t(2), t(3)],
+    };
+    assert_eq!(paths(&named), ["a", "inner[0]", "inner[1]"]);
+    assert_eq!(paths(&TupleStruct(t(1), t(0), Some(t(2)))), ["0", "2"]);
+    let right = Either::Right {
+        x: t(1),
+        y: vec![t(2)],
+    };
+    assert_eq!(paths(&right), ["Right.x", "Right.y[0]"]);
+    assert_eq!(paths(&Either::Left(t(1), "s".into())), ["Left.0"]);
+    assert_eq!(paths(&t(1)), ["(the batch itself)"]);
+    let mut m = BTreeMap::new();
+    m.insert("b".to_string(), vec![t(1)]);
+    m.insert("a".to_string(), vec![t(2), t(3)]);
+    assert_eq!(
+        paths(&m),
+        ["#0[0]", "#0[1]", "#1[0]"],
+        "maps number their entries"
+    );
+    let v = Value::Map(
+        [
+            (
+                "img".to_string(),
+                Value::List(vec![t(1).into(), t(2).into()]),
+            ),
+            (
+                "x".to_string(),
+                Value::Tuple(vec![Value::Leaf(Leaf::Int(1)), t(3).into()]),
+            ),
+        ]
+        .into_iter()
+        .collect(),
+    );
+    assert_eq!(paths(&v), [r#"["img"][0]"#, r#"["img"][1]"#, r#"["x"][1]"#]);
+    assert_eq!(paths(&vec![Pair(t(1), t(2))]), ["[0]#0", "[0]#1"]);
+    let mut under = Path::default();
+    under.push(pinlane::batch::Step::Field("batch".into()));
+    let mut seen = Vec::new();
+    (t(1), [t(2)]).visit_paths(&mut under, &mut |p, _| seen.push(p.to_string()));
+    assert_eq!(seen, ["batch.0", "batch.1[0]"]);
+    assert_eq!(under.steps().len(), 1, "the path given is left as it was");
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// `visit_paths` gives the tensors `visit` gives, in the same order, and no two the
+    /// same path.
+    #[test]
+    fn paths_follow_visit_order(v in common::value(), b in nested()) {
+        let by_visit: Vec<*const Tensor> = tensors(&v).into_iter().map(|t| t as *const _).collect();
+        let with_paths = tensors_with_paths(&v);
+        let by_path: Vec<*const Tensor> = with_paths.iter().map(|(_, t)| *t as *const _).collect();
+        prop_assert_eq!(by_visit, by_path);
+        let distinct: std::collections::HashSet<_> = with_paths.iter().map(|(p, _)| p.clone()).collect();
+        prop_assert_eq!(distinct.len(), with_paths.len());
+        prop_assert_eq!(tensors(&b).len(), tensors_with_paths(&b).len());
+    }
 
     /// Flatten, then rebuild from copies of the flattened tensors: an equal value, with
     /// the same structure, dtypes, shapes and bytes, and fresh storage.

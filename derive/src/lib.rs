@@ -1,6 +1,7 @@
 //! `#[derive(Batch)]` for pinlane: structs (named, tuple, unit) and enums.
 //!
-//! Every field is visited and rebuilt through its own `Batch` impl, in declaration order;
+//! Every field is visited and rebuilt through its own `Batch` impl, in declaration order
+//! (and its tensors' paths named after it, `field` or `0`, `Variant.field` in enums);
 //! a field marked `#[batch(skip)]` is cloned unchanged (its type needs `Clone`, not
 //! `Batch`). Each type parameter gets a `Batch` bound. Re-exported by `pinlane` behind its
 //! default `derive` feature; use it as `pinlane::Batch`.
@@ -87,6 +88,27 @@ fn visit_body(fields: &[FieldInfo], by_ref: bool) -> Tokens {
     quote!(#(#calls)*)
 }
 
+/// `visit_paths` of the fields: each visited under its name (or position).
+fn visit_paths_body(fields: &[FieldInfo], by_ref: bool) -> Tokens {
+    let calls = fields
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| !f.skip)
+        .map(|(i, f)| {
+            let a = &f.access;
+            let r = if by_ref { quote!(&#a) } else { quote!(#a) };
+            let name = f
+                .name
+                .as_ref()
+                .map_or_else(|| i.to_string(), |n| n.to_string());
+            quote!(__path.with(
+            ::pinlane::batch::Step::Field(::std::borrow::Cow::Borrowed(#name)),
+            |__p| ::pinlane::Batch::visit_paths(#r, __p, __f),
+        );)
+        });
+    quote!(#(#calls)*)
+}
+
 /// The constructor's field list, each field rebuilt or cloned.
 fn rebuild_fields(fields: &[FieldInfo], shape: &Fields, by_ref: bool) -> Tokens {
     let vals = fields.iter().map(|f| {
@@ -121,16 +143,18 @@ fn variant_pattern(fields: &[FieldInfo], shape: &Fields) -> Tokens {
 fn expand(input: DeriveInput) -> syn::Result<Tokens> {
     let name = &input.ident;
     let mut skipped_types = Vec::new();
-    let (visit, rebuild) = match &input.data {
+    let (visit, rebuild, paths) = match &input.data {
         Data::Struct(s) => {
             let fields = fields_of(&s.fields, false, &mut skipped_types)?;
             let v = visit_body(&fields, true);
             let r = rebuild_fields(&fields, &s.fields, true);
-            (v, quote!(#name #r))
+            let p = visit_paths_body(&fields, true);
+            (v, quote!(#name #r), p)
         }
         Data::Enum(e) => {
             let mut visit_arms = Vec::new();
             let mut rebuild_arms = Vec::new();
+            let mut path_arms = Vec::new();
             for var in &e.variants {
                 if let Some(a) = var.attrs.iter().find(|a| a.path().is_ident("batch")) {
                     return Err(syn::Error::new_spanned(
@@ -145,13 +169,26 @@ fn expand(input: DeriveInput) -> syn::Result<Tokens> {
                 let r = rebuild_fields(&fields, &var.fields, false);
                 visit_arms.push(quote!(#name::#vname #pat => { #v }));
                 rebuild_arms.push(quote!(#name::#vname #pat => #name::#vname #r));
+                let p = visit_paths_body(&fields, false);
+                let vstr = vname.to_string();
+                path_arms.push(quote!(#name::#vname #pat => {
+                    __path.with(
+                        ::pinlane::batch::Step::Field(::std::borrow::Cow::Borrowed(#vstr)),
+                        |__path| { #p },
+                    );
+                }));
             }
             if e.variants.is_empty() {
-                (quote!(match *self {}), quote!(match *self {}))
+                (
+                    quote!(match *self {}),
+                    quote!(match *self {}),
+                    quote!(match *self {}),
+                )
             } else {
                 (
                     quote!(match self { #(#visit_arms)* }),
                     quote!(match self { #(#rebuild_arms,)* }),
+                    quote!(match self { #(#path_arms)* }),
                 )
             }
         }
@@ -185,6 +222,14 @@ fn expand(input: DeriveInput) -> syn::Result<Tokens> {
             #[allow(unused_variables)]
             fn rebuild(&self, __f: &mut dyn FnMut(&::pinlane::Tensor) -> ::pinlane::Tensor) -> Self {
                 #rebuild
+            }
+            #[allow(unused_variables)]
+            fn visit_paths<#lt>(
+                &#lt self,
+                __path: &mut ::pinlane::batch::Path,
+                __f: &mut dyn FnMut(&::pinlane::batch::Path, &#lt ::pinlane::Tensor),
+            ) {
+                #paths
             }
         }
     })

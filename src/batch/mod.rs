@@ -12,10 +12,13 @@
 //! | `mod.rs` | the trait, [`tensors`], [`replace_tensors`] |
 //! | `std_impls.rs` | `Tensor`, `Vec`, arrays, tuples up to 12, `Option`, `Box`, `Arc`, `HashMap`, `BTreeMap`, leaves, [`impl_leaf!`](crate::impl_leaf) |
 //! | `value.rs` | [`Value`], a tree for batches whose shape is known only at run time |
+//! | `path.rs` | [`Path`], where a tensor sits in a batch ([`Batch::visit_paths`]) |
 
+mod path;
 mod std_impls;
 mod value;
 
+pub use path::{Path, Step};
 pub use value::{Leaf, Value};
 
 use crate::tensor::Tensor;
@@ -63,6 +66,39 @@ pub trait Batch {
     fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self
     where
         Self: Sized;
+
+    /// Calls `f` on every tensor, in visit order, with where it sits: `path` (what leads
+    /// to `self`) followed by the steps inside `self`. For reports that name a tensor
+    /// ([`verify::round_trip`](crate::verify::round_trip)); the transfers do not use it.
+    ///
+    /// The std containers, [`Value`] and `#[derive(Batch)]` name their fields, positions
+    /// and keys (maps other than [`Value::Map`] number their entries: their keys may have
+    /// no text form). The default, for implementations that do not override it, numbers
+    /// the tensors `visit` gives ([`Step::Nth`]).
+    ///
+    /// ```
+    /// use pinlane::batch::Path;
+    /// use pinlane::{Batch, Tensor};
+    ///
+    /// let b = (Tensor::scalar(1u8), vec![Tensor::scalar(2u8), Tensor::scalar(3u8)]);
+    /// let mut seen = Vec::new();
+    /// b.visit_paths(&mut Path::default(), &mut |p, _| seen.push(p.to_string()));
+    /// assert_eq!(seen, ["0", "1[0]", "1[1]"]);
+    /// ```
+    fn visit_paths<'a>(&'a self, path: &mut Path, f: &mut dyn FnMut(&Path, &'a Tensor)) {
+        let mut n = 0;
+        self.visit(&mut |t| {
+            path.with(Step::Nth(n), |p| f(p, t));
+            n += 1;
+        });
+    }
+}
+
+/// Every tensor of `batch` with its [`Path`], in visit order.
+pub fn tensors_with_paths<B: Batch + ?Sized>(batch: &B) -> Vec<(Path, &Tensor)> {
+    let mut out = Vec::new();
+    batch.visit_paths(&mut Path::default(), &mut |p, t| out.push((p.clone(), t)));
+    out
 }
 
 /// Every tensor of `batch`, in visit order.

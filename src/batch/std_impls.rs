@@ -1,6 +1,6 @@
 //! [`Batch`] for `Tensor`, the std containers and the std leaf types.
 
-use super::Batch;
+use super::{Batch, Path, Step};
 use crate::tensor::Tensor;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasher, Hash};
@@ -12,6 +12,32 @@ impl Batch for Tensor {
     }
     fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
         f(self)
+    }
+    fn visit_paths<'a>(&'a self, path: &mut Path, f: &mut dyn FnMut(&Path, &'a Tensor)) {
+        f(path, self)
+    }
+}
+
+/// `visit_paths` of a sequence: each element under its position.
+fn visit_seq<'a, T: Batch + 'a>(
+    items: impl Iterator<Item = &'a T>,
+    path: &mut Path,
+    f: &mut dyn FnMut(&Path, &'a Tensor),
+) {
+    for (i, x) in items.enumerate() {
+        path.with(Step::Index(i), |p| x.visit_paths(p, f));
+    }
+}
+
+/// `visit_paths` of a map whose keys may have no text form: each value under its entry
+/// number, in the map's order.
+fn visit_entries<'a, T: Batch + 'a>(
+    values: impl Iterator<Item = &'a T>,
+    path: &mut Path,
+    f: &mut dyn FnMut(&Path, &'a Tensor),
+) {
+    for (i, x) in values.enumerate() {
+        path.with(Step::Nth(i), |p| x.visit_paths(p, f));
     }
 }
 
@@ -49,6 +75,9 @@ impl<T: Batch> Batch for Vec<T> {
     fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
         self.iter().map(|x| x.rebuild(f)).collect()
     }
+    fn visit_paths<'a>(&'a self, path: &mut Path, f: &mut dyn FnMut(&Path, &'a Tensor)) {
+        visit_seq(self.iter(), path, f)
+    }
 }
 
 impl<T: Batch, const N: usize> Batch for [T; N] {
@@ -58,6 +87,9 @@ impl<T: Batch, const N: usize> Batch for [T; N] {
     fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
         // from_fn calls the closure for indices 0..N in order.
         std::array::from_fn(|i| self[i].rebuild(f))
+    }
+    fn visit_paths<'a>(&'a self, path: &mut Path, f: &mut dyn FnMut(&Path, &'a Tensor)) {
+        visit_seq(self.iter(), path, f)
     }
 }
 
@@ -70,6 +102,11 @@ impl<T: Batch> Batch for Option<T> {
     fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
         self.as_ref().map(|x| x.rebuild(f))
     }
+    fn visit_paths<'a>(&'a self, path: &mut Path, f: &mut dyn FnMut(&Path, &'a Tensor)) {
+        if let Some(x) = self {
+            x.visit_paths(path, f)
+        }
+    }
 }
 
 impl<T: Batch> Batch for Box<T> {
@@ -79,6 +116,9 @@ impl<T: Batch> Batch for Box<T> {
     fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
         Box::new((**self).rebuild(f))
     }
+    fn visit_paths<'a>(&'a self, path: &mut Path, f: &mut dyn FnMut(&Path, &'a Tensor)) {
+        (**self).visit_paths(path, f)
+    }
 }
 
 impl<T: Batch> Batch for Arc<T> {
@@ -87,6 +127,9 @@ impl<T: Batch> Batch for Arc<T> {
     }
     fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
         Arc::new((**self).rebuild(f))
+    }
+    fn visit_paths<'a>(&'a self, path: &mut Path, f: &mut dyn FnMut(&Path, &'a Tensor)) {
+        (**self).visit_paths(path, f)
     }
 }
 
@@ -104,6 +147,9 @@ impl<K: Clone + Eq + Hash, V: Batch, S: BuildHasher + Clone> Batch for HashMap<K
         }
         out
     }
+    fn visit_paths<'a>(&'a self, path: &mut Path, f: &mut dyn FnMut(&Path, &'a Tensor)) {
+        visit_entries(self.values(), path, f)
+    }
 }
 
 impl<K: Clone + Ord, V: Batch> Batch for BTreeMap<K, V> {
@@ -114,6 +160,9 @@ impl<K: Clone + Ord, V: Batch> Batch for BTreeMap<K, V> {
         self.iter()
             .map(|(k, v)| (k.clone(), v.rebuild(f)))
             .collect()
+    }
+    fn visit_paths<'a>(&'a self, path: &mut Path, f: &mut dyn FnMut(&Path, &'a Tensor)) {
+        visit_entries(self.values(), path, f)
     }
 }
 
@@ -126,6 +175,9 @@ macro_rules! tuple_batch {
             fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
                 // Tuple expressions evaluate left to right, so rebuild order = visit order.
                 ($(self.$idx.rebuild(f),)+)
+            }
+            fn visit_paths<'a>(&'a self, path: &mut Path, f: &mut dyn FnMut(&Path, &'a Tensor)) {
+                $(path.with(Step::Field(stringify!($idx).into()), |p| self.$idx.visit_paths(p, f));)+
             }
         }
     };

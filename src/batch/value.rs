@@ -1,6 +1,6 @@
 //! [`Value`]: a batch whose structure is known only at run time.
 
-use super::Batch;
+use super::{Batch, Path, Step};
 use crate::tensor::Tensor;
 use std::collections::BTreeMap;
 
@@ -86,6 +86,22 @@ impl Batch for Value {
             Value::Tuple(v) => Value::Tuple(v.iter().map(|x| x.rebuild(f)).collect()),
             Value::Map(m) => Value::Map(m.iter().map(|(k, x)| (k.clone(), x.rebuild(f))).collect()),
             Value::Leaf(l) => Value::Leaf(l.clone()),
+        }
+    }
+    fn visit_paths<'a>(&'a self, path: &mut Path, f: &mut dyn FnMut(&Path, &'a Tensor)) {
+        match self {
+            Value::Tensor(t) => f(path, t),
+            Value::List(v) | Value::Tuple(v) => {
+                for (i, x) in v.iter().enumerate() {
+                    path.with(Step::Index(i), |p| x.visit_paths(p, f));
+                }
+            }
+            Value::Map(m) => {
+                for (k, x) in m {
+                    path.with(Step::Key(k.clone()), |p| x.visit_paths(p, f));
+                }
+            }
+            Value::Leaf(_) => {}
         }
     }
 }
