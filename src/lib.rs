@@ -51,6 +51,7 @@ mod location;
 pub mod memory;
 mod runtime;
 mod tensor;
+pub mod verify;
 
 pub use batch::{Batch, Leaf, Value};
 pub use config::{Config, CopyStores, SmallD2h, SmallH2d};

@@ -1,6 +1,8 @@
 //! GPU: `d2h(h2d(x)) == x` over random nested batches of every dtype and shape, with
 //! pageable and pinned sources, through a deliberately small staging arena so that
 //! tensors span several slots and slots are reused within one call.
+// The strategies are pinlane's: feature `proptest` (tests/pack-shipped turns it on).
+#![cfg(feature = "proptest")]
 
 mod common;
 

@@ -3,8 +3,7 @@
 
 mod common;
 
-use pinlane::{transfer_tensor_d2h, transfer_tensor_h2d, D2hOptions, Error, Tensor, Value};
-use proptest::prelude::*;
+use pinlane::{transfer_tensor_d2h, transfer_tensor_h2d, D2hOptions, Error, Tensor};
 
 fn no_cuda() -> bool {
     if pinlane::driver::available().is_some() {
@@ -61,16 +60,24 @@ fn d2h_of_a_batch_without_tensors_is_the_input() {
     assert_eq!(transfer_tensor_d2h(&b, &D2hOptions::default()).unwrap(), b);
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+/// The strategies are pinlane's (feature `proptest`, on with `test-util`).
+#[cfg(feature = "proptest")]
+mod props {
+    use super::*;
+    use pinlane::Value;
+    use proptest::prelude::*;
 
-    #[test]
-    fn no_cuda_round_trip_is_identity(v in common::value()) {
-        if pinlane::driver::available().is_none() {
-            let there = transfer_tensor_h2d(&v).unwrap();
-            let back = transfer_tensor_d2h(&there, &D2hOptions::default()).unwrap();
-            prop_assert_eq!(&back, &v);
-            let _: &Value = &back;
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        #[test]
+        fn no_cuda_round_trip_is_identity(v in common::value()) {
+            if pinlane::driver::available().is_none() {
+                let there = transfer_tensor_h2d(&v).unwrap();
+                let back = transfer_tensor_d2h(&there, &D2hOptions::default()).unwrap();
+                prop_assert_eq!(&back, &v);
+                let _: &Value = &back;
+            }
         }
     }
 }

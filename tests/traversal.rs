@@ -4,8 +4,7 @@
 mod common;
 
 use pinlane::batch::{replace_tensors, tensors, tensors_with_paths, Path};
-use pinlane::{Batch, DType, Leaf, Tensor, Value};
-use proptest::prelude::*;
+use pinlane::{Batch, Leaf, Tensor, Value};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
@@ -209,20 +208,6 @@ fn value_tree_traversal() {
     assert_eq!(r.get("z").and_then(Value::as_tensor), Some(&t(103)));
 }
 
-type Nested = (
-    Vec<Option<Tensor>>,
-    BTreeMap<String, (Tensor, i32)>,
-    [Tensor; 2],
-);
-
-fn nested() -> impl Strategy<Value = Nested> {
-    (
-        proptest::collection::vec(proptest::option::of(common::host_tensor()), 0..6),
-        proptest::collection::btree_map("[a-z]{1,3}", (common::host_tensor(), any::<i32>()), 0..5),
-        [common::host_tensor(), common::host_tensor()],
-    )
-}
-
 /// Each tensor's path, shown, in visit order.
 fn paths<B: Batch>(b: &B) -> Vec<String> {
     tensors_with_paths(b)
@@ -292,58 +277,85 @@ fn paths_name_fields_positions_and_keys() {
     assert_eq!(under.steps().len(), 1, "the path given is left as it was");
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+/// The property tests: the strategies are pinlane's (feature `proptest`, on with
+/// `test-util`).
+#[cfg(feature = "proptest")]
+mod props {
+    use super::*;
+    use pinlane::DType;
+    use proptest::prelude::*;
 
-    /// `visit_paths` gives the tensors `visit` gives, in the same order, and no two the
-    /// same path.
-    #[test]
-    fn paths_follow_visit_order(v in common::value(), b in nested()) {
-        let by_visit: Vec<*const Tensor> = tensors(&v).into_iter().map(|t| t as *const _).collect();
-        let with_paths = tensors_with_paths(&v);
-        let by_path: Vec<*const Tensor> = with_paths.iter().map(|(_, t)| *t as *const _).collect();
-        prop_assert_eq!(by_visit, by_path);
-        let distinct: std::collections::HashSet<_> = with_paths.iter().map(|(p, _)| p.clone()).collect();
-        prop_assert_eq!(distinct.len(), with_paths.len());
-        prop_assert_eq!(tensors(&b).len(), tensors_with_paths(&b).len());
+    type Nested = (
+        Vec<Option<Tensor>>,
+        BTreeMap<String, (Tensor, i32)>,
+        [Tensor; 2],
+    );
+
+    fn nested() -> impl Strategy<Value = Nested> {
+        (
+            proptest::collection::vec(proptest::option::of(common::host_tensor()), 0..6),
+            proptest::collection::btree_map(
+                "[a-z]{1,3}",
+                (common::host_tensor(), any::<i32>()),
+                0..5,
+            ),
+            [common::host_tensor(), common::host_tensor()],
+        )
     }
 
-    /// Flatten, then rebuild from copies of the flattened tensors: an equal value, with
-    /// the same structure, dtypes, shapes and bytes, and fresh storage.
-    #[test]
-    fn value_flatten_rebuild_round_trip(v in common::value()) {
-        let flat: Vec<Tensor> = tensors(&v)
-            .iter()
-            .map(|t| Tensor::from_bytes(t.dtype(), t.dims().to_vec(), t.as_bytes().unwrap()).unwrap())
-            .collect();
-        let n = flat.len();
-        let r = replace_tensors(&v, flat);
-        prop_assert_eq!(&r, &v);
-        prop_assert_eq!(common::fingerprint(&r), common::fingerprint(&v));
-        let shared = tensors(&r).iter().zip(tensors(&v)).filter(|(a, b)| a.same_storage(b)).count();
-        prop_assert!(n == 0 || shared == 0, "rebuilt tensors must be the replacements");
-    }
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
 
-    #[test]
-    fn typed_nesting_flatten_rebuild_round_trip(b in nested()) {
-        let flat: Vec<Tensor> = tensors(&b).iter().map(|t| Tensor::from_bytes(t.dtype(), t.dims().to_vec(), t.as_bytes().unwrap()).unwrap()).collect();
-        let r = replace_tensors(&b, flat);
-        prop_assert_eq!(&r, &b);
-        prop_assert_eq!(r.1.keys().collect::<Vec<_>>(), b.1.keys().collect::<Vec<_>>());
-    }
+        /// `visit_paths` gives the tensors `visit` gives, in the same order, and no two the
+        /// same path.
+        #[test]
+        fn paths_follow_visit_order(v in common::value(), b in nested()) {
+            let by_visit: Vec<*const Tensor> = tensors(&v).into_iter().map(|t| t as *const _).collect();
+            let with_paths = tensors_with_paths(&v);
+            let by_path: Vec<*const Tensor> = with_paths.iter().map(|(_, t)| *t as *const _).collect();
+            prop_assert_eq!(by_visit, by_path);
+            let distinct: std::collections::HashSet<_> = with_paths.iter().map(|(p, _)| p.clone()).collect();
+            prop_assert_eq!(distinct.len(), with_paths.len());
+            prop_assert_eq!(tensors(&b).len(), tensors_with_paths(&b).len());
+        }
 
-    /// A rebuild that changes one byte of one tensor is seen: the round-trip check can fail.
-    #[test]
-    fn a_changed_byte_is_detected(v in common::value(), pick in any::<prop::sample::Index>()) {
-        let ts = tensors(&v);
-        let with_bytes: Vec<usize> = (0..ts.len()).filter(|&i| ts[i].nbytes() > 0 && ts[i].dtype() != DType::Bool).collect();
-        prop_assume!(!with_bytes.is_empty());
-        let target = with_bytes[pick.index(with_bytes.len())];
-        let flat: Vec<Tensor> = ts.iter().enumerate().map(|(i, t)| {
-            let mut bytes = t.as_bytes().unwrap().to_vec();
-            if i == target { bytes[0] ^= 0x80; }
-            Tensor::from_bytes(t.dtype(), t.dims().to_vec(), &bytes).unwrap()
-        }).collect();
-        prop_assert_ne!(replace_tensors(&v, flat), v);
+        /// Flatten, then rebuild from copies of the flattened tensors: an equal value, with
+        /// the same structure, dtypes, shapes and bytes, and fresh storage.
+        #[test]
+        fn value_flatten_rebuild_round_trip(v in common::value()) {
+            let flat: Vec<Tensor> = tensors(&v)
+                .iter()
+                .map(|t| Tensor::from_bytes(t.dtype(), t.dims().to_vec(), t.as_bytes().unwrap()).unwrap())
+                .collect();
+            let n = flat.len();
+            let r = replace_tensors(&v, flat);
+            prop_assert_eq!(&r, &v);
+            prop_assert_eq!(common::fingerprint(&r), common::fingerprint(&v));
+            let shared = tensors(&r).iter().zip(tensors(&v)).filter(|(a, b)| a.same_storage(b)).count();
+            prop_assert!(n == 0 || shared == 0, "rebuilt tensors must be the replacements");
+        }
+
+        #[test]
+        fn typed_nesting_flatten_rebuild_round_trip(b in nested()) {
+            let flat: Vec<Tensor> = tensors(&b).iter().map(|t| Tensor::from_bytes(t.dtype(), t.dims().to_vec(), t.as_bytes().unwrap()).unwrap()).collect();
+            let r = replace_tensors(&b, flat);
+            prop_assert_eq!(&r, &b);
+            prop_assert_eq!(r.1.keys().collect::<Vec<_>>(), b.1.keys().collect::<Vec<_>>());
+        }
+
+        /// A rebuild that changes one byte of one tensor is seen: the round-trip check can fail.
+        #[test]
+        fn a_changed_byte_is_detected(v in common::value(), pick in any::<prop::sample::Index>()) {
+            let ts = tensors(&v);
+            let with_bytes: Vec<usize> = (0..ts.len()).filter(|&i| ts[i].nbytes() > 0 && ts[i].dtype() != DType::Bool).collect();
+            prop_assume!(!with_bytes.is_empty());
+            let target = with_bytes[pick.index(with_bytes.len())];
+            let flat: Vec<Tensor> = ts.iter().enumerate().map(|(i, t)| {
+                let mut bytes = t.as_bytes().unwrap().to_vec();
+                if i == target { bytes[0] ^= 0x80; }
+                Tensor::from_bytes(t.dtype(), t.dims().to_vec(), &bytes).unwrap()
+            }).collect();
+            prop_assert_ne!(replace_tensors(&v, flat), v);
+        }
     }
 }

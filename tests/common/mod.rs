@@ -1,7 +1,8 @@
 //! Helpers shared by the integration tests: the GPU gate and random batch strategies.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
-use pinlane::{DType, Leaf, Tensor, Value};
+use pinlane::{DType, Tensor};
+#[cfg(feature = "proptest")]
 use proptest::prelude::*;
 
 /// Whether GPU tests should run. Without a usable GPU they skip with a message, unless
@@ -60,66 +61,18 @@ macro_rules! require_gpu {
     };
 }
 
-/// Bytes that reveal misplaced data: each depends on its index and a seed.
-pub fn pattern(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
+/// Bytes that reveal misplaced data, and host tensors filled with them: pinlane's own
+/// (`pinlane::verify`), which users' tests use too.
+pub use pinlane::verify::{pattern, patterned as tensor};
 
-/// A host tensor of `dtype` and `dims` filled with valid values from `seed`.
-pub fn tensor(dtype: DType, dims: &[usize], seed: u64) -> Tensor {
-    let n: usize = dims.iter().product();
-    let mut bytes = pattern(n * dtype.size(), seed);
-    if dtype == DType::Bool {
-        bytes.iter_mut().for_each(|b| *b &= 1);
-    }
-    Tensor::from_bytes(dtype, dims.to_vec(), &bytes).expect("valid by construction")
-}
+/// The strategies users get with feature `proptest` (on with `test-util`).
+#[cfg(feature = "proptest")]
+pub use pinlane::verify::strategy::{dtype, leaf, value};
 
-pub fn dtype() -> impl Strategy<Value = DType> {
-    proptest::sample::select(DType::ALL.to_vec())
-}
-
-/// Shapes of rank 0 to 4, zero-size ones included, at most a few thousand elements.
-pub fn dims() -> impl Strategy<Value = Vec<usize>> {
-    proptest::collection::vec(0usize..12, 0..=4)
-}
-
+/// Host tensors of rank 0 to 4, at most 4,096 elements.
+#[cfg(feature = "proptest")]
 pub fn host_tensor() -> impl Strategy<Value = Tensor> {
-    (dtype(), dims(), any::<u64>()).prop_map(|(d, s, seed)| tensor(d, &s, seed))
-}
-
-pub fn leaf() -> impl Strategy<Value = Leaf> {
-    prop_oneof![
-        Just(Leaf::None),
-        any::<bool>().prop_map(Leaf::Bool),
-        any::<i64>().prop_map(Leaf::Int),
-        (-1e6f64..1e6).prop_map(Leaf::Float),
-        "[a-z]{0,6}".prop_map(Leaf::Str),
-        proptest::collection::vec(any::<u8>(), 0..4).prop_map(Leaf::Bytes),
-    ]
-}
-
-/// Random nested [`Value`] trees of tensors and leaves.
-pub fn value() -> impl Strategy<Value = Value> {
-    let leafs = prop_oneof![
-        3 => host_tensor().prop_map(Value::Tensor),
-        1 => leaf().prop_map(Value::Leaf),
-    ];
-    leafs.prop_recursive(4, 48, 6, |inner| {
-        prop_oneof![
-            proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::List),
-            proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Tuple),
-            proptest::collection::btree_map("[a-z]{1,4}", inner, 0..5).prop_map(Value::Map),
-        ]
-    })
+    pinlane::verify::strategy::tensor(4, 4096)
 }
 
 /// The same batch with every `pin_every`-th tensor made page-locked and every

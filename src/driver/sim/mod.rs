@@ -70,6 +70,11 @@ pub struct SimConfig {
     /// memory; `false` makes pinlane take its kernel-free paths, and a kernel that reads
     /// host memory anyway fails with `CUDA_ERROR_ILLEGAL_ADDRESS`.
     pub host_mapped: bool,
+    /// The `n`-th copy the simulator runs (1-based, counting every `cuMemcpy*Async` of
+    /// the process) has one byte flipped in its destination, once (default `None`): a
+    /// silent corruption, for proving that a round-trip check finds one
+    /// ([`verify::round_trip`](crate::verify::round_trip)).
+    pub corrupt_copy: Option<u64>,
 }
 
 impl Default for SimConfig {
@@ -80,6 +85,7 @@ impl Default for SimConfig {
             max_delay: Duration::from_micros(100),
             memory_per_device: 4 << 30,
             host_mapped: true,
+            corrupt_copy: None,
         }
     }
 }
@@ -114,6 +120,12 @@ impl SimConfig {
     /// Sets [`SimConfig::host_mapped`].
     pub fn host_mapped(mut self, mapped: bool) -> SimConfig {
         self.host_mapped = mapped;
+        self
+    }
+
+    /// Sets [`SimConfig::corrupt_copy`]: the `n`-th copy gets one byte flipped.
+    pub fn corrupt_copy(mut self, n: u64) -> SimConfig {
+        self.corrupt_copy = Some(n);
         self
     }
 }
@@ -170,6 +182,8 @@ pub(crate) struct Sim {
     mem: Mutex<Memory>,
     /// Counts streams, to seed each one's delays differently.
     streams: AtomicU64,
+    /// Counts the copies run, for [`SimConfig::corrupt_copy`].
+    copies: AtomicU64,
     legacy: Vec<OnceLock<Arc<SimStream>>>,
     /// Every stream made, with its device: `cuMemFreeHost` waits for those of its device,
     /// as the driver's does. Weak: a stream's state lives while its handle or its worker
@@ -255,6 +269,7 @@ impl Sim {
                 ..Memory::default()
             }),
             streams: AtomicU64::new(0),
+            copies: AtomicU64::new(0),
             legacy: (0..devices).map(|_| OnceLock::new()).collect(),
             all_streams: Mutex::new(Vec::new()),
             seen: Mutex::new(Activity {

@@ -130,6 +130,11 @@ impl Sim {
                 // page-locked memory that the caller of the async copy keeps alive until
                 // the copy completes (the driver call's contract). Distinct regions.
                 unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, n) };
+                let k = self.copies.fetch_add(1, Ordering::Relaxed) + 1;
+                if n > 0 && self.cfg.corrupt_copy == Some(k) {
+                    // SAFETY: `dst + n / 2` is inside the destination just written (n > 0).
+                    unsafe { *(dst as *mut u8).add(n / 2) ^= 0xFF };
+                }
                 Ok(())
             }
             Op::Free(addr) => {

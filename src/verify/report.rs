@@ -1,0 +1,353 @@
+//! What [`round_trip`](super::round_trip) reports, and the comparison that finds it.
+
+use super::Route;
+use crate::batch::{tensors_with_paths, Batch, Path};
+use crate::dtype::DType;
+use crate::error::Error;
+use crate::location::Location;
+use crate::tensor::Tensor;
+use std::fmt;
+
+/// Why a round trip did not verify.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum VerifyError {
+    /// The batch came back different along `route`.
+    #[error("round trip ({route}): {mismatch}")]
+    Mismatch {
+        /// The route.
+        route: Route,
+        /// What differs, and where.
+        mismatch: Mismatch,
+    },
+    /// A call failed along `route`.
+    #[error("round trip ({route}): {error}")]
+    Transfer {
+        /// The route.
+        route: Route,
+        /// The call's error.
+        #[source]
+        error: Error,
+    },
+    /// A non-blocking call did not complete within [`RoundTrip::wait`](super::RoundTrip::wait).
+    #[error("round trip ({route}): a non-blocking call did not complete within {waited_ms} ms")]
+    Timeout {
+        /// The route.
+        route: Route,
+        /// The bound, in milliseconds.
+        waited_ms: u64,
+    },
+    /// The batch holds a tensor that is not on the host: the check starts from host
+    /// batches.
+    #[error(
+        "round trip: {path} is on {location}, not on the host; the check starts from host batches"
+    )]
+    NotHost {
+        /// The tensor.
+        path: Path,
+        /// Where it is.
+        location: Location,
+    },
+    /// No route could start: no device (no CUDA driver and not the simulated one), or a
+    /// device that is not there.
+    #[error("round trip: {0}")]
+    Setup(#[source] Error),
+}
+
+/// Where a batch came back different, and how.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mismatch {
+    /// The tensor, by its place in the batch (the root when the structure differs).
+    pub path: Path,
+    /// What differs.
+    pub kind: MismatchKind,
+}
+
+impl fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path, self.kind)
+    }
+}
+
+/// What differs about one tensor (or the batch's structure).
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum MismatchKind {
+    /// A different number of tensors.
+    Count {
+        /// In the batch given.
+        expected: usize,
+        /// In the batch back.
+        found: usize,
+    },
+    /// The tensor at this position of the visit order sits elsewhere.
+    Place {
+        /// Where it came back.
+        found: Path,
+    },
+    /// Not on the device after the H2D.
+    NotMoved {
+        /// Where it is.
+        location: Location,
+    },
+    /// Another dtype.
+    DType {
+        /// Given.
+        expected: DType,
+        /// Back.
+        found: DType,
+    },
+    /// Another shape.
+    Shape {
+        /// Given.
+        expected: Vec<usize>,
+        /// Back.
+        found: Vec<usize>,
+    },
+    /// Other bytes: the first that differs.
+    Bytes {
+        /// Its offset in the tensor's bytes.
+        offset: usize,
+        /// The element it belongs to (row-major index).
+        element: usize,
+        /// The tensor's dtype.
+        dtype: DType,
+        /// That element's bytes, given.
+        expected: Vec<u8>,
+        /// That element's bytes, back.
+        found: Vec<u8>,
+    },
+}
+
+impl fmt::Display for MismatchKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MismatchKind::Count { expected, found } => {
+                write!(f, "{found} tensors came back, {expected} were sent")
+            }
+            MismatchKind::Place { found } => write!(f, "came back at {found}"),
+            MismatchKind::NotMoved { location } => {
+                write!(f, "on {location} after the H2D, not on the device")
+            }
+            MismatchKind::DType { expected, found } => {
+                write!(f, "dtype {found}, sent as {expected}")
+            }
+            MismatchKind::Shape { expected, found } => {
+                write!(f, "shape {found:?}, sent as {expected:?}")
+            }
+            MismatchKind::Bytes {
+                offset,
+                element,
+                dtype,
+                expected,
+                found,
+            } => write!(
+                f,
+                "byte {offset} differs: element {element} ({dtype}) is {} [{}], sent as {} [{}]",
+                value(*dtype, found),
+                hex(found),
+                value(*dtype, expected),
+                hex(expected)
+            ),
+        }
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter()
+        .map(|x| format!("{x:02x}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// An element's value, from its little-endian bytes.
+fn value(dtype: DType, b: &[u8]) -> String {
+    fn arr<const N: usize>(b: &[u8]) -> [u8; N] {
+        let mut a = [0u8; N];
+        let n = b.len().min(N);
+        a[..n].copy_from_slice(&b[..n]);
+        a
+    }
+    match dtype {
+        DType::Bool => format!("{}", b.first().copied().unwrap_or(0)),
+        DType::U8 => format!("{}", arr::<1>(b)[0]),
+        DType::I8 => format!("{}", i8::from_le_bytes(arr(b))),
+        DType::I16 => format!("{}", i16::from_le_bytes(arr(b))),
+        DType::I32 => format!("{}", i32::from_le_bytes(arr(b))),
+        DType::I64 => format!("{}", i64::from_le_bytes(arr(b))),
+        DType::U16 => format!("{}", u16::from_le_bytes(arr(b))),
+        DType::U32 => format!("{}", u32::from_le_bytes(arr(b))),
+        DType::U64 => format!("{}", u64::from_le_bytes(arr(b))),
+        DType::F16 => format!("{}", half::f16::from_le_bytes(arr(b))),
+        DType::Bf16 => format!("{}", half::bf16::from_le_bytes(arr(b))),
+        DType::F32 => format!("{}", f32::from_le_bytes(arr(b))),
+        DType::F64 => format!("{}", f64::from_le_bytes(arr(b))),
+    }
+}
+
+/// `Err(NotHost)` for the first tensor of `batch` that is not host memory.
+pub(super) fn all_on_host<B: Batch>(batch: &B) -> Result<(), VerifyError> {
+    match tensors_with_paths(batch)
+        .into_iter()
+        .find(|(_, t)| matches!(t.location(), Location::Cuda(_)))
+    {
+        Some((path, t)) => Err(VerifyError::NotHost {
+            path,
+            location: t.location(),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// `Err(Mismatch)` for the first tensor of `on` that is not on the route's device.
+pub(super) fn all_on_device<B: Batch>(on: &B, route: Route) -> Result<(), VerifyError> {
+    let want = Location::Cuda(route.device);
+    match tensors_with_paths(on)
+        .into_iter()
+        .find(|(_, t)| t.location() != want)
+    {
+        Some((path, t)) => Err(VerifyError::Mismatch {
+            route,
+            mismatch: Mismatch {
+                path,
+                kind: MismatchKind::NotMoved {
+                    location: t.location(),
+                },
+            },
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The first difference between `sent` and `back` (both host batches), if any.
+pub(super) fn compare<B: Batch>(sent: &B, back: &B, route: Route) -> Result<(), VerifyError> {
+    match first_difference(sent, back) {
+        Some(mismatch) => Err(VerifyError::Mismatch { route, mismatch }),
+        None => Ok(()),
+    }
+}
+
+/// The first difference between two host batches: structure, then each tensor in visit
+/// order (dtype, shape, bytes).
+pub fn first_difference<B: Batch>(sent: &B, back: &B) -> Option<Mismatch> {
+    let a = tensors_with_paths(sent);
+    let b = tensors_with_paths(back);
+    if a.len() != b.len() {
+        return Some(Mismatch {
+            path: Path::default(),
+            kind: MismatchKind::Count {
+                expected: a.len(),
+                found: b.len(),
+            },
+        });
+    }
+    a.into_iter()
+        .zip(b)
+        .find_map(|((pa, ta), (pb, tb))| tensor_difference(ta, tb, &pa, &pb))
+}
+
+fn tensor_difference(a: &Tensor, b: &Tensor, pa: &Path, pb: &Path) -> Option<Mismatch> {
+    let at = |kind| {
+        Some(Mismatch {
+            path: pa.clone(),
+            kind,
+        })
+    };
+    if pa != pb {
+        return at(MismatchKind::Place { found: pb.clone() });
+    }
+    if a.dtype() != b.dtype() {
+        return at(MismatchKind::DType {
+            expected: a.dtype(),
+            found: b.dtype(),
+        });
+    }
+    if a.dims() != b.dims() {
+        return at(MismatchKind::Shape {
+            expected: a.dims().to_vec(),
+            found: b.dims().to_vec(),
+        });
+    }
+    let (Ok(x), Ok(y)) = (a.as_bytes(), b.as_bytes()) else {
+        let location = if a.as_bytes().is_err() {
+            a.location()
+        } else {
+            b.location()
+        };
+        return at(MismatchKind::NotMoved { location });
+    };
+    let offset = x.iter().zip(y).position(|(p, q)| p != q)?;
+    let size = a.dtype().size().max(1);
+    let element = offset / size;
+    let span = element * size..((element + 1) * size).min(x.len());
+    at(MismatchKind::Bytes {
+        offset,
+        element,
+        dtype: a.dtype(),
+        expected: x[span.clone()].to_vec(),
+        found: y[span].to_vec(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::Value;
+
+    fn t(v: Vec<f32>) -> Tensor {
+        let n = v.len();
+        Tensor::from_vec(v, [n]).unwrap()
+    }
+
+    #[test]
+    fn names_the_tensor_the_byte_and_both_values() {
+        let sent = Value::List(vec![t(vec![1.0, 2.0]).into(), t(vec![3.0, 4.0]).into()]);
+        let back = Value::List(vec![t(vec![1.0, 2.0]).into(), t(vec![3.0, 5.0]).into()]);
+        let m = first_difference(&sent, &back).expect("a difference");
+        assert_eq!(m.path.to_string(), "[1]");
+        match &m.kind {
+            MismatchKind::Bytes {
+                offset, element, ..
+            } => assert_eq!((*offset, *element), (6, 1)), // 4.0 = 00 00 80 40, 5.0 = 00 00 a0 40
+            k => panic!("{k:?}"),
+        }
+        assert_eq!(
+            m.to_string(),
+            "[1]: byte 6 differs: element 1 (f32) is 5 [00 00 a0 40], sent as 4 [00 00 80 40]"
+        );
+        assert_eq!(first_difference(&sent, &sent.clone()), None);
+    }
+
+    #[test]
+    fn structure_dtype_and_shape_come_first() {
+        let two = (t(vec![1.0]), t(vec![2.0]));
+        let swapped = (Tensor::scalar(1u8), t(vec![2.0]));
+        let m = first_difference(&two, &swapped).unwrap();
+        assert_eq!(m.to_string(), "0: dtype u8, sent as f32");
+        let longer = (t(vec![1.0]), t(vec![2.0, 0.0]));
+        assert_eq!(
+            first_difference(&two, &longer).unwrap().to_string(),
+            "1: shape [2], sent as [1]"
+        );
+        let fewer = Value::List(vec![t(vec![1.0]).into()]);
+        let more = Value::List(vec![t(vec![1.0]).into(), t(vec![1.0]).into()]);
+        assert_eq!(
+            first_difference(&fewer, &more).unwrap().to_string(),
+            "(the batch itself): 2 tensors came back, 1 were sent"
+        );
+        let moved = Value::List(vec![Value::List(vec![t(vec![1.0]).into()])]);
+        assert_eq!(
+            first_difference(&more, &moved).map(|m| m.kind),
+            Some(MismatchKind::Count {
+                expected: 2,
+                found: 1
+            })
+        );
+        let a = Value::Map([("a".to_string(), t(vec![1.0]).into())].into());
+        let b = Value::Map([("b".to_string(), t(vec![1.0]).into())].into());
+        assert_eq!(
+            first_difference(&a, &b).unwrap().to_string(),
+            r#"["a"]: came back at ["b"]"#
+        );
+    }
+}

@@ -1,0 +1,135 @@
+//! proptest strategies for batches (feature `proptest`): dtypes, shapes, tensors whose
+//! bytes reveal misplaced data ([`pattern`](super::pattern)), and nested [`Value`] batches.
+//!
+//! A strategy for your own `#[derive(Batch)]` type is a tuple of its fields' strategies,
+//! mapped into the type:
+//!
+//! ```
+//! use pinlane::verify::strategy::{shape, tensor_of, tensors};
+//! use pinlane::{Batch, DType, Tensor};
+//! use proptest::prelude::*;
+//!
+//! #[derive(Batch, Clone, Debug)]
+//! struct Request {
+//!     tokens: Tensor,
+//!     images: Vec<Tensor>,
+//! }
+//!
+//! fn request() -> impl Strategy<Value = Request> {
+//!     (
+//!         shape(1, 512).prop_flat_map(|s| tensor_of(DType::I64, s)),
+//!         tensors(0..4, 3, 4096),
+//!     )
+//!         .prop_map(|(tokens, images)| Request { tokens, images })
+//! }
+//! # let _ = request();
+//! ```
+
+use super::patterned;
+use crate::batch::{Leaf, Value};
+use crate::dtype::DType;
+use crate::tensor::Tensor;
+use proptest::prelude::*;
+
+/// Every dtype pinlane moves.
+pub fn dtype() -> impl Strategy<Value = DType> {
+    proptest::sample::select(DType::ALL.to_vec())
+}
+
+/// Shapes of rank 0 to `max_rank` (0-dim and zero-size ones included) with at most
+/// `max_elems` elements.
+pub fn shape(max_rank: usize, max_elems: usize) -> impl Strategy<Value = Vec<usize>> {
+    let side = (max_elems.max(1) as f64)
+        .powf(1.0 / max_rank.max(1) as f64)
+        .ceil() as usize;
+    proptest::collection::vec(0..=side.max(1), 0..=max_rank).prop_map(move |mut dims| {
+        // Shrink the largest dimension until the shape fits the element budget.
+        while dims.iter().product::<usize>() > max_elems {
+            if let Some(d) = dims.iter_mut().max() {
+                *d -= 1;
+            }
+        }
+        dims
+    })
+}
+
+/// Host tensors of `dtype` and `dims`, with [`pattern`](super::pattern) bytes (the seed drawn).
+pub fn tensor_of(dtype: DType, dims: Vec<usize>) -> impl Strategy<Value = Tensor> {
+    any::<u64>().prop_map(move |seed| patterned(dtype, &dims, seed))
+}
+
+/// Host tensors of any dtype, rank 0 to `max_rank`, at most `max_elems` elements.
+pub fn tensor(max_rank: usize, max_elems: usize) -> impl Strategy<Value = Tensor> {
+    (dtype(), shape(max_rank, max_elems), any::<u64>())
+        .prop_map(|(d, s, seed)| patterned(d, &s, seed))
+}
+
+/// `Vec`s of [`tensor`]s, their length in `len`.
+pub fn tensors(
+    len: std::ops::Range<usize>,
+    max_rank: usize,
+    max_elems: usize,
+) -> impl Strategy<Value = Vec<Tensor>> {
+    proptest::collection::vec(tensor(max_rank, max_elems), len)
+}
+
+/// Non-tensor leaves of a [`Value`].
+pub fn leaf() -> impl Strategy<Value = Leaf> {
+    prop_oneof![
+        Just(Leaf::None),
+        any::<bool>().prop_map(Leaf::Bool),
+        any::<i64>().prop_map(Leaf::Int),
+        (-1e6f64..1e6).prop_map(Leaf::Float),
+        "[a-z]{0,6}".prop_map(Leaf::Str),
+        proptest::collection::vec(any::<u8>(), 0..4).prop_map(Leaf::Bytes),
+    ]
+}
+
+/// Nested [`Value`] batches: lists, tuples and string-keyed maps, up to `depth` levels and
+/// `width` items per container, of `tensors` (three in four leaves) and other leaves.
+pub fn value_of(
+    tensors: impl Strategy<Value = Tensor> + 'static,
+    depth: u32,
+    width: usize,
+) -> impl Strategy<Value = Value> {
+    let leafs = prop_oneof![
+        3 => tensors.prop_map(Value::Tensor),
+        1 => leaf().prop_map(Value::Leaf),
+    ];
+    leafs.prop_recursive(depth, (width * 8) as u32, width as u32, move |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..=width).prop_map(Value::List),
+            proptest::collection::vec(inner.clone(), 0..=width.min(4)).prop_map(Value::Tuple),
+            proptest::collection::btree_map("[a-z]{1,4}", inner, 0..=width.min(5))
+                .prop_map(Value::Map),
+        ]
+    })
+}
+
+/// [`value_of`] small tensors (rank up to 4, up to 4,096 elements), 4 levels, 6 wide.
+pub fn value() -> impl Strategy<Value = Value> {
+    value_of(tensor(4, 4096), 4, 6)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::TestRunner;
+
+    #[test]
+    fn shapes_keep_their_budget_and_reach_the_edges() {
+        let mut runner = TestRunner::deterministic();
+        let (mut zero_dim, mut empty) = (false, false);
+        for _ in 0..500 {
+            let s = shape(3, 100).new_tree(&mut runner).unwrap().current();
+            assert!(s.len() <= 3 && s.iter().product::<usize>() <= 100, "{s:?}");
+            zero_dim |= s.is_empty();
+            empty |= s.contains(&0);
+        }
+        assert!(
+            zero_dim && empty,
+            "0-dim and zero-size shapes are generated"
+        );
+    }
+}
