@@ -1,0 +1,67 @@
+"""pinlane.testing: the strategies and assert_round_trip on the GPU machine (torch and a
+GPU); that it finds what it should (a changed byte, a swapped pair, a missing GPU) with
+the place named. Importing it needs neither torch nor hypothesis (checked anywhere)."""
+
+import subprocess
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+import pinlane
+
+
+def test_importing_needs_neither_torch_nor_hypothesis():
+    code = "import sys, pinlane.testing; assert 'torch' not in sys.modules and 'hypothesis' not in sys.modules"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+
+
+def test_random_batches_round_trip(torch):
+    from pinlane.testing import assert_round_trip, batches, tensors
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(batches(leaves=tensors(pinned=None)))
+    def check(batch):
+        assert_round_trip(batch)
+
+    check()
+
+
+def test_a_changed_byte_is_named_with_its_place(torch):
+    from pinlane.testing import first_difference
+
+    sent = {"images": [torch.full((4,), float(i)) for i in range(4)], "label": torch.tensor(7)}
+    back = {"images": [t.clone() for t in sent["images"]], "label": sent["label"]}
+    back["images"][3][1] = 9.0
+    assert first_difference(sent, back) == (
+        "['images'][3]: byte 4 differs: element 1 (torch.float32) is 9.0 [00 00 10 41], "
+        "sent as 3.0 [00 00 40 40]")
+    assert first_difference(sent, {"images": sent["images"], "label": sent["label"]}) is None
+    assert first_difference(sent, {"label": sent["label"], "images": sent["images"]}).startswith(
+        "(the batch itself): keys ['label', 'images']")
+    assert "shape [5], sent as [4]" in first_difference([sent["images"][0]], [torch.zeros(5)])
+
+
+def test_a_broken_transfer_fails_the_assertion(torch, monkeypatch):
+    from pinlane.testing import assert_round_trip
+
+    real = pinlane.transfer_tensor_d2h
+
+    def swapping(batch, **kw):  # a bug: the two tensors come back the other way round
+        out = real(batch, **kw)
+        return {"a": out["b"], "b": out["a"]}
+
+    monkeypatch.setattr(pinlane, "transfer_tensor_d2h", swapping)
+    batch = {"a": torch.arange(8, dtype=torch.int32), "b": torch.arange(8, 16, dtype=torch.int32)}
+    with pytest.raises(AssertionError, match=r"after the round trip: \['a'\]: byte 0 differs"):
+        assert_round_trip(batch)
+
+
+def test_no_gpu_is_not_a_pass(torch, monkeypatch):
+    from pinlane.testing import assert_round_trip
+
+    monkeypatch.setattr(pinlane, "cuda_available", lambda: False)
+    with pytest.raises(AssertionError, match="no GPU here"):
+        assert_round_trip([torch.zeros(3)])
+    assert_round_trip([torch.zeros(3)], allow_no_gpu=True)
