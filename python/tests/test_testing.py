@@ -35,7 +35,7 @@ def test_a_changed_byte_is_named_with_its_place(torch):
     back = {"images": [t.clone() for t in sent["images"]], "label": sent["label"]}
     back["images"][3][1] = 9.0
     assert first_difference(sent, back) == (
-        "['images'][3]: byte 4 differs: element 1 (torch.float32) is 9.0 [00 00 10 41], "
+        "['images'][3]: byte 6 differs: element 1 (torch.float32) is 9.0 [00 00 10 41], "
         "sent as 3.0 [00 00 40 40]")
     assert first_difference(sent, {"images": sent["images"], "label": sent["label"]}) is None
     assert first_difference(sent, {"label": sent["label"], "images": sent["images"]}).startswith(
