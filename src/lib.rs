@@ -97,5 +97,6 @@ pub mod observe {
 #[cfg(feature = "derive")]
 pub use pinlane_derive::Batch;
 
-#[cfg(all(test, feature = "sim"))]
+// The simulator and the test hooks (stream delays) its tests use.
+#[cfg(all(test, feature = "test-util"))]
 mod sim_tests;

@@ -80,9 +80,11 @@ pub fn runtime() -> Arc<Runtime> {
     if let Some(rt) = cached {
         return rt;
     }
-    let rt = {
+    // The generation is read under the lock that `retire` bumps it under, so the pair
+    // cached below never names a runtime already retired.
+    let (rt, g) = {
         let mut d = lock_default();
-        match &d.runtime {
+        let rt = match &d.runtime {
             Some(rt) => rt.clone(),
             None => {
                 // The defaults always validate, and so did an installed configuration.
@@ -96,9 +98,9 @@ pub fn runtime() -> Arc<Runtime> {
                 GENERATION.fetch_add(1, Ordering::AcqRel);
                 rt
             }
-        }
+        };
+        (rt, GENERATION.load(Ordering::Acquire))
     };
-    let g = GENERATION.load(Ordering::Acquire);
     // During the thread's own teardown the cache is gone: the lock above served the call.
     let _ = CACHED.try_with(|c| *c.borrow_mut() = Some((g, rt.clone())));
     rt

@@ -1,11 +1,12 @@
-//! Regression tests of internal invariants on the simulated device (feature `sim`): what
+//! Regression tests of internal invariants on the simulated device (feature `test-util`): what
 //! the public API cannot reach, each a hole the review of issue 8 found.
 
+use crate::device::Device;
 use crate::driver::{self, sim, Stream};
+use crate::error::Error;
 use crate::memory::arena::{PinnedArena, Synced};
 use crate::memory::pinned::PinnedOutputPool;
 use crate::memory::{DeviceAlloc, DeviceView, InFlight};
-use crate::{Device, Error};
 use std::time::{Duration, Instant};
 
 fn setup() {
@@ -84,7 +85,6 @@ fn a_slot_lease_dropped_without_proof_waits_for_its_copy() {
 
 /// Past the drop bound, a lease's slot waits in the retained registry for its copy and
 /// comes back to the arena once that copy is proven done; the drop itself returns in time.
-#[cfg(feature = "test-util")]
 #[test]
 fn a_slot_lease_dropped_past_its_bound_is_retained_then_returned() {
     setup();

@@ -228,8 +228,15 @@ impl Batch for Pair {
     }
 }
 
+/// A field with a raw identifier: its path is its name.
+#[derive(Batch, Clone, Debug, PartialEq)]
+struct Raw {
+    r#type: Tensor,
+}
+
 #[test]
 fn paths_name_fields_positions_and_keys() {
+    assert_eq!(paths(&Raw { r#type: t(1) }), ["type"]);
     let named = Named {
         a: t(1),
         skipped: t(0),

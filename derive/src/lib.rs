@@ -9,6 +9,7 @@
 use proc_macro::TokenStream;
 use proc_macro2::{Span, TokenStream as Tokens};
 use quote::{format_ident, quote};
+use syn::ext::IdentExt;
 use syn::{parse_macro_input, parse_quote, Data, DeriveInput, Fields, Ident};
 
 /// Implements `pinlane::Batch` for a struct or enum: every field visited and rebuilt in
@@ -97,10 +98,11 @@ fn visit_paths_body(fields: &[FieldInfo], by_ref: bool) -> Tokens {
         .map(|(i, f)| {
             let a = &f.access;
             let r = if by_ref { quote!(&#a) } else { quote!(#a) };
+            // A raw identifier shows as the field's name: `r#type` is `type`.
             let name = f
                 .name
                 .as_ref()
-                .map_or_else(|| i.to_string(), |n| n.to_string());
+                .map_or_else(|| i.to_string(), |n| n.unraw().to_string());
             quote!(__path.with(
             ::pinlane::batch::Step::Field(::std::borrow::Cow::Borrowed(#name)),
             |__p| ::pinlane::Batch::visit_paths(#r, __p, __f),
@@ -170,7 +172,7 @@ fn expand(input: DeriveInput) -> syn::Result<Tokens> {
                 visit_arms.push(quote!(#name::#vname #pat => { #v }));
                 rebuild_arms.push(quote!(#name::#vname #pat => #name::#vname #r));
                 let p = visit_paths_body(&fields, false);
-                let vstr = vname.to_string();
+                let vstr = vname.unraw().to_string();
                 path_arms.push(quote!(#name::#vname #pat => {
                     __path.with(
                         ::pinlane::batch::Step::Field(::std::borrow::Cow::Borrowed(#vstr)),

@@ -18,26 +18,17 @@ impl Batch for Tensor {
     }
 }
 
-/// `visit_paths` of a sequence: each element under its position.
-fn visit_seq<'a, T: Batch + 'a>(
+/// `visit_paths` of the items of a container, the `i`-th under `step(i)`: positions
+/// ([`Step::Index`]) for sequences, entry numbers ([`Step::Nth`]) for maps whose keys may
+/// have no text form.
+pub(super) fn visit_items<'a, T: Batch + 'a>(
     items: impl Iterator<Item = &'a T>,
+    step: fn(usize) -> Step,
     path: &mut Path,
     f: &mut dyn FnMut(&Path, &'a Tensor),
 ) {
     for (i, x) in items.enumerate() {
-        path.with(Step::Index(i), |p| x.visit_paths(p, f));
-    }
-}
-
-/// `visit_paths` of a map whose keys may have no text form: each value under its entry
-/// number, in the map's order.
-fn visit_entries<'a, T: Batch + 'a>(
-    values: impl Iterator<Item = &'a T>,
-    path: &mut Path,
-    f: &mut dyn FnMut(&Path, &'a Tensor),
-) {
-    for (i, x) in values.enumerate() {
-        path.with(Step::Nth(i), |p| x.visit_paths(p, f));
+        path.with(step(i), |p| x.visit_paths(p, f));
     }
 }
 
@@ -76,7 +67,7 @@ impl<T: Batch> Batch for Vec<T> {
         self.iter().map(|x| x.rebuild(f)).collect()
     }
     fn visit_paths<'a>(&'a self, path: &mut Path, f: &mut dyn FnMut(&Path, &'a Tensor)) {
-        visit_seq(self.iter(), path, f)
+        visit_items(self.iter(), Step::Index, path, f)
     }
 }
 
@@ -89,7 +80,7 @@ impl<T: Batch, const N: usize> Batch for [T; N] {
         std::array::from_fn(|i| self[i].rebuild(f))
     }
     fn visit_paths<'a>(&'a self, path: &mut Path, f: &mut dyn FnMut(&Path, &'a Tensor)) {
-        visit_seq(self.iter(), path, f)
+        visit_items(self.iter(), Step::Index, path, f)
     }
 }
 
@@ -148,7 +139,7 @@ impl<K: Clone + Eq + Hash, V: Batch, S: BuildHasher + Clone> Batch for HashMap<K
         out
     }
     fn visit_paths<'a>(&'a self, path: &mut Path, f: &mut dyn FnMut(&Path, &'a Tensor)) {
-        visit_entries(self.values(), path, f)
+        visit_items(self.values(), Step::Nth, path, f)
     }
 }
 
@@ -162,7 +153,7 @@ impl<K: Clone + Ord, V: Batch> Batch for BTreeMap<K, V> {
             .collect()
     }
     fn visit_paths<'a>(&'a self, path: &mut Path, f: &mut dyn FnMut(&Path, &'a Tensor)) {
-        visit_entries(self.values(), path, f)
+        visit_items(self.values(), Step::Nth, path, f)
     }
 }
 

@@ -92,9 +92,7 @@ impl Batch for Value {
         match self {
             Value::Tensor(t) => f(path, t),
             Value::List(v) | Value::Tuple(v) => {
-                for (i, x) in v.iter().enumerate() {
-                    path.with(Step::Index(i), |p| x.visit_paths(p, f));
-                }
+                super::std_impls::visit_items(v.iter(), Step::Index, path, f)
             }
             Value::Map(m) => {
                 for (k, x) in m {

@@ -196,10 +196,18 @@ impl Stream {
     /// an event recorded now is polled (sleeping between queries, never blocking in the
     /// driver). `false` on any error, or when the time runs out.
     pub(crate) fn idle_within(&self, limit: std::time::Duration) -> bool {
-        let Ok(ev) = super::Event::new(self.device()) else {
-            return false;
-        };
-        ev.record(self).is_ok() && ev.done_within(limit) == Ok(true)
+        self.done_within(limit) == Ok(true)
+    }
+
+    /// [`Stream::idle_within`], with the driver's errors: whether the work queued so far
+    /// finishes within `limit`.
+    ///
+    /// # Errors
+    /// The driver's error for making, recording or querying the event.
+    pub(crate) fn done_within(&self, limit: std::time::Duration) -> Result<bool> {
+        let ev = super::Event::new(self.device())?;
+        ev.record(self)?;
+        ev.done_within(limit)
     }
 
     /// Queues a call of `f` (on a driver thread) after the work queued so far: the

@@ -264,9 +264,14 @@ fn wait_for(ev: &Event) -> Result<()> {
     if ev.done_within(limit)? {
         return Ok(());
     }
-    Err(Error::SyncTimeout {
+    Err(timed_out(started))
+}
+
+/// [`Error::SyncTimeout`] for a bounded wait that began at `started`.
+fn timed_out(started: Instant) -> Error {
+    Error::SyncTimeout {
         waited_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
-    })
+    }
 }
 
 /// Frees slabs (each under the context of the device that allocated it).
@@ -320,10 +325,11 @@ impl<'a> Synced<'a> {
     pub(crate) fn synchronize(stream: &'a Stream) -> Result<Synced<'a>> {
         match retained::sync_wait() {
             None => stream.synchronize()?,
-            Some(_) => {
-                let ev = Event::new(stream.device())?;
-                ev.record(stream)?;
-                wait_for(&ev)?;
+            Some(limit) => {
+                let started = Instant::now();
+                if !stream.done_within(limit)? {
+                    return Err(timed_out(started));
+                }
             }
         }
         Ok(Synced(stream))

@@ -161,7 +161,8 @@ pub(crate) fn release_finished(limit: std::time::Duration) {
     release_completed(|e| e.query() == Ok(true));
 }
 
-/// Releases the event-proven entries whose events all pass `done`.
+/// Releases the event-proven entries whose events all pass `done`, which runs under the
+/// registry's lock and so must not block (an event query, not a wait).
 fn release_completed(done: impl Fn(&Event) -> bool) {
     let released: Vec<Entry> = {
         let mut entries = lock();
@@ -191,6 +192,19 @@ pub fn try_release() -> usize {
             release_proven(&s);
         }
     }
-    release_completed(|e| e.synchronize().is_ok());
+    // The events are waited for outside the lock (a wait may be long, and every retain
+    // takes the lock), then released by a query, which does not block.
+    let events: Vec<Event> = lock()
+        .iter()
+        .filter_map(|e| match &e.proof {
+            Proof::Events(evs) => Some(evs.clone()),
+            Proof::Stream(_) => None,
+        })
+        .flatten()
+        .collect();
+    for e in &events {
+        let _ = e.synchronize();
+    }
+    release_completed(|e| e.query() == Ok(true));
     retained_bytes()
 }

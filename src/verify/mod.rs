@@ -178,7 +178,7 @@ impl RoundTrip {
     /// # Errors
     /// No CUDA driver (nor the simulated device); a device that is not there or does not
     /// parse (`LOCAL_RANK` included).
-    pub fn routes(&self) -> crate::Result<Vec<Route>> {
+    pub fn routes(&self) -> Result<Vec<Route>, crate::error::Error> {
         let info = crate::driver::require("verify::round_trip")?;
         let device = self.device.resolve(info.device_count)?;
         let mut out = Vec::new();
@@ -216,32 +216,46 @@ impl RoundTrip {
 pub fn round_trip<B: Batch>(batch: &B, how: &RoundTrip) -> Result<(), VerifyError> {
     report::all_on_host(batch)?;
     let routes = how.routes().map_err(VerifyError::Setup)?;
+    // The page-locked copy of the batch, made once for every route that uses it (all
+    // routes share one device).
+    let mut pinned: Option<B> = None;
     for route in routes {
-        one_route(batch, how, route)?;
+        let src = match route.source {
+            Source::AsGiven => batch,
+            Source::PageLocked => match &mut pinned {
+                Some(p) => &*p,
+                none => &*none.insert(page_locked(batch, route)?),
+            },
+        };
+        one_route(batch, src, how, route)?;
     }
     Ok(())
 }
 
-/// One route: the sources, there, the check on the device side, back, the comparison.
-fn one_route<B: Batch>(batch: &B, how: &RoundTrip, route: Route) -> Result<(), VerifyError> {
+/// `batch` with every tensor copied into page-locked memory for `route`'s device.
+fn page_locked<B: Batch>(batch: &B, route: Route) -> Result<B, VerifyError> {
+    let mut first = None;
+    let pinned = batch.rebuild(&mut |t| {
+        t.to_pinned_on(route.device).unwrap_or_else(|e| {
+            first.get_or_insert(e);
+            t.clone()
+        })
+    });
+    match first {
+        Some(error) => Err(VerifyError::Transfer { route, error }),
+        None => Ok(pinned),
+    }
+}
+
+/// One route: `src` (the batch's sources for it) there, the check on the device side,
+/// back, the comparison with `batch`.
+fn one_route<B: Batch>(
+    batch: &B,
+    src: &B,
+    how: &RoundTrip,
+    route: Route,
+) -> Result<(), VerifyError> {
     let fail = |error| VerifyError::Transfer { route, error };
-    let pinned;
-    let src = match route.source {
-        Source::AsGiven => batch,
-        Source::PageLocked => {
-            let mut first = None;
-            pinned = batch.rebuild(&mut |t| {
-                t.to_pinned_on(route.device).unwrap_or_else(|e| {
-                    first.get_or_insert(e);
-                    t.clone()
-                })
-            });
-            if let Some(e) = first {
-                return Err(fail(e));
-            }
-            &pinned
-        }
-    };
     let h2d = H2dOptions::default().device(route.device);
     let mut d2h = D2hOptions::default()
         .device(route.device)

@@ -189,7 +189,7 @@ fn value(dtype: DType, b: &[u8]) -> String {
 pub(super) fn all_on_host<B: Batch>(batch: &B) -> Result<(), VerifyError> {
     match tensors_with_paths(batch)
         .into_iter()
-        .find(|(_, t)| matches!(t.location(), Location::Cuda(_)))
+        .find(|(_, t)| t.is_cuda())
     {
         Some((path, t)) => Err(VerifyError::NotHost {
             path,

@@ -53,15 +53,21 @@ pub fn shape(max_rank: usize, max_elems: usize) -> impl Strategy<Value = Vec<usi
     })
 }
 
-/// Host tensors of `dtype` and `dims`, with [`pattern`](super::pattern) bytes (the seed drawn).
+/// Host tensors of `dtype` and `dims`, with [`pattern`](super::pattern) bytes (the seed
+/// drawn). Dims whose byte size overflows `usize` make no value (the strategy rejects
+/// them, and proptest reports too many rejections).
 pub fn tensor_of(dtype: DType, dims: Vec<usize>) -> impl Strategy<Value = Tensor> {
-    any::<u64>().prop_map(move |seed| patterned(dtype, &dims, seed))
+    any::<u64>().prop_filter_map("the shape's byte size overflows usize", move |seed| {
+        patterned(dtype, &dims, seed).ok()
+    })
 }
 
 /// Host tensors of any dtype, rank 0 to `max_rank`, at most `max_elems` elements.
 pub fn tensor(max_rank: usize, max_elems: usize) -> impl Strategy<Value = Tensor> {
     (dtype(), shape(max_rank, max_elems), any::<u64>())
-        .prop_map(|(d, s, seed)| patterned(d, &s, seed))
+        .prop_filter_map("the shape's byte size overflows usize", |(d, s, seed)| {
+            patterned(d, &s, seed).ok()
+        })
 }
 
 /// `Vec`s of [`tensor`]s, their length in `len`.

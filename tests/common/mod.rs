@@ -61,9 +61,14 @@ macro_rules! require_gpu {
     };
 }
 
-/// Bytes that reveal misplaced data, and host tensors filled with them: pinlane's own
-/// (`pinlane::verify`), which users' tests use too.
-pub use pinlane::verify::{pattern, patterned as tensor};
+/// Bytes that reveal misplaced data: pinlane's own (`pinlane::verify`), which users'
+/// tests use too.
+pub use pinlane::verify::pattern;
+
+/// A host tensor of `dtype` and `dims` filled with [`pattern`] bytes from `seed`.
+pub fn tensor(dtype: DType, dims: &[usize], seed: u64) -> Tensor {
+    pinlane::verify::patterned(dtype, dims, seed).expect("a test's shape fits usize")
+}
 
 /// The strategies users get with feature `proptest` (on with `test-util`).
 #[cfg(feature = "proptest")]

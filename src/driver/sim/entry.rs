@@ -152,10 +152,7 @@ impl Sim {
     pub(crate) unsafe fn cuStreamSynchronize(&'static self, s: sys::CUstream) -> CUresult {
         // SAFETY: the handle is valid (contract).
         let st = unsafe { self.stream(s) };
-        let mut p = lock(&st.state.progress);
-        while p.done < p.submitted {
-            p = st.state.changed.wait(p).unwrap_or_else(|e| e.into_inner());
-        }
+        let mut p = st.state.wait_queued();
         p.error.take().unwrap_or(OK)
     }
 

@@ -71,7 +71,7 @@ pub struct SimConfig {
     /// host memory anyway fails with `CUDA_ERROR_ILLEGAL_ADDRESS`.
     pub host_mapped: bool,
     /// The `n`-th copy the simulator runs (1-based, counting every `cuMemcpy*Async` of
-    /// the process) has one byte flipped in its destination, once (default `None`): a
+    /// the process that moves at least one byte) has one byte flipped in its destination, once (default `None`): a
     /// silent corruption, for proving that a round-trip check finds one
     /// ([`verify::round_trip`](crate::verify::round_trip)).
     pub corrupt_copy: Option<u64>,

@@ -38,6 +38,19 @@ pub(super) struct StreamState {
     pub(super) changed: Condvar,
 }
 
+impl StreamState {
+    /// Waits until the stream has run what was queued on it before this call, and
+    /// returns its progress, locked.
+    pub(super) fn wait_queued(&self) -> std::sync::MutexGuard<'_, Progress> {
+        let mut p = lock(&self.progress);
+        let target = p.submitted;
+        while p.done < target {
+            p = self.changed.wait(p).unwrap_or_else(|e| e.into_inner());
+        }
+        p
+    }
+}
+
 /// A simulated stream: a worker thread running queued operations in order.
 pub(crate) struct SimStream {
     pub(super) tx: Mutex<mpsc::Sender<Op>>,
@@ -62,11 +75,7 @@ impl Sim {
             .filter_map(|(_, w)| w.upgrade())
             .collect();
         for st in streams {
-            let mut p = lock(&st.progress);
-            let target = p.submitted;
-            while p.done < target {
-                p = st.changed.wait(p).unwrap_or_else(|e| e.into_inner());
-            }
+            drop(st.wait_queued());
         }
     }
 
@@ -130,10 +139,16 @@ impl Sim {
                 // page-locked memory that the caller of the async copy keeps alive until
                 // the copy completes (the driver call's contract). Distinct regions.
                 unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, n) };
-                let k = self.copies.fetch_add(1, Ordering::Relaxed) + 1;
-                if n > 0 && self.cfg.corrupt_copy == Some(k) {
-                    // SAFETY: `dst + n / 2` is inside the destination just written (n > 0).
-                    unsafe { *(dst as *mut u8).add(n / 2) ^= 0xFF };
+                // Only copies that move bytes count, so the corruption always happens.
+                if n > 0 {
+                    let k = self.copies.fetch_add(1, Ordering::Relaxed) + 1;
+                    if self.cfg.corrupt_copy == Some(k) {
+                        // SAFETY: `dst + n / 2` lies inside the `n` bytes just written
+                        // (n > 0): simulated device memory checked above, or page-locked
+                        // host memory the copy's caller keeps alive and lets the copy
+                        // write; the memory lock is still held, so nothing frees it.
+                        unsafe { *(dst as *mut u8).add(n / 2) ^= 0xFF };
+                    }
                 }
                 Ok(())
             }
