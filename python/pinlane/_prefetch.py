@@ -56,58 +56,63 @@ def _int_at_least(name, value, least):
     return value
 
 
+def _put(q, stop, item):
+    """Puts `item` on `q` unless `stop` is set first; says whether it did."""
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=0.05)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def _work(source, stream, q, stop, num_caches):
+    """The worker. It holds the queue and the stop flag, not the `Prefetcher`, so an
+    iterator the caller drops without `close()` is collected, and its `__del__` stops it."""
+    from . import transfer_tensor_h2d
+
+    try:
+        torch = sys.modules.get("torch")
+        ctx = torch.cuda.stream(stream) if stream is not None else None
+        if ctx is not None:
+            ctx.__enter__()
+        try:
+            for batch in source:
+                if stop.is_set():
+                    return
+                if not _put(q, stop, transfer_tensor_h2d(batch, num_caches=num_caches)):
+                    return
+        finally:
+            if ctx is not None:
+                ctx.__exit__(None, None, None)
+    except BaseException as e:  # noqa: BLE001 - handed to the consumer, raised there
+        _put(q, stop, _Failure(e))
+        return
+    _put(q, stop, _DONE)
+
+
 class Prefetcher:
     """The iterator ``prefetch`` returns; see there."""
 
     def __init__(self, batches, *, depth=1, num_caches=4):
         from . import _native, _torch_with_cuda
 
-        self._depth = _int_at_least("depth", depth, 1)
-        self._num_caches = _int_at_least("num_caches", num_caches, 0)
+        depth = _int_at_least("depth", depth, 1)
+        num_caches = _int_at_least("num_caches", num_caches, 0)
         source = iter(batches)
         torch = _torch_with_cuda()
         # The consumer's current stream, made the worker's: the outputs are freed in order
         # there, as a blocking call on this thread would free them.
         stream = torch.cuda.current_stream(_native.default_device()) if torch else None
-        self._queue = queue.Queue(maxsize=self._depth)
+        self._queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._finished = False
         self._thread = threading.Thread(
-            target=self._work, args=(source, stream), name="pinlane-prefetch-py", daemon=True
+            target=_work, args=(source, stream, self._queue, self._stop, num_caches),
+            name="pinlane-prefetch-py", daemon=True,
         )
         self._thread.start()
-
-    def _put(self, item):
-        """Puts `item` on the queue unless the consumer stops first; says whether it did."""
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.05)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _work(self, source, stream):
-        from . import transfer_tensor_h2d
-
-        try:
-            torch = sys.modules.get("torch")
-            ctx = torch.cuda.stream(stream) if stream is not None else None
-            if ctx is not None:
-                ctx.__enter__()
-            try:
-                for batch in source:
-                    if self._stop.is_set():
-                        return
-                    if not self._put(transfer_tensor_h2d(batch, num_caches=self._num_caches)):
-                        return
-            finally:
-                if ctx is not None:
-                    ctx.__exit__(None, None, None)
-        except BaseException as e:  # noqa: BLE001 - handed to the consumer, raised there
-            self._put(_Failure(e))
-            return
-        self._put(_DONE)
 
     def __iter__(self):
         return self
@@ -120,6 +125,8 @@ class Prefetcher:
                 item = self._queue.get(timeout=0.1)
                 break
             except queue.Empty:
+                if self._finished:  # closed meanwhile, from another thread
+                    raise StopIteration from None
                 if not self._thread.is_alive() and self._queue.empty():
                     self._finished = True
                     raise RuntimeError("pinlane.prefetch: the worker thread ended without a batch or an error") from None

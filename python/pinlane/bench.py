@@ -29,14 +29,11 @@ WARMUPS = 6
 
 
 def pattern(torch, shape, dtype, seed):
-    """Random bytes (not zeros: misplaced bytes show) as a tensor of `dtype` and `shape`."""
-    g = torch.Generator().manual_seed(seed)
-    n = 1
-    for d in shape:
-        n *= d
-    nbytes = n * torch.empty((), dtype=dtype).element_size()
-    raw = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=g)
-    return raw.view(dtype).reshape(shape)
+    """Random bytes (not zeros: misplaced bytes show) as a tensor of `dtype` and `shape`
+    (`pinlane.testing.patterned`)."""
+    from .testing import patterned
+
+    return patterned(dtype, shape, seed)
 
 
 def leaves(batch):
@@ -49,15 +46,9 @@ def nbytes_of(batch):
 
 def same(torch, a, b):
     """Same structure, dtypes, shapes and bytes (NaN patterns included)."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, dict) and a.keys() != b.keys():
-        return False
-    xs, ys = leaves(a), leaves(b)
-    return len(xs) == len(ys) and all(
-        x.dtype == y.dtype and x.shape == y.shape
-        and torch.equal(x.cpu().reshape(-1).view(torch.uint8), y.cpu().reshape(-1).view(torch.uint8))
-        for x, y in zip(xs, ys))
+    from .testing import first_difference
+
+    return first_difference(a, b) is None
 
 
 def timed(reps, fn, cpu=None):
@@ -220,13 +211,15 @@ def standard_batches(torch, quick=False):
 def parse_batch(torch, spec, quick=False):
     """`COUNT x D1 x D2 ... : DTYPE` (e.g. `64x3x224x224:uint8`) as a config."""
     try:
-        dims, _, dtype_name = spec.partition(":")
+        dims, _, dtype_name = spec.replace(" ", "").partition(":")
         parts = [int(p) for p in dims.lower().split("x")]
         dtype = getattr(torch, dtype_name or "float32")
-        if not isinstance(dtype, torch.dtype) or len(parts) < 1 or min(parts) < 0:
+        # A batch of no bytes has no speed to measure.
+        if not isinstance(dtype, torch.dtype) or min(parts) < 1:
             raise ValueError
     except (ValueError, AttributeError):
-        raise SystemExit(f"pinlane.bench: bad --batch {spec!r}: use COUNT x SHAPE : DTYPE, e.g. 64x3x224x224:uint8")
+        raise SystemExit(f"pinlane.bench: bad --batch {spec!r}: use COUNT x SHAPE : DTYPE with sizes of 1 "
+                         "or more, e.g. 64x3x224x224:uint8")
     count, shape = parts[0], tuple(parts[1:])
     one = pattern(torch, shape, dtype, 0)
     nbytes = count * one.numel() * one.element_size()

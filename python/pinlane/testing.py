@@ -21,9 +21,11 @@ instead of passing a trip that moved nothing (``allow_no_gpu=True`` accepts that
 """
 
 import dataclasses
-import sys
+import math
 
-__all__ = ["assert_round_trip", "first_difference", "dtypes", "tensors", "batches"]
+from ._tree import _is_dataclass_instance
+
+__all__ = ["assert_round_trip", "first_difference", "patterned", "dtypes", "tensors", "batches"]
 
 # The dtypes pinlane moves itself (others, such as complex and float8, torch moves).
 _PINLANE_DTYPES = ["bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
@@ -31,18 +33,13 @@ _PINLANE_DTYPES = ["bool", "uint8", "int8", "int16", "int32", "int64", "uint16",
 
 
 def _torch():
-    torch = sys.modules.get("torch")
-    if torch is None:
-        import torch  # noqa: F401 - the caller's tensors need it anyway
-    return sys.modules["torch"]
+    import torch  # imported here: importing pinlane.testing needs no torch
+
+    return torch
 
 
 def _show(path):
     return path or "(the batch itself)"
-
-
-def _is_dataclass_instance(obj):
-    return dataclasses.is_dataclass(obj) and not isinstance(obj, type)
 
 
 def first_difference(sent, back, path=""):
@@ -96,6 +93,8 @@ def _tensor_difference(torch, a, b, path):
     if x.numel() == 0:
         return None
     xb, yb = x.view(torch.uint8), y.view(torch.uint8)
+    if torch.equal(xb, yb):  # the common case, without a mask the size of the tensor
+        return None
     diff = (xb != yb).nonzero()
     if diff.numel() == 0:
         return None
@@ -115,8 +114,9 @@ def assert_round_trip(batch, device=None, *, allow_no_gpu=False):
     """Moves ``batch`` (CPU tensors in containers) with ``pinlane.transfer_tensor_h2d``,
     checks that every tensor arrived on the device (``cuda:{LOCAL_RANK}``) with the same
     bytes, moves it back with ``pinlane.transfer_tensor_d2h`` (from ``device``, default
-    ``cuda:{LOCAL_RANK}``) and checks the result against ``batch``: structure, container
-    types, dtypes, shapes, bytes, and the identity of the other leaves.
+    ``cuda:{LOCAL_RANK}``), checks that every tensor is on the host again, and compares
+    the result with ``batch``: structure, container types, dtypes, shapes, bytes, and the
+    identity of the other leaves. Returns the batch that came back.
 
     Raises:
         AssertionError: where and how the batch came back different (or, without a GPU
@@ -127,27 +127,34 @@ def assert_round_trip(batch, device=None, *, allow_no_gpu=False):
     torch = _torch()
     if not (pinlane.cuda_available() and torch.cuda.is_available()):
         if allow_no_gpu:
-            return
+            return batch
         raise AssertionError("assert_round_trip: no GPU here, so nothing would move "
                              "(pass allow_no_gpu=True to accept that)")
     on = pinlane.transfer_tensor_h2d(batch)
-    where = torch.device("cuda", pinlane._native.default_device())
-    stray = _first_not_on(torch, on, where, "")
-    if stray:
-        raise AssertionError(f"after transfer_tensor_h2d: {stray}")
+    _check_all_on(torch, on, torch.device("cuda", pinlane._native.default_device()),
+                  "after transfer_tensor_h2d")
     d = first_difference(batch, on)
     if d:
         raise AssertionError(f"after transfer_tensor_h2d: {d}")
     back = pinlane.transfer_tensor_d2h(on, device=device)
+    _check_all_on(torch, back, torch.device("cpu"), "after the round trip")
     d = first_difference(batch, back)
     if d:
         raise AssertionError(f"after the round trip: {d}")
+    return back
 
 
-def _first_not_on(torch, obj, device, path):
-    """The first tensor of ``obj`` that is not on ``device``, as a message."""
+def _check_all_on(torch, batch, device, when):
+    for path, t in _tensors_with_paths(torch, batch, ""):
+        if t.device != device:
+            raise AssertionError(f"{when}: {_show(path)} is on {t.device}, not {device}")
+
+
+def _tensors_with_paths(torch, obj, path):
+    """Every tensor of ``obj`` with its place, in walk order."""
     if isinstance(obj, torch.Tensor):
-        return None if obj.device == device else f"{_show(path)} is on {obj.device}, not {device}"
+        yield path, obj
+        return
     items = []
     if isinstance(obj, dict):
         items = [(f"{path}[{k!r}]", v) for k, v in obj.items()]
@@ -157,10 +164,7 @@ def _first_not_on(torch, obj, device, path):
     elif _is_dataclass_instance(obj):
         items = [(f"{path}.{f.name}", getattr(obj, f.name)) for f in dataclasses.fields(obj)]
     for p, v in items:
-        m = _first_not_on(torch, v, device, p)
-        if m:
-            return m
-    return None
+        yield from _tensors_with_paths(torch, v, p)
 
 
 # --- hypothesis strategies -------------------------------------------------------------
@@ -174,16 +178,15 @@ def dtypes(names=None):
     return st.sampled_from([getattr(torch, n) for n in (names or _PINLANE_DTYPES)])
 
 
-def _patterned(torch, dtype, shape, seed):
-    """A tensor whose bytes reveal misplaced data (random, seeded; bool: 0 and 1)."""
+def patterned(dtype, shape, seed, pinned=False):
+    """A CPU tensor of ``dtype`` and ``shape`` whose bytes reveal misplaced data (random,
+    from ``seed``; bool tensors hold 0 and 1), page-locked with ``pinned=True``."""
+    torch = _torch()
     g = torch.Generator().manual_seed(seed)
-    n = 1
-    for d in shape:
-        n *= d
     size = torch.empty((), dtype=dtype).element_size()
-    raw = torch.randint(0, 256, (n * size,), dtype=torch.uint8, generator=g)
-    t = (raw % 2 == 1) if dtype == torch.bool else raw.view(dtype)
-    return t.reshape(shape)
+    raw = torch.randint(0, 256, (math.prod(shape) * size,), dtype=torch.uint8, generator=g)
+    t = ((raw % 2 == 1) if dtype == torch.bool else raw.view(dtype)).reshape(tuple(shape))
+    return t.pin_memory() if pinned else t
 
 
 def tensors(dtype=None, max_rank=4, max_elems=4096, pinned=False):
@@ -193,31 +196,23 @@ def tensors(dtype=None, max_rank=4, max_elems=4096, pinned=False):
     ``pinned=None``."""
     from hypothesis import strategies as st
 
-    torch = _torch()
     side = max(1, int(round(max_elems ** (1.0 / max(max_rank, 1)))))
 
     def fit(shape):
         shape = list(shape)
-        while shape and _prod(shape) > max_elems:
+        while shape and math.prod(shape) > max_elems:
             i = shape.index(max(shape))
             shape[i] -= 1
         return tuple(shape)
 
     pin = st.booleans() if pinned is None else st.just(bool(pinned))
     return st.builds(
-        lambda d, shape, seed, p: (lambda t: t.pin_memory() if p else t)(_patterned(torch, d, fit(shape), seed)),
+        lambda d, shape, seed, p: patterned(d, fit(shape), seed, pinned=p),
         dtypes() if dtype is None else st.just(dtype),
         st.lists(st.integers(0, side), min_size=0, max_size=max_rank),
         st.integers(0, 2**32 - 1),
         pin,
     )
-
-
-def _prod(xs):
-    n = 1
-    for x in xs:
-        n *= x
-    return n
 
 
 def batches(leaves=None, max_depth=3, max_width=5):

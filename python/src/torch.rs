@@ -175,12 +175,17 @@ impl Torch {
 }
 
 /// The `current_work_stream` of `cls`'s DLPack exchange API (the first table of DLPack's
-/// major version 1 in its chain), if it has one.
+/// major version 1 in its chain), if it has one. Read here rather than through dlpark,
+/// whose `ExchangeApi::current_work_stream` is crate-private; the chain walk is the one
+/// dlpark's `compatible_api` makes.
 fn current_work_stream_fn(cls: &Bound<'_, PyAny>) -> dlpark::ffi::DLPackCurrentWorkStream {
     use dlpark::ffi::{DLPackExchangeAPI, DLPackExchangeAPIHeader, DLPACK_MAJOR_VERSION};
     let capsule = cls.getattr("__dlpack_c_exchange_api__").ok()?;
-    // SAFETY: PyCapsule_GetPointer checks the capsule's name (a wrong object or name gives
-    // null, with an exception set, which is cleared below).
+    // SAFETY: `capsule` is a live object for this call (held by `capsule`), and
+    // PyCapsule_GetPointer checks that it is a capsule of this name (anything else gives
+    // null, with an exception set, which is cleared below). The pointer outlives the
+    // capsule: the table it names is static in torch, alive as long as the process (the
+    // exchange API's contract), so it may be read after `capsule` drops and cached.
     let mut header = unsafe {
         pyo3::ffi::PyCapsule_GetPointer(capsule.as_ptr(), c"dlpack_exchange_api".as_ptr())
     }
@@ -194,7 +199,10 @@ fn current_work_stream_fn(cls: &Bound<'_, PyAny>) -> dlpark::ffi::DLPackCurrentW
         // process, or of an older table its chain links to (DLPack's contract).
         let h = unsafe { header.as_ref() }?;
         if h.version.major == DLPACK_MAJOR_VERSION {
-            // SAFETY: a table of major version 1 is a `DLPackExchangeAPI`.
+            // SAFETY: a header of major version 1 begins a whole `DLPackExchangeAPI` (the
+            // exchange API's layout is fixed within a major version: minor versions may
+            // only append, and `current_work_stream` is part of the 1.x table), alive for
+            // the process as above.
             return unsafe { (*header.cast::<DLPackExchangeAPI>()).current_work_stream };
         }
         header = h.prev_api;

@@ -184,11 +184,14 @@ pub(crate) fn h2d<'py>(
         Some(raw) => raw,
         None => torch.current_stream(py, device)?,
     };
-    // SAFETY: `consumer_stream` is torch's current stream of `device` (asked of torch just
-    // now, or passed by the caller as `torch.cuda.current_stream(device).cuda_stream`): a
-    // stream of the device's primary context that stays alive for the call (torch's own
-    // streams come from pools that live as long as the process; an ExternalStream is the
-    // caller's to keep alive, as documented).
+    // SAFETY: `from_raw` needs a live stream of the device's primary context (checked
+    // there: a foreign context is refused) that outlives the output tensors, whose memory
+    // is freed in order on it. `consumer_stream` is torch's current stream of `device`
+    // (asked of torch just now, or passed as `torch.cuda.current_stream(device).cuda_stream`).
+    // torch's own streams come from pools that live as long as the process, so for them
+    // both hold. A `torch.cuda.ExternalStream` is the caller's: that it outlives the
+    // outputs is a contract the Python docs state (as torch asks the same of it for its
+    // own allocations), not something this code can check.
     let consumer = unsafe { Stream::from_raw(consumer_stream as RawStream, dev) }.map_err(to_py)?;
     let opts = H2dOptions::default()
         .device(dev)

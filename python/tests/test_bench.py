@@ -32,3 +32,8 @@ def test_bench_rejects_a_bad_batch_spec():
         bench.parse_batch(__import__("torch"), "64x3x:uint8")
     with pytest.raises(SystemExit, match="COUNT x SHAPE"):
         bench.parse_batch(__import__("torch"), "4x4:notadtype")
+    for empty in ("0x4:float32", "4x0:float32"):  # no bytes: nothing to time (was a ZeroDivisionError)
+        with pytest.raises(SystemExit, match="1 or more"):
+            bench.parse_batch(__import__("torch"), empty)
+    name, sources, _ = bench.parse_batch(__import__("torch"), "2 x 3 : uint8")  # spaces, as the help writes it
+    assert name == "2 x 3 uint8" and sources[0][0].shape == (3,)

@@ -77,3 +77,33 @@ def test_with_block_stops_the_worker():
 def test_bad_arguments_are_value_errors(kw):
     with pytest.raises(ValueError):
         pinlane.prefetch([], **kw)
+
+
+def test_an_iterator_dropped_without_close_stops_its_worker():
+    # Regression: the worker held the Prefetcher, so it was never collected and the
+    # worker polled forever (holding its batches and the source).
+    import gc
+
+    it = pinlane.prefetch(iter(range(1000)), depth=1)
+    assert next(it) == 0
+    thread = it._thread
+    del it
+    gc.collect()
+    thread.join(5)
+    assert not thread.is_alive()
+
+
+def test_close_from_another_thread_ends_a_waiting_next():
+    release = threading.Event()
+
+    def source():
+        yield 0
+        release.wait(20)
+        yield 1
+
+    it = pinlane.prefetch(source())
+    assert next(it) == 0
+    threading.Timer(0.2, lambda: it.close(timeout=0.1)).start()
+    with pytest.raises(StopIteration):
+        next(it)  # was a RuntimeError once the worker had gone
+    release.set()
