@@ -337,6 +337,28 @@ pub enum Error {
         /// What was still running.
         reason: String,
     },
+    /// A copy into existing tensors (`transfer_tensor_h2d_into`, `transfer_tensor_d2h_into`)
+    /// was given a source and a destination that do not pair up: different numbers of
+    /// tensors, a source or destination in the wrong place, or a pair whose dtypes or byte
+    /// sizes differ. Found before anything is queued: no destination was written.
+    #[error("copy into: {at}: {reason}")]
+    IntoMismatch {
+        /// Where: the pair's path in the destination batch (as [`crate::batch::Path`]
+        /// writes it), or `batch` for the whole batch.
+        at: String,
+        /// What does not match.
+        reason: String,
+    },
+
+    /// A copy into existing tensors was given two destinations whose bytes overlap (both
+    /// would be written, in no defined order). Found before anything is queued.
+    #[error("copy into: the destinations at {first} and {second} overlap")]
+    OverlappingDestinations {
+        /// The path of one destination.
+        first: String,
+        /// The path of the other.
+        second: String,
+    },
 }
 
 impl Error {

@@ -60,9 +60,10 @@ pub use driver::{Event, RawEvent, RawStream, Stream};
 pub use dtype::{DType, Element};
 pub use engine::{
     cached_batches, current_stream, set_current_stream, shutdown, transfer_tensor_d2h,
-    transfer_tensor_d2h_async, transfer_tensor_h2d, transfer_tensor_h2d_async,
-    transfer_tensor_h2d_with, CurrentStreamGuard, D2hOptions, H2dOptions, HostOutput, Prefetcher,
-    Transfer, MAX_NUM_CACHES,
+    transfer_tensor_d2h_async, transfer_tensor_d2h_into, transfer_tensor_h2d,
+    transfer_tensor_h2d_async, transfer_tensor_h2d_into, transfer_tensor_h2d_with,
+    CurrentStreamGuard, D2hOptions, H2dOptions, HostOutput, IntoOptions, Prefetcher, Transfer,
+    MAX_NUM_CACHES,
 };
 pub use error::{Error, Result};
 pub use layout::Shape;

@@ -10,15 +10,17 @@ README.md for the differences). Importing pinlane needs neither torch nor a GPU:
 torch loaded there is no torch tensor to move, and without CUDA a batch comes back as is.
 """
 
+import contextlib
 import sys
 
 from . import _native
 from ._prefetch import Prefetcher, prefetch
-from ._tree import flatten, rebuild
+from ._tree import flatten, pair, rebuild
 
 __all__ = [
     "transfer_tensor_h2d",
     "transfer_tensor_d2h",
+    "copy_into",
     "prefetch",
     "Prefetcher",
     "cuda_available",
@@ -231,3 +233,56 @@ def transfer_tensor_d2h(batch, /, *, device=None, stream=None, producer_event=No
         return batch
     outs = _native.d2h(tensors, device=dev, stream=s, event=e)
     return rebuild(batch, torch.Tensor, outs)
+
+
+def copy_into(dst, src, /, *, stream=None):
+    """Copies every tensor of ``src`` into the tensor at the same place in ``dst``, in
+    place: CPU sources into CUDA destinations (buffers a server keeps: a captured CUDA
+    graph's static inputs, slices of one preallocated buffer), or CUDA sources into CPU
+    destinations. Many small tensors take one staging copy and one kernel launch, where
+    ``d.copy_(s, non_blocking=True)`` per tensor pays a copy each.
+
+    * ``dst`` and ``src`` have the same structure (lists and tuples of the same lengths,
+      dicts with the same keys, paired by key; dataclasses of the same type); each pair
+      has the same dtype and number of bytes (shapes may differ). The CUDA side is on one
+      device; destinations must not overlap.
+    * Destinations are written in place: each must be contiguous (a non-contiguous one is
+      a ``ValueError``, not a silent copy into a temporary). A strided source is made
+      contiguous first, where it lives.
+    * Order: the copies run on ``stream`` (a ``torch.cuda.Stream`` of the CUDA side's
+      device) or, by default, on torch's current stream there: after the work queued on
+      it before the call, and before the work queued after (a graph replay, a kernel
+      reading the buffers), as ``copy_`` orders its copies.
+    * CPU to CUDA returns once the copies are queued. Pageable sources, and page-locked
+      ones under 64 KiB, have been copied into pinlane's staging memory by then and may
+      change at once; larger page-locked ones are read by the device later, as with
+      ``copy_(non_blocking=True)``: do not write them until the stream has passed the
+      copies. The destinations must not be read or written by work on other streams
+      until then either (order that work after the stream, with an event).
+    * CUDA to CPU returns once the bytes are in the destinations (it waits for the
+      stream); nothing else may touch the destinations during the call.
+    * A pair whose dtype pinlane lacks (complex, float8, ...) is copied by torch
+      (``d.copy_(s, non_blocking=True)`` on the same stream).
+
+    Raises:
+        ValueError: the structures differ, a pair's dtypes or sizes differ, a tensor is
+            on the wrong side (both on the CPU, say), a destination is not contiguous or
+            overlaps another, or ``stream`` is on another device (nothing is written then).
+        TypeError: ``stream`` is not a ``torch.cuda.Stream``.
+        RuntimeError: a copy failed (destinations may be partly written) or there is no
+            CUDA.
+    """
+    torch = _torch_with_cuda()
+    if torch is None:
+        raise RuntimeError("copy_into needs torch with a CUDA device")
+    dsts, srcs = pair(dst, src, torch.Tensor)
+    if not dsts:
+        return
+    h2d = dsts[0].is_cuda
+    s = None if stream is None else _stream_arg(torch, stream)
+    left = _native.copy_into(dsts, srcs, h2d=h2d, stream=s)
+    if left:
+        ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+        with ctx, torch.no_grad():
+            for i in left:
+                dsts[i].copy_(srcs[i], non_blocking=True)

@@ -20,7 +20,7 @@ and sequences front to back, so the two always agree.
 import copy
 import dataclasses
 
-__all__ = ["flatten", "rebuild"]
+__all__ = ["flatten", "rebuild", "pair"]
 
 
 def _is_dataclass_instance(obj):
@@ -130,3 +130,54 @@ def _rebuild(obj, leaf_type, it):
             object.__setattr__(new, n, v)  # also for frozen dataclasses
         return new
     return obj
+
+
+def pair(dst, src, leaf_type):
+    """The ``leaf_type`` leaves of ``dst`` and ``src`` at the same places, as two lists in
+    ``dst``'s walk order. The two must have the same structure: sequences of the same
+    lengths, dicts with the same keys (paired by key, whatever their order), dataclasses
+    of the same type; a ``leaf_type`` leaf in one must meet one in the other. Other leaves
+    are not compared. Raises ``ValueError`` naming the first place that differs."""
+    t = type(dst)
+    if (t is list or t is tuple) and type(src) is t and len(dst) == len(src):
+        # The common case first: two flat lists of leaves.
+        if all(isinstance(x, leaf_type) for x in dst) and all(
+            isinstance(x, leaf_type) for x in src
+        ):
+            return list(dst), list(src)
+    dsts, srcs = [], []
+    _pair(dst, src, leaf_type, "", dsts, srcs)
+    return dsts, srcs
+
+
+def _pair(d, s, leaf_type, at, dsts, srcs):
+    def differ(why):
+        return ValueError(f"copy_into: at {at or 'the top'}: {why}")
+
+    if isinstance(d, leaf_type) or isinstance(s, leaf_type):
+        if not (isinstance(d, leaf_type) and isinstance(s, leaf_type)):
+            raise differ(
+                f"a {type(d).__name__} destination for a {type(s).__name__} source"
+            )
+        dsts.append(d)
+        srcs.append(s)
+    elif isinstance(d, (list, tuple)):
+        if not isinstance(s, (list, tuple)) or len(s) != len(d):
+            n = len(s) if isinstance(s, (list, tuple)) else type(s).__name__
+            raise differ(f"{len(d)} destinations for {n}")
+        for i, (x, y) in enumerate(zip(d, s)):
+            _pair(x, y, leaf_type, f"{at}[{i}]", dsts, srcs)
+    elif isinstance(d, dict):
+        if not isinstance(s, dict) or s.keys() != d.keys():
+            keys = sorted(map(repr, d.keys() ^ s.keys())) if isinstance(s, dict) else None
+            raise differ(
+                f"the keys differ: {', '.join(keys)}" if keys is not None
+                else f"a dict destination for a {type(s).__name__} source"
+            )
+        for k, x in d.items():
+            _pair(x, s[k], leaf_type, f"{at}[{k!r}]", dsts, srcs)
+    elif _is_dataclass_instance(d):
+        if type(s) is not type(d):
+            raise differ(f"a {type(d).__name__} destination for a {type(s).__name__} source")
+        for f in dataclasses.fields(d):
+            _pair(getattr(d, f.name), getattr(s, f.name), leaf_type, f"{at}.{f.name}", dsts, srcs)

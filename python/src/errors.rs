@@ -23,6 +23,8 @@ pub(crate) fn to_py(e: Error) -> PyErr {
         | Error::InvalidOption { .. }
         | Error::InvalidConfig { .. }
         | Error::DLPack { .. }
+        | Error::IntoMismatch { .. }
+        | Error::OverlappingDestinations { .. }
         | Error::External { .. } => PyValueError::new_err(msg),
         Error::InvalidLocalRank { value, .. } if value.trim().parse::<i64>().is_err() => {
             PyValueError::new_err(msg)

@@ -12,6 +12,7 @@
 //! | [`transfer`] | the two calls, with the GIL released while copies run |
 
 mod errors;
+mod into;
 mod torch;
 mod transfer;
 
@@ -162,6 +163,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(configure, m)?)?;
     m.add_function(wrap_pyfunction!(memory_stats, m)?)?;
     m.add_function(wrap_pyfunction!(transfer::h2d, m)?)?;
+    m.add_function(wrap_pyfunction!(into::copy_into, m)?)?;
     m.add_function(wrap_pyfunction!(transfer::d2h, m)?)?;
     m.add_function(wrap_pyfunction!(transfer::check_device, m)?)?;
     m.add_function(wrap_pyfunction!(transfer::torch_current_stream, m)?)?;

@@ -55,7 +55,7 @@ enum Slot<'py> {
 
 /// Runs once before the first torch-side work on a tensor the call reads (see the
 /// module docs): D2H waits for its producer event there; H2D has nothing to wait for.
-type BeforeTorch<'a> = &'a mut dyn FnMut() -> PyResult<()>;
+pub(crate) type BeforeTorch<'a> = &'a mut dyn FnMut() -> PyResult<()>;
 
 /// The outputs, in input order: pinlane's, handed to torch; the same objects; torch's
 /// `to(target)` of the rest (after `before_torch`).
@@ -108,7 +108,7 @@ fn torch_device(t: &Bound<'_, PyAny>) -> PyResult<(String, Option<usize>)> {
 /// `dl` itself when `t` already is one; otherwise torch's `resolve_neg()` /
 /// `contiguous()` of it, where it lives (after `before_torch`), and that tensor's
 /// descriptor.
-fn readable<'py>(
+pub(crate) fn readable<'py>(
     torch: &Torch,
     t: &Bound<'py, PyAny>,
     dl: Managed,

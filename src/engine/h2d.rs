@@ -37,18 +37,18 @@ use std::sync::Arc;
 /// Page-locked sources smaller than this are staged like pageable ones: many of them then
 /// share one copy, where each would otherwise cost a DMA of its own (~2.6 us apiece:
 /// 1000 x 1 KiB took 2.7 ms that way; docs/performance.md).
-const DIRECT_MIN_BYTES: usize = 256 << 10;
+pub(super) const DIRECT_MIN_BYTES: usize = 256 << 10;
 
 /// With `cuMemcpyBatchAsync` (CUDA 12.8+), page-locked sources from this size on are
 /// copied directly, all in one batched submission.
-const BATCHED_DIRECT_MIN_BYTES: usize = 64 << 10;
+pub(super) const BATCHED_DIRECT_MIN_BYTES: usize = 64 << 10;
 
 /// Staged regions up to this size are filled with streaming stores.
-const SMALL_BATCH: usize = 32 << 20;
+pub(super) const SMALL_BATCH: usize = 32 << 20;
 
 /// Page-locked sources under this size may be read by the gather kernel: it reads host
 /// memory at ~51 GB/s on the H200, where one DMA of 16 MiB or more reaches 55.
-const MAPPED_MAX_BYTES: usize = 4 << 20;
+pub(super) const MAPPED_MAX_BYTES: usize = 4 << 20;
 
 /// Fewest page-locked sources worth a kernel launch; fewer are copied.
 const MAPPED_MIN_COUNT: usize = 4;
@@ -295,11 +295,11 @@ fn route<'a>(all: &[&'a Tensor], device: usize, rt: &crate::runtime::Runtime) ->
 
 /// The batch's layout in its device buffer: each tensor's offset and size (in layout
 /// order), the buffer's size, and the end of the staged region at its front.
-struct Layout<'a> {
-    offsets: &'a [usize],
-    sizes: &'a [usize],
-    end: usize,
-    staged_end: usize,
+pub(super) struct Layout<'a> {
+    pub offsets: &'a [usize],
+    pub sizes: &'a [usize],
+    pub end: usize,
+    pub staged_end: usize,
 }
 
 /// Queues every copy of the batch on `job`'s stream, calling `meanwhile` with the batch's
@@ -347,14 +347,17 @@ fn submit<T>(
         let made = meanwhile(Some(&alloc))?;
         return Ok((Some(alloc), made));
     }
+    let drain = |call: &mut Call, job: &mut InFlight, k: usize, w: plan::Window| {
+        queue_window(call, job, k, w, &alloc)
+    };
     let made = run_windows(
         call,
         job,
         &src.staged,
         l,
-        &alloc,
         first_window_slot,
-        meanwhile,
+        || meanwhile(Some(&alloc)),
+        drain,
     )?;
     Ok((Some(alloc), made))
 }
@@ -398,18 +401,19 @@ fn queue_direct(
     Ok(())
 }
 
-/// The staged region (`l.staged_end` bytes at the front of `alloc`) through the staging
-/// slots, window by window ([`Pump`]), the first window in slot `first_slot`; calls
-/// `meanwhile` once every fill is started and returns what it made.
-fn run_windows<T>(
+/// The staged region (`l.staged_end` bytes: the `staged` sources at the layout's offsets)
+/// through the staging slots, window by window ([`Pump`]), the first window in slot
+/// `first_slot`; `drain` queues the device's reads of a filled slot (the window's copy to
+/// its place); calls `meanwhile` once every fill is started and returns what it made.
+pub(super) fn run_windows<T, M>(
     call: &mut Call,
     job: &mut InFlight,
     staged: &[&[u8]],
     l: &Layout,
-    alloc: &Arc<DeviceAlloc>,
     first_slot: usize,
-    meanwhile: impl FnOnce(Option<&Arc<DeviceAlloc>>) -> Result<T>,
-) -> Result<T> {
+    meanwhile: impl FnOnce() -> Result<M>,
+    mut drain: impl FnMut(&mut Call, &mut InFlight, usize, plan::Window) -> Result<T>,
+) -> Result<M> {
     let rt = call.rt;
     let window = plan::window_size(l.staged_end, rt.arena.slot_bytes());
     let windows: Vec<plan::Window> = plan::windows(l.staged_end, window).collect();
@@ -443,12 +447,12 @@ fn run_windows<T>(
         unsafe { job.leases[k].fill_start(pieces, &rt.copy, stores) }
     };
     let mut queue =
-        |job: &mut InFlight, k: usize, w: plan::Window| queue_window(call, job, k, w, alloc);
+        |job: &mut InFlight, k: usize, w: plan::Window| drain(call, job, k, w).map(|_| ());
     while pump.started < windows.len() {
         pump.turn(job, &fill, &mut queue)?;
     }
     // Every fill is started: make the outputs while the copy threads fill.
-    let made = meanwhile(Some(alloc))?;
+    let made = meanwhile()?;
     while pump.queued < windows.len() {
         pump.turn(job, &fill, &mut queue)?;
     }

@@ -9,12 +9,16 @@
 //! | `patience.rs` | how polling loops back off, and when they give up |
 //! | `thread_state.rs` | per-thread streams, the cache ring, the current stream |
 //! | `h2d.rs`, `d2h.rs` | the two directions |
+//! | `into.rs`, `h2d_into.rs`, `d2h_into.rs` | copies into tensors the caller owns: the calls, their checks, the two directions |
 //! | `prefetch.rs` | [`Prefetcher`]: batches moved ahead on a worker thread |
 //! | `shutdown.rs` | [`Runtime::shutdown`](crate::runtime::Runtime::shutdown): memory back, threads stopped |
 
 mod completion;
 mod d2h;
+mod d2h_into;
 mod h2d;
+mod h2d_into;
+mod into;
 mod options;
 mod patience;
 mod plan;
@@ -24,6 +28,7 @@ mod thread_state;
 mod trace;
 
 pub use completion::Transfer;
+pub use into::{transfer_tensor_d2h_into, transfer_tensor_h2d_into, IntoOptions};
 pub use options::{D2hOptions, H2dOptions, HostOutput, MAX_NUM_CACHES};
 pub use prefetch::Prefetcher;
 pub use shutdown::shutdown;

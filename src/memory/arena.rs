@@ -536,6 +536,32 @@ impl SlotLease {
         self.mark_used(stream)
     }
 
+    /// Queues device work that reads the slot: waits for the host copies filling it,
+    /// marks it busy, calls `queue` with the slot's address and length, then records the
+    /// slot's event on `stream` (also when `queue` fails part way, so that the slot is
+    /// waited for after whatever it queued).
+    ///
+    /// # Safety
+    /// Everything `queue` queues is on `stream` and, of the slot, reads only the
+    /// `addr..addr + len` it is given (by copies, or through the device's mapping of
+    /// page-locked memory where [`driver::host_memory_mapped`]).
+    pub(crate) unsafe fn queue_reads(
+        &mut self,
+        stream: &Stream,
+        queue: impl FnOnce(*const u8, usize) -> Result<()>,
+    ) -> Result<()> {
+        self.settle(); // the host copies into the slot must be done before a read
+        let (ptr, len) = {
+            let slab = self.slab();
+            (slab.ptr.0.cast_const(), slab.len)
+        };
+        // Busy before queueing: if the call fails after this, the slot is waited for.
+        self.slab().busy = true;
+        let queued = queue(ptr, len);
+        let marked = self.mark_used(stream);
+        queued.and(marked)
+    }
+
     /// Writes `pieces` into the slot as gather descriptors and queues the gather kernel on
     /// `stream`, which reads them from the slot in place, through its device mapping; then
     /// records the slot's event. Every piece's destination must lie inside `dst`.

@@ -8,6 +8,13 @@ use std::sync::{Arc, Mutex};
 /// Bytes of a host buffer, whatever they came in.
 trait HostBytes: Send + Sync {
     fn all_bytes(&self) -> &[u8];
+
+    /// The bytes' address with the right to write them, where there is one: only memory
+    /// handed over as a raw pointer (a DLPack import), never memory pinlane or a Rust
+    /// owner holds as a shared `&[u8]`.
+    fn write_ptr(&self) -> Option<*mut u8> {
+        None
+    }
 }
 
 impl<T: bytemuck::Pod + Send + Sync> HostBytes for Vec<T> {
@@ -27,6 +34,9 @@ struct Foreign {
     owner: *mut (dyn Send + Sync),
     ptr: *const u8,
     len: usize,
+    /// `ptr` came as a raw pointer from the memory's producer (not from a reference into
+    /// the owner), so it carries the right to write the memory.
+    raw: bool,
 }
 
 // SAFETY: `ptr` only points into memory that the owner keeps alive and that is only ever
@@ -40,7 +50,12 @@ impl Foreign {
     /// `ptr..ptr+len` is readable memory that stays valid and unchanged until `owner`
     /// (from `Box::into_raw`, handed over) is dropped, on any thread.
     unsafe fn new(owner: *mut (dyn Send + Sync), ptr: *const u8, len: usize) -> Foreign {
-        Foreign { owner, ptr, len }
+        Foreign {
+            owner,
+            ptr,
+            len,
+            raw: false,
+        }
     }
 }
 
@@ -52,6 +67,10 @@ impl HostBytes for Foreign {
         // SAFETY: `ptr..ptr+len` is valid, unchanged memory while the owner lives (the
         // constructor's contract), and the owner lives as long as `self`.
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    fn write_ptr(&self) -> Option<*mut u8> {
+        (self.raw && self.len > 0).then_some(self.ptr.cast_mut())
     }
 }
 
@@ -122,7 +141,8 @@ impl HostBuf {
         owner: Box<dyn Send + Sync>,
     ) -> HostBuf {
         // SAFETY: the caller's contract; the owner is handed over through into_raw.
-        let foreign = unsafe { Foreign::new(Box::into_raw(owner), ptr, len) };
+        let mut foreign = unsafe { Foreign::new(Box::into_raw(owner), ptr, len) };
+        foreign.raw = true;
         HostBuf::from_foreign(foreign)
     }
 
@@ -148,6 +168,14 @@ impl HostBuf {
 
     pub(crate) fn bytes(&self) -> &[u8] {
         &self.data.all_bytes()[self.offset..self.offset + self.nbytes]
+    }
+
+    /// The view's first byte with the right to write it, for memory handed over as a raw
+    /// pointer (a DLPack import); `None` for memory pinlane or a Rust value owns.
+    /// Writing is sound only while nothing reads or writes the bytes otherwise.
+    pub(crate) fn write_ptr(&self) -> Option<*mut u8> {
+        let p = self.data.write_ptr()?;
+        Some(p.wrapping_add(self.offset))
     }
 
     /// Whether both are views into the bytes of one owner.

@@ -60,6 +60,7 @@ pub(crate) mod pinned;
 mod producer;
 mod reaper;
 pub mod retained;
+pub(crate) mod scatter;
 
 pub(crate) use crate::driver::batch_copy_available;
 pub use arena::PinnedArena;
@@ -90,6 +91,20 @@ pub(crate) enum Storage {
     Host(HostBuf),
     Pinned(PinnedBuf),
     Device(DeviceView),
+}
+
+impl Storage {
+    /// A host tensor's first byte with the right to write it: page-locked memory, or
+    /// memory handed over as a raw pointer (a DLPack import); `None` for device memory and
+    /// for memory a Rust value owns (a `Vec`, `Tensor::from_owner`), which pinlane only
+    /// reads. Writing is sound only while nothing reads or writes the bytes otherwise.
+    pub(crate) fn host_write_ptr(&self) -> Option<*mut u8> {
+        match self {
+            Storage::Host(b) => b.write_ptr(),
+            Storage::Pinned(b) => Some(b.write_ptr()),
+            Storage::Device(_) => None,
+        }
+    }
 }
 
 /// Device offsets of a batch are aligned to this many bytes (cudaMalloc's own alignment),

@@ -363,6 +363,12 @@ impl PinnedBuf {
         unsafe { std::slice::from_raw_parts(self.block.ptr.0.add(self.offset), self.nbytes) }
     }
 
+    /// The first byte, with the right to write it (the block's own allocation pointer).
+    /// Writing is sound only while nothing reads or writes these bytes otherwise.
+    pub(crate) fn write_ptr(&self) -> *mut u8 {
+        self.block.ptr_at(self.offset)
+    }
+
     /// Queues a copy of all the bytes to `dst` at `at`, straight from this memory.
     ///
     /// # Safety

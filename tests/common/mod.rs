@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests: the GPU gate and random batch strategies.
 #![allow(dead_code, unused_imports)]
 
+pub mod into;
+
 use pinlane::{DType, Tensor};
 #[cfg(feature = "proptest")]
 use proptest::prelude::*;

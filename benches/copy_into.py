@@ -1,0 +1,148 @@
+"""The serving step: a handful of small host tensors copied every step into device
+buffers the server already owns (slices of static buffers, as a CUDA-graph server keeps
+its inputs), timed in one process on the GPU machine.
+
+    bash .gpu/with-python python3 benches/copy_into.py [--json OUT] [--reps N]
+
+Ways, each timed as a whole step (the copies, then the current stream synchronised, so
+the data is on the device) by median over `--reps` steps after warm-up, ways taking
+turns config by config:
+
+* ``torch copy_``: ``dst.copy_(src, non_blocking=True)`` per tensor (what servers do);
+* ``pinlane copy_into``: ``pinlane.copy_into(dsts, srcs)``, one call for the step;
+* ``pinlane h2d``: ``pinlane.transfer_tensor_h2d(srcs)`` of the same batch (new device
+  tensors, not the static buffers: the engine's own path, for reference).
+
+Configs: 8 and 16 tensors of 256 B to 256 KiB (sizes fixed per config by a seed), from
+pageable and from page-locked sources, into 256-byte-aligned slices of one static buffer.
+Each way's bytes are checked once per config (after its timed steps). Prints µs per step,
+GB/s, the fraction of the page-locked limit (one 256 MiB copy, measured in this process)
+and the CPU seconds per GB; the ratio torch / pinlane per config; JSON with `--json`.
+"""
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+
+import torch
+
+import pinlane
+from pinlane.bench import limits, pattern
+
+WARMUP = 20
+
+
+def sizes(n, seed):
+    """`n` byte sizes from 256 B to 256 KiB, log-uniform, multiples of 8."""
+    rng = random.Random(seed)
+    return [int(2 ** rng.uniform(8, 18)) // 8 * 8 for _ in range(n)]
+
+
+def batch(n_bytes, seed, pinned):
+    out = {}
+    for i, nb in enumerate(n_bytes):
+        dtype = (torch.int64, torch.int32, torch.float32, torch.int64)[i % 4]
+        t = pattern(torch, (nb // torch.empty((), dtype=dtype).element_size(),), dtype, seed + i)
+        out[f"t{i:02}"] = t.pin_memory() if pinned else t
+    return out
+
+
+def statics(src, dev):
+    """Each tensor's destination: a 256-byte-aligned slice of one uint8 buffer."""
+    places, end = {}, 0
+    for k, v in src.items():
+        at = -(-end // 256) * 256
+        places[k] = (at, v.numel() * v.element_size())
+        end = at + places[k][1]
+    buf = torch.zeros(end, dtype=torch.uint8, device=dev)
+    return {k: buf[a : a + n].view(src[k].dtype) for k, (a, n) in places.items()}
+
+
+def run_step(way, src, dst):
+    if way == "torch copy_":
+        for k, s in src.items():
+            dst[k].copy_(s, non_blocking=True)
+    elif way == "pinlane copy_into":
+        pinlane.copy_into(dst, src)
+    else:
+        pinlane.transfer_tensor_h2d(src)
+    torch.cuda.current_stream().synchronize()
+
+
+def timed(reps, fn):
+    for _ in range(WARMUP):
+        fn()
+    v = []
+    c0 = time.process_time()
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        v.append(time.perf_counter() - t0)
+    return statistics.median(v), (time.process_time() - c0) / reps
+
+
+def check(way, src, dst):
+    if way == "pinlane h2d":
+        got = pinlane.transfer_tensor_h2d(src)
+        return all(torch.equal(got[k].cpu(), v) for k, v in src.items())
+    run_step(way, src, dst)
+    return all(torch.equal(dst[k].cpu(), v) for k, v in src.items())
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reps", type=int, default=400)
+    ap.add_argument("--json")
+    a = ap.parse_args(argv)
+    if not (torch.cuda.is_available() and pinlane.cuda_available()):
+        print("no GPU: nothing to measure")
+        return 0
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    up, _ = limits(torch, dev)
+    print(f"page-locked limit H2D (torch, one 256 MiB copy): {up:.1f} GB/s")
+    ways = ["torch copy_", "pinlane copy_into", "pinlane h2d"]
+    rows = []
+    for n in (8, 16):
+        n_bytes = sizes(n, 1000 + n)
+        for pinned in (False, True):
+            src = batch(n_bytes, n, pinned)
+            dst = statics(src, dev)
+            total = sum(n_bytes)
+            label = f"{n} tensors, {total / 1024:.0f} KiB, {'page-locked' if pinned else 'pageable'}"
+            res = {}
+            for way in ways:
+                sec, cpu = timed(a.reps, lambda: run_step(way, src, dst))
+                ok = check(way, src, dst)
+                res[way] = {
+                    "us": sec * 1e6,
+                    "gbps": total / sec / 1e9,
+                    "of_limit": total / sec / 1e9 / up,
+                    "cpu_s_per_gb": cpu / (total / 1e9),
+                    "checked": ok,
+                }
+                print(
+                    f"{label:40} {way:18} {sec * 1e6:8.1f} us  {total / sec / 1e9:6.2f} GB/s"
+                    f"  {total / sec / 1e9 / up:5.3f} of limit  {cpu / (total / 1e9):7.2f} CPU-s/GB"
+                    f"  bytes {'ok' if ok else 'WRONG'}",
+                    flush=True,
+                )
+            rows.append({"config": label, "tensors": n, "bytes": total, "pinned": pinned, "ways": res})
+    print()
+    print("| step | torch copy_ | pinlane copy_into | pinlane h2d | torch / copy_into | h2d / copy_into |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        w = r["ways"]
+        t, c, h = (w[x]["us"] for x in ways)
+        print(f"| {r['config']} | {t:.1f} us | {c:.1f} us | {h:.1f} us | {t / c:.2f}x | {h / c:.2f}x |")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"limit_h2d_gbps": up, "rows": rows}, f, indent=1)
+    return 0 if all(w["checked"] for r in rows for w in r["ways"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

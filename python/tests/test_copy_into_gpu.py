@@ -1,0 +1,138 @@
+"""pinlane.copy_into on the GPU machine: nested batches into slices of static buffers
+(every byte and the bytes around them checked), a CUDA graph fed step after step and
+checked against eager execution, D2H into CPU tensors, custom streams, torch's fallback
+dtypes, and bad input refused with the destinations unchanged."""
+
+import pytest
+
+import pinlane
+
+
+def _inputs(torch, step, pinned=False):
+    g = torch.Generator().manual_seed(step)
+    t = {
+        "tokens": torch.randint(0, 50_000, (64,), generator=g, dtype=torch.int64),
+        "positions": torch.arange(64, dtype=torch.int32) + step,
+        "slots": torch.randint(0, 1 << 20, (64,), generator=g, dtype=torch.int64),
+        "blocks": torch.randint(0, 4096, (16, 32), generator=g, dtype=torch.int32),
+        "lens": torch.randint(1, 512, (16,), generator=g, dtype=torch.int32),
+        "scale": torch.rand(64, 256, generator=g, dtype=torch.float32),  # 64 KiB
+        "bias": torch.rand(3, generator=g).to(torch.bfloat16),
+    }
+    if pinned:
+        t = {k: v.pin_memory() for k, v in t.items()}
+    return t
+
+
+def _statics(torch, like, skew=0):
+    """Each tensor of `like` as a view into one uint8 CUDA buffer (filled with 0xA5),
+    `skew` bytes past a 256-byte boundary (when the dtype allows), a gap after each."""
+    places, end = {}, 0
+    for k, v in like.items():
+        at = -(-end // 256) * 256 + skew * v.element_size()
+        places[k] = (at, v.numel() * v.element_size())
+        end = at + places[k][1] + 64
+    buf = torch.full((end,), 0xA5, dtype=torch.uint8, device="cuda")
+    views = {
+        k: buf[at : at + n].view(like[k].dtype).view(like[k].shape) for k, (at, n) in places.items()
+    }
+    return buf, views, places
+
+
+def _expected(torch, buf, src, places):
+    want = torch.full_like(buf, 0xA5).cpu()
+    for k, (at, n) in places.items():
+        want[at : at + n] = src[k].contiguous().view(-1).view(torch.uint8)
+    return want
+
+
+@pytest.mark.parametrize("pinned", [False, True])
+@pytest.mark.parametrize("skew", [0, 1])
+def test_copies_into_slices_of_a_static_buffer(torch, pinned, skew):
+    src = _inputs(torch, 1, pinned)
+    buf, dst, places = _statics(torch, src, skew)
+    for step in range(5):
+        src = _inputs(torch, step, pinned)
+        pinlane.copy_into(dst, src)
+        torch.cuda.current_stream().synchronize()
+        assert torch.equal(buf.cpu(), _expected(torch, buf, src, places)), f"step {step}"
+
+
+def test_feeds_a_captured_graph_step_after_step(torch):
+    src = _inputs(torch, 0)
+    buf, static, _ = _statics(torch, src)
+    weights = torch.randn(50_000, 8, device="cuda")
+
+    def model(x):
+        e = weights[x["tokens"] % 50_000] * x["scale"][:, :8]
+        pos = x["positions"].float().unsqueeze(1)
+        tab = x["blocks"].float().sum(1).repeat(4).unsqueeze(1)
+        return e + pos + tab + x["lens"].float().sum() + x["slots"].float().unsqueeze(1) % 7
+
+    pinlane.copy_into(static, src)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up before capture, as torch's docs do
+        model(static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = model(static)
+    for step in range(1, 60):
+        src = _inputs(torch, step, pinned=step % 2 == 0)
+        pinlane.copy_into(static, src)
+        graph.replay()
+        eager = model({k: v.cuda() for k, v in src.items()})
+        torch.testing.assert_close(out, eager, rtol=0, atol=0, msg=f"step {step}")
+
+
+def test_d2h_into_cpu_tensors(torch):
+    src = {k: v.cuda() for k, v in _inputs(torch, 3).items()}
+    dst = {k: torch.empty(v.shape, dtype=v.dtype, pin_memory=(k != "scale")) for k, v in src.items()}
+    dst["big"] = torch.empty(1 << 22, dtype=torch.float16)
+    src["big"] = torch.randn(1 << 22, device="cuda").half()
+    pinlane.copy_into(dst, src)
+    for k in src:
+        assert torch.equal(dst[k], src[k].cpu()), k
+
+
+def test_on_a_custom_stream_after_its_work(torch):
+    s = torch.cuda.Stream()
+    dst = torch.zeros(1 << 20, dtype=torch.int32, device="cuda")
+    src = torch.arange(1 << 20, dtype=torch.int32)
+    with torch.cuda.stream(s):
+        dst.fill_(-1)
+        torch.cuda._sleep(20_000_000)  # the copies must queue behind this
+    pinlane.copy_into([dst], [src], stream=s)
+    s.synchronize()
+    assert torch.equal(dst.cpu(), src)
+    with pytest.raises(TypeError):
+        pinlane.copy_into([dst], [src], stream=5)
+
+
+def test_strided_sources_and_torch_dtypes(torch):
+    src = {"t": torch.arange(100, dtype=torch.int64).view(10, 10).t(), "c": torch.randn(5, dtype=torch.complex64)}
+    dst = {"t": torch.empty(10, 10, dtype=torch.int64, device="cuda"), "c": torch.empty(5, dtype=torch.complex64, device="cuda")}
+    pinlane.copy_into(dst, src)
+    torch.cuda.synchronize()
+    assert torch.equal(dst["t"].cpu(), src["t"]) and torch.equal(dst["c"].cpu(), src["c"])
+
+
+def test_bad_input_is_refused_and_nothing_written(torch):
+    buf = torch.zeros(4096, dtype=torch.uint8, device="cuda")
+    a = buf[:1024].view(torch.int32)
+    b = buf[512:1536].view(torch.int32)  # overlaps a
+    src = torch.ones(256, dtype=torch.int32)
+    cases = [
+        ([a, b], [src, src], "overlap"),
+        ([a], [torch.ones(256, dtype=torch.float32)], "holds f32"),
+        ([a], [torch.ones(255, dtype=torch.int32)], "bytes"),
+        ([buf[:2048].view(torch.int32).view(256, 2)[:, 0]], [src], "not contiguous"),
+        ([a], [a], "not a CPU tensor"),
+        ({"x": a}, {"y": src}, "keys differ"),
+    ]
+    for dst, s, msg in cases:
+        with pytest.raises(ValueError, match=msg):
+            pinlane.copy_into(dst, s)
+    torch.cuda.synchronize()
+    assert int(buf.count_nonzero()) == 0

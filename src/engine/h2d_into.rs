@@ -1,0 +1,294 @@
+//! Host to device into existing tensors: [`transfer_tensor_h2d_into`](crate::transfer_tensor_h2d_into).
+//!
+//! 1. Pair and check (`into.rs`): nothing is queued before every pair is known good and
+//!    no two destinations overlap.
+//! 2. Route each pair: page-locked sources from the direct threshold on are copied
+//!    straight from their memory ([`memory::scatter::h2d_direct`]); the rest are
+//!    *small*: page-locked ones pinlane allocated (device-mapped) are read in place by the
+//!    kernel, the others staged.
+//! 3. When the staged bytes and the kernel's descriptors fit one staging slot (the
+//!    serving step: a few small tensors), one slot is filled and one kernel launch
+//!    scatters everything small ([`memory::scatter::h2d_scatter`]). Otherwise (a batch
+//!    larger than a slot, no kernel) the staged bytes go through the staging ring
+//!    window by window as a transfer's do ([`super::h2d::run_windows`]), each window's
+//!    pieces one copy each, batched into one submission where the driver can.
+//! 4. Hand the call's owners (slots, clones of both sides) to the completion thread
+//!    and return its [`Transfer`]: no synchronisation in the call.
+
+use super::h2d::{self, Layout};
+use super::into::{self, IntoOptions, Way};
+use super::{completion, plan, record_stats, thread_state, Call, Transfer};
+use crate::batch::Batch;
+use crate::config::SmallH2d;
+use crate::driver::{self, GatherKernel, Stream};
+use crate::error::{Error, Result};
+use crate::memory::scatter::{self, Scatter, SlotPart};
+use crate::memory::{self, DeviceView, InFlight, PinnedBuf, Stores};
+use crate::tensor::{Storage, Tensor};
+
+pub(crate) fn transfer<B: Batch>(src: &B, dst: &B, opts: &IntoOptions) -> Result<Transfer<()>> {
+    let checked = into::pair_up(src, dst, Way::H2d)?;
+    let (Some(device), false) = (checked.device, checked.pairs.is_empty()) else {
+        return Ok(Transfer::ready(()));
+    };
+    let pairs = checked.pairs;
+    driver::deferred::surface(device)?;
+    let stream = stream_for(opts, device)?;
+    let views: Vec<&DeviceView> = pairs
+        .iter()
+        .map(|p| device_view(p.1))
+        .collect::<Result<_>>()?;
+    let ranges: Vec<(u64, usize)> = views
+        .iter()
+        .map(|v| (v.addr(0).unwrap_or(0), v.nbytes()))
+        .collect();
+    into::check_overlap(dst, &pairs, &ranges)?;
+    super::trace::mark("checked");
+
+    let rt = crate::runtime::runtime();
+    let kernel = (rt.settings().small_h2d == SmallH2d::Kernel
+        && memory::h2d_gather_available(device))
+    .then(|| driver::gather_kernel(device))
+    .flatten();
+    let plan = route(&pairs, &views, kernel.is_some());
+    let ctx = driver::bind(device)?;
+    let mut job = InFlight::new(stream.clone());
+    let total = pairs.iter().map(|p| p.0.nbytes()).sum();
+    let mut call = Call::new(&ctx, device, &rt, pairs.len(), total);
+    // Both sides stay alive until the copies have run: page-locked sources are read by
+    // the device, and the destinations' memory must not be freed under the copies.
+    let keep = || {
+        pairs
+            .iter()
+            .flat_map(|p| [p.0.clone(), p.1.clone()])
+            .collect::<Vec<Tensor>>()
+    };
+    if let Err(e) = submit(&mut call, &mut job, &plan, kernel, &stream) {
+        return Err(job.abort(e, keep));
+    }
+    super::trace::mark("submitted");
+    let pending = completion::detach(job, device, keep)?;
+    record_stats(call.stats);
+    Ok(Transfer::pending((), pending))
+}
+
+/// The stream the copies go on: the caller's, or the thread's current one of `device`.
+fn stream_for(opts: &IntoOptions, device: usize) -> Result<Stream> {
+    let s = match &opts.stream {
+        Some(s) => s.clone(),
+        None => thread_state::current_stream(crate::device::Device::cuda(device))?,
+    };
+    if s.index() != device {
+        return Err(Error::StreamDeviceMismatch {
+            stream_device: s.device(),
+            device: crate::device::Device::cuda(device),
+        });
+    }
+    Ok(s)
+}
+
+/// A destination's device memory (the pairs were checked to be device tensors).
+fn device_view(t: &Tensor) -> Result<&DeviceView> {
+    match t.storage() {
+        Storage::Device(v) => Ok(v),
+        _ => Err(Error::Internal {
+            op: "copy into",
+            reason: "a checked destination is not on a device".into(),
+        }),
+    }
+}
+
+/// Every pair's route: straight from page-locked memory, read in place by the kernel, or
+/// staged (sources and their destinations, at `offsets` in the staged region).
+struct Plan<'a> {
+    direct: Vec<(&'a PinnedBuf, &'a DeviceView)>,
+    mapped: Vec<(&'a PinnedBuf, &'a DeviceView)>,
+    staged: Vec<&'a [u8]>,
+    staged_to: Vec<&'a DeviceView>,
+    offsets: Vec<usize>,
+    sizes: Vec<usize>,
+    staged_end: usize,
+    /// Everything small goes in one slot and one launch.
+    one_slot: bool,
+}
+
+/// Routes the pairs (see the module docs). `kernel`: the scatter kernel can run.
+fn route<'a>(
+    pairs: &[(&'a Tensor, &'a Tensor)],
+    views: &[&'a DeviceView],
+    kernel: bool,
+) -> Plan<'a> {
+    let direct_min = if memory::batch_copy_available() {
+        h2d::BATCHED_DIRECT_MIN_BYTES
+    } else {
+        h2d::DIRECT_MIN_BYTES
+    };
+    let mut p = Plan {
+        direct: Vec::new(),
+        mapped: Vec::new(),
+        staged: Vec::with_capacity(pairs.len()),
+        staged_to: Vec::with_capacity(pairs.len()),
+        offsets: Vec::new(),
+        sizes: Vec::new(),
+        staged_end: 0,
+        one_slot: false,
+    };
+    for (&(s, _), &view) in pairs.iter().zip(views) {
+        let n = s.nbytes();
+        match s.storage() {
+            Storage::Pinned(b) if n >= direct_min => p.direct.push((b, view)),
+            Storage::Pinned(b)
+                if kernel
+                    && b.mapped()
+                    && n < h2d::MAPPED_MAX_BYTES
+                    && scatter::kernel_writes_well(view) =>
+            {
+                p.mapped.push((b, view))
+            }
+            Storage::Pinned(b) => {
+                p.staged.push(b.bytes());
+                p.staged_to.push(view);
+            }
+            Storage::Host(b) => {
+                p.staged.push(b.bytes());
+                p.staged_to.push(view);
+            }
+            Storage::Device(_) => {} // refused by the pairing
+        }
+    }
+    p.sizes = p.staged.iter().map(|b| b.len()).collect();
+    // 256-byte aligned, as a batch's buffer: the kernel reads 16 bytes at a time.
+    let Ok((offsets, end)) = plan::pack(p.sizes.iter().copied(), memory::DEVICE_ALIGN) else {
+        // Sizes of live tensors cannot overflow together; should they, no one slot.
+        p.direct.append(&mut p.mapped);
+        return p;
+    };
+    (p.offsets, p.staged_end) = (offsets, end);
+    let slot = crate::runtime::runtime().arena.slot_bytes();
+    p.one_slot = kernel && {
+        let staged: Vec<(usize, usize, &DeviceView)> = scatter_staged(&p);
+        let work = Scatter {
+            staged: &staged,
+            mapped: &p.mapped,
+            data_end: p.staged_end,
+        };
+        scatter::descriptors_at(p.staged_end, work.descriptors(), slot).is_some()
+    };
+    if !p.one_slot {
+        // No launch: the small page-locked sources are copied directly too.
+        p.direct.append(&mut p.mapped);
+    }
+    p
+}
+
+/// The staged sources as the scatter takes them: `(slot offset, bytes, destination)`.
+fn scatter_staged<'a>(p: &Plan<'a>) -> Vec<(usize, usize, &'a DeviceView)> {
+    p.offsets
+        .iter()
+        .zip(&p.sizes)
+        .zip(&p.staged_to)
+        .map(|((&o, &n), &v)| (o, n, v))
+        .collect()
+}
+
+/// Queues every copy of `plan` on `stream` (`job`'s).
+fn submit(
+    call: &mut Call,
+    job: &mut InFlight,
+    plan: &Plan,
+    kernel: Option<GatherKernel>,
+    stream: &Stream,
+) -> Result<()> {
+    let (ctx, device) = (call.ctx, call.device);
+    if !plan.direct.is_empty() {
+        // SAFETY: the destinations were checked (device memory of `device`, not
+        // overlapping) and, like the sources, are cloned into the call's owners, kept
+        // until its event proves the copies done; the caller orders other users of the
+        // destinations (docs/semantics.md).
+        call.stats.copies += unsafe { scatter::h2d_direct(ctx, &plan.direct, device, stream) }?;
+        call.stats.direct_bytes += plan.direct.iter().map(|d| d.0.bytes().len()).sum::<usize>();
+    }
+    match kernel {
+        Some(k) if plan.one_slot && (plan.staged_end > 0 || !plan.mapped.is_empty()) => {
+            one_slot(call, job, plan, k, stream)
+        }
+        _ if plan.staged_end > 0 => windows(call, job, plan, stream),
+        _ => Ok(()),
+    }
+}
+
+/// Everything small through one slot and one kernel launch.
+fn one_slot(
+    call: &mut Call,
+    job: &mut InFlight,
+    plan: &Plan,
+    kernel: GatherKernel,
+    stream: &Stream,
+) -> Result<()> {
+    super::lease_slots(call, job, 1)?;
+    let rt = call.rt;
+    let lease = job.leases.first_mut().ok_or_else(|| Error::Internal {
+        op: "copy into",
+        reason: "no staging slot leased".into(),
+    })?;
+    if plan.staged_end > 0 {
+        let pieces = plan
+            .offsets
+            .iter()
+            .copied()
+            .zip(plan.staged.iter().copied());
+        // SAFETY: the sources are borrowed from the caller's batch for this whole call,
+        // and the fill is settled before the call returns (the scatter waits for it, and
+        // so do abort and drop).
+        unsafe { lease.fill_start(pieces, &rt.copy, rt.fill_stores(Stores::Streaming)) }?;
+        call.stats.staged_bytes += plan.sizes.iter().sum::<usize>();
+        call.stats.windows += 1;
+    }
+    let staged = scatter_staged(plan);
+    let work = Scatter {
+        staged: &staged,
+        mapped: &plan.mapped,
+        data_end: plan.staged_end,
+    };
+    // SAFETY: the staged bytes are being filled through this lease; the mapped sources
+    // and the destinations are cloned into the call's owners, kept until its event
+    // proves the copies done (after the slot's event, on the same stream); the
+    // destinations were checked and are ordered by the caller (docs/semantics.md).
+    call.stats.copies +=
+        unsafe { scatter::h2d_scatter(call.ctx, lease, kernel, &work, call.device, stream) }?;
+    call.stats.mapped_bytes += plan.mapped.iter().map(|m| m.0.bytes().len()).sum::<usize>();
+    Ok(())
+}
+
+/// The staged region through the staging ring, each window's pieces copied to their
+/// destinations.
+fn windows(call: &mut Call, job: &mut InFlight, plan: &Plan, stream: &Stream) -> Result<()> {
+    let layout = Layout {
+        offsets: &plan.offsets,
+        sizes: &plan.sizes,
+        end: plan.staged_end,
+        staged_end: plan.staged_end,
+    };
+    let drain = |call: &mut Call, job: &mut InFlight, k: usize, w: plan::Window| {
+        let parts: Vec<SlotPart> = w
+            .parts(&plan.offsets, &plan.sizes)
+            .map(|p| SlotPart {
+                slot_off: p.window_off,
+                len: p.len,
+                view: plan.staged_to[p.item],
+                view_off: p.item_off,
+            })
+            .collect();
+        let lease = job.leases.get_mut(k).ok_or_else(|| Error::Internal {
+            op: "copy into",
+            reason: format!("no staging slot {k}"),
+        })?;
+        // SAFETY: as for the direct copies: the destinations were checked, are cloned into
+        // the call's owners until its event, and are ordered by the caller.
+        call.stats.copies +=
+            unsafe { scatter::h2d_from_slot(call.ctx, lease, &parts, call.device, stream) }?;
+        call.stats.windows += 1;
+        Ok(())
+    };
+    h2d::run_windows(call, job, &plan.staged, &layout, 0, || Ok(()), drain)
+}

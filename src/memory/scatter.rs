@@ -1,0 +1,350 @@
+//! Copies into memory the caller owns (`transfer_tensor_h2d_into`,
+//! `transfer_tensor_d2h_into`): host bytes to device views anywhere (a slice of a static
+//! buffer, a graph's input), not into an allocation made for the batch; and device bytes
+//! back into host tensors the caller keeps.
+//!
+//! ```text
+//!  one staging slot:  [small source 0 | small source 1 | ... | descriptors]
+//!  kernel (one launch, reading the slot through the device's mapping of page-locked
+//!  memory, and small page-locked sources in place):
+//!                     piece k: dst_k[..len] = src_k[..len]   (`dst` 0: each `dst_off` is
+//!                                                             the destination's address)
+//!  large page-locked sources: one DMA each (one cuMemcpyBatchAsync for all of them)
+//!  larger batches: window after window of the slot ring, each part one DMA
+//! ```
+
+use super::{check_range, CopyPool, CopyTask, CopyTasks, DeviceView, PinnedBuf, SlotLease, Stores};
+use crate::driver::{self, ContextGuard, DevicePtr, GatherKernel, GatherPiece, Stream};
+use crate::error::{Error, Result};
+use std::sync::Arc;
+
+/// Most bytes one kernel piece moves: larger sources are cut, so that many blocks share
+/// their reads (a block takes one piece), as the H2D gather does.
+const PIECE: usize = 64 << 10;
+
+/// The kernel copies 16 bytes at a time when both ends are aligned to this; a destination
+/// that is not would be written a byte at a time, from host memory: such pieces go by DMA.
+const VECTOR: u64 = 16;
+
+/// Where descriptors start after the slot's data.
+const DESC_ALIGN: usize = 256;
+
+/// Kernel pieces a source of `nbytes` needs.
+pub(crate) fn pieces(nbytes: usize) -> usize {
+    nbytes.div_ceil(PIECE)
+}
+
+/// Whether the kernel writes `view` at full speed: its address is 16-byte aligned (empty
+/// views need no write at all).
+pub(crate) fn kernel_writes_well(view: &DeviceView) -> bool {
+    view.addr(0).is_none_or(|a| a % VECTOR == 0)
+}
+
+/// Where `n` descriptors start in a slot of `slot_len` bytes whose first `data_end` hold
+/// staged data; `None` if they do not fit.
+pub(crate) fn descriptors_at(data_end: usize, n: usize, slot_len: usize) -> Option<usize> {
+    let at = data_end.checked_next_multiple_of(DESC_ALIGN)?;
+    let end = at.checked_add(n.checked_mul(std::mem::size_of::<GatherPiece>())?)?;
+    (end <= slot_len).then_some(at)
+}
+
+/// An internal error of this module: the engine hands it only consistent plans.
+fn bug(reason: String) -> Error {
+    Error::Internal {
+        op: "copy into",
+        reason,
+    }
+}
+
+/// One copy submission for all `(dst, src, len)` (where the driver has the batched copy,
+/// there are two or more, and the stream is not the legacy one), else one each. Returns
+/// the submissions made.
+///
+/// # Safety
+/// Every `src..+len` is page-locked host memory alive and unchanged until the copies have
+/// finished, every `dst..+len` device memory of `device` nothing else uses until then.
+unsafe fn queue_h2d(
+    ctx: &ContextGuard,
+    copies: Vec<(DevicePtr, *const u8, usize)>,
+    device: usize,
+    stream: &Stream,
+) -> Result<usize> {
+    if copies.len() >= 2 && driver::batch_copy_available() && !stream.is_legacy() {
+        let mut dsts: Vec<DevicePtr> = copies.iter().map(|c| c.0).collect();
+        let mut srcs: Vec<DevicePtr> = copies.iter().map(|c| c.1 as DevicePtr).collect();
+        let mut sizes: Vec<usize> = copies.iter().map(|c| c.2).collect();
+        // SAFETY: the caller's obligations, for every copy; with unified addressing a
+        // page-locked host address is a valid source.
+        unsafe {
+            driver::memcpy_batch_h2d_async(ctx, &mut dsts, &mut srcs, &mut sizes, device, stream)
+        }?;
+        return Ok(1);
+    }
+    for &(dst, src, len) in &copies {
+        // SAFETY: the caller's obligations, for this copy.
+        unsafe { driver::memcpy_h2d_async(ctx, dst, src, len, stream) }?;
+    }
+    Ok(copies.len())
+}
+
+/// The address of `view`, checked to hold `len` bytes.
+fn dst_addr(view: &DeviceView, at: usize, len: usize) -> Result<DevicePtr> {
+    check_range("copy destination", at, len, view.nbytes())?;
+    view.addr(at)
+        .ok_or_else(|| bug(format!("an empty destination for {len} bytes")))
+}
+
+/// Queues copies of page-locked sources straight from their memory into their
+/// destinations (same sizes). Returns the submissions made.
+///
+/// # Safety
+/// Every source stays alive and unchanged, and every destination's memory allocated and
+/// used by nothing else, until the copies have finished; the destinations are usable in
+/// `stream`'s order.
+pub(crate) unsafe fn h2d_direct(
+    ctx: &ContextGuard,
+    pairs: &[(&PinnedBuf, &DeviceView)],
+    device: usize,
+    stream: &Stream,
+) -> Result<usize> {
+    let mut copies = Vec::with_capacity(pairs.len());
+    for (src, dst) in pairs {
+        let n = src.bytes().len();
+        if n > 0 {
+            copies.push((dst_addr(dst, 0, n)?, src.as_ptr(), n));
+        }
+    }
+    // SAFETY: each range is a whole source and lies inside its destination (checked by
+    // dst_addr); the rest is the caller's obligation.
+    unsafe { queue_h2d(ctx, copies, device, stream) }
+}
+
+/// A piece of a staged source, in a slot, bound for a destination.
+pub(crate) struct SlotPart<'a> {
+    /// Where the piece is in the slot.
+    pub slot_off: usize,
+    /// Its bytes.
+    pub len: usize,
+    /// The destination and where in it the piece goes.
+    pub view: &'a DeviceView,
+    pub view_off: usize,
+}
+
+/// Queues one DMA per part from `lease`'s slot to its destination (one batched submission
+/// where the driver has it), then records the slot's event. Returns the submissions made.
+///
+/// # Safety
+/// Every destination's memory stays allocated, and is used by nothing else, until the
+/// slot's event has completed; the destinations are usable in `stream`'s order.
+pub(crate) unsafe fn h2d_from_slot(
+    ctx: &ContextGuard,
+    lease: &mut SlotLease,
+    parts: &[SlotPart],
+    device: usize,
+    stream: &Stream,
+) -> Result<usize> {
+    let mut made = 0;
+    let queue = |base: *const u8, slot_len: usize| -> Result<()> {
+        let mut copies = Vec::with_capacity(parts.len());
+        for p in parts.iter().filter(|p| p.len > 0) {
+            check_range("slot part", p.slot_off, p.len, slot_len)?;
+            let dst = dst_addr(p.view, p.view_off, p.len)?;
+            copies.push((dst, base.wrapping_add(p.slot_off), p.len));
+        }
+        // SAFETY: every source is inside the slot (checked above), which the lease keeps
+        // unchanged until its event completes (recorded by queue_reads after these); every
+        // destination inside its view (checked by dst_addr); the rest is the caller's.
+        made = unsafe { queue_h2d(ctx, copies, device, stream) }?;
+        Ok(())
+    };
+    // SAFETY: `queue` reads only the slot's own range, on `stream`.
+    unsafe { lease.queue_reads(stream, queue) }?;
+    Ok(made)
+}
+
+/// The kernel's work for one call: staged sources in the slot (`(slot offset, bytes,
+/// destination)`) and page-locked sources it reads in place.
+pub(crate) struct Scatter<'a> {
+    pub staged: &'a [(usize, usize, &'a DeviceView)],
+    pub mapped: &'a [(&'a PinnedBuf, &'a DeviceView)],
+    /// End of the staged data in the slot.
+    pub data_end: usize,
+}
+
+impl Scatter<'_> {
+    /// Descriptors the kernel needs (staged pieces whose destinations it writes badly go
+    /// by DMA and need none).
+    pub(crate) fn descriptors(&self) -> usize {
+        let staged = self.staged.iter().filter(|s| kernel_writes_well(s.2));
+        let mapped = self.mapped.iter().map(|m| m.0.bytes().len());
+        staged.map(|s| pieces(s.1)).sum::<usize>() + mapped.map(pieces).sum::<usize>()
+    }
+}
+
+/// Queues the scatter of `work` with one launch of the gather kernel, whose descriptors go
+/// into `lease`'s slot after the staged data; staged sources whose destination is not
+/// 16-byte aligned go by DMA from the slot. Records the slot's event. Returns the
+/// submissions made (the launch counts as one).
+///
+/// # Errors
+/// A device that does not map page-locked memory, a mapped source it cannot read, more
+/// descriptors than fit the slot, a destination too small: all before anything is queued.
+///
+/// # Safety
+/// The staged bytes are in the slot (filled, or being filled through the lease); every
+/// mapped source stays alive and unchanged, and every destination's memory allocated and
+/// used by nothing else, until the slot's event has completed; the destinations are
+/// usable in `stream`'s order.
+pub(crate) unsafe fn h2d_scatter(
+    ctx: &ContextGuard,
+    lease: &mut SlotLease,
+    kernel: GatherKernel,
+    work: &Scatter,
+    device: usize,
+    stream: &Stream,
+) -> Result<usize> {
+    if !driver::host_memory_mapped(device) {
+        return Err(bug(format!("cuda:{device} does not map host memory")));
+    }
+    if let Some(k) = work.mapped.iter().position(|m| !m.0.mapped()) {
+        return Err(bug(format!("page-locked source {k} is not mapped")));
+    }
+    let n = work.descriptors();
+    let buf = lease.bytes_mut()?; // waits for the fill and for the slot's last use
+    let Some(at) = descriptors_at(work.data_end, n, buf.len()) else {
+        return Err(bug(format!(
+            "{n} descriptors after {} bytes do not fit a slot of {}",
+            work.data_end,
+            buf.len()
+        )));
+    };
+    let base = buf.as_ptr() as u64;
+    let count = u32::try_from(n).map_err(|_| bug(format!("{n} descriptors")))?;
+    // Every piece, with its destination checked: the kernel writes device memory
+    // unchecked.
+    let mut descs: Vec<GatherPiece> = Vec::with_capacity(n);
+    let mut by_dma: Vec<SlotPart> = Vec::new();
+    let mut cut = |src: u64, len: usize, view: &DeviceView| -> Result<()> {
+        for piece in (0..len).step_by(PIECE) {
+            let piece_len = PIECE.min(len - piece);
+            descs.push(GatherPiece {
+                src: src + piece as u64,
+                dst_off: dst_addr(view, piece, piece_len)?,
+                len: piece_len as u64,
+                zeros: 0,
+            });
+        }
+        Ok(())
+    };
+    for &(slot_off, len, view) in work.staged {
+        check_range("staged source", slot_off, len, work.data_end)?;
+        if kernel_writes_well(view) {
+            cut(base + slot_off as u64, len, view)?;
+        } else {
+            by_dma.push(SlotPart {
+                slot_off,
+                len,
+                view,
+                view_off: 0,
+            });
+        }
+    }
+    for &(src, view) in work.mapped {
+        cut(src.as_ptr() as u64, src.bytes().len(), view)?;
+    }
+    if descs.len() != n {
+        return Err(bug(format!("{} descriptors, {n} planned", descs.len())));
+    }
+    let slot: &mut [GatherPiece] = bytemuck::try_cast_slice_mut(&mut buf[at..at + n * 32])
+        .map_err(|e| bug(format!("descriptors in the slot: {e}")))?;
+    slot.copy_from_slice(&descs);
+    let mut made = 0;
+    let queue = |slot_base: *const u8, slot_len: usize| -> Result<()> {
+        let mut dma = Vec::with_capacity(by_dma.len());
+        for p in by_dma.iter().filter(|p| p.len > 0) {
+            check_range("slot part", p.slot_off, p.len, slot_len)?;
+            dma.push((
+                dst_addr(p.view, 0, p.len)?,
+                slot_base.wrapping_add(p.slot_off),
+                p.len,
+            ));
+        }
+        // SAFETY: sources inside the slot, unchanged until its event; destinations
+        // inside their views (dst_addr); the rest is the caller's obligation.
+        made += unsafe { queue_h2d(ctx, dma, device, stream) }?;
+        // SAFETY: the descriptors are in the slot (written above), which the device reads
+        // in place through its mapping (checked above) and which stays unchanged until
+        // its event; each piece reads a range of the slot's data or of a mapped
+        // page-locked source (checked above; the caller keeps those alive) and writes a
+        // range inside its destination (dst_addr), whose memory the caller keeps; with
+        // `dst` 0 each `dst_off` is that address.
+        unsafe {
+            driver::launch_gather(ctx, kernel, slot_base as u64 + at as u64, count, 0, stream)
+        }?;
+        made += usize::from(count > 0);
+        Ok(())
+    };
+    // SAFETY: `queue` reads the slot's own range only, on `stream`; the mapped sources and
+    // the destinations are the caller's obligation.
+    unsafe { lease.queue_reads(stream, queue) }?;
+    Ok(made)
+}
+
+/// A host destination's first byte, for writing: only memory pinlane may write (see
+/// `Storage::host_write_ptr`).
+pub(crate) struct HostDst {
+    pub ptr: *mut u8,
+    pub len: usize,
+}
+
+/// Copies each source's bytes into its destination (same lengths), in parallel on the
+/// copy threads when they add up to enough.
+///
+/// # Safety
+/// Every destination is writable memory of `len` bytes that nothing else reads or writes
+/// until this returns, and overlaps no source or other destination.
+pub(crate) unsafe fn write_host(copy: &Arc<CopyPool>, pairs: &[(&[u8], HostDst)]) -> Result<()> {
+    let mut tasks = CopyTasks::with_capacity(pairs.len());
+    for (src, dst) in pairs {
+        if src.len() != dst.len {
+            return Err(bug(format!(
+                "{} bytes for a destination of {}",
+                src.len(),
+                dst.len
+            )));
+        }
+        if !src.is_empty() {
+            tasks.push(CopyTask {
+                src: src.as_ptr(),
+                dst: dst.ptr,
+                len: src.len(),
+            });
+        }
+    }
+    // SAFETY: the caller's obligations, and `run` returns only when every byte is copied.
+    unsafe { copy.run(tasks, Stores::Cached) };
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptors_go_after_the_data_when_they_fit() {
+        assert_eq!(descriptors_at(0, 0, 0), Some(0));
+        assert_eq!(descriptors_at(1, 2, 1024), Some(256));
+        assert_eq!(descriptors_at(256, 24, 1024), Some(256));
+        assert_eq!(descriptors_at(256, 25, 1024), None, "256 + 25 * 32 > 1024");
+        assert_eq!(descriptors_at(usize::MAX, 1, usize::MAX), None);
+        assert_eq!(descriptors_at(0, usize::MAX, usize::MAX), None);
+    }
+
+    #[test]
+    fn large_sources_are_cut_into_pieces() {
+        assert_eq!(pieces(0), 0);
+        assert_eq!(pieces(1), 1);
+        assert_eq!(pieces(PIECE), 1);
+        assert_eq!(pieces(PIECE + 1), 2);
+    }
+}

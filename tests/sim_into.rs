@@ -1,0 +1,221 @@
+//! Copies into existing tensors on the simulated device (every machine, CI included):
+//! random nested batches copied into views of one static device buffer, at aligned and
+//! unaligned places, small (one slot, one kernel launch) and larger than the arena (the
+//! staging ring); every byte checked, and every byte between the destinations checked
+//! untouched. Then D2H into page-locked destinations, and every error before any copy
+//! leaves the destinations as they were.
+// The simulated device and the test hooks: `cargo test --features test-util`.
+#![cfg(feature = "test-util")]
+
+mod common;
+
+use pinlane::{
+    transfer_tensor_d2h, transfer_tensor_d2h_into, transfer_tensor_h2d, transfer_tensor_h2d_into,
+    D2hOptions, DType, Error, IntoOptions, Stream, Tensor, Value,
+};
+use proptest::prelude::*;
+
+use common::into::{check_buffer, destinations, static_buffer, view};
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// Small batches: one slot, one launch (page-locked ones read in place, unaligned
+    /// destinations by DMA), direct copies for the larger page-locked ones.
+    #[test]
+    fn copies_into_views_of_a_static_buffer(
+        v in common::value(),
+        pin_every in 0usize..4,
+        skew in 0usize..3,
+        drop_early in any::<bool>(),
+    ) {
+        common::sim();
+        let src = common::mix(&v, pin_every, 0);
+        let (dst, buf, ranges) = destinations(&src, skew);
+        let done = transfer_tensor_h2d_into(&src, &dst, &IntoOptions::default()).unwrap();
+        if drop_early {
+            // The sources may go at once: pinlane keeps the page-locked ones until the
+            // copies have run, and has staged the others.
+            drop(src);
+            drop(dst);
+            prop_assert!(done.wait().is_ok());
+            prop_assert_eq!(check_buffer(&buf, &v, &ranges), Ok(()));
+        } else {
+            prop_assert!(done.wait().is_ok());
+            prop_assert_eq!(check_buffer(&buf, &v, &ranges), Ok(()));
+            let back = transfer_tensor_d2h(&dst, &D2hOptions::default()).unwrap();
+            prop_assert_eq!(&back, &v);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(40))]
+
+    /// Batches larger than the whole arena (1 MiB): the staging ring, one copy a piece.
+    #[test]
+    fn copies_batches_larger_than_the_arena(
+        v in common::value(),
+        big in proptest::collection::vec((common::dtype(), 20_000usize..200_000, any::<u64>()), 1..3),
+        pin_every in 0usize..3,
+        skew in 0usize..2,
+    ) {
+        common::sim();
+        let mut items = vec![v];
+        items.extend(big.into_iter().map(|(d, n, s)| Value::Tensor(common::tensor(d, &[n], s))));
+        let v = Value::List(items);
+        let src = common::mix(&v, pin_every, 0);
+        let (dst, buf, ranges) = destinations(&src, skew);
+        transfer_tensor_h2d_into(&src, &dst, &IntoOptions::default()).unwrap().wait().unwrap();
+        prop_assert_eq!(check_buffer(&buf, &v, &ranges), Ok(()));
+    }
+}
+
+/// Step after step into the same buffers, on a stream of the caller's that a slow
+/// reader also uses: each step's reader sees that step's bytes (the copies are ordered
+/// on the stream, after the reader before them).
+#[test]
+fn steps_on_the_callers_stream_are_ordered() {
+    common::sim();
+    let stream = Stream::new(common::dev()).unwrap();
+    let first = vec![
+        common::tensor(DType::I64, &[300], 1),
+        common::tensor(DType::F32, &[17], 2),
+    ];
+    let (dst, _buf, _) = destinations(&first, 1);
+    let _current = pinlane::set_current_stream(&stream);
+    for step in 0..20u64 {
+        let src = vec![
+            common::tensor(DType::I64, &[300], step * 2),
+            common::tensor(DType::F32, &[17], step * 2 + 1),
+        ];
+        // Queued behind a slow operation on the stream: nothing may run early.
+        stream
+            .delay_async(std::time::Duration::from_millis(2))
+            .unwrap();
+        let opts = IntoOptions::default().stream(stream.clone());
+        let done = transfer_tensor_h2d_into(&src, &dst, &opts).unwrap();
+        // D2H waits for the current stream (this one): it reads after the copies.
+        let back = transfer_tensor_d2h(&dst, &D2hOptions::default()).unwrap();
+        assert_eq!(back, src, "step {step}");
+        done.wait().unwrap();
+    }
+}
+
+/// Every bad pair is an error before anything is queued: the destinations keep their
+/// bytes.
+#[test]
+fn bad_pairs_are_refused_and_nothing_is_written() {
+    common::sim();
+    let src = vec![
+        common::tensor(DType::F32, &[64], 7),
+        common::tensor(DType::U8, &[10], 8),
+    ];
+    let (dst, buf, _) = destinations(&src, 0);
+    let untouched = || check_buffer(&buf, &Vec::<Tensor>::new(), &[]);
+    let opts = IntoOptions::default();
+    let refuse = |s: &Vec<Tensor>, d: &Vec<Tensor>| transfer_tensor_h2d_into(s, d, &opts).err();
+
+    // Another dtype, the same byte size.
+    let wrong_dtype = vec![common::tensor(DType::I32, &[64], 7), src[1].clone()];
+    let e = refuse(&wrong_dtype, &dst).unwrap();
+    assert!(
+        matches!(&e, Error::IntoMismatch { at, .. } if at == "[0]"),
+        "{e}"
+    );
+    // Another size.
+    let wrong_size = vec![src[0].clone(), common::tensor(DType::U8, &[11], 8)];
+    let e = refuse(&wrong_size, &dst).unwrap();
+    assert!(e.to_string().contains("11 bytes"), "{e}");
+    // Fewer tensors.
+    let e = refuse(&vec![src[0].clone()], &dst).unwrap();
+    assert!(
+        matches!(&e, Error::IntoMismatch { at, .. } if at == "batch"),
+        "{e}"
+    );
+    // A host destination.
+    let e = refuse(&src, &src).unwrap();
+    assert!(e.to_string().contains("not on a CUDA device"), "{e}");
+    // A device source.
+    let e = refuse(&vec![dst[0].clone(), src[1].clone()], &dst).unwrap();
+    assert!(e.to_string().contains("not on the host"), "{e}");
+    // Overlapping destinations: the second view starts inside the first.
+    let whole = static_buffer(1024);
+    let a = view(&whole, 0, &src[0]);
+    let b = view(&whole, 128, &src[0]);
+    let e = refuse(&vec![src[0].clone(), src[0].clone()], &vec![a, b]).unwrap();
+    assert!(
+        matches!(&e, Error::OverlappingDestinations { first, second } if first == "[0]" && second == "[1]"),
+        "{e}"
+    );
+    assert_eq!(untouched(), Ok(()));
+}
+
+/// D2H into page-locked destinations: the bytes arrive, and memory a Rust value owns is
+/// refused (pinlane tensors over it are immutable).
+#[test]
+fn d2h_into_page_locked_destinations() {
+    common::sim();
+    let host = vec![
+        common::tensor(DType::F64, &[3, 5], 11),
+        common::tensor(DType::U8, &[0], 12),
+        common::tensor(DType::I16, &[4000], 13),
+        common::tensor(DType::Bf16, &[200_000], 14),
+    ];
+    let on = transfer_tensor_h2d(&host).unwrap();
+    let zeros: Vec<Tensor> = host
+        .iter()
+        .map(|t| Tensor::from_bytes(t.dtype(), t.dims(), &vec![0; t.nbytes()]).unwrap())
+        .collect();
+    let dst: Vec<Tensor> = zeros.iter().map(|t| t.to_pinned().unwrap()).collect();
+    // SAFETY: nothing else reads or writes `dst`'s memory during the call.
+    unsafe { transfer_tensor_d2h_into(&on, &dst, &IntoOptions::default()) }.unwrap();
+    assert_eq!(dst, host);
+    // SAFETY: as above (the call is refused before writing anything).
+    let e = unsafe { transfer_tensor_d2h_into(&on, &zeros, &IntoOptions::default()) }.unwrap_err();
+    assert!(e.to_string().contains("owned by a Rust value"), "{e}");
+    assert!(zeros
+        .iter()
+        .all(|t| t.as_bytes().unwrap().iter().all(|&b| b == 0)));
+    // Two destinations over the same page-locked bytes.
+    let same = dst[2].clone();
+    let pair = vec![on[2].clone(), on[2].clone()];
+    // SAFETY: as above.
+    let e = unsafe {
+        transfer_tensor_d2h_into(&pair, &vec![same.clone(), same], &IntoOptions::default())
+    }
+    .unwrap_err();
+    assert!(matches!(e, Error::OverlappingDestinations { .. }), "{e}");
+}
+
+/// The serving step: a dozen small tensors, pageable and page-locked, into slices of one
+/// buffer, take one kernel launch (the page-locked ones read in place) and one slot.
+#[test]
+fn a_serving_step_is_one_launch() {
+    common::sim();
+    let mut src: Vec<Tensor> = (0..12u64)
+        .map(|k| common::tensor(DType::I32, &[64 + 16 * k as usize], 100 + k))
+        .collect();
+    for t in src.iter_mut().step_by(3) {
+        *t = t.to_pinned().unwrap();
+    }
+    let (dst, buf, ranges) = destinations(&src, 0);
+    transfer_tensor_h2d_into(&src, &dst, &IntoOptions::default())
+        .unwrap()
+        .wait()
+        .unwrap();
+    let stats = pinlane::observe::last_transfer_stats().unwrap();
+    assert_eq!(
+        (stats.tensors, stats.copies, stats.windows),
+        (12, 1, 1),
+        "{stats:?}"
+    );
+    let pinned: usize = src.iter().step_by(3).map(Tensor::nbytes).sum();
+    assert_eq!(stats.mapped_bytes, pinned, "{stats:?}");
+    assert_eq!(
+        stats.staged_bytes + stats.mapped_bytes,
+        stats.bytes,
+        "{stats:?}"
+    );
+    assert_eq!(check_buffer(&buf, &src, &ranges), Ok(()));
+}
