@@ -10,6 +10,8 @@ turns config by config:
 
 * ``torch copy_``: ``dst.copy_(src, non_blocking=True)`` per tensor (what servers do);
 * ``pinlane copy_into``: ``pinlane.copy_into(dsts, srcs)``, one call for the step;
+* ``pinlane Buffers``: ``bufs.copy_from(srcs)``, the destinations checked and imported
+  once (``bufs = pinlane.Buffers(dsts)``), as a serving loop would;
 * ``pinlane h2d``: ``pinlane.transfer_tensor_h2d(srcs)`` of the same batch (new device
   tensors, not the static buffers: the engine's own path, for reference).
 
@@ -61,12 +63,14 @@ def statics(src, dev):
     return {k: buf[a : a + n].view(src[k].dtype) for k, (a, n) in places.items()}
 
 
-def run_step(way, src, dst):
+def run_step(way, src, dst, bufs=None):
     if way == "torch copy_":
         for k, s in src.items():
             dst[k].copy_(s, non_blocking=True)
     elif way == "pinlane copy_into":
         pinlane.copy_into(dst, src)
+    elif way == "pinlane Buffers":
+        bufs.copy_from(src)
     else:
         pinlane.transfer_tensor_h2d(src)
     torch.cuda.current_stream().synchronize()
@@ -84,12 +88,39 @@ def timed(reps, fn):
     return statistics.median(v), (time.process_time() - c0) / reps
 
 
-def check(way, src, dst):
+def same_bytes(a, b):
+    """Byte for byte (random float bytes hold NaNs, which torch.equal calls unequal)."""
+    return torch.equal(a.cpu().contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+def check(way, src, dst, bufs):
     if way == "pinlane h2d":
         got = pinlane.transfer_tensor_h2d(src)
-        return all(torch.equal(got[k].cpu(), v) for k, v in src.items())
-    run_step(way, src, dst)
-    return all(torch.equal(dst[k].cpu(), v) for k, v in src.items())
+        return all(same_bytes(got[k], v) for k, v in src.items())
+    for d in dst.values():
+        d.zero_()
+    run_step(way, src, dst, bufs)
+    return all(same_bytes(dst[k], v) for k, v in src.items())
+
+
+def parts(reps, src, bufs):
+    """Where a Buffers step's time goes: the call itself (until it returns, the copies
+    queued), and the device's span from before the call to after its copies (CUDA events
+    on the stream), medians over `reps` steps."""
+    s = torch.cuda.current_stream()
+    calls, spans = [], []
+    for r in range(WARMUP + reps):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record(s)
+        t0 = time.perf_counter()
+        bufs.copy_from(src)
+        t1 = time.perf_counter()
+        e1.record(s)
+        s.synchronize()
+        if r >= WARMUP:
+            calls.append((t1 - t0) * 1e6)
+            spans.append(e0.elapsed_time(e1) * 1e3)
+    return statistics.median(calls), statistics.median(spans)
 
 
 def main(argv=None):
@@ -104,19 +135,20 @@ def main(argv=None):
     torch.cuda.set_device(dev)
     up, _ = limits(torch, dev)
     print(f"page-locked limit H2D (torch, one 256 MiB copy): {up:.1f} GB/s")
-    ways = ["torch copy_", "pinlane copy_into", "pinlane h2d"]
+    ways = ["torch copy_", "pinlane copy_into", "pinlane Buffers", "pinlane h2d"]
     rows = []
     for n in (8, 16):
         n_bytes = sizes(n, 1000 + n)
         for pinned in (False, True):
             src = batch(n_bytes, n, pinned)
             dst = statics(src, dev)
+            bufs = pinlane.Buffers(dst)
             total = sum(n_bytes)
             label = f"{n} tensors, {total / 1024:.0f} KiB, {'page-locked' if pinned else 'pageable'}"
             res = {}
             for way in ways:
-                sec, cpu = timed(a.reps, lambda: run_step(way, src, dst))
-                ok = check(way, src, dst)
+                sec, cpu = timed(a.reps, lambda: run_step(way, src, dst, bufs))
+                ok = check(way, src, dst, bufs)
                 res[way] = {
                     "us": sec * 1e6,
                     "gbps": total / sec / 1e9,
@@ -130,14 +162,23 @@ def main(argv=None):
                     f"  bytes {'ok' if ok else 'WRONG'}",
                     flush=True,
                 )
+            call_us, span_us = parts(a.reps // 4, src, bufs)
+            print(f"{label:40} Buffers.copy_from's call {call_us:.1f} us; device span {span_us:.1f} us", flush=True)
+            res["pinlane Buffers"].update(call_us=call_us, span_us=span_us)
             rows.append({"config": label, "tensors": n, "bytes": total, "pinned": pinned, "ways": res})
     print()
-    print("| step | torch copy_ | pinlane copy_into | pinlane h2d | torch / copy_into | h2d / copy_into |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    print(
+        "| step | torch copy_ | pinlane copy_into | pinlane Buffers | pinlane h2d "
+        "| torch / copy_into | torch / Buffers | h2d / Buffers |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         w = r["ways"]
-        t, c, h = (w[x]["us"] for x in ways)
-        print(f"| {r['config']} | {t:.1f} us | {c:.1f} us | {h:.1f} us | {t / c:.2f}x | {h / c:.2f}x |")
+        t, c, b, h = (w[x]["us"] for x in ways)
+        print(
+            f"| {r['config']} | {t:.1f} us | {c:.1f} us | {b:.1f} us | {h:.1f} us "
+            f"| {t / c:.2f}x | {t / b:.2f}x | {h / b:.2f}x |"
+        )
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"limit_h2d_gbps": up, "rows": rows}, f, indent=1)

@@ -21,6 +21,7 @@ __all__ = [
     "transfer_tensor_h2d",
     "transfer_tensor_d2h",
     "copy_into",
+    "Buffers",
     "prefetch",
     "Prefetcher",
     "cuda_available",
@@ -240,7 +241,8 @@ def copy_into(dst, src, /, *, stream=None):
     place: CPU sources into CUDA destinations (buffers a server keeps: a captured CUDA
     graph's static inputs, slices of one preallocated buffer), or CUDA sources into CPU
     destinations. Many small tensors take one staging copy and one kernel launch, where
-    ``d.copy_(s, non_blocking=True)`` per tensor pays a copy each.
+    ``d.copy_(s, non_blocking=True)`` per tensor pays a copy each. For destinations
+    written step after step, ``Buffers(dst).copy_from(src)`` checks them once.
 
     * ``dst`` and ``src`` have the same structure (lists and tuples of the same lengths,
       dicts with the same keys, paired by key; dataclasses of the same type); each pair
@@ -272,17 +274,50 @@ def copy_into(dst, src, /, *, stream=None):
         RuntimeError: a copy failed (destinations may be partly written) or there is no
             CUDA.
     """
-    torch = _torch_with_cuda()
-    if torch is None:
-        raise RuntimeError("copy_into needs torch with a CUDA device")
-    dsts, srcs = pair(dst, src, torch.Tensor)
-    if not dsts:
-        return
-    h2d = dsts[0].is_cuda
-    s = None if stream is None else _stream_arg(torch, stream)
-    left = _native.copy_into(dsts, srcs, h2d=h2d, stream=s)
-    if left:
-        ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
-        with ctx, torch.no_grad():
-            for i in left:
-                dsts[i].copy_(srcs[i], non_blocking=True)
+    Buffers(dst).copy_from(src, stream=stream)
+
+
+class Buffers:
+    """Destinations that ``copy_from`` writes again and again: a server's static inputs,
+    checked and imported once (contiguous, one device, each a dtype pinlane holds).
+
+    ::
+
+        static = {"tokens": buf[:256].view(torch.int64), "lens": lens_buf}
+        inputs = pinlane.Buffers(static)            # once
+        for batch in requests:
+            inputs.copy_from(batch)                 # each step: as copy_into(static, batch)
+            graph.replay()
+
+    ``dst``'s structure and tensors are taken as they are now: a container changed later,
+    or a tensor resized or re-pointed (``resize_``, ``set_``), is not followed (pinlane
+    keeps writing the memory it imported, which it keeps alive). The rules are
+    ``copy_into``'s.
+    """
+
+    def __init__(self, dst, /):
+        torch = _torch_with_cuda()
+        if torch is None:
+            raise RuntimeError("copy_into needs torch with a CUDA device")
+        self._torch = torch
+        self._dst = dst
+        leaves = flatten(dst, torch.Tensor)
+        self._leaves = leaves
+        self._native = _native.Targets(leaves, h2d=bool(leaves) and leaves[0].is_cuda)
+
+    def copy_from(self, src, /, *, stream=None):
+        """Copies ``src`` (the structure of the destinations) into them: see
+        ``copy_into``."""
+        torch = self._torch
+        dsts, srcs = pair(self._dst, src, torch.Tensor)
+        if len(dsts) != len(self._leaves):
+            raise ValueError("copy_into: the destinations' container changed since Buffers was made")
+        if not dsts:
+            return
+        s = None if stream is None else _stream_arg(torch, stream)
+        left = self._native.copy_from(srcs, stream=s)
+        if left:
+            ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+            with ctx, torch.no_grad():
+                for i in left:
+                    self._leaves[i].copy_(srcs[i], non_blocking=True)

@@ -139,19 +139,26 @@ def pair(dst, src, leaf_type):
     of the same type; a ``leaf_type`` leaf in one must meet one in the other. Other leaves
     are not compared. Raises ``ValueError`` naming the first place that differs."""
     t = type(dst)
+    # The common cases first, without the recursive walk: two flat lists, or two flat
+    # dicts with the same keys, of leaves.
     if (t is list or t is tuple) and type(src) is t and len(dst) == len(src):
-        # The common case first: two flat lists of leaves.
         if all(isinstance(x, leaf_type) for x in dst) and all(
             isinstance(x, leaf_type) for x in src
         ):
             return list(dst), list(src)
+    if t is dict and type(src) is dict and dst.keys() == src.keys():
+        d = list(dst.values())
+        s = [src[k] for k in dst]
+        if all(isinstance(x, leaf_type) for x in d) and all(isinstance(x, leaf_type) for x in s):
+            return d, s
     dsts, srcs = [], []
-    _pair(dst, src, leaf_type, "", dsts, srcs)
+    _pair(dst, src, leaf_type, [], dsts, srcs)
     return dsts, srcs
 
 
-def _pair(d, s, leaf_type, at, dsts, srcs):
+def _pair(d, s, leaf_type, path, dsts, srcs):
     def differ(why):
+        at = "".join(path)
         return ValueError(f"copy_into: at {at or 'the top'}: {why}")
 
     if isinstance(d, leaf_type) or isinstance(s, leaf_type):
@@ -166,7 +173,9 @@ def _pair(d, s, leaf_type, at, dsts, srcs):
             n = len(s) if isinstance(s, (list, tuple)) else type(s).__name__
             raise differ(f"{len(d)} destinations for {n}")
         for i, (x, y) in enumerate(zip(d, s)):
-            _pair(x, y, leaf_type, f"{at}[{i}]", dsts, srcs)
+            path.append(f"[{i}]")
+            _pair(x, y, leaf_type, path, dsts, srcs)
+            path.pop()
     elif isinstance(d, dict):
         if not isinstance(s, dict) or s.keys() != d.keys():
             keys = sorted(map(repr, d.keys() ^ s.keys())) if isinstance(s, dict) else None
@@ -175,9 +184,13 @@ def _pair(d, s, leaf_type, at, dsts, srcs):
                 else f"a dict destination for a {type(s).__name__} source"
             )
         for k, x in d.items():
-            _pair(x, s[k], leaf_type, f"{at}[{k!r}]", dsts, srcs)
+            path.append(f"[{k!r}]")
+            _pair(x, s[k], leaf_type, path, dsts, srcs)
+            path.pop()
     elif _is_dataclass_instance(d):
         if type(s) is not type(d):
             raise differ(f"a {type(d).__name__} destination for a {type(s).__name__} source")
         for f in dataclasses.fields(d):
-            _pair(getattr(d, f.name), getattr(s, f.name), leaf_type, f"{at}.{f.name}", dsts, srcs)
+            path.append(f".{f.name}")
+            _pair(getattr(d, f.name), getattr(s, f.name), leaf_type, path, dsts, srcs)
+            path.pop()

@@ -69,7 +69,8 @@ def test_feeds_a_captured_graph_step_after_step(torch):
         tab = x["blocks"].float().sum(1).repeat(4).unsqueeze(1)
         return e + pos + tab + x["lens"].float().sum() + x["slots"].float().unsqueeze(1) % 7
 
-    pinlane.copy_into(static, src)
+    inputs = pinlane.Buffers(static)
+    inputs.copy_from(src)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up before capture, as torch's docs do
@@ -80,7 +81,7 @@ def test_feeds_a_captured_graph_step_after_step(torch):
         out = model(static)
     for step in range(1, 60):
         src = _inputs(torch, step, pinned=step % 2 == 0)
-        pinlane.copy_into(static, src)
+        inputs.copy_from(src)
         graph.replay()
         eager = model({k: v.cuda() for k, v in src.items()})
         torch.testing.assert_close(out, eager, rtol=0, atol=0, msg=f"step {step}")
@@ -136,3 +137,18 @@ def test_bad_input_is_refused_and_nothing_written(torch):
             pinlane.copy_into(dst, s)
     torch.cuda.synchronize()
     assert int(buf.count_nonzero()) == 0
+
+
+def test_buffers_check_once_and_copy_every_step(torch):
+    buf = torch.zeros(8192, dtype=torch.uint8, device="cuda")
+    dst = {"a": buf[:4096].view(torch.float32), "b": buf[4096:].view(torch.int64)}
+    bufs = pinlane.Buffers(dst)
+    for step in range(10):
+        src = {"b": torch.full((512,), step, dtype=torch.int64), "a": torch.rand(1024)}
+        bufs.copy_from(src)
+        torch.cuda.synchronize()
+        assert torch.equal(dst["a"].cpu(), src["a"]) and torch.equal(dst["b"].cpu(), src["b"])
+    with pytest.raises(ValueError, match="not contiguous"):
+        pinlane.Buffers([buf.view(2, 4096)[:, 0]])
+    with pytest.raises(ValueError, match="keys differ"):
+        bufs.copy_from({"a": torch.rand(1024)})

@@ -149,6 +149,47 @@ pub(crate) fn detach<S: Send + 'static>(
     let owners = job.detach(&done, sources)?;
     // Without the wake-up the fallback still completes the call, a little later.
     let _ = owners.stream().call_after(poke);
+    enqueue(owners, done)
+}
+
+/// [`detach`] for a call whose stream is the caller's (copies into existing tensors): the
+/// wake-up goes on pinlane's wake stream of the device, made to wait for the call's
+/// event, not on the caller's stream, whose later work (and whose synchronisation) would
+/// otherwise wait for a host function to run on the driver's thread too.
+pub(crate) fn detach_beside<S: Send + 'static>(
+    job: InFlight,
+    device: usize,
+    sources: impl FnOnce() -> S,
+) -> Result<Pending> {
+    let done = match Event::new(crate::device::Device::cuda(device)) {
+        Ok(e) => e,
+        Err(e) => return Err(job.abort(e, sources)),
+    };
+    let owners = job.detach(&done, sources)?;
+    // Without the wake-up the fallback still completes the call, a little later.
+    let _ = wake_stream(device).and_then(|s| {
+        done.wait_on(&s)?;
+        s.call_after(poke)
+    });
+    enqueue(owners, done)
+}
+
+/// The stream [`detach_beside`] queues its wake-ups on, one per device, made on first use
+/// and kept for the process (a stream holds no memory).
+fn wake_stream(device: usize) -> Result<crate::driver::Stream> {
+    static STREAMS: Mutex<Vec<(usize, crate::driver::Stream)>> = Mutex::new(Vec::new());
+    let mut streams = lock(&STREAMS);
+    if let Some((_, s)) = streams.iter().find(|(d, _)| *d == device) {
+        return Ok(s.clone());
+    }
+    let s = crate::driver::Stream::new(crate::device::Device::cuda(device))?;
+    streams.push((device, s.clone()));
+    Ok(s)
+}
+
+/// Hands a detached call's owners and event to the completion thread (started if need
+/// be) and returns what its handle waits on.
+fn enqueue(owners: Detached, done: Event) -> Result<Pending> {
     let shared = Arc::new(Shared {
         status: Mutex::new(Status::Pending(None)),
         cv: Condvar::new(),

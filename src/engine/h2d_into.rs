@@ -28,6 +28,7 @@ use crate::tensor::{Storage, Tensor};
 
 pub(crate) fn transfer<B: Batch>(src: &B, dst: &B, opts: &IntoOptions) -> Result<Transfer<()>> {
     let checked = into::pair_up(src, dst, Way::H2d)?;
+    super::trace::mark("paired");
     let (Some(device), false) = (checked.device, checked.pairs.is_empty()) else {
         return Ok(Transfer::ready(()));
     };
@@ -51,6 +52,11 @@ pub(crate) fn transfer<B: Batch>(src: &B, dst: &B, opts: &IntoOptions) -> Result
     .then(|| driver::gather_kernel(device))
     .flatten();
     let plan = route(&pairs, &views, kernel.is_some());
+    // The copy threads will fill the slot: wake them now (as a transfer does).
+    if plan.sizes.iter().sum::<usize>() >= rt.copy.parallel_min() {
+        rt.copy.prewake();
+    }
+    super::trace::mark("routed");
     let ctx = driver::bind(device)?;
     let mut job = InFlight::new(stream.clone());
     let total = pairs.iter().map(|p| p.0.nbytes()).sum();
@@ -67,7 +73,8 @@ pub(crate) fn transfer<B: Batch>(src: &B, dst: &B, opts: &IntoOptions) -> Result
         return Err(job.abort(e, keep));
     }
     super::trace::mark("submitted");
-    let pending = completion::detach(job, device, keep)?;
+    let pending = completion::detach_beside(job, device, keep)?;
+    super::trace::mark("detached");
     record_stats(call.stats);
     Ok(Transfer::pending((), pending))
 }
@@ -226,6 +233,7 @@ fn one_slot(
     stream: &Stream,
 ) -> Result<()> {
     super::lease_slots(call, job, 1)?;
+    super::trace::mark("leased");
     let rt = call.rt;
     let lease = job.leases.first_mut().ok_or_else(|| Error::Internal {
         op: "copy into",
@@ -243,6 +251,7 @@ fn one_slot(
         unsafe { lease.fill_start(pieces, &rt.copy, rt.fill_stores(Stores::Streaming)) }?;
         call.stats.staged_bytes += plan.sizes.iter().sum::<usize>();
         call.stats.windows += 1;
+        super::trace::mark("fill started");
     }
     let staged = scatter_staged(plan);
     let work = Scatter {

@@ -166,6 +166,14 @@ pub(super) struct Pairs<'a> {
     pub device: Option<usize>,
 }
 
+/// A path's hash (SipHash with fixed keys: the same in both walks).
+fn path_hash(p: &Path) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    p.hash(&mut h);
+    h.finish()
+}
+
 /// The path of `dst`'s `k`-th tensor, for an error message.
 fn path_of<B: Batch>(dst: &B, k: usize) -> String {
     batch::tensors_with_paths(dst)
@@ -184,22 +192,27 @@ pub(super) fn pair_up<'a, B: Batch>(src: &'a B, dst: &'a B, way: Way) -> Result<
             reason: format!("{} source tensors for {} destinations", s.len(), d.len()),
         });
     }
-    // Same structure: the same paths (a `Value` map's keys, the lengths of nested lists).
-    let mut src_paths: Vec<Path> = Vec::with_capacity(s.len());
-    src.visit_paths(&mut Path::default(), &mut |p, _| src_paths.push(p.clone()));
+    // Same structure: the same paths (a `Value` map's keys, the lengths of nested lists),
+    // compared by hash (no allocation per tensor); the paths are written out on a
+    // difference only.
+    let mut src_paths: Vec<u64> = Vec::with_capacity(s.len());
+    src.visit_paths(&mut Path::default(), &mut |p, _| {
+        src_paths.push(path_hash(p))
+    });
     let (mut k, mut differs) = (0, None);
     dst.visit_paths(&mut Path::default(), &mut |p, _| {
-        if differs.is_none() && src_paths.get(k) != Some(p) {
-            differs = Some((k, p.to_string()));
+        if differs.is_none() && src_paths.get(k) != Some(&path_hash(p)) {
+            differs = Some(k);
         }
         k += 1;
     });
-    if let Some((k, at)) = differs {
-        let src_at = src_paths
-            .get(k)
-            .map_or_else(|| "nothing".into(), Path::to_string);
+    if let Some(k) = differs {
+        let src_at = batch::tensors_with_paths(src)
+            .into_iter()
+            .nth(k)
+            .map_or_else(|| "nothing".into(), |(p, _)| p.to_string());
         return Err(Error::IntoMismatch {
-            at,
+            at: path_of(dst, k),
             reason: format!("the source there is at {src_at}: the structures differ"),
         });
     }

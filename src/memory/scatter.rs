@@ -18,9 +18,11 @@ use crate::driver::{self, ContextGuard, DevicePtr, GatherKernel, GatherPiece, St
 use crate::error::{Error, Result};
 use std::sync::Arc;
 
-/// Most bytes one kernel piece moves: larger sources are cut, so that many blocks share
-/// their reads (a block takes one piece), as the H2D gather does.
-const PIECE: usize = 64 << 10;
+/// Most bytes one kernel piece moves: one pass of a block's 256 threads, 16 bytes each.
+/// The kernel reads host memory through the device's mapping, where each read waits a
+/// PCIe round trip: a block looping over a larger piece would wait one per pass, while
+/// small pieces spread the reads over many blocks, all in flight at once.
+const PIECE: usize = 4 << 10;
 
 /// The kernel copies 16 bytes at a time when both ends are aligned to this; a destination
 /// that is not would be written a byte at a time, from host memory: such pieces go by DMA.
