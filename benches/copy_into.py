@@ -108,8 +108,9 @@ def parts(reps, src, bufs):
     queued), and the device's span from before the call to after its copies (CUDA events
     on the stream), medians over `reps` steps."""
     s = torch.cuda.current_stream()
-    calls, spans = [], []
+    calls, spans, marks = [], [], {}
     for r in range(WARMUP + reps):
+        pinlane._native.trace_next_call()
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         e0.record(s)
         t0 = time.perf_counter()
@@ -120,7 +121,10 @@ def parts(reps, src, bufs):
         if r >= WARMUP:
             calls.append((t1 - t0) * 1e6)
             spans.append(e0.elapsed_time(e1) * 1e3)
-    return statistics.median(calls), statistics.median(spans)
+            for name, us in pinlane._native.last_trace() or []:
+                marks.setdefault(name, []).append(us)
+    engine = ", ".join(f"{n} {statistics.median(v):.1f}" for n, v in marks.items())
+    return statistics.median(calls), statistics.median(spans), engine
 
 
 def main(argv=None):
@@ -162,9 +166,13 @@ def main(argv=None):
                     f"  bytes {'ok' if ok else 'WRONG'}",
                     flush=True,
                 )
-            call_us, span_us = parts(a.reps // 4, src, bufs)
-            print(f"{label:40} Buffers.copy_from's call {call_us:.1f} us; device span {span_us:.1f} us", flush=True)
-            res["pinlane Buffers"].update(call_us=call_us, span_us=span_us)
+            call_us, span_us, engine = parts(a.reps // 4, src, bufs)
+            print(
+                f"{label:40} Buffers.copy_from's call {call_us:.1f} us; device span {span_us:.1f} us;"
+                f" the engine's marks (us from its start): {engine}",
+                flush=True,
+            )
+            res["pinlane Buffers"].update(call_us=call_us, span_us=span_us, engine_marks=engine)
             rows.append({"config": label, "tensors": n, "bytes": total, "pinned": pinned, "ways": res})
     print()
     print(

@@ -133,3 +133,29 @@ fn d2h_fault_sweep_both_output_modes() {
     .join()
     .unwrap();
 }
+
+/// Copies into existing tensors under every fault: the call's error (none is lost in a
+/// dropped handle), the input unchanged, and the next call exact.
+#[test]
+fn h2d_into_fault_sweep() {
+    common::sim();
+    let _turn = serial();
+    std::thread::spawn(|| {
+        let b = batch();
+        let (dst, _buf, _) = common::into::destinations(&b, 1);
+        let opts = pinlane::IntoOptions::default();
+        let mut total = 0;
+        for kind in KINDS {
+            let call = || {
+                pinlane::transfer_tensor_h2d_into(&b, &dst, &opts)?.wait()?;
+                transfer_tensor_d2h(&dst, &D2hOptions::default())
+            };
+            let n = sweep(kind, &b, &call, &b);
+            assert!(n > 0, "{kind:?} never fired");
+            total += n;
+        }
+        eprintln!("h2d_into + d2h fault sweep: {total} faults injected");
+    })
+    .join()
+    .unwrap();
+}

@@ -105,6 +105,21 @@ fn configure(settings: Option<&Bound<'_, pyo3::types::PyDict>>) -> PyResult<()> 
 }
 
 /// Gives cached memory back (see `pinlane::trim`).
+/// Arms pinlane's phase timer for the calling thread's next transfer (for the benches:
+/// where one call's time goes).
+#[pyfunction]
+fn trace_next_call() {
+    pinlane::observe::trace_next_call();
+}
+
+/// The phases of the calling thread's last traced call: `[(mark, microseconds from the
+/// call's start)]`, or `None`.
+#[pyfunction]
+fn last_trace() -> Option<Vec<(&'static str, f64)>> {
+    pinlane::observe::last_trace()
+        .map(|m| m.into_iter().map(|(n, d)| (n, d.as_secs_f64() * 1e6)).collect())
+}
+
 #[pyfunction]
 fn trim(py: Python<'_>) -> PyResult<()> {
     py.detach(pinlane::trim).map_err(errors::to_py)
@@ -159,6 +174,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(unavailable_reason, m)?)?;
     m.add_function(wrap_pyfunction!(default_device, m)?)?;
     m.add_function(wrap_pyfunction!(trim, m)?)?;
+    m.add_function(wrap_pyfunction!(trace_next_call, m)?)?;
+    m.add_function(wrap_pyfunction!(last_trace, m)?)?;
     m.add_function(wrap_pyfunction!(shutdown, m)?)?;
     m.add_function(wrap_pyfunction!(configure, m)?)?;
     m.add_function(wrap_pyfunction!(memory_stats, m)?)?;

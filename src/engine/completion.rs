@@ -235,6 +235,18 @@ pub(crate) struct Pending {
     done: Event,
 }
 
+impl Drop for Pending {
+    /// A handle dropped with its copies failed and the error never handed out: no call can
+    /// return it now, so it is recorded for the device's next call (as [`complete`] does
+    /// for a handle already gone when the copies fail).
+    fn drop(&mut self) {
+        let status = lock(&self.shared.status);
+        if let Status::Done(Err(e)) = &*status {
+            crate::driver::deferred::record(self.done.index(), e.clone());
+        }
+    }
+}
+
 /// Releases (or, on error, retains) a finished job's owners and wakes its handle. Both
 /// run user code (owners' drops, the waker): a panic there is recorded for the device's
 /// next call, and the handle still gets `r`.
@@ -250,7 +262,14 @@ fn complete(mut job: Job, r: Result<()>) {
                 if let Some(owners) = owners {
                     owners.retain();
                 }
+                let failed = r.clone().err();
                 job.shared.finish(r);
+                // No handle left to hand the error out (a copy into existing tensors whose
+                // handle was dropped, say): the device's next call reports it. A handle
+                // dropped from here on records it itself (Pending's drop).
+                if let (Some(e), 1) = (failed, Arc::strong_count(&job.shared)) {
+                    crate::driver::deferred::record(job.done.index(), e);
+                }
             }
         }
     }));

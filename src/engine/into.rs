@@ -85,10 +85,11 @@ impl IntoOptions {
 /// # Errors
 /// Before anything is queued, with no destination written: [`Error::IntoMismatch`]
 /// (structure, placement, dtype or size), [`Error::OverlappingDestinations`],
-/// [`Error::StreamDeviceMismatch`], [`Error::Deferred`]. While queueing (then drained, as
-/// a failed transfer is) or from [`Transfer::wait`]: the driver's error,
-/// [`Error::StagingExhausted`]; destinations may then be partly written, and the call
-/// has not succeeded.
+/// [`Error::StreamDeviceMismatch`], [`Error::Deferred`]. While queueing, the driver's
+/// error or [`Error::StagingExhausted`] is the call's (what was queued is drained first);
+/// once queued, a failure of the copies comes from [`Transfer::wait`], or, if the handle
+/// was dropped, from the device's next call ([`Error::Deferred`]). Destinations may then
+/// be partly written; the copy did not succeed.
 pub fn transfer_tensor_h2d_into<B: Batch>(
     src: &B,
     dst: &B,
@@ -97,11 +98,7 @@ pub fn transfer_tensor_h2d_into<B: Batch>(
     super::trace::start("h2d_into");
     let r = h2d_into::transfer(src, dst, opts);
     super::trace::end();
-    match r {
-        Ok(t) => Ok(t),
-        Err(e @ (Error::Driver { .. } | Error::StagingExhausted { .. })) => Ok(Transfer::failed(e)),
-        Err(e) => Err(e),
-    }
+    r
 }
 
 /// Copies every device tensor of `src` into the host tensor at the same place in `dst`,
