@@ -15,8 +15,8 @@ turns config by config:
 * ``pinlane h2d``: ``pinlane.transfer_tensor_h2d(srcs)`` of the same batch (new device
   tensors, not the static buffers: the engine's own path, for reference).
 
-Configs: 8 and 16 tensors of 256 B to 256 KiB (sizes fixed per config by a seed), from
-pageable and from page-locked sources, into 256-byte-aligned slices of one static buffer.
+Configs: 8 and 16 tensors of 256 B to 256 KiB, and 16 of 256 B to 4 KiB (sizes fixed per
+config by a seed), from pageable and from page-locked sources, into 256-byte-aligned slices of one static buffer.
 Each way's bytes are checked once per config (after its timed steps). Prints µs per step,
 GB/s, the fraction of the page-locked limit (one 256 MiB copy, measured in this process)
 and the CPU seconds per GB; the ratio torch / pinlane per config; JSON with `--json`.
@@ -37,10 +37,10 @@ from pinlane.bench import limits, pattern
 WARMUP = 20
 
 
-def sizes(n, seed):
-    """`n` byte sizes from 256 B to 256 KiB, log-uniform, multiples of 8."""
+def sizes(n, seed, top=18):
+    """`n` byte sizes from 256 B to 2**top bytes (256 KiB), log-uniform, multiples of 8."""
     rng = random.Random(seed)
-    return [int(2 ** rng.uniform(8, 18)) // 8 * 8 for _ in range(n)]
+    return [int(2 ** rng.uniform(8, top)) // 8 * 8 for _ in range(n)]
 
 
 def batch(n_bytes, seed, pinned):
@@ -141,8 +141,9 @@ def main(argv=None):
     print(f"page-locked limit H2D (torch, one 256 MiB copy): {up:.1f} GB/s")
     ways = ["torch copy_", "pinlane copy_into", "pinlane Buffers", "pinlane h2d"]
     rows = []
-    for n in (8, 16):
-        n_bytes = sizes(n, 1000 + n)
+    # 8 and 16 tensors up to 256 KiB; 16 up to 4 KiB (a decode step's ids and lengths).
+    for n, top in ((8, 18), (16, 18), (16, 12)):
+        n_bytes = sizes(n, 1000 + n if top == 18 else 2000 + n, top)
         for pinned in (False, True):
             src = batch(n_bytes, n, pinned)
             dst = statics(src, dev)

@@ -142,14 +142,7 @@ pub(crate) fn detach<S: Send + 'static>(
     device: usize,
     sources: impl FnOnce() -> S,
 ) -> Result<Pending> {
-    let done = match Event::new(crate::device::Device::cuda(device)) {
-        Ok(e) => e,
-        Err(e) => return Err(job.abort(e, sources)),
-    };
-    let owners = job.detach(&done, sources)?;
-    // Without the wake-up the fallback still completes the call, a little later.
-    let _ = owners.stream().call_after(poke);
-    enqueue(owners, done)
+    detach_with(job, device, sources, Wake::OnStream)
 }
 
 /// [`detach`] for a call whose stream is the caller's (copies into existing tensors): the
@@ -161,16 +154,37 @@ pub(crate) fn detach_beside<S: Send + 'static>(
     device: usize,
     sources: impl FnOnce() -> S,
 ) -> Result<Pending> {
+    detach_with(job, device, sources, Wake::Beside)
+}
+
+/// Where a detached call's wake-up (the host function that pokes the completion thread)
+/// is queued.
+enum Wake {
+    /// On the call's own stream (pinlane's).
+    OnStream,
+    /// On the device's wake stream, after the call's event.
+    Beside,
+}
+
+fn detach_with<S: Send + 'static>(
+    job: InFlight,
+    device: usize,
+    sources: impl FnOnce() -> S,
+    wake: Wake,
+) -> Result<Pending> {
     let done = match Event::new(crate::device::Device::cuda(device)) {
         Ok(e) => e,
         Err(e) => return Err(job.abort(e, sources)),
     };
     let owners = job.detach(&done, sources)?;
     // Without the wake-up the fallback still completes the call, a little later.
-    let _ = wake_stream(device).and_then(|s| {
-        done.wait_on(&s)?;
-        s.call_after(poke)
-    });
+    let _ = match wake {
+        Wake::OnStream => owners.stream().call_after(poke),
+        Wake::Beside => wake_stream(device).and_then(|s| {
+            done.wait_on(&s)?;
+            s.call_after(poke)
+        }),
+    };
     enqueue(owners, done)
 }
 

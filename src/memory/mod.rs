@@ -8,6 +8,7 @@
 //! | `device.rs` | `DeviceAlloc` | device memory of one batch (`cuMemAllocFromPoolAsync`) | in order on its consumer stream (`cuMemFreeAsync`) |
 //! | `copier.rs` | `CopyPool` | nothing of its own: threads that copy host bytes in parallel | - |
 //! | `gather.rs` | - | a device buffer gathering many small tensors (kernel) | in stream order |
+//! | `scatter.rs` | - | nothing of its own: copies into memory the caller owns (device views anywhere, writable host tensors) | - |
 //! | `dlpack.rs` | a DLPack capsule's deleter (imports), a tensor clone (exports) | another framework's tensors, and ours lent to it | the deleter runs when the last view drops |
 //! | `inflight.rs` | `InFlight`, `Detached` | nothing of its own: keeps the owners above alive | after the stream is synchronised, or (non-blocking calls) the call's event completes |
 //! | `producer.rs` | [`PinnedBufferMut`] | page-locked memory a producer writes, from the [`PinnedOutputPool`] | frozen into a tensor; back to the pool when its last view drops |
