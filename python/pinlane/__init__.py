@@ -156,7 +156,14 @@ def transfer_tensor_h2d(batch, /, *, num_caches=4):
         return batch
     # The outputs' memory is freed in order on torch's current stream of the device, which
     # the native half asks torch for (through its DLPack exchange API: one C call).
-    outs = _native.h2d(tensors, device=_native.default_device(), num_caches=num_caches)
+    # Which tensors carry torch's negation bit is asked here, all at once (~0.1 us a
+    # tensor; ~1 us each from the native half): when none does, none is asked again.
+    outs = _native.h2d(
+        tensors,
+        device=_native.default_device(),
+        num_caches=num_caches,
+        maybe_neg=any(map(torch.Tensor.is_neg, tensors)),
+    )
     return rebuild(batch, torch.Tensor, outs)
 
 
@@ -232,7 +239,9 @@ def transfer_tensor_d2h(batch, /, *, device=None, stream=None, producer_event=No
     tensors = flatten(batch, torch.Tensor)
     if not tensors:
         return batch
-    outs = _native.d2h(tensors, device=dev, stream=s, event=e)
+    outs = _native.d2h(
+        tensors, device=dev, stream=s, event=e, maybe_neg=any(map(torch.Tensor.is_neg, tensors))
+    )
     return rebuild(batch, torch.Tensor, outs)
 
 
@@ -315,7 +324,9 @@ class Buffers:
         if not dsts:
             return
         s = None if stream is None else _stream_arg(torch, stream)
-        left = self._native.copy_from(srcs, stream=s)
+        left = self._native.copy_from(
+            srcs, stream=s, maybe_neg=any(map(torch.Tensor.is_neg, srcs))
+        )
         if left:
             ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
             with ctx, torch.no_grad():

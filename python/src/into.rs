@@ -68,12 +68,14 @@ impl Targets {
     /// current stream of the CUDA side's device. H2D returns once the copies are queued
     /// on that stream; D2H once the bytes are in the destinations. Returns the indices of
     /// the pairs left to torch.
-    #[pyo3(signature = (srcs, *, stream=None))]
+    /// `maybe_neg`: whether any source may have the negation bit (see `readable`).
+    #[pyo3(signature = (srcs, *, stream=None, maybe_neg=true))]
     fn copy_from<'py>(
         &self,
         py: Python<'py>,
         srcs: Vec<Bound<'py, PyAny>>,
         stream: Option<(usize, usize)>,
+        maybe_neg: bool,
     ) -> PyResult<Vec<usize>> {
         if srcs.len() != self.outs.len() {
             return Err(PyValueError::new_err(format!(
@@ -101,8 +103,15 @@ impl Targets {
                 to_torch.push(k);
                 continue;
             };
-            let Some(src) =
-                self.import_src(&torch, k, s, &mut device, &mut d2h_current, &mut temps)?
+            let Some(src) = self.import_src(
+                &torch,
+                k,
+                s,
+                maybe_neg,
+                &mut device,
+                &mut d2h_current,
+                &mut temps,
+            )?
             else {
                 to_torch.push(k);
                 continue;
@@ -201,11 +210,13 @@ impl Targets {
     /// Source `k`, read as the transfers read it; `None` for one torch copies. The CUDA
     /// side's device goes to `device` (D2H: the sources'), and for D2H torch's current
     /// stream there to `current`.
+    #[allow(clippy::too_many_arguments)]
     fn import_src<'py>(
         &self,
         torch: &Torch,
         k: usize,
         s: &Bound<'py, PyAny>,
+        maybe_neg: bool,
         device: &mut Option<usize>,
         current: &mut Option<usize>,
         temps: &mut Vec<Bound<'py, PyAny>>,
@@ -231,7 +242,7 @@ impl Targets {
         if !torch.has_dtype(s, &dl)? {
             return Ok(None);
         }
-        let (copy, mut dl) = readable(torch, s, dl, &mut || Ok(()))?;
+        let (copy, mut dl) = readable(torch, s, dl, maybe_neg, &mut || Ok(()))?;
         if self.h2d && torch::nbytes(&dl) >= DIRECT_MIN_BYTES {
             let src = copy.as_ref().unwrap_or(s);
             if src

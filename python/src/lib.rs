@@ -116,8 +116,11 @@ fn trace_next_call() {
 /// call's start)]`, or `None`.
 #[pyfunction]
 fn last_trace() -> Option<Vec<(&'static str, f64)>> {
-    pinlane::observe::last_trace()
-        .map(|m| m.into_iter().map(|(n, d)| (n, d.as_secs_f64() * 1e6)).collect())
+    pinlane::observe::last_trace().map(|m| {
+        m.into_iter()
+            .map(|(n, d)| (n, d.as_secs_f64() * 1e6))
+            .collect()
+    })
 }
 
 #[pyfunction]

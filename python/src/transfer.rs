@@ -108,15 +108,20 @@ fn torch_device(t: &Bound<'_, PyAny>) -> PyResult<(String, Option<usize>)> {
 /// `dl` itself when `t` already is one; otherwise torch's `resolve_neg()` /
 /// `contiguous()` of it, where it lives (after `before_torch`), and that tensor's
 /// descriptor.
+///
+/// `maybe_neg`: whether any tensor of the call may have the negation bit (the Python half
+/// asks them all at once, `any(map(Tensor.is_neg, ...))`, at ~0.1 us a tensor, where
+/// asking one from here costs ~1 us under the stable ABI); when false, none is asked.
 pub(crate) fn readable<'py>(
     torch: &Torch,
     t: &Bound<'py, PyAny>,
     dl: Managed,
+    maybe_neg: bool,
     before_torch: BeforeTorch<'_>,
 ) -> PyResult<(Option<Bound<'py, PyAny>>, Managed)> {
     let py = t.py();
     // The exchange API exports the memory of a negated view without its bit.
-    let neg = t.call_method0(intern!(py, "is_neg"))?.is_truthy()?;
+    let neg = maybe_neg && t.call_method0(intern!(py, "is_neg"))?.is_truthy()?;
     if !neg && torch::is_compact(&dl) {
         return Ok((None, dl));
     }
@@ -157,7 +162,7 @@ pub(crate) fn check_device(device: Option<&str>) -> PyResult<()> {
 /// on `consumer_stream` (a raw handle; `None`: torch's current stream of `device`, asked
 /// through its exchange API).
 #[pyfunction]
-#[pyo3(signature = (tensors, *, device, num_caches, consumer_stream=None, min_run=torch::MIN_RUN))]
+#[pyo3(signature = (tensors, *, device, num_caches, consumer_stream=None, min_run=torch::MIN_RUN, maybe_neg=true))]
 pub(crate) fn h2d<'py>(
     py: Python<'py>,
     tensors: Vec<Bound<'py, PyAny>>,
@@ -165,6 +170,7 @@ pub(crate) fn h2d<'py>(
     num_caches: usize,
     consumer_stream: Option<usize>,
     min_run: usize,
+    maybe_neg: bool,
 ) -> PyResult<Vec<Bound<'py, PyAny>>> {
     let Some(first) = tensors.first() else {
         return Ok(Vec::new());
@@ -174,7 +180,7 @@ pub(crate) fn h2d<'py>(
     let mut slots = Vec::with_capacity(tensors.len());
     let mut inputs = Vec::with_capacity(tensors.len());
     for t in tensors {
-        slots.push(h2d_slot(&torch, t, &mut inputs)?);
+        slots.push(h2d_slot(&torch, t, maybe_neg, &mut inputs)?);
     }
     if inputs.is_empty() {
         return outputs(py, &torch, slots, &[], min_run, &target, &mut || Ok(()));
@@ -208,6 +214,7 @@ pub(crate) fn h2d<'py>(
 fn h2d_slot<'py>(
     torch: &Torch,
     t: Bound<'py, PyAny>,
+    maybe_neg: bool,
     inputs: &mut Vec<Tensor>,
 ) -> PyResult<Slot<'py>> {
     // Torch moves what is on the host and either requires grad (keeping autograd) or
@@ -232,7 +239,7 @@ fn h2d_slot<'py>(
         return Ok(Slot::Torch(t));
     }
     // On the host: torch's work there is synchronous, with nothing to wait for first.
-    let (copy, mut dl) = readable(torch, &t, dl, &mut || Ok(()))?;
+    let (copy, mut dl) = readable(torch, &t, dl, maybe_neg, &mut || Ok(()))?;
     let src = copy.as_ref().unwrap_or(&t);
     if torch::nbytes(&dl) >= DIRECT_MIN_BYTES
         && src
@@ -277,7 +284,7 @@ impl ProducerGate {
 /// stream of the device and the optional event; `stream` and `event` are
 /// `(raw handle, device)` of a `torch.cuda.Stream` / recorded `torch.cuda.Event`.
 #[pyfunction]
-#[pyo3(signature = (tensors, *, device=None, stream=None, event=None, min_run=torch::MIN_RUN))]
+#[pyo3(signature = (tensors, *, device=None, stream=None, event=None, min_run=torch::MIN_RUN, maybe_neg=true))]
 pub(crate) fn d2h<'py>(
     py: Python<'py>,
     tensors: Vec<Bound<'py, PyAny>>,
@@ -285,6 +292,7 @@ pub(crate) fn d2h<'py>(
     stream: Option<(usize, usize)>,
     event: Option<(usize, usize)>,
     min_run: usize,
+    maybe_neg: bool,
 ) -> PyResult<Vec<Bound<'py, PyAny>>> {
     check_device(device)?;
     if stream.is_some() && device.is_none() {
@@ -344,7 +352,15 @@ pub(crate) fn d2h<'py>(
     let mut current: Option<usize> = None;
     for t in tensors {
         let before = &mut || gate.pass(py);
-        slots.push(d2h_slot(&torch, t, dev, before, &mut inputs, &mut current)?);
+        slots.push(d2h_slot(
+            &torch,
+            t,
+            dev,
+            maybe_neg,
+            before,
+            &mut inputs,
+            &mut current,
+        )?);
     }
     let before = &mut || gate.pass(py);
     if inputs.is_empty() {
@@ -371,6 +387,7 @@ fn d2h_slot<'py>(
     torch: &Torch,
     t: Bound<'py, PyAny>,
     dev: Device,
+    maybe_neg: bool,
     before_torch: BeforeTorch<'_>,
     inputs: &mut Vec<Tensor>,
     current: &mut Option<usize>,
@@ -400,7 +417,7 @@ fn d2h_slot<'py>(
     current.get_or_insert(work as usize);
     // Resolved and made compact on the device, on torch's current stream (which the copy
     // waits for), once the producer event has completed.
-    let (_, dl) = readable(torch, &t, dl, before_torch)?;
+    let (_, dl) = readable(torch, &t, dl, maybe_neg, before_torch)?;
     Ok(match torch::to_pinlane(dl) {
         Ok(p) => {
             inputs.push(p);
