@@ -173,10 +173,21 @@ fn d2h_into_page_locked_destinations() {
     assert_eq!(dst, host);
     // SAFETY: as above (the call is refused before writing anything).
     let e = unsafe { transfer_tensor_d2h_into(&on, &zeros, &IntoOptions::default()) }.unwrap_err();
-    assert!(e.to_string().contains("owned by a Rust value"), "{e}");
+    assert!(e.to_string().contains("may not write"), "{e}");
     assert!(zeros
         .iter()
         .all(|t| t.as_bytes().unwrap().iter().all(|&b| b == 0)));
+    // Memory a Rust value owns, page-locked in place, and a read-only re-import of it.
+    let registered = zeros[2].register_pinned(common::dev()).unwrap();
+    let reimported = Tensor::from_dlpack(zeros[2].to_dlpack().unwrap()).unwrap();
+    for refused in [registered, reimported] {
+        let one = vec![on[2].clone()];
+        // SAFETY: as above.
+        let e = unsafe { transfer_tensor_d2h_into(&one, &vec![refused], &IntoOptions::default()) }
+            .unwrap_err();
+        assert!(e.to_string().contains("may not write"), "{e}");
+    }
+    assert!(zeros[2].as_bytes().unwrap().iter().all(|&b| b == 0));
     // Two destinations over the same page-locked bytes.
     let same = dst[2].clone();
     let pair = vec![on[2].clone(), on[2].clone()];

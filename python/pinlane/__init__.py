@@ -312,7 +312,8 @@ class Buffers:
         self._dst = dst
         leaves = flatten(dst, torch.Tensor)
         self._leaves = leaves
-        self._native = _native.Targets(leaves, h2d=bool(leaves) and leaves[0].is_cuda)
+        self._h2d = bool(leaves) and leaves[0].is_cuda
+        self._native = _native.Targets(leaves, h2d=self._h2d)
 
     def copy_from(self, src, /, *, stream=None):
         """Copies ``src`` (the structure of the destinations) into them: see
@@ -329,6 +330,7 @@ class Buffers:
         )
         if left:
             ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+            # D2H returns with the bytes there: torch's copy waits too (non_blocking=False).
             with ctx, torch.no_grad():
                 for i in left:
-                    self._leaves[i].copy_(srcs[i], non_blocking=True)
+                    self._leaves[i].copy_(srcs[i], non_blocking=self._h2d)

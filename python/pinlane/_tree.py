@@ -194,3 +194,5 @@ def _pair(d, s, leaf_type, path, dsts, srcs):
             path.append(f".{f.name}")
             _pair(getattr(d, f.name), getattr(s, f.name), leaf_type, path, dsts, srcs)
             path.pop()
+    elif flatten(s, leaf_type):
+        raise differ(f"a {type(d).__name__} destination for a {type(s).__name__} source holding tensors")

@@ -14,7 +14,7 @@ use crate::errors::to_py;
 use crate::torch::{self, Kind, Managed, Torch};
 use crate::transfer::readable;
 use pinlane::{Device, IntoOptions, RawStream, Stream, Tensor};
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
 
@@ -27,11 +27,24 @@ fn bad(k: usize, what: &str) -> PyErr {
     PyValueError::new_err(format!("copy_into: pair {k}: {what}"))
 }
 
+/// One destination, as imported.
+enum Dst {
+    /// pinlane's view of it.
+    Pinlane(Tensor),
+    /// A dtype pinlane lacks: torch copies it. Its dtype and size, checked against the
+    /// source before anything is queued.
+    Torch { dtype: Py<PyAny>, nbytes: usize },
+}
+
 /// Destinations imported once, written by every [`Targets::copy_from`].
 #[pyclass(module = "pinlane._native", frozen)]
 pub(crate) struct Targets {
-    /// pinlane's view of each destination; `None` for one torch copies.
-    outs: Vec<Option<Tensor>>,
+    /// Each destination.
+    outs: Vec<Dst>,
+    /// Held by a `copy_from` while it runs: one writer at a time (D2H's contract), a
+    /// second thread's call is an error rather than a wait (the first releases the GIL,
+    /// and a wait holding it would never end).
+    busy: std::sync::Mutex<()>,
     /// CUDA destinations (else CPU ones, with CUDA sources).
     h2d: bool,
     /// The CUDA device of H2D's destinations (D2H's comes from its sources).
@@ -45,6 +58,7 @@ impl Targets {
     fn new(dsts: Vec<Bound<'_, PyAny>>, h2d: bool) -> PyResult<Targets> {
         let mut t = Targets {
             outs: Vec::with_capacity(dsts.len()),
+            busy: std::sync::Mutex::new(()),
             h2d,
             device: None,
         };
@@ -87,6 +101,15 @@ impl Targets {
         let Some(first) = srcs.first() else {
             return Ok(Vec::new());
         };
+        let _busy = match self.busy.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                return Err(PyRuntimeError::new_err(
+                    "copy_into: these Buffers are being written by another thread's copy_from",
+                ))
+            }
+        };
         let torch = Torch::of(first)?;
         let mut to_torch = Vec::new();
         let (mut ins, mut outs) = (
@@ -99,9 +122,23 @@ impl Targets {
         let mut device = self.device;
         let mut d2h_current = None;
         for (k, (s, out)) in srcs.iter().zip(&self.outs).enumerate() {
-            let Some(out) = out else {
-                to_torch.push(k);
-                continue;
+            let out = match out {
+                Dst::Pinlane(t) => t,
+                Dst::Torch { dtype, nbytes } => {
+                    // Checked here, before anything is queued, as pinlane's pairs are:
+                    // torch's copy_ would convert or broadcast instead.
+                    let same_dtype = s.getattr(intern!(py, "dtype"))?.is(dtype.bind(py));
+                    if !same_dtype
+                        || s.getattr(intern!(py, "nbytes"))?.extract::<usize>()? != *nbytes
+                    {
+                        return Err(bad(
+                            k,
+                            "the source's dtype or size is not the destination's",
+                        ));
+                    }
+                    to_torch.push(k);
+                    continue;
+                }
             };
             let Some(src) = self.import_src(
                 &torch,
@@ -113,8 +150,11 @@ impl Targets {
                 &mut temps,
             )?
             else {
-                to_torch.push(k);
-                continue;
+                return Err(bad(
+                    k,
+                    "the source's dtype is one pinlane lacks, the destination's is not: the \
+                     dtypes differ",
+                ));
             };
             ins.push(src);
             outs.push(out.clone());
@@ -168,12 +208,7 @@ impl Targets {
 
 impl Targets {
     /// Destination `k`: `None` for one whose dtype pinlane lacks (torch copies it).
-    fn import_dst(
-        &mut self,
-        torch: &Torch,
-        k: usize,
-        d: &Bound<'_, PyAny>,
-    ) -> PyResult<Option<Tensor>> {
+    fn import_dst(&mut self, torch: &Torch, k: usize, d: &Bound<'_, PyAny>) -> PyResult<Dst> {
         let (dl, _) = torch
             .import(d)
             .map_err(|e| bad(k, &format!("torch does not export the destination ({e})")))?;
@@ -192,7 +227,11 @@ impl Targets {
             (false, _) => return Err(bad(k, "the destination is not a CPU tensor")),
         }
         if !torch.has_dtype(d, &dl)? {
-            return Ok(None);
+            let py = d.py();
+            return Ok(Dst::Torch {
+                dtype: d.getattr(intern!(py, "dtype"))?.unbind(),
+                nbytes: d.getattr(intern!(py, "nbytes"))?.extract()?,
+            });
         }
         if !torch::is_compact(&dl) {
             return Err(bad(
@@ -204,10 +243,10 @@ impl Targets {
         if d.call_method0(intern!(d.py(), "is_neg"))?.is_truthy()? {
             return Err(bad(k, "the destination has the negation bit (is_neg())"));
         }
-        torch::to_pinlane(dl).map(Some)
+        torch::to_pinlane(dl).map(Dst::Pinlane)
     }
 
-    /// Source `k`, read as the transfers read it; `None` for one torch copies. The CUDA
+    /// Source `k`, read as the transfers read it; `None` for a dtype pinlane lacks. The CUDA
     /// side's device goes to `device` (D2H: the sources'), and for D2H torch's current
     /// stream there to `current`.
     #[allow(clippy::too_many_arguments)]

@@ -394,10 +394,13 @@ pub(crate) unsafe fn mark_page_locked(dl: &mut Managed) {
 
 /// A pinlane tensor over an imported descriptor of a torch tensor the call is moving.
 pub(crate) fn to_pinlane(dl: Managed) -> PyResult<Tensor> {
-    // SAFETY: torch's memory is writable, and pinlane's tensor over it lives for the
-    // call only (the calls drop their inputs before returning). Nothing in pinlane
-    // writes it; the calls' contract, as torch's own copies', is that the caller's code
-    // does not write a tensor while it is being moved (device tensors: work that writes
-    // them is ordered before the copy, on the current stream or the producer event).
+    // SAFETY: torch's memory is writable. A transfer's inputs live for the call only (the
+    // calls drop them before returning), and pinlane only reads them; the calls'
+    // contract, as torch's own copies', is that the caller's code does not write a tensor
+    // while it is being moved (device tensors: work that writes them is ordered before
+    // the copy, on the current stream or the producer event). `Buffers` keeps its
+    // destinations across calls and pinlane writes them (copy_into's documented
+    // contract: nothing else touches them while a copy runs); pinlane never reads them,
+    // so torch's writes between calls break no assumption of pinlane's.
     unsafe { Tensor::from_dlpack_writable(dl) }.map_err(to_py)
 }

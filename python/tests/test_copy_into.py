@@ -51,6 +51,7 @@ def test_flat_lists_and_nested_containers():
         ({"a": [Leaf("x"), 5]}, {"a": [Leaf("x"), Leaf("y")]}, "at ['a'][1]: a int destination"),
         ([Leaf("x")], {"a": Leaf("y")}, "1 destinations for dict"),
         ({"a": Leaf("x")}, [Leaf("y")], "a dict destination for a list source"),
+        ({"a": None}, {"a": [Leaf("y")]}, "a NoneType destination for a list source holding tensors"),
     ],
 )
 def test_structures_that_differ_are_a_value_error_naming_the_place(dst, src, where):

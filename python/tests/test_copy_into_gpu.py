@@ -117,6 +117,16 @@ def test_strided_sources_and_torch_dtypes(torch):
     pinlane.copy_into(dst, src)
     torch.cuda.synchronize()
     assert torch.equal(dst["t"].cpu(), src["t"]) and torch.equal(dst["c"].cpu(), src["c"])
+    # Back the other way: torch copies the complex pair, and the call returns with it there.
+    back = {"t": torch.empty(10, 10, dtype=torch.int64), "c": torch.empty(5, dtype=torch.complex64, pin_memory=True)}
+    torch.cuda._sleep(20_000_000)  # the sources' producer is still running
+    pinlane.copy_into(back, dst)
+    assert torch.equal(back["t"], src["t"]) and torch.equal(back["c"], src["c"])
+    # A torch-copied pair is checked like the others, before anything is queued.
+    with pytest.raises(ValueError, match="dtype or size"):
+        pinlane.copy_into(dst, {"t": src["t"], "c": torch.randn(5, dtype=torch.complex128)})
+    with pytest.raises(ValueError, match="dtypes differ"):
+        pinlane.copy_into({"t": dst["t"]}, {"t": torch.zeros(10, 10, dtype=torch.complex64)})
 
 
 def test_bad_input_is_refused_and_nothing_written(torch):

@@ -17,6 +17,10 @@ pub enum Step {
     /// `BTreeMap`, whose keys may have no text form), or the `n`-th tensor of a type whose
     /// `Batch` implementation gives no paths, in visit order.
     Nth(usize),
+    /// The `n`-th entry of a container whose order is its own (a `HashMap`): two such
+    /// containers holding the same keys may list them in different orders, so positions
+    /// do not pair them (copies into existing tensors refuse them). Shown as `#n`.
+    Unordered(usize),
 }
 
 /// The steps from a batch's root to one of its tensors, shown as Rust would reach it:
@@ -70,7 +74,7 @@ impl fmt::Display for Path {
                 Step::Field(name) => write!(f, ".{name}")?,
                 Step::Index(n) => write!(f, "[{n}]")?,
                 Step::Key(k) => write!(f, "[{k:?}]")?,
-                Step::Nth(n) => write!(f, "#{n}")?,
+                Step::Nth(n) | Step::Unordered(n) => write!(f, "#{n}")?,
             }
         }
         Ok(())

@@ -139,7 +139,7 @@ impl<K: Clone + Eq + Hash, V: Batch, S: BuildHasher + Clone> Batch for HashMap<K
         out
     }
     fn visit_paths<'a>(&'a self, path: &mut Path, f: &mut dyn FnMut(&Path, &'a Tensor)) {
-        visit_items(self.values(), Step::Nth, path, f)
+        visit_items(self.values(), Step::Unordered, path, f)
     }
 }
 

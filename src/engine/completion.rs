@@ -36,6 +36,8 @@ const FALLBACK: Duration = Duration::from_millis(2);
 struct Shared {
     status: Mutex<Status>,
     cv: Condvar,
+    /// The call's device: where a failure nobody can be handed is recorded.
+    device: usize,
 }
 
 enum Status {
@@ -46,6 +48,9 @@ enum Status {
     Done(Result<()>),
     /// The result was handed out.
     Taken,
+    /// The handle was dropped while the copies could still run: a failure then has no
+    /// one to go to, and is recorded for the device's next call instead.
+    Abandoned,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -62,12 +67,21 @@ impl Shared {
     fn finish_with(&self, r: impl FnOnce() -> Result<()>) {
         let waker = {
             let mut s = lock(&self.status);
-            if !matches!(*s, Status::Pending(_)) {
-                return;
-            }
-            match std::mem::replace(&mut *s, Status::Done(r())) {
-                Status::Pending(w) => w,
-                _ => None,
+            match &*s {
+                Status::Pending(_) => match std::mem::replace(&mut *s, Status::Done(r())) {
+                    Status::Pending(w) => w,
+                    _ => None,
+                },
+                Status::Abandoned => {
+                    // Decided under the lock the handle's drop took: recorded once.
+                    *s = Status::Taken;
+                    drop(s);
+                    if let Err(e) = r() {
+                        crate::driver::deferred::record(self.device, e);
+                    }
+                    return;
+                }
+                Status::Done(_) | Status::Taken => return,
             }
         };
         self.cv.notify_all();
@@ -207,6 +221,7 @@ fn enqueue(owners: Detached, done: Event) -> Result<Pending> {
     let shared = Arc::new(Shared {
         status: Mutex::new(Status::Pending(None)),
         cv: Condvar::new(),
+        device: done.index(),
     });
     let k = owners.stream().key();
     let job = Job {
@@ -250,13 +265,18 @@ pub(crate) struct Pending {
 }
 
 impl Drop for Pending {
-    /// A handle dropped with its copies failed and the error never handed out: no call can
-    /// return it now, so it is recorded for the device's next call (as [`complete`] does
-    /// for a handle already gone when the copies fail).
+    /// A handle dropped before its result was handed out: a failure already known is
+    /// recorded for the device's next call now; one still to come is recorded by
+    /// [`Shared::finish_with`] (the status says which, under one lock, so once).
     fn drop(&mut self) {
-        let status = lock(&self.shared.status);
-        if let Status::Done(Err(e)) = &*status {
-            crate::driver::deferred::record(self.done.index(), e.clone());
+        let mut status = lock(&self.shared.status);
+        match std::mem::replace(&mut *status, Status::Taken) {
+            Status::Pending(_) => *status = Status::Abandoned,
+            Status::Done(Err(e)) => {
+                drop(status);
+                crate::driver::deferred::record(self.shared.device, e);
+            }
+            Status::Done(Ok(())) | Status::Taken | Status::Abandoned => {}
         }
     }
 }
@@ -276,14 +296,9 @@ fn complete(mut job: Job, r: Result<()>) {
                 if let Some(owners) = owners {
                     owners.retain();
                 }
-                let failed = r.clone().err();
+                // A handle dropped already (a copy into existing tensors, say) has left
+                // the status abandoned: `finish` records the error for the device then.
                 job.shared.finish(r);
-                // No handle left to hand the error out (a copy into existing tensors whose
-                // handle was dropped, say): the device's next call reports it. A handle
-                // dropped from here on records it itself (Pending's drop).
-                if let (Some(e), 1) = (failed, Arc::strong_count(&job.shared)) {
-                    crate::driver::deferred::record(job.done.index(), e);
-                }
             }
         }
     }));
@@ -580,7 +595,7 @@ impl<B> Transfer<B> {
                         *s = Status::Pending(w);
                         return Err(taken());
                     }
-                    Status::Taken => return Err(taken()),
+                    Status::Taken | Status::Abandoned => return Err(taken()),
                 }
             }
         };

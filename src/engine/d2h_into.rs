@@ -28,19 +28,12 @@ pub(crate) unsafe fn transfer<B: Batch>(src: &B, dst: &B, opts: &IntoOptions) ->
     let pairs = checked.pairs;
     let mut targets = Vec::with_capacity(pairs.len());
     for (_, d) in &pairs {
-        let ptr = d
-            .storage()
-            .host_write_ptr()
-            .ok_or_else(|| Error::Internal {
-                op: "copy into",
-                reason: "a checked destination is not writable".into(),
-            })?;
-        targets.push(HostDst {
-            ptr,
-            len: d.nbytes(),
-        });
+        targets.push(HostDst::of(d).ok_or_else(|| Error::Internal {
+            op: "copy into",
+            reason: "a checked destination is not writable".into(),
+        })?);
     }
-    let ranges: Vec<(u64, usize)> = targets.iter().map(|t| (t.ptr as u64, t.len)).collect();
+    let ranges: Vec<(u64, usize)> = targets.iter().map(HostDst::range).collect();
     into::check_overlap(dst, &pairs, &ranges)?;
     let sources: Vec<Tensor> = pairs.iter().map(|p| p.0.clone()).collect();
     let mut d2h_opts = D2hOptions::default()

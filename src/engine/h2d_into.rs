@@ -148,6 +148,7 @@ fn route<'a>(
                 if kernel
                     && b.mapped()
                     && n < h2d::MAPPED_MAX_BYTES
+                    && scatter::kernel_reads_well(b)
                     && scatter::kernel_writes_well(view) =>
             {
                 p.mapped.push((b, view))

@@ -4,7 +4,7 @@
 //! directions' work is in `h2d_into.rs` and `d2h_into.rs`.
 
 use super::{d2h_into, h2d_into, Transfer};
-use crate::batch::{self, Batch, Path};
+use crate::batch::{self, Batch, Path, Step};
 use crate::driver::Stream;
 use crate::error::{Error, Result};
 use crate::location::Location;
@@ -49,17 +49,20 @@ impl IntoOptions {
 ///   the new bytes. The returned [`Transfer`] completes when they have run
 ///   ([`Transfer::wait`], [`Transfer::ready_event`] to order another stream); dropping
 ///   it is fine (pinlane keeps what the copies use until they finish).
-/// * How: small sources (pageable, or page-locked under 64 KiB) are copied into one
-///   page-locked staging slot and scattered to their destinations by one kernel launch
-///   that reads the slot through the device's mapping; small page-locked sources
-///   pinlane allocated are read in place by the same launch; page-locked sources from
-///   64 KiB on are copied straight from their memory (one batched submission); a batch
-///   too large for one slot goes through the staging ring, one copy per piece.
+/// * How: page-locked sources from 64 KiB on (256 KiB where the driver lacks
+///   `cuMemcpyBatchAsync`) are copied straight from their memory, in one batched
+///   submission; the others are copied into one page-locked staging slot and scattered
+///   to their destinations by one kernel launch that reads the slot through the
+///   device's mapping (small page-locked sources pinlane allocated are read in place by
+///   the same launch); a batch too large for one slot goes through the staging ring,
+///   one copy per piece.
 /// * When the call returns, the sources are no longer read except page-locked ones,
 ///   which pinlane keeps alive until the copies have run (clones); pageable sources may
 ///   change at once.
-/// * `HashMap` batches cannot be paired: two maps iterate in orders of their own. Maps
-///   pair by their order (a `BTreeMap` by key), so both must hold the same keys.
+/// * `HashMap` batches are refused ([`Error::IntoMismatch`]): two maps holding the same
+///   keys iterate in orders of their own. A `BTreeMap` pairs by key order, so both must
+///   hold the same keys (its keys are not compared: use [`Value::Map`](crate::Value::Map),
+///   whose keys are, when they may differ).
 ///
 /// The rules for the destinations' memory while the copies run, and on failure, are in
 /// `docs/semantics.md` ("Copies into existing tensors").
@@ -88,8 +91,9 @@ impl IntoOptions {
 /// [`Error::StreamDeviceMismatch`], [`Error::Deferred`]. While queueing, the driver's
 /// error or [`Error::StagingExhausted`] is the call's (what was queued is drained first);
 /// once queued, a failure of the copies comes from [`Transfer::wait`], or, if the handle
-/// was dropped, from the device's next call ([`Error::Deferred`]). Destinations may then
-/// be partly written; the copy did not succeed.
+/// was dropped, from a later call on the device ([`Error::Deferred`]: the next one of the
+/// thread that dropped it, if the failure was known by then, else the next one on any
+/// thread). Destinations may then be partly written; the copy did not succeed.
 pub fn transfer_tensor_h2d_into<B: Batch>(
     src: &B,
     dst: &B,
@@ -130,9 +134,12 @@ pub fn transfer_tensor_h2d_into<B: Batch>(
 /// ```
 ///
 /// # Safety
-/// Nothing reads or writes the destinations' host memory during the call (no other
-/// thread holds a slice of it, e.g. from [`Tensor::as_bytes`] on a clone): pinlane
-/// tensors are otherwise immutable, and this call writes them.
+/// Nothing reads or writes the destinations' host memory during the call: no borrow of
+/// it (from [`Tensor::as_bytes`] or [`Tensor::as_slice`] on any clone, on any thread, the
+/// calling one included) is alive across the call, and no earlier pinlane copy still
+/// reads it (an unfinished `transfer_tensor_h2d_async` or `transfer_tensor_h2d_into`
+/// with it as a source). pinlane tensors are otherwise immutable, and this call writes
+/// them.
 ///
 /// # Errors
 /// As [`transfer_tensor_h2d_into`] before any copy (a destination pinlane may not write
@@ -196,13 +203,24 @@ pub(super) fn pair_up<'a, B: Batch>(src: &'a B, dst: &'a B, way: Way) -> Result<
     src.visit_paths(&mut Path::default(), &mut |p, _| {
         src_paths.push(path_hash(p))
     });
-    let (mut k, mut differs) = (0, None);
+    let (mut k, mut differs, mut unordered) = (0, None, None);
     dst.visit_paths(&mut Path::default(), &mut |p, _| {
         if differs.is_none() && src_paths.get(k) != Some(&path_hash(p)) {
             differs = Some(k);
         }
+        if unordered.is_none() && p.steps().iter().any(|s| matches!(s, Step::Unordered(_))) {
+            unordered = Some(k);
+        }
         k += 1;
     });
+    if let Some(k) = unordered {
+        return Err(Error::IntoMismatch {
+            at: path_of(dst, k),
+            reason: "a HashMap's entries cannot be paired: two maps holding the same keys \
+                     list them in orders of their own; use a BTreeMap, a Vec or a Value::Map"
+                .into(),
+        });
+    }
     if let Some(k) = differs {
         let src_at = batch::tensors_with_paths(src)
             .into_iter()
@@ -276,9 +294,11 @@ fn check_pair(src: &Tensor, dst: &Tensor, way: Way, device: &mut Option<usize>) 
     }
     if way == Way::D2h && dst.nbytes() > 0 && dst.storage().host_write_ptr().is_none() {
         return Some(
-            "the destination's memory is owned by a Rust value (Tensor::from_vec, \
-             from_owner, a D2H output in pageable memory), which pinlane only reads: \
-             copy into page-locked memory or memory imported through DLPack"
+            "pinlane may not write the destination's memory: memory a Rust value owns \
+             (Tensor::from_vec, from_owner, the same page-locked in place by \
+             register_pinned, a D2H output in pageable memory) or a read-only import; copy \
+             into page-locked memory pinlane allocated, or memory imported writable \
+             through DLPack"
                 .into(),
         );
     }
@@ -401,5 +421,18 @@ mod tests {
         // A host source for D2H.
         let e = pair_up(&a, &a, Way::D2h).err().unwrap();
         assert!(e.to_string().contains("the source is on host"), "{e}");
+    }
+
+    #[test]
+    fn hash_maps_are_refused_whatever_their_order() {
+        let m: std::collections::HashMap<String, Tensor> = (0..4)
+            .map(|k| (format!("k{k}"), host(vec![k; 8])))
+            .collect();
+        let e = pair_up(&m, &m.clone(), Way::H2d).err().unwrap();
+        assert!(e.to_string().contains("HashMap"), "{e}");
+        // A BTreeMap pairs by key order: the first mismatch is the placement.
+        let b: std::collections::BTreeMap<String, Tensor> = m.into_iter().collect();
+        let e = pair_up(&b, &b, Way::H2d).err().unwrap();
+        assert!(e.to_string().contains("not on a CUDA device"), "{e}");
     }
 }

@@ -187,18 +187,23 @@ pub(crate) fn import<M: ManagedTensorBase>(
         }
         (dtype, shape, nbytes, t.device(), addr)
     };
+    // Whether copies into existing tensors (`transfer_tensor_d2h_into`) may write this
+    // memory: only when the importer took it as writable (the unsafe imports) and the
+    // producer did not flag it read-only.
+    let writable = writes == Writes::Promised && !dl.flags().intersects(DlpackFlags::READ_ONLY);
     let owner: Box<dyn Send + Sync> = Box::new(dl.into_deleter());
     let storage = match device.device_type {
         DLDeviceType::CPU => {
             // SAFETY: a valid DLPack CPU tensor's `nbytes` at `addr` are readable until its
             // deleter runs, which dropping `owner` does.
             Storage::Host(unsafe {
-                HostBuf::from_raw_parts(addr as usize as *const u8, nbytes, owner)
+                HostBuf::from_raw_parts(addr as usize as *const u8, nbytes, owner, writable)
             })
         }
         DLDeviceType::CUDAHOST => {
             // SAFETY: as above; the producer says the memory is page-locked.
-            let block = unsafe { PinnedBlock::foreign(addr as usize as *mut u8, nbytes, owner) };
+            let block =
+                unsafe { PinnedBlock::foreign(addr as usize as *mut u8, nbytes, owner, writable) };
             Storage::Pinned(PinnedBuf::view(&block, 0, nbytes)?)
         }
         DLDeviceType::CUDA => {

@@ -34,15 +34,18 @@ struct Foreign {
     owner: *mut (dyn Send + Sync),
     ptr: *const u8,
     len: usize,
-    /// `ptr` came as a raw pointer from the memory's producer (not from a reference into
-    /// the owner), so it carries the right to write the memory.
-    raw: bool,
+    /// The memory may be written by copies into existing tensors: `ptr` came as a raw
+    /// pointer from its producer (not from a reference into the owner), and the importer
+    /// took it as writable (see `from_raw_parts`).
+    writable: bool,
 }
 
-// SAFETY: `ptr` only points into memory that the owner keeps alive and that is only ever
-// read; sending or sharing a `Foreign` sends or shares the owner, which is Send + Sync.
+// SAFETY: `ptr` only points into memory that the owner keeps alive and that pinlane only
+// reads, except through `write_ptr` under the unsafe contract of the call that writes
+// (nothing else reads or writes the bytes meanwhile); sending or sharing a `Foreign`
+// sends or shares the owner, which is Send + Sync.
 unsafe impl Send for Foreign {}
-// SAFETY: as above: `&Foreign` gives only shared reads of immutable bytes.
+// SAFETY: as above: `&Foreign` gives shared reads, and writes only under that contract.
 unsafe impl Sync for Foreign {}
 
 impl Foreign {
@@ -54,7 +57,7 @@ impl Foreign {
             owner,
             ptr,
             len,
-            raw: false,
+            writable: false,
         }
     }
 }
@@ -70,7 +73,7 @@ impl HostBytes for Foreign {
     }
 
     fn write_ptr(&self) -> Option<*mut u8> {
-        (self.raw && self.len > 0).then_some(self.ptr.cast_mut())
+        (self.writable && self.len > 0).then_some(self.ptr.cast_mut())
     }
 }
 
@@ -129,20 +132,24 @@ impl HostBuf {
         HostBuf::from_foreign(foreign)
     }
 
-    /// `len` bytes at `ptr`, kept alive by `owner`.
+    /// `len` bytes at `ptr`, kept alive by `owner`; `writable`: copies into existing
+    /// tensors may write them ([`HostBuf::write_ptr`]).
     ///
     /// # Safety
-    /// `ptr..ptr+len` is readable host memory that stays valid and unchanged until
-    /// `owner` is dropped (on any thread); `ptr` is non-null when `len > 0`. The bytes must
-    /// not lie inside the owner's own allocation (use [`HostBuf::from_owner`] for that).
+    /// `ptr..ptr+len` is readable host memory that stays valid until `owner` is dropped
+    /// (on any thread), and unchanged except by the writes `writable` allows, which the
+    /// memory must then permit (not mapped read-only); `ptr` is non-null when `len > 0`.
+    /// The bytes must not lie inside the owner's own allocation (use
+    /// [`HostBuf::from_owner`] for that).
     pub(crate) unsafe fn from_raw_parts(
         ptr: *const u8,
         len: usize,
         owner: Box<dyn Send + Sync>,
+        writable: bool,
     ) -> HostBuf {
         // SAFETY: the caller's contract; the owner is handed over through into_raw.
         let mut foreign = unsafe { Foreign::new(Box::into_raw(owner), ptr, len) };
-        foreign.raw = true;
+        foreign.writable = writable;
         HostBuf::from_foreign(foreign)
     }
 

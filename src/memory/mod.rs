@@ -95,14 +95,16 @@ pub(crate) enum Storage {
 }
 
 impl Storage {
-    /// A host tensor's first byte with the right to write it: page-locked memory, or
-    /// memory handed over as a raw pointer (a DLPack import); `None` for device memory and
-    /// for memory a Rust value owns (a `Vec`, `Tensor::from_owner`), which pinlane only
-    /// reads. Writing is sound only while nothing reads or writes the bytes otherwise.
+    /// A host tensor's first byte with the right to write it: page-locked memory pinlane
+    /// allocated, or memory imported writable through DLPack (the unsafe imports, not
+    /// flagged read-only); `None` for device memory, for memory a Rust value owns (a
+    /// `Vec`, `Tensor::from_owner`, and the same page-locked in place by
+    /// `register_pinned`) and for read-only imports, which pinlane only reads. Writing is
+    /// sound only while nothing reads or writes the bytes otherwise.
     pub(crate) fn host_write_ptr(&self) -> Option<*mut u8> {
         match self {
             Storage::Host(b) => b.write_ptr(),
-            Storage::Pinned(b) => Some(b.write_ptr()),
+            Storage::Pinned(b) => b.write_ptr(),
             Storage::Device(_) => None,
         }
     }

@@ -33,8 +33,12 @@ enum Release {
         pool: Arc<PinnedOutputPool>,
         device: usize,
     },
-    /// Drop the owner that keeps it page-locked and alive (with the block).
-    Foreign { _owner: Box<dyn Send + Sync> },
+    /// Drop the owner that keeps it page-locked and alive (with the block). `writable`:
+    /// copies into existing tensors may write it (the importer took it as writable).
+    Foreign {
+        _owner: Box<dyn Send + Sync>,
+        writable: bool,
+    },
     /// Memory of `owner`'s, page-locked in place (`cuMemHostRegister`): unregistered under
     /// `device`'s context, then `owner` drops.
     Registered {
@@ -69,12 +73,27 @@ impl PinnedBlock {
         ptr: *mut u8,
         len: usize,
         owner: Box<dyn Send + Sync>,
+        writable: bool,
     ) -> Arc<PinnedBlock> {
         Arc::new(PinnedBlock {
             ptr: HostPtr(ptr),
             len,
-            release: Release::Foreign { _owner: owner },
+            release: Release::Foreign {
+                _owner: owner,
+                writable,
+            },
         })
+    }
+
+    /// Whether copies into existing tensors may write this block: memory pinlane
+    /// allocated, or imported as writable; never memory of a Rust value's page-locked in
+    /// place (`register_pinned`), which other tensors may share.
+    fn writable(&self) -> bool {
+        match &self.release {
+            Release::Free { .. } | Release::Pool { .. } => true,
+            Release::Foreign { writable, .. } => *writable,
+            Release::Nothing | Release::Registered { .. } => false,
+        }
     }
 
     /// Queues a copy of `src` (all of it) into this block at `at`.
@@ -363,10 +382,13 @@ impl PinnedBuf {
         unsafe { std::slice::from_raw_parts(self.block.ptr.0.add(self.offset), self.nbytes) }
     }
 
-    /// The first byte, with the right to write it (the block's own allocation pointer).
-    /// Writing is sound only while nothing reads or writes these bytes otherwise.
-    pub(crate) fn write_ptr(&self) -> *mut u8 {
-        self.block.ptr_at(self.offset)
+    /// The first byte, with the right to write it (the block's own allocation pointer),
+    /// where the block may be written (see `PinnedBlock::writable`). Writing is sound only
+    /// while nothing reads or writes these bytes otherwise.
+    pub(crate) fn write_ptr(&self) -> Option<*mut u8> {
+        self.block
+            .writable()
+            .then(|| self.block.ptr_at(self.offset))
     }
 
     /// Queues a copy of all the bytes to `dst` at `at`, straight from this memory.

@@ -7,8 +7,8 @@
 //!  one staging slot:  [small source 0 | small source 1 | ... | descriptors]
 //!  kernel (one launch, reading the slot through the device's mapping of page-locked
 //!  memory, and small page-locked sources in place):
-//!                     piece k: dst_k[..len] = src_k[..len]   (`dst` 0: each `dst_off` is
-//!                                                             the destination's address)
+//!                     piece k: dst_k[..len] = src_k[..len]   (`dst` the lowest destination,
+//!                                                             each `dst_off` relative to it)
 //!  large page-locked sources: one DMA each (one cuMemcpyBatchAsync for all of them)
 //!  larger batches: window after window of the slot ring, each part one DMA
 //! ```
@@ -40,6 +40,12 @@ pub(crate) fn pieces(nbytes: usize) -> usize {
 /// views need no write at all).
 pub(crate) fn kernel_writes_well(view: &DeviceView) -> bool {
     view.addr(0).is_none_or(|a| a % VECTOR == 0)
+}
+
+/// Whether the kernel reads `src` in place at full speed: its address is 16-byte aligned
+/// (a view at an odd offset would be read a byte at a time, over PCIe).
+pub(crate) fn kernel_reads_well(src: &PinnedBuf) -> bool {
+    (src.as_ptr() as usize).is_multiple_of(VECTOR as usize)
 }
 
 /// Where `n` descriptors start in a slot of `slot_len` bytes whose first `data_end` hold
@@ -257,6 +263,12 @@ pub(crate) unsafe fn h2d_scatter(
     if descs.len() != n {
         return Err(bug(format!("{} descriptors, {n} planned", descs.len())));
     }
+    // The kernel writes `dst + dst_off`: `dst` is the lowest destination, each offset
+    // relative to it (never a null base).
+    let dst_base = descs.iter().map(|d| d.dst_off).min().unwrap_or(0);
+    for d in &mut descs {
+        d.dst_off -= dst_base;
+    }
     let slot: &mut [GatherPiece] = bytemuck::try_cast_slice_mut(&mut buf[at..at + n * 32])
         .map_err(|e| bug(format!("descriptors in the slot: {e}")))?;
     slot.copy_from_slice(&descs);
@@ -277,11 +289,19 @@ pub(crate) unsafe fn h2d_scatter(
         // SAFETY: the descriptors are in the slot (written above), which the device reads
         // in place through its mapping (checked above) and which stays unchanged until
         // its event; each piece reads a range of the slot's data or of a mapped
-        // page-locked source (checked above; the caller keeps those alive) and writes a
-        // range inside its destination (dst_addr), whose memory the caller keeps; with
-        // `dst` 0 each `dst_off` is that address.
+        // page-locked source (checked above; the caller keeps those alive) and writes
+        // `dst_base + dst_off ..+ len`, a range inside its destination (dst_addr, then
+        // made relative to the lowest destination above), whose memory the caller keeps:
+        // the pieces' ranges lie in several allocations, each one device memory.
         unsafe {
-            driver::launch_gather(ctx, kernel, slot_base as u64 + at as u64, count, 0, stream)
+            driver::launch_gather(
+                ctx,
+                kernel,
+                slot_base as u64 + at as u64,
+                count,
+                dst_base,
+                stream,
+            )
         }?;
         made += usize::from(count > 0);
         Ok(())
@@ -295,8 +315,24 @@ pub(crate) unsafe fn h2d_scatter(
 /// A host destination's first byte, for writing: only memory pinlane may write (see
 /// `Storage::host_write_ptr`).
 pub(crate) struct HostDst {
-    pub ptr: *mut u8,
-    pub len: usize,
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl HostDst {
+    /// `t`'s bytes as a destination, if pinlane may write them.
+    pub(crate) fn of(t: &crate::tensor::Tensor) -> Option<HostDst> {
+        let ptr = t.storage().host_write_ptr()?;
+        Some(HostDst {
+            ptr,
+            len: t.nbytes(),
+        })
+    }
+
+    /// `(start, len)`, for the overlap check.
+    pub(crate) fn range(&self) -> (u64, usize) {
+        (self.ptr as u64, self.len)
+    }
 }
 
 /// Copies each source's bytes into its destination (same lengths), in parallel on the
