@@ -148,39 +148,23 @@ fn poke() {
     COMPLETER.cv.notify_one();
 }
 
-/// Instead of synchronising `job`'s stream: records an event after its copies and hands
-/// its owners (and `sources()`) to the completion thread. On error (the event cannot be
-/// made or recorded) the copies are drained first, as a failed blocking call does.
-pub(crate) fn detach<S: Send + 'static>(
-    job: InFlight,
-    device: usize,
-    sources: impl FnOnce() -> S,
-) -> Result<Pending> {
-    detach_with(job, device, sources, Wake::OnStream)
-}
-
-/// [`detach`] for a call whose stream is the caller's (copies into existing tensors): the
-/// wake-up goes on pinlane's wake stream of the device, made to wait for the call's
-/// event, not on the caller's stream, whose later work (and whose synchronisation) would
-/// otherwise wait for a host function to run on the driver's thread too.
-pub(crate) fn detach_beside<S: Send + 'static>(
-    job: InFlight,
-    device: usize,
-    sources: impl FnOnce() -> S,
-) -> Result<Pending> {
-    detach_with(job, device, sources, Wake::Beside)
-}
-
 /// Where a detached call's wake-up (the host function that pokes the completion thread)
 /// is queued.
-enum Wake {
+pub(crate) enum Wake {
     /// On the call's own stream (pinlane's).
     OnStream,
-    /// On the device's wake stream, after the call's event.
+    /// On pinlane's wake stream of the device, made to wait for the call's event: for a
+    /// call whose stream is the caller's (copies into existing tensors), whose later work
+    /// (and whose synchronisation) would otherwise wait for a host function to run on the
+    /// driver's thread too.
     Beside,
 }
 
-fn detach_with<S: Send + 'static>(
+/// Instead of synchronising `job`'s stream: records an event after its copies and hands
+/// its owners (and `sources()`) to the completion thread, its wake-up queued where `wake`
+/// says. On error (the event cannot be made or recorded) the copies are drained first,
+/// as a failed blocking call does.
+pub(crate) fn detach<S: Send + 'static>(
     job: InFlight,
     device: usize,
     sources: impl FnOnce() -> S,
@@ -202,7 +186,7 @@ fn detach_with<S: Send + 'static>(
     enqueue(owners, done)
 }
 
-/// The stream [`detach_beside`] queues its wake-ups on, one per device, made on first use
+/// The stream [`Wake::Beside`] queues wake-ups on, one per device, made on first use
 /// and kept for the process (a stream holds no memory).
 fn wake_stream(device: usize) -> Result<crate::driver::Stream> {
     static STREAMS: Mutex<Vec<(usize, crate::driver::Stream)>> = Mutex::new(Vec::new());

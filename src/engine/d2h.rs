@@ -17,7 +17,7 @@
 //! 4. Synchronise the copy stream (or, for the non-blocking call into page-locked
 //!    outputs, hand the call's owners to the completion thread), rebuild the batch.
 
-use super::completion::{self, Pending};
+use super::completion::{self, Pending, Wake};
 use super::{plan, record_stats, thread_state, Call, Mode};
 use super::{D2hOptions, HostOutput};
 use crate::batch::{self, Batch};
@@ -252,7 +252,12 @@ fn into_block<B: Batch>(
             job.finish(out.sources())?;
             None
         }
-        Mode::Async => Some(completion::detach(job, call.device, out.sources())?),
+        Mode::Async => Some(completion::detach(
+            job,
+            call.device,
+            out.sources(),
+            Wake::OnStream,
+        )?),
     };
     super::trace::mark("synced");
     Ok((rebuilt, pending))

@@ -23,7 +23,7 @@
 //! 5. While the copies run, build the device tensors (views into the buffer) and the
 //!    rebuilt batch; then synchronise the stream and hand them out.
 
-use super::completion::{self, Pending};
+use super::completion::{self, Pending, Wake};
 use super::H2dOptions;
 use super::{plan, record_stats, thread_state, Call, Mode};
 use crate::batch::{self, Batch};
@@ -147,7 +147,12 @@ pub(crate) fn transfer<B: Batch>(
             job.finish(keep_sources)?;
             None
         }
-        Mode::Async => Some(completion::detach(job, device, keep_sources)?),
+        Mode::Async => Some(completion::detach(
+            job,
+            device,
+            keep_sources,
+            Wake::OnStream,
+        )?),
     };
     super::trace::mark("synced");
     record_stats(call.stats);

@@ -15,9 +15,10 @@
 //! 4. Hand the call's owners (slots, clones of both sides) to the completion thread
 //!    and return its [`Transfer`]: no synchronisation in the call.
 
+use super::completion::{self, Wake};
 use super::h2d::{self, Layout};
 use super::into::{self, IntoOptions, Way};
-use super::{completion, plan, record_stats, thread_state, Call, Transfer};
+use super::{plan, record_stats, thread_state, Call, Transfer};
 use crate::batch::Batch;
 use crate::config::SmallH2d;
 use crate::driver::{self, GatherKernel, Stream};
@@ -39,10 +40,7 @@ pub(crate) fn transfer<B: Batch>(src: &B, dst: &B, opts: &IntoOptions) -> Result
         .iter()
         .map(|p| device_view(p.1))
         .collect::<Result<_>>()?;
-    let ranges: Vec<(u64, usize)> = views
-        .iter()
-        .map(|v| (v.addr(0).unwrap_or(0), v.nbytes()))
-        .collect();
+    let ranges: Vec<(u64, usize)> = views.iter().map(|v| v.range()).collect();
     into::check_overlap(dst, &pairs, &ranges)?;
     super::trace::mark("checked");
 
@@ -51,9 +49,9 @@ pub(crate) fn transfer<B: Batch>(src: &B, dst: &B, opts: &IntoOptions) -> Result
         && memory::h2d_gather_available(device))
     .then(|| driver::gather_kernel(device))
     .flatten();
-    let plan = route(&pairs, &views, kernel.is_some());
+    let plan = route(&pairs, &views, kernel.is_some(), rt.arena.slot_bytes());
     // The copy threads will fill the slot: wake them now (as a transfer does).
-    if plan.sizes.iter().sum::<usize>() >= rt.copy.parallel_min() {
+    if plan.staged_bytes >= rt.copy.parallel_min() {
         rt.copy.prewake();
     }
     super::trace::mark("routed");
@@ -73,7 +71,7 @@ pub(crate) fn transfer<B: Batch>(src: &B, dst: &B, opts: &IntoOptions) -> Result
         return Err(job.abort(e, keep));
     }
     super::trace::mark("submitted");
-    let pending = completion::detach_beside(job, device, keep)?;
+    let pending = completion::detach(job, device, keep, Wake::Beside)?;
     super::trace::mark("detached");
     record_stats(call.stats);
     Ok(Transfer::pending((), pending))
@@ -114,16 +112,21 @@ struct Plan<'a> {
     staged_to: Vec<&'a DeviceView>,
     offsets: Vec<usize>,
     sizes: Vec<usize>,
+    /// The staged sources' bytes, and the end of their region in the slot (padding
+    /// included).
+    staged_bytes: usize,
     staged_end: usize,
     /// Everything small goes in one slot and one launch.
     one_slot: bool,
 }
 
-/// Routes the pairs (see the module docs). `kernel`: the scatter kernel can run.
+/// Routes the pairs (see the module docs). `kernel`: the scatter kernel can run; `slot`:
+/// the staging slots' size.
 fn route<'a>(
     pairs: &[(&'a Tensor, &'a Tensor)],
     views: &[&'a DeviceView],
     kernel: bool,
+    slot: usize,
 ) -> Plan<'a> {
     let direct_min = if memory::batch_copy_available() {
         h2d::BATCHED_DIRECT_MIN_BYTES
@@ -137,6 +140,7 @@ fn route<'a>(
         staged_to: Vec::with_capacity(pairs.len()),
         offsets: Vec::new(),
         sizes: Vec::new(),
+        staged_bytes: 0,
         staged_end: 0,
         one_slot: false,
     };
@@ -165,6 +169,7 @@ fn route<'a>(
         }
     }
     p.sizes = p.staged.iter().map(|b| b.len()).collect();
+    p.staged_bytes = p.sizes.iter().sum();
     // 256-byte aligned, as a batch's buffer: the kernel reads 16 bytes at a time.
     let Ok((offsets, end)) = plan::pack(p.sizes.iter().copied(), memory::DEVICE_ALIGN) else {
         // Sizes of live tensors cannot overflow together; should they, no one slot.
@@ -172,16 +177,8 @@ fn route<'a>(
         return p;
     };
     (p.offsets, p.staged_end) = (offsets, end);
-    let slot = crate::runtime::runtime().arena.slot_bytes();
-    p.one_slot = kernel && {
-        let staged: Vec<(usize, usize, &DeviceView)> = scatter_staged(&p);
-        let work = Scatter {
-            staged: &staged,
-            mapped: &p.mapped,
-            data_end: p.staged_end,
-        };
-        scatter::descriptors_at(p.staged_end, work.descriptors(), slot).is_some()
-    };
+    p.one_slot =
+        kernel && scatter::descriptors_at(p.staged_end, p.scatter().descriptors(), slot).is_some();
     if !p.one_slot {
         // No launch: the small page-locked sources are copied directly too.
         p.direct.append(&mut p.mapped);
@@ -189,14 +186,17 @@ fn route<'a>(
     p
 }
 
-/// The staged sources as the scatter takes them: `(slot offset, bytes, destination)`.
-fn scatter_staged<'a>(p: &Plan<'a>) -> Vec<(usize, usize, &'a DeviceView)> {
-    p.offsets
-        .iter()
-        .zip(&p.sizes)
-        .zip(&p.staged_to)
-        .map(|((&o, &n), &v)| (o, n, v))
-        .collect()
+impl Plan<'_> {
+    /// The kernel's work: everything small.
+    fn scatter(&self) -> Scatter<'_> {
+        Scatter {
+            offsets: &self.offsets,
+            sizes: &self.sizes,
+            to: &self.staged_to,
+            mapped: &self.mapped,
+            data_end: self.staged_end,
+        }
+    }
 }
 
 /// Queues every copy of `plan` on `stream` (`job`'s).
@@ -250,16 +250,11 @@ fn one_slot(
         // and the fill is settled before the call returns (the scatter waits for it, and
         // so do abort and drop).
         unsafe { lease.fill_start(pieces, &rt.copy, rt.fill_stores(Stores::Streaming)) }?;
-        call.stats.staged_bytes += plan.sizes.iter().sum::<usize>();
+        call.stats.staged_bytes += plan.staged_bytes;
         call.stats.windows += 1;
         super::trace::mark("fill started");
     }
-    let staged = scatter_staged(plan);
-    let work = Scatter {
-        staged: &staged,
-        mapped: &plan.mapped,
-        data_end: plan.staged_end,
-    };
+    let work = plan.scatter();
     // SAFETY: the staged bytes are being filled through this lease; the mapped sources
     // and the destinations are cloned into the call's owners, kept until its event
     // proves the copies done (after the slot's event, on the same stream); the

@@ -188,31 +188,32 @@ fn path_of<B: Batch>(dst: &B, k: usize) -> String {
 
 /// Pairs `src` with `dst` and checks every pair (see [`transfer_tensor_h2d_into`]).
 pub(super) fn pair_up<'a, B: Batch>(src: &'a B, dst: &'a B, way: Way) -> Result<Pairs<'a>> {
-    let s = batch::tensors(src);
-    let d = batch::tensors(dst);
-    if s.len() != d.len() {
-        return Err(Error::IntoMismatch {
-            at: "batch".into(),
-            reason: format!("{} source tensors for {} destinations", s.len(), d.len()),
-        });
-    }
-    // Same structure: the same paths (a `Value` map's keys, the lengths of nested lists),
-    // compared by hash (no allocation per tensor); the paths are written out on a
-    // difference only.
-    let mut src_paths: Vec<u64> = Vec::with_capacity(s.len());
-    src.visit_paths(&mut Path::default(), &mut |p, _| {
-        src_paths.push(path_hash(p))
+    // One walk of each batch: its tensors, and the same structure, the same paths (a
+    // `Value` map's keys, the lengths of nested lists), compared by hash (no allocation per
+    // tensor); the paths are written out on a difference only.
+    let (mut s, mut src_paths) = (Vec::new(), Vec::new());
+    src.visit_paths(&mut Path::default(), &mut |p, t| {
+        s.push(t);
+        src_paths.push(path_hash(p));
     });
-    let (mut k, mut differs, mut unordered) = (0, None, None);
-    dst.visit_paths(&mut Path::default(), &mut |p, _| {
+    let mut d = Vec::with_capacity(s.len());
+    let (mut differs, mut unordered) = (None, None);
+    dst.visit_paths(&mut Path::default(), &mut |p, t| {
+        let k = d.len();
         if differs.is_none() && src_paths.get(k) != Some(&path_hash(p)) {
             differs = Some(k);
         }
         if unordered.is_none() && p.steps().iter().any(|s| matches!(s, Step::Unordered(_))) {
             unordered = Some(k);
         }
-        k += 1;
+        d.push(t);
     });
+    if s.len() != d.len() {
+        return Err(Error::IntoMismatch {
+            at: "batch".into(),
+            reason: format!("{} source tensors for {} destinations", s.len(), d.len()),
+        });
+    }
     if let Some(k) = unordered {
         return Err(Error::IntoMismatch {
             at: path_of(dst, k),

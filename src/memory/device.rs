@@ -251,6 +251,11 @@ impl DeviceView {
         self.alloc.as_ref().map(|a| a.addr(self.offset + at))
     }
 
+    /// `(address, bytes)` of the view, for overlap checks (`(0, 0)` for an empty view).
+    pub(crate) fn range(&self) -> (u64, usize) {
+        (self.addr(0).unwrap_or(0), self.nbytes)
+    }
+
     /// Lends the view's address for work on `stream` (see [`DevicePtrGuard`]).
     pub(crate) fn lend(&self, stream: &Stream) -> DevicePtrGuard {
         DevicePtrGuard {

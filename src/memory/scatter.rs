@@ -170,22 +170,38 @@ pub(crate) unsafe fn h2d_from_slot(
     Ok(made)
 }
 
-/// The kernel's work for one call: staged sources in the slot (`(slot offset, bytes,
-/// destination)`) and page-locked sources it reads in place.
+/// The kernel's work for one call: the staged sources in the slot (at `offsets`, of
+/// `sizes` bytes, bound for `to`, in that order) and the page-locked sources it reads in
+/// place.
 pub(crate) struct Scatter<'a> {
-    pub staged: &'a [(usize, usize, &'a DeviceView)],
+    pub offsets: &'a [usize],
+    pub sizes: &'a [usize],
+    pub to: &'a [&'a DeviceView],
     pub mapped: &'a [(&'a PinnedBuf, &'a DeviceView)],
     /// End of the staged data in the slot.
     pub data_end: usize,
 }
 
 impl Scatter<'_> {
+    /// The staged sources whose destinations the kernel writes (the others go by DMA):
+    /// `(slot offset, bytes, destination)`.
+    fn by_kernel(&self) -> impl Iterator<Item = (usize, usize, &DeviceView)> + '_ {
+        self.staged().filter(|s| kernel_writes_well(s.2))
+    }
+
+    fn staged(&self) -> impl Iterator<Item = (usize, usize, &DeviceView)> + '_ {
+        self.offsets
+            .iter()
+            .zip(self.sizes)
+            .zip(self.to)
+            .map(|((&o, &n), &v)| (o, n, v))
+    }
+
     /// Descriptors the kernel needs (staged pieces whose destinations it writes badly go
     /// by DMA and need none).
     pub(crate) fn descriptors(&self) -> usize {
-        let staged = self.staged.iter().filter(|s| kernel_writes_well(s.2));
         let mapped = self.mapped.iter().map(|m| m.0.bytes().len());
-        staged.map(|s| pieces(s.1)).sum::<usize>() + mapped.map(pieces).sum::<usize>()
+        self.by_kernel().map(|s| pieces(s.1)).sum::<usize>() + mapped.map(pieces).sum::<usize>()
     }
 }
 
@@ -228,23 +244,37 @@ pub(crate) unsafe fn h2d_scatter(
     };
     let base = buf.as_ptr() as u64;
     let count = u32::try_from(n).map_err(|_| bug(format!("{n} descriptors")))?;
-    // Every piece, with its destination checked: the kernel writes device memory
-    // unchecked.
-    let mut descs: Vec<GatherPiece> = Vec::with_capacity(n);
-    let mut by_dma: Vec<SlotPart> = Vec::new();
+    // The kernel writes `dst + dst_off`: `dst` is the lowest destination it writes, each
+    // offset relative to it (never a null base).
+    let kernel_views = work
+        .by_kernel()
+        .map(|s| s.2)
+        .chain(work.mapped.iter().map(|m| m.1));
+    let dst_base = kernel_views.filter_map(|v| v.addr(0)).min().unwrap_or(0);
+    // Every piece written straight into the slot, its destination checked first: the
+    // kernel writes device memory unchecked.
+    let slot: &mut [GatherPiece] = bytemuck::try_cast_slice_mut(&mut buf[at..at + n * 32])
+        .map_err(|e| bug(format!("descriptors in the slot: {e}")))?;
+    let mut written = 0;
     let mut cut = |src: u64, len: usize, view: &DeviceView| -> Result<()> {
         for piece in (0..len).step_by(PIECE) {
             let piece_len = PIECE.min(len - piece);
-            descs.push(GatherPiece {
+            let dst = dst_addr(view, piece, piece_len)?;
+            let d = slot
+                .get_mut(written)
+                .ok_or_else(|| bug(format!("more descriptors than the {n} planned")))?;
+            *d = GatherPiece {
                 src: src + piece as u64,
-                dst_off: dst_addr(view, piece, piece_len)?,
+                dst_off: dst - dst_base,
                 len: piece_len as u64,
                 zeros: 0,
-            });
+            };
+            written += 1;
         }
         Ok(())
     };
-    for &(slot_off, len, view) in work.staged {
+    let mut by_dma: Vec<SlotPart> = Vec::new();
+    for (slot_off, len, view) in work.staged() {
         check_range("staged source", slot_off, len, work.data_end)?;
         if kernel_writes_well(view) {
             cut(base + slot_off as u64, len, view)?;
@@ -260,18 +290,9 @@ pub(crate) unsafe fn h2d_scatter(
     for &(src, view) in work.mapped {
         cut(src.as_ptr() as u64, src.bytes().len(), view)?;
     }
-    if descs.len() != n {
-        return Err(bug(format!("{} descriptors, {n} planned", descs.len())));
+    if written != n {
+        return Err(bug(format!("{written} descriptors, {n} planned")));
     }
-    // The kernel writes `dst + dst_off`: `dst` is the lowest destination, each offset
-    // relative to it (never a null base).
-    let dst_base = descs.iter().map(|d| d.dst_off).min().unwrap_or(0);
-    for d in &mut descs {
-        d.dst_off -= dst_base;
-    }
-    let slot: &mut [GatherPiece] = bytemuck::try_cast_slice_mut(&mut buf[at..at + n * 32])
-        .map_err(|e| bug(format!("descriptors in the slot: {e}")))?;
-    slot.copy_from_slice(&descs);
     let mut made = 0;
     let queue = |slot_base: *const u8, slot_len: usize| -> Result<()> {
         let mut dma = Vec::with_capacity(by_dma.len());
@@ -290,8 +311,8 @@ pub(crate) unsafe fn h2d_scatter(
         // in place through its mapping (checked above) and which stays unchanged until
         // its event; each piece reads a range of the slot's data or of a mapped
         // page-locked source (checked above; the caller keeps those alive) and writes
-        // `dst_base + dst_off ..+ len`, a range inside its destination (dst_addr, then
-        // made relative to the lowest destination above), whose memory the caller keeps:
+        // `dst_base + dst_off ..+ len`, a range inside its destination (dst_addr, made
+        // relative to the lowest destination the kernel writes), whose memory the caller keeps:
         // the pieces' ranges lie in several allocations, each one device memory.
         unsafe {
             driver::launch_gather(
