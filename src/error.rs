@@ -359,6 +359,45 @@ pub enum Error {
         /// The path of the other.
         second: String,
     },
+
+    /// A checkpoint ([`crate::weights`]) cannot be loaded: a file is missing, unreadable,
+    /// truncated or malformed, or names a tensor pinlane cannot hold. Found before any of
+    /// the checkpoint's tensors is copied (every header of every shard is checked first).
+    #[error("checkpoint {path}: {}{reason}", tensor.as_ref().map(|t| format!("tensor {t:?}: ")).unwrap_or_default())]
+    Checkpoint {
+        /// The file at fault (a shard, or the index of a sharded checkpoint).
+        path: String,
+        /// The tensor at fault, when one is.
+        tensor: Option<String>,
+        /// What kind of fault, for code that handles some kinds itself.
+        fault: CheckpointFault,
+        /// What is wrong, in words.
+        reason: String,
+    },
+}
+
+/// What is wrong with a checkpoint ([`Error::Checkpoint`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CheckpointFault {
+    /// The file cannot be opened or mapped (missing, unreadable).
+    Io,
+    /// The header: shorter than 8 bytes, a length past the end of the file, not UTF-8,
+    /// or not the JSON safetensors writes (an unknown dtype is this too).
+    Header,
+    /// Data offsets out of range, overlapping, out of order, or not covering the file.
+    Offsets,
+    /// A shape that does not match its byte range (or overflows).
+    Shape,
+    /// Bytes that are not values of the tensor's dtype (a bool byte other than 0 or 1).
+    Values,
+    /// A dtype pinlane has no type for (float8, float4, complex): the tensor is named.
+    UnsupportedDtype,
+    /// The index of a sharded checkpoint: malformed, or naming a shard that is missing.
+    Index,
+    /// A tensor asked for (or listed in the index) that the checkpoint does not hold, or
+    /// a name held by two shards.
+    Tensor,
 }
 
 impl Error {

@@ -28,6 +28,7 @@
 //! | tensor | [`Tensor`], [`DType`], [`Shape`] | a cheap handle to immutable, contiguous bytes somewhere |
 //! | traversal | [`batch`] | the [`Batch`] trait, `#[derive(Batch)]`, the dynamic [`Value`] |
 //! | engine | [`transfer_tensor_h2d`], [`transfer_tensor_d2h`] | planning, per-thread streams, the cache ring; [`observe`]: what a call did |
+//! | weights | [`weights`] | safetensors checkpoints onto a device, through the engine |
 //!
 //! The rules (stream ordering, buffer lifetimes, failure handling) are in
 //! `docs/semantics.md`; the design in `docs/architecture.md`.
@@ -52,6 +53,8 @@ pub mod memory;
 mod runtime;
 mod tensor;
 pub mod verify;
+#[cfg(feature = "weights")]
+pub mod weights;
 
 pub use batch::{Batch, Leaf, Value};
 pub use config::{Config, CopyStores, SmallD2h, SmallH2d};
@@ -65,7 +68,7 @@ pub use engine::{
     CurrentStreamGuard, D2hOptions, H2dOptions, HostOutput, IntoOptions, Prefetcher, Transfer,
     MAX_NUM_CACHES,
 };
-pub use error::{Error, Result};
+pub use error::{CheckpointFault, Error, Result};
 pub use layout::Shape;
 pub use location::Location;
 pub use memory::DevicePtrGuard;

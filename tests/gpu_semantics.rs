@@ -299,7 +299,11 @@ fn d2h_output_modes() {
     let again = transfer_tensor_h2d(&pinned).unwrap();
     let s = last_transfer_stats().unwrap();
     assert_eq!(s.direct_bytes, 0, "{s:?}");
-    assert_eq!(s.mapped_bytes, b.iter().map(Tensor::nbytes).sum(), "{s:?}");
+    assert_eq!(
+        s.mapped_bytes,
+        b.iter().map(Tensor::nbytes).sum::<usize>(),
+        "{s:?}"
+    );
     assert_eq!(s.copies, 1, "{s:?}");
     assert_eq!(d2h(&again), b);
 }

@@ -29,6 +29,7 @@ __all__ = [
     "shutdown",
     "memory_stats",
     "configure",
+    "load_safetensors",
 ]
 __version__ = _native.__version__
 
@@ -82,6 +83,53 @@ def memory_stats():
     errors raised on pinlane's own threads (each is raised by the next call on its
     device). Asking before the first transfer fixes no configuration."""
     return _native.memory_stats()
+
+
+def load_safetensors(path, device=None, *, names=None):
+    """Loads a safetensors checkpoint onto a CUDA device and returns ``{name: tensor}``,
+    in file order: a ``.safetensors`` file, a sharded checkpoint's index
+    (``model.safetensors.index.json``, naming its shards), or a directory holding either.
+
+    * ``device``: ``None`` or ``"cuda"`` (``cuda:{LOCAL_RANK}``), ``"cuda:N"``, or an int.
+    * ``names``: load only these tensors (an iterable of names, each in the checkpoint).
+    * Every header of every shard is checked before anything is copied; the files are
+      read in place (mapped) through pinlane's page-locked staging ring, so page-locked
+      memory is bounded as for any transfer, and each tensor arrives zero-copy in torch.
+    * The call returns once the bytes are on the device: the tensors are ready for work
+      on any stream. Their memory is freed, when torch lets them go, in order on torch's
+      current stream of the device at the time of the call.
+    * No CUDA: CPU tensors (copies of the file's bytes).
+    * A tensor of a dtype pinlane lacks (float8, complex, ...) is an error naming it:
+      leave it out with ``names`` (and load it with ``safetensors`` if you need it).
+
+    Raises:
+        OSError: a file is missing or cannot be read.
+        ValueError: a malformed file or index (truncated, bad header, offsets or shapes
+            that do not match, a missing shard), a name the checkpoint does not hold, a
+            dtype pinlane lacks, or a bad ``device``.
+        RuntimeError: a copy failed (no tensor is returned).
+        MemoryError: device memory ran out.
+    """
+    import os
+
+    import torch
+
+    if isinstance(device, bool) or not (device is None or isinstance(device, (int, str))):
+        raise ValueError(f"device must be None, 'cuda', 'cuda:N' or an int, not {device!r}")
+    if isinstance(device, int):
+        device = f"cuda:{device}"
+    _native.check_device(device)
+    if names is not None:
+        if isinstance(names, str):
+            raise ValueError("names must be an iterable of names, not one string")
+        names = [str(n) for n in names]
+    index = None
+    if _torch_with_cuda() is not None:
+        index = _native.default_device() if device in (None, "cuda") else int(device[5:])
+    keys, tensors = _native.load_safetensors(
+        os.fspath(path), probe=torch.empty(0), device=index, names=names
+    )
+    return dict(zip(keys, tensors))
 
 
 # Set once both torch and pinlane have seen a GPU: that does not change in a process, and

@@ -7,8 +7,8 @@
 //! that names no device (an integer: the resolved index is unavailable). A `LOCAL_RANK`
 //! that is no integer is a `ValueError`, as spdl's `int(os.environ["LOCAL_RANK"])` raises.
 
-use pinlane::Error;
-use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyValueError};
+use pinlane::{CheckpointFault, Error};
+use pyo3::exceptions::{PyMemoryError, PyOSError, PyRuntimeError, PyValueError};
 use pyo3::PyErr;
 
 /// The Python exception for a pinlane error, its message pinlane's.
@@ -30,6 +30,13 @@ pub(crate) fn to_py(e: Error) -> PyErr {
             PyValueError::new_err(msg)
         }
         Error::Driver { error, .. } if error.is_out_of_memory() => PyMemoryError::new_err(msg),
+        // A checkpoint that cannot be read is an OSError (as `open` raises); one that is
+        // malformed, or asks for what pinlane cannot load, a ValueError.
+        Error::Checkpoint {
+            fault: CheckpointFault::Io,
+            ..
+        } => PyOSError::new_err(msg),
+        Error::Checkpoint { .. } => PyValueError::new_err(msg),
         Error::Deferred(inner) => match inner.as_ref() {
             Error::Driver { error, .. } if error.is_out_of_memory() => PyMemoryError::new_err(msg),
             _ => PyRuntimeError::new_err(msg),

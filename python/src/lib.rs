@@ -10,11 +10,13 @@
 //! | [`errors`] | pinlane's errors as the Python exceptions spdl raises |
 //! | [`torch`] | torch tensor <-> pinlane tensor, through the exchange API |
 //! | [`transfer`] | the two calls, with the GIL released while copies run |
+//! | [`weights`] | safetensors checkpoints onto the device (`pinlane::weights`) |
 
 mod errors;
 mod into;
 mod torch;
 mod transfer;
+mod weights;
 
 use pyo3::prelude::*;
 
@@ -187,5 +189,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(transfer::d2h, m)?)?;
     m.add_function(wrap_pyfunction!(transfer::check_device, m)?)?;
     m.add_function(wrap_pyfunction!(transfer::torch_current_stream, m)?)?;
+    m.add_function(wrap_pyfunction!(weights::load_safetensors, m)?)?;
     Ok(())
 }

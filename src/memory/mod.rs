@@ -9,6 +9,7 @@
 //! | `copier.rs` | `CopyPool` | nothing of its own: threads that copy host bytes in parallel | - |
 //! | `gather.rs` | - | a device buffer gathering many small tensors (kernel) | in stream order |
 //! | `scatter.rs` | - | nothing of its own: copies into memory the caller owns (device views anywhere, writable host tensors) | - |
+//! | `mapped.rs` | `MappedFile`, `MappedRange` | a checkpoint file mapped read-only (the page cache, read in place) | unmapped when the last tensor over it drops |
 //! | `dlpack.rs` | a DLPack capsule's deleter (imports), a tensor clone (exports) | another framework's tensors, and ours lent to it | the deleter runs when the last view drops |
 //! | `inflight.rs` | `InFlight`, `Detached` | nothing of its own: keeps the owners above alive | after the stream is synchronised, or (non-blocking calls) the call's event completes |
 //! | `producer.rs` | [`PinnedBufferMut`] | page-locked memory a producer writes, from the [`PinnedOutputPool`] | frozen into a tensor; back to the pool when its last view drops |
@@ -57,6 +58,8 @@ mod gather;
 mod host;
 mod inflight;
 mod limits;
+#[cfg(feature = "weights")]
+mod mapped;
 pub(crate) mod pinned;
 mod producer;
 mod reaper;
@@ -78,6 +81,8 @@ pub use host::HostPool;
 pub(crate) use host::{HostBuf, HostRegion};
 pub(crate) use inflight::{Detached, InFlight};
 pub use limits::{measure_pinned_limits, PinnedLimits};
+#[cfg(feature = "weights")]
+pub(crate) use mapped::MappedFile;
 pub(crate) use pinned::{h2d_batch_async, PinnedBlock, PinnedBuf};
 pub use pinned::{PinnedOutputPool, SHARE_MAX};
 pub use producer::PinnedBufferMut;

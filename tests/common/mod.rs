@@ -2,6 +2,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod into;
+pub mod weights;
 
 use pinlane::{DType, Tensor};
 #[cfg(feature = "proptest")]

@@ -1,0 +1,121 @@
+"""pinlane.load_safetensors on the GPU machine: checkpoints written by safetensors itself
+(one file, sharded, a subset), every tensor compared with safetensors' own load; bad
+files and dtypes pinlane lacks are errors that name what is wrong."""
+
+import json
+import os
+
+import pytest
+
+import pinlane
+
+
+def _tensors(torch, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "embed.weight": torch.randn(1000, 64, generator=g).to(torch.bfloat16),
+        "layers.0.attn.q": torch.randn(64, 64, generator=g).to(torch.float16),
+        "layers.0.norm": torch.randn(64, generator=g),
+        "layers.0.mlp.up": torch.randn(256, 64, generator=g).to(torch.bfloat16),
+        "layers.0.mask": torch.rand(7, generator=g) > 0.5,
+        "layers.0.ids": torch.randint(-(1 << 40), 1 << 40, (3, 5), generator=g),
+        "layers.0.bytes": torch.randint(0, 256, (13,), generator=g, dtype=torch.uint8),
+        "layers.0.scalar": torch.tensor(3.5, dtype=torch.float64),
+        "layers.0.empty": torch.zeros(0, 4, dtype=torch.int32),
+        "big": torch.randn(3 << 20, generator=g),  # 12 MiB: several staging windows
+    }
+
+
+def _same(torch, loaded, want, device):
+    assert list(loaded) == [k for k in loaded]  # a dict, in file order
+    assert set(loaded) == set(want)
+    for k, v in want.items():
+        got = loaded[k]
+        assert got.device == torch.device(device), k
+        assert got.dtype == v.dtype and got.shape == v.shape, k
+        assert torch.equal(got.cpu(), v), k
+
+
+def test_loads_what_safetensors_loads(torch, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    want = _tensors(torch)
+    p = tmp_path / "model.safetensors"
+    save_file(want, p)
+    loaded = pinlane.load_safetensors(p)
+    _same(torch, loaded, load_file(p), "cuda:0")
+    # The file's order: what safetensors wrote first comes first.
+    with open(p, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+    header.pop("__metadata__", None)
+    by_offset = sorted(header, key=lambda k: (header[k]["data_offsets"], k))
+    assert list(loaded) == by_offset
+    # Usable on another stream, and freed when dropped.
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        total = sum(float(v.float().sum()) for v in loaded.values() if v.numel())
+    s.synchronize()
+    assert total == pytest.approx(sum(float(v.float().sum()) for v in want.values() if v.numel()), rel=1e-5)
+    # The device forms, and a subset.
+    for dev in ("cuda", "cuda:0", 0):
+        assert pinlane.load_safetensors(p, dev)["big"].device == torch.device("cuda:0")
+    sub = pinlane.load_safetensors(str(p), names=["big", "layers.0.mask", "big"])
+    assert list(sub) == [k for k in by_offset if k in ("big", "layers.0.mask")]
+    _same(torch, sub, {k: want[k] for k in ("big", "layers.0.mask")}, "cuda:0")
+
+
+def test_sharded_checkpoints_and_directories(torch, tmp_path):
+    from safetensors.torch import save_file
+
+    want = _tensors(torch, seed=1)
+    names = list(want)
+    shards = [names[:4], names[4:7], names[7:]]
+    weight_map = {}
+    for k, part in enumerate(shards):
+        f = f"model-{k + 1:05}-of-00003.safetensors"
+        save_file({n: want[n] for n in part}, tmp_path / f)
+        weight_map.update({n: f for n in part})
+    (tmp_path / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map})
+    )
+    _same(torch, pinlane.load_safetensors(tmp_path), want, "cuda:0")
+    _same(
+        torch,
+        pinlane.load_safetensors(tmp_path / "model.safetensors.index.json"),
+        want,
+        "cuda:0",
+    )
+    os.remove(tmp_path / "model-00002-of-00003.safetensors")
+    with pytest.raises(ValueError, match="missing"):
+        pinlane.load_safetensors(tmp_path)
+
+
+def test_bad_files_and_dtypes_pinlane_lacks(torch, tmp_path):
+    from safetensors.torch import save_file
+
+    p = tmp_path / "m.safetensors"
+    save_file(_tensors(torch), p)
+    data = p.read_bytes()
+    with pytest.raises(OSError):
+        pinlane.load_safetensors(tmp_path / "none.safetensors")
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(data[:-1])
+    with pytest.raises(ValueError, match="offsets"):
+        pinlane.load_safetensors(bad)
+    bad.write_bytes(data[:100])
+    with pytest.raises(ValueError, match="header"):
+        pinlane.load_safetensors(bad)
+    with pytest.raises(ValueError, match="nothere"):
+        pinlane.load_safetensors(p, names=["big", "nothere"])
+    with pytest.raises(ValueError):
+        pinlane.load_safetensors(p, names="big")
+    with pytest.raises(ValueError):
+        pinlane.load_safetensors(p, device="cpu")
+    # float8: listed in the file, an error naming it, and the rest loads without it.
+    f8 = {"w": torch.randn(8, 8), "scale": torch.randn(8).to(torch.float8_e4m3fn)}
+    save_file(f8, tmp_path / "f8.safetensors")
+    with pytest.raises(ValueError, match="scale"):
+        pinlane.load_safetensors(tmp_path / "f8.safetensors")
+    got = pinlane.load_safetensors(tmp_path / "f8.safetensors", names=["w"])
+    assert torch.equal(got["w"].cpu(), f8["w"])

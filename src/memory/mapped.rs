@@ -1,0 +1,113 @@
+//! [`MappedFile`]: a file mapped read-only into the address space, and [`MappedRange`],
+//! a range of it that a host tensor can own ([`Tensor::from_owner`](crate::Tensor::from_owner)),
+//! so that loading a checkpoint reads the page cache in place, with no copy into a heap
+//! buffer first.
+//!
+//! Why a mapping and not `pread` into the staging slots: on the GPU machine (a 3.55 GB
+//! file in the page cache, benches/results/issue22_weights/probe_run_A.json), 16 threads
+//! reading with `pread` into page-locked memory reach 41 GB/s with nothing else running,
+//! while the staging ring copying from a mapping moves the same file to the device at
+//! 40 to 42 GB/s end to end: reading into the slots would not be faster, and a mapping
+//! lets the ring's existing parallel copy do the reading. Page-locking the mapping
+//! itself (read-only `cuMemHostRegister`) and copying straight from it was measured too:
+//! the registration runs at 40 to 45 GB/s whatever the number of threads (the driver
+//! serialises it) and, overlapped with the copies, the whole took 22 to 26 GB/s.
+
+use std::fs::File;
+use std::path::Path;
+use std::sync::Arc;
+
+/// A whole file mapped read-only (`MAP_SHARED`, `PROT_READ`): its bytes are the page
+/// cache's, read on first touch (and read ahead from disk when asked, [`MappedFile::will_need`]).
+///
+/// Unmapped when dropped, on the dropping thread. Unmapping a 4 GiB checkpoint whose pages
+/// a load touched took 4 to 6 ms on the GPU machine; handing it to a background thread
+/// was tried and measured worse for the next load (its page faults and the unmapping's
+/// TLB shootdowns run together: a back-to-back load took 110 to 117 ms instead of 87 to
+/// 89; benches/results/issue22_weights/run_C).
+pub(crate) struct MappedFile {
+    map: memmap2::Mmap,
+}
+
+impl MappedFile {
+    /// Maps `path`. An empty file maps to no bytes.
+    ///
+    /// The mapping is only read. Its bytes are those of the file while it is mapped: a
+    /// file changed meanwhile gives changed bytes, and one truncated meanwhile makes a
+    /// read past its new end fault (`SIGBUS`), as for every loader that maps files (the
+    /// `safetensors` crate, torch's `mmap=True`); the public docs say so.
+    pub(crate) fn open(path: &Path) -> std::io::Result<Arc<MappedFile>> {
+        let file = File::open(path)?;
+        // SAFETY: memmap2's contract is that nothing modifies the file while it is mapped.
+        // pinlane never writes it (the mapping is read-only) and only copies bytes out of
+        // it; a change by another process is the documented limit above (changed bytes,
+        // or SIGBUS after truncation), as for any mapped-file loader, not undefined
+        // behaviour pinlane introduces on its own. (An empty file maps to no bytes.)
+        let map = unsafe { memmap2::Mmap::map(&file) }?;
+        Ok(Arc::new(MappedFile { map }))
+    }
+
+    /// The file's bytes.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.map
+    }
+
+    /// Asks the kernel to read the whole file ahead (`MADV_WILLNEED`), for a file not yet
+    /// in the page cache; a hint, so its failure is ignored.
+    pub(crate) fn will_need(&self) {
+        #[cfg(unix)]
+        if !self.map.is_empty() {
+            let _ = self.map.advise(memmap2::Advice::WillNeed);
+        }
+    }
+
+    /// `len` bytes at `at`, as an owner for a host tensor (keeping the mapping alive).
+    /// `None` when the range is not inside the file.
+    pub(crate) fn range(self: &Arc<Self>, at: usize, len: usize) -> Option<MappedRange> {
+        let end = at.checked_add(len)?;
+        (end <= self.bytes().len()).then(|| MappedRange {
+            file: self.clone(),
+            at,
+            len,
+        })
+    }
+}
+
+/// A range of a [`MappedFile`], which it keeps mapped: the owner of a host tensor's bytes.
+pub(crate) struct MappedRange {
+    file: Arc<MappedFile>,
+    at: usize,
+    len: usize,
+}
+
+impl AsRef<[u8]> for MappedRange {
+    fn as_ref(&self) -> &[u8] {
+        // In range: checked when the range was made, and the mapping never changes size.
+        &self.file.bytes()[self.at..self.at + self.len]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_read_the_file_and_stay_inside_it() {
+        let dir = std::env::temp_dir().join(format!("pinlane-mapped-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("f.bin");
+        let bytes: Vec<u8> = (0..10_000u32).map(|i| (i * 7) as u8).collect();
+        std::fs::write(&p, &bytes).unwrap();
+        let m = MappedFile::open(&p).unwrap();
+        assert_eq!(m.bytes(), &bytes[..]);
+        let r = m.range(100, 900).unwrap();
+        assert_eq!(r.as_ref(), &bytes[100..1000]);
+        assert!(m.range(9_000, 1_001).is_none());
+        assert!(m.range(usize::MAX, 2).is_none());
+        assert_eq!(m.range(10_000, 0).unwrap().as_ref(), &[] as &[u8]);
+        std::fs::write(&p, b"").unwrap();
+        assert!(MappedFile::open(&p).unwrap().bytes().is_empty());
+        assert!(MappedFile::open(&dir.join("missing")).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

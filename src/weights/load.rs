@@ -1,0 +1,275 @@
+//! Loading a checkpoint's tensors onto a device: in groups of about
+//! [`LoadOptions::group_bytes`], each one `transfer_tensor_h2d_async` of host tensors over
+//! the mapped files, the next group staged while the previous one's last copies run.
+
+use super::checkpoint::{dtype_of, fault, Checkpoint};
+use crate::device::DeviceSpec;
+use crate::driver::Stream;
+use crate::engine::{transfer_tensor_h2d_async, H2dOptions, Transfer};
+use crate::error::{CheckpointFault, Error, Result};
+use crate::tensor::Tensor;
+use std::collections::{BTreeMap, VecDeque};
+
+/// Options of a load ([`Checkpoint::load`], [`Checkpoint::stream`], [`load_safetensors`](super::load_safetensors)).
+///
+/// ```
+/// use pinlane::weights::LoadOptions;
+/// use pinlane::Device;
+/// let opts = LoadOptions::default()
+///     .device(Device::cuda(0))
+///     .names(["embed.weight", "lm_head.weight"]);
+/// assert_eq!(opts.group_bytes, 512 << 20);
+/// ```
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct LoadOptions {
+    /// The device to load onto (default `cuda:{LOCAL_RANK}`).
+    pub device: DeviceSpec,
+    /// Only these tensors (each must be in the checkpoint); `None`: every tensor.
+    pub names: Option<Vec<String>>,
+    /// The stream on which the loaded tensors' memory is freed when their last owner
+    /// drops, as [`H2dOptions::consumer_stream`]; `None`: the legacy default stream.
+    pub consumer_stream: Option<Stream>,
+    /// Tensors are copied in groups of about this many bytes (default 512 MiB; a larger
+    /// tensor is a group of its own): each group is one device allocation, and
+    /// [`Checkpoint::stream`] hands a group's tensors out as soon as the group is on the
+    /// device.
+    pub group_bytes: usize,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            device: DeviceSpec::LocalRank,
+            names: None,
+            consumer_stream: None,
+            group_bytes: 512 << 20,
+        }
+    }
+}
+
+impl LoadOptions {
+    /// Sets [`LoadOptions::device`].
+    pub fn device(mut self, d: impl Into<DeviceSpec>) -> Self {
+        self.device = d.into();
+        self
+    }
+
+    /// Sets [`LoadOptions::names`].
+    pub fn names<S: Into<String>>(mut self, names: impl IntoIterator<Item = S>) -> Self {
+        self.names = Some(names.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Sets [`LoadOptions::consumer_stream`].
+    pub fn consumer_stream(mut self, s: Stream) -> Self {
+        self.consumer_stream = Some(s);
+        self
+    }
+
+    /// Sets [`LoadOptions::group_bytes`].
+    pub fn group_bytes(mut self, n: usize) -> Self {
+        self.group_bytes = n;
+        self
+    }
+
+    fn h2d(&self) -> H2dOptions {
+        // num_caches 0: the weights belong to the caller alone; the thread's cache ring
+        // must not keep gigabytes alive after the caller lets them go.
+        let o = H2dOptions::default()
+            .device(self.device.clone())
+            .num_caches(0);
+        match &self.consumer_stream {
+            Some(s) => o.consumer_stream(s.clone()),
+            None => o,
+        }
+    }
+}
+
+/// One group: host tensors over the mapped files, and their names.
+#[derive(Default)]
+struct Group {
+    names: Vec<String>,
+    tensors: Vec<Tensor>,
+    bytes: usize,
+}
+
+/// A load in progress ([`Checkpoint::stream`]): yields each tensor, with its name, once
+/// its bytes are on the device, in file order. After an error it yields nothing more;
+/// tensors yielded before it are complete and correct. Dropping it early is safe (copies
+/// in flight finish on their own; pinlane keeps what they use until then).
+#[must_use = "a load copies only as it is iterated"]
+pub struct Loading {
+    groups: VecDeque<Group>,
+    /// The group whose copies were last queued.
+    moving: Option<(Vec<String>, usize, Transfer<Vec<Tensor>>)>,
+    ready: VecDeque<(String, Tensor)>,
+    opts: H2dOptions,
+    done: bool,
+}
+
+impl Iterator for Loading {
+    type Item = Result<(String, Tensor)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some(t) = self.ready.pop_front() {
+                return Some(Ok(t));
+            }
+            if self.done {
+                return None;
+            }
+            // Queue the next group before waiting for the last one: its staging (host
+            // copies) runs while the device finishes the last one's copies.
+            let next = match self.groups.pop_front() {
+                Some(g) => match transfer_tensor_h2d_async(&g.tensors, &self.opts) {
+                    Ok(t) => Some((g.names, g.bytes, t)),
+                    Err(e) => return self.fail(e),
+                },
+                None => None,
+            };
+            match std::mem::replace(&mut self.moving, next) {
+                Some((names, _, t)) => match t.wait() {
+                    Ok(ts) => self.ready.extend(names.into_iter().zip(ts)),
+                    Err(e) => return self.fail(e),
+                },
+                None if self.moving.is_none() => self.done = true,
+                None => {}
+            }
+        }
+    }
+}
+
+impl Loading {
+    fn fail(&mut self, e: Error) -> Option<Result<(String, Tensor)>> {
+        self.done = true;
+        self.groups.clear();
+        self.moving = None;
+        self.ready.clear();
+        Some(Err(e))
+    }
+
+    /// Bytes still to be handed out (queued or not yet read).
+    pub fn remaining_bytes(&self) -> usize {
+        self.groups.iter().map(|g| g.bytes).sum::<usize>()
+            + self.moving.as_ref().map_or(0, |m| m.1)
+            + self.ready.iter().map(|(_, t)| t.nbytes()).sum::<usize>()
+    }
+}
+
+impl Checkpoint {
+    /// Loads the tensors onto the device and returns them by name, each a device tensor
+    /// whose bytes are there when this returns (the host has waited: usable from any
+    /// stream). Reads the files through the staging ring, whose page-locked memory
+    /// bounds what the load holds (as for any transfer); see [`Checkpoint::stream`] for
+    /// the order and the groups. Without CUDA the tensors are host tensors over the
+    /// mapped files (the transfer calls' pass-through).
+    ///
+    /// # Errors
+    /// As [`Checkpoint::stream`], and any failure while copying: no tensor is returned.
+    pub fn load(&self, opts: &LoadOptions) -> Result<BTreeMap<String, Tensor>> {
+        self.stream(opts)?.collect()
+    }
+
+    /// Starts a load that hands each tensor out as soon as it is on the device, in file
+    /// order (shard by shard), so that a server can place the first layers while the
+    /// rest arrive. Tensors are copied in groups of about [`LoadOptions::group_bytes`];
+    /// a group's tensors come out together, once the group's copies are done; the next
+    /// group's copies are queued before then.
+    ///
+    /// # Errors
+    /// Before anything is copied: [`Error::Checkpoint`] for a name in
+    /// [`LoadOptions::names`] the checkpoint does not hold
+    /// ([`CheckpointFault::Tensor`]), a chosen tensor of a dtype pinlane lacks
+    /// ([`CheckpointFault::UnsupportedDtype`]) or of bytes its dtype forbids
+    /// ([`CheckpointFault::Values`]); [`Error::InvalidOption`] for a `group_bytes` of 0.
+    pub fn stream(&self, opts: &LoadOptions) -> Result<Loading> {
+        if opts.group_bytes == 0 {
+            return Err(Error::InvalidOption {
+                name: "group_bytes",
+                reason: "0: a group holds at least one byte".into(),
+            });
+        }
+        let chosen = self.chosen(opts.names.as_deref())?;
+        let mut groups = VecDeque::new();
+        let mut g = Group::default();
+        let mut shards_used = vec![false; self.shards.len()];
+        for k in chosen {
+            let e = &self.entries[k];
+            shards_used[e.shard] = true;
+            let shard = &self.shards[e.shard];
+            let at_fault = |f, reason| fault(&shard.path, Some(&e.name), f, reason);
+            let dtype = dtype_of(e.dtype).ok_or_else(|| {
+                at_fault(
+                    CheckpointFault::UnsupportedDtype,
+                    format!("dtype {} has no pinlane type", e.dtype),
+                )
+            })?;
+            let range = shard
+                .map
+                .range(e.at, e.nbytes)
+                .ok_or_else(|| Error::Internal {
+                    op: "weights::stream",
+                    reason: format!("{} is outside its checked file", e.name),
+                })?;
+            let aligned = (range.as_ref().as_ptr() as usize).is_multiple_of(dtype.size());
+            let t = if aligned {
+                Tensor::from_owner(range, dtype, e.shape.clone())
+            } else {
+                // A tensor the file does not align for its dtype: copied into memory
+                // that is (rare; the safetensors writers align every tensor).
+                Tensor::from_bytes(dtype, e.shape.clone(), range.as_ref())
+            }
+            .map_err(|err| match err {
+                Error::InvalidBytes { reason, .. } => at_fault(CheckpointFault::Values, reason),
+                other => at_fault(CheckpointFault::Shape, other.to_string()),
+            })?;
+            if g.bytes > 0 && g.bytes + e.nbytes > opts.group_bytes {
+                groups.push_back(std::mem::take(&mut g));
+            }
+            g.bytes += e.nbytes;
+            g.names.push(e.name.clone());
+            g.tensors.push(t);
+        }
+        if !g.names.is_empty() {
+            groups.push_back(g);
+        }
+        // Ask the kernel to read the files ahead (a file already in the page cache costs
+        // a fraction of a millisecond here).
+        for (s, used) in self.shards.iter().zip(shards_used) {
+            if used {
+                s.map.will_need();
+            }
+        }
+        Ok(Loading {
+            groups,
+            moving: None,
+            ready: VecDeque::new(),
+            opts: opts.h2d(),
+            done: false,
+        })
+    }
+
+    /// The entries to load, in file order, each once.
+    fn chosen(&self, names: Option<&[String]>) -> Result<Vec<usize>> {
+        let Some(names) = names else {
+            return Ok((0..self.entries.len()).collect());
+        };
+        let mut ks = Vec::with_capacity(names.len());
+        for n in names {
+            let k = self.index_of(n).ok_or_else(|| {
+                let path = self.shards.first().map(|s| s.path.as_path());
+                fault(
+                    path.unwrap_or(std::path::Path::new("")),
+                    Some(n),
+                    CheckpointFault::Tensor,
+                    "the checkpoint holds no tensor of this name".into(),
+                )
+            })?;
+            ks.push(k);
+        }
+        ks.sort_unstable();
+        ks.dedup();
+        Ok(ks)
+    }
+}

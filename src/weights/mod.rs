@@ -1,0 +1,61 @@
+//! Model weights onto the GPU: safetensors checkpoints (one file, or shards named by an
+//! index) loaded through the staging ring, the files read in place from the page cache.
+//!
+//! ```no_run
+//! use pinlane::weights::{load_safetensors, Checkpoint, LoadOptions};
+//! # fn main() -> pinlane::Result<()> {
+//! // Everything, by name, on cuda:{LOCAL_RANK}:
+//! let weights = load_safetensors("model.safetensors", &LoadOptions::default())?;
+//!
+//! // Or tensor by tensor as each arrives, placing layers while the rest load:
+//! let ckpt = Checkpoint::open("llama/model.safetensors.index.json")?;
+//! for item in ckpt.stream(&LoadOptions::default())? {
+//!     let (name, tensor) = item?;
+//!     // place `tensor` under `name` ...
+//! #   let _ = (name, tensor);
+//! }
+//! # let _ = weights;
+//! # Ok(()) }
+//! ```
+//!
+//! * **Checked first.** [`Checkpoint::open`] maps every file and checks every header
+//!   (with the `safetensors` crate) before anything is copied; a bad file is an
+//!   [`Error::Checkpoint`](crate::Error::Checkpoint) naming the file, the tensor where
+//!   one is at fault, and the kind of fault. A failed [`Checkpoint::load`] returns no
+//!   tensor.
+//! * **Read in place.** Each tensor is a host tensor over the mapped file, copied by the
+//!   staging ring's threads into page-locked slots and on to the device, so page-locked
+//!   memory is bounded by the arena, as for any transfer. Tensors are copied in groups
+//!   ([`LoadOptions::group_bytes`]), each group one device allocation.
+//! * **Ready when handed out.** A tensor is returned once its bytes are on the device (the
+//!   host has waited), so it is usable from any stream.
+//! * **Dtypes.** Every safetensors dtype pinlane has a type for; the others (float8,
+//!   float4, float6, complex) are listed ([`Checkpoint::tensors`]) but loading one is an
+//!   error naming it ([`CheckpointFault::UnsupportedDtype`](crate::CheckpointFault::UnsupportedDtype)):
+//!   leave them out with [`LoadOptions::names`].
+//! * **The files** must not be truncated while a load reads them: as for every loader
+//!   that maps files, that makes the read fault (`SIGBUS`).
+
+mod checkpoint;
+mod load;
+
+pub use checkpoint::{Checkpoint, TensorInfo};
+pub use load::{LoadOptions, Loading};
+
+use crate::error::Result;
+use crate::tensor::Tensor;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// Opens the checkpoint at `path` ([`Checkpoint::open`]: a `.safetensors` file, a sharded
+/// checkpoint's index, or a directory holding either) and loads it
+/// ([`Checkpoint::load`]).
+///
+/// # Errors
+/// As [`Checkpoint::open`] and [`Checkpoint::load`].
+pub fn load_safetensors(
+    path: impl AsRef<Path>,
+    opts: &LoadOptions,
+) -> Result<BTreeMap<String, Tensor>> {
+    Checkpoint::open(path)?.load(opts)
+}

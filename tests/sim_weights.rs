@@ -1,0 +1,409 @@
+//! Safetensors checkpoints loaded onto the simulated device (every machine, CI included):
+//! generated checkpoints (one file and sharded, tensors of every dtype and size, some
+//! not aligned in the file, groups smaller and larger than the arena) with every byte of
+//! every loaded tensor checked against the file; every kind of bad file a typed error
+//! before anything is copied; a copy that fails mid-load returns no tensor.
+#![cfg(all(feature = "test-util", feature = "weights"))]
+
+mod common;
+
+use common::weights::{
+    file_bytes, header, pinlane_dtype, tmpdir, write, write_sharded, Spec, DTYPES,
+};
+
+use pinlane::driver::fault::{self, FaultKind};
+use pinlane::weights::{load_safetensors, Checkpoint, LoadOptions};
+use pinlane::{transfer_tensor_d2h, CheckpointFault, D2hOptions, Error, Tensor};
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+
+/// Tensors of every dtype and size (empty, small, larger than the 1 MiB arena), in an
+/// order that leaves some unaligned in the file (a 3-byte u8 before an f32).
+fn specs() -> impl Strategy<Value = Vec<Spec>> {
+    let one = (0..DTYPES.len(), 0usize..5, 0usize..40_000, any::<u64>());
+    proptest::collection::vec(one, 1..12).prop_map(|v| {
+        v.into_iter()
+            .enumerate()
+            .map(|(i, (d, rank, n, seed))| {
+                let (dtype, size) = DTYPES[d];
+                // Mostly small; one in five up to 40_000 elements x 8 bytes.
+                let n = if seed % 5 == 0 { n * 9 } else { n % 700 };
+                let shape: Vec<usize> = match rank {
+                    0 => vec![],
+                    1 => vec![n],
+                    2 => vec![2, n / 2],
+                    3 => vec![n % 3, 5, 1],
+                    _ => vec![0, n],
+                };
+                let count: usize = shape.iter().product();
+                let mut bytes: Vec<u8> = (0..count * size)
+                    .map(|k| {
+                        (seed as usize)
+                            .wrapping_mul(31)
+                            .wrapping_add(k * 7 + k / 251) as u8
+                    })
+                    .collect();
+                if dtype == "BOOL" {
+                    bytes.iter_mut().for_each(|b| *b &= 1);
+                }
+                Spec {
+                    name: format!("layers.{i}.w{}", seed % 97),
+                    dtype,
+                    shape,
+                    bytes,
+                }
+            })
+            .collect()
+    })
+}
+
+/// The loaded tensors are the specs': names, dtypes, shapes, every byte (read back).
+fn check(loaded: &BTreeMap<String, Tensor>, specs: &[Spec]) -> Result<(), TestCaseError> {
+    prop_assert_eq!(loaded.len(), specs.len());
+    let names: Vec<&String> = loaded.keys().collect();
+    let on_host = transfer_tensor_d2h(
+        &loaded.values().cloned().collect::<Vec<_>>(),
+        &D2hOptions::default(),
+    )
+    .unwrap();
+    for (t, name) in on_host.iter().zip(names) {
+        let s = specs.iter().find(|s| &s.name == name).unwrap();
+        prop_assert!(
+            loaded[name].is_cuda() || s.bytes.is_empty(),
+            "{} on the device",
+            name
+        );
+        prop_assert_eq!(t.dtype(), pinlane_dtype(s.dtype));
+        prop_assert_eq!(t.dims(), &s.shape[..]);
+        prop_assert!(
+            t.as_bytes().unwrap() == &s.bytes[..],
+            "{}: bytes differ",
+            name
+        );
+    }
+    Ok(())
+}
+
+fn unique(mut v: Vec<Spec>) -> Vec<Spec> {
+    let mut seen = std::collections::HashSet::new();
+    v.retain(|s| seen.insert(s.name.clone()));
+    v
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(40))]
+
+    /// One file and sharded, whole and a chosen subset, eager and streamed in small
+    /// groups: every byte as in the file, streams in file order.
+    #[test]
+    fn checkpoints_load_byte_exact(
+        specs in specs(),
+        shards in 1usize..4,
+        group in prop_oneof![Just(1usize), 1usize..300_000, Just(512usize << 20)],
+        pick in any::<u64>(),
+    ) {
+        common::sim();
+        let specs = unique(specs);
+        let dir = tmpdir("ok");
+        let path = if shards == 1 {
+            let p = dir.join("model.safetensors");
+            write(&p, &specs);
+            p
+        } else {
+            write_sharded(&dir, &specs, shards)
+        };
+        let opts = LoadOptions::default().group_bytes(group);
+        let ckpt = Checkpoint::open(&path).unwrap();
+        prop_assert_eq!(ckpt.len(), specs.len());
+        prop_assert_eq!(ckpt.nbytes(), specs.iter().map(|s| s.bytes.len()).sum::<usize>());
+        check(&ckpt.load(&opts).unwrap(), &specs)?;
+
+        // Streamed: in file order, which is the specs' order (shards are written in
+        // order) up to empty tensors, which share their offset with the next one.
+        let streamed: Vec<(String, Tensor)> =
+            ckpt.stream(&opts).unwrap().collect::<pinlane::Result<_>>().unwrap();
+        let order: Vec<&str> = streamed.iter().map(|(n, _)| n.as_str()).collect();
+        let listed: Vec<&str> = ckpt.tensors().map(|t| t.name).collect();
+        prop_assert_eq!(&order, &listed);
+        let place = |n: &str| specs.iter().position(|s| s.name == n).unwrap();
+        let non_empty: Vec<usize> = order
+            .iter()
+            .filter(|n| !specs[place(n)].bytes.is_empty())
+            .map(|n| place(n))
+            .collect();
+        prop_assert!(non_empty.windows(2).all(|w| w[0] < w[1]), "not in file order: {:?}", order);
+        check(&streamed.into_iter().collect(), &specs)?;
+
+        // A subset, named in any order, some twice.
+        let subset: Vec<Spec> = specs
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| pick >> (i % 64) & 1 == 1)
+            .map(|(_, s)| s.clone())
+            .collect();
+        let mut names: Vec<String> = subset.iter().rev().map(|s| s.name.clone()).collect();
+        names.extend(subset.first().map(|s| s.name.clone()));
+        let loaded = load_safetensors(&path, &opts.clone().names(names)).unwrap();
+        check(&loaded, &subset)?;
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+fn sample() -> Vec<Spec> {
+    let t = |name: &str, dtype: &'static str, shape: Vec<usize>, size: usize| {
+        let n: usize = shape.iter().product::<usize>() * size;
+        Spec {
+            name: name.into(),
+            dtype,
+            shape,
+            bytes: (0..n)
+                .map(|k| (k % 251) as u8 & if dtype == "BOOL" { 1 } else { 255 })
+                .collect(),
+        }
+    };
+    vec![
+        t("a", "F32", vec![4, 300], 4),
+        t("b", "BF16", vec![1000], 2),
+        t("c", "BOOL", vec![10], 1),
+        t("d", "I64", vec![3, 3], 8),
+    ]
+}
+
+/// `open`'s error for a file of `bytes`, which must be a checkpoint error of `fault`.
+fn open_fails(bytes: &[u8], fault: CheckpointFault) -> String {
+    let dir = tmpdir("bad");
+    let p = dir.join("bad.safetensors");
+    std::fs::write(&p, bytes).unwrap();
+    let e = Checkpoint::open(&p).err().expect("a bad file opened");
+    std::fs::remove_dir_all(&dir).unwrap();
+    match &e {
+        Error::Checkpoint { fault: f, path, .. } => {
+            assert_eq!(*f, fault, "{e}");
+            assert!(path.ends_with("bad.safetensors"), "{e}");
+        }
+        other => panic!("not a checkpoint error: {other}"),
+    }
+    e.to_string()
+}
+
+#[test]
+fn bad_files_are_typed_errors_before_any_copy() {
+    common::sim();
+    let specs = sample();
+    let good = file_bytes(&header(&specs), &specs);
+    let h = header(&specs);
+    use CheckpointFault as F;
+
+    // Truncated: in the data, and in the header; a header length past the end; no length.
+    open_fails(&good[..good.len() - 1], F::Offsets);
+    open_fails(&good[..40], F::Header);
+    let mut long = good.clone();
+    long[..8].copy_from_slice(&(good.len() as u64).to_le_bytes());
+    assert!(open_fails(&long, F::Header).contains("past the end"));
+    open_fails(&good[..5], F::Header);
+    // Bytes past the last tensor.
+    let mut extra = good.clone();
+    extra.push(0);
+    open_fails(&extra, F::Offsets);
+    // Malformed JSON, and JSON that is not a header.
+    open_fails(&file_bytes(&h.replace("}}", "}"), &specs), F::Header);
+    open_fails(&file_bytes("[1,2]", &specs), F::Header);
+    // Offsets out of range, overlapping, with a gap.
+    let bad_offsets = |from: &str, to: &str| file_bytes(&h.replacen(from, to, 1), &specs);
+    open_fails(&bad_offsets("[0,4800]", "[0,4801]"), F::Shape);
+    let e = open_fails(&bad_offsets("[4800,6800]", "[4700,6700]"), F::Offsets);
+    assert!(e.contains("tensor \"b\""), "{e}");
+    open_fails(&bad_offsets("[4800,6800]", "[4900,6900]"), F::Offsets);
+    // A shape that does not match its bytes; an unknown dtype (named).
+    open_fails(&bad_offsets("[4, 300]", "[4, 301]"), F::Shape);
+    assert!(open_fails(&bad_offsets("\"BF16\"", "\"F9\""), F::Header).contains("F9"));
+    // A missing file.
+    let dir = tmpdir("missing");
+    let e = Checkpoint::open(dir.join("none.safetensors"))
+        .err()
+        .unwrap();
+    assert!(matches!(e, Error::Checkpoint { fault: F::Io, .. }), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn dtypes_pinlane_lacks_and_bad_values_name_the_tensor() {
+    common::sim();
+    let mut specs = sample();
+    specs.push(Spec {
+        name: "scale".into(),
+        dtype: "F8_E4M3",
+        shape: vec![16],
+        bytes: vec![7; 16],
+    });
+    let dir = tmpdir("dtypes");
+    let p = dir.join("m.safetensors");
+    write(&p, &specs);
+    let ckpt = Checkpoint::open(&p).unwrap();
+    let info = ckpt.info("scale").unwrap();
+    assert_eq!((info.dtype, info.file_dtype.as_str()), (None, "F8_E4M3"));
+    let e = ckpt.load(&LoadOptions::default()).unwrap_err();
+    assert!(
+        matches!(&e, Error::Checkpoint { fault: CheckpointFault::UnsupportedDtype, tensor: Some(t), .. } if t == "scale"),
+        "{e}"
+    );
+    // Left out, the rest loads.
+    let rest: Vec<&str> = ["a", "b", "c", "d"].into();
+    let loaded = ckpt.load(&LoadOptions::default().names(rest)).unwrap();
+    assert_eq!(loaded.len(), 4);
+    // A name it does not hold.
+    let e = ckpt
+        .load(&LoadOptions::default().names(["a", "zz"]))
+        .unwrap_err();
+    assert!(
+        matches!(&e, Error::Checkpoint { fault: CheckpointFault::Tensor, tensor: Some(t), .. } if t == "zz"),
+        "{e}"
+    );
+    assert!(matches!(
+        ckpt.load(&LoadOptions::default().group_bytes(0)),
+        Err(Error::InvalidOption {
+            name: "group_bytes",
+            ..
+        })
+    ));
+    // A bool byte that is not 0 or 1.
+    let mut specs = sample();
+    specs[2].bytes[3] = 2;
+    write(&p, &specs);
+    let e = load_safetensors(&p, &LoadOptions::default()).unwrap_err();
+    assert!(
+        matches!(&e, Error::Checkpoint { fault: CheckpointFault::Values, tensor: Some(t), .. } if t == "c"),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn bad_indexes_are_typed_errors() {
+    common::sim();
+    let specs = sample();
+    let dir = tmpdir("index");
+    let index = write_sharded(&dir, &specs, 2);
+    let good = std::fs::read_to_string(&index).unwrap();
+    let fails = |text: &str, fault: CheckpointFault| {
+        std::fs::write(&index, text).unwrap();
+        let e = Checkpoint::open(&index).err().expect("a bad index opened");
+        assert!(
+            matches!(&e, Error::Checkpoint { fault: f, .. } if *f == fault),
+            "{e}"
+        );
+        e.to_string()
+    };
+    use CheckpointFault as F;
+    fails("{", F::Index);
+    fails(r#"{"metadata":{}}"#, F::Index);
+    assert!(fails(&good.replace("00002-of", "00009-of"), F::Index).contains("missing"));
+    fails(&good.replace(r#""a":"#, r#""zz":"#), F::Tensor);
+    // A tensor the index puts in the other shard.
+    fails(
+        &good.replace(r#""a":"model-00001"#, r#""a":"model-00002"#),
+        F::Tensor,
+    );
+    // A name in both shards.
+    std::fs::write(&index, &good).unwrap();
+    write(&dir.join("model-00002-of-00002.safetensors"), &specs[1..]);
+    let e = Checkpoint::open(&index).err().unwrap();
+    assert!(
+        matches!(
+            &e,
+            Error::Checkpoint {
+                fault: F::Tensor,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // The directory form finds the index.
+    write(&dir.join("model-00002-of-00002.safetensors"), &specs[2..]);
+    std::fs::write(&index, &good).unwrap();
+    let loaded = Checkpoint::open(&dir)
+        .unwrap()
+        .load(&LoadOptions::default())
+        .unwrap();
+    assert_eq!(loaded.len(), specs.len());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A driver failure at any point of a load (allocation, copy, event) fails the whole
+/// load, holds nothing afterwards, and the next load is byte-exact.
+#[test]
+fn a_failure_mid_load_returns_nothing_and_the_next_load_works() {
+    common::sim();
+    std::thread::spawn(|| {
+        let specs: Vec<Spec> = (0..6)
+            .map(|i| Spec {
+                name: format!("t{i}"),
+                dtype: "F32",
+                shape: vec![70_000],
+                bytes: (0..280_000).map(|k| (k * 3 + i) as u8).collect(),
+            })
+            .collect();
+        let dir = tmpdir("fault");
+        let p = dir.join("m.safetensors");
+        write(&p, &specs);
+        let ckpt = Checkpoint::open(&p).unwrap();
+        // Groups of two tensors: three transfers, each larger than the 1 MiB arena's slots.
+        let opts = LoadOptions::default().group_bytes(600_000);
+        let mut fired = 0;
+        for kind in [FaultKind::Alloc, FaultKind::Copy, FaultKind::EventRecord] {
+            for nth in 1..40 {
+                fault::inject(kind, nth);
+                let r = ckpt.load(&opts);
+                if fault::armed() {
+                    fault::clear();
+                    break;
+                }
+                fired += 1;
+                assert!(
+                    r.is_err(),
+                    "{kind:?} #{nth}: a fault, yet tensors came back"
+                );
+                let loaded = ckpt.load(&opts).unwrap();
+                if let Err(e) = check(&loaded, &specs) {
+                    panic!("{kind:?} #{nth}: the next load: {e}");
+                }
+            }
+        }
+        assert!(fired >= 3, "faults fired: {fired}");
+        assert_eq!(pinlane::memory_stats().retained_bytes, 0);
+        std::fs::remove_dir_all(&dir).unwrap();
+    })
+    .join()
+    .unwrap();
+}
+
+/// The load holds no page-locked memory beyond the staging arena's: a checkpoint four
+/// times the arena's size leaves the page-locked pools as a plain transfer does.
+#[test]
+fn page_locked_memory_stays_the_arenas() {
+    common::sim();
+    let specs: Vec<Spec> = (0..4)
+        .map(|i| Spec {
+            name: format!("w{i}"),
+            dtype: "U8",
+            shape: vec![1 << 20],
+            bytes: vec![i as u8; 1 << 20],
+        })
+        .collect();
+    let dir = tmpdir("pinned");
+    let p = dir.join("m.safetensors");
+    write(&p, &specs);
+    let before = pinlane::memory_stats();
+    let loaded = load_safetensors(&p, &LoadOptions::default()).unwrap();
+    let after = pinlane::memory_stats();
+    assert_eq!(
+        after.staging.held_bytes,
+        before.staging.held_bytes.max(1 << 20)
+    );
+    assert_eq!(
+        after.pinned_outputs.held_bytes,
+        before.pinned_outputs.held_bytes
+    );
+    assert_eq!(loaded.len(), 4);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
