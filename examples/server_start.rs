@@ -3,9 +3,12 @@
 //! arrives (`Checkpoint::stream`), placed into the server's layer table while the rest
 //! load; then a few requests served with the weights resident.
 //!
-//! Prints the time to the first tensor and to the whole model, the rate against the
-//! page-locked limit measured in this process, and checks every loaded tensor's bytes
-//! against the file (read back from the device). Without a GPU it says so and exits 0.
+//! Prints, for each of `--reps` starts (each opening the checkpoint afresh; the first is
+//! the process's first load, which also allocates the staging arena and grows the device
+//! pool), the time to open it, to the first tensor and to the whole model, and to unmap
+//! it, with the rate against the page-locked limit measured in this process; then checks
+//! every loaded tensor's bytes against the file (read back from the device). Without a
+//! GPU it says so and exits 0.
 //!
 //! `cargo run --release --example server_start -- PATH [--group-mib N] [--reps N]`
 
@@ -32,6 +35,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("no GPU: nothing to load onto");
         return Ok(());
     }
+    // A server warms the device up at start: the context, pinlane's memory pool and its
+    // kernel (the first load would do it otherwise).
+    let t0 = Instant::now();
+    pinlane::warm_up(pinlane::Device::cuda(0))?;
+    println!("warm_up {:.1} ms", t0.elapsed().as_secs_f64() * 1e3);
     let limit = pinlane::memory::measure_pinned_limits(pinlane::Device::cuda(0), 256 << 20, 5)?;
 
     // Each start opens the checkpoint afresh, as a server does once: the mapping's pages

@@ -27,7 +27,6 @@ def _tensors(torch, seed=0):
 
 
 def _same(torch, loaded, want, device):
-    assert list(loaded) == [k for k in loaded]  # a dict, in file order
     assert set(loaded) == set(want)
     for k, v in want.items():
         got = loaded[k]
@@ -119,3 +118,22 @@ def test_bad_files_and_dtypes_pinlane_lacks(torch, tmp_path):
         pinlane.load_safetensors(tmp_path / "f8.safetensors")
     got = pinlane.load_safetensors(tmp_path / "f8.safetensors", names=["w"])
     assert torch.equal(got["w"].cpu(), f8["w"])
+
+
+def test_without_a_device_the_tensors_are_host_copies(torch, tmp_path):
+    """The path taken when torch sees no CUDA (asked of the native half directly here):
+    CPU tensors in file order, copies that may be written."""
+    from safetensors.torch import load_file, save_file
+
+    p = tmp_path / "m.safetensors"
+    save_file(_tensors(torch, seed=2), p)
+    keys, ts = pinlane._native.load_safetensors(str(p), probe=torch.empty(0), device=None)
+    want = load_file(p)
+    assert sorted(keys) == sorted(want)
+    for k, t in zip(keys, ts):
+        assert t.device.type == "cpu" and torch.equal(t, want[k]), k
+    ts[0].zero_() if ts[0].numel() else None  # writable: a copy, not the read-only mapping
+    keys, _ = pinlane._native.load_safetensors(str(p), probe=torch.empty(0), device=None, names=["big"])
+    assert keys == ["big"]
+    with pytest.raises(ValueError, match="nothere"):
+        pinlane._native.load_safetensors(str(p), probe=torch.empty(0), device=None, names=["nothere"])

@@ -30,6 +30,9 @@ const SINGLE: &str = "model.safetensors";
 /// # Ok(()) }
 /// ```
 pub struct Checkpoint {
+    /// What was opened (the file, the index, or the directory), for errors about the
+    /// whole checkpoint.
+    source: PathBuf,
     pub(super) shards: Vec<Shard>,
     /// Every tensor, by shard, then by offset in it (the order loads read them).
     pub(super) entries: Vec<Entry>,
@@ -76,7 +79,9 @@ impl Checkpoint {
     /// Opens a checkpoint: a `.safetensors` file; the index of a sharded one (a `.json`
     /// file such as `model.safetensors.index.json`, whose `weight_map` names the shards,
     /// relative to its directory); or a directory holding `model.safetensors.index.json`
-    /// or `model.safetensors`.
+    /// or `model.safetensors`. Every tensor of every shard the index names is the
+    /// checkpoint's, as when transformers loads the shards (a shard may hold tensors the
+    /// `weight_map` does not list).
     ///
     /// Every shard is mapped (read-only) and its header checked here, so that a bad file
     /// fails before anything is copied. The files must not be truncated while a load
@@ -91,18 +96,20 @@ impl Checkpoint {
     /// missing shard or a tensor its shard lacks; a name in two shards.
     pub fn open(path: impl AsRef<Path>) -> Result<Checkpoint> {
         let path = path.as_ref();
-        if path.is_dir() {
+        let mut ckpt = if path.is_dir() {
             let index = path.join(INDEX);
-            return if index.exists() {
+            if index.exists() {
                 Checkpoint::open_index(&index)
             } else {
                 Checkpoint::from_files(vec![path.join(SINGLE)])
-            };
-        }
-        if path.extension().is_some_and(|e| e == "json") {
-            return Checkpoint::open_index(path);
-        }
-        Checkpoint::from_files(vec![path.to_path_buf()])
+            }
+        } else if path.extension().is_some_and(|e| e == "json") {
+            Checkpoint::open_index(path)
+        } else {
+            Checkpoint::from_files(vec![path.to_path_buf()])
+        }?;
+        ckpt.source = path.to_path_buf();
+        Ok(ckpt)
     }
 
     /// Every tensor, in the order loads read them (by shard, then by place in the file).
@@ -152,6 +159,16 @@ impl Checkpoint {
         self.by_name.get(name).copied()
     }
 
+    /// The error for a name the checkpoint does not hold.
+    pub(super) fn missing(&self, name: &str) -> Error {
+        fault(
+            &self.source,
+            Some(name),
+            CheckpointFault::Tensor,
+            "the checkpoint holds no tensor of this name".into(),
+        )
+    }
+
     /// A sharded checkpoint: the shards its index names (each once, in name order), every
     /// name in the index checked to be in the shard it names.
     fn open_index(index: &Path) -> Result<Checkpoint> {
@@ -170,6 +187,16 @@ impl Checkpoint {
             let file = file
                 .as_str()
                 .ok_or_else(|| fail(format!("tensor {name:?} maps to {file}, not a file name")))?;
+            // Shards are files beside the index (or below it): never an absolute path or
+            // one that climbs out, and each spelled one way (no `.` components).
+            let plain = Path::new(file)
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)));
+            if !plain || file.is_empty() {
+                return Err(fail(format!(
+                    "tensor {name:?} maps to {file:?}, not a path relative to the index's directory"
+                )));
+            }
             wanted.push((name, file));
         }
         let mut files: Vec<&str> = wanted.iter().map(|&(_, f)| f).collect();
@@ -205,8 +232,19 @@ impl Checkpoint {
         for path in paths {
             let map = MappedFile::open(&path)
                 .map_err(|e| fault(&path, None, CheckpointFault::Io, e.to_string()))?;
-            let (n, meta) =
-                SafeTensors::read_metadata(map.bytes()).map_err(|e| from_st(&path, e))?;
+            // The parser is the `safetensors` crate's; a header crafted to overflow its
+            // arithmetic panics there in debug builds (release wraps, and reports the file
+            // as not covered): a panic is this file's fault, not the caller's.
+            let parsed = std::panic::catch_unwind(|| SafeTensors::read_metadata(map.bytes()))
+                .map_err(|_| {
+                    fault(
+                        &path,
+                        None,
+                        CheckpointFault::Header,
+                        "the header's shapes or offsets overflow".into(),
+                    )
+                })?;
+            let (n, meta) = parsed.map_err(|e| from_st(&path, e))?;
             // Header length and 8 (its own size): read_metadata checked that this, plus
             // the data, is the file's size.
             let base = n + 8;
@@ -243,6 +281,7 @@ impl Checkpoint {
             }
         }
         Ok(Checkpoint {
+            source: PathBuf::new(),
             shards,
             entries,
             by_name,

@@ -119,6 +119,17 @@ impl Iterator for Loading {
             if self.done {
                 return None;
             }
+            // A group already done (or failed while its copies were queued) is taken
+            // first: a failure then stops the load before another group is queued.
+            if self.moving.as_ref().is_some_and(|m| m.2.is_ready()) {
+                if let Some((names, _, t)) = self.moving.take() {
+                    match wait(t) {
+                        Ok(ts) => self.ready.extend(names.into_iter().zip(ts)),
+                        Err(e) => return self.fail(e),
+                    }
+                }
+                continue;
+            }
             // Queue the next group before waiting for the last one: its staging (host
             // copies) runs while the device finishes the last one's copies.
             let next = match self.groups.pop_front() {
@@ -129,7 +140,7 @@ impl Iterator for Loading {
                 None => None,
             };
             match std::mem::replace(&mut self.moving, next) {
-                Some((names, _, t)) => match t.wait() {
+                Some((names, _, t)) => match wait(t) {
                     Ok(ts) => self.ready.extend(names.into_iter().zip(ts)),
                     Err(e) => return self.fail(e),
                 },
@@ -137,6 +148,19 @@ impl Iterator for Loading {
                 None => {}
             }
         }
+    }
+}
+
+/// Waits for a group's copies as a blocking transfer waits for its own: up to
+/// [`Config::sync_wait`](crate::Config::sync_wait) when it is set (then
+/// [`Error::SyncTimeout`], the group's memory kept until its copies finish), else for as
+/// long as the device takes.
+fn wait(mut t: Transfer<Vec<Tensor>>) -> Result<Vec<Tensor>> {
+    match crate::memory::retained::sync_wait() {
+        None => t.wait(),
+        Some(limit) => t.wait_timeout(limit).unwrap_or(Err(Error::SyncTimeout {
+            waited_ms: u64::try_from(limit.as_millis()).unwrap_or(u64::MAX),
+        })),
     }
 }
 
@@ -166,7 +190,10 @@ impl Checkpoint {
     /// mapped files (the transfer calls' pass-through).
     ///
     /// # Errors
-    /// As [`Checkpoint::stream`], and any failure while copying: no tensor is returned.
+    /// As [`Checkpoint::stream`], and any failure while copying (a driver error,
+    /// [`Error::StagingExhausted`], [`Error::SyncTimeout`] when
+    /// [`Config::sync_wait`](crate::Config::sync_wait) is set and a group's copies outlast
+    /// it): no tensor is returned.
     pub fn load(&self, opts: &LoadOptions) -> Result<BTreeMap<String, Tensor>> {
         self.stream(opts)?.collect()
     }
@@ -183,6 +210,8 @@ impl Checkpoint {
     /// ([`CheckpointFault::Tensor`]), a chosen tensor of a dtype pinlane lacks
     /// ([`CheckpointFault::UnsupportedDtype`]) or of bytes its dtype forbids
     /// ([`CheckpointFault::Values`]); [`Error::InvalidOption`] for a `group_bytes` of 0.
+    /// The device is resolved by the first group's transfer: a device that does not
+    /// exist (or a `LOCAL_RANK` that names none) is the first `next()`'s error.
     pub fn stream(&self, opts: &LoadOptions) -> Result<Loading> {
         if opts.group_bytes == 0 {
             return Err(Error::InvalidOption {
@@ -197,33 +226,7 @@ impl Checkpoint {
         for k in chosen {
             let e = &self.entries[k];
             shards_used[e.shard] = true;
-            let shard = &self.shards[e.shard];
-            let at_fault = |f, reason| fault(&shard.path, Some(&e.name), f, reason);
-            let dtype = dtype_of(e.dtype).ok_or_else(|| {
-                at_fault(
-                    CheckpointFault::UnsupportedDtype,
-                    format!("dtype {} has no pinlane type", e.dtype),
-                )
-            })?;
-            let range = shard
-                .map
-                .range(e.at, e.nbytes)
-                .ok_or_else(|| Error::Internal {
-                    op: "weights::stream",
-                    reason: format!("{} is outside its checked file", e.name),
-                })?;
-            let aligned = (range.as_ref().as_ptr() as usize).is_multiple_of(dtype.size());
-            let t = if aligned {
-                Tensor::from_owner(range, dtype, e.shape.clone())
-            } else {
-                // A tensor the file does not align for its dtype: copied into memory
-                // that is (rare; the safetensors writers align every tensor).
-                Tensor::from_bytes(dtype, e.shape.clone(), range.as_ref())
-            }
-            .map_err(|err| match err {
-                Error::InvalidBytes { reason, .. } => at_fault(CheckpointFault::Values, reason),
-                other => at_fault(CheckpointFault::Shape, other.to_string()),
-            })?;
+            let t = self.host_tensor(k)?;
             if g.bytes > 0 && g.bytes + e.nbytes > opts.group_bytes {
                 groups.push_back(std::mem::take(&mut g));
             }
@@ -250,6 +253,51 @@ impl Checkpoint {
         })
     }
 
+    /// A host tensor holding a copy of the tensor named `name`, read from the file: for
+    /// looking at a weight on the host, or loading without a device.
+    ///
+    /// # Errors
+    /// [`Error::Checkpoint`]: no tensor of this name ([`CheckpointFault::Tensor`]), a
+    /// dtype pinlane lacks ([`CheckpointFault::UnsupportedDtype`]), bytes its dtype
+    /// forbids ([`CheckpointFault::Values`]).
+    pub fn read(&self, name: &str) -> Result<Tensor> {
+        let k = self.index_of(name).ok_or_else(|| self.missing(name))?;
+        let t = self.host_tensor(k)?;
+        Tensor::from_bytes(t.dtype(), t.shape().clone(), t.as_bytes()?)
+    }
+
+    /// Entry `k` as a host tensor over the mapped file (or, when the file does not align
+    /// it for its dtype, a copy in memory that is aligned).
+    fn host_tensor(&self, k: usize) -> Result<Tensor> {
+        let e = &self.entries[k];
+        let shard = &self.shards[e.shard];
+        let at_fault = |f, reason| fault(&shard.path, Some(&e.name), f, reason);
+        let dtype = dtype_of(e.dtype).ok_or_else(|| {
+            at_fault(
+                CheckpointFault::UnsupportedDtype,
+                format!("dtype {} has no pinlane type", e.dtype),
+            )
+        })?;
+        let range = shard
+            .map
+            .range(e.at, e.nbytes)
+            .ok_or_else(|| Error::Internal {
+                op: "weights::host_tensor",
+                reason: format!("{} is outside its checked file", e.name),
+            })?;
+        let aligned = (range.as_ref().as_ptr() as usize).is_multiple_of(dtype.size());
+        if aligned {
+            Tensor::from_owner(range, dtype, e.shape.clone())
+        } else {
+            // Rare: the safetensors writers align every tensor.
+            Tensor::from_bytes(dtype, e.shape.clone(), range.as_ref())
+        }
+        .map_err(|err| match err {
+            Error::InvalidBytes { reason, .. } => at_fault(CheckpointFault::Values, reason),
+            other => at_fault(CheckpointFault::Shape, other.to_string()),
+        })
+    }
+
     /// The entries to load, in file order, each once.
     fn chosen(&self, names: Option<&[String]>) -> Result<Vec<usize>> {
         let Some(names) = names else {
@@ -257,15 +305,7 @@ impl Checkpoint {
         };
         let mut ks = Vec::with_capacity(names.len());
         for n in names {
-            let k = self.index_of(n).ok_or_else(|| {
-                let path = self.shards.first().map(|s| s.path.as_path());
-                fault(
-                    path.unwrap_or(std::path::Path::new("")),
-                    Some(n),
-                    CheckpointFault::Tensor,
-                    "the checkpoint holds no tensor of this name".into(),
-                )
-            })?;
+            let k = self.index_of(n).ok_or_else(|| self.missing(n))?;
             ks.push(k);
         }
         ks.sort_unstable();
