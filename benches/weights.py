@@ -19,7 +19,9 @@ Every way's result is checked tensor by tensor against the file (``load_file`` t
 CPU, compared on the device, ``torch.equal``) once, after its timed calls. Whole calls
 are timed: median of ``--reps`` after one warm-up. Prints ms, GB/s, the fraction of the
 page-locked limit (one 256 MiB copy, measured in this process) and the CPU seconds per
-GB (process CPU time, all threads). Then a cold read: the files' pages dropped from the
+GB (process CPU time, all threads). With ``--first``, each way's first call in a fresh
+process (torch's CUDA set up first, as a server's is by then; pinlane's first transfer's
+phases printed): what a server's start pays. Then a cold read: the files' pages dropped from the
 page cache (``posix_fadvise(DONTNEED)``), one load each of safetensors' loader and
 pinlane's, bounded by the disk.
 """
@@ -116,15 +118,59 @@ def views(path):
     return out
 
 
+def make_ways(path, sharded, dev):
+    from safetensors.torch import load_file
+
+    def sync(d):
+        torch.cuda.synchronize()
+        return d
+
+    return {
+        "safetensors load_file(device)": lambda: sync(load_file(path, device="cuda:0")),
+        "load_file then .to": lambda: sync({k: v.to(dev) for k, v in load_file(path).items()}),
+        "mmap views, pin_memory().to": lambda: sync(
+            {k: v.pin_memory().to(dev, non_blocking=True) for k, v in views(path).items()}
+        ),
+        "load_file then pinlane h2d": lambda: pinlane.transfer_tensor_h2d(load_file(path), num_caches=0),
+        "mmap views, pinlane h2d": lambda: pinlane.transfer_tensor_h2d(views(path), num_caches=0),
+        "pinlane load_safetensors": lambda: pinlane.load_safetensors(path),
+        "pinlane load_safetensors, sharded": lambda: pinlane.load_safetensors(sharded),
+    }
+
+
+def first_call(way, d):
+    """`--one`: the first call of `way` in this fresh process, after torch has set CUDA up
+    (as a server has by then) and the page cache holds the files; pinlane's ways also
+    give the phases of their first transfer call."""
+    dev = torch.device("cuda:0")
+    torch.cuda.init()
+    torch.empty(1, device=dev)
+    path, sharded = f"{d}/model.safetensors", f"{d}/sharded"
+    warm(sharded if "sharded" in way else path)
+    fn = make_ways(path, sharded, dev)[way]
+    if "pinlane" in way:
+        pinlane._native.trace_next_call()
+    t0 = time.perf_counter()
+    out = fn()
+    dt = time.perf_counter() - t0
+    trace = pinlane._native.last_trace() if "pinlane" in way else None
+    print(json.dumps(dict(way=way, first_ms=dt * 1e3, n=len(out), trace=trace)))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--dir", default="/tmp/pinlane-weights")
+    ap.add_argument("--first", action="store_true",
+                    help="also time each way's first call in a fresh process (a server's start)")
+    ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     import warnings
 
     warnings.filterwarnings("ignore", message=".*not writable.*")
+    if args.one:
+        return first_call(args.one, args.dir)
     from safetensors.torch import load_file
 
     dev = torch.device("cuda:0")
@@ -138,21 +184,7 @@ def main(argv=None):
     ref = {k: v.to(dev) for k, v in load_file(path).items()}
     torch.cuda.synchronize()
 
-    def sync(d):
-        torch.cuda.synchronize()
-        return d
-
-    ways = {
-        "safetensors load_file(device)": lambda: sync(load_file(path, device="cuda:0")),
-        "load_file then .to": lambda: sync({k: v.to(dev) for k, v in load_file(path).items()}),
-        "mmap views, pin_memory().to": lambda: sync(
-            {k: v.pin_memory().to(dev, non_blocking=True) for k, v in views(path).items()}
-        ),
-        "load_file then pinlane h2d": lambda: pinlane.transfer_tensor_h2d(load_file(path), num_caches=0),
-        "mmap views, pinlane h2d": lambda: pinlane.transfer_tensor_h2d(views(path), num_caches=0),
-        "pinlane load_safetensors": lambda: pinlane.load_safetensors(path),
-        "pinlane load_safetensors, sharded": lambda: pinlane.load_safetensors(sharded),
-    }
+    ways = make_ways(path, sharded, dev)
     rows = []
     for name, fn in ways.items():
         warm(sharded if "sharded" in name else path)
@@ -189,6 +221,20 @@ def main(argv=None):
         del out
         cold.append(dict(way=name, ms=dt * 1e3, gbs=data_bytes / dt / 1e9))
         print(f"cold: {name:30s} {dt * 1e3:8.1f} ms {data_bytes / dt / 1e9:6.2f} GB/s", flush=True)
+    first = []
+    if args.first:
+        import subprocess
+
+        for name in ways:
+            r = subprocess.run([sys.executable, __file__, "--one", name, "--dir", args.dir],
+                               capture_output=True, text=True)
+            try:
+                first.append(json.loads(r.stdout.strip().splitlines()[-1]))
+            except (IndexError, ValueError):
+                first.append(dict(way=name, error=r.stderr[-500:]))
+            f = first[-1]
+            print(f"first call, fresh process: {name:36s} " + (f"{f['first_ms']:8.1f} ms" if "first_ms" in f else f["error"]),
+                  flush=True)
     st = next(r for r in rows if r["way"] == "safetensors load_file(device)")
     pl = next(r for r in rows if r["way"] == "pinlane load_safetensors")
     print(f"\n{torch.cuda.get_device_name(dev)}; page-locked limit H2D {lim:.1f} GB/s; checkpoint "
@@ -202,7 +248,7 @@ def main(argv=None):
           f"at the limit the most it could be is {st['median_ms'] / (data_bytes / lim / 1e6):.1f}x")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(limit_gbs=lim, tensors=len(ref), data_bytes=data_bytes, rows=rows, cold=cold,
+            json.dump(dict(limit_gbs=lim, tensors=len(ref), data_bytes=data_bytes, rows=rows, cold=cold, first=first,
                            device=torch.cuda.get_device_name(dev)), f, indent=1)
     return 0 if all(r["checked"] for r in rows) else 1
 

@@ -326,7 +326,8 @@ fn dtypes_pinlane_lacks_and_bad_values_name_the_tensor() {
         "{e}"
     );
     assert!(matches!(
-        ckpt.load(&LoadOptions::default().group_bytes(0)),
+        ckpt.stream(&LoadOptions::default().group_bytes(0))
+            .map(drop),
         Err(Error::InvalidOption {
             name: "group_bytes",
             ..

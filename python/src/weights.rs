@@ -41,7 +41,11 @@ pub(crate) fn load_safetensors<'py>(
     opts = opts.device(dev).consumer_stream(consumer);
     let loaded: Vec<(String, Tensor)> = py
         .detach(|| -> pinlane::Result<Vec<(String, Tensor)>> {
-            Checkpoint::open(&path)?.stream(&opts)?.collect()
+            // One group, as `Checkpoint::load` (the device pool grows once), streamed to
+            // keep the file's order.
+            Checkpoint::open(&path)?
+                .stream(&opts.group_bytes(usize::MAX))?
+                .collect()
         })
         .map_err(to_py)?;
     let (names, tensors): (Vec<String>, Vec<Tensor>) = loaded.into_iter().unzip();
