@@ -239,6 +239,12 @@ pub fn page_locked_bytes() -> Option<usize> {
     })
 }
 
+/// Host bytes registered (`cuMemHostRegister`) and not unregistered yet (`None` when the
+/// simulator is not enabled).
+pub fn registered_bytes() -> Option<usize> {
+    active().map(|s| lock(&s.mem).registered.values().map(|&(n, _)| n).sum())
+}
+
 thread_local! {
     /// The simulated context stack: device indices.
     static CTX: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
