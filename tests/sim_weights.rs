@@ -8,7 +8,7 @@
 mod common;
 
 use common::weights::{
-    file_bytes, header, pinlane_dtype, tmpdir, write, write_sharded, Spec, DTYPES,
+    file_bytes, header, pinlane_dtype, tmpdir, uniform, write, write_sharded, written, Spec, DTYPES,
 };
 
 use pinlane::driver::fault::{self, FaultKind};
@@ -427,17 +427,8 @@ fn a_failure_mid_load_returns_nothing_and_the_next_load_works() {
     common::sim();
     let _serial = serial();
     std::thread::spawn(|| {
-        let specs: Vec<Spec> = (0..6)
-            .map(|i| Spec {
-                name: format!("t{i}"),
-                dtype: "F32",
-                shape: vec![70_000],
-                bytes: (0..280_000).map(|k| (k * 3 + i) as u8).collect(),
-            })
-            .collect();
-        let dir = tmpdir("fault");
-        let p = dir.join("m.safetensors");
-        write(&p, &specs);
+        let specs = uniform(6, "F32", 4, 70_000);
+        let (dir, p) = written("fault", &specs);
         let ckpt = Checkpoint::open(&p).unwrap();
         // Groups of two tensors: three transfers, each larger than the 1 MiB arena's slots.
         let opts = LoadOptions::default().group_bytes(600_000);
@@ -477,17 +468,8 @@ fn a_failure_mid_load_returns_nothing_and_the_next_load_works() {
 fn page_locked_memory_stays_the_arenas() {
     common::sim();
     let _serial = serial();
-    let specs: Vec<Spec> = (0..4)
-        .map(|i| Spec {
-            name: format!("w{i}"),
-            dtype: "U8",
-            shape: vec![1 << 20],
-            bytes: vec![i as u8; 1 << 20],
-        })
-        .collect();
-    let dir = tmpdir("pinned");
-    let p = dir.join("m.safetensors");
-    write(&p, &specs);
+    let specs = uniform(4, "U8", 1, 1 << 20);
+    let (dir, p) = written("pinned", &specs);
     let sim = pinlane::driver::sim::registered_bytes;
     let allocated = || pinlane::driver::sim::page_locked_bytes().unwrap();
     // The arena exists first (a plain transfer), so what follows is the load's alone.
@@ -543,17 +525,8 @@ fn a_stream_stops_at_its_first_error_and_may_be_dropped_part_way() {
     common::sim();
     let _serial = serial();
     std::thread::spawn(|| {
-        let specs: Vec<Spec> = (0..6)
-            .map(|i| Spec {
-                name: format!("t{i}"),
-                dtype: "I32",
-                shape: vec![50_000],
-                bytes: (0..200_000).map(|k| (k * 5 + i * 3) as u8).collect(),
-            })
-            .collect();
-        let dir = tmpdir("stream");
-        let p = dir.join("m.safetensors");
-        write(&p, &specs);
+        let specs = uniform(6, "I32", 4, 50_000);
+        let (dir, p) = written("stream", &specs);
         let ckpt = Checkpoint::open(&p).unwrap();
         // One tensor a group: six transfers.
         let opts = LoadOptions::default().group_bytes(1);

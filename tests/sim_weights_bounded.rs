@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::weights::{tmpdir, write, Spec};
+use common::weights::{uniform, written};
 use pinlane::driver::sim::SimConfig;
 use pinlane::weights::{Checkpoint, LoadOptions};
 use pinlane::{Config, Error};
@@ -20,15 +20,7 @@ fn a_load_whose_copies_outlast_sync_wait_fails_within_it() {
         // Seeded: every run delays the same operations by the same times.
         || SimConfig::seeded(0xB0_0D).max_delay(Duration::from_millis(1500)),
     );
-    let specs = vec![Spec {
-        name: "w".into(),
-        dtype: "F32",
-        shape: vec![300],
-        bytes: (0..1200).map(|k| k as u8).collect(),
-    }];
-    let dir = tmpdir("bounded");
-    let p = dir.join("m.safetensors");
-    write(&p, &specs);
+    let (dir, p) = written("bounded", &uniform(1, "F32", 4, 300));
     let ckpt = Checkpoint::open(&p).unwrap();
     let t0 = Instant::now();
     let r = ckpt.load(&LoadOptions::default());

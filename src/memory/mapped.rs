@@ -80,6 +80,14 @@ pub(crate) struct MappedRange {
     len: usize,
 }
 
+impl MappedRange {
+    /// Whether the range starts at a multiple of `align` bytes in memory (a typed view of
+    /// it needs its element's alignment).
+    pub(crate) fn is_aligned(&self, align: usize) -> bool {
+        (self.as_ref().as_ptr() as usize).is_multiple_of(align)
+    }
+}
+
 impl AsRef<[u8]> for MappedRange {
     fn as_ref(&self) -> &[u8] {
         // In range: checked when the range was made, and the mapping never changes size.
@@ -103,6 +111,9 @@ mod tests {
         let r = m.range(100, 900).unwrap();
         assert_eq!(r.as_ref(), &bytes[100..1000]);
         assert!(m.range(9_000, 1_001).is_none());
+        // The mapping starts on a page: offsets decide alignment.
+        assert!(m.range(64, 8).unwrap().is_aligned(8));
+        assert!(!m.range(66, 8).unwrap().is_aligned(4));
         assert!(m.range(usize::MAX, 2).is_none());
         assert_eq!(m.range(10_000, 0).unwrap().as_ref(), &[] as &[u8]);
         std::fs::write(&p, b"").unwrap();

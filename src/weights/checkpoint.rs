@@ -96,20 +96,18 @@ impl Checkpoint {
     /// missing shard or a tensor its shard lacks; a name in two shards.
     pub fn open(path: impl AsRef<Path>) -> Result<Checkpoint> {
         let path = path.as_ref();
-        let mut ckpt = if path.is_dir() {
+        if path.is_dir() {
             let index = path.join(INDEX);
             if index.exists() {
-                Checkpoint::open_index(&index)
+                Checkpoint::open_index(path, &index)
             } else {
-                Checkpoint::from_files(vec![path.join(SINGLE)])
+                Checkpoint::from_files(path, vec![path.join(SINGLE)])
             }
         } else if path.extension().is_some_and(|e| e == "json") {
-            Checkpoint::open_index(path)
+            Checkpoint::open_index(path, path)
         } else {
-            Checkpoint::from_files(vec![path.to_path_buf()])
-        }?;
-        ckpt.source = path.to_path_buf();
-        Ok(ckpt)
+            Checkpoint::from_files(path, vec![path.to_path_buf()])
+        }
     }
 
     /// Every tensor, in the order loads read them (by shard, then by place in the file).
@@ -170,8 +168,8 @@ impl Checkpoint {
     }
 
     /// A sharded checkpoint: the shards its index names (each once, in name order), every
-    /// name in the index checked to be in the shard it names.
-    fn open_index(index: &Path) -> Result<Checkpoint> {
+    /// name in the index checked to be in the shard it names. `source`: what was opened.
+    fn open_index(source: &Path, index: &Path) -> Result<Checkpoint> {
         let fail = |reason: String| fault(index, None, CheckpointFault::Index, reason);
         let text = std::fs::read(index)
             .map_err(|e| fault(index, None, CheckpointFault::Io, e.to_string()))?;
@@ -208,7 +206,7 @@ impl Checkpoint {
                 return Err(fail(format!("its shard {} is missing", p.display())));
             }
         }
-        let ckpt = Checkpoint::from_files(paths)?;
+        let ckpt = Checkpoint::from_files(source, paths)?;
         for (name, file) in wanted {
             let held = ckpt
                 .by_name
@@ -226,7 +224,8 @@ impl Checkpoint {
         Ok(ckpt)
     }
 
-    fn from_files(paths: Vec<PathBuf>) -> Result<Checkpoint> {
+    /// The checkpoint of `paths` (every header checked); `source`: what was opened.
+    fn from_files(source: &Path, paths: Vec<PathBuf>) -> Result<Checkpoint> {
         let mut shards = Vec::with_capacity(paths.len());
         let mut entries = Vec::new();
         for path in paths {
@@ -281,7 +280,7 @@ impl Checkpoint {
             }
         }
         Ok(Checkpoint {
-            source: PathBuf::new(),
+            source: source.to_path_buf(),
             shards,
             entries,
             by_name,

@@ -94,6 +94,13 @@ struct Group {
     bytes: usize,
 }
 
+/// A group whose copies are queued: its names, its bytes, and the transfer's handle.
+struct Moving {
+    names: Vec<String>,
+    bytes: usize,
+    transfer: Transfer<Vec<Tensor>>,
+}
+
 /// A load in progress ([`Checkpoint::stream`]): yields each tensor, with its name, once
 /// its bytes are on the device, in file order. After an error it yields nothing more;
 /// tensors yielded before it are complete and correct. Dropping it early is safe (copies
@@ -102,7 +109,7 @@ struct Group {
 pub struct Loading {
     groups: VecDeque<Group>,
     /// The group whose copies were last queued.
-    moving: Option<(Vec<String>, usize, Transfer<Vec<Tensor>>)>,
+    moving: Option<Moving>,
     ready: VecDeque<(String, Tensor)>,
     opts: H2dOptions,
     done: bool,
@@ -121,31 +128,34 @@ impl Iterator for Loading {
             }
             // A group already done (or failed while its copies were queued) is taken
             // first: a failure then stops the load before another group is queued.
-            if self.moving.as_ref().is_some_and(|m| m.2.is_ready()) {
-                if let Some((names, _, t)) = self.moving.take() {
-                    match wait(t) {
-                        Ok(ts) => self.ready.extend(names.into_iter().zip(ts)),
-                        Err(e) => return self.fail(e),
-                    }
+            if self.moving.as_ref().is_some_and(|m| m.transfer.is_ready()) {
+                if let Err(e) = self.land() {
+                    return self.fail(e);
                 }
                 continue;
             }
             // Queue the next group before waiting for the last one: its staging (host
             // copies) runs while the device finishes the last one's copies.
-            let next = match self.groups.pop_front() {
-                Some(g) => match transfer_tensor_h2d_async(&g.tensors, &self.opts) {
-                    Ok(t) => Some((g.names, g.bytes, t)),
-                    Err(e) => return self.fail(e),
-                },
-                None => None,
+            let Some(g) = self.groups.pop_front() else {
+                if self.moving.is_none() {
+                    self.done = true;
+                } else if let Err(e) = self.land() {
+                    return self.fail(e);
+                }
+                continue;
             };
-            match std::mem::replace(&mut self.moving, next) {
-                Some((names, _, t)) => match wait(t) {
-                    Ok(ts) => self.ready.extend(names.into_iter().zip(ts)),
-                    Err(e) => return self.fail(e),
+            let queued = match transfer_tensor_h2d_async(&g.tensors, &self.opts) {
+                Ok(transfer) => Moving {
+                    names: g.names,
+                    bytes: g.bytes,
+                    transfer,
                 },
-                None if self.moving.is_none() => self.done = true,
-                None => {}
+                Err(e) => return self.fail(e),
+            };
+            let landed = self.land();
+            self.moving = Some(queued);
+            if let Err(e) = landed {
+                return self.fail(e);
             }
         }
     }
@@ -165,6 +175,15 @@ fn wait(mut t: Transfer<Vec<Tensor>>) -> Result<Vec<Tensor>> {
 }
 
 impl Loading {
+    /// Waits for the queued group, if any, and makes its tensors ready to hand out.
+    fn land(&mut self) -> Result<()> {
+        if let Some(m) = self.moving.take() {
+            let ts = wait(m.transfer)?;
+            self.ready.extend(m.names.into_iter().zip(ts));
+        }
+        Ok(())
+    }
+
     fn fail(&mut self, e: Error) -> Option<Result<(String, Tensor)>> {
         self.done = true;
         self.groups.clear();
@@ -176,7 +195,7 @@ impl Loading {
     /// Bytes still to be handed out (queued or not yet read).
     pub fn remaining_bytes(&self) -> usize {
         self.groups.iter().map(|g| g.bytes).sum::<usize>()
-            + self.moving.as_ref().map_or(0, |m| m.1)
+            + self.moving.as_ref().map_or(0, |m| m.bytes)
             + self.ready.iter().map(|(_, t)| t.nbytes()).sum::<usize>()
     }
 }
@@ -230,7 +249,7 @@ impl Checkpoint {
         for k in chosen {
             let e = &self.entries[k];
             shards_used[e.shard] = true;
-            let t = self.host_tensor(k)?;
+            let t = self.host_tensor(k, false)?;
             if g.bytes > 0 && g.bytes + e.nbytes > opts.group_bytes {
                 groups.push_back(std::mem::take(&mut g));
             }
@@ -266,13 +285,12 @@ impl Checkpoint {
     /// forbids ([`CheckpointFault::Values`]).
     pub fn read(&self, name: &str) -> Result<Tensor> {
         let k = self.index_of(name).ok_or_else(|| self.missing(name))?;
-        let t = self.host_tensor(k)?;
-        Tensor::from_bytes(t.dtype(), t.shape().clone(), t.as_bytes()?)
+        self.host_tensor(k, true)
     }
 
-    /// Entry `k` as a host tensor over the mapped file (or, when the file does not align
-    /// it for its dtype, a copy in memory that is aligned).
-    fn host_tensor(&self, k: usize) -> Result<Tensor> {
+    /// Entry `k` as a host tensor: over the mapped file, or (`copy`, or when the file
+    /// does not align it for its dtype) a copy in memory of pinlane's.
+    fn host_tensor(&self, k: usize, copy: bool) -> Result<Tensor> {
         let e = &self.entries[k];
         let shard = &self.shards[e.shard];
         let at_fault = |f, reason| fault(&shard.path, Some(&e.name), f, reason);
@@ -289,11 +307,10 @@ impl Checkpoint {
                 op: "weights::host_tensor",
                 reason: format!("{} is outside its checked file", e.name),
             })?;
-        let aligned = (range.as_ref().as_ptr() as usize).is_multiple_of(dtype.size());
-        if aligned {
+        // Unaligned is rare: the safetensors writers align every tensor.
+        if range.is_aligned(dtype.size()) && !copy {
             Tensor::from_owner(range, dtype, e.shape.clone())
         } else {
-            // Rare: the safetensors writers align every tensor.
             Tensor::from_bytes(dtype, e.shape.clone(), range.as_ref())
         }
         .map_err(|err| match err {

@@ -112,3 +112,26 @@ pub fn write_sharded(dir: &Path, specs: &[Spec], shards: usize) -> PathBuf {
     .unwrap();
     index
 }
+
+/// `n` tensors `t0`, `t1`, ... of `dtype` (`size` bytes an element), `count` elements
+/// each, whose bytes differ from tensor to tensor.
+pub fn uniform(n: usize, dtype: &'static str, size: usize, count: usize) -> Vec<Spec> {
+    (0..n)
+        .map(|i| Spec {
+            name: format!("t{i}"),
+            dtype,
+            shape: vec![count],
+            bytes: (0..count * size)
+                .map(|k| (k * 7 + i * 13 + k / 251) as u8)
+                .collect(),
+        })
+        .collect()
+}
+
+/// `specs` written as one file in a new directory: `(directory, file)`.
+pub fn written(tag: &str, specs: &[Spec]) -> (PathBuf, PathBuf) {
+    let dir = tmpdir(tag);
+    let p = dir.join("m.safetensors");
+    write(&p, specs);
+    (dir, p)
+}
