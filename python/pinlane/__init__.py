@@ -360,17 +360,33 @@ class Buffers:
         self._dst = dst
         leaves = flatten(dst, torch.Tensor)
         self._leaves = leaves
+        # A flat list, tuple or dict of tensors: each call pairs it without a walk.
+        values = dst.values() if type(dst) is dict else dst
+        self._flat = type(dst) in (list, tuple, dict) and len(values) == len(leaves)
         self._h2d = bool(leaves) and leaves[0].is_cuda
         self._native = _native.Targets(leaves, h2d=self._h2d)
+
+    def _sources(self, src):
+        """``src``'s tensors, paired with the destinations (``pair``'s rules)."""
+        d, T = self._dst, self._torch.Tensor
+        if self._flat and type(src) is type(d):
+            if type(d) is dict:
+                s = [src[k] for k in d] if src.keys() == d.keys() else None
+            else:
+                s = list(src)
+            if s is not None and len(s) == len(self._leaves) and all(isinstance(x, T) for x in s):
+                return s
+        dsts, srcs = pair(d, src, T)
+        if len(dsts) != len(self._leaves):
+            raise ValueError("copy_into: the destinations' container changed since Buffers was made")
+        return srcs
 
     def copy_from(self, src, /, *, stream=None):
         """Copies ``src`` (the structure of the destinations) into them: see
         ``copy_into``."""
         torch = self._torch
-        dsts, srcs = pair(self._dst, src, torch.Tensor)
-        if len(dsts) != len(self._leaves):
-            raise ValueError("copy_into: the destinations' container changed since Buffers was made")
-        if not dsts:
+        srcs = self._sources(src)
+        if not srcs:
             return
         s = None if stream is None else _stream_arg(torch, stream)
         left = self._native.copy_from(

@@ -162,3 +162,12 @@ def test_buffers_check_once_and_copy_every_step(torch):
         pinlane.Buffers([buf.view(2, 4096)[:, 0]])
     with pytest.raises(ValueError, match="keys differ"):
         bufs.copy_from({"a": torch.rand(1024)})
+    # A flat list: paired without a walk, with pair()'s errors.
+    lb = pinlane.Buffers([dst["a"], dst["b"]])
+    lb.copy_from((torch.ones(1024), torch.full((512,), 7, dtype=torch.int64)))
+    torch.cuda.synchronize()
+    assert int(dst["b"][0]) == 7 and float(dst["a"][0]) == 1.0
+    with pytest.raises(ValueError, match="2 destinations for 1"):
+        lb.copy_from([torch.rand(1024)])
+    with pytest.raises(ValueError, match="destination for a int source"):
+        lb.copy_from([torch.rand(1024), 3])

@@ -101,6 +101,12 @@ impl Event {
         self.inner.device
     }
 
+    /// Whether this is the only handle to an event pinlane made: no clone can then see
+    /// it recorded again, so it may be reused for other work.
+    pub(crate) fn reusable(&self) -> bool {
+        self.inner.owned && Arc::strong_count(&self.inner) == 1
+    }
+
     /// Errors unless `stream` is on this event's device.
     fn same_device(&self, op: &'static str, stream: &Stream) -> Result<()> {
         if stream.index() == self.inner.device {

@@ -5,11 +5,19 @@
 //!
 //! The engine owns what the copies touch, not the handle: a handle dropped or forgotten
 //! before its copies finish frees nothing early and leaks nothing. The thread sleeps on a
-//! condition variable; a host function queued after each call's event wakes it (no
-//! polling while copies run), and, because the driver skips host functions after an
-//! error, it also looks at the pending events every [`FALLBACK`] while any are pending.
-//! Calls on one stream complete in their order: only the oldest of each stream's calls
-//! is asked about.
+//! condition variable; a host function queued after a call's event wakes it (no polling
+//! while copies run), and, because the driver skips host functions after an error, it
+//! also looks at the pending events every [`FALLBACK`] while any are pending. Calls on
+//! one stream complete in their order: only the oldest of each stream's calls is asked
+//! about.
+//!
+//! A call on the caller's stream (a copy into existing tensors, [`Wake::Lazy`]) queues
+//! no host function: its wake-up is queued only once its handle is waited on, and the
+//! same thread's next such call on that stream releases what the earlier ones used once
+//! their events are done (a serving loop that synchronises each step finds the last step
+//! done). What nobody waits for and no later call finds is released by the thread's look
+//! every [`FALLBACK`]. Events of completed calls that nobody else holds are kept for the
+//! next calls ([`SPARE_EVENTS`] at most).
 //!
 //! The thread is supervised. Releasing owners runs user code (an owner's `Drop`, a
 //! DLPack deleter) and waking a handle runs its waker: a panic there is caught, recorded
@@ -24,6 +32,7 @@ use crate::memory::{Detached, InFlight};
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -32,10 +41,21 @@ use std::time::Duration;
 /// woken it (after a CUDA error, the driver skips host functions).
 const FALLBACK: Duration = Duration::from_millis(2);
 
+/// Completed calls' events kept for reuse (an event costs a driver call to make and one
+/// to destroy).
+const SPARE_EVENTS: usize = 32;
+
+/// At most this many of a stream's completed calls are released by a lazy call on the
+/// calling thread (the completion thread takes any others).
+const REAP_MAX: usize = 4;
+
 /// A call's completion state, shared by its handle and the completion thread.
 struct Shared {
     status: Mutex<Status>,
     cv: Condvar,
+    /// The completion thread will be woken when the call's event completes (a host
+    /// function is queued, or a lazy call's will be on its first wait).
+    armed: AtomicBool,
     /// The call's device: where a failure nobody can be handed is recorded.
     device: usize,
 }
@@ -94,6 +114,10 @@ impl Shared {
 /// One call in flight: its event, its owners (until released or retained), its handle's
 /// state.
 struct Job {
+    /// Its place in the queues: a stream's oldest job may be taken by the completion
+    /// thread or by a lazy call, and each takes it only if it is still the one it asked
+    /// about.
+    id: u64,
     done: Event,
     owners: Option<Detached>,
     shared: Arc<Shared>,
@@ -125,6 +149,11 @@ struct Queues {
     /// Set by [`quiesce`]: the thread exits once no call is pending (the next call starts
     /// a new one).
     stop: bool,
+    /// The thread sleeps with nothing pending and no timeout: a new job must wake it.
+    idle: bool,
+    next_id: u64,
+    /// Completed calls' events that nobody else holds, for the next calls.
+    spare: Vec<Event>,
 }
 
 struct Completer {
@@ -151,13 +180,15 @@ fn poke() {
 /// Where a detached call's wake-up (the host function that pokes the completion thread)
 /// is queued.
 pub(crate) enum Wake {
-    /// On the call's own stream (pinlane's).
+    /// On the call's own stream (pinlane's), at once.
     OnStream,
-    /// On pinlane's wake stream of the device, made to wait for the call's event: for a
-    /// call whose stream is the caller's (copies into existing tensors), whose later work
-    /// (and whose synchronisation) would otherwise wait for a host function to run on the
-    /// driver's thread too.
-    Beside,
+    /// For a call on the caller's stream (copies into existing tensors): on pinlane's wake
+    /// stream of the device, made to wait for the call's event (the caller's later work,
+    /// and its synchronisation, must not wait for a host function on the driver's thread),
+    /// and only once the handle is waited on. Until then the calling thread's next lazy
+    /// call on the stream, or the completion thread's look every [`FALLBACK`], finds the
+    /// event done.
+    Lazy,
 }
 
 /// Instead of synchronising `job`'s stream: records an event after its copies and hands
@@ -170,20 +201,91 @@ pub(crate) fn detach<S: Send + 'static>(
     sources: impl FnOnce() -> S,
     wake: Wake,
 ) -> Result<Pending> {
-    let done = match Event::new(crate::device::Device::cuda(device)) {
+    let done = match spare_event(device) {
         Ok(e) => e,
         Err(e) => return Err(job.abort(e, sources)),
     };
     let owners = job.detach(&done, sources)?;
-    // Without the wake-up the fallback still completes the call, a little later.
-    let _ = match wake {
-        Wake::OnStream => owners.stream().call_after(poke),
-        Wake::Beside => wake_stream(device).and_then(|s| {
-            done.wait_on(&s)?;
-            s.call_after(poke)
-        }),
+    super::trace::mark("event recorded");
+    let lazy = match wake {
+        Wake::OnStream => {
+            // Without the wake-up the fallback still completes the call, a little later.
+            let _ = owners.stream().call_after(poke);
+            false
+        }
+        Wake::Lazy => {
+            reap(owners.stream().key());
+            super::trace::mark("reaped");
+            true
+        }
     };
-    enqueue(owners, done)
+    enqueue(owners, done, lazy)
+}
+
+/// An event of `device` for a call: a spare one, else a new one.
+fn spare_event(device: usize) -> Result<Event> {
+    let spare = {
+        let mut q = lock(&COMPLETER.queues);
+        let at = q.spare.iter().rposition(|e| e.index() == device);
+        at.map(|k| q.spare.swap_remove(k))
+    };
+    match spare {
+        Some(e) => Ok(e),
+        None => Event::new(crate::device::Device::cuda(device)),
+    }
+}
+
+/// Keeps a completed call's event for the next calls if nobody else holds it and there is
+/// room; else it is destroyed here (outside the queues' lock: destroying it enters the
+/// driver).
+fn recycle(done: Event) {
+    if !done.reusable() {
+        return;
+    }
+    let mut q = lock(&COMPLETER.queues);
+    if q.spare.len() < SPARE_EVENTS {
+        q.spare.push(done);
+    }
+}
+
+/// Releases, on the calling thread, what the oldest calls on stream `key` used, for those
+/// (at most [`REAP_MAX`]) whose events are done. Events are asked with the queues
+/// unlocked (see [`run`]); a job is taken only if it is still its stream's oldest.
+fn reap(key: (usize, usize)) {
+    for _ in 0..REAP_MAX {
+        let head = {
+            let q = lock(&COMPLETER.queues);
+            let head = q.by_stream.get(&key).and_then(VecDeque::front);
+            head.map(|j| (j.id, j.done.clone()))
+        };
+        let Some((id, done)) = head else { return };
+        let r = match done.query() {
+            Ok(false) => return,
+            r => r.map(|_| ()),
+        };
+        drop(done);
+        let job = {
+            let mut q = lock(&COMPLETER.queues);
+            let job = take_head(&mut q, key, id);
+            if q.by_stream.get(&key).is_some_and(VecDeque::is_empty) {
+                q.by_stream.remove(&key);
+            }
+            job
+        };
+        match job {
+            Some(job) => complete(job, r),
+            None => return, // the completion thread took it
+        }
+    }
+}
+
+/// Stream `key`'s oldest job, if it is job `id`.
+fn take_head(q: &mut Queues, key: (usize, usize), id: u64) -> Option<Job> {
+    let jobs = q.by_stream.get_mut(&key)?;
+    if jobs.front()?.id != id {
+        return None;
+    }
+    jobs.pop_front()
 }
 
 /// The stream [`Wake::Beside`] queues wake-ups on, one per device, made on first use
@@ -201,19 +303,23 @@ fn wake_stream(device: usize) -> Result<crate::driver::Stream> {
 
 /// Hands a detached call's owners and event to the completion thread (started if need
 /// be) and returns what its handle waits on.
-fn enqueue(owners: Detached, done: Event) -> Result<Pending> {
+fn enqueue(owners: Detached, done: Event, lazy: bool) -> Result<Pending> {
     let shared = Arc::new(Shared {
         status: Mutex::new(Status::Pending(None)),
         cv: Condvar::new(),
+        armed: AtomicBool::new(!lazy),
         device: done.index(),
     });
     let k = owners.stream().key();
+    let mut q = lock(&COMPLETER.queues);
+    let id = q.next_id;
+    q.next_id += 1;
     let job = Job {
+        id,
         done: done.clone(),
         owners: Some(owners),
         shared: shared.clone(),
     };
-    let mut q = lock(&COMPLETER.queues);
     q.by_stream.entry(k).or_default().push_back(job);
     if !q.started {
         q.stop = false;
@@ -236,8 +342,13 @@ fn enqueue(owners: Detached, done: Event) -> Result<Pending> {
             }
         }
     }
+    // A thread that sleeps with a timeout looks at the new job then (its wake-up, if
+    // armed, pokes it sooner).
+    let idle = std::mem::take(&mut q.idle);
     drop(q);
-    COMPLETER.cv.notify_one();
+    if idle {
+        COMPLETER.cv.notify_one();
+    }
     Ok(Pending { shared, done })
 }
 
@@ -246,6 +357,24 @@ fn enqueue(owners: Detached, done: Event) -> Result<Pending> {
 pub(crate) struct Pending {
     shared: Arc<Shared>,
     done: Event,
+}
+
+impl Pending {
+    /// Before a wait: makes sure the completion thread is woken when the copies are done
+    /// (a lazy call's wake-up is queued on its first wait, see [`Wake::Lazy`]).
+    fn arm(&self) {
+        if self.shared.armed.load(Ordering::Acquire)
+            || !matches!(*lock(&self.shared.status), Status::Pending(_))
+            || self.shared.armed.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        // Without the wake-up the fallback still completes the call, a little later.
+        let _ = wake_stream(self.done.index()).and_then(|s| {
+            self.done.wait_on(&s)?;
+            s.call_after(poke)
+        });
+    }
 }
 
 impl Drop for Pending {
@@ -297,7 +426,14 @@ fn complete(mut job: Job, r: Result<()>) {
         );
         // A no-op if the panic came after it; the waker it may run is user code too.
         let shared = &job.shared;
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| shared.finish(outcome)));
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            shared.finish(outcome.clone())
+        }));
+    }
+    if outcome.is_ok() {
+        let done = job.done.clone();
+        drop(job);
+        recycle(done);
     }
 }
 
@@ -308,6 +444,10 @@ pub(crate) fn quiesce(limit: std::time::Duration) -> bool {
     let deadline = std::time::Instant::now() + limit;
     let mut q = lock(&COMPLETER.queues);
     q.stop = true;
+    let spare = std::mem::take(&mut q.spare);
+    drop(q);
+    drop(spare); // destroyed outside the lock: that enters the driver
+    let mut q = lock(&COMPLETER.queues);
     COMPLETER.cv.notify_all();
     while q.started {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
@@ -351,27 +491,27 @@ fn run() {
         // that lock, and must not wait on a thread that is inside the driver.
         let mut finished = Vec::new();
         loop {
-            let heads: Vec<((usize, usize), Event)> = q
+            let heads: Vec<((usize, usize), u64, Event)> = q
                 .by_stream
                 .iter()
-                .filter_map(|(k, jobs)| jobs.front().map(|j| (*k, j.done.clone())))
+                .filter_map(|(k, jobs)| jobs.front().map(|j| (*k, j.id, j.done.clone())))
                 .collect();
             drop(q);
-            let answers: Vec<((usize, usize), Result<()>)> = heads
+            let answers: Vec<((usize, usize), u64, Result<()>)> = heads
                 .into_iter()
-                .filter_map(|(k, e)| match e.query() {
+                .filter_map(|(k, id, e)| match e.query() {
                     Ok(false) => None,
-                    r => Some((k, r.map(|_| ()))),
+                    r => Some((k, id, r.map(|_| ()))),
                 })
                 .collect();
             q = lock(&COMPLETER.queues);
             if answers.is_empty() {
                 break;
             }
-            // Only this thread takes jobs off the queues (others append), so each head
-            // asked about is still its stream's head.
-            for (k, r) in answers {
-                if let Some(job) = q.by_stream.get_mut(&k).and_then(VecDeque::pop_front) {
+            // A lazy call may have taken a head meanwhile ([`reap`]): a job is taken only
+            // if it is still the one asked about.
+            for (k, id, r) in answers {
+                if let Some(job) = take_head(&mut q, k, id) {
                     finished.push((job, r));
                 }
             }
@@ -398,7 +538,10 @@ fn run() {
             return;
         }
         q = if q.by_stream.is_empty() {
-            COMPLETER.cv.wait(q).unwrap_or_else(|p| p.into_inner())
+            q.idle = true;
+            let mut q = COMPLETER.cv.wait(q).unwrap_or_else(|p| p.into_inner());
+            q.idle = false;
+            q
         } else {
             COMPLETER
                 .cv
@@ -467,9 +610,10 @@ impl<B> Transfer<B> {
     /// Whether the copies are done (or have failed): [`Transfer::wait`] then returns at
     /// once.
     pub fn is_ready(&self) -> bool {
-        self.pending
-            .as_ref()
-            .is_none_or(|p| !matches!(*lock(&p.shared.status), Status::Pending(_)))
+        self.pending.as_ref().is_none_or(|p| {
+            p.arm();
+            !matches!(*lock(&p.shared.status), Status::Pending(_))
+        })
     }
 
     /// An event recorded after the transfer's copies, on its device; `None` when nothing
@@ -518,6 +662,7 @@ impl<B> Transfer<B> {
     /// copies used is freed before they are proven done (it is retained instead).
     pub fn wait(mut self) -> Result<B> {
         if let Some(p) = &self.pending {
+            p.arm();
             let mut s = lock(&p.shared.status);
             while let Status::Pending(_) = *s {
                 s = p.shared.cv.wait(s).unwrap_or_else(|e| e.into_inner());
@@ -546,6 +691,7 @@ impl<B> Transfer<B> {
     /// ```
     pub fn wait_timeout(&mut self, limit: std::time::Duration) -> Option<Result<B>> {
         if let Some(p) = &self.pending {
+            p.arm();
             let deadline = std::time::Instant::now() + limit;
             let mut s = lock(&p.shared.status);
             while let Status::Pending(_) = *s {
@@ -600,6 +746,7 @@ impl<B> Future for Transfer<B> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<B>> {
         if let Some(p) = &self.pending {
+            p.arm();
             let mut s = lock(&p.shared.status);
             if let Status::Pending(w) = &mut *s {
                 match w {

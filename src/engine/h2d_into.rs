@@ -59,19 +59,26 @@ pub(crate) fn transfer<B: Batch>(src: &B, dst: &B, opts: &IntoOptions) -> Result
     let mut job = InFlight::new(stream.clone());
     let total = pairs.iter().map(|p| p.0.nbytes()).sum();
     let mut call = Call::new(&ctx, device, &rt, pairs.len(), total);
-    // Both sides stay alive until the copies have run: page-locked sources are read by
-    // the device, and the destinations' memory must not be freed under the copies.
+    // The destinations stay alive until the copies have run (their memory must not be
+    // freed under them), and so do page-locked sources (the device may read them).
+    // Pageable sources are only read by the host fills, settled before the owners are
+    // kept.
     let keep = || {
+        let pinned = pairs
+            .iter()
+            .filter(|p| matches!(p.0.storage(), Storage::Pinned(_)))
+            .map(|p| p.0.clone());
         pairs
             .iter()
-            .flat_map(|p| [p.0.clone(), p.1.clone()])
+            .map(|p| p.1.clone())
+            .chain(pinned)
             .collect::<Vec<Tensor>>()
     };
     if let Err(e) = submit(&mut call, &mut job, &plan, kernel, &stream) {
         return Err(job.abort(e, keep));
     }
     super::trace::mark("submitted");
-    let pending = completion::detach(job, device, keep, Wake::Beside)?;
+    let pending = completion::detach(job, device, keep, Wake::Lazy)?;
     super::trace::mark("detached");
     record_stats(call.stats);
     Ok(Transfer::pending((), pending))

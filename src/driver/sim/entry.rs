@@ -181,12 +181,14 @@ impl Sim {
         let Some(f) = f else {
             return CUresult::CUDA_ERROR_INVALID_VALUE;
         };
+        lock(&self.seen).host_functions += 1;
         // SAFETY: the handle is valid (contract).
         let st = unsafe { self.stream(s) };
         Self::submit(&st, Op::Host(f, HostPtr(user)))
     }
 
     pub(crate) unsafe fn cuEventCreate(&self, e: *mut sys::CUevent, _flags: c_uint) -> CUresult {
+        lock(&self.seen).events_created += 1;
         let ev = Arc::new(SimEvent {
             gens: Mutex::new((0, 0)),
             changed: Condvar::new(),

@@ -205,6 +205,10 @@ pub struct Activity {
     pub device_allocs: Vec<usize>,
     /// Streams created with `cuStreamCreate`.
     pub streams_created: usize,
+    /// Events created with `cuEventCreate`.
+    pub events_created: usize,
+    /// Host functions queued with `cuLaunchHostFunc`.
+    pub host_functions: usize,
     /// Handles (as addresses) passed to `cuStreamDestroy` and `cuEventDestroy`, with how
     /// often each was.
     pub destroyed: std::collections::HashMap<usize, usize>,

@@ -1,0 +1,216 @@
+//! Copies into existing tensors step after step, as a server makes them (simulated
+//! device, every machine): what a step's call hands to the completion machinery is
+//! released by the thread's next call, events are reused, no host function is queued
+//! unless a handle is waited on, and what nobody waits for is still released. Its own
+//! binary: it reads process-wide counters (staging slots in use, events made), so its
+//! tests take turns.
+// The simulated device and the test hooks: `cargo test --features test-util`.
+#![cfg(feature = "test-util")]
+
+mod common;
+
+use pinlane::driver::sim::activity;
+use pinlane::{
+    memory_stats, set_current_stream, transfer_tensor_d2h, transfer_tensor_h2d_into, D2hOptions,
+    DType, IntoOptions, Stream, Tensor,
+};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// One test at a time: they count process-wide things.
+fn turn() -> std::sync::MutexGuard<'static, ()> {
+    static TURN: Mutex<()> = Mutex::new(());
+    TURN.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A serving step's inputs: three small tensors, their bytes set by `step`.
+fn inputs(step: u64) -> Vec<Tensor> {
+    vec![
+        common::tensor(DType::I64, &[256], step * 3),
+        common::tensor(DType::I32, &[33], step * 3 + 1),
+        common::tensor(DType::F32, &[1000], step * 3 + 2),
+    ]
+}
+
+/// Staging slots leased now, by any call.
+fn slots_in_use() -> usize {
+    memory_stats().staging.in_use_count
+}
+
+/// Waits (polling, at most `limit`) until no staging slot is leased.
+fn until_no_slot_in_use(limit: Duration) -> bool {
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        if slots_in_use() == 0 {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    slots_in_use() == 0
+}
+
+/// A loop that synchronises its stream every step and drops the handles: each call
+/// releases the last step's slot, reuses its event, and queues no host function.
+#[test]
+fn a_serving_loop_releases_each_step_on_the_next() {
+    common::sim();
+    let _turn = turn();
+    let stream = Stream::new(common::dev()).unwrap();
+    let (dst, _buf, _) = common::into::destinations(&inputs(0), 0);
+    let opts = IntoOptions::default().stream(stream.clone());
+    for step in 0..3 {
+        drop(transfer_tensor_h2d_into(&inputs(step), &dst, &opts).unwrap());
+        stream.synchronize().unwrap();
+    }
+    let before = activity().unwrap();
+    const STEPS: u64 = 200;
+    let mut most = 0;
+    for step in 3..3 + STEPS {
+        drop(transfer_tensor_h2d_into(&inputs(step), &dst, &opts).unwrap());
+        // This step's slot, and at most the last step's if the completion thread took
+        // that one and is still releasing it.
+        most = most.max(slots_in_use());
+        stream.synchronize().unwrap();
+    }
+    let after = activity().unwrap();
+    assert!(most <= 2, "{most} staging slots in use after a step's call");
+    let made = after.events_created - before.events_created;
+    assert!(made <= 20, "{made} events made for {STEPS} steps");
+    assert_eq!(
+        after.host_functions, before.host_functions,
+        "a host function was queued though no handle was waited on"
+    );
+    let _current = set_current_stream(&stream);
+    let back = transfer_tensor_d2h(&dst, &D2hOptions::default()).unwrap();
+    assert_eq!(back, inputs(2 + STEPS));
+    assert!(until_no_slot_in_use(Duration::from_secs(2)));
+}
+
+/// A dropped handle and no later call: the completion thread still releases what the
+/// copies used once they are done.
+#[test]
+fn a_last_dropped_handle_is_released() {
+    common::sim();
+    let _turn = turn();
+    let stream = Stream::new(common::dev()).unwrap();
+    let (dst, _buf, _) = common::into::destinations(&inputs(0), 1);
+    stream.delay_async(Duration::from_millis(20)).unwrap();
+    let opts = IntoOptions::default().stream(stream.clone());
+    drop(transfer_tensor_h2d_into(&inputs(7), &dst, &opts).unwrap());
+    assert!(
+        slots_in_use() >= 1,
+        "the slot was released before the copies ran"
+    );
+    assert!(
+        until_no_slot_in_use(Duration::from_secs(2)),
+        "{} staging slots still in use",
+        slots_in_use()
+    );
+    let _current = set_current_stream(&stream);
+    let back = transfer_tensor_d2h(&dst, &D2hOptions::default()).unwrap();
+    assert_eq!(back, inputs(7));
+}
+
+/// Waiting on a handle queues its wake-up once; `wait_timeout`, `is_ready` and `wait`
+/// all see the copies done.
+#[test]
+fn waiting_arms_the_wake_up_once() {
+    common::sim();
+    let _turn = turn();
+    let stream = Stream::new(common::dev()).unwrap();
+    let (dst, _buf, _) = common::into::destinations(&inputs(0), 0);
+    let opts = IntoOptions::default().stream(stream.clone());
+    stream.delay_async(Duration::from_millis(30)).unwrap();
+    let before = activity().unwrap().host_functions;
+    let mut t = transfer_tensor_h2d_into(&inputs(1), &dst, &opts).unwrap();
+    assert_eq!(activity().unwrap().host_functions, before);
+    assert!(t.wait_timeout(Duration::from_millis(1)).is_none());
+    assert_eq!(activity().unwrap().host_functions, before + 1);
+    let end = Instant::now() + Duration::from_secs(5);
+    while !t.is_ready() {
+        assert!(Instant::now() < end, "is_ready never became true");
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    assert_eq!(activity().unwrap().host_functions, before + 1);
+    t.wait().unwrap();
+
+    // Awaited as a future, and waited on after the copies ran.
+    stream.delay_async(Duration::from_millis(10)).unwrap();
+    let t = transfer_tensor_h2d_into(&inputs(2), &dst, &opts).unwrap();
+    futures_lite_block_on(t).unwrap();
+    let t = transfer_tensor_h2d_into(&inputs(3), &dst, &opts).unwrap();
+    stream.synchronize().unwrap();
+    t.wait().unwrap();
+    let _current = set_current_stream(&stream);
+    let back = transfer_tensor_d2h(&dst, &D2hOptions::default()).unwrap();
+    assert_eq!(back, inputs(3));
+}
+
+/// Polls `f` to completion on this thread, sleeping between polls (no executor crate).
+fn futures_lite_block_on<F: std::future::Future>(f: F) -> F::Output {
+    use std::task::{Context, Poll, Wake, Waker};
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut f = std::pin::pin!(f);
+    let end = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        assert!(Instant::now() < end, "the future was never woken");
+        std::thread::park_timeout(Duration::from_millis(50));
+    }
+}
+
+/// Threads on streams of their own, each dropping, waiting on or keeping its handles and
+/// synchronising now and then, while the completion thread looks at the same queues:
+/// every step's bytes arrive, and everything is released at the end.
+#[test]
+fn threads_taking_turns_with_the_completion_thread() {
+    common::sim();
+    let _turn = turn();
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let stream = Stream::new(common::dev()).unwrap();
+                let (dst, _buf, _) = common::into::destinations(&inputs(0), t as usize);
+                let opts = IntoOptions::default().stream(stream.clone());
+                let mut kept = Vec::new();
+                for step in 0..120u64 {
+                    let src = inputs(1000 * t + step);
+                    let h = transfer_tensor_h2d_into(&src, &dst, &opts).unwrap();
+                    match (step + t) % 3 {
+                        0 => drop(h),
+                        1 => h.wait().unwrap(),
+                        _ => kept.push(h),
+                    }
+                    if step % 7 == 3 {
+                        stream.synchronize().unwrap();
+                    }
+                    if step % 10 == 9 {
+                        let _current = set_current_stream(&stream);
+                        let back = transfer_tensor_d2h(&dst, &D2hOptions::default()).unwrap();
+                        assert_eq!(back, src, "thread {t}, step {step}");
+                    }
+                }
+                for h in kept {
+                    h.wait().unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert!(
+        until_no_slot_in_use(Duration::from_secs(2)),
+        "{} staging slots still in use",
+        slots_in_use()
+    );
+}
