@@ -93,8 +93,48 @@ def one_tensor():
     print()
 
 
+def serving_step():
+    """The pieces of a Buffers step (16 pageable tensors of 256 B to 4 KiB into slices of
+    one static buffer, as benches/copy_into.py's smallest config), each timed alone."""
+    rng = torch.Generator().manual_seed(7)
+    sizes = [int(2 ** (8 + 4 * float(torch.rand(1, generator=rng)))) // 8 * 8 for _ in range(16)]
+    src = {f"t{i:02}": torch.randint(0, 1 << 30, (n // 8,), dtype=torch.int64) for i, n in enumerate(sizes)}
+    buf = torch.zeros(sum(-(-n // 256) * 256 for n in sizes), dtype=torch.uint8, device="cuda")
+    dst, at = {}, 0
+    for k, v in src.items():
+        dst[k] = buf[at : at + v.nbytes].view(torch.int64)
+        at += -(-v.nbytes // 256) * 256
+    one = pinlane.Buffers({"t00": dst["t00"]})
+    bufs = pinlane.Buffers(dst)
+    srcs = bufs._sources(src)
+    s = torch.cuda.current_stream()
+
+    def synced(fn):
+        def run():
+            fn()
+            s.synchronize()
+        return run
+
+    rows = [
+        ("Buffers._sources(src) (pairing)", lambda: bufs._sources(src)),
+        ("any(map(Tensor.is_neg, srcs))", lambda: any(map(torch.Tensor.is_neg, srcs))),
+        ("native copy_from, views + sync", synced(lambda: bufs._native.copy_from(srcs, maybe_neg=False))),
+        ("native copy_from, no views + sync", synced(lambda: bufs._native.copy_from(srcs, maybe_neg=False, views=False))),
+        ("native copy_from, 1 source, views + sync", synced(lambda: one._native.copy_from(srcs[:1], maybe_neg=False))),
+        ("native copy_from, 1 source, no views + sync", synced(lambda: one._native.copy_from(srcs[:1], maybe_neg=False, views=False))),
+        ("Buffers.copy_from(src) + sync", synced(lambda: bufs.copy_from(src))),
+        ("torch copy_ per tensor + sync", synced(lambda: [dst[k].copy_(v, non_blocking=True) for k, v in src.items()])),
+        ("stream.synchronize() (idle)", s.synchronize),
+    ]
+    print(f"{'what (a 16-tensor serving step)':<50} {'us':>9}")
+    for name, fn in rows:
+        print(f"{name:<50} {us(fn, reps=2000):>9.2f}")
+    print()
+
+
 def main():
     one_tensor()
+    serving_step()
     n = 1000
     host = [torch.randn(256) for _ in range(n)]
     pinned = [t.pin_memory() for t in host]
@@ -112,6 +152,8 @@ def main():
         ("native h2d, CUDA inputs (import, pass through)", lambda: _native.h2d(dev, device=0, num_caches=4, consumer_stream=cur)),
         ("native d2h, CPU inputs (import, pass through)", lambda: _native.d2h(host, device="cuda:0")),
         ("native h2d pageable", lambda: _native.h2d(host, device=0, num_caches=4)),
+        ("native h2d pageable, no negated input (views)", lambda: _native.h2d(host, device=0, num_caches=4, consumer_stream=cur, maybe_neg=False)),
+        ("native h2d pageable, no negated input, no views", lambda: _native.h2d(host, device=0, num_caches=4, consumer_stream=cur, maybe_neg=False, views=False)),
         ("native h2d pageable, per-tensor handover", lambda: _native.h2d(host, device=0, num_caches=4, consumer_stream=cur, min_run=1 << 30)),
         ("native h2d pinned", lambda: _native.h2d(pinned, device=0, num_caches=4, consumer_stream=cur)),
         ("native d2h", lambda: _native.d2h(dev, device="cuda:0")),

@@ -12,6 +12,7 @@ torch loaded there is no torch tensor to move, and without CUDA a batch comes ba
 
 import contextlib
 import sys
+from itertools import repeat
 
 from . import _native
 from ._prefetch import Prefetcher, prefetch
@@ -374,7 +375,7 @@ class Buffers:
                 s = [src[k] for k in d] if src.keys() == d.keys() else None
             else:
                 s = list(src)
-            if s is not None and len(s) == len(self._leaves) and all(isinstance(x, T) for x in s):
+            if s is not None and len(s) == len(self._leaves) and all(map(isinstance, s, repeat(T))):
                 return s
         dsts, srcs = pair(d, src, T)
         if len(dsts) != len(self._leaves):

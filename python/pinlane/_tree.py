@@ -19,6 +19,7 @@ and sequences front to back, so the two always agree.
 
 import copy
 import dataclasses
+from itertools import repeat
 
 __all__ = ["flatten", "rebuild", "pair"]
 
@@ -142,14 +143,14 @@ def pair(dst, src, leaf_type):
     # The common cases first, without the recursive walk: two flat lists, or two flat
     # dicts with the same keys, of leaves.
     if (t is list or t is tuple) and type(src) is t and len(dst) == len(src):
-        if all(isinstance(x, leaf_type) for x in dst) and all(
-            isinstance(x, leaf_type) for x in src
+        if all(map(isinstance, dst, repeat(leaf_type))) and all(
+            map(isinstance, src, repeat(leaf_type))
         ):
             return list(dst), list(src)
     if t is dict and type(src) is dict and dst.keys() == src.keys():
         d = list(dst.values())
         s = [src[k] for k in dst]
-        if all(isinstance(x, leaf_type) for x in d) and all(isinstance(x, leaf_type) for x in s):
+        if all(map(isinstance, d, repeat(leaf_type))) and all(map(isinstance, s, repeat(leaf_type))):
             return d, s
     dsts, srcs = [], []
     _pair(dst, src, leaf_type, [], dsts, srcs)

@@ -83,13 +83,16 @@ impl Targets {
     /// on that stream; D2H once the bytes are in the destinations. Returns the indices of
     /// the pairs left to torch.
     /// `maybe_neg`: whether any source may have the negation bit (see `readable`).
-    #[pyo3(signature = (srcs, *, stream=None, maybe_neg=true))]
+    /// `views`: as `h2d`'s (false: every source imported the usual way, for
+    /// benches/py_overhead.py).
+    #[pyo3(signature = (srcs, *, stream=None, maybe_neg=true, views=true))]
     fn copy_from<'py>(
         &self,
         py: Python<'py>,
         srcs: Vec<Bound<'py, PyAny>>,
         stream: Option<(usize, usize)>,
         maybe_neg: bool,
+        views: bool,
     ) -> PyResult<Vec<usize>> {
         if srcs.len() != self.outs.len() {
             return Err(PyValueError::new_err(format!(
@@ -145,6 +148,7 @@ impl Targets {
                 k,
                 s,
                 maybe_neg,
+                views,
                 &mut device,
                 &mut d2h_current,
                 &mut temps,
@@ -256,10 +260,17 @@ impl Targets {
         k: usize,
         s: &Bound<'py, PyAny>,
         maybe_neg: bool,
+        views: bool,
         device: &mut Option<usize>,
         current: &mut Option<usize>,
         temps: &mut Vec<Bound<'py, PyAny>>,
     ) -> PyResult<Option<Tensor>> {
+        if self.h2d && views && !maybe_neg {
+            // The plain case (a small compact CPU tensor) without a managed import.
+            if let Some(t) = torch.host_view(s, DIRECT_MIN_BYTES) {
+                return Ok(Some(t));
+            }
+        }
         let (dl, work): (Managed, _) = torch
             .import(s)
             .map_err(|e| bad(k, &format!("torch does not export the source ({e})")))?;

@@ -3,11 +3,11 @@
 //! per tensor each way, no Python-level `__dlpack__` and no capsule.
 
 use crate::errors::to_py;
-use dlpark::ffi::{DLDataType, DLDataTypeCode, DLDeviceType, DLManagedTensorVersioned};
+use dlpark::ffi::{DLDataType, DLDataTypeCode, DLDeviceType, DLManagedTensorVersioned, DLTensor};
 use dlpark::metadata::Dynamic;
 use dlpark::python::consumer::exchange::ExchangeApi;
 use dlpark::DlpackFlags;
-use pinlane::Tensor;
+use pinlane::{DType, Tensor};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -68,6 +68,39 @@ impl Torch {
         }
     }
 
+    /// `t` as a pinlane host tensor over its memory, for a call that reads it only while it
+    /// runs, read through the exchange API's non-owning view
+    /// (`dltensor_from_py_object_no_sync`: nothing is allocated on torch's side and no
+    /// deleter runs; the usual import costs ~1 us a tensor more). Only a plain case: a
+    /// compact, non-empty CPU tensor under `below` bytes, of a dtype pinlane has, not
+    /// bool (whose bytes pinlane would check). `None` otherwise: the caller imports it
+    /// the usual way, which handles or reports the rest.
+    pub(crate) fn host_view(&self, t: &Bound<'_, PyAny>, below: usize) -> Option<Tensor> {
+        let plain = self
+            .api
+            .with_tensor_view_no_sync(t.as_borrowed(), |dl, _| {
+                // SAFETY: torch's view is a valid descriptor while this closure runs.
+                unsafe { plain_host(dl, below) }
+            })
+            .ok()??;
+        if plain.dtype.size() == 1 && !self.is_8bit(t).ok()? {
+            return None;
+        }
+        let owner = Borrowed {
+            ptr: plain.ptr,
+            len: plain.len,
+            _obj: t.clone().unbind(),
+        };
+        Tensor::from_owner(owner, plain.dtype, plain.dims).ok()
+    }
+
+    /// Whether a tensor that exports as an 8-bit integer is torch's `int8` or `uint8`
+    /// (see [`Torch::has_dtype`]).
+    fn is_8bit(&self, tensor: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let d = tensor.getattr(pyo3::intern!(tensor.py(), "dtype"))?;
+        Ok(d.is(&self.objs.int8) || d.is(&self.objs.uint8))
+    }
+
     /// Whether pinlane has `tensor`'s dtype, as torch names it (`dl`: its descriptor).
     /// The descriptor alone does not tell: torch exports its sub-byte integer types
     /// (`int1`..`int7`, `uint1`..`uint7`, one per byte) as 8-bit integers, so an 8-bit
@@ -80,8 +113,7 @@ impl Torch {
         if bits != 8 || !matches!(code, DLDataTypeCode::INT | DLDataTypeCode::UINT) {
             return Ok(true);
         }
-        let d = tensor.getattr(pyo3::intern!(tensor.py(), "dtype"))?;
-        Ok(d.is(&self.objs.int8) || d.is(&self.objs.uint8))
+        self.is_8bit(tensor)
     }
 
     /// torch's current stream on CUDA device `device`, as a raw handle: one C call through
@@ -339,13 +371,22 @@ fn supported_dtype(dl: &Managed) -> bool {
 /// The tensor's size in bytes (0 when it does not fit `usize`: pinlane's import reports
 /// that).
 pub(crate) fn nbytes(dl: &Managed) -> usize {
-    let t = &header(dl).dl_tensor;
+    // SAFETY: a `Managed` holds a valid descriptor until it drops.
+    unsafe { view_nbytes(&header(dl).dl_tensor) }
+}
+
+/// [`nbytes`] of a descriptor.
+///
+/// # Safety
+/// `t` is a valid descriptor: `shape` points to `ndim` values (or is null for 0-d).
+unsafe fn view_nbytes(t: &DLTensor) -> usize {
     let ndim = usize::try_from(t.ndim).unwrap_or(0);
     let elem = usize::from(t.dtype.bits).div_ceil(8);
     if ndim == 0 || t.shape.is_null() {
         return elem;
     }
-    // SAFETY: a valid descriptor's `shape` points to `ndim` values, alive as long as it.
+    // SAFETY: a valid descriptor's `shape` points to `ndim` values (the caller's
+    // promise).
     let shape = unsafe { std::slice::from_raw_parts(t.shape, ndim) };
     shape
         .iter()
@@ -356,13 +397,22 @@ pub(crate) fn nbytes(dl: &Managed) -> usize {
 /// Whether the tensor is laid out compact and row-major (what pinlane tensors are).
 /// Dimensions of size 1 may have any stride; a tensor with no elements is compact.
 pub(crate) fn is_compact(dl: &Managed) -> bool {
-    let t = &header(dl).dl_tensor;
+    // SAFETY: a `Managed` holds a valid descriptor until it drops.
+    unsafe { view_is_compact(&header(dl).dl_tensor) }
+}
+
+/// [`is_compact`] of a descriptor.
+///
+/// # Safety
+/// `t` is a valid descriptor: `shape` and `strides` (when not null) point to `ndim`
+/// values each.
+unsafe fn view_is_compact(t: &DLTensor) -> bool {
     let ndim = usize::try_from(t.ndim).unwrap_or(0);
     if ndim == 0 || t.strides.is_null() {
         return true;
     }
-    // SAFETY: a valid descriptor's `shape` and `strides` point to `ndim` values each,
-    // alive as long as the descriptor.
+    // SAFETY: a valid descriptor's `shape` and `strides` point to `ndim` values each
+    // (the caller's promise).
     let (shape, strides) = unsafe {
         (
             std::slice::from_raw_parts(t.shape, ndim),
@@ -380,6 +430,86 @@ pub(crate) fn is_compact(dl: &Managed) -> bool {
         expected = expected.saturating_mul(n);
     }
     true
+}
+
+/// What [`Torch::host_view`] reads of a plain host tensor's view.
+struct Plain {
+    ptr: *const u8,
+    len: usize,
+    dtype: DType,
+    dims: Vec<usize>,
+}
+
+/// The view `t` as a [`Plain`] host tensor (see [`Torch::host_view`]), or `None`.
+///
+/// # Safety
+/// `t` is a valid descriptor (its `shape` and `strides` readable).
+unsafe fn plain_host(t: &DLTensor, below: usize) -> Option<Plain> {
+    use DLDataTypeCode as C;
+    if t.device.device_type != DLDeviceType::CPU || t.dtype.lanes != 1 {
+        return None;
+    }
+    let dtype = match (t.dtype.code, t.dtype.bits) {
+        (C::UINT, 8) => DType::U8,
+        (C::INT, 8) => DType::I8,
+        (C::INT, 16) => DType::I16,
+        (C::INT, 32) => DType::I32,
+        (C::INT, 64) => DType::I64,
+        (C::UINT, 16) => DType::U16,
+        (C::UINT, 32) => DType::U32,
+        (C::UINT, 64) => DType::U64,
+        (C::FLOAT, 16) => DType::F16,
+        (C::BFLOAT, 16) => DType::Bf16,
+        (C::FLOAT, 32) => DType::F32,
+        (C::FLOAT, 64) => DType::F64,
+        _ => return None,
+    };
+    // SAFETY: the caller's promise.
+    let (len, compact) = unsafe { (view_nbytes(t), view_is_compact(t)) };
+    let ptr = (t.data as usize).checked_add(usize::try_from(t.byte_offset).ok()?)?;
+    if !compact || len == 0 || len >= below || t.data.is_null() || ptr % dtype.size() != 0 {
+        return None;
+    }
+    let ndim = usize::try_from(t.ndim).ok()?;
+    let dims = if ndim == 0 {
+        Vec::new()
+    } else {
+        // SAFETY: the caller's promise (`view_nbytes` read the same values).
+        let shape = unsafe { std::slice::from_raw_parts(t.shape, ndim) };
+        shape
+            .iter()
+            .map(|&d| usize::try_from(d).ok())
+            .collect::<Option<_>>()?
+    };
+    Some(Plain {
+        ptr: ptr as *const u8,
+        len,
+        dtype,
+        dims,
+    })
+}
+
+/// A torch host tensor's bytes, borrowed by [`Torch::host_view`]: the pinlane tensor over
+/// them keeps the Python object alive.
+struct Borrowed {
+    ptr: *const u8,
+    len: usize,
+    _obj: Py<PyAny>,
+}
+
+// SAFETY: the pointer is only read, as `&[u8]`, while the object that owns the memory is
+// alive (held in `_obj`); torch's CPU memory may be read from any thread.
+unsafe impl Send for Borrowed {}
+// SAFETY: as above: shared reads only.
+unsafe impl Sync for Borrowed {}
+
+impl AsRef<[u8]> for Borrowed {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: `len` bytes at `ptr` (non-null, non-empty: `plain_host` checked) are the
+        // torch tensor's memory, alive while `_obj` is; the calls' contract (as torch's
+        // own copies') is that nothing writes or resizes a tensor while it is moved.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
 }
 
 /// Marks a host tensor's descriptor as page-locked, so pinlane copies it directly.

@@ -161,8 +161,13 @@ pub(crate) fn check_device(device: Option<&str>) -> PyResult<()> {
 /// `transfer_tensor_h2d` over `tensors`, onto `device`, freeing returned memory in order
 /// on `consumer_stream` (a raw handle; `None`: torch's current stream of `device`, asked
 /// through its exchange API).
+///
+/// `views`: plain small CPU tensors are read through the exchange API's non-owning view
+/// ([`Torch::host_view`]); false imports every tensor the usual way (for
+/// benches/py_overhead.py, which times both in one process).
 #[pyfunction]
-#[pyo3(signature = (tensors, *, device, num_caches, consumer_stream=None, min_run=torch::MIN_RUN, maybe_neg=true))]
+#[pyo3(signature = (tensors, *, device, num_caches, consumer_stream=None, min_run=torch::MIN_RUN, maybe_neg=true, views=true))]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn h2d<'py>(
     py: Python<'py>,
     tensors: Vec<Bound<'py, PyAny>>,
@@ -171,6 +176,7 @@ pub(crate) fn h2d<'py>(
     consumer_stream: Option<usize>,
     min_run: usize,
     maybe_neg: bool,
+    views: bool,
 ) -> PyResult<Vec<Bound<'py, PyAny>>> {
     let Some(first) = tensors.first() else {
         return Ok(Vec::new());
@@ -180,7 +186,7 @@ pub(crate) fn h2d<'py>(
     let mut slots = Vec::with_capacity(tensors.len());
     let mut inputs = Vec::with_capacity(tensors.len());
     for t in tensors {
-        slots.push(h2d_slot(&torch, t, maybe_neg, &mut inputs)?);
+        slots.push(h2d_slot(&torch, t, maybe_neg, views, &mut inputs)?);
     }
     if inputs.is_empty() {
         return outputs(py, &torch, slots, &[], min_run, &target, &mut || Ok(()));
@@ -215,6 +221,7 @@ fn h2d_slot<'py>(
     torch: &Torch,
     t: Bound<'py, PyAny>,
     maybe_neg: bool,
+    views: bool,
     inputs: &mut Vec<Tensor>,
 ) -> PyResult<Slot<'py>> {
     // Torch moves what is on the host and either requires grad (keeping autograd) or
@@ -228,6 +235,14 @@ fn h2d_slot<'py>(
     };
     if requires_grad(&t)? {
         return by_torch(t);
+    }
+    if views && !maybe_neg {
+        // The plain case (a compact CPU tensor staged by pinlane) without a managed
+        // import.
+        if let Some(p) = torch.host_view(&t, DIRECT_MIN_BYTES) {
+            inputs.push(p);
+            return Ok(Slot::Moved(inputs.len() - 1));
+        }
     }
     let Ok((dl, _)) = torch.import(&t) else {
         return by_torch(t);
