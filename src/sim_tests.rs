@@ -9,7 +9,7 @@ use crate::memory::pinned::PinnedOutputPool;
 use crate::memory::{DeviceAlloc, DeviceView, InFlight};
 use std::time::{Duration, Instant};
 
-fn setup() {
+pub(crate) fn setup() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         sim::enable(sim::SimConfig::seeded(8).max_delay(Duration::from_micros(20)))

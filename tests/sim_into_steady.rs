@@ -3,7 +3,8 @@
 //! released by the thread's next call, events are reused, no host function is queued
 //! unless a handle is waited on, and what nobody waits for is still released. Its own
 //! binary: it reads process-wide counters (staging slots in use, events made), so its
-//! tests take turns.
+//! tests take turns, and its staging arena has one slot (so a call that leased before
+//! the last step's slot came back would wait for it).
 // The simulated device and the test hooks: `cargo test --features test-util`.
 #![cfg(feature = "test-util")]
 
@@ -16,6 +17,14 @@ use pinlane::{
 };
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+/// The simulated device with a one-slot staging arena (64 KiB: every batch here fits).
+fn sim() {
+    common::sim_with(
+        || common::sim_runtime().arena_bytes(64 << 10),
+        common::sim_device,
+    );
+}
 
 /// One test at a time: they count process-wide things.
 fn turn() -> std::sync::MutexGuard<'static, ()> {
@@ -53,7 +62,7 @@ fn until_no_slot_in_use(limit: Duration) -> bool {
 /// releases the last step's slot, reuses its event, and queues no host function.
 #[test]
 fn a_serving_loop_releases_each_step_on_the_next() {
-    common::sim();
+    sim();
     let _turn = turn();
     let stream = Stream::new(common::dev()).unwrap();
     let (dst, _buf, _) = common::into::destinations(&inputs(0), 0);
@@ -63,17 +72,18 @@ fn a_serving_loop_releases_each_step_on_the_next() {
         stream.synchronize().unwrap();
     }
     let before = activity().unwrap();
+    let waits = memory_stats().slot_waits;
     const STEPS: u64 = 200;
-    let mut most = 0;
     for step in 3..3 + STEPS {
         drop(transfer_tensor_h2d_into(&inputs(step), &dst, &opts).unwrap());
-        // This step's slot, and at most the last step's if the completion thread took
-        // that one and is still releasing it.
-        most = most.max(slots_in_use());
         stream.synchronize().unwrap();
     }
     let after = activity().unwrap();
-    assert!(most <= 2, "{most} staging slots in use after a step's call");
+    assert_eq!(
+        memory_stats().slot_waits,
+        waits,
+        "a step waited for the staging slot its last step held"
+    );
     let made = after.events_created - before.events_created;
     assert!(made <= 20, "{made} events made for {STEPS} steps");
     assert_eq!(
@@ -90,7 +100,7 @@ fn a_serving_loop_releases_each_step_on_the_next() {
 /// copies used once they are done.
 #[test]
 fn a_last_dropped_handle_is_released() {
-    common::sim();
+    sim();
     let _turn = turn();
     let stream = Stream::new(common::dev()).unwrap();
     let (dst, _buf, _) = common::into::destinations(&inputs(0), 1);
@@ -115,7 +125,7 @@ fn a_last_dropped_handle_is_released() {
 /// all see the copies done.
 #[test]
 fn waiting_arms_the_wake_up_once() {
-    common::sim();
+    sim();
     let _turn = turn();
     let stream = Stream::new(common::dev()).unwrap();
     let (dst, _buf, _) = common::into::destinations(&inputs(0), 0);
@@ -173,7 +183,7 @@ fn futures_lite_block_on<F: std::future::Future>(f: F) -> F::Output {
 /// every step's bytes arrive, and everything is released at the end.
 #[test]
 fn threads_taking_turns_with_the_completion_thread() {
-    common::sim();
+    sim();
     let _turn = turn();
     let threads: Vec<_> = (0..4u64)
         .map(|t| {

@@ -363,7 +363,9 @@ class Buffers:
         self._leaves = leaves
         # A flat list, tuple or dict of tensors: each call pairs it without a walk.
         values = dst.values() if type(dst) is dict else dst
-        self._flat = type(dst) in (list, tuple, dict) and len(values) == len(leaves)
+        self._flat = type(dst) in (list, tuple, dict) and all(
+            map(isinstance, values, repeat(torch.Tensor))
+        )
         self._h2d = bool(leaves) and leaves[0].is_cuda
         self._native = _native.Targets(leaves, h2d=self._h2d)
 

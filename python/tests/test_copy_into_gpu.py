@@ -171,3 +171,7 @@ def test_buffers_check_once_and_copy_every_step(torch):
         lb.copy_from([torch.rand(1024)])
     with pytest.raises(ValueError, match="destination for a int source"):
         lb.copy_from([torch.rand(1024), 3])
+    # Not flat (a nested list and a non-tensor leaf): the walk pairs it.
+    nb = pinlane.Buffers([[dst["a"], dst["b"]], None])
+    with pytest.raises(ValueError, match="a list destination for a Tensor source"):
+        nb.copy_from([torch.rand(1024), torch.zeros(512, dtype=torch.int64)])

@@ -12,12 +12,13 @@
 //! about.
 //!
 //! A call on the caller's stream (a copy into existing tensors, [`Wake::Lazy`]) queues
-//! no host function: its wake-up is queued only once its handle is waited on, and the
-//! same thread's next such call on that stream releases what the earlier ones used once
-//! their events are done (a serving loop that synchronises each step finds the last step
-//! done). What nobody waits for and no later call finds is released by the thread's look
-//! every [`FALLBACK`]. Events of completed calls that nobody else holds are kept for the
-//! next calls ([`SPARE_EVENTS`] at most).
+//! no host function: its wake-up is queued only once its handle is waited on (or asked
+//! [`Transfer::is_ready`]), and the same thread's next such call on that stream, before it
+//! leases anything, releases what its earlier calls used once their events are done
+//! ([`reap`]: a serving loop that synchronises each step finds the last step done). What
+//! nobody waits for and no later call finds is released by the thread's look every
+//! [`FALLBACK`]. Events of completed calls that nobody else holds are kept for the next
+//! calls ([`SPARE_EVENTS`] at most; none kept once [`quiesce`] has begun).
 //!
 //! The thread is supervised. Releasing owners runs user code (an owner's `Drop`, a
 //! DLPack deleter) and waking a handle runs its waker: a panic there is caught, recorded
@@ -45,8 +46,8 @@ const FALLBACK: Duration = Duration::from_millis(2);
 /// to destroy).
 const SPARE_EVENTS: usize = 32;
 
-/// At most this many of a stream's completed calls are released by a lazy call on the
-/// calling thread (the completion thread takes any others).
+/// At most this many of a thread's completed calls on a stream are released by its next
+/// lazy call (the completion thread takes any others).
 const REAP_MAX: usize = 4;
 
 /// A call's completion state, shared by its handle and the completion thread.
@@ -118,6 +119,9 @@ struct Job {
     /// thread or by a lazy call, and each takes it only if it is still the one it asked
     /// about.
     id: u64,
+    /// The thread that made the call: only that thread's later calls release it
+    /// ([`reap`]), so a panic in its owners' drops lands where its own errors do.
+    thread: std::thread::ThreadId,
     done: Event,
     owners: Option<Detached>,
     shared: Arc<Shared>,
@@ -186,8 +190,8 @@ pub(crate) enum Wake {
     /// stream of the device, made to wait for the call's event (the caller's later work,
     /// and its synchronisation, must not wait for a host function on the driver's thread),
     /// and only once the handle is waited on. Until then the calling thread's next lazy
-    /// call on the stream, or the completion thread's look every [`FALLBACK`], finds the
-    /// event done.
+    /// call on the stream ([`reap`], which that call makes before it leases anything), or
+    /// the completion thread's look every [`FALLBACK`], finds the event done.
     Lazy,
 }
 
@@ -213,11 +217,7 @@ pub(crate) fn detach<S: Send + 'static>(
             let _ = owners.stream().call_after(poke);
             false
         }
-        Wake::Lazy => {
-            reap(owners.stream().key());
-            super::trace::mark("reaped");
-            true
-        }
+        Wake::Lazy => true,
     };
     enqueue(owners, done, lazy)
 }
@@ -235,34 +235,46 @@ fn spare_event(device: usize) -> Result<Event> {
     }
 }
 
-/// Keeps a completed call's event for the next calls if nobody else holds it and there is
-/// room; else it is destroyed here (outside the queues' lock: destroying it enters the
-/// driver).
+/// Keeps a completed call's event for the next calls if nobody else holds it, there is
+/// room, and no [`quiesce`] has begun; else it is destroyed here, outside the queues'
+/// lock (destroying it enters the driver).
 fn recycle(done: Event) {
     if !done.reusable() {
         return;
     }
-    let mut q = lock(&COMPLETER.queues);
-    if q.spare.len() < SPARE_EVENTS {
-        q.spare.push(done);
-    }
+    let refused = {
+        let mut q = lock(&COMPLETER.queues);
+        if q.spare.len() < SPARE_EVENTS && !q.stop {
+            q.spare.push(done);
+            None
+        } else {
+            Some(done)
+        }
+    };
+    drop(refused);
 }
 
-/// Releases, on the calling thread, what the oldest calls on stream `key` used, for those
-/// (at most [`REAP_MAX`]) whose events are done. Events are asked with the queues
-/// unlocked (see [`run`]); a job is taken only if it is still its stream's oldest.
-fn reap(key: (usize, usize)) {
+/// Releases, on the calling thread, what its own oldest calls on stream `key` used, for
+/// those (at most [`REAP_MAX`]) whose events completed without error: a lazy call makes
+/// this before it leases a staging slot, so a serving loop's last step's slot is back in
+/// the ring for this one. It stops at a stream's oldest call that is another thread's,
+/// not done, or failed: the completion thread takes those (a failure of a dropped handle
+/// is recorded there for the device's next call on any thread). Events are asked with
+/// the queues unlocked (see [`run`]); a job is taken only if it is still its stream's
+/// oldest.
+pub(crate) fn reap(key: (usize, usize)) {
+    let me = std::thread::current().id();
     for _ in 0..REAP_MAX {
         let head = {
             let q = lock(&COMPLETER.queues);
             let head = q.by_stream.get(&key).and_then(VecDeque::front);
-            head.map(|j| (j.id, j.done.clone()))
+            head.filter(|j| j.thread == me)
+                .map(|j| (j.id, j.done.clone()))
         };
         let Some((id, done)) = head else { return };
-        let r = match done.query() {
-            Ok(false) => return,
-            r => r.map(|_| ()),
-        };
+        if !matches!(done.query(), Ok(true)) {
+            return;
+        }
         drop(done);
         let job = {
             let mut q = lock(&COMPLETER.queues);
@@ -273,7 +285,7 @@ fn reap(key: (usize, usize)) {
             job
         };
         match job {
-            Some(job) => complete(job, r),
+            Some(job) => complete(job, Ok(())),
             None => return, // the completion thread took it
         }
     }
@@ -288,7 +300,7 @@ fn take_head(q: &mut Queues, key: (usize, usize), id: u64) -> Option<Job> {
     jobs.pop_front()
 }
 
-/// The stream [`Wake::Beside`] queues wake-ups on, one per device, made on first use
+/// The stream [`Wake::Lazy`] queues wake-ups on, one per device, made on first use
 /// and kept for the process (a stream holds no memory).
 fn wake_stream(device: usize) -> Result<crate::driver::Stream> {
     static STREAMS: Mutex<Vec<(usize, crate::driver::Stream)>> = Mutex::new(Vec::new());
@@ -316,6 +328,7 @@ fn enqueue(owners: Detached, done: Event, lazy: bool) -> Result<Pending> {
     q.next_id += 1;
     let job = Job {
         id,
+        thread: std::thread::current().id(),
         done: done.clone(),
         owners: Some(owners),
         shared: shared.clone(),
@@ -444,15 +457,14 @@ pub(crate) fn quiesce(limit: std::time::Duration) -> bool {
     let deadline = std::time::Instant::now() + limit;
     let mut q = lock(&COMPLETER.queues);
     q.stop = true;
-    let spare = std::mem::take(&mut q.spare);
-    drop(q);
-    drop(spare); // destroyed outside the lock: that enters the driver
-    let mut q = lock(&COMPLETER.queues);
     COMPLETER.cv.notify_all();
-    while q.started {
+    let exited = loop {
+        if !q.started {
+            break true;
+        }
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         if left.is_zero() {
-            return false;
+            break false;
         }
         // The thread notifies when it exits; the step bounds a missed wake-up.
         q = COMPLETER
@@ -460,8 +472,13 @@ pub(crate) fn quiesce(limit: std::time::Duration) -> bool {
             .wait_timeout(q, left.min(std::time::Duration::from_millis(5)))
             .unwrap_or_else(|p| p.into_inner())
             .0;
-    }
-    true
+    };
+    // The spare events go too (no more are kept while `stop` is set), destroyed outside
+    // the lock: that enters the driver.
+    let spare = std::mem::take(&mut q.spare);
+    drop(q);
+    drop(spare);
+    exited
 }
 
 /// Dropped when the completion thread ends by unwinding: wakes every
@@ -608,7 +625,8 @@ impl<B> Transfer<B> {
     }
 
     /// Whether the copies are done (or have failed): [`Transfer::wait`] then returns at
-    /// once.
+    /// once. For a copy into existing tensors, the first call also asks to be told when
+    /// the copies end (as waiting does), so that asking again soon after sees them done.
     pub fn is_ready(&self) -> bool {
         self.pending.as_ref().is_none_or(|p| {
             p.arm();
@@ -761,9 +779,42 @@ impl<B> Future for Transfer<B> {
 }
 
 impl<B> std::fmt::Debug for Transfer<B> {
+    /// Says whether the copies are known done, without queueing a lazy call's wake-up
+    /// (as [`Transfer::is_ready`] does).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Transfer")
-            .field("ready", &self.is_ready())
-            .finish()
+        let ready = self
+            .pending
+            .as_ref()
+            .is_none_or(|p| !matches!(*lock(&p.shared.status), Status::Pending(_)));
+        f.debug_struct("Transfer").field("ready", &ready).finish()
+    }
+}
+
+#[cfg(all(test, feature = "test-util"))]
+mod tests {
+    use super::*;
+
+    fn spare() -> usize {
+        lock(&COMPLETER.queues).spare.len()
+    }
+
+    /// Shutdown's quiesce destroys the spare events, and none is kept while it holds (a
+    /// call after it starts a new thread and keeps them again).
+    #[test]
+    fn quiesce_leaves_no_spare_event() {
+        crate::sim_tests::setup();
+        let e = spare_event(0).unwrap();
+        let kept = spare();
+        recycle(e);
+        assert_eq!(spare(), kept + 1, "a reusable event was not kept");
+        let in_use = spare_event(0).unwrap();
+        let clone = in_use.clone();
+        recycle(in_use);
+        assert_eq!(spare(), kept, "an event another handle holds was kept");
+        drop(clone);
+        assert!(quiesce(Duration::from_secs(5)));
+        assert_eq!(spare(), 0, "spare events left after quiesce");
+        recycle(Event::new(crate::device::Device::cuda(0)).unwrap());
+        assert_eq!(spare(), 0, "an event kept after quiesce");
     }
 }

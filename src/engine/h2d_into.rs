@@ -36,6 +36,10 @@ pub(crate) fn transfer<B: Batch>(src: &B, dst: &B, opts: &IntoOptions) -> Result
     let pairs = checked.pairs;
     driver::deferred::surface(device)?;
     let stream = stream_for(opts, device)?;
+    // This thread's earlier calls on the stream that are done give back their slots
+    // before this one leases.
+    completion::reap(stream.key());
+    super::trace::mark("reaped");
     let views: Vec<&DeviceView> = pairs
         .iter()
         .map(|p| device_view(p.1))
