@@ -1,9 +1,12 @@
 """Where the time of a Python call goes (GPU machine): for one 1 KiB tensor, each piece of
 the call (the Python half's checks and lookups, the native call with and without a copy,
-torch's own ways beside it); for 1000 x 1 KiB, per tensor: the container walk, the torch
-attribute reads, the native import (tensors the call passes through), the handover to
-torch (runs of same-shape outputs as one tensor split with unbind(0), or one DLPack import
-per tensor), and the whole calls. Medians of warm loops, in microseconds.
+torch's own ways beside it); for a 16-tensor serving step (`Buffers.copy_from`), its
+pieces (pairing, the negation bits, the native call with and without the binding's
+non-owning views, one source against 16) beside torch's per-tensor `copy_`; for 1000 x 1
+KiB, per tensor: the container walk, the torch attribute reads, the native import (tensors
+the call passes through), H2D with and without the views, the handover to torch (runs of
+same-shape outputs as one tensor split with unbind(0), or one DLPack import per tensor),
+and the whole calls. Medians of warm loops, in microseconds.
 
     bash .gpu/with-python python3 benches/py_overhead.py
 """
