@@ -11,8 +11,8 @@ mod common;
 use pinlane::driver::sim::{page_locked_bytes, SimConfig};
 use pinlane::{
     memory_stats, transfer_tensor_d2h, transfer_tensor_d2h_async, transfer_tensor_h2d_async,
-    transfer_tensor_h2d_with, Config, D2hOptions, DType, Device, Error, H2dOptions, HostOutput,
-    Stream,
+    transfer_tensor_h2d_into, transfer_tensor_h2d_with, Config, D2hOptions, DType, Device, Error,
+    H2dOptions, HostOutput, IntoOptions, Stream,
 };
 use std::time::Duration;
 
@@ -64,6 +64,12 @@ fn move_batches(seed: u64) {
         .wait()
         .unwrap();
     assert_eq!(back, host);
+    // A copy into existing tensors whose handle is dropped at once: nothing waits for it,
+    // and shutdown must still find it done and give its slot back.
+    let again = batch(seed + 100);
+    drop(transfer_tensor_h2d_into(&again, &dev2, &IntoOptions::default()).unwrap());
+    let o = D2hOptions::default();
+    assert_eq!(transfer_tensor_d2h(&dev2, &o).unwrap(), again);
 }
 
 #[test]
