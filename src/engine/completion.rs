@@ -16,8 +16,10 @@
 //! [`Transfer::is_ready`]), and the same thread's next such call on that stream, before it
 //! leases anything, releases what its earlier calls used once their events are done
 //! ([`reap`]: a serving loop that synchronises each step finds the last step done). What
-//! nobody waits for and no later call finds is released by the thread's look every
-//! [`FALLBACK`]. Events of completed calls that nobody else holds are kept for the next
+//! nobody waits for and no later call finds is released by the completion thread once it
+//! has been pending [`LAZY_GRACE`] (until then it is left to its own thread, so the two
+//! do not race for it: a call that found its last step taken by the completion thread,
+//! still being released, would wait for that step's slot). Events of completed calls that nobody else holds are kept for the next
 //! calls ([`SPARE_EVENTS`] at most; none kept once [`quiesce`] has begun).
 //!
 //! The thread is supervised. Releasing owners runs user code (an owner's `Drop`, a
@@ -41,6 +43,10 @@ use std::time::Duration;
 /// How often the completion thread looks at pending events when no host function has
 /// woken it (after a CUDA error, the driver skips host functions).
 const FALLBACK: Duration = Duration::from_millis(2);
+
+/// How long the completion thread leaves a lazy call nobody waits on to the thread that
+/// made it ([`reap`]) before it takes it itself.
+const LAZY_GRACE: Duration = Duration::from_millis(5);
 
 /// Completed calls' events kept for reuse (an event costs a driver call to make and one
 /// to destroy).
@@ -122,9 +128,20 @@ struct Job {
     /// The thread that made the call: only that thread's later calls release it
     /// ([`reap`]), so a panic in its owners' drops lands where its own errors do.
     thread: std::thread::ThreadId,
+    /// For a lazy call: when it was queued (see [`LAZY_GRACE`]).
+    lazy_since: Option<std::time::Instant>,
     done: Event,
     owners: Option<Detached>,
     shared: Arc<Shared>,
+}
+
+impl Job {
+    /// A lazy call nobody waits on, queued less than [`LAZY_GRACE`] ago: its own thread's
+    /// next call releases it ([`reap`]), not the completion thread.
+    fn left_to_its_thread(&self) -> bool {
+        self.lazy_since.is_some_and(|t| t.elapsed() < LAZY_GRACE)
+            && !self.shared.armed.load(Ordering::Acquire)
+    }
 }
 
 impl Drop for Job {
@@ -191,7 +208,8 @@ pub(crate) enum Wake {
     /// and its synchronisation, must not wait for a host function on the driver's thread),
     /// and only once the handle is waited on. Until then the calling thread's next lazy
     /// call on the stream ([`reap`], which that call makes before it leases anything), or
-    /// the completion thread's look every [`FALLBACK`], finds the event done.
+    /// the completion thread once the call has been pending [`LAZY_GRACE`], finds the
+    /// event done.
     Lazy,
 }
 
@@ -329,6 +347,7 @@ fn enqueue(owners: Detached, done: Event, lazy: bool) -> Result<Pending> {
     let job = Job {
         id,
         thread: std::thread::current().id(),
+        lazy_since: lazy.then(std::time::Instant::now),
         done: done.clone(),
         owners: Some(owners),
         shared: shared.clone(),
@@ -511,7 +530,9 @@ fn run() {
             let heads: Vec<((usize, usize), u64, Event)> = q
                 .by_stream
                 .iter()
-                .filter_map(|(k, jobs)| jobs.front().map(|j| (*k, j.id, j.done.clone())))
+                .filter_map(|(k, jobs)| jobs.front().map(|j| (k, j)))
+                .filter(|(_, j)| !j.left_to_its_thread())
+                .map(|(k, j)| (*k, j.id, j.done.clone()))
                 .collect();
             drop(q);
             let answers: Vec<((usize, usize), u64, Result<()>)> = heads
