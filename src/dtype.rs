@@ -40,6 +40,44 @@ pub enum DType {
 }
 
 impl DType {
+    /// DLPack's description of this dtype (one lane).
+    ///
+    /// ```
+    /// use pinlane::DType;
+    /// let d = DType::Bf16.to_dlpack();
+    /// assert_eq!((d.bits, d.lanes), (16, 1));
+    /// assert_eq!(DType::from_dlpack(d), Some(DType::Bf16));
+    /// ```
+    pub fn to_dlpack(self) -> dlpark::ffi::DLDataType {
+        use dlpark::ffi::DLDataTypeCode as C;
+        let (code, bits) = match self {
+            DType::Bool => (C::BOOL, 8),
+            DType::U8 => (C::UINT, 8),
+            DType::I8 => (C::INT, 8),
+            DType::I16 => (C::INT, 16),
+            DType::I32 => (C::INT, 32),
+            DType::I64 => (C::INT, 64),
+            DType::U16 => (C::UINT, 16),
+            DType::U32 => (C::UINT, 32),
+            DType::U64 => (C::UINT, 64),
+            DType::F16 => (C::FLOAT, 16),
+            DType::Bf16 => (C::BFLOAT, 16),
+            DType::F32 => (C::FLOAT, 32),
+            DType::F64 => (C::FLOAT, 64),
+        };
+        dlpark::ffi::DLDataType {
+            code,
+            bits,
+            lanes: 1,
+        }
+    }
+
+    /// The dtype a DLPack description names, if pinlane has it (one lane; not complex,
+    /// float8 or other types pinlane lacks).
+    pub fn from_dlpack(t: dlpark::ffi::DLDataType) -> Option<DType> {
+        DType::ALL.into_iter().find(|&d| d.to_dlpack() == t)
+    }
+
     /// Every dtype, in declaration order.
     pub const ALL: [DType; 13] = [
         DType::Bool,

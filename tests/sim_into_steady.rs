@@ -41,6 +41,40 @@ fn inputs(step: u64) -> Vec<Tensor> {
     ]
 }
 
+/// A stream of the test's own and static destinations for [`inputs`] in one buffer.
+struct Statics {
+    stream: Stream,
+    dst: Vec<Tensor>,
+    _buf: Tensor,
+    opts: IntoOptions,
+}
+
+impl Statics {
+    /// `skew`: as [`common::into::destinations`]'.
+    fn new(skew: usize) -> Statics {
+        let stream = Stream::new(common::dev()).unwrap();
+        let (dst, _buf, _) = common::into::destinations(&inputs(0), skew);
+        let opts = IntoOptions::default().stream(stream.clone());
+        Statics {
+            stream,
+            dst,
+            _buf,
+            opts,
+        }
+    }
+
+    /// Copies `inputs(step)` in; the handle.
+    fn copy(&self, step: u64) -> pinlane::Transfer<()> {
+        transfer_tensor_h2d_into(&inputs(step), &self.dst, &self.opts).unwrap()
+    }
+
+    /// What the destinations hold once the stream's work so far has run.
+    fn read(&self) -> Vec<Tensor> {
+        let _current = set_current_stream(&self.stream);
+        transfer_tensor_d2h(&self.dst, &D2hOptions::default()).unwrap()
+    }
+}
+
 /// Staging slots leased now, by any call.
 fn slots_in_use() -> usize {
     memory_stats().staging.in_use_count
@@ -64,19 +98,17 @@ fn until_no_slot_in_use(limit: Duration) -> bool {
 fn a_serving_loop_releases_each_step_on_the_next() {
     sim();
     let _turn = turn();
-    let stream = Stream::new(common::dev()).unwrap();
-    let (dst, _buf, _) = common::into::destinations(&inputs(0), 0);
-    let opts = IntoOptions::default().stream(stream.clone());
+    let st = Statics::new(0);
     for step in 0..3 {
-        drop(transfer_tensor_h2d_into(&inputs(step), &dst, &opts).unwrap());
-        stream.synchronize().unwrap();
+        drop(st.copy(step));
+        st.stream.synchronize().unwrap();
     }
     let before = activity().unwrap();
     let waits = memory_stats().slot_waits;
     const STEPS: u64 = 200;
     for step in 3..3 + STEPS {
-        drop(transfer_tensor_h2d_into(&inputs(step), &dst, &opts).unwrap());
-        stream.synchronize().unwrap();
+        drop(st.copy(step));
+        st.stream.synchronize().unwrap();
     }
     let after = activity().unwrap();
     assert_eq!(
@@ -90,9 +122,7 @@ fn a_serving_loop_releases_each_step_on_the_next() {
         after.host_functions, before.host_functions,
         "a host function was queued though no handle was waited on"
     );
-    let _current = set_current_stream(&stream);
-    let back = transfer_tensor_d2h(&dst, &D2hOptions::default()).unwrap();
-    assert_eq!(back, inputs(2 + STEPS));
+    assert_eq!(st.read(), inputs(2 + STEPS));
     assert!(until_no_slot_in_use(Duration::from_secs(2)));
 }
 
@@ -102,11 +132,9 @@ fn a_serving_loop_releases_each_step_on_the_next() {
 fn a_last_dropped_handle_is_released() {
     sim();
     let _turn = turn();
-    let stream = Stream::new(common::dev()).unwrap();
-    let (dst, _buf, _) = common::into::destinations(&inputs(0), 1);
-    stream.delay_async(Duration::from_millis(20)).unwrap();
-    let opts = IntoOptions::default().stream(stream.clone());
-    drop(transfer_tensor_h2d_into(&inputs(7), &dst, &opts).unwrap());
+    let st = Statics::new(1);
+    st.stream.delay_async(Duration::from_millis(20)).unwrap();
+    drop(st.copy(7));
     assert!(
         slots_in_use() >= 1,
         "the slot was released before the copies ran"
@@ -116,9 +144,7 @@ fn a_last_dropped_handle_is_released() {
         "{} staging slots still in use",
         slots_in_use()
     );
-    let _current = set_current_stream(&stream);
-    let back = transfer_tensor_d2h(&dst, &D2hOptions::default()).unwrap();
-    assert_eq!(back, inputs(7));
+    assert_eq!(st.read(), inputs(7));
 }
 
 /// Waiting on a handle queues its wake-up once; `wait_timeout`, `is_ready` and `wait`
@@ -127,12 +153,10 @@ fn a_last_dropped_handle_is_released() {
 fn waiting_arms_the_wake_up_once() {
     sim();
     let _turn = turn();
-    let stream = Stream::new(common::dev()).unwrap();
-    let (dst, _buf, _) = common::into::destinations(&inputs(0), 0);
-    let opts = IntoOptions::default().stream(stream.clone());
-    stream.delay_async(Duration::from_millis(30)).unwrap();
+    let st = Statics::new(0);
+    st.stream.delay_async(Duration::from_millis(30)).unwrap();
     let before = activity().unwrap().host_functions;
-    let mut t = transfer_tensor_h2d_into(&inputs(1), &dst, &opts).unwrap();
+    let mut t = st.copy(1);
     assert_eq!(activity().unwrap().host_functions, before);
     assert!(t.wait_timeout(Duration::from_millis(1)).is_none());
     assert_eq!(activity().unwrap().host_functions, before + 1);
@@ -145,15 +169,12 @@ fn waiting_arms_the_wake_up_once() {
     t.wait().unwrap();
 
     // Awaited as a future, and waited on after the copies ran.
-    stream.delay_async(Duration::from_millis(10)).unwrap();
-    let t = transfer_tensor_h2d_into(&inputs(2), &dst, &opts).unwrap();
-    futures_lite_block_on(t).unwrap();
-    let t = transfer_tensor_h2d_into(&inputs(3), &dst, &opts).unwrap();
-    stream.synchronize().unwrap();
+    st.stream.delay_async(Duration::from_millis(10)).unwrap();
+    futures_lite_block_on(st.copy(2)).unwrap();
+    let t = st.copy(3);
+    st.stream.synchronize().unwrap();
     t.wait().unwrap();
-    let _current = set_current_stream(&stream);
-    let back = transfer_tensor_d2h(&dst, &D2hOptions::default()).unwrap();
-    assert_eq!(back, inputs(3));
+    assert_eq!(st.read(), inputs(3));
 }
 
 /// Polls `f` to completion on this thread, sleeping between polls (no executor crate).
@@ -188,25 +209,24 @@ fn threads_taking_turns_with_the_completion_thread() {
     let threads: Vec<_> = (0..4u64)
         .map(|t| {
             std::thread::spawn(move || {
-                let stream = Stream::new(common::dev()).unwrap();
-                let (dst, _buf, _) = common::into::destinations(&inputs(0), t as usize);
-                let opts = IntoOptions::default().stream(stream.clone());
+                let st = Statics::new(t as usize);
                 let mut kept = Vec::new();
                 for step in 0..120u64 {
-                    let src = inputs(1000 * t + step);
-                    let h = transfer_tensor_h2d_into(&src, &dst, &opts).unwrap();
+                    let h = st.copy(1000 * t + step);
                     match (step + t) % 3 {
                         0 => drop(h),
                         1 => h.wait().unwrap(),
                         _ => kept.push(h),
                     }
                     if step % 7 == 3 {
-                        stream.synchronize().unwrap();
+                        st.stream.synchronize().unwrap();
                     }
                     if step % 10 == 9 {
-                        let _current = set_current_stream(&stream);
-                        let back = transfer_tensor_d2h(&dst, &D2hOptions::default()).unwrap();
-                        assert_eq!(back, src, "thread {t}, step {step}");
+                        assert_eq!(
+                            st.read(),
+                            inputs(1000 * t + step),
+                            "thread {t}, step {step}"
+                        );
                     }
                 }
                 for h in kept {

@@ -357,15 +357,7 @@ pub(crate) fn kind(dl: &Managed) -> Kind {
 /// Whether pinlane has the descriptor's dtype: bool, (u)int 8 to 64, float 16/32/64,
 /// bfloat16 (see [`Torch::has_dtype`] for what the descriptor does not say).
 fn supported_dtype(dl: &Managed) -> bool {
-    let DLDataType { code, bits, lanes } = header(dl).dl_tensor.dtype;
-    lanes == 1
-        && match code {
-            DLDataTypeCode::INT | DLDataTypeCode::UINT => matches!(bits, 8 | 16 | 32 | 64),
-            DLDataTypeCode::FLOAT => matches!(bits, 16 | 32 | 64),
-            DLDataTypeCode::BFLOAT => bits == 16,
-            DLDataTypeCode::BOOL => bits == 8,
-            _ => false,
-        }
+    DType::from_dlpack(header(dl).dl_tensor.dtype).is_some()
 }
 
 /// The tensor's size in bytes (0 when it does not fit `usize`: pinlane's import reports
@@ -445,25 +437,10 @@ struct Plain {
 /// # Safety
 /// `t` is a valid descriptor (its `shape` and `strides` readable).
 unsafe fn plain_host(t: &DLTensor, below: usize) -> Option<Plain> {
-    use DLDataTypeCode as C;
-    if t.device.device_type != DLDeviceType::CPU || t.dtype.lanes != 1 {
+    if t.device.device_type != DLDeviceType::CPU {
         return None;
     }
-    let dtype = match (t.dtype.code, t.dtype.bits) {
-        (C::UINT, 8) => DType::U8,
-        (C::INT, 8) => DType::I8,
-        (C::INT, 16) => DType::I16,
-        (C::INT, 32) => DType::I32,
-        (C::INT, 64) => DType::I64,
-        (C::UINT, 16) => DType::U16,
-        (C::UINT, 32) => DType::U32,
-        (C::UINT, 64) => DType::U64,
-        (C::FLOAT, 16) => DType::F16,
-        (C::BFLOAT, 16) => DType::Bf16,
-        (C::FLOAT, 32) => DType::F32,
-        (C::FLOAT, 64) => DType::F64,
-        _ => return None,
-    };
+    let dtype = DType::from_dlpack(t.dtype).filter(|&d| d != DType::Bool)?;
     // SAFETY: the caller's promise.
     let (len, compact) = unsafe { (view_nbytes(t), view_is_compact(t)) };
     let ptr = (t.data as usize).checked_add(usize::try_from(t.byte_offset).ok()?)?;

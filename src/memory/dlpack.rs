@@ -13,7 +13,7 @@ use crate::driver::Stream;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::layout::Shape;
-use dlpark::ffi::{DLDataType, DLDataTypeCode, DLDevice, DLDeviceType};
+use dlpark::ffi::{DLDataType, DLDevice, DLDeviceType};
 use dlpark::metadata::Dynamic;
 use dlpark::{DlpackFlags, Managed, ManagedTensorBase};
 
@@ -23,42 +23,14 @@ fn bad(reason: impl Into<String>) -> Error {
     }
 }
 
-/// DLPack's description of a dtype.
-fn dl_dtype(d: DType) -> DLDataType {
-    use DLDataTypeCode as C;
-    let (code, bits) = match d {
-        DType::Bool => (C::BOOL, 8),
-        DType::U8 => (C::UINT, 8),
-        DType::I8 => (C::INT, 8),
-        DType::I16 => (C::INT, 16),
-        DType::I32 => (C::INT, 32),
-        DType::I64 => (C::INT, 64),
-        DType::U16 => (C::UINT, 16),
-        DType::U32 => (C::UINT, 32),
-        DType::U64 => (C::UINT, 64),
-        DType::F16 => (C::FLOAT, 16),
-        DType::Bf16 => (C::BFLOAT, 16),
-        DType::F32 => (C::FLOAT, 32),
-        DType::F64 => (C::FLOAT, 64),
-    };
-    DLDataType {
-        code,
-        bits,
-        lanes: 1,
-    }
-}
-
 /// The pinlane dtype of a DLPack dtype, if there is one.
 fn from_dl_dtype(t: DLDataType) -> Result<DType> {
-    DType::ALL
-        .into_iter()
-        .find(|&d| dl_dtype(d) == t)
-        .ok_or_else(|| {
-            bad(format!(
-                "unsupported dtype (code {}, {} bits, {} lanes)",
-                t.code.0, t.bits, t.lanes
-            ))
-        })
+    DType::from_dlpack(t).ok_or_else(|| {
+        bad(format!(
+            "unsupported dtype (code {}, {} bits, {} lanes)",
+            t.code.0, t.bits, t.lanes
+        ))
+    })
 }
 
 /// What the exported capsule keeps alive: the tensor's memory (`keep`), and for a device
@@ -110,7 +82,7 @@ pub(crate) fn export(
         .map_err(|e| bad(e.to_string()))?;
     init.set_data(data.cast_mut().cast())
         .set_device(device)
-        .set_dtype(dl_dtype(dtype))
+        .set_dtype(dtype.to_dlpack())
         .set_byte_offset(0)
         .set_flags(DlpackFlags::READ_ONLY)
         .map_err(|e| bad(e.to_string()))?;
@@ -260,15 +232,16 @@ pub(crate) unsafe fn import_raw<M: ManagedTensorBase>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dlpark::ffi::DLDataTypeCode;
 
     #[test]
     fn dtypes_map_both_ways() {
         for d in DType::ALL {
-            assert_eq!(from_dl_dtype(dl_dtype(d)), Ok(d));
+            assert_eq!(from_dl_dtype(d.to_dlpack()), Ok(d));
         }
         let f32x4 = DLDataType {
             lanes: 4,
-            ..dl_dtype(DType::F32)
+            ..DType::F32.to_dlpack()
         };
         assert!(from_dl_dtype(f32x4).is_err());
         let complex = DLDataType {
