@@ -126,12 +126,7 @@ pub(crate) fn transfer<B: Batch>(
     let make_outputs =
         |alloc: Option<&Arc<DeviceAlloc>>| device_outputs(&all, order, &layout, device, alloc);
     let run = submit(&mut call, &consumer, &mut job, &src, &layout, make_outputs);
-    let keep_sources = || {
-        order
-            .iter()
-            .map(|&i| all[i].clone())
-            .collect::<Vec<Tensor>>()
-    };
+    let keep_sources = || super::device_read_sources(order.iter().map(|&i| all[i]));
     let (alloc, outputs) = match run {
         Ok(r) => r,
         Err(e) => return Err(job.abort(e, keep_sources)),

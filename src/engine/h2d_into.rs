@@ -64,19 +64,10 @@ pub(crate) fn transfer<B: Batch>(src: &B, dst: &B, opts: &IntoOptions) -> Result
     let total = pairs.iter().map(|p| p.0.nbytes()).sum();
     let mut call = Call::new(&ctx, device, &rt, pairs.len(), total);
     // The destinations stay alive until the copies have run (their memory must not be
-    // freed under them), and so do page-locked sources (the device may read them).
-    // Pageable sources are only read by the host fills, settled before the owners are
-    // kept.
+    // freed under them), and so do the sources the device may still read.
     let keep = || {
-        let pinned = pairs
-            .iter()
-            .filter(|p| matches!(p.0.storage(), Storage::Pinned(_)))
-            .map(|p| p.0.clone());
-        pairs
-            .iter()
-            .map(|p| p.1.clone())
-            .chain(pinned)
-            .collect::<Vec<Tensor>>()
+        let dsts: Vec<Tensor> = pairs.iter().map(|p| p.1.clone()).collect();
+        (dsts, super::device_read_sources(pairs.iter().map(|p| p.0)))
     };
     if let Err(e) = submit(&mut call, &mut job, &plan, kernel, &stream) {
         return Err(job.abort(e, keep));

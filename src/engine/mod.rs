@@ -282,6 +282,20 @@ pub fn last_transfer_stats() -> Option<TransferStats> {
 /// by default 8, enough to keep several windows' copies queued while the host fills the
 /// next, leaving half of the default arena to a transfer in the other direction) only if
 /// free. Returns how many the job holds (at least one).
+/// What a call's owners keep of its H2D sources: clones of the page-locked ones, which
+/// the device may still read after the call (copied straight, or read in place by the
+/// kernel). Pageable sources are read only by the host fills into staging slots, which
+/// `InFlight` settles before it records, keeps or retains anything.
+fn device_read_sources<'a>(
+    sources: impl IntoIterator<Item = &'a crate::tensor::Tensor>,
+) -> Vec<crate::tensor::Tensor> {
+    sources
+        .into_iter()
+        .filter(|t| matches!(t.storage(), crate::tensor::Storage::Pinned(_)))
+        .cloned()
+        .collect()
+}
+
 fn lease_slots(call: &Call, job: &mut InFlight, n_windows: usize) -> Result<usize> {
     let arena = &call.rt.arena;
     let pipeline_slots = call.rt.settings().pipeline_slots;
