@@ -96,6 +96,48 @@ def one_tensor():
     print()
 
 
+def traced(fn, reps=2000):
+    """Median whole-call time of `fn` (one transfer) and median of the engine's own part
+    of it (its last trace mark: from the engine call's start to the copies done), over
+    `reps` traced calls."""
+    fn()
+    whole, engine = [], []
+    for _ in range(reps):
+        _native.trace_next_call()
+        t0 = time.perf_counter()
+        fn()
+        whole.append(time.perf_counter() - t0)
+        marks = _native.last_trace() or [("none", 0.0)]
+        engine.append(marks[-1][1])
+    return statistics.median(whole) * 1e6, statistics.median(engine)
+
+
+def small_call_split():
+    """One 1 KiB tensor and 64 3x224x224 u8 images, each way: the whole Python call, the native call, and the engine's
+    part of the native call (its trace, in this process), so that the Python half and the
+    binding (import, checks, output tensors) are the differences. The native calls are
+    told that no input is negated, as the Python half tells them after asking."""
+    t = torch.randn(256)
+    d = t.cuda()
+    torch.cuda.synchronize()
+    imgs = [torch.randint(0, 256, (3, 224, 224), dtype=torch.uint8) for _ in range(64)]
+    dimgs = [x.cuda() for x in imgs]
+    torch.cuda.synchronize()
+    rows = [
+        ("1 KiB H2D", lambda: pinlane.transfer_tensor_h2d([t]), lambda: _native.h2d([t], device=0, num_caches=4, maybe_neg=False)),
+        ("1 KiB D2H", lambda: pinlane.transfer_tensor_d2h([d]), lambda: _native.d2h([d], device="cuda:0", maybe_neg=False)),
+        ("64 images H2D", lambda: pinlane.transfer_tensor_h2d(imgs), lambda: _native.h2d(imgs, device=0, num_caches=4, maybe_neg=False)),
+        ("64 images D2H", lambda: pinlane.transfer_tensor_d2h(dimgs), lambda: _native.d2h(dimgs, device="cuda:0", maybe_neg=False)),
+    ]
+    print(f"{'a small call, split (us)':<30} {'whole':>8} {'native':>8} {'engine':>8} {'Python half':>12} {'binding':>8}")
+    for name, whole_fn, native_fn in rows:
+        reps = 2000 if name.startswith("1 KiB") else 300
+        whole, _ = traced(whole_fn, reps)
+        native, engine = traced(native_fn, reps)
+        print(f"{name:<30} {whole:>8.2f} {native:>8.2f} {engine:>8.2f} {whole - native:>12.2f} {native - engine:>8.2f}")
+    print()
+
+
 def serving_step():
     """The pieces of a Buffers step (16 pageable tensors of 256 B to 4 KiB into slices of
     one static buffer, as benches/copy_into.py's smallest config), each timed alone."""
@@ -137,6 +179,7 @@ def serving_step():
 
 def main():
     one_tensor()
+    small_call_split()
     serving_step()
     n = 1000
     host = [torch.randn(256) for _ in range(n)]

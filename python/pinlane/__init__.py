@@ -209,7 +209,6 @@ def transfer_tensor_h2d(batch, /, *, num_caches=4):
     # tensor; ~1 us each from the native half): when none does, none is asked again.
     outs = _native.h2d(
         tensors,
-        device=_native.default_device(),
         num_caches=num_caches,
         maybe_neg=any(map(torch.Tensor.is_neg, tensors)),
     )
@@ -277,7 +276,8 @@ def transfer_tensor_d2h(batch, /, *, device=None, stream=None, producer_event=No
         MemoryError: memory for the outputs ran out.
     """
     dev = _device_str(device)
-    _native.check_device(dev)
+    if dev is not None:
+        _native.check_device(dev)
     if stream is not None and device is None:
         raise ValueError("a custom stream needs the device argument (device=...)")
     torch = _torch_with_cuda()

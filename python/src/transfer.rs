@@ -158,7 +158,7 @@ pub(crate) fn check_device(device: Option<&str>) -> PyResult<()> {
     }
 }
 
-/// `transfer_tensor_h2d` over `tensors`, onto `device`, freeing returned memory in order
+/// `transfer_tensor_h2d` over `tensors`, onto `device` (`None`: cuda:{LOCAL_RANK}), freeing returned memory in order
 /// on `consumer_stream` (a raw handle; `None`: torch's current stream of `device`, asked
 /// through its exchange API).
 ///
@@ -166,13 +166,13 @@ pub(crate) fn check_device(device: Option<&str>) -> PyResult<()> {
 /// ([`Torch::host_view`]); false imports every tensor the usual way (for
 /// benches/py_overhead.py, which times both in one process).
 #[pyfunction]
-#[pyo3(signature = (tensors, *, device, num_caches, consumer_stream=None, min_run=torch::MIN_RUN, maybe_neg=true, views=true))]
+#[pyo3(signature = (tensors, *, num_caches, device=None, consumer_stream=None, min_run=torch::MIN_RUN, maybe_neg=true, views=true))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn h2d<'py>(
     py: Python<'py>,
     tensors: Vec<Bound<'py, PyAny>>,
-    device: usize,
     num_caches: usize,
+    device: Option<usize>,
     consumer_stream: Option<usize>,
     min_run: usize,
     maybe_neg: bool,
@@ -180,6 +180,12 @@ pub(crate) fn h2d<'py>(
 ) -> PyResult<Vec<Bound<'py, PyAny>>> {
     let Some(first) = tensors.first() else {
         return Ok(Vec::new());
+    };
+    // `None`: cuda:{LOCAL_RANK}, read here rather than asked by the Python half in a
+    // call of its own.
+    let device = match device {
+        Some(d) => d,
+        None => crate::local_rank_device().map_err(to_py)?.ordinal(),
     };
     let torch = Torch::of(first)?;
     let target = format!("cuda:{device}");
