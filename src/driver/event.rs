@@ -4,6 +4,7 @@ use super::{bind, check, Handle, Stream};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// A raw CUDA event handle (`CUevent`), as the driver API and other libraries give it.
@@ -33,6 +34,23 @@ struct EventInner {
     raw: Handle<sys::CUevent>,
     device: usize,
     owned: bool,
+    /// How many times [`Event::record`] has been called (bumped before the driver's
+    /// record), and the highest such count a query saw completed: equal, the last
+    /// recording is known done without asking the driver again ([`Event::completed`]).
+    records: AtomicU64,
+    seen_done: AtomicU64,
+}
+
+impl EventInner {
+    fn new(raw: sys::CUevent, device: usize, owned: bool) -> EventInner {
+        EventInner {
+            raw: Handle(raw),
+            device,
+            owned,
+            records: AtomicU64::new(0),
+            seen_done: AtomicU64::new(0),
+        }
+    }
 }
 
 impl Event {
@@ -49,11 +67,7 @@ impl Event {
         // SAFETY: out-pointer to a live local; the device's context is current.
         unsafe { check("cuEventCreate", super::api::cuEventCreate(&mut raw, flags)) }?;
         Ok(Event {
-            inner: Arc::new(EventInner {
-                raw: Handle(raw),
-                device,
-                owned: true,
-            }),
+            inner: Arc::new(EventInner::new(raw, device, true)),
         })
     }
 
@@ -78,11 +92,7 @@ impl Event {
             });
         }
         Ok(Event {
-            inner: Arc::new(EventInner {
-                raw: Handle(raw),
-                device: device.ordinal(),
-                owned: false,
-            }),
+            inner: Arc::new(EventInner::new(raw, device.ordinal(), false)),
         })
     }
 
@@ -128,6 +138,9 @@ impl Event {
         self.same_device("Event::record", stream)?;
         super::fault_point(super::FaultKindTag::EventRecord, "cuEventRecord")?;
         let _ctx = bind(self.inner.device)?;
+        // Before the driver's record: a query that overlaps it can then only have seen an
+        // older count done, which no longer matches (see `completed`).
+        self.inner.records.fetch_add(1, Ordering::SeqCst);
         // SAFETY: both handles are alive (held by self and `stream`); context current.
         unsafe {
             check(
@@ -164,6 +177,31 @@ impl Event {
             return Ok(false);
         }
         check("cuEventQuery", res).map(|()| true)
+    }
+
+    /// [`Event::query`] for the work pinlane's last [`Event::record`] of this event
+    /// queued, remembered: once a query has seen it done, the answer is `true` without a
+    /// driver call (a query costs 1 to 2 us) until the event is recorded again. Only for
+    /// events pinlane made: a borrowed one ([`Event::from_raw`]) may be recorded by its
+    /// owner, unseen, and is always asked. (A record of a pinlane event through its raw
+    /// handle is not seen either; what this answers, that pinlane's own recorded work is
+    /// done, stays true then.)
+    pub(crate) fn completed(&self) -> Result<bool> {
+        let inner = &*self.inner;
+        if !inner.owned {
+            return self.query();
+        }
+        let n = inner.records.load(Ordering::SeqCst);
+        if inner.seen_done.load(Ordering::SeqCst) == n {
+            return Ok(true);
+        }
+        let done = self.query()?;
+        if done {
+            // `n` was read before the query: if a record overlapped, the count is past
+            // `n` and this no longer matches it.
+            inner.seen_done.fetch_max(n, Ordering::SeqCst);
+        }
+        Ok(done)
     }
 
     /// Whether the recorded work finishes within `limit`: polled, never blocking in the
@@ -234,5 +272,56 @@ impl Drop for EventInner {
         if let Err(e) = res {
             super::deferred::record(self.device, e);
         }
+    }
+}
+
+#[cfg(all(test, feature = "test-util"))]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// `completed` remembers a recording seen done, and a new record (by pinlane) is never
+    /// taken as done from the last one; a borrowed event is always asked.
+    #[test]
+    fn completed_is_remembered_until_the_next_record() {
+        crate::sim_tests::setup();
+        let dev = Device::cuda(0);
+        let s = Stream::new(dev).unwrap();
+        let e = Event::new(dev).unwrap();
+        assert!(
+            e.completed().unwrap(),
+            "an event never recorded is complete"
+        );
+        for round in 0..2 {
+            s.delay_async(Duration::from_millis(300)).unwrap();
+            e.record(&s).unwrap();
+            assert!(
+                !e.completed().unwrap(),
+                "round {round}: a record behind a 300 ms pause was taken as done"
+            );
+            e.synchronize().unwrap();
+            assert!(e.completed().unwrap(), "round {round}: done after a sync");
+        }
+        // The same CUDA event recorded through a borrowed handle (as another library
+        // would): the borrowed `Event` asks the driver; pinlane's own, whose last record
+        // is done, answers from what it saw, without asking.
+        // SAFETY: `e`'s handle, alive while `e` is (it outlives `b`), of device 0's
+        // primary context.
+        let b = unsafe { Event::from_raw(e.as_raw(), dev) }.unwrap();
+        s.delay_async(Duration::from_millis(300)).unwrap();
+        b.record(&s).unwrap();
+        assert!(
+            !b.completed().unwrap(),
+            "a borrowed event was answered unasked"
+        );
+        assert!(
+            !e.query().unwrap(),
+            "the driver should see the new record pending"
+        );
+        assert!(
+            e.completed().unwrap(),
+            "pinlane's seen-done record was asked again"
+        );
+        b.synchronize().unwrap();
     }
 }

@@ -35,7 +35,7 @@ use crate::memory::{Detached, InFlight};
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -60,6 +60,10 @@ const REAP_MAX: usize = 4;
 struct Shared {
     status: Mutex<Status>,
     cv: Condvar,
+    /// Threads asleep on `cv` (changed and read only with `status` locked): `finish`
+    /// notifies only when there is one, as a `Condvar` notification is a system call
+    /// even with nobody waiting (~0.5 us), and most handles are never waited on asleep.
+    sleepers: AtomicUsize,
     /// The completion thread will be woken when the call's event completes (a host
     /// function is queued, or a lazy call's will be on its first wait).
     armed: AtomicBool,
@@ -92,12 +96,13 @@ impl Shared {
     /// Finishes with `r()` if still pending (finished once only); `r` is not called
     /// otherwise, so a fallback result costs nothing when it is not needed.
     fn finish_with(&self, r: impl FnOnce() -> Result<()>) {
-        let waker = {
+        let (waker, sleepers) = {
             let mut s = lock(&self.status);
+            let sleepers = self.sleepers.load(Ordering::Relaxed) > 0;
             match &*s {
                 Status::Pending(_) => match std::mem::replace(&mut *s, Status::Done(r())) {
-                    Status::Pending(w) => w,
-                    _ => None,
+                    Status::Pending(w) => (w, sleepers),
+                    _ => (None, sleepers),
                 },
                 Status::Abandoned => {
                     // Decided under the lock the handle's drop took: recorded once.
@@ -111,7 +116,9 @@ impl Shared {
                 Status::Done(_) | Status::Taken => return,
             }
         };
-        self.cv.notify_all();
+        if sleepers {
+            self.cv.notify_all();
+        }
         if let Some(w) = waker {
             w.wake();
         }
@@ -290,7 +297,7 @@ pub(crate) fn reap(key: (usize, usize)) {
                 .map(|j| (j.id, j.done.clone()))
         };
         let Some((id, done)) = head else { return };
-        if !matches!(done.query(), Ok(true)) {
+        if !matches!(done.completed(), Ok(true)) {
             return;
         }
         drop(done);
@@ -337,6 +344,7 @@ fn enqueue(owners: Detached, done: Event, lazy: bool) -> Result<Pending> {
     let shared = Arc::new(Shared {
         status: Mutex::new(Status::Pending(None)),
         cv: Condvar::new(),
+        sleepers: AtomicUsize::new(0),
         armed: AtomicBool::new(!lazy),
         device: done.index(),
     });
@@ -537,7 +545,7 @@ fn run() {
             drop(q);
             let answers: Vec<((usize, usize), u64, Result<()>)> = heads
                 .into_iter()
-                .filter_map(|(k, id, e)| match e.query() {
+                .filter_map(|(k, id, e)| match e.completed() {
                     Ok(false) => None,
                     r => Some((k, id, r.map(|_| ()))),
                 })
@@ -703,9 +711,11 @@ impl<B> Transfer<B> {
         if let Some(p) = &self.pending {
             p.arm();
             let mut s = lock(&p.shared.status);
+            p.shared.sleepers.fetch_add(1, Ordering::Relaxed);
             while let Status::Pending(_) = *s {
                 s = p.shared.cv.wait(s).unwrap_or_else(|e| e.into_inner());
             }
+            p.shared.sleepers.fetch_sub(1, Ordering::Relaxed);
         }
         self.take()
     }
@@ -733,9 +743,12 @@ impl<B> Transfer<B> {
             p.arm();
             let deadline = std::time::Instant::now() + limit;
             let mut s = lock(&p.shared.status);
+            let sleepers = &p.shared.sleepers;
+            sleepers.fetch_add(1, Ordering::Relaxed);
             while let Status::Pending(_) = *s {
                 let left = deadline.saturating_duration_since(std::time::Instant::now());
                 if left.is_zero() {
+                    sleepers.fetch_sub(1, Ordering::Relaxed);
                     return None;
                 }
                 s = p
@@ -745,6 +758,7 @@ impl<B> Transfer<B> {
                     .unwrap_or_else(|e| e.into_inner())
                     .0;
             }
+            sleepers.fetch_sub(1, Ordering::Relaxed);
         }
         Some(self.take())
     }

@@ -51,6 +51,10 @@ struct ArenaState {
     allocated: usize,
     /// Highest `allocated` so far.
     peak: usize,
+    /// Leases asleep on `returned` now: a slab coming back wakes one only if there is
+    /// one (a `Condvar` notification is a system call even with nobody waiting, ~0.5 us,
+    /// and every transfer gives a slot back).
+    sleepers: usize,
 }
 
 /// One page-locked slot, allocated under `device`'s context. `event` is recorded after
@@ -77,6 +81,7 @@ impl PinnedArena {
                 free: Vec::new(),
                 allocated: 0,
                 peak: 0,
+                sleepers: 0,
             }),
             returned: Condvar::new(),
             closed: AtomicBool::new(false),
@@ -200,11 +205,13 @@ impl PinnedArena {
                 });
             }
             let step = RECHECK.min(self.slot_wait - waited);
+            st.sleepers += 1;
             let (g, timeout) = self
                 .returned
                 .wait_timeout(st, step)
                 .unwrap_or_else(|p| p.into_inner());
             st = g;
+            st.sleepers -= 1;
             if timeout.timed_out() && retained::retained_bytes() > 0 {
                 // Outside the lock: releasing returns slots to this arena. Non-blocking:
                 // a stream that is still busy (or hung) is simply tried again later.
@@ -217,9 +224,9 @@ impl PinnedArena {
 
     /// Takes a returned slab back: on the free list, or freed if the cap was lowered.
     fn give_back(&self, slab: Slab) {
-        let excess = {
+        let (excess, sleepers) = {
             let mut st = self.lock();
-            if st.allocated > self.max_slots.load(Ordering::Relaxed)
+            let excess = if st.allocated > self.max_slots.load(Ordering::Relaxed)
                 || self.closed.load(Ordering::SeqCst)
             {
                 st.allocated -= 1;
@@ -227,7 +234,10 @@ impl PinnedArena {
             } else {
                 st.free.push(slab);
                 None
-            }
+            };
+            // Read under the lock a sleeper counts itself under before it sleeps: none
+            // can be missed.
+            (excess, st.sleepers > 0)
         };
         match excess {
             Some(slab) => {
@@ -237,7 +247,8 @@ impl PinnedArena {
                 // is on no list. On the reaper thread: this runs at the end of a transfer.
                 unsafe { super::reaper::free_pinned_later(ptr, device) };
             }
-            None => self.returned.notify_one(),
+            None if sleepers => self.returned.notify_one(),
+            None => {}
         }
     }
 
@@ -248,8 +259,14 @@ impl PinnedArena {
         // A slab owns its memory only through this arena (it has no Drop): dropping it
         // here frees nothing, which is the point.
         drop(slab);
-        self.lock().allocated -= 1;
-        self.returned.notify_one();
+        let sleepers = {
+            let mut st = self.lock();
+            st.allocated -= 1;
+            st.sleepers > 0
+        };
+        if sleepers {
+            self.returned.notify_one();
+        }
     }
 }
 
@@ -338,7 +355,7 @@ impl<'a> Synced<'a> {
     /// The proof for the work queued on `stream` before `done` was recorded there, if
     /// `done` has completed (asked here, without blocking).
     pub(crate) fn by_event(stream: &'a Stream, done: &crate::driver::Event) -> Option<Synced<'a>> {
-        matches!(done.query(), Ok(true)).then_some(Synced(stream))
+        matches!(done.completed(), Ok(true)).then_some(Synced(stream))
     }
 
     /// The proof, if an event recorded on `stream` now completes within `limit` (polled,
