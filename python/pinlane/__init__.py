@@ -10,7 +10,9 @@ README.md for the differences). Importing pinlane needs neither torch nor a GPU:
 torch loaded there is no torch tensor to move, and without CUDA a batch comes back as is.
 """
 
+import atexit
 import contextlib
+import os
 import sys
 from itertools import repeat
 
@@ -69,7 +71,8 @@ def shutdown(timeout=10.0):
     up to ``timeout`` seconds; the next transfer starts afresh, with the same
     configuration (or a new one from ``configure``). Memory under tensors still alive is
     freed when they go. Call it last, with your tensors dropped, and NVIDIA's
-    compute-sanitizer reports no leak of pinlane's.
+    compute-sanitizer reports no leak of pinlane's. It also runs by itself as the
+    interpreter exits (waiting at most 5 s), in the process that imported pinlane.
 
     Raises:
         ValueError: ``timeout`` is negative or not a number.
@@ -77,6 +80,33 @@ def shutdown(timeout=10.0):
             is freed when it finishes).
     """
     _native.shutdown(timeout)
+
+
+# The process that imported pinlane (a forked child that exits through sys.exit runs the
+# parent's atexit handlers too, with none of its threads).
+_PID = os.getpid()
+
+# How long the exit handler waits for copies still running (a hung device must not hold
+# the process's exit longer than this).
+_EXIT_TIMEOUT = 5.0
+
+
+def _shutdown_at_exit():
+    """Runs ``shutdown`` as the interpreter exits, while torch is still whole: a copy that
+    did not wait (``Buffers.copy_from``, ``copy_into``, the non-blocking calls) keeps the
+    torch tensors it reads or writes until pinlane's completion thread sees it done, and
+    that thread must not hand them back to torch after torch has begun to tear down (the
+    process then aborted, now and then, with "terminate called without an active
+    exception"). Errors are left unsaid: the process is exiting."""
+    if os.getpid() != _PID:
+        return
+    try:
+        _native.shutdown(_EXIT_TIMEOUT)
+    except Exception:  # noqa: BLE001 - nothing to report to at exit
+        pass
+
+
+atexit.register(_shutdown_at_exit)
 
 
 def memory_stats():
