@@ -106,7 +106,6 @@ fn configure(settings: Option<&Bound<'_, pyo3::types::PyDict>>) -> PyResult<()> 
         .map_err(|e| PyRuntimeError::new_err(e.to_string()))
 }
 
-/// Gives cached memory back (see `pinlane::trim`).
 /// Arms pinlane's phase timer for the calling thread's next transfer (for the benches:
 /// where one call's time goes).
 #[pyfunction]
@@ -125,6 +124,7 @@ fn last_trace() -> Option<Vec<(&'static str, f64)>> {
     })
 }
 
+/// Gives cached memory back (see `pinlane::trim`).
 #[pyfunction]
 fn trim(py: Python<'_>) -> PyResult<()> {
     py.detach(pinlane::trim).map_err(errors::to_py)
