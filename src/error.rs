@@ -328,8 +328,9 @@ pub enum Error {
         waited_ms: u64,
     },
 
-    /// [`Runtime::shutdown`](crate::runtime::Runtime::shutdown) reached its deadline with work
-    /// still running; what that work uses stays held (and counted) until it finishes.
+    /// [`Runtime::shutdown`](crate::runtime::Runtime::shutdown) (or [`settle`](crate::settle))
+    /// reached its deadline with work still running; what that work uses stays held (and
+    /// counted) until it finishes.
     #[error("shutdown incomplete after {waited_ms} ms: {reason}")]
     ShutdownIncomplete {
         /// Milliseconds shutdown waited.

@@ -62,7 +62,7 @@ pub use device::{Device, DeviceSpec};
 pub use driver::{Event, RawEvent, RawStream, Stream};
 pub use dtype::{DType, Element};
 pub use engine::{
-    cached_batches, current_stream, set_current_stream, shutdown, transfer_tensor_d2h,
+    cached_batches, current_stream, set_current_stream, settle, shutdown, transfer_tensor_d2h,
     transfer_tensor_d2h_async, transfer_tensor_d2h_into, transfer_tensor_h2d,
     transfer_tensor_h2d_async, transfer_tensor_h2d_into, transfer_tensor_h2d_with,
     CurrentStreamGuard, D2hOptions, H2dOptions, HostOutput, IntoOptions, Prefetcher, Transfer,

@@ -135,13 +135,26 @@ fn trim(py: Python<'_>) -> PyResult<()> {
 #[pyfunction]
 #[pyo3(signature = (timeout=10.0))]
 fn shutdown(py: Python<'_>, timeout: f64) -> PyResult<()> {
-    let Ok(limit) = std::time::Duration::try_from_secs_f64(timeout) else {
-        return Err(pyo3::exceptions::PyValueError::new_err(format!(
-            "timeout must be a number of seconds >= 0, not {timeout}"
-        )));
-    };
+    let limit = seconds(timeout)?;
     py.detach(|| pinlane::shutdown(limit))
         .map_err(errors::to_py)
+}
+
+/// Waits up to `timeout` seconds for the pending non-blocking calls to complete and hands
+/// back what they hold, freeing nothing (see `pinlane::settle`): for the interpreter's
+/// exit.
+#[pyfunction]
+fn settle(py: Python<'_>, timeout: f64) -> PyResult<()> {
+    let limit = seconds(timeout)?;
+    py.detach(|| pinlane::settle(limit)).map_err(errors::to_py)
+}
+
+fn seconds(timeout: f64) -> PyResult<std::time::Duration> {
+    std::time::Duration::try_from_secs_f64(timeout).map_err(|_| {
+        pyo3::exceptions::PyValueError::new_err(format!(
+            "timeout must be a number of seconds >= 0, not {timeout}"
+        ))
+    })
 }
 
 /// Bytes held and in use, per pool (see `pinlane::memory_stats`), as a dict.
@@ -182,6 +195,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(trace_next_call, m)?)?;
     m.add_function(wrap_pyfunction!(last_trace, m)?)?;
     m.add_function(wrap_pyfunction!(shutdown, m)?)?;
+    m.add_function(wrap_pyfunction!(settle, m)?)?;
     m.add_function(wrap_pyfunction!(configure, m)?)?;
     m.add_function(wrap_pyfunction!(memory_stats, m)?)?;
     m.add_function(wrap_pyfunction!(transfer::h2d, m)?)?;

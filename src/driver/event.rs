@@ -34,7 +34,7 @@ struct EventInner {
     raw: Handle<sys::CUevent>,
     device: usize,
     owned: bool,
-    /// How many times [`Event::record`] has been called (bumped before the driver's
+    /// How many times [`Event::record`] has succeeded (bumped after the driver's
     /// record), and the highest such count a query saw completed: equal, the last
     /// recording is known done without asking the driver again ([`Event::completed`]).
     records: AtomicU64,
@@ -138,16 +138,21 @@ impl Event {
         self.same_device("Event::record", stream)?;
         super::fault_point(super::FaultKindTag::EventRecord, "cuEventRecord")?;
         let _ctx = bind(self.inner.device)?;
-        // Before the driver's record: a query that overlaps it can then only have seen an
-        // older count done, which no longer matches (see `completed`).
-        self.inner.records.fetch_add(1, Ordering::SeqCst);
         // SAFETY: both handles are alive (held by self and `stream`); context current.
         unsafe {
             check(
                 "cuEventRecord",
                 super::api::cuEventRecord(self.raw(), stream.raw()),
             )
-        }
+        }?;
+        // After the driver's record, never before: a query that read the count before
+        // this bump can only cache the old count, which no longer matches; one that reads
+        // it after asks the driver about this record. (Bumped before, a query could read
+        // the new count, ask the driver before its record lands, see the old recording
+        // done, and cache the new count as done.) A `completed` racing this call may
+        // answer for the recording before it, as if it had come first.
+        self.inner.records.fetch_add(1, Ordering::SeqCst);
+        Ok(())
     }
 
     /// Blocks until the work recorded before the event has finished.
@@ -197,8 +202,8 @@ impl Event {
         }
         let done = self.query()?;
         if done {
-            // `n` was read before the query: if a record overlapped, the count is past
-            // `n` and this no longer matches it.
+            // `n` was read before the query, and a record bumps the count only once the
+            // driver has it: every record counted in `n` came before this query.
             inner.seen_done.fetch_max(n, Ordering::SeqCst);
         }
         Ok(done)

@@ -31,7 +31,7 @@ pub use completion::Transfer;
 pub use into::{transfer_tensor_d2h_into, transfer_tensor_h2d_into, IntoOptions};
 pub use options::{D2hOptions, H2dOptions, HostOutput, MAX_NUM_CACHES};
 pub use prefetch::Prefetcher;
-pub use shutdown::shutdown;
+pub use shutdown::{settle, shutdown};
 pub use thread_state::{cached_batches, current_stream, set_current_stream, CurrentStreamGuard};
 pub use trace::{last_trace, trace_next_call};
 

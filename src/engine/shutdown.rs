@@ -110,3 +110,39 @@ pub fn shutdown(timeout: Duration) -> Result<()> {
     }
     crate::driver::trim_device_pools()
 }
+
+/// Waits up to `timeout` for pinlane's pending non-blocking calls to complete and hands
+/// back what they hold: their staging slots, and the clones of the caller's tensors they
+/// keep while the device may still read or write them (memory another library lent
+/// through DLPack, say). Unlike [`shutdown`], it frees nothing and makes no CUDA call
+/// that waits for the device, so it is bounded by `timeout` even on a hung device, and
+/// the runtime, its pools and its threads' caches stay as they are. The completion thread
+/// exits once it is done (it starts again with the next such call).
+///
+/// For the end of a program whose tensors belong to another library: call it before
+/// that library tears down, so that nothing of it is handed back afterwards from
+/// pinlane's thread. The Python package calls it as the interpreter exits.
+///
+/// ```
+/// pinlane::settle(std::time::Duration::from_secs(5))?; // nothing pending: returns at once
+/// # Ok::<(), pinlane::Error>(())
+/// ```
+///
+/// # Errors
+/// [`Error::ShutdownIncomplete`] when a call was still pending at the deadline: what it
+/// holds stays held until it completes.
+pub fn settle(timeout: Duration) -> Result<()> {
+    let started = Instant::now();
+    let deadline = started + timeout;
+    let left = || deadline.saturating_duration_since(Instant::now());
+    let done = completion::quiesce(left());
+    // Owners retained after a failed synchronisation whose streams have finished since.
+    retained::release_finished(left().min(Duration::from_millis(100)));
+    if done {
+        return Ok(());
+    }
+    Err(Error::ShutdownIncomplete {
+        waited_ms: started.elapsed().as_millis() as u64,
+        reason: "non-blocking calls still pending".into(),
+    })
+}
