@@ -1,4 +1,5 @@
-//! Device to host into existing tensors: [`transfer_tensor_d2h_into`](crate::transfer_tensor_d2h_into).
+//! Device to host into existing tensors: [`transfer_tensor_d2h_into`], the call and its
+//! work.
 //!
 //! 1. Pair and check (`into.rs`), including that pinlane may write every destination
 //!    and that no two overlap.
@@ -16,6 +17,59 @@ use crate::batch::Batch;
 use crate::error::{Error, Result};
 use crate::memory::scatter::{self, HostDst};
 use crate::tensor::Tensor;
+
+/// Copies every device tensor of `src` into the host tensor at the same place in `dst`,
+/// overwriting its memory, and returns once the bytes are there.
+///
+/// * Pairs as for [`transfer_tensor_h2d_into`](crate::transfer_tensor_h2d_into): same
+///   structure, each pair the same dtype and byte size; sources are device tensors of one
+///   device, destinations host tensors that pinlane may write: page-locked memory, or
+///   memory imported from another framework (DLPack; a torch CPU tensor, say). Host
+///   tensors over memory a Rust value owns (`Tensor::from_vec`, `from_owner`) are
+///   immutable and refused.
+/// * Order: the copies run after the work queued before the call on the thread's
+///   [`current_stream`](crate::current_stream) of the sources' device, on
+///   [`IntoOptions::stream`] if given (else the thread's own copy stream).
+/// * How: as [`transfer_tensor_d2h`](crate::transfer_tensor_d2h) into page-locked memory
+///   (small tensors gathered by a kernel and moved by one copy), then one host copy into
+///   each destination (by the copy threads for large ones).
+///
+/// ```no_run
+/// use pinlane::{transfer_tensor_d2h_into, transfer_tensor_h2d, IntoOptions, Tensor};
+/// # fn main() -> pinlane::Result<()> {
+/// let on_gpu = transfer_tensor_h2d(&vec![Tensor::from_vec(vec![1.5f32; 64], [64])?])?;
+/// let mut out = pinlane::memory::PinnedBufferMut::<f32>::new(64, pinlane::Device::cuda(0))?;
+/// out.copy_from_slice(&[0.0; 64])?;
+/// let host = vec![out.freeze([64])?];
+/// // SAFETY: nothing else reads or writes `host`'s memory during the call.
+/// unsafe { transfer_tensor_d2h_into(&on_gpu, &host, &IntoOptions::default()) }?;
+/// assert_eq!(host[0].as_slice::<f32>()?, &[1.5; 64]);
+/// # Ok(()) }
+/// ```
+///
+/// # Safety
+/// Nothing reads or writes the destinations' host memory during the call: no borrow of
+/// it (from [`Tensor::as_bytes`] or [`Tensor::as_slice`] on any clone, on any thread, the
+/// calling one included) is alive across the call, and no earlier pinlane copy still
+/// reads it (an unfinished `transfer_tensor_h2d_async` or `transfer_tensor_h2d_into`
+/// with it as a source). pinlane tensors are otherwise immutable, and this call writes
+/// them.
+///
+/// # Errors
+/// As [`transfer_tensor_h2d_into`](crate::transfer_tensor_h2d_into) before any copy (a
+/// destination pinlane may not write is an [`Error::IntoMismatch`]); then as
+/// [`transfer_tensor_d2h`](crate::transfer_tensor_d2h).
+pub unsafe fn transfer_tensor_d2h_into<B: Batch>(
+    src: &B,
+    dst: &B,
+    opts: &IntoOptions,
+) -> Result<()> {
+    super::trace::start("d2h_into");
+    // SAFETY: the caller's contract, passed on.
+    let r = unsafe { transfer(src, dst, opts) };
+    super::trace::end();
+    r
+}
 
 /// # Safety
 /// As [`transfer_tensor_d2h_into`](crate::transfer_tensor_d2h_into): nothing reads or

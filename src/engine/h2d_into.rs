@@ -1,4 +1,5 @@
-//! Host to device into existing tensors: [`transfer_tensor_h2d_into`](crate::transfer_tensor_h2d_into).
+//! Host to device into existing tensors: [`transfer_tensor_h2d_into`], the call and its
+//! work.
 //!
 //! 1. Pair and check (`into.rs`): nothing is queued before every pair is known good and
 //!    no two destinations overlap.
@@ -26,6 +27,79 @@ use crate::error::{Error, Result};
 use crate::memory::scatter::{self, Scatter, SlotPart};
 use crate::memory::{self, DeviceView, InFlight, PinnedBuf, Stores};
 use crate::tensor::{Storage, Tensor};
+
+/// Copies every host tensor of `src` into the device tensor at the same place in `dst`,
+/// overwriting its memory: buffers a server keeps (a captured CUDA graph's inputs,
+/// slices of one static buffer, a KV-cache index) fed every step without a device
+/// allocation.
+///
+/// * Pairs: `src` and `dst` are visited in the same order and must have the same
+///   structure ([`Batch::visit_paths`] gives the same paths); each pair has the same dtype
+///   and byte size (shapes may differ). Sources are host tensors (pageable or
+///   page-locked); destinations are device tensors of one device: pinlane's own
+///   outputs, [`Tensor::from_device_ptr`] memory, DLPack imports, views into a larger
+///   buffer. Destinations must not overlap.
+/// * Order: the copies are queued on [`IntoOptions::stream`], else the thread's
+///   [`current_stream`](crate::current_stream) of the destinations' device: they run
+///   after the work queued there before the call, and work queued there after it sees
+///   the new bytes. The returned [`Transfer`] completes when they have run
+///   ([`Transfer::wait`], [`Transfer::ready_event`] to order another stream); dropping
+///   it is fine (pinlane keeps what the copies use until they finish).
+/// * How: page-locked sources from 64 KiB on (256 KiB where the driver lacks
+///   `cuMemcpyBatchAsync`) are copied straight from their memory, in one batched
+///   submission; the others are copied into one page-locked staging slot and scattered
+///   to their destinations by one kernel launch that reads the slot through the
+///   device's mapping (small page-locked sources pinlane allocated are read in place by
+///   the same launch); a batch too large for one slot goes through the staging ring,
+///   one copy per piece.
+/// * When the call returns, the sources are no longer read except page-locked ones,
+///   which pinlane keeps alive until the copies have run (clones); pageable sources may
+///   change at once.
+/// * `HashMap` batches are refused ([`Error::IntoMismatch`]): two maps holding the same
+///   keys iterate in orders of their own. A `BTreeMap` pairs by key order, so both must
+///   hold the same keys (its keys are not compared: use [`Value::Map`](crate::Value::Map),
+///   whose keys are, when they may differ).
+///
+/// The rules for the destinations' memory while the copies run, and on failure, are in
+/// `docs/semantics.md` ("Copies into existing tensors").
+///
+/// ```no_run
+/// use pinlane::{transfer_tensor_h2d, transfer_tensor_h2d_into, IntoOptions, Tensor};
+/// # fn main() -> pinlane::Result<()> {
+/// // Static device buffers, allocated once.
+/// let statics = transfer_tensor_h2d(&vec![
+///     Tensor::from_vec(vec![0i64; 256], [256])?,
+///     Tensor::from_vec(vec![0i32; 256], [256])?,
+/// ])?;
+/// for step in 0..3i64 {
+///     let inputs = vec![
+///         Tensor::from_vec(vec![step; 256], [256])?,
+///         Tensor::from_vec(vec![step as i32; 256], [256])?,
+///     ];
+///     transfer_tensor_h2d_into(&inputs, &statics, &IntoOptions::default())?.wait()?;
+/// }
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+/// Before anything is queued, with no destination written: [`Error::IntoMismatch`]
+/// (structure, placement, dtype or size), [`Error::OverlappingDestinations`],
+/// [`Error::StreamDeviceMismatch`], [`Error::Deferred`]. While queueing, the driver's
+/// error or [`Error::StagingExhausted`] is the call's (what was queued is drained first);
+/// once queued, a failure of the copies comes from [`Transfer::wait`], or, if the handle
+/// was dropped, from a later call on the device ([`Error::Deferred`]: the next one of the
+/// thread that dropped it, if the failure was known by then, else the next one on any
+/// thread). Destinations may then be partly written; the copy did not succeed.
+pub fn transfer_tensor_h2d_into<B: Batch>(
+    src: &B,
+    dst: &B,
+    opts: &IntoOptions,
+) -> Result<Transfer<()>> {
+    super::trace::start("h2d_into");
+    let r = transfer(src, dst, opts);
+    super::trace::end();
+    r
+}
 
 pub(crate) fn transfer<B: Batch>(src: &B, dst: &B, opts: &IntoOptions) -> Result<Transfer<()>> {
     let checked = into::pair_up(src, dst, Way::H2d)?;

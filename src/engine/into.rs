@@ -1,16 +1,17 @@
-//! Copies into tensors the caller already owns: [`transfer_tensor_h2d_into`] and
-//! [`transfer_tensor_d2h_into`]. This file holds the calls, their options and the checks
-//! that come before any copy (pairing sources with destinations, overlap); the two
-//! directions' work is in `h2d_into.rs` and `d2h_into.rs`.
+//! Copies into tensors the caller already owns: what
+//! [`transfer_tensor_h2d_into`](crate::transfer_tensor_h2d_into) and
+//! [`transfer_tensor_d2h_into`](crate::transfer_tensor_d2h_into) share: their options and
+//! the checks that come before any copy (pairing sources with destinations, overlap). Each
+//! direction's call and work are in `h2d_into.rs` and `d2h_into.rs`.
 
-use super::{d2h_into, h2d_into, Transfer};
 use crate::batch::{self, Batch, Path, Step};
 use crate::driver::Stream;
 use crate::error::{Error, Result};
 use crate::location::Location;
 use crate::tensor::Tensor;
 
-/// Options of [`transfer_tensor_h2d_into`] and [`transfer_tensor_d2h_into`].
+/// Options of [`transfer_tensor_h2d_into`](crate::transfer_tensor_h2d_into) and
+/// [`transfer_tensor_d2h_into`](crate::transfer_tensor_d2h_into).
 ///
 /// ```
 /// let opts = pinlane::IntoOptions::default(); // the calling thread's current stream
@@ -30,130 +31,6 @@ impl IntoOptions {
         self.stream = Some(s);
         self
     }
-}
-
-/// Copies every host tensor of `src` into the device tensor at the same place in `dst`,
-/// overwriting its memory: buffers a server keeps (a captured CUDA graph's inputs,
-/// slices of one static buffer, a KV-cache index) fed every step without a device
-/// allocation.
-///
-/// * Pairs: `src` and `dst` are visited in the same order and must have the same
-///   structure ([`Batch::visit_paths`] gives the same paths); each pair has the same dtype
-///   and byte size (shapes may differ). Sources are host tensors (pageable or
-///   page-locked); destinations are device tensors of one device: pinlane's own
-///   outputs, [`Tensor::from_device_ptr`] memory, DLPack imports, views into a larger
-///   buffer. Destinations must not overlap.
-/// * Order: the copies are queued on [`IntoOptions::stream`], else the thread's
-///   [`current_stream`](crate::current_stream) of the destinations' device: they run
-///   after the work queued there before the call, and work queued there after it sees
-///   the new bytes. The returned [`Transfer`] completes when they have run
-///   ([`Transfer::wait`], [`Transfer::ready_event`] to order another stream); dropping
-///   it is fine (pinlane keeps what the copies use until they finish).
-/// * How: page-locked sources from 64 KiB on (256 KiB where the driver lacks
-///   `cuMemcpyBatchAsync`) are copied straight from their memory, in one batched
-///   submission; the others are copied into one page-locked staging slot and scattered
-///   to their destinations by one kernel launch that reads the slot through the
-///   device's mapping (small page-locked sources pinlane allocated are read in place by
-///   the same launch); a batch too large for one slot goes through the staging ring,
-///   one copy per piece.
-/// * When the call returns, the sources are no longer read except page-locked ones,
-///   which pinlane keeps alive until the copies have run (clones); pageable sources may
-///   change at once.
-/// * `HashMap` batches are refused ([`Error::IntoMismatch`]): two maps holding the same
-///   keys iterate in orders of their own. A `BTreeMap` pairs by key order, so both must
-///   hold the same keys (its keys are not compared: use [`Value::Map`](crate::Value::Map),
-///   whose keys are, when they may differ).
-///
-/// The rules for the destinations' memory while the copies run, and on failure, are in
-/// `docs/semantics.md` ("Copies into existing tensors").
-///
-/// ```no_run
-/// use pinlane::{transfer_tensor_h2d, transfer_tensor_h2d_into, IntoOptions, Tensor};
-/// # fn main() -> pinlane::Result<()> {
-/// // Static device buffers, allocated once.
-/// let statics = transfer_tensor_h2d(&vec![
-///     Tensor::from_vec(vec![0i64; 256], [256])?,
-///     Tensor::from_vec(vec![0i32; 256], [256])?,
-/// ])?;
-/// for step in 0..3i64 {
-///     let inputs = vec![
-///         Tensor::from_vec(vec![step; 256], [256])?,
-///         Tensor::from_vec(vec![step as i32; 256], [256])?,
-///     ];
-///     transfer_tensor_h2d_into(&inputs, &statics, &IntoOptions::default())?.wait()?;
-/// }
-/// # Ok(()) }
-/// ```
-///
-/// # Errors
-/// Before anything is queued, with no destination written: [`Error::IntoMismatch`]
-/// (structure, placement, dtype or size), [`Error::OverlappingDestinations`],
-/// [`Error::StreamDeviceMismatch`], [`Error::Deferred`]. While queueing, the driver's
-/// error or [`Error::StagingExhausted`] is the call's (what was queued is drained first);
-/// once queued, a failure of the copies comes from [`Transfer::wait`], or, if the handle
-/// was dropped, from a later call on the device ([`Error::Deferred`]: the next one of the
-/// thread that dropped it, if the failure was known by then, else the next one on any
-/// thread). Destinations may then be partly written; the copy did not succeed.
-pub fn transfer_tensor_h2d_into<B: Batch>(
-    src: &B,
-    dst: &B,
-    opts: &IntoOptions,
-) -> Result<Transfer<()>> {
-    super::trace::start("h2d_into");
-    let r = h2d_into::transfer(src, dst, opts);
-    super::trace::end();
-    r
-}
-
-/// Copies every device tensor of `src` into the host tensor at the same place in `dst`,
-/// overwriting its memory, and returns once the bytes are there.
-///
-/// * Pairs as for [`transfer_tensor_h2d_into`]: same structure, each pair the same dtype
-///   and byte size; sources are device tensors of one device, destinations host tensors
-///   that pinlane may write: page-locked memory, or memory imported from another
-///   framework (DLPack; a torch CPU tensor, say). Host tensors over memory a Rust value
-///   owns (`Tensor::from_vec`, `from_owner`) are immutable and refused.
-/// * Order: the copies run after the work queued before the call on the thread's
-///   [`current_stream`](crate::current_stream) of the sources' device, on
-///   [`IntoOptions::stream`] if given (else the thread's own copy stream).
-/// * How: as [`transfer_tensor_d2h`](crate::transfer_tensor_d2h) into page-locked memory
-///   (small tensors gathered by a kernel and moved by one copy), then one host copy into
-///   each destination (by the copy threads for large ones).
-///
-/// ```no_run
-/// use pinlane::{transfer_tensor_d2h_into, transfer_tensor_h2d, IntoOptions, Tensor};
-/// # fn main() -> pinlane::Result<()> {
-/// let on_gpu = transfer_tensor_h2d(&vec![Tensor::from_vec(vec![1.5f32; 64], [64])?])?;
-/// let mut out = pinlane::memory::PinnedBufferMut::<f32>::new(64, pinlane::Device::cuda(0))?;
-/// out.copy_from_slice(&[0.0; 64])?;
-/// let host = vec![out.freeze([64])?];
-/// // SAFETY: nothing else reads or writes `host`'s memory during the call.
-/// unsafe { transfer_tensor_d2h_into(&on_gpu, &host, &IntoOptions::default()) }?;
-/// assert_eq!(host[0].as_slice::<f32>()?, &[1.5; 64]);
-/// # Ok(()) }
-/// ```
-///
-/// # Safety
-/// Nothing reads or writes the destinations' host memory during the call: no borrow of
-/// it (from [`Tensor::as_bytes`] or [`Tensor::as_slice`] on any clone, on any thread, the
-/// calling one included) is alive across the call, and no earlier pinlane copy still
-/// reads it (an unfinished `transfer_tensor_h2d_async` or `transfer_tensor_h2d_into`
-/// with it as a source). pinlane tensors are otherwise immutable, and this call writes
-/// them.
-///
-/// # Errors
-/// As [`transfer_tensor_h2d_into`] before any copy (a destination pinlane may not write
-/// is an [`Error::IntoMismatch`]); then as [`transfer_tensor_d2h`](crate::transfer_tensor_d2h).
-pub unsafe fn transfer_tensor_d2h_into<B: Batch>(
-    src: &B,
-    dst: &B,
-    opts: &IntoOptions,
-) -> Result<()> {
-    super::trace::start("d2h_into");
-    // SAFETY: the caller's contract, passed on.
-    let r = unsafe { d2h_into::transfer(src, dst, opts) };
-    super::trace::end();
-    r
 }
 
 /// Which way a copy into existing tensors goes.
@@ -186,7 +63,8 @@ fn path_of<B: Batch>(dst: &B, k: usize) -> String {
         .map_or_else(|| format!("tensor {k}"), |(p, _)| p.to_string())
 }
 
-/// Pairs `src` with `dst` and checks every pair (see [`transfer_tensor_h2d_into`]).
+/// Pairs `src` with `dst` and checks every pair (see
+/// [`transfer_tensor_h2d_into`](crate::transfer_tensor_h2d_into)).
 pub(super) fn pair_up<'a, B: Batch>(src: &'a B, dst: &'a B, way: Way) -> Result<Pairs<'a>> {
     // One walk of each batch: its tensors, and the same structure, the same paths (a
     // `Value` map's keys, the lengths of nested lists), compared by hash (no allocation per

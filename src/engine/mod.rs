@@ -9,7 +9,7 @@
 //! | `patience.rs` | how polling loops back off, and when they give up |
 //! | `thread_state.rs` | per-thread streams, the cache ring, the current stream |
 //! | `h2d.rs`, `d2h.rs` | the two directions |
-//! | `into.rs`, `h2d_into.rs`, `d2h_into.rs` | copies into tensors the caller owns: the calls, their checks, the two directions |
+//! | `into.rs`, `h2d_into.rs`, `d2h_into.rs` | copies into tensors the caller owns: their options and checks; each direction's call and work |
 //! | `prefetch.rs` | [`Prefetcher`]: batches moved ahead on a worker thread |
 //! | `shutdown.rs` | [`Runtime::shutdown`](crate::runtime::Runtime::shutdown): memory back, threads stopped |
 
@@ -28,7 +28,9 @@ mod thread_state;
 mod trace;
 
 pub use completion::Transfer;
-pub use into::{transfer_tensor_d2h_into, transfer_tensor_h2d_into, IntoOptions};
+pub use d2h_into::transfer_tensor_d2h_into;
+pub use h2d_into::transfer_tensor_h2d_into;
+pub use into::IntoOptions;
 pub use options::{D2hOptions, H2dOptions, HostOutput, MAX_NUM_CACHES};
 pub use prefetch::Prefetcher;
 pub use shutdown::{settle, shutdown};
