@@ -189,6 +189,60 @@ impl Tensor {
         Ok(Tensor::from_parts(dtype, shape, nbytes, Storage::Host(buf)))
     }
 
+    /// A host tensor over host memory that another library owns (a PyTorch CPU tensor's
+    /// bytes, a buffer of a C library), without a copy: the host counterpart of
+    /// [`Tensor::from_device_ptr`]. `owner` keeps the memory alive; pinlane drops it,
+    /// exactly once, when the last tensor over it is gone. For memory a Rust value owns,
+    /// [`Tensor::from_owner`] needs no `unsafe`.
+    ///
+    /// # Safety
+    /// 1. `ptr..ptr + nbytes` (`nbytes` from `dtype` and `shape`) is readable host memory.
+    /// 2. It stays valid until `owner` is dropped (on any thread), and does not lie inside
+    ///    `owner`'s own allocation (which moves when `owner` is boxed).
+    /// 3. Nothing writes it while the tensor lives.
+    ///
+    /// # Errors
+    /// [`Error::ShapeOverflow`]; [`Error::External`] for a null or misaligned pointer;
+    /// [`Error::InvalidBytes`] for a bool byte other than 0 or 1. On error `owner` is
+    /// dropped.
+    ///
+    /// ```
+    /// use pinlane::{DType, Tensor};
+    /// # fn main() -> pinlane::Result<()> {
+    /// let words: &'static [u32] = Box::leak(vec![1u32, 2, 3, 4].into_boxed_slice());
+    /// // SAFETY: a leaked slice: readable, never freed, never written.
+    /// let t = unsafe { Tensor::from_host_ptr(words.as_ptr().cast(), DType::U32, [2, 2], ()) }?;
+    /// assert_eq!(t.to_vec::<u32>()?, words);
+    /// # Ok(()) }
+    /// ```
+    pub unsafe fn from_host_ptr<O: Send + Sync + 'static>(
+        ptr: *const u8,
+        dtype: DType,
+        shape: impl Into<Shape>,
+        owner: O,
+    ) -> Result<Tensor> {
+        let shape = shape.into();
+        let nbytes = shape.try_nbytes(dtype)?;
+        if nbytes > 0 && (ptr.is_null() || !(ptr as usize).is_multiple_of(dtype.size())) {
+            return Err(Error::External {
+                reason: format!(
+                    "host pointer {ptr:p} is null or not aligned to {dtype}'s {} bytes",
+                    dtype.size()
+                ),
+            });
+        }
+        // SAFETY: obligations 1 to 3 are the caller's, passed on unchanged; `ptr` is
+        // non-null when `nbytes > 0` (checked above); nothing may write (not writable).
+        let buf = unsafe { HostBuf::from_raw_parts(ptr, nbytes, Box::new(owner), false) };
+        if dtype == DType::Bool && buf.bytes().iter().any(|&b| b > 1) {
+            return Err(Error::InvalidBytes {
+                dtype,
+                reason: "a bool byte other than 0 or 1".into(),
+            });
+        }
+        Ok(Tensor::from_parts(dtype, shape, nbytes, Storage::Host(buf)))
+    }
+
     /// A device tensor over device memory that another library allocated (a model's
     /// output, a cudarc `CudaSlice`, a PyTorch tensor's storage), without a copy.
     /// `owner` keeps the memory allocated; pinlane drops it, exactly once, when the last
@@ -768,6 +822,57 @@ impl fmt::Debug for Tensor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `from_host_ptr` reads through the pointer without a copy, refuses a null or
+    /// misaligned pointer and bad bool bytes, and drops the owner exactly once either way.
+    #[test]
+    fn from_host_ptr_borrows_checks_and_drops_the_owner_once() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+        struct Owner(Arc<AtomicUsize>);
+        impl Drop for Owner {
+            fn drop(&mut self) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let words: &'static [u32] = Box::leak(vec![7u32, 8, 9, 10].into_boxed_slice());
+        let bytes: &'static [u8] = Box::leak(vec![0u8, 1, 2, 1].into_boxed_slice());
+        let drops = Arc::new(AtomicUsize::new(0));
+        let owner = || Owner(drops.clone());
+        // SAFETY: a leaked slice of 4 u32, readable for the whole test, never written.
+        let t = unsafe { Tensor::from_host_ptr(words.as_ptr().cast(), DType::U32, [4], owner()) }
+            .unwrap();
+        assert_eq!(
+            t.as_bytes().unwrap().as_ptr(),
+            words.as_ptr().cast::<u8>(),
+            "a copy"
+        );
+        assert_eq!(t.to_vec::<u32>().unwrap(), words);
+        drop(t);
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+        // SAFETY: refused before any read (a null pointer for one byte).
+        let null = unsafe { Tensor::from_host_ptr(std::ptr::null(), DType::U8, [1], owner()) };
+        assert!(matches!(null, Err(Error::External { .. })), "{null:?}");
+        // SAFETY: 4 bytes from a byte into the leaked 16, refused before any read.
+        let skewed = unsafe {
+            Tensor::from_host_ptr(words.as_ptr().cast::<u8>().add(1), DType::U16, [2], owner())
+        };
+        assert!(matches!(skewed, Err(Error::External { .. })), "{skewed:?}");
+        // SAFETY: a leaked slice of 4 bytes, readable for the whole test, never written.
+        let bools = unsafe { Tensor::from_host_ptr(bytes.as_ptr(), DType::Bool, [4], owner()) };
+        assert!(
+            matches!(bools, Err(Error::InvalidBytes { .. })),
+            "{bools:?}"
+        );
+        assert_eq!(
+            drops.load(Ordering::SeqCst),
+            4,
+            "an owner dropped other than once"
+        );
+        // SAFETY: no bytes to read.
+        let empty = unsafe { Tensor::from_host_ptr(std::ptr::null(), DType::F32, [0], owner()) };
+        assert_eq!(empty.unwrap().nbytes(), 0);
+    }
 
     #[test]
     fn constructors_check_length_against_shape() {

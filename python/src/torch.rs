@@ -86,12 +86,13 @@ impl Torch {
         if plain.dtype.size() == 1 && !self.is_8bit(t).ok()? {
             return None;
         }
-        let owner = Borrowed {
-            ptr: plain.ptr,
-            len: plain.len,
-            _obj: t.clone().unbind(),
-        };
-        Tensor::from_owner(owner, plain.dtype, plain.dims).ok()
+        // SAFETY: `plain.ptr` is the torch tensor's bytes (`plain_host`: a compact,
+        // non-empty CPU tensor of `plain.dims` elements of `plain.dtype`), readable and
+        // alive while the tensor object is, which the owner holds (torch's storage, not
+        // inside the owner's own allocation); the calls' contract (as torch's own copies')
+        // is that nothing writes or resizes a tensor while it is moved.
+        unsafe { Tensor::from_host_ptr(plain.ptr, plain.dtype, plain.dims, t.clone().unbind()) }
+            .ok()
     }
 
     /// Whether a tensor that exports as an 8-bit integer is torch's `int8` or `uint8`
@@ -427,7 +428,6 @@ unsafe fn view_is_compact(t: &DLTensor) -> bool {
 /// What [`Torch::host_view`] reads of a plain host tensor's view.
 struct Plain {
     ptr: *const u8,
-    len: usize,
     dtype: DType,
     dims: Vec<usize>,
 }
@@ -460,33 +460,9 @@ unsafe fn plain_host(t: &DLTensor, below: usize) -> Option<Plain> {
     };
     Some(Plain {
         ptr: ptr as *const u8,
-        len,
         dtype,
         dims,
     })
-}
-
-/// A torch host tensor's bytes, borrowed by [`Torch::host_view`]: the pinlane tensor over
-/// them keeps the Python object alive.
-struct Borrowed {
-    ptr: *const u8,
-    len: usize,
-    _obj: Py<PyAny>,
-}
-
-// SAFETY: the pointer is only read, as `&[u8]`, while the object that owns the memory is
-// alive (held in `_obj`); torch's CPU memory may be read from any thread.
-unsafe impl Send for Borrowed {}
-// SAFETY: as above: shared reads only.
-unsafe impl Sync for Borrowed {}
-
-impl AsRef<[u8]> for Borrowed {
-    fn as_ref(&self) -> &[u8] {
-        // SAFETY: `len` bytes at `ptr` (non-null, non-empty: `plain_host` checked) are the
-        // torch tensor's memory, alive while `_obj` is; the calls' contract (as torch's
-        // own copies') is that nothing writes or resizes a tensor while it is moved.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
 }
 
 /// Marks a host tensor's descriptor as page-locked, so pinlane copies it directly.
