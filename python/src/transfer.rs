@@ -158,9 +158,9 @@ pub(crate) fn check_device(device: Option<&str>) -> PyResult<()> {
     }
 }
 
-/// `transfer_tensor_h2d` over `tensors`, onto `device` (`None`: cuda:{LOCAL_RANK}), freeing returned memory in order
-/// on `consumer_stream` (a raw handle; `None`: torch's current stream of `device`, asked
-/// through its exchange API).
+/// `transfer_tensor_h2d` over `tensors`, onto `device` (`None`: cuda:{LOCAL_RANK}),
+/// freeing returned memory in order on `consumer_stream` (a raw handle; `None`: torch's
+/// current stream of `device`, asked through its exchange API).
 ///
 /// `views`: plain small CPU tensors are read through the exchange API's non-owning view
 /// ([`Torch::host_view`]); false imports every tensor the usual way (for

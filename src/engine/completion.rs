@@ -19,8 +19,9 @@
 //! nobody waits for and no later call finds is released by the completion thread once it
 //! has been pending [`LAZY_GRACE`] (until then it is left to its own thread, so the two
 //! do not race for it: a call that found its last step taken by the completion thread,
-//! still being released, would wait for that step's slot). Events of completed calls that nobody else holds are kept for the next
-//! calls ([`SPARE_EVENTS`] at most; none kept once [`quiesce`] has begun).
+//! still being released, would wait for that step's slot). Events of completed calls
+//! that nobody else holds are kept for the next calls ([`SPARE_EVENTS`] at most; none
+//! kept once [`quiesce`] has begun).
 //!
 //! The thread is supervised. Releasing owners runs user code (an owner's `Drop`, a
 //! DLPack deleter) and waking a handle runs its waker: a panic there is caught, recorded
@@ -89,6 +90,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shared {
+    /// Whether the copies may still run (not yet known done or failed).
+    fn is_pending(&self) -> bool {
+        matches!(*lock(&self.status), Status::Pending(_))
+    }
+
     fn finish(&self, r: Result<()>) {
         self.finish_with(|| r);
     }
@@ -404,7 +410,7 @@ impl Pending {
     /// (a lazy call's wake-up is queued on its first wait, see [`Wake::Lazy`]).
     fn arm(&self) {
         if self.shared.armed.load(Ordering::Acquire)
-            || !matches!(*lock(&self.shared.status), Status::Pending(_))
+            || !self.shared.is_pending()
             || self.shared.armed.swap(true, Ordering::AcqRel)
         {
             return;
@@ -659,7 +665,7 @@ impl<B> Transfer<B> {
     pub fn is_ready(&self) -> bool {
         self.pending.as_ref().is_none_or(|p| {
             p.arm();
-            !matches!(*lock(&p.shared.status), Status::Pending(_))
+            !p.shared.is_pending()
         })
     }
 
@@ -817,10 +823,7 @@ impl<B> std::fmt::Debug for Transfer<B> {
     /// Says whether the copies are known done, without queueing a lazy call's wake-up
     /// (as [`Transfer::is_ready`] does).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let ready = self
-            .pending
-            .as_ref()
-            .is_none_or(|p| !matches!(*lock(&p.shared.status), Status::Pending(_)));
+        let ready = self.pending.as_ref().is_none_or(|p| !p.shared.is_pending());
         f.debug_struct("Transfer").field("ready", &ready).finish()
     }
 }

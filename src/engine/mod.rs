@@ -279,11 +279,6 @@ pub fn last_transfer_stats() -> Option<TransferStats> {
     LAST.try_with(Cell::get).ok().flatten()
 }
 
-/// Leases staging slots into `job` for `n_windows` windows: the first may block until
-/// another call returns one; more (up to [`Config::pipeline_slots`](crate::config::Config::pipeline_slots):
-/// by default 8, enough to keep several windows' copies queued while the host fills the
-/// next, leaving half of the default arena to a transfer in the other direction) only if
-/// free. Returns how many the job holds (at least one).
 /// What a call's owners keep of its H2D sources: clones of the page-locked ones, which
 /// the device may still read after the call (copied straight, or read in place by the
 /// kernel). Pageable sources are read only by the host fills into staging slots, which
@@ -298,6 +293,11 @@ fn device_read_sources<'a>(
         .collect()
 }
 
+/// Leases staging slots into `job` for `n_windows` windows: the first may block until
+/// another call returns one; more (up to [`Config::pipeline_slots`](crate::config::Config::pipeline_slots):
+/// by default 8, enough to keep several windows' copies queued while the host fills the
+/// next, leaving half of the default arena to a transfer in the other direction) only if
+/// free. Returns how many the job holds (at least one).
 fn lease_slots(call: &Call, job: &mut InFlight, n_windows: usize) -> Result<usize> {
     let arena = &call.rt.arena;
     let pipeline_slots = call.rt.settings().pipeline_slots;

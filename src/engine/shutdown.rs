@@ -60,10 +60,9 @@ impl Runtime {
         runtime::retire(self);
         let mut unfinished = Vec::new();
         // Pending calls first: completing them releases their slots and blocks.
-        if !completion::quiesce(left()) {
+        if !settle_by(deadline) {
             unfinished.push("non-blocking calls still pending");
         }
-        retained::release_finished(left().min(Duration::from_millis(100)));
         let freed = self.close_pools();
         if !self.copy.stop(left()) {
             unfinished.push("copy threads still copying");
@@ -133,16 +132,21 @@ pub fn shutdown(timeout: Duration) -> Result<()> {
 /// holds stays held until it completes.
 pub fn settle(timeout: Duration) -> Result<()> {
     let started = Instant::now();
-    let deadline = started + timeout;
-    let left = || deadline.saturating_duration_since(Instant::now());
-    let done = completion::quiesce(left());
-    // Owners retained after a failed synchronisation whose streams have finished since.
-    retained::release_finished(left().min(Duration::from_millis(100)));
-    if done {
+    if settle_by(started + timeout) {
         return Ok(());
     }
     Err(Error::ShutdownIncomplete {
         waited_ms: started.elapsed().as_millis() as u64,
         reason: "non-blocking calls still pending".into(),
     })
+}
+
+/// The pending non-blocking calls completed (their owners released) by `deadline`, and
+/// the owners retained after failed synchronisations released where their streams have
+/// finished since (polled, at most 100 ms of what is left); says whether the calls were.
+fn settle_by(deadline: Instant) -> bool {
+    let left = || deadline.saturating_duration_since(Instant::now());
+    let done = completion::quiesce(left());
+    retained::release_finished(left().min(Duration::from_millis(100)));
+    done
 }
