@@ -131,7 +131,10 @@ def load_safetensors(path, device=None, *, names=None):
     (``model.safetensors.index.json``, naming its shards), or a directory holding either.
 
     * ``device``: ``None`` or ``"cuda"`` (``cuda:{LOCAL_RANK}``), ``"cuda:N"``, or an int.
-    * ``names``: load only these tensors (an iterable of names, each in the checkpoint).
+    * ``names``: load only these tensors: an iterable of names (each in the checkpoint),
+      or a predicate called with each name in the checkpoint, e.g.
+      ``names=lambda n: n.startswith("model.layers.0.")`` (only the headers are read to
+      list them).
     * Every header of every shard is checked before anything is copied; the files are
       read in place (mapped) through pinlane's page-locked staging ring, so page-locked
       memory is bounded as for any transfer, and each tensor arrives zero-copy in torch.
@@ -159,9 +162,12 @@ def load_safetensors(path, device=None, *, names=None):
     if isinstance(device, int):
         device = f"cuda:{device}"
     _native.check_device(device)
-    if names is not None:
+    if callable(names):
+        pick = names
+        names = [n for n in _native.safetensors_names(os.fspath(path)) if pick(n)]
+    elif names is not None:
         if isinstance(names, str):
-            raise ValueError("names must be an iterable of names, not one string")
+            raise ValueError("names must be an iterable of names or a predicate, not one string")
         names = [str(n) for n in names]
     index = None
     if _torch_with_cuda() is not None:

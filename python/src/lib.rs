@@ -204,5 +204,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(transfer::check_device, m)?)?;
     m.add_function(wrap_pyfunction!(transfer::torch_current_stream, m)?)?;
     m.add_function(wrap_pyfunction!(weights::load_safetensors, m)?)?;
+    m.add_function(wrap_pyfunction!(weights::safetensors_names, m)?)?;
     Ok(())
 }

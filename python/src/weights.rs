@@ -53,6 +53,17 @@ pub(crate) fn load_safetensors<'py>(
     Ok((names, out))
 }
 
+/// The names of the checkpoint's tensors, in file order (its headers only: no tensor is
+/// read), for `load_safetensors`' `names` given as a predicate.
+#[pyfunction]
+pub(crate) fn safetensors_names(py: Python<'_>, path: std::path::PathBuf) -> PyResult<Vec<String>> {
+    py.detach(|| {
+        let ckpt = Checkpoint::open(&path)?;
+        Ok(ckpt.tensors().map(|t| t.name.to_string()).collect())
+    })
+    .map_err(to_py)
+}
+
 /// The chosen tensors (all, or `names`), in file order, as host copies.
 fn on_host(
     path: &std::path::Path,

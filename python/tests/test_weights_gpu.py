@@ -62,6 +62,13 @@ def test_loads_what_safetensors_loads(torch, tmp_path):
     sub = pinlane.load_safetensors(str(p), names=["big", "layers.0.mask", "big"])
     assert list(sub) == [k for k in by_offset if k in ("big", "layers.0.mask")]
     _same(torch, sub, {k: want[k] for k in ("big", "layers.0.mask")}, "cuda:0")
+    # A subset by predicate: called with each name, in the file's order.
+    asked = []
+    layer = pinlane.load_safetensors(p, names=lambda n: asked.append(n) or n.startswith("layers.0."))
+    assert asked == by_offset
+    assert list(layer) == [k for k in by_offset if k.startswith("layers.0.")]
+    _same(torch, layer, {k: v for k, v in want.items() if k.startswith("layers.0.")}, "cuda:0")
+    assert pinlane.load_safetensors(p, names=lambda n: False) == {}
 
 
 def test_sharded_checkpoints_and_directories(torch, tmp_path):

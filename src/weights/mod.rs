@@ -14,6 +14,15 @@
 //!     // place `tensor` under `name` ...
 //! #   let _ = (name, tensor);
 //! }
+//!
+//! // A subset chosen by a predicate: the checkpoint lists its tensors before any is read.
+//! let first_layer: Vec<&str> = ckpt
+//!     .tensors()
+//!     .filter(|t| t.name.starts_with("model.layers.0."))
+//!     .map(|t| t.name)
+//!     .collect();
+//! let layer0 = ckpt.load(&LoadOptions::default().names(first_layer))?;
+//! # let _ = layer0;
 //! # let _ = weights;
 //! # Ok(()) }
 //! ```

@@ -1,0 +1,74 @@
+"""pinlane.load_safetensors where torch sees no GPU (the build machine, CI with torch):
+host copies of a checkpoint written here byte by byte, all of it, a list of names, or a
+predicate; a predicate's error reaches the caller. On the GPU machine the same calls load
+onto the device, and the same checks hold on the tensors' bytes."""
+
+import json
+import struct
+
+import pytest
+
+import pinlane
+
+
+def _write(path, tensors):
+    """A safetensors file: 8-byte header length, JSON header, then the bytes in order."""
+    header, blob = {}, b""
+    for name, (dtype, shape, data) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(blob), len(blob) + len(data)]}
+        blob += data
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + blob)
+
+
+TENSORS = {
+    "model.layers.0.w": ("F32", [2, 2], struct.pack("<4f", 1.0, 2.0, 3.0, 4.0)),
+    "model.layers.0.b": ("I64", [3], struct.pack("<3q", -1, 0, 1 << 40)),
+    "model.layers.1.w": ("F32", [2], struct.pack("<2f", 5.0, 6.0)),
+    "lm_head": ("U8", [5], bytes([0, 1, 2, 254, 255])),
+}
+
+
+def _bytes(t):
+    return t.cpu().contiguous().view(-1).view(__import__("torch").uint8).numpy().tobytes()
+
+
+def test_names_by_list_or_predicate(tmp_path):
+    pytest.importorskip("torch")
+    p = tmp_path / "m.safetensors"
+    _write(p, TENSORS)
+    assert pinlane._native.safetensors_names(str(p)) == list(TENSORS)
+    every = pinlane.load_safetensors(p)
+    assert list(every) == list(TENSORS)
+    for k, (_, shape, data) in TENSORS.items():
+        assert list(every[k].shape) == shape and _bytes(every[k]) == data, k
+    asked = []
+    layer0 = pinlane.load_safetensors(p, names=lambda n: asked.append(n) or n.startswith("model.layers.0."))
+    assert asked == list(TENSORS)
+    assert list(layer0) == ["model.layers.0.w", "model.layers.0.b"]
+    assert _bytes(layer0["model.layers.0.b"]) == TENSORS["model.layers.0.b"][2]
+    assert list(pinlane.load_safetensors(p, names=["lm_head"])) == ["lm_head"]
+    assert pinlane.load_safetensors(p, names=lambda n: False) == {}
+
+
+def test_a_predicates_error_and_bad_names(tmp_path):
+    pytest.importorskip("torch")
+    p = tmp_path / "m.safetensors"
+    _write(p, TENSORS)
+
+    def boom(name):
+        raise KeyError(f"no rule for {name}")
+
+    with pytest.raises(KeyError, match="no rule for model.layers.0.w"):
+        pinlane.load_safetensors(p, names=boom)
+    with pytest.raises(ValueError, match="one string"):
+        pinlane.load_safetensors(p, names="lm_head")
+    with pytest.raises(ValueError, match="nothere"):
+        pinlane.load_safetensors(p, names=["nothere"])
+    with pytest.raises(OSError):
+        pinlane._native.safetensors_names(str(tmp_path / "missing.safetensors"))
+    (tmp_path / "bad.safetensors").write_bytes(struct.pack("<Q", 1 << 40) + b"{}")
+    with pytest.raises(ValueError):
+        pinlane._native.safetensors_names(str(tmp_path / "bad.safetensors"))
