@@ -79,6 +79,8 @@ def one_tensor():
         ("native h2d, current stream asked natively", lambda: _native.h2d([t], device=0, num_caches=4)),
         ("native: torch's current stream (exchange API)", lambda: _native.torch_current_stream(t, 0)),
         ("native d2h", lambda: _native.d2h([d], device="cuda:0")),
+        ("native d2h, no negated input (view)", lambda: _native.d2h([d], device="cuda:0", maybe_neg=False)),
+        ("native d2h, no negated input, no view", lambda: _native.d2h([d], device="cuda:0", maybe_neg=False, views=False)),
         ("pinlane.transfer_tensor_h2d([t]), Python half as before", lambda: h2d_as_before([t])),
         ("pinlane.transfer_tensor_h2d([t])", lambda: pinlane.transfer_tensor_h2d([t])),
         ("pinlane.transfer_tensor_d2h([d])", lambda: pinlane.transfer_tensor_d2h([d])),
@@ -128,6 +130,10 @@ def small_call_split():
         ("1 KiB D2H", lambda: pinlane.transfer_tensor_d2h([d]), lambda: _native.d2h([d], device="cuda:0", maybe_neg=False)),
         ("64 images H2D", lambda: pinlane.transfer_tensor_h2d(imgs), lambda: _native.h2d(imgs, device=0, num_caches=4, maybe_neg=False)),
         ("64 images D2H", lambda: pinlane.transfer_tensor_d2h(dimgs), lambda: _native.d2h(dimgs, device="cuda:0", maybe_neg=False)),
+        # The same native calls with every input imported the usual way (before session 32's
+        # views for D2H): the binding column's difference is what the views save.
+        ("1 KiB D2H, no view", lambda: pinlane.transfer_tensor_d2h([d]), lambda: _native.d2h([d], device="cuda:0", maybe_neg=False, views=False)),
+        ("64 images D2H, no views", lambda: pinlane.transfer_tensor_d2h(dimgs), lambda: _native.d2h(dimgs, device="cuda:0", maybe_neg=False, views=False)),
     ]
     print(f"{'a small call, split (us)':<30} {'whole':>8} {'native':>8} {'engine':>8} {'Python half':>12} {'binding':>8}")
     for name, whole_fn, native_fn in rows:
@@ -203,6 +209,8 @@ def main():
         ("native h2d pageable, per-tensor handover", lambda: _native.h2d(host, device=0, num_caches=4, consumer_stream=cur, min_run=1 << 30)),
         ("native h2d pinned", lambda: _native.h2d(pinned, device=0, num_caches=4, consumer_stream=cur)),
         ("native d2h", lambda: _native.d2h(dev, device="cuda:0")),
+        ("native d2h, no negated input (views)", lambda: _native.d2h(dev, device="cuda:0", maybe_neg=False)),
+        ("native d2h, no negated input, no views", lambda: _native.d2h(dev, device="cuda:0", maybe_neg=False, views=False)),
         ("native d2h, per-tensor handover", lambda: _native.d2h(dev, device="cuda:0", min_run=1 << 30)),
         ("torch: a [1000, 256] tensor's unbind(0)", lambda: base.unbind(0)),
         ("pinlane.transfer_tensor_h2d", lambda: pinlane.transfer_tensor_h2d(host)),

@@ -241,10 +241,15 @@ def transfer_tensor_h2d(batch, /, *, num_caches=4):
             failed (nothing of the batch is changed).
         MemoryError: device memory ran out.
     """
-    num_caches = _num_caches(num_caches)
+    if type(num_caches) is not int or num_caches < 0:  # the check's call only for a bad one
+        num_caches = _num_caches(num_caches)
     torch = _torch_with_cuda()
     if torch is None:
         return batch
+    one = _single(batch, torch.Tensor)
+    if one is not None:
+        out = _native.h2d([one], num_caches=num_caches, maybe_neg=one.is_neg())[0]
+        return _rewrapped(batch, one, out)
     tensors = flatten(batch, torch.Tensor)
     if not tensors:
         return batch
@@ -258,6 +263,26 @@ def transfer_tensor_h2d(batch, /, *, num_caches=4):
         maybe_neg=any(map(torch.Tensor.is_neg, tensors)),
     )
     return rebuild(batch, torch.Tensor, outs)
+
+
+def _single(batch, T):
+    """The tensor, where ``batch`` is one tensor or a list or tuple of one (a server's
+    request, or a loss sent back): the calls then skip the walk and the rebuild, about 1
+    us of a small call's Python half."""
+    if isinstance(batch, T):
+        return batch
+    t = type(batch)
+    if (t is list or t is tuple) and len(batch) == 1 and isinstance(batch[0], T):
+        return batch[0]
+    return None
+
+
+def _rewrapped(batch, one, out):
+    """``batch`` (``_single``'s) with ``one`` replaced by ``out``, as ``rebuild`` gives it:
+    the same object where nothing changed."""
+    if batch is one or out is one:
+        return out if batch is one else batch
+    return [out] if type(batch) is list else (out,)
 
 
 def _device_str(device):
@@ -330,6 +355,10 @@ def transfer_tensor_d2h(batch, /, *, device=None, stream=None, producer_event=No
         return batch
     s = None if stream is None else _stream_arg(torch, stream)
     e = None if producer_event is None else _event_arg(torch, producer_event)
+    one = _single(batch, torch.Tensor)
+    if one is not None:
+        out = _native.d2h([one], device=dev, stream=s, event=e, maybe_neg=one.is_neg())[0]
+        return _rewrapped(batch, one, out)
     tensors = flatten(batch, torch.Tensor)
     if not tensors:
         return batch
@@ -411,6 +440,9 @@ class Buffers:
         self._flat = type(dst) in (list, tuple, dict) and all(
             map(isinstance, values, repeat(torch.Tensor))
         )
+        # A dict's keys in order: a source dict whose keys come in the same order pairs
+        # by its values alone (0.7 us less than a lookup per key, for 16).
+        self._keys = list(dst) if self._flat and type(dst) is dict else None
         self._h2d = bool(leaves) and leaves[0].is_cuda
         self._native = _native.Targets(leaves, h2d=self._h2d)
 
@@ -419,7 +451,10 @@ class Buffers:
         d, T = self._dst, self._torch.Tensor
         if self._flat and type(src) is type(d):
             if type(d) is dict:
-                s = [src[k] for k in d] if src.keys() == d.keys() else None
+                if list(src) == self._keys:
+                    s = list(src.values())
+                else:
+                    s = [src[k] for k in d] if src.keys() == d.keys() else None
             else:
                 s = list(src)
             if s is not None and len(s) == len(self._leaves) and all(map(isinstance, s, repeat(T))):

@@ -7,7 +7,7 @@ use dlpark::ffi::{DLDataType, DLDataTypeCode, DLDeviceType, DLManagedTensorVersi
 use dlpark::metadata::Dynamic;
 use dlpark::python::consumer::exchange::ExchangeApi;
 use dlpark::DlpackFlags;
-use pinlane::{DType, Tensor};
+use pinlane::{DType, Device, Tensor};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -80,7 +80,9 @@ impl Torch {
             .api
             .with_tensor_view_no_sync(t.as_borrowed(), |dl, _| {
                 // SAFETY: torch's view is a valid descriptor while this closure runs.
-                unsafe { plain_host(dl, below) }
+                (dl.device.device_type == DLDeviceType::CPU)
+                    .then(|| unsafe { plain_view(dl, false, below) })
+                    .flatten()
             })
             .ok()??;
         if plain.dtype.size() == 1 && !self.is_8bit(t).ok()? {
@@ -93,6 +95,50 @@ impl Torch {
         // is that nothing writes or resizes a tensor while it is moved.
         unsafe { Tensor::from_host_ptr(plain.ptr, plain.dtype, plain.dims, t.clone().unbind()) }
             .ok()
+    }
+
+    /// `t` as a pinlane device tensor over its memory, with torch's current stream of its
+    /// device, for D2H (which reads its inputs only while it runs, and returns once the
+    /// copies are done), read through the exchange API's non-owning view as
+    /// [`Torch::host_view`] reads host tensors. Only a plain case: a compact, non-empty
+    /// CUDA tensor of device `device`, of a dtype pinlane has. `None` otherwise: the
+    /// caller imports it the usual way, which handles or reports the rest.
+    pub(crate) fn device_view(
+        &self,
+        t: &Bound<'_, PyAny>,
+        device: usize,
+    ) -> Option<(Tensor, usize)> {
+        let (plain, stream) = self
+            .api
+            .with_tensor_view_no_sync(t.as_borrowed(), |dl, stream| {
+                let on = dl.device.device_type == DLDeviceType::CUDA
+                    && usize::try_from(dl.device.device_id).ok() == Some(device);
+                // SAFETY: torch's view is a valid descriptor while this closure runs.
+                on.then(|| unsafe { plain_view(dl, true, usize::MAX) })
+                    .flatten()
+                    .map(|p| (p, stream as usize))
+            })
+            .ok()??;
+        if plain.dtype.size() == 1 && !self.is_8bit(t).ok()? {
+            return None;
+        }
+        // SAFETY: `plain.ptr` is the torch tensor's bytes (`plain_view`: a compact,
+        // non-empty tensor of `plain.dims` elements of `plain.dtype`), CUDA memory of
+        // `device` from torch's allocator (usable from the primary context), allocated
+        // while the tensor object is alive, which the owner holds; the D2H contract (as
+        // torch's own copies') is that nothing writes it except work ordered before the
+        // copy, on torch's current stream, which the copy waits for.
+        unsafe {
+            Tensor::from_device_ptr(
+                plain.ptr as u64,
+                Device::cuda(device),
+                plain.dtype,
+                plain.dims,
+                t.clone().unbind(),
+            )
+        }
+        .ok()
+        .map(|x| (x, stream))
     }
 
     /// Whether a tensor that exports as an 8-bit integer is torch's `int8` or `uint8`
@@ -425,22 +471,21 @@ unsafe fn view_is_compact(t: &DLTensor) -> bool {
     true
 }
 
-/// What [`Torch::host_view`] reads of a plain host tensor's view.
+/// What [`Torch::host_view`] and [`Torch::device_view`] read of a plain tensor's view.
 struct Plain {
     ptr: *const u8,
     dtype: DType,
     dims: Vec<usize>,
 }
 
-/// The view `t` as a [`Plain`] host tensor (see [`Torch::host_view`]), or `None`.
+/// The view `t` (on a device its caller checked) as a [`Plain`] tensor under `below`
+/// bytes, or `None`. `bool_ok`: whether a bool tensor qualifies (a host one does not:
+/// pinlane would check its bytes; device bytes are not read on the host).
 ///
 /// # Safety
 /// `t` is a valid descriptor (its `shape` and `strides` readable).
-unsafe fn plain_host(t: &DLTensor, below: usize) -> Option<Plain> {
-    if t.device.device_type != DLDeviceType::CPU {
-        return None;
-    }
-    let dtype = DType::from_dlpack(t.dtype).filter(|&d| d != DType::Bool)?;
+unsafe fn plain_view(t: &DLTensor, bool_ok: bool, below: usize) -> Option<Plain> {
+    let dtype = DType::from_dlpack(t.dtype).filter(|&d| bool_ok || d != DType::Bool)?;
     // SAFETY: the caller's promise.
     let (len, compact) = unsafe { (view_nbytes(t), view_is_compact(t)) };
     let ptr = (t.data as usize).checked_add(usize::try_from(t.byte_offset).ok()?)?;

@@ -304,8 +304,13 @@ impl ProducerGate {
 /// are copied to page-locked host memory, after the work queued on torch's current
 /// stream of the device and the optional event; `stream` and `event` are
 /// `(raw handle, device)` of a `torch.cuda.Stream` / recorded `torch.cuda.Event`.
+///
+/// `views`: plain CUDA tensors are read through the exchange API's non-owning view
+/// ([`Torch::device_view`]); false imports every tensor the usual way (for
+/// benches/py_overhead.py).
 #[pyfunction]
-#[pyo3(signature = (tensors, *, device=None, stream=None, event=None, min_run=torch::MIN_RUN, maybe_neg=true))]
+#[pyo3(signature = (tensors, *, device=None, stream=None, event=None, min_run=torch::MIN_RUN, maybe_neg=true, views=true))]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn d2h<'py>(
     py: Python<'py>,
     tensors: Vec<Bound<'py, PyAny>>,
@@ -314,6 +319,7 @@ pub(crate) fn d2h<'py>(
     event: Option<(usize, usize)>,
     min_run: usize,
     maybe_neg: bool,
+    views: bool,
 ) -> PyResult<Vec<Bound<'py, PyAny>>> {
     check_device(device)?;
     if stream.is_some() && device.is_none() {
@@ -378,6 +384,7 @@ pub(crate) fn d2h<'py>(
             t,
             dev,
             maybe_neg,
+            views,
             before,
             &mut inputs,
             &mut current,
@@ -404,11 +411,13 @@ pub(crate) fn d2h<'py>(
 
 /// What D2H from `dev` does with `t`; a tensor pinlane moves is pushed onto `inputs`,
 /// and torch's current stream on `dev` noted in `current` (from the first such tensor).
+#[allow(clippy::too_many_arguments)]
 fn d2h_slot<'py>(
     torch: &Torch,
     t: Bound<'py, PyAny>,
     dev: Device,
     maybe_neg: bool,
+    views: bool,
     before_torch: BeforeTorch<'_>,
     inputs: &mut Vec<Tensor>,
     current: &mut Option<usize>,
@@ -424,6 +433,14 @@ fn d2h_slot<'py>(
     };
     if requires_grad(&t)? {
         return by_torch(t);
+    }
+    if views && !maybe_neg {
+        // The plain case (a compact CUDA tensor of `dev`) without a managed import.
+        if let Some((p, work)) = torch.device_view(&t, dev.ordinal()) {
+            current.get_or_insert(work);
+            inputs.push(p);
+            return Ok(Slot::Moved(inputs.len() - 1));
+        }
     }
     let Ok((dl, work)) = torch.import(&t) else {
         return by_torch(t);

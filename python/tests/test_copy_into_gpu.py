@@ -158,6 +158,13 @@ def test_buffers_check_once_and_copy_every_step(torch):
         bufs.copy_from(src)
         torch.cuda.synchronize()
         assert torch.equal(dst["a"].cpu(), src["a"]) and torch.equal(dst["b"].cpu(), src["b"])
+    # Keys in the destinations' order pair by position (a fast path): the same result.
+    src = {"a": torch.rand(1024), "b": torch.full((512,), 42, dtype=torch.int64)}
+    bufs.copy_from(src)
+    torch.cuda.synchronize()
+    assert torch.equal(dst["a"].cpu(), src["a"]) and torch.equal(dst["b"].cpu(), src["b"])
+    with pytest.raises(ValueError, match="destination for a int source"):
+        bufs.copy_from({"a": torch.rand(1024), "b": 3})
     with pytest.raises(ValueError, match="not contiguous"):
         pinlane.Buffers([buf.view(2, 4096)[:, 0]])
     with pytest.raises(ValueError, match="keys differ"):

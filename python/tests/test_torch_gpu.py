@@ -377,6 +377,38 @@ def test_negated_views_arrive_negated_both_ways(torch):
             assert torch.equal(h.contiguous().view(torch.int32), w.cpu().contiguous().view(torch.int32))
 
 
+def test_d2h_reads_plain_cuda_tensors_in_place_as_an_import_would(torch):
+    # Plain CUDA tensors are read through torch's non-owning view (no managed import):
+    # views at offsets into one buffer, 0-d, bool, 8-bit, empty, and a sub-byte integer
+    # (left to torch) come back as the import the usual way gives them.
+    dev = torch.device("cuda", cuda_index(torch))
+    buf = torch.arange(4096, dtype=torch.float32, device=dev)
+    raw = buf.view(torch.uint8)
+    batch = [
+        buf[3:11],
+        buf[16:32].view(4, 4),
+        buf[5],
+        raw[7:20] > 100,
+        raw[1:10],
+        raw[2:9].view(torch.int8),
+        buf[40:40],
+        raw[100:108].view(torch.uint4) if hasattr(torch, "uint4") else buf[:1],
+        buf[64:128].view(8, 8).t(),  # strided: made contiguous by torch first
+    ]
+    want = [t.cpu() for t in batch]
+    idx = cuda_index(torch)
+    for views in (True, False):
+        got = pinlane._native.d2h(batch, device=f"cuda:{idx}", maybe_neg=False, views=views)
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype and g.shape == w.shape and g.device.type == "cpu"
+            assert torch.equal(g.view(torch.uint8) if g.dtype.itemsize == 1 else g,
+                               w.view(torch.uint8) if w.dtype.itemsize == 1 else w)
+    # A view that only the call's list holds: its memory must outlive the copy.
+    (h,) = transfer_tensor_d2h([torch.full((1 << 20,), 7.0, device=dev)[1:]])
+    torch.cuda.synchronize()
+    assert h.numel() == (1 << 20) - 1 and bool((h == 7.0).all())
+
+
 def test_sub_byte_integer_dtypes_keep_their_dtype(torch):
     # torch exports int1..int7 and uint1..uint7 (one value a byte) as 8-bit integers
     # through DLPack: pinlane leaves them to torch instead of returning (u)int8 tensors.

@@ -6,7 +6,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pinlane._tree import flatten, rebuild
@@ -145,3 +145,32 @@ def test_flat_sequences_take_the_short_way_with_the_same_results():
         rebuild([a, 3], Leaf, ["x", "y"])
     # A namedtuple is a tuple subclass, not a tuple: rebuilt as itself.
     assert rebuild(Point(a, b), Leaf, ["x", "y"]) == Point("x", "y")
+
+
+@settings(max_examples=300, deadline=None)
+@given(batches)
+@example(Leaf(0))
+@example([Leaf(0)])
+@example((Leaf(0),))
+@example([[Leaf(0)]])
+@example([Leaf(0), Leaf(1)])
+@example(Point(Leaf(0), 1))
+@example({"a": Leaf(0)})
+def test_the_calls_single_tensor_way_matches_the_walk(batch):
+    """The transfer calls' short way for one tensor, or a list or tuple of one, gives what
+    flatten and rebuild give, for a new leaf and for the same leaf; other batches take
+    the walk (``_single`` is None for them)."""
+    from pinlane import _rewrapped, _single
+
+    leaves = flatten(batch, Leaf)
+    one = _single(batch, Leaf)
+    t = type(batch)
+    is_single = isinstance(batch, Leaf) or (t in (list, tuple) and len(batch) == 1 and isinstance(batch[0], Leaf))
+    assert (one is not None) == is_single
+    if one is None:
+        return
+    assert leaves == [one]
+    new = Leaf(-1)
+    got, want = _rewrapped(batch, one, new), rebuild(batch, Leaf, [new])
+    assert type(got) is type(want) and flatten(got, Leaf) == [new]
+    assert _rewrapped(batch, one, one) is rebuild(batch, Leaf, [one]) is batch
