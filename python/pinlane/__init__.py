@@ -132,9 +132,9 @@ def load_safetensors(path, device=None, *, names=None):
 
     * ``device``: ``None`` or ``"cuda"`` (``cuda:{LOCAL_RANK}``), ``"cuda:N"``, or an int.
     * ``names``: load only these tensors: an iterable of names (each in the checkpoint),
-      or a predicate called with each name in the checkpoint, e.g.
-      ``names=lambda n: n.startswith("model.layers.0.")`` (only the headers are read to
-      list them).
+      or a predicate (any callable) called with each name in the checkpoint, in file
+      order, e.g. ``names=lambda n: n.startswith("model.layers.0.")`` (only the headers
+      are read to list them).
     * Every header of every shard is checked before anything is copied; the files are
       read in place (mapped) through pinlane's page-locked staging ring, so page-locked
       memory is bounded as for any transfer, and each tensor arrives zero-copy in torch.
@@ -152,6 +152,7 @@ def load_safetensors(path, device=None, *, names=None):
             dtype pinlane lacks, or a bad ``device``.
         RuntimeError: a copy failed (no tensor is returned).
         MemoryError: device memory ran out.
+        Exception: whatever a ``names`` predicate raises (nothing is loaded).
     """
     import os
 
@@ -222,7 +223,10 @@ def transfer_tensor_h2d(batch, /, *, num_caches=4):
       are copied straight from their memory; pageable ones, and smaller page-locked ones,
       through pinlane's page-locked staging ring, where many small tensors share one
       copy. A non-contiguous or negated tensor is first made a plain contiguous tensor on
-      the host, and its output is contiguous.
+      the host, and its output is contiguous. While the call runs (it lets go of the
+      GIL), no other thread may write, resize or re-point (``resize_``, ``set_``,
+      ``.data =``) a tensor of ``batch``: as for torch's own copies, pinlane reads its
+      memory in place.
     * The call returns once the copies are done; the outputs are ready for work on any
       stream. Their memory is freed, when torch lets them go, in order on torch's current
       stream of the device at the time of the call. If that stream is a
@@ -327,6 +331,10 @@ def transfer_tensor_d2h(batch, /, *, device=None, stream=None, producer_event=No
     * Outputs are views into pinlane's recycled page-locked blocks (``is_pinned()`` is
       true; when the pool is full, a batch gets ordinary memory): the memory goes back to
       the pool when torch lets the tensors go.
+    * The sources are read in place, on the device: while the call runs (it lets go of
+      the GIL), no other thread may resize or re-point (``resize_``, ``set_``,
+      ``.data =``) a tensor of ``batch``, and only work ordered before the copy (on
+      torch's current stream, or before ``producer_event``) may write it.
     * A non-contiguous or negated tensor is first made a plain contiguous tensor on the
       device, on torch's current stream; a tensor that requires grad, whose dtype
       pinlane lacks (complex, float8, ...), or that torch does not export is moved by
@@ -443,6 +451,7 @@ class Buffers:
         # A dict's keys in order: a source dict whose keys come in the same order pairs
         # by its values alone (0.7 us less than a lookup per key, for 16).
         self._keys = list(dst) if self._flat and type(dst) is dict else None
+        self._keyset = frozenset(self._keys) if self._keys is not None else None
         self._h2d = bool(leaves) and leaves[0].is_cuda
         self._native = _native.Targets(leaves, h2d=self._h2d)
 
@@ -451,10 +460,12 @@ class Buffers:
         d, T = self._dst, self._torch.Tensor
         if self._flat and type(src) is type(d):
             if type(d) is dict:
+                # The keys (and their order) as taken at construction, as the leaves
+                # were: a dict changed since is not followed.
                 if list(src) == self._keys:
                     s = list(src.values())
                 else:
-                    s = [src[k] for k in d] if src.keys() == d.keys() else None
+                    s = [src[k] for k in self._keys] if src.keys() == self._keyset else None
             else:
                 s = list(src)
             if s is not None and len(s) == len(self._leaves) and all(map(isinstance, s, repeat(T))):

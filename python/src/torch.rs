@@ -85,14 +85,17 @@ impl Torch {
                     .flatten()
             })
             .ok()??;
-        if plain.dtype.size() == 1 && !self.is_8bit(t).ok()? {
+        // torch's sub-byte integers export as 8-bit ones (see `has_dtype`).
+        if matches!(plain.dtype, DType::U8 | DType::I8) && !self.is_8bit(t).ok()? {
             return None;
         }
-        // SAFETY: `plain.ptr` is the torch tensor's bytes (`plain_host`: a compact,
-        // non-empty CPU tensor of `plain.dims` elements of `plain.dtype`), readable and
-        // alive while the tensor object is, which the owner holds (torch's storage, not
-        // inside the owner's own allocation); the calls' contract (as torch's own copies')
-        // is that nothing writes or resizes a tensor while it is moved.
+        // SAFETY: `plain.ptr` is the torch tensor's bytes (`plain_view`: a compact,
+        // non-empty CPU tensor of `plain.dims` elements of `plain.dtype`), readable while
+        // the tensor keeps its storage; the owner holds the tensor object (not its
+        // storage, which a managed import would hold: no storage inside the owner's own
+        // allocation). The calls' contract (as torch's own copies') is that nothing
+        // writes, resizes or re-points (`resize_`, `set_`, `.data =`) a tensor while it is
+        // moved, so its storage, and these bytes, stay for the call.
         unsafe { Tensor::from_host_ptr(plain.ptr, plain.dtype, plain.dims, t.clone().unbind()) }
             .ok()
     }
@@ -119,15 +122,20 @@ impl Torch {
                     .map(|p| (p, stream as usize))
             })
             .ok()??;
-        if plain.dtype.size() == 1 && !self.is_8bit(t).ok()? {
+        // torch's sub-byte integers export as 8-bit ones (see `has_dtype`); bool is read
+        // as it is (its device bytes are not checked on the host).
+        if matches!(plain.dtype, DType::U8 | DType::I8) && !self.is_8bit(t).ok()? {
             return None;
         }
         // SAFETY: `plain.ptr` is the torch tensor's bytes (`plain_view`: a compact,
         // non-empty tensor of `plain.dims` elements of `plain.dtype`), CUDA memory of
-        // `device` from torch's allocator (usable from the primary context), allocated
-        // while the tensor object is alive, which the owner holds; the D2H contract (as
-        // torch's own copies') is that nothing writes it except work ordered before the
-        // copy, on torch's current stream, which the copy waits for.
+        // `device` that torch's exchange API exports as usable from the device's primary
+        // context (as the managed import's), allocated while the tensor keeps its
+        // storage; the owner holds the tensor object (not its storage). The calls'
+        // contract (as torch's own copies') is that nothing resizes or re-points
+        // (`resize_`, `set_`, `.data =`) a tensor while it is moved, and that nothing
+        // writes it except work ordered before the copy, on torch's current stream
+        // (which the copy waits for): the storage, and these bytes, stay for the call.
         unsafe {
             Tensor::from_device_ptr(
                 plain.ptr as u64,

@@ -167,6 +167,18 @@ def test_buffers_check_once_and_copy_every_step(torch):
         bufs.copy_from({"a": torch.rand(1024), "b": 3})
     with pytest.raises(ValueError, match="not contiguous"):
         pinlane.Buffers([buf.view(2, 4096)[:, 0]])
+    # The keys as taken at construction: a dict re-ordered since is not followed, whichever
+    # order the source's keys come in (same dtypes and sizes: a wrong pairing would
+    # write the wrong bytes without an error).
+    buf2 = torch.zeros(2048, dtype=torch.uint8, device="cuda")
+    d2 = {"x": buf2[:1024].view(torch.int32), "y": buf2[1024:].view(torch.int32)}
+    b2 = pinlane.Buffers(d2)
+    d2["x"] = d2.pop("x")  # the same tensors, now in the order y, x
+    for s2 in ({"x": torch.full((256,), 1, dtype=torch.int32), "y": torch.full((256,), 2, dtype=torch.int32)},
+               {"y": torch.full((256,), 4, dtype=torch.int32), "x": torch.full((256,), 3, dtype=torch.int32)}):
+        b2.copy_from(s2)
+        torch.cuda.synchronize()
+        assert torch.equal(d2["x"].cpu(), s2["x"]) and torch.equal(d2["y"].cpu(), s2["y"])
     with pytest.raises(ValueError, match="keys differ"):
         bufs.copy_from({"a": torch.rand(1024)})
     # A flat list: paired without a walk, with pair()'s errors.

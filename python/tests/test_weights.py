@@ -72,3 +72,23 @@ def test_a_predicates_error_and_bad_names(tmp_path):
     (tmp_path / "bad.safetensors").write_bytes(struct.pack("<Q", 1 << 40) + b"{}")
     with pytest.raises(ValueError):
         pinlane._native.safetensors_names(str(tmp_path / "bad.safetensors"))
+
+
+def test_a_predicate_over_a_sharded_checkpoint(tmp_path):
+    """Shards are read by file name, then by place in each file; the predicate sees every
+    name in that order, from the index, the directory, or either shard's file."""
+    pytest.importorskip("torch")
+    names = list(TENSORS)
+    _write(tmp_path / "model-00002-of-00002.safetensors", {k: TENSORS[k] for k in names[:2]})
+    _write(tmp_path / "model-00001-of-00002.safetensors", {k: TENSORS[k] for k in names[2:]})
+    wm = {k: f"model-0000{1 if i >= 2 else 2}-of-00002.safetensors" for i, k in enumerate(names)}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wm}))
+    order = names[2:] + names[:2]
+    for where in (tmp_path, tmp_path / "model.safetensors.index.json"):
+        assert pinlane._native.safetensors_names(str(where)) == order
+        asked = []
+        got = pinlane.load_safetensors(where, names=lambda n: asked.append(n) or n.endswith(".w"))
+        assert asked == order
+        assert list(got) == [n for n in order if n.endswith(".w")]
+        for k, t in got.items():
+            assert _bytes(t) == TENSORS[k][2], k
