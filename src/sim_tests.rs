@@ -274,3 +274,63 @@ fn the_gather_kernel_as_the_first_use_of_a_device_does_not_deadlock() {
     );
     assert!(driver::gather_kernel(1).is_some(), "loaded once, then read");
 }
+
+/// A lease asleep on a full one-slot arena whose waits look again only every 10 s, woken
+/// by `free_room` (run once it sleeps): how long it slept, and whether it got a slot.
+/// `free_room` hands back the held lease, or keeps it until the waiter is done.
+fn woken_by(
+    free_room: impl FnOnce(&PinnedArena, crate::memory::SlotLease) -> Option<crate::memory::SlotLease>,
+) -> (Duration, bool) {
+    let arena = std::sync::Arc::new(
+        PinnedArena::new(4096, 4096, Duration::from_secs(20)).with_recheck(Duration::from_secs(10)),
+    );
+    let ctx = driver::bind(0).unwrap();
+    let held = arena.lease(&ctx, true).unwrap().unwrap();
+    let waiter = {
+        let arena = arena.clone();
+        std::thread::spawn(move || {
+            let ctx = driver::bind(0).unwrap();
+            let t0 = Instant::now();
+            let got = arena.lease(&ctx, true);
+            (t0.elapsed(), matches!(got, Ok(Some(_))))
+        })
+    };
+    // Until it sleeps (it counts as a wait before it does).
+    let t0 = Instant::now();
+    while arena.waits() == 0 && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    let kept = free_room(&arena, held);
+    let r = waiter.join().unwrap();
+    drop(kept);
+    r
+}
+
+#[test]
+fn a_raised_cap_wakes_a_waiting_lease() {
+    setup();
+    // Before, only the next recheck (10 ms in the runtime, 10 s here) saw the room.
+    let (slept, got) = woken_by(|arena, held| {
+        arena.set_max_bytes(8192).unwrap();
+        Some(held) // still leased: only the raised cap makes room
+    });
+    assert!(
+        got && slept < Duration::from_secs(5),
+        "slept {slept:?}, got a slot: {got}"
+    );
+}
+
+#[test]
+fn a_slot_freed_by_a_closed_arena_wakes_a_waiting_lease() {
+    setup();
+    let (slept, got) = woken_by(|arena, held| {
+        arena.close().unwrap();
+        drop(held); // freed, not kept: its place in the cap is what the waiter takes
+        None
+    });
+    assert!(
+        got && slept < Duration::from_secs(5),
+        "slept {slept:?}, got a slot: {got}"
+    );
+}

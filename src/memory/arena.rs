@@ -42,6 +42,9 @@ pub struct PinnedArena {
     closed: AtomicBool,
     /// Leases that found every slot leased and waited.
     waits: AtomicU64,
+    /// How often a waiting lease looks again without being woken: [`RECHECK`] (tests
+    /// set it longer, to prove that a wake-up came).
+    recheck: Duration,
 }
 
 struct ArenaState {
@@ -86,7 +89,15 @@ impl PinnedArena {
             returned: Condvar::new(),
             closed: AtomicBool::new(false),
             waits: AtomicU64::new(0),
+            recheck: RECHECK,
         }
+    }
+
+    /// This arena with waiting leases looking again only every `every`, unless woken.
+    #[cfg(test)]
+    pub(crate) fn with_recheck(mut self, every: Duration) -> PinnedArena {
+        self.recheck = every;
+        self
     }
 
     /// Bytes per slot.
@@ -108,14 +119,21 @@ impl PinnedArena {
         self.max_slots
             .store((bytes / self.slot_bytes).max(1), Ordering::Relaxed);
         // Free slots above the new cap go now; leased ones as they come back.
-        let excess = {
+        let (excess, room) = {
             let mut st = self.lock();
             let cap = self.max_slots.load(Ordering::Relaxed);
             let n = st.allocated.saturating_sub(cap).min(st.free.len());
             st.allocated -= n;
             let keep = st.free.len() - n;
-            st.free.split_off(keep)
+            (
+                st.free.split_off(keep),
+                st.sleepers > 0 && st.allocated < cap,
+            )
         };
+        if room {
+            // A raised cap: every waiting lease may allocate now.
+            self.returned.notify_all();
+        }
         free_slabs(excess)
     }
 
@@ -185,7 +203,15 @@ impl PinnedArena {
                 return match Slab::alloc(ctx, self.slot_bytes) {
                     Ok(slab) => Ok(Some(SlotLease::new(slab, self))),
                     Err(e) => {
-                        self.lock().allocated -= 1;
+                        // Its place in the cap is free again: a waiting lease may try.
+                        let sleepers = {
+                            let mut st = self.lock();
+                            st.allocated -= 1;
+                            st.sleepers > 0
+                        };
+                        if sleepers {
+                            self.returned.notify_one();
+                        }
                         Err(e)
                     }
                 };
@@ -204,7 +230,7 @@ impl PinnedArena {
                     retained_bytes: retained::retained_bytes(),
                 });
             }
-            let step = RECHECK.min(self.slot_wait - waited);
+            let step = self.recheck.min(self.slot_wait - waited);
             st.sleepers += 1;
             let (g, timeout) = self
                 .returned
@@ -224,11 +250,10 @@ impl PinnedArena {
 
     /// Takes a returned slab back: on the free list, or freed if the cap was lowered.
     fn give_back(&self, slab: Slab) {
-        let (excess, sleepers) = {
+        let (excess, wake) = {
             let mut st = self.lock();
-            let excess = if st.allocated > self.max_slots.load(Ordering::Relaxed)
-                || self.closed.load(Ordering::SeqCst)
-            {
+            let cap = self.max_slots.load(Ordering::Relaxed);
+            let excess = if st.allocated > cap || self.closed.load(Ordering::SeqCst) {
                 st.allocated -= 1;
                 Some(slab)
             } else {
@@ -236,19 +261,20 @@ impl PinnedArena {
                 None
             };
             // Read under the lock a sleeper counts itself under before it sleeps: none
-            // can be missed.
-            (excess, st.sleepers > 0)
+            // can be missed. A freed slab wakes one only if it left room under the cap
+            // (a closed arena's).
+            let room = excess.is_none() || st.allocated < cap;
+            (excess, st.sleepers > 0 && room)
         };
-        match excess {
-            Some(slab) => {
-                let (ptr, device) = (slab.ptr, slab.device);
-                drop(slab.event);
-                // SAFETY: the slab's copies were proven complete (its lease's drop) and it
-                // is on no list. On the reaper thread: this runs at the end of a transfer.
-                unsafe { super::reaper::free_pinned_later(ptr, device) };
-            }
-            None if sleepers => self.returned.notify_one(),
-            None => {}
+        if wake {
+            self.returned.notify_one();
+        }
+        if let Some(slab) = excess {
+            let (ptr, device) = (slab.ptr, slab.device);
+            drop(slab.event);
+            // SAFETY: the slab's copies were proven complete (its lease's drop) and it is
+            // on no list. On the reaper thread: this runs at the end of a transfer.
+            unsafe { super::reaper::free_pinned_later(ptr, device) };
         }
     }
 
