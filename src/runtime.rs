@@ -251,7 +251,8 @@ impl Runtime {
     }
 
     /// Changes the staging arena's cap. Slots above a lower cap are freed as they come
-    /// back (and by [`Runtime::trim`]); no call waits for them.
+    /// back (and by [`Runtime::trim`]); no call waits for them. A raised cap wakes the
+    /// calls waiting for a slot at once.
     ///
     /// # Errors
     /// None today; a `Result` so that a cap the runtime cannot honour can be refused.
