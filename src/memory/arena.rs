@@ -203,15 +203,7 @@ impl PinnedArena {
                 return match Slab::alloc(ctx, self.slot_bytes) {
                     Ok(slab) => Ok(Some(SlotLease::new(slab, self))),
                     Err(e) => {
-                        // Its place in the cap is free again: a waiting lease may try.
-                        let sleepers = {
-                            let mut st = self.lock();
-                            st.allocated -= 1;
-                            st.sleepers > 0
-                        };
-                        if sleepers {
-                            self.returned.notify_one();
-                        }
+                        self.release_place();
                         Err(e)
                     }
                 };
@@ -285,6 +277,12 @@ impl PinnedArena {
         // A slab owns its memory only through this arena (it has no Drop): dropping it
         // here frees nothing, which is the point.
         drop(slab);
+        self.release_place();
+    }
+
+    /// Gives a slot's place in the cap back (its slab is gone): a waiting lease may
+    /// allocate one now, so one is woken.
+    fn release_place(&self) {
         let sleepers = {
             let mut st = self.lock();
             st.allocated -= 1;
