@@ -93,8 +93,9 @@ impl PinnedArena {
         }
     }
 
-    /// This arena with waiting leases looking again only every `every`, unless woken.
-    #[cfg(test)]
+    /// This arena with waiting leases looking again only every `every`, unless woken
+    /// (for the simulator's lib tests).
+    #[cfg(all(test, feature = "test-util"))]
     pub(crate) fn with_recheck(mut self, every: Duration) -> PinnedArena {
         self.recheck = every;
         self
