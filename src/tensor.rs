@@ -47,6 +47,31 @@ fn check_bytes(shape: &Shape, dtype: DType, len: usize) -> Result<usize> {
     check_len(shape, dtype, len / dtype.size())
 }
 
+/// Host bytes of `dtype` that pinlane will read as its values: a bool byte must be 0 or 1.
+fn check_bools(dtype: DType, bytes: &[u8]) -> Result<()> {
+    if dtype == DType::Bool && bytes.iter().any(|&b| b > 1) {
+        return Err(Error::InvalidBytes {
+            dtype,
+            reason: "a bool byte other than 0 or 1".into(),
+        });
+    }
+    Ok(())
+}
+
+/// Another library's memory for `nbytes` of `dtype` at `addr` (`what`: "host pointer",
+/// "device pointer"): not null, aligned to the dtype's size (no memory, no check).
+fn check_foreign_addr(what: &str, addr: u64, nbytes: usize, dtype: DType) -> Result<()> {
+    if nbytes > 0 && (addr == 0 || !addr.is_multiple_of(dtype.size() as u64)) {
+        return Err(Error::External {
+            reason: format!(
+                "{what} {addr:#x} is null or not aligned to {dtype}'s {} bytes",
+                dtype.size()
+            ),
+        });
+    }
+    Ok(())
+}
+
 fn check_len(shape: &Shape, dtype: DType, len: usize) -> Result<usize> {
     let nbytes = shape.try_nbytes(dtype)?;
     let expected = shape.numel();
@@ -127,12 +152,7 @@ impl Tensor {
     pub fn from_bytes(dtype: DType, shape: impl Into<Shape>, bytes: &[u8]) -> Result<Tensor> {
         let shape = shape.into();
         let nbytes = check_bytes(&shape, dtype, bytes.len())?;
-        if dtype == DType::Bool && bytes.iter().any(|&b| b > 1) {
-            return Err(Error::InvalidBytes {
-                dtype,
-                reason: "a bool byte other than 0 or 1".into(),
-            });
-        }
+        check_bools(dtype, bytes)?;
         Ok(Tensor::from_parts(
             dtype,
             shape,
@@ -180,12 +200,7 @@ impl Tensor {
                 ),
             });
         }
-        if dtype == DType::Bool && bytes.iter().any(|&b| b > 1) {
-            return Err(Error::InvalidBytes {
-                dtype,
-                reason: "a bool byte other than 0 or 1".into(),
-            });
-        }
+        check_bools(dtype, bytes)?;
         Ok(Tensor::from_parts(dtype, shape, nbytes, Storage::Host(buf)))
     }
 
@@ -223,23 +238,11 @@ impl Tensor {
     ) -> Result<Tensor> {
         let shape = shape.into();
         let nbytes = shape.try_nbytes(dtype)?;
-        if nbytes > 0 && (ptr.is_null() || !(ptr as usize).is_multiple_of(dtype.size())) {
-            return Err(Error::External {
-                reason: format!(
-                    "host pointer {ptr:p} is null or not aligned to {dtype}'s {} bytes",
-                    dtype.size()
-                ),
-            });
-        }
+        check_foreign_addr("host pointer", ptr as usize as u64, nbytes, dtype)?;
         // SAFETY: obligations 1 to 3 are the caller's, passed on unchanged; `ptr` is
         // non-null when `nbytes > 0` (checked above); nothing may write (not writable).
         let buf = unsafe { HostBuf::from_raw_parts(ptr, nbytes, Box::new(owner), false) };
-        if dtype == DType::Bool && buf.bytes().iter().any(|&b| b > 1) {
-            return Err(Error::InvalidBytes {
-                dtype,
-                reason: "a bool byte other than 0 or 1".into(),
-            });
-        }
+        check_bools(dtype, buf.bytes())?;
         Ok(Tensor::from_parts(dtype, shape, nbytes, Storage::Host(buf)))
     }
 
@@ -288,14 +291,7 @@ impl Tensor {
             drop(owner);
             DeviceView::empty(device.ordinal())
         } else {
-            if ptr == 0 || !ptr.is_multiple_of(dtype.size() as u64) {
-                return Err(Error::External {
-                    reason: format!(
-                        "device pointer {ptr:#x} is null or not aligned to {dtype}'s {} bytes",
-                        dtype.size()
-                    ),
-                });
-            }
+            check_foreign_addr("device pointer", ptr, nbytes, dtype)?;
             // SAFETY: obligations 1 and 2 are the caller's, passed on unchanged.
             let alloc =
                 unsafe { DeviceAlloc::foreign(ptr, nbytes, device.ordinal(), Box::new(owner)) };

@@ -154,8 +154,6 @@ def load_safetensors(path, device=None, *, names=None):
         MemoryError: device memory ran out.
         Exception: whatever a ``names`` predicate raises (nothing is loaded).
     """
-    import os
-
     import torch
 
     if isinstance(device, bool) or not (device is None or isinstance(device, (int, str))):
@@ -284,8 +282,10 @@ def _single(batch, T):
 def _rewrapped(batch, one, out):
     """``batch`` (``_single``'s) with ``one`` replaced by ``out``, as ``rebuild`` gives it:
     the same object where nothing changed."""
-    if batch is one or out is one:
-        return out if batch is one else batch
+    if batch is one:
+        return out
+    if out is one:
+        return batch
     return [out] if type(batch) is list else (out,)
 
 

@@ -76,19 +76,7 @@ impl Torch {
     /// bool (whose bytes pinlane would check). `None` otherwise: the caller imports it
     /// the usual way, which handles or reports the rest.
     pub(crate) fn host_view(&self, t: &Bound<'_, PyAny>, below: usize) -> Option<Tensor> {
-        let plain = self
-            .api
-            .with_tensor_view_no_sync(t.as_borrowed(), |dl, _| {
-                // SAFETY: torch's view is a valid descriptor while this closure runs.
-                (dl.device.device_type == DLDeviceType::CPU)
-                    .then(|| unsafe { plain_view(dl, false, below) })
-                    .flatten()
-            })
-            .ok()??;
-        // torch's sub-byte integers export as 8-bit ones (see `has_dtype`).
-        if matches!(plain.dtype, DType::U8 | DType::I8) && !self.is_8bit(t).ok()? {
-            return None;
-        }
+        let (plain, _) = self.plain(t, None, below)?;
         // SAFETY: `plain.ptr` is the torch tensor's bytes (`plain_view`: a compact,
         // non-empty CPU tensor of `plain.dims` elements of `plain.dtype`), readable while
         // the tensor keeps its storage; the owner holds the tensor object (not its
@@ -111,22 +99,7 @@ impl Torch {
         t: &Bound<'_, PyAny>,
         device: usize,
     ) -> Option<(Tensor, usize)> {
-        let (plain, stream) = self
-            .api
-            .with_tensor_view_no_sync(t.as_borrowed(), |dl, stream| {
-                let on = dl.device.device_type == DLDeviceType::CUDA
-                    && usize::try_from(dl.device.device_id).ok() == Some(device);
-                // SAFETY: torch's view is a valid descriptor while this closure runs.
-                on.then(|| unsafe { plain_view(dl, true, usize::MAX) })
-                    .flatten()
-                    .map(|p| (p, stream as usize))
-            })
-            .ok()??;
-        // torch's sub-byte integers export as 8-bit ones (see `has_dtype`); bool is read
-        // as it is (its device bytes are not checked on the host).
-        if matches!(plain.dtype, DType::U8 | DType::I8) && !self.is_8bit(t).ok()? {
-            return None;
-        }
+        let (plain, stream) = self.plain(t, Some(device), usize::MAX)?;
         // SAFETY: `plain.ptr` is the torch tensor's bytes (`plain_view`: a compact,
         // non-empty tensor of `plain.dims` elements of `plain.dtype`), CUDA memory of
         // `device` that torch's exchange API exports as usable from the device's primary
@@ -147,6 +120,42 @@ impl Torch {
         }
         .ok()
         .map(|x| (x, stream))
+    }
+
+    /// What torch's non-owning view of `t` says of it, with torch's current stream of its
+    /// device, when it is a plain tensor under `below` bytes (see [`plain_view`]) on
+    /// `device` (`None`: a CPU tensor; `Some(n)`: a CUDA tensor of device `n`) and a dtype
+    /// pinlane has as torch names it (not one of torch's sub-byte integers, which export
+    /// as 8-bit ones: see [`Torch::has_dtype`]).
+    fn plain(
+        &self,
+        t: &Bound<'_, PyAny>,
+        device: Option<usize>,
+        below: usize,
+    ) -> Option<(Plain, usize)> {
+        let (plain, stream) = self
+            .api
+            .with_tensor_view_no_sync(t.as_borrowed(), |dl, stream| {
+                let on = match device {
+                    None => dl.device.device_type == DLDeviceType::CPU,
+                    Some(n) => {
+                        dl.device.device_type == DLDeviceType::CUDA
+                            && usize::try_from(dl.device.device_id).ok() == Some(n)
+                    }
+                };
+                // A host bool is left out: pinlane would check its bytes. A device bool's
+                // bytes are not read on the host.
+                let bool_ok = device.is_some();
+                // SAFETY: torch's view is a valid descriptor while this closure runs.
+                on.then(|| unsafe { plain_view(dl, bool_ok, below) })
+                    .flatten()
+                    .map(|p| (p, stream as usize))
+            })
+            .ok()??;
+        if matches!(plain.dtype, DType::U8 | DType::I8) && !self.is_8bit(t).ok()? {
+            return None;
+        }
+        Some((plain, stream))
     }
 
     /// Whether a tensor that exports as an 8-bit integer is torch's `int8` or `uint8`
