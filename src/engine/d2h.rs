@@ -233,16 +233,15 @@ fn into_block<B: Batch>(
     if let Err(e) = run {
         return Err(job.abort(e, out.sources()));
     }
-    // The output views are made while the copies run; nobody reads them before the copies
-    // are proven done (on failure they are dropped unread, and `job` keeps the block
+    // The output views are made while the copies run, as the batch is rebuilt around them
+    // (one pass); nobody reads them before the copies are proven done (on failure they are dropped unread, and `job` keeps the block
     // until the stream has let go of it).
     let ranges = l.offsets.iter().copied().zip(l.sizes.iter().copied());
     let views = match PinnedBuf::views(block, base, ranges) {
         Ok(v) => v,
         Err(e) => return Err(job.abort(e, out.sources())),
     };
-    let storages = views.into_iter().map(Storage::Pinned);
-    let rebuilt = match rebuild(batch, out, storages) {
+    let rebuilt = match rebuild(batch, out, views.map(Storage::Pinned)) {
         Ok(b) => b,
         Err(e) => return Err(job.abort(e, out.sources())),
     };
@@ -281,7 +280,7 @@ fn into_region<B: Batch>(
     let frozen = region.freeze();
     let ranges = l.offsets.iter().copied().zip(l.sizes.iter().copied());
     let views = HostBuf::views(&frozen, ranges)?;
-    let rebuilt = rebuild(batch, out, views.into_iter().map(Storage::Host))?;
+    let rebuilt = rebuild(batch, out, views.map(Storage::Host))?;
     super::trace::mark("rebuilt");
     Ok(rebuilt)
 }

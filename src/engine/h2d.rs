@@ -113,26 +113,26 @@ pub(crate) fn transfer<B: Batch>(
     super::trace::mark("planned");
     let mut job = InFlight::new(stream);
     let mut call = Call::new(&ctx, device, &rt, order.len(), sizes.iter().sum());
-    // The output tensors (views into the batch's buffer, which `job` holds too) are made
-    // while the host fills the staging slots, and the batch is rebuilt around them while
-    // the copies run. They reach the caller only if the copies succeed; otherwise they are
-    // dropped here, and `job` keeps the buffer until the stream has let go of it.
     let layout = Layout {
         offsets: &offsets,
         sizes: &sizes,
         end,
         staged_end,
     };
-    let make_outputs =
-        |alloc: Option<&Arc<DeviceAlloc>>| device_outputs(&all, order, &layout, device, alloc);
-    let run = submit(&mut call, &consumer, &mut job, &src, &layout, make_outputs);
+    let run = submit(&mut call, &consumer, &mut job, &src, &layout);
     let keep_sources = || super::device_read_sources(order.iter().map(|&i| all[i]));
-    let (alloc, outputs) = match run {
-        Ok(r) => r,
+    let alloc = match run {
+        Ok(a) => a,
         Err(e) => return Err(job.abort(e, keep_sources)),
     };
     super::trace::mark("submitted");
-    let rebuilt = match super::rebuild_with(batch, &all, order, outputs.into_iter()) {
+    // The output tensors (views into the batch's buffer, which `job` holds too) are made
+    // as the batch is rebuilt around them, in one pass, while the copies run. They reach
+    // the caller only if the copies succeed; otherwise they are dropped here, and `job`
+    // keeps the buffer until the stream has let go of it.
+    let rebuilt = match device_outputs(&all, order, &layout, device, alloc.as_ref())
+        .and_then(|outputs| super::rebuild_with(batch, &all, order, outputs))
+    {
         Ok(b) => b,
         Err(e) => return Err(job.abort(e, keep_sources)),
     };
@@ -166,31 +166,36 @@ fn consumer_stream(opts: &H2dOptions, device: usize) -> Result<Stream> {
     }
 }
 
-/// The output tensors: views of `alloc` at the layout's offsets, with the dtypes and
-/// shapes of the sources at `order` (empty views when nothing was allocated).
-fn device_outputs(
-    all: &[&Tensor],
-    order: &[usize],
-    l: &Layout,
+/// The output tensors, made lazily as they are taken: views of `alloc` at the layout's
+/// offsets, with the dtypes and shapes of the sources at `order` (empty views when
+/// nothing was allocated). Every range is checked before the first is made.
+fn device_outputs<'a>(
+    all: &'a [&Tensor],
+    order: &'a [usize],
+    l: &'a Layout,
     device: usize,
-    alloc: Option<&Arc<DeviceAlloc>>,
-) -> Result<Vec<Tensor>> {
-    let views = match alloc {
-        Some(a) => DeviceView::views(a, l.offsets.iter().copied().zip(l.sizes.iter().copied()))?,
-        None => vec![DeviceView::empty(device); order.len()],
+    alloc: Option<&'a Arc<DeviceAlloc>>,
+) -> Result<impl Iterator<Item = Tensor> + 'a> {
+    let mut views = match alloc {
+        Some(a) => {
+            let ranges = l.offsets.iter().copied().zip(l.sizes.iter().copied());
+            Some(DeviceView::views(a, ranges)?)
+        }
+        None => None,
     };
-    let made = order.iter().zip(views).map(|(&i, view)| {
+    Ok(order.iter().map(move |&i| {
         let t = all[i];
+        let view = views
+            .as_mut()
+            .and_then(Iterator::next)
+            .unwrap_or_else(|| DeviceView::empty(device));
         Tensor::from_parts(
             t.dtype(),
             t.shape().clone(),
             t.nbytes(),
             Storage::Device(view),
         )
-    });
-    let made = made.collect();
-    super::trace::mark("outputs made");
-    Ok(made)
+    }))
 }
 
 /// The device the call copies to, after the checks that come before any copy; `None`
@@ -302,21 +307,17 @@ pub(super) struct Layout<'a> {
     pub staged_end: usize,
 }
 
-/// Queues every copy of the batch on `job`'s stream, calling `meanwhile` with the batch's
-/// allocation once: while the host fills the last staging windows, before waiting for
-/// those fills (or after the direct copies and the kernel when nothing is staged; with
-/// `None` when all host tensors are empty and there is nothing to copy). Returns the
-/// batch's allocation and what `meanwhile` made.
-fn submit<T>(
+/// Queues every copy of the batch on `job`'s stream. Returns the batch's allocation
+/// (`None` when all host tensors are empty and there is nothing to copy).
+fn submit(
     call: &mut Call,
     consumer: &Stream,
     job: &mut InFlight,
     src: &Routed,
     l: &Layout,
-    meanwhile: impl FnOnce(Option<&Arc<DeviceAlloc>>) -> Result<T>,
-) -> Result<(Option<Arc<DeviceAlloc>>, T)> {
+) -> Result<Option<Arc<DeviceAlloc>>> {
     if l.end == 0 {
-        return Ok((None, meanwhile(None)?));
+        return Ok(None);
     }
     let stream = job.stream().clone();
     let alloc = DeviceAlloc::new_async(call.ctx, call.device, l.end, &stream, consumer.clone())?;
@@ -344,22 +345,13 @@ fn submit<T>(
         super::trace::mark("gather queued");
     }
     if l.staged_end == 0 {
-        let made = meanwhile(Some(&alloc))?;
-        return Ok((Some(alloc), made));
+        return Ok(Some(alloc));
     }
     let drain = |call: &mut Call, job: &mut InFlight, k: usize, w: plan::Window| {
         queue_window(call, job, k, w, &alloc)
     };
-    let made = run_windows(
-        call,
-        job,
-        &src.staged,
-        l,
-        first_window_slot,
-        || meanwhile(Some(&alloc)),
-        drain,
-    )?;
-    Ok((Some(alloc), made))
+    run_windows(call, job, &src.staged, l, first_window_slot, drain)?;
+    Ok(Some(alloc))
 }
 
 /// Queues the direct copies of the page-locked sources `direct`, which are at `first` and
@@ -404,16 +396,15 @@ fn queue_direct(
 /// The staged region (`l.staged_end` bytes: the `staged` sources at the layout's offsets)
 /// through the staging slots, window by window ([`Pump`]), the first window in slot
 /// `first_slot`; `drain` queues the device's reads of a filled slot (the window's copy to
-/// its place); calls `meanwhile` once every fill is started and returns what it made.
-pub(super) fn run_windows<T, M>(
+/// its place).
+pub(super) fn run_windows<T>(
     call: &mut Call,
     job: &mut InFlight,
     staged: &[&[u8]],
     l: &Layout,
     first_slot: usize,
-    meanwhile: impl FnOnce() -> Result<M>,
     mut drain: impl FnMut(&mut Call, &mut InFlight, usize, plan::Window) -> Result<T>,
-) -> Result<M> {
+) -> Result<()> {
     let rt = call.rt;
     let window = plan::window_size(l.staged_end, rt.arena.slot_bytes());
     let windows: Vec<plan::Window> = plan::windows(l.staged_end, window).collect();
@@ -448,15 +439,10 @@ pub(super) fn run_windows<T, M>(
     };
     let mut queue =
         |job: &mut InFlight, k: usize, w: plan::Window| drain(call, job, k, w).map(|_| ());
-    while pump.started < windows.len() {
-        pump.turn(job, &fill, &mut queue)?;
-    }
-    // Every fill is started: make the outputs while the copy threads fill.
-    let made = meanwhile()?;
     while pump.queued < windows.len() {
         pump.turn(job, &fill, &mut queue)?;
     }
-    Ok(made)
+    Ok(())
 }
 
 /// The staging windows of one call in flight. Window `w` uses slot

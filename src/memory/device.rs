@@ -199,32 +199,35 @@ impl DeviceView {
     }
 
     /// Views of `alloc` for each `(offset, nbytes)`, an empty view where `nbytes` is 0:
-    /// one H2D batch's output tensors, made in one pass.
+    /// one H2D batch's output tensors. Every range is checked first, then the views are
+    /// made lazily, as the caller takes them (the batch is rebuilt around them in the same
+    /// pass: no list of views in between).
     ///
     /// # Errors
     /// The first range outside the allocation.
-    pub(crate) fn views(
-        alloc: &Arc<DeviceAlloc>,
-        ranges: impl ExactSizeIterator<Item = (usize, usize)>,
-    ) -> Result<Vec<DeviceView>> {
+    pub(crate) fn views<'a>(
+        alloc: &'a Arc<DeviceAlloc>,
+        ranges: impl ExactSizeIterator<Item = (usize, usize)> + Clone + 'a,
+    ) -> Result<impl ExactSizeIterator<Item = DeviceView> + 'a> {
         let len = alloc.nbytes();
-        let mut out = Vec::with_capacity(ranges.len());
-        for (offset, nbytes) in ranges {
-            if nbytes == 0 {
-                out.push(DeviceView::empty(alloc.device));
-                continue;
-            }
-            if offset.checked_add(nbytes).is_none_or(|e| e > len) {
+        for (offset, nbytes) in ranges.clone() {
+            if nbytes > 0 && offset.checked_add(nbytes).is_none_or(|e| e > len) {
                 super::check_range("device view", offset, nbytes, len)?;
             }
-            out.push(DeviceView {
-                alloc: Some(alloc.clone()),
-                offset,
-                nbytes,
-                device: alloc.device,
-            });
         }
-        Ok(out)
+        // Every non-empty range is inside the allocation (checked above).
+        Ok(ranges.map(move |(offset, nbytes)| {
+            if nbytes == 0 {
+                DeviceView::empty(alloc.device)
+            } else {
+                DeviceView {
+                    alloc: Some(alloc.clone()),
+                    offset,
+                    nbytes,
+                    device: alloc.device,
+                }
+            }
+        }))
     }
 
     /// A view of no bytes on `device`.
