@@ -47,12 +47,52 @@ pub(super) struct Pairs<'a> {
     pub device: Option<usize>,
 }
 
-/// A path's hash (SipHash with fixed keys: the same in both walks).
+/// A path's hash, the same in both walks. Not SipHash: this runs once per tensor of every
+/// call, and the inputs are our own paths, not an adversary's (a collision could only
+/// hide a difference of structure; each pair's dtype and size are still checked).
 fn path_hash(p: &Path) -> u64 {
     use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let mut h = PathHasher(0);
     p.hash(&mut h);
     h.finish()
+}
+
+/// A multiply-rotate hash of words (the scheme of rustc's `FxHasher`).
+struct PathHasher(u64);
+
+impl PathHasher {
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+impl std::hash::Hasher for PathHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            self.add(u64::from_le_bytes(c.try_into().unwrap_or_default()));
+        }
+        let mut last = [0u8; 8];
+        let rest = chunks.remainder();
+        last[..rest.len()].copy_from_slice(rest);
+        // The length too, so that trailing zero bytes change the hash.
+        self.add(u64::from_le_bytes(last) ^ ((rest.len() as u64) << 56));
+    }
+    fn write_u8(&mut self, n: u8) {
+        self.add(u64::from(n));
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.add(u64::from(n));
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.add(n);
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.add(n as u64);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
 }
 
 /// The path of `dst`'s `k`-th tensor, for an error message.
@@ -268,6 +308,37 @@ mod tests {
             prop_assert_eq!(found.is_some(), any);
             if let Some((i, j)) = found {
                 prop_assert!(i < j && overlap(ranges[i], ranges[j]));
+            }
+        }
+    }
+
+    #[test]
+    fn path_hashes_tell_apart_paths_that_differ() {
+        let path = |steps: Vec<Step>| {
+            let mut p = Path::default();
+            steps.into_iter().for_each(|s| p.push(s));
+            p
+        };
+        let key = |k: &str| Step::Key(k.into());
+        let paths = [
+            path(vec![]),
+            path(vec![Step::Index(1)]),
+            path(vec![Step::Index(2)]),
+            path(vec![Step::Nth(1)]),
+            path(vec![Step::Index(1), Step::Index(0)]),
+            path(vec![Step::Index(0), Step::Index(1)]),
+            path(vec![key("ab")]),
+            path(vec![key("a"), key("b")]),
+            path(vec![key("a")]),
+            path(vec![key("a\0")]),
+            path(vec![key("abcdefgh")]),
+            path(vec![key("abcdefgh\0")]),
+            path(vec![Step::Field("a".into())]),
+        ];
+        for (i, a) in paths.iter().enumerate() {
+            assert_eq!(path_hash(a), path_hash(&a.clone()));
+            for b in &paths[i + 1..] {
+                assert_ne!(path_hash(a), path_hash(b), "{a} and {b}");
             }
         }
     }

@@ -167,6 +167,10 @@ pub(crate) struct DeviceView {
     offset: usize,
     nbytes: usize,
     device: usize,
+    /// The allocation's address at `offset` (0 without one), kept here so that a batch's
+    /// addresses are read without touching each allocation (one cache miss per tensor
+    /// when the sources are cold).
+    at: DevicePtr,
 }
 
 impl DeviceView {
@@ -185,6 +189,7 @@ impl DeviceView {
             offset,
             nbytes,
             device: alloc.device,
+            at: alloc.addr(offset),
         })
     }
 
@@ -195,6 +200,7 @@ impl DeviceView {
             offset: 0,
             nbytes: alloc.nbytes(),
             device: alloc.device,
+            at: alloc.addr(0),
         }
     }
 
@@ -225,6 +231,7 @@ impl DeviceView {
                     offset,
                     nbytes,
                     device: alloc.device,
+                    at: alloc.addr(offset),
                 }
             }
         }))
@@ -237,6 +244,7 @@ impl DeviceView {
             offset: 0,
             nbytes: 0,
             device,
+            at: 0,
         }
     }
 
@@ -251,7 +259,7 @@ impl DeviceView {
     /// The address at `at` (<= nbytes) bytes into the view; `None` for an empty view.
     pub(crate) fn addr(&self, at: usize) -> Option<DevicePtr> {
         debug_assert!(at <= self.nbytes);
-        self.alloc.as_ref().map(|a| a.addr(self.offset + at))
+        self.alloc.as_ref().map(|_| self.at + at as DevicePtr)
     }
 
     /// `(address, bytes)` of the view, for overlap checks (`(0, 0)` for an empty view).
