@@ -775,6 +775,29 @@ impl Tensor {
         }
     }
 
+    /// Where this tensor's bytes start inside its allocation, in bytes: two tensors `a`
+    /// and `b` for which [`same_allocation`](Tensor::same_allocation) holds lie
+    /// `b.byte_offset() - a.byte_offset()` bytes apart. The outputs of one transfer call
+    /// are views of one allocation (256-byte aligned, in layout order), so a consumer can
+    /// hand an evenly spaced run of them to a framework as one strided tensor, kept alive
+    /// whole by any one of them. 0 for a tensor alone in its allocation and for an empty
+    /// device tensor.
+    ///
+    /// ```
+    /// use pinlane::Tensor;
+    /// # fn main() -> pinlane::Result<()> {
+    /// let a = Tensor::from_vec(vec![1u8; 4], [4])?;
+    /// assert_eq!(a.byte_offset(), 0);
+    /// # Ok(()) }
+    /// ```
+    pub fn byte_offset(&self) -> usize {
+        match &self.storage {
+            Storage::Host(b) => b.offset(),
+            Storage::Pinned(b) => b.offset(),
+            Storage::Device(v) => v.offset(),
+        }
+    }
+
     /// Whether two handles share the same storage (clones of one tensor, or the same
     /// bytes of one allocation).
     pub fn same_storage(&self, other: &Tensor) -> bool {

@@ -678,3 +678,30 @@ fn dlpack_memory_its_producer_may_write_needs_the_unsafe_import() {
     drop(copied);
     assert_eq!(drops.load(Ordering::SeqCst), 3, "every deleter ran once");
 }
+
+/// The outputs of one call are views of one allocation, laid out in order at 256-byte
+/// multiples: `byte_offset` says where, for a consumer that hands a run of them over as
+/// one strided tensor (the Python package does).
+#[test]
+fn outputs_of_one_call_lie_at_their_byte_offsets_in_one_allocation() {
+    common::sim();
+    let src: Vec<Tensor> = (0..5u8)
+        .map(|i| Tensor::from_vec(vec![i; 1000], [1000]).unwrap())
+        .collect();
+    assert!(src.iter().all(|t| t.byte_offset() == 0));
+    let on = transfer_tensor_h2d(&src).unwrap();
+    for out in [
+        on.clone(),
+        transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap(),
+        transfer_tensor_d2h(&on, &D2hOptions::default().output(HostOutput::Pageable)).unwrap(),
+    ] {
+        for w in out.windows(2) {
+            assert!(w[0].same_allocation(&w[1]));
+            // 1000 bytes, each tensor at the next multiple of 256.
+            assert_eq!(w[1].byte_offset() - w[0].byte_offset(), 1024);
+        }
+        if !out[0].is_cuda() {
+            assert_eq!(out, src);
+        }
+    }
+}

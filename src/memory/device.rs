@@ -296,6 +296,11 @@ impl DeviceView {
         unsafe { src.h2d_async(&ctx, alloc, self.offset, stream) }
     }
 
+    /// Where the view starts in its owner's bytes.
+    pub(crate) fn offset(&self) -> usize {
+        self.offset
+    }
+
     /// Whether both are views into one allocation (never for empty views).
     pub(crate) fn same_alloc(&self, other: &DeviceView) -> bool {
         matches!((&self.alloc, &other.alloc), (Some(a), Some(b)) if Arc::ptr_eq(a, b))

@@ -207,6 +207,11 @@ impl HostBuf {
         Some(p.wrapping_add(self.offset))
     }
 
+    /// Where the view starts in its owner's bytes.
+    pub(crate) fn offset(&self) -> usize {
+        self.offset
+    }
+
     /// Whether both are views into the bytes of one owner.
     pub(crate) fn same_owner(&self, other: &HostBuf) -> bool {
         std::ptr::addr_eq(Arc::as_ptr(&self.data), Arc::as_ptr(&other.data))

@@ -380,6 +380,11 @@ impl PinnedBuf {
         }))
     }
 
+    /// Where the view starts in its owner's bytes.
+    pub(crate) fn offset(&self) -> usize {
+        self.offset
+    }
+
     /// Whether both are views into one block.
     pub(crate) fn same_block(&self, other: &PinnedBuf) -> bool {
         Arc::ptr_eq(&self.block, &other.block)
