@@ -183,6 +183,16 @@ def serving_step():
     print()
 
 
+def _no_grad(fn, *args):
+    with torch.no_grad():
+        return fn(*args)
+
+
+def _inference(fn, *args):
+    with torch.inference_mode():
+        return fn(*args)
+
+
 def main():
     one_tensor()
     small_call_split()
@@ -213,6 +223,8 @@ def main():
         ("native d2h, no negated input, no views", lambda: _native.d2h(dev, device="cuda:0", maybe_neg=False, views=False)),
         ("native d2h, per-tensor handover", lambda: _native.d2h(dev, device="cuda:0", min_run=1 << 30)),
         ("torch: a [1000, 256] tensor's unbind(0)", lambda: base.unbind(0)),
+        ("torch: the same under torch.no_grad()", lambda: _no_grad(base.unbind, 0)),
+        ("torch: the same under torch.inference_mode()", lambda: _inference(base.unbind, 0)),
         ("pinlane.transfer_tensor_h2d", lambda: pinlane.transfer_tensor_h2d(host)),
         ("pinlane.transfer_tensor_d2h", lambda: pinlane.transfer_tensor_d2h(dev)),
         ("torch to_dlpack + from_dlpack (reference)", lambda: [torch.from_dlpack(torch.utils.dlpack.to_dlpack(t)) for t in dev]),
