@@ -20,8 +20,9 @@
 //!    window's copy is queued at once, in order, and a window's fill starts as soon as
 //!    its slot's previous copy has finished; meanwhile it copies pieces itself. Many
 //!    small tensors share one copy.
-//! 5. While the copies run, build the device tensors (views into the buffer) and the
-//!    rebuilt batch; then synchronise the stream and hand them out.
+//! 5. While the copy threads fill the last window (with nothing staged: while the copies
+//!    run), build the device tensors (views into the buffer) and the rebuilt batch, in one
+//!    pass; then synchronise the stream and hand them out.
 
 use super::completion::{self, Pending, Wake};
 use super::H2dOptions;
@@ -119,24 +120,24 @@ pub(crate) fn transfer<B: Batch>(
         end,
         staged_end,
     };
-    let run = submit(&mut call, &consumer, &mut job, &src, &layout);
+    // The output tensors (views into the batch's buffer, which `job` holds too) are made
+    // as the batch is rebuilt around them, in one pass, while the copy threads fill the
+    // last staging window (or, with nothing staged, while the copies run). They reach the
+    // caller only if the copies succeed; otherwise they are dropped here, and `job` keeps
+    // the buffer until the stream has let go of it.
+    let rebuild = |alloc: Option<&Arc<DeviceAlloc>>| {
+        let outputs = device_outputs(&all, order, &layout, device, alloc)?;
+        let rebuilt = super::rebuild_with(batch, &all, order, outputs);
+        super::trace::mark("rebuilt");
+        rebuilt
+    };
+    let run = submit(&mut call, &consumer, &mut job, &src, &layout, rebuild);
     let keep_sources = || super::device_read_sources(order.iter().map(|&i| all[i]));
-    let alloc = match run {
-        Ok(a) => a,
+    let (alloc, rebuilt) = match run {
+        Ok(r) => r,
         Err(e) => return Err(job.abort(e, keep_sources)),
     };
     super::trace::mark("submitted");
-    // The output tensors (views into the batch's buffer, which `job` holds too) are made
-    // as the batch is rebuilt around them, in one pass, while the copies run. They reach
-    // the caller only if the copies succeed; otherwise they are dropped here, and `job`
-    // keeps the buffer until the stream has let go of it.
-    let rebuilt = match device_outputs(&all, order, &layout, device, alloc.as_ref())
-        .and_then(|outputs| super::rebuild_with(batch, &all, order, outputs))
-    {
-        Ok(b) => b,
-        Err(e) => return Err(job.abort(e, keep_sources)),
-    };
-    super::trace::mark("rebuilt");
     let pending = match mode {
         Mode::Blocking => {
             job.finish(keep_sources)?;
@@ -307,17 +308,21 @@ pub(super) struct Layout<'a> {
     pub staged_end: usize,
 }
 
-/// Queues every copy of the batch on `job`'s stream. Returns the batch's allocation
-/// (`None` when all host tensors are empty and there is nothing to copy).
-fn submit(
+/// Queues every copy of the batch on `job`'s stream, calling `meanwhile` with the batch's
+/// allocation once: while the host fills the last staging window, before waiting for
+/// that fill (or after the direct copies and the kernel when nothing is staged; with
+/// `None` when all host tensors are empty and there is nothing to copy). Returns the
+/// batch's allocation and what `meanwhile` made.
+fn submit<T>(
     call: &mut Call,
     consumer: &Stream,
     job: &mut InFlight,
     src: &Routed,
     l: &Layout,
-) -> Result<Option<Arc<DeviceAlloc>>> {
+    meanwhile: impl FnOnce(Option<&Arc<DeviceAlloc>>) -> Result<T>,
+) -> Result<(Option<Arc<DeviceAlloc>>, T)> {
     if l.end == 0 {
-        return Ok(None);
+        return Ok((None, meanwhile(None)?));
     }
     let stream = job.stream().clone();
     let alloc = DeviceAlloc::new_async(call.ctx, call.device, l.end, &stream, consumer.clone())?;
@@ -345,13 +350,22 @@ fn submit(
         super::trace::mark("gather queued");
     }
     if l.staged_end == 0 {
-        return Ok(Some(alloc));
+        let made = meanwhile(Some(&alloc))?;
+        return Ok((Some(alloc), made));
     }
     let drain = |call: &mut Call, job: &mut InFlight, k: usize, w: plan::Window| {
         queue_window(call, job, k, w, &alloc)
     };
-    run_windows(call, job, &src.staged, l, first_window_slot, drain)?;
-    Ok(Some(alloc))
+    let made = run_windows(
+        call,
+        job,
+        &src.staged,
+        l,
+        first_window_slot,
+        || meanwhile(Some(&alloc)),
+        drain,
+    )?;
+    Ok((Some(alloc), made))
 }
 
 /// Queues the direct copies of the page-locked sources `direct`, which are at `first` and
@@ -396,15 +410,16 @@ fn queue_direct(
 /// The staged region (`l.staged_end` bytes: the `staged` sources at the layout's offsets)
 /// through the staging slots, window by window ([`Pump`]), the first window in slot
 /// `first_slot`; `drain` queues the device's reads of a filled slot (the window's copy to
-/// its place).
-pub(super) fn run_windows<T>(
+/// its place); calls `meanwhile` once every fill is started and returns what it made.
+pub(super) fn run_windows<T, M>(
     call: &mut Call,
     job: &mut InFlight,
     staged: &[&[u8]],
     l: &Layout,
     first_slot: usize,
+    meanwhile: impl FnOnce() -> Result<M>,
     mut drain: impl FnMut(&mut Call, &mut InFlight, usize, plan::Window) -> Result<T>,
-) -> Result<()> {
+) -> Result<M> {
     let rt = call.rt;
     let window = plan::window_size(l.staged_end, rt.arena.slot_bytes());
     let windows: Vec<plan::Window> = plan::windows(l.staged_end, window).collect();
@@ -439,10 +454,15 @@ pub(super) fn run_windows<T>(
     };
     let mut queue =
         |job: &mut InFlight, k: usize, w: plan::Window| drain(call, job, k, w).map(|_| ());
+    while pump.started < windows.len() {
+        pump.turn(job, &fill, &mut queue)?;
+    }
+    // Every fill is started: rebuild the batch while the copy threads fill.
+    let made = meanwhile()?;
     while pump.queued < windows.len() {
         pump.turn(job, &fill, &mut queue)?;
     }
-    Ok(())
+    Ok(made)
 }
 
 /// The staging windows of one call in flight. Window `w` uses slot
