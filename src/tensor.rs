@@ -778,10 +778,13 @@ impl Tensor {
     /// Where this tensor's bytes start inside its allocation, in bytes: two tensors `a`
     /// and `b` for which [`same_allocation`](Tensor::same_allocation) holds lie
     /// `b.byte_offset() - a.byte_offset()` bytes apart. The outputs of one transfer call
-    /// are views of one allocation (256-byte aligned, in layout order), so a consumer can
-    /// hand an evenly spaced run of them to a framework as one strided tensor, kept alive
-    /// whole by any one of them. 0 for a tensor alone in its allocation and for an empty
-    /// device tensor.
+    /// are views of one allocation (each at a multiple of 256 bytes; in the call's layout
+    /// order, which is not always the batch's), so a consumer can hand an evenly spaced run
+    /// of them to a framework as one strided tensor, kept alive whole by any one of them.
+    /// An allocation may hold more than one call's outputs (small page-locked outputs
+    /// share pooled blocks), so `same_allocation` alone does not say they came from one
+    /// call. 0 for a tensor made from a `Vec` and for an empty device tensor (which has
+    /// no allocation).
     ///
     /// ```
     /// use pinlane::Tensor;

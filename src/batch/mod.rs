@@ -58,6 +58,11 @@ use crate::tensor::Tensor;
 /// calls its function once on each tensor `visit` gives, in visit order. The transfer
 /// calls check this and return [`Error::BatchMismatch`](crate::error::Error::BatchMismatch)
 /// for an implementation that skips, adds or reorders a tensor.
+///
+/// `rebuild` must place the tensors its function returns without reading their bytes:
+/// a device-to-host transfer rebuilds the batch while the copies that write those bytes
+/// still run, and hands the batch out only once they have finished. (The std containers,
+/// [`Value`] and `#[derive(Batch)]` only move them.)
 pub trait Batch {
     /// Calls `f` on every tensor, in order.
     fn visit<'a>(&'a self, f: &mut dyn FnMut(&'a Tensor));

@@ -184,6 +184,7 @@ fn device_outputs<'a>(
         }
         None => None,
     };
+    debug_assert!(views.as_ref().is_none_or(|v| v.len() == order.len()));
     Ok(order.iter().map(move |&i| {
         let t = all[i];
         let view = views
@@ -410,7 +411,8 @@ fn queue_direct(
 /// The staged region (`l.staged_end` bytes: the `staged` sources at the layout's offsets)
 /// through the staging slots, window by window ([`Pump`]), the first window in slot
 /// `first_slot`; `drain` queues the device's reads of a filled slot (the window's copy to
-/// its place); calls `meanwhile` once every fill is started and returns what it made.
+/// its place); calls `meanwhile` once, while the last window fills (every fill started,
+/// every earlier window's copy queued), and returns what it made.
 pub(super) fn run_windows<T, M>(
     call: &mut Call,
     job: &mut InFlight,
@@ -454,10 +456,11 @@ pub(super) fn run_windows<T, M>(
     };
     let mut queue =
         |job: &mut InFlight, k: usize, w: plan::Window| drain(call, job, k, w).map(|_| ());
-    while pump.started < windows.len() {
+    // Every fill started and every window but the last queued: `meanwhile` then runs while
+    // the copy threads fill the last window, and holds back no other window's copy.
+    while pump.started < windows.len() || pump.queued + 1 < windows.len() {
         pump.turn(job, &fill, &mut queue)?;
     }
-    // Every fill is started: rebuild the batch while the copy threads fill.
     let made = meanwhile()?;
     while pump.queued < windows.len() {
         pump.turn(job, &fill, &mut queue)?;

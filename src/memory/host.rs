@@ -9,9 +9,12 @@ use std::sync::{Arc, Mutex};
 /// Bytes of a host buffer, whatever they came in.
 ///
 /// `all_bytes` returns the same slice (address and length) on every call, for the
-/// value's whole life: [`HostBuf`] keeps the address it returned once and reads through
-/// it while it holds the value. Every implementation here holds its bytes unmoved: a
-/// `Vec` that is never mutated, or memory behind a fixed pointer.
+/// value's whole life: [`HostBuf`] keeps the address once and reads through it while it
+/// holds the value. Every implementation here holds its bytes unmoved: a `Vec` that is
+/// never mutated, or memory behind a fixed pointer. The address is stable, not always
+/// the bytes: memory with a [`write_ptr`](HostBytes::write_ptr) may be written through
+/// it (copies into existing tensors), so `HostBuf` keeps that pointer, not one derived
+/// from the `&[u8]`, for reads to come after such writes.
 trait HostBytes: Send + Sync {
     fn all_bytes(&self) -> &[u8];
 
@@ -115,7 +118,7 @@ pub(crate) struct HostBuf {
     data: Arc<dyn HostBytes>,
     offset: usize,
     nbytes: usize,
-    /// `data.all_bytes()[offset..]`: only read through, never written.
+    /// The address of `data`'s bytes at `offset` (see `new`): only read through.
     at: HostPtr<u8>,
 }
 
@@ -125,7 +128,10 @@ impl HostBuf {
     fn new(data: Arc<dyn HostBytes>, offset: usize, nbytes: usize) -> HostBuf {
         let all = data.all_bytes();
         debug_assert!(offset.checked_add(nbytes).is_some_and(|e| e <= all.len()));
-        let at = HostPtr(all.as_ptr().wrapping_add(offset).cast_mut());
+        // Writable memory is read through the pointer it is written through (see the
+        // `HostBytes` docs); the rest through its bytes' address.
+        let base = data.write_ptr().unwrap_or(all.as_ptr().cast_mut());
+        let at = HostPtr(base.wrapping_add(offset));
         HostBuf {
             data,
             offset,
@@ -190,11 +196,12 @@ impl HostBuf {
     }
 
     pub(crate) fn bytes(&self) -> &[u8] {
-        // SAFETY: `at` is `data.all_bytes()[offset..]` (taken in `new` or `views`, where
-        // `offset + nbytes` was checked to be inside those bytes), and `all_bytes` returns
-        // the same bytes for `data`'s whole life (the `HostBytes` contract), which lasts
-        // at least as long as `self`; the address is non-null and aligned, as a slice's
-        // always is. The bytes are not written while a `&` to them exists (the owners'
+        // SAFETY: `at` is the address of `data.all_bytes()[offset..]` (taken in `new` or
+        // `views`, where `offset + nbytes` was checked to be inside those bytes; for
+        // writable memory through the pointer it is written through), and `all_bytes`
+        // returns the same bytes for `data`'s whole life (the `HostBytes` contract), which
+        // lasts at least as long as `self`; the address is non-null and aligned, as a
+        // slice's always is. The bytes are not written while a `&` to them exists (the owners'
         // contracts; `write_ptr` writes only while nothing reads them).
         unsafe { std::slice::from_raw_parts(self.at.0, self.nbytes) }
     }

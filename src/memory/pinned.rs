@@ -58,7 +58,6 @@ impl PinnedBlock {
         })
     }
 
-    /// The address of byte `offset` (writes through it are the caller's to make safe).
     /// Whether a kernel may read the block at its host address (see [`PinnedBuf::mapped`]).
     fn mapped(&self) -> bool {
         matches!(
@@ -67,6 +66,7 @@ impl PinnedBlock {
         )
     }
 
+    /// The address of byte `offset` (writes through it are the caller's to make safe).
     pub(crate) fn ptr_at(&self, offset: usize) -> *mut u8 {
         self.ptr.0.wrapping_add(offset)
     }
