@@ -234,8 +234,8 @@ fn into_block<B: Batch>(
         return Err(job.abort(e, out.sources()));
     }
     // The output views are made while the copies run, as the batch is rebuilt around them
-    // (one pass); nobody reads them before the copies are proven done (on failure they are dropped unread, and `job` keeps the block
-    // until the stream has let go of it).
+    // (one pass); nobody reads them before the copies are proven done (on failure they are
+    // dropped unread, and `job` keeps the block until the stream has let go of it).
     let ranges = l.offsets.iter().copied().zip(l.sizes.iter().copied());
     let views = match PinnedBuf::views(block, base, ranges) {
         Ok(v) => v,

@@ -184,24 +184,26 @@ impl DeviceView {
         nbytes: usize,
     ) -> Result<DeviceView> {
         super::check_range("device view", offset, nbytes, alloc.nbytes())?;
-        Ok(DeviceView {
+        Ok(DeviceView::inside(alloc, offset, nbytes))
+    }
+
+    /// `nbytes` at `offset` of `alloc`, a range the caller has checked to be inside it.
+    fn inside(alloc: &Arc<DeviceAlloc>, offset: usize, nbytes: usize) -> DeviceView {
+        debug_assert!(offset
+            .checked_add(nbytes)
+            .is_some_and(|e| e <= alloc.nbytes()));
+        DeviceView {
             alloc: Some(alloc.clone()),
             offset,
             nbytes,
             device: alloc.device,
             at: alloc.addr(offset),
-        })
+        }
     }
 
     /// All of `alloc`.
     pub(crate) fn whole(alloc: &Arc<DeviceAlloc>) -> DeviceView {
-        DeviceView {
-            alloc: Some(alloc.clone()),
-            offset: 0,
-            nbytes: alloc.nbytes(),
-            device: alloc.device,
-            at: alloc.addr(0),
-        }
+        DeviceView::inside(alloc, 0, alloc.nbytes())
     }
 
     /// Views of `alloc` for each `(offset, nbytes)`, an empty view where `nbytes` is 0:
@@ -226,13 +228,7 @@ impl DeviceView {
             if nbytes == 0 {
                 DeviceView::empty(alloc.device)
             } else {
-                DeviceView {
-                    alloc: Some(alloc.clone()),
-                    offset,
-                    nbytes,
-                    device: alloc.device,
-                    at: alloc.addr(offset),
-                }
+                DeviceView::inside(alloc, offset, nbytes)
             }
         }))
     }

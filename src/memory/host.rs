@@ -26,6 +26,13 @@ trait HostBytes: Send + Sync {
     }
 }
 
+/// The address `HostBuf` reads `data`'s bytes through: the write pointer of writable
+/// memory (the pointer copies into existing tensors write through), else the bytes'.
+fn base_ptr(data: &dyn HostBytes) -> *mut u8 {
+    data.write_ptr()
+        .unwrap_or_else(|| data.all_bytes().as_ptr().cast_mut())
+}
+
 impl<T: bytemuck::Pod + Send + Sync> HostBytes for Vec<T> {
     fn all_bytes(&self) -> &[u8] {
         bytemuck::cast_slice(self)
@@ -126,12 +133,10 @@ impl HostBuf {
     /// The view of `nbytes` at `offset` of `data`'s bytes (the caller has checked that it
     /// is inside them).
     fn new(data: Arc<dyn HostBytes>, offset: usize, nbytes: usize) -> HostBuf {
-        let all = data.all_bytes();
-        debug_assert!(offset.checked_add(nbytes).is_some_and(|e| e <= all.len()));
-        // Writable memory is read through the pointer it is written through (see the
-        // `HostBytes` docs); the rest through its bytes' address.
-        let base = data.write_ptr().unwrap_or(all.as_ptr().cast_mut());
-        let at = HostPtr(base.wrapping_add(offset));
+        debug_assert!(offset
+            .checked_add(nbytes)
+            .is_some_and(|e| e <= data.all_bytes().len()));
+        let at = HostPtr(base_ptr(&*data).wrapping_add(offset));
         HostBuf {
             data,
             offset,
@@ -201,8 +206,8 @@ impl HostBuf {
         // writable memory through the pointer it is written through), and `all_bytes`
         // returns the same bytes for `data`'s whole life (the `HostBytes` contract), which
         // lasts at least as long as `self`; the address is non-null and aligned, as a
-        // slice's always is. The bytes are not written while a `&` to them exists (the owners'
-        // contracts; `write_ptr` writes only while nothing reads them).
+        // slice's always is. The bytes are not written while a `&` to them exists (the
+        // owners' contracts; `write_ptr` writes only while nothing reads them).
         unsafe { std::slice::from_raw_parts(self.at.0, self.nbytes) }
     }
 
@@ -288,20 +293,19 @@ impl HostBuf {
         region: &'a FrozenRegion,
         ranges: impl ExactSizeIterator<Item = (usize, usize)> + Clone + 'a,
     ) -> Result<impl ExactSizeIterator<Item = HostBuf> + 'a> {
-        let all = region.0.all_bytes();
-        let (base, len) = (all.as_ptr(), all.len());
+        let (base, len) = (base_ptr(&*region.0), region.0.all_bytes().len());
         for (offset, nbytes) in ranges.clone() {
             if offset.checked_add(nbytes).is_none_or(|e| e > len) {
                 super::check_range("host view", offset, nbytes, len)?;
             }
         }
-        // Every range is inside the region (checked above): `at` is its first byte, as
-        // `HostBuf::new` would take it (without asking the region once per view).
+        // Every range is inside the region (checked above); its address is asked once,
+        // not once per view.
         Ok(ranges.map(move |(offset, nbytes)| HostBuf {
             data: region.0.clone(),
             offset,
             nbytes,
-            at: HostPtr(base.wrapping_add(offset).cast_mut()),
+            at: HostPtr(base.wrapping_add(offset)),
         }))
     }
 }

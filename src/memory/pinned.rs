@@ -283,9 +283,15 @@ pub(crate) struct PinnedBuf {
 impl PinnedBuf {
     /// `nbytes` at `offset` of `block` (the caller has checked that it is inside).
     fn new(block: Arc<PinnedBlock>, offset: usize, nbytes: usize) -> PinnedBuf {
+        let mapped = block.mapped();
+        PinnedBuf::with_kind(block, offset, nbytes, mapped)
+    }
+
+    /// As [`PinnedBuf::new`], with the block's `mapped()` already asked (once for many
+    /// views of one block).
+    fn with_kind(block: Arc<PinnedBlock>, offset: usize, nbytes: usize, mapped: bool) -> PinnedBuf {
         debug_assert!(offset.checked_add(nbytes).is_some_and(|e| e <= block.len));
         let at = HostPtr(block.ptr_at(offset));
-        let mapped = block.mapped();
         PinnedBuf {
             block,
             offset,
@@ -371,12 +377,8 @@ impl PinnedBuf {
         // Every range is inside the block (checked above): the invariant `bytes` relies on.
         // The block's address and kind are asked once, not once per view.
         let mapped = block.mapped();
-        Ok(ranges.map(move |(offset, nbytes)| PinnedBuf {
-            block: block.clone(),
-            offset: base + offset,
-            nbytes,
-            at: HostPtr(block.ptr_at(base + offset)),
-            mapped,
+        Ok(ranges.map(move |(offset, nbytes)| {
+            PinnedBuf::with_kind(block.clone(), base + offset, nbytes, mapped)
         }))
     }
 
