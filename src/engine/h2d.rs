@@ -20,9 +20,11 @@
 //!    window's copy is queued at once, in order, and a window's fill starts as soon as
 //!    its slot's previous copy has finished; meanwhile it copies pieces itself. Many
 //!    small tensors share one copy.
-//! 5. While the copy threads fill the last window (with nothing staged: while the copies
-//!    run), build the device tensors (views into the buffer) and the rebuilt batch, in one
-//!    pass; then synchronise the stream and hand them out.
+//! 5. Once every window's fill has started (with nothing staged: while the copies run),
+//!    build the device tensors (views into the buffer) and the rebuilt batch, in one pass;
+//!    every few tensors the pass queues the copy of each window whose fill has finished
+//!    (a non-blocking look), so the copy crosses the link while the batch is rebuilt.
+//!    Then synchronise the stream and hand them out.
 
 use super::completion::{self, Pending, Wake};
 use super::H2dOptions;
@@ -122,12 +124,12 @@ pub(crate) fn transfer<B: Batch>(
     };
     // The output tensors (views into the batch's buffer, which `job` holds too) are made
     // as the batch is rebuilt around them, in one pass, while the copy threads fill the
-    // last staging window (or, with nothing staged, while the copies run). They reach the
+    // staging windows (or, with nothing staged, while the copies run). They reach the
     // caller only if the copies succeed; otherwise they are dropped here, and `job` keeps
     // the buffer until the stream has let go of it.
-    let rebuild = |alloc: Option<&Arc<DeviceAlloc>>| {
+    let rebuild = |alloc: Option<&Arc<DeviceAlloc>>, tick: &mut dyn FnMut()| {
         let outputs = device_outputs(&all, order, &layout, device, alloc)?;
-        let rebuilt = super::rebuild_with(batch, &all, order, outputs);
+        let rebuilt = super::rebuild_with(batch, &all, order, ticking(outputs, tick));
         super::trace::mark("rebuilt");
         rebuilt
     };
@@ -198,6 +200,23 @@ fn device_outputs<'a>(
             Storage::Device(view),
         )
     }))
+}
+
+/// How many output tensors the rebuild makes between two looks at the staging windows
+/// (a look is one atomic load when no fill has finished: ~1000 tensors take 30 to 40 us).
+const TICK_EVERY: usize = 32;
+
+/// `outputs`, calling `tick` after every [`TICK_EVERY`] of them.
+fn ticking<'t>(
+    outputs: impl Iterator<Item = Tensor> + 't,
+    tick: &'t mut dyn FnMut(),
+) -> impl Iterator<Item = Tensor> + 't {
+    outputs.enumerate().map(move |(k, t)| {
+        if k % TICK_EVERY == TICK_EVERY - 1 {
+            tick();
+        }
+        t
+    })
 }
 
 /// The device the call copies to, after the checks that come before any copy; `None`
@@ -310,20 +329,21 @@ pub(super) struct Layout<'a> {
 }
 
 /// Queues every copy of the batch on `job`'s stream, calling `meanwhile` with the batch's
-/// allocation once: while the host fills the last staging window, before waiting for
-/// that fill (or after the direct copies and the kernel when nothing is staged; with
-/// `None` when all host tensors are empty and there is nothing to copy). Returns the
-/// batch's allocation and what `meanwhile` made.
+/// allocation once: once every staging window's fill has started, with a `tick` to call
+/// now and then, which queues the copies of the windows filled by then (or after the
+/// direct copies and the kernel when nothing is staged; with `None` when all host tensors
+/// are empty and there is nothing to copy). Returns the batch's allocation and what
+/// `meanwhile` made.
 fn submit<T>(
     call: &mut Call,
     consumer: &Stream,
     job: &mut InFlight,
     src: &Routed,
     l: &Layout,
-    meanwhile: impl FnOnce(Option<&Arc<DeviceAlloc>>) -> Result<T>,
+    meanwhile: impl FnOnce(Option<&Arc<DeviceAlloc>>, &mut dyn FnMut()) -> Result<T>,
 ) -> Result<(Option<Arc<DeviceAlloc>>, T)> {
     if l.end == 0 {
-        return Ok((None, meanwhile(None)?));
+        return Ok((None, meanwhile(None, &mut || {})?));
     }
     let stream = job.stream().clone();
     let alloc = DeviceAlloc::new_async(call.ctx, call.device, l.end, &stream, consumer.clone())?;
@@ -351,7 +371,7 @@ fn submit<T>(
         super::trace::mark("gather queued");
     }
     if l.staged_end == 0 {
-        let made = meanwhile(Some(&alloc))?;
+        let made = meanwhile(Some(&alloc), &mut || {})?;
         return Ok((Some(alloc), made));
     }
     let drain = |call: &mut Call, job: &mut InFlight, k: usize, w: plan::Window| {
@@ -363,7 +383,7 @@ fn submit<T>(
         &src.staged,
         l,
         first_window_slot,
-        || meanwhile(Some(&alloc)),
+        |tick| meanwhile(Some(&alloc), tick),
         drain,
     )?;
     Ok((Some(alloc), made))
@@ -411,15 +431,16 @@ fn queue_direct(
 /// The staged region (`l.staged_end` bytes: the `staged` sources at the layout's offsets)
 /// through the staging slots, window by window ([`Pump`]), the first window in slot
 /// `first_slot`; `drain` queues the device's reads of a filled slot (the window's copy to
-/// its place); calls `meanwhile` once, while the last window fills (every fill started,
-/// every earlier window's copy queued), and returns what it made.
+/// its place); calls `meanwhile` once every window's fill has started, and returns what
+/// it made. `meanwhile`'s tick queues the windows filled by then, in order, without
+/// waiting: call it every microsecond or so, so that no filled window waits long.
 pub(super) fn run_windows<T, M>(
     call: &mut Call,
     job: &mut InFlight,
     staged: &[&[u8]],
     l: &Layout,
     first_slot: usize,
-    meanwhile: impl FnOnce() -> Result<M>,
+    meanwhile: impl FnOnce(&mut dyn FnMut()) -> Result<M>,
     mut drain: impl FnMut(&mut Call, &mut InFlight, usize, plan::Window) -> Result<T>,
 ) -> Result<M> {
     let rt = call.rt;
@@ -456,12 +477,23 @@ pub(super) fn run_windows<T, M>(
     };
     let mut queue =
         |job: &mut InFlight, k: usize, w: plan::Window| drain(call, job, k, w).map(|_| ());
-    // Every fill started and every window but the last queued: `meanwhile` then runs while
-    // the copy threads fill the last window, and holds back no other window's copy.
-    while pump.started < windows.len() || pump.queued + 1 < windows.len() {
+    // Every fill started: `meanwhile` then runs while the copy threads fill, and its ticks
+    // queue each window's copy as its fill ends (an error there is kept for after it).
+    while pump.started < windows.len() {
         pump.turn(job, &fill, &mut queue)?;
     }
-    let made = meanwhile()?;
+    let mut failed = None;
+    let made = meanwhile(&mut || {
+        if failed.is_none() {
+            if let Err(e) = pump.advance(job, &fill, &mut queue) {
+                failed = Some(e);
+            }
+        }
+    });
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    let made = made?;
     while pump.queued < windows.len() {
         pump.turn(job, &fill, &mut queue)?;
     }
@@ -486,22 +518,16 @@ impl Pump<'_> {
         (w + self.first_slot) % self.nslots
     }
 
-    /// One turn: queues the copy of every filled window, in order, so the copy engine
-    /// gets each window as soon as it is ready; then starts the fill of every window
-    /// whose slot is free (its previous window's copy queued and finished, asked without
-    /// blocking). With nothing to do, this thread copies pieces of the oldest fill; with no
-    /// fill left either (every slot busy on the device), it pauses
-    /// ([`Patience`](super::patience::Patience)).
-    ///
-    /// # Errors
-    /// A failed fill, copy or event query; [`Error::StagingExhausted`](crate::error::Error::StagingExhausted)
-    /// once the device has kept every slot busy for `slot_wait`.
-    fn turn(
+    /// Queues the copy of every filled window, in order, so the copy engine gets each
+    /// window as soon as it is ready; then starts the fill of every window whose slot is
+    /// free (its previous window's copy queued and finished, asked without blocking).
+    /// Never waits; says whether it did anything.
+    fn advance(
         &mut self,
         job: &mut InFlight,
         fill: &impl Fn(&mut InFlight, usize, plan::Window) -> Result<()>,
         queue: &mut impl FnMut(&mut InFlight, usize, plan::Window) -> Result<()>,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let mut progress = false;
         while self.queued < self.started && job.leases[self.slot(self.queued)].fill_done() {
             queue(job, self.slot(self.queued), self.windows[self.queued])?;
@@ -517,7 +543,23 @@ impl Pump<'_> {
             self.started += 1;
             progress = true;
         }
-        if progress {
+        Ok(progress)
+    }
+
+    /// One turn: [`Pump::advance`]. With nothing to do, this thread copies pieces of the
+    /// oldest fill; with no fill left either (every slot busy on the device), it pauses
+    /// ([`Patience`](super::patience::Patience)).
+    ///
+    /// # Errors
+    /// A failed fill, copy or event query; [`Error::StagingExhausted`](crate::error::Error::StagingExhausted)
+    /// once the device has kept every slot busy for `slot_wait`.
+    fn turn(
+        &mut self,
+        job: &mut InFlight,
+        fill: &impl Fn(&mut InFlight, usize, plan::Window) -> Result<()>,
+        queue: &mut impl FnMut(&mut InFlight, usize, plan::Window) -> Result<()>,
+    ) -> Result<()> {
+        if self.advance(job, fill, queue)? {
             self.patience.progress();
             return Ok(());
         }
