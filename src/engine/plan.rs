@@ -65,7 +65,8 @@ pub(crate) struct Window {
 impl Window {
     /// The pieces of the items (`offsets[i]`, `sizes[i]`, sorted by offset and not
     /// overlapping) that fall inside this window, in item order. Empty items produce no
-    /// piece.
+    /// piece. The iterator's upper size hint is exact but for empty items, so a list of
+    /// the pieces is allocated once.
     pub(crate) fn parts<'a>(
         self,
         offsets: &'a [usize],
@@ -73,30 +74,37 @@ impl Window {
     ) -> impl Iterator<Item = Part> + 'a {
         debug_assert_eq!(offsets.len(), sizes.len());
         let (start, stop) = (self.start, self.start + self.len);
-        // The first item that ends after `start`: items are sorted and do not overlap, so
-        // their ends are sorted too (binary search).
-        let (mut lo, mut hi) = (0, offsets.len());
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            if offsets[mid] + sizes[mid] <= start {
-                lo = mid + 1;
-            } else {
-                hi = mid;
-            }
-        }
-        (lo..offsets.len())
-            .take_while(move |&i| offsets[i] < stop)
-            .filter_map(move |i| {
-                let (o, n) = (offsets[i], sizes[i]);
-                let (a, b) = (o.max(start), (o + n).min(stop));
-                (b > a).then_some(Part {
-                    item: i,
-                    item_off: a - o,
-                    window_off: a - start,
-                    len: b - a,
-                })
+        // The first item that ends after `start` and the first that starts at or after
+        // `stop`: items are sorted and do not overlap, so their starts and ends are sorted
+        // too (binary searches).
+        let lo = partition(offsets.len(), |i| offsets[i] + sizes[i] <= start);
+        let hi = lo + partition(offsets.len() - lo, |i| offsets[lo + i] < stop);
+        (lo..hi).filter_map(move |i| {
+            let (o, n) = (offsets[i], sizes[i]);
+            let (a, b) = (o.max(start), (o + n).min(stop));
+            (b > a).then_some(Part {
+                item: i,
+                item_off: a - o,
+                window_off: a - start,
+                len: b - a,
             })
+        })
     }
+}
+
+/// How many of `0..n` come before the first `i` for which `pred(i)` is false, where `pred`
+/// holds for a prefix of `0..n` only (a binary search).
+fn partition(n: usize, pred: impl Fn(usize) -> bool) -> usize {
+    let (mut lo, mut hi) = (0, n);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if pred(mid) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
 }
 
 /// The first window is never smaller than this (nor larger than a full one).
@@ -229,6 +237,10 @@ mod tests {
                 prop_assert_eq!(w.start, next_start);
                 prop_assert!(w.len > 0 && w.len <= window);
                 next_start = w.start + w.len;
+                // The size hint bounds the pieces, counting at most the empty items over.
+                let hint = w.parts(&offs, &sizes).size_hint().1;
+                let (n, empty) = (w.parts(&offs, &sizes).count(), sizes.iter().filter(|&&s| s == 0).count());
+                prop_assert!(hint.is_some_and(|h| h >= n && h <= n + empty), "{hint:?} for {n}");
                 for p in w.parts(&offs, &sizes) {
                     prop_assert!(p.window_off + p.len <= w.len);
                     // the piece's place in the window is its place in the batch buffer

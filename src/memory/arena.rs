@@ -495,7 +495,8 @@ impl SlotLease {
         let len = buf.len();
         let base = buf.as_mut_ptr();
         let mut end = 0;
-        let mut tasks = CopyTasks::with_capacity(pieces.size_hint().0);
+        let (least, most) = pieces.size_hint();
+        let mut tasks = CopyTasks::with_capacity(most.unwrap_or(least));
         for (at, src) in pieces {
             // Sorted and disjoint: a piece starting inside the previous one is refused too.
             check_range("slot fill", at, src.len(), len)?;

@@ -68,6 +68,7 @@ impl CopyTasks {
         }
     }
 
+    #[inline]
     pub(crate) fn push(&mut self, t: CopyTask) {
         self.total += t.len;
         self.largest = self.largest.max(t.len);

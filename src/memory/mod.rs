@@ -121,14 +121,22 @@ pub const DEVICE_ALIGN: usize = 256;
 
 /// `Ok` if `at..at + n` lies within `len` bytes (no overflow); else an error naming `what`.
 /// Every copy the memory layer queues checks its ranges with this first.
+/// Inlined (a batch checks thousands of ranges); the error is built out of line.
+#[inline]
 pub(crate) fn check_range(what: &str, at: usize, n: usize, len: usize) -> crate::error::Result<()> {
     if at.checked_add(n).is_some_and(|end| end <= len) {
         return Ok(());
     }
-    Err(crate::error::Error::Internal {
+    Err(range_error(what, at, n, len))
+}
+
+#[cold]
+#[inline(never)]
+fn range_error(what: &str, at: usize, n: usize, len: usize) -> crate::error::Error {
+    crate::error::Error::Internal {
         op: "copy range",
         reason: format!("{what}: {at}+{n} exceeds {len} bytes"),
-    })
+    }
 }
 
 /// What one kind of host memory holds: the staging arena, the page-locked output pool or
