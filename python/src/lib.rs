@@ -199,6 +199,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(configure, m)?)?;
     m.add_function(wrap_pyfunction!(memory_stats, m)?)?;
     m.add_function(wrap_pyfunction!(transfer::h2d, m)?)?;
+    m.add_function(wrap_pyfunction!(transfer::h2d_one, m)?)?;
+    m.add_function(wrap_pyfunction!(transfer::d2h_one, m)?)?;
     m.add_class::<into::Targets>()?;
     m.add_function(wrap_pyfunction!(transfer::d2h, m)?)?;
     m.add_function(wrap_pyfunction!(transfer::check_device, m)?)?;

@@ -222,6 +222,39 @@ pub(crate) fn h2d<'py>(
     outputs(py, &torch, slots, &moved, min_run, &target, &mut || Ok(()))
 }
 
+/// [`h2d`] of one tensor known not to be negated, onto cuda:{LOCAL_RANK}: the Python
+/// half's fast path for one plain tensor (a positional call, no list each way).
+#[pyfunction]
+#[pyo3(signature = (tensor, num_caches, /))]
+pub(crate) fn h2d_one<'py>(
+    py: Python<'py>,
+    tensor: Bound<'py, PyAny>,
+    num_caches: usize,
+) -> PyResult<Bound<'py, PyAny>> {
+    let out = h2d(
+        py,
+        vec![tensor],
+        num_caches,
+        None,
+        None,
+        torch::MIN_RUN,
+        false,
+        true,
+    )?;
+    only(out)
+}
+
+/// The one output of a one-tensor call.
+fn only<'py>(out: Vec<Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyAny>> {
+    let mut out = out.into_iter();
+    match (out.next(), out.next()) {
+        (Some(one), None) => Ok(one),
+        _ => Err(PyRuntimeError::new_err(
+            "pinlane: a one-tensor call did not give one output",
+        )),
+    }
+}
+
 /// What H2D does with `t`; a tensor pinlane moves is pushed onto `inputs`.
 fn h2d_slot<'py>(
     torch: &Torch,
@@ -407,6 +440,29 @@ pub(crate) fn d2h<'py>(
         .map_err(to_py)?;
     drop(inputs);
     outputs(py, &torch, slots, &moved, min_run, "cpu", before)
+}
+
+/// [`d2h`] of one tensor known not to be negated, from `device` (`None`:
+/// cuda:{LOCAL_RANK}), with no stream or event: the Python half's fast path for one plain
+/// tensor.
+#[pyfunction]
+#[pyo3(signature = (tensor, device, /))]
+pub(crate) fn d2h_one<'py>(
+    py: Python<'py>,
+    tensor: Bound<'py, PyAny>,
+    device: Option<&str>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let out = d2h(
+        py,
+        vec![tensor],
+        device,
+        None,
+        None,
+        torch::MIN_RUN,
+        false,
+        true,
+    )?;
+    only(out)
 }
 
 /// What D2H from `dev` does with `t`; a tensor pinlane moves is pushed onto `inputs`,

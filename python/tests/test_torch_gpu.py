@@ -509,3 +509,39 @@ def test_shutdown_gives_memory_back_and_the_next_call_starts_afresh(torch):
     again = transfer_tensor_d2h(transfer_tensor_h2d(batch))
     assert torch.equal(again["x"], batch["x"]) and torch.equal(again["y"][0], batch["y"][0])
     assert again["x"].device == torch.device("cpu") and dev.type == "cuda"
+
+
+def test_one_plain_tensor_takes_the_short_way_with_the_general_results(torch):
+    """One plain tensor, alone or in a list or tuple of one, goes to the native half in one
+    positional call (``_plain_one``): the same outputs as the general path gives, in the
+    same container, for every way of naming the device; a negated tensor and a subclass
+    take the general path and arrive as they should."""
+    dev = cuda_index(torch)
+    t = pattern(torch, torch.float32, (256,), 5)
+    transfer_tensor_h2d([t])  # torch and pinlane have now seen the GPU
+    assert pinlane._plain_one(t) is t
+    for batch in (t, [t], (t,)):
+        assert pinlane._plain_one(batch) is t
+        d = transfer_tensor_h2d(batch, num_caches=2)
+        one = d if type(batch) is type(t) else d[0]
+        assert type(d) is type(batch) and one.is_cuda and one.device.index == dev
+        assert same(torch, one, t)
+        general = transfer_tensor_h2d({"t": t})["t"]
+        assert same(torch, general, one) and general.device == one.device
+        for name in (None, f"cuda:{dev}", torch.device("cuda", dev), dev):
+            h = transfer_tensor_d2h(d, device=name)
+            back = h if type(d) is type(t) else h[0]
+            assert type(h) is type(d) and not back.is_cuda and back.is_pinned()
+            assert same(torch, back, t)
+    # Not the short way: each arrives as the general path delivers it.
+    z = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
+    neg = z.conj().imag
+    assert neg.is_neg() and pinlane._plain_one([neg]) is None
+    assert same(torch, transfer_tensor_h2d([neg])[0], torch.tensor([-2.0, 4.0]))
+    p = torch.nn.Parameter(t.clone(), requires_grad=False)
+    assert pinlane._plain_one(p) is None
+    assert same(torch, transfer_tensor_h2d(p), t)
+    # A device tensor given to H2D, a host one given to D2H: the same objects.
+    on = transfer_tensor_h2d(t)
+    assert transfer_tensor_h2d(on) is on and transfer_tensor_d2h(t) is t
+    assert transfer_tensor_h2d([on])[0] is on and transfer_tensor_d2h((t,))[0] is t

@@ -174,3 +174,48 @@ def test_the_calls_single_tensor_way_matches_the_walk(batch):
     got, want = _rewrapped(batch, one, new), rebuild(batch, Leaf, [new])
     assert type(got) is type(want) and flatten(got, Leaf) == [new]
     assert _rewrapped(batch, one, one) is rebuild(batch, Leaf, [one]) is batch
+
+
+class SignedLeaf(Leaf):
+    """A leaf that knows whether it is negated, as a torch tensor answers ``is_neg()``."""
+
+    def __init__(self, n, neg=False):
+        super().__init__(n)
+        self.neg = neg
+
+    def is_neg(self):
+        return self.neg
+
+
+@settings(max_examples=300, deadline=None)
+@given(batches)
+@example([SignedLeaf(0)])
+@example((SignedLeaf(0, neg=True),))
+@example(SignedLeaf(1))
+def test_the_calls_plain_tensor_way_takes_exactly_the_plain_single_tensors(batch):
+    """``_plain_one`` (the native half in one call) takes a batch that ``_single`` takes,
+    only where that leaf is of exactly the tensor type and not negated, and nothing
+    before torch and pinlane have seen a GPU (``_Tensor`` unset)."""
+    import pinlane
+
+    def signed(b):
+        # The strategy's leaves as SignedLeaf (every third one negated), and one of a
+        # subclass, which the short way leaves to the general path.
+        return rebuild(b, Leaf, [SignedLeaf(x.n, neg=x.n % 3 == 0) for x in flatten(b, Leaf)])
+
+    batch = signed(batch)
+    seen = pinlane._Tensor  # torch.Tensor where an earlier test used the GPU
+    try:
+        pinlane._Tensor = None
+        assert pinlane._plain_one(batch) is None
+        pinlane._Tensor = SignedLeaf
+        one = pinlane._single(batch, SignedLeaf)
+        want = one if one is not None and type(one) is SignedLeaf and not one.neg else None
+        assert pinlane._plain_one(batch) is want
+
+        class Sub(SignedLeaf):
+            pass
+
+        assert pinlane._plain_one([Sub(1)]) is None
+    finally:
+        pinlane._Tensor = seen
