@@ -312,7 +312,10 @@ fn handover(t: &Tensor) -> PyResult<Managed> {
     // SAFETY: `dl` was just made and is owned here alone: no one else reads its
     // descriptor. The tensor handed over is the only user of its bytes (pinlane keeps a
     // reference only to keep memory alive, never to read it; views of one block never
-    // overlap), so dropping READ_ONLY lets no write reach anything else.
+    // overlap), so dropping READ_ONLY lets no write reach anything else. The data pointer
+    // carries the right to write: page-locked blocks are raw driver allocations, and a
+    // pageable output region is exported through the pointer taken from its buffer with
+    // `as_mut_ptr` (pinlane's `Pooled`), not one derived from a shared `&[u8]`.
     unsafe {
         let m = dl.as_ptr();
         if (*m).dl_tensor.device.device_type == DLDeviceType::CUDAHOST {

@@ -52,7 +52,7 @@ pub(crate) fn export(
     stream: Option<&Stream>,
 ) -> Result<dlpark::versioned::Dlpack> {
     let (device, data, lent) = match storage {
-        Storage::Host(b) => (DLDevice::CPU, b.bytes().as_ptr(), None),
+        Storage::Host(b) => (DLDevice::CPU, b.as_ptr(), None),
         Storage::Pinned(b) => (
             DLDevice {
                 device_type: DLDeviceType::CUDAHOST,
@@ -233,6 +233,41 @@ pub(crate) unsafe fn import_raw<M: ManagedTensorBase>(
 mod tests {
     use super::*;
     use dlpark::ffi::DLDataTypeCode;
+
+    /// The Python package hands pinlane's D2H outputs to torch writable (torch has no
+    /// read-only tensors): the export of a view of an output region must carry the right
+    /// to write the region's bytes, not a pointer derived from a shared `&[u8]`. Miri
+    /// checks that (`cargo +nightly miri test --lib exported_output_regions`).
+    #[test]
+    fn exported_output_regions_may_be_written_through_their_data_pointer() {
+        use super::super::{HostPool, HostRegion};
+        let pool = std::sync::Arc::new(HostPool::new(1 << 20));
+        let mut r = HostRegion::take(&pool, 512);
+        r.bytes_mut().fill(1);
+        let frozen = r.freeze();
+        let mut views = HostBuf::views(&frozen, [(0, 256), (256, 256)].into_iter()).unwrap();
+        let (a, b) = (views.next().unwrap(), views.next().unwrap());
+        drop(views);
+        drop(frozen);
+        let dl = export(
+            &Storage::Host(b.clone()),
+            DType::U8,
+            &[256],
+            Box::new(b.clone()),
+            None,
+        )
+        .unwrap();
+        // SAFETY: the consumer's write, as torch makes it into a tensor it was handed
+        // writable: inside the exported 256 bytes, which the capsule keeps alive, and
+        // nothing reads them meanwhile.
+        unsafe {
+            let data = (*dl.as_ptr()).dl_tensor.data.cast::<u8>();
+            data.write_bytes(7, 256);
+        }
+        drop(dl);
+        assert_eq!(b.bytes(), &[7u8; 256][..], "the write landed");
+        assert_eq!(a.bytes(), &[1u8; 256][..], "the other view is untouched");
+    }
 
     #[test]
     fn dtypes_map_both_ways() {

@@ -24,13 +24,21 @@ trait HostBytes: Send + Sync {
     fn write_ptr(&self) -> Option<*mut u8> {
         None
     }
+
+    /// The address `HostBuf` reads the bytes through, and exports them at: the write
+    /// pointer of writable memory (the pointer copies into existing tensors write
+    /// through), else the bytes' own. A D2H output region's is a pointer with the right
+    /// to write, though pinlane never writes it: the Python package hands those outputs
+    /// to torch, which has no read-only tensors ([`Pooled`]).
+    fn base(&self) -> *mut u8 {
+        self.write_ptr()
+            .unwrap_or_else(|| self.all_bytes().as_ptr().cast_mut())
+    }
 }
 
-/// The address `HostBuf` reads `data`'s bytes through: the write pointer of writable
-/// memory (the pointer copies into existing tensors write through), else the bytes'.
+/// The address `HostBuf` reads `data`'s bytes through ([`HostBytes::base`]).
 fn base_ptr(data: &dyn HostBytes) -> *mut u8 {
-    data.write_ptr()
-        .unwrap_or_else(|| data.all_bytes().as_ptr().cast_mut())
+    data.base()
 }
 
 impl<T: bytemuck::Pod + Send + Sync> HostBytes for Vec<T> {
@@ -219,6 +227,12 @@ impl HostBuf {
         Some(p.wrapping_add(self.offset))
     }
 
+    /// The view's first byte, as an address to hand out (a DLPack export): the pointer
+    /// the view reads through ([`HostBytes::base`]), not one derived from `bytes()`.
+    pub(crate) fn as_ptr(&self) -> *const u8 {
+        self.at.0
+    }
+
     /// Where the view starts in its owner's bytes.
     pub(crate) fn offset(&self) -> usize {
         self.offset
@@ -265,8 +279,15 @@ impl HostRegion {
     /// Freezes the region; [`HostBuf::view`] then carves tensors out of it.
     pub(crate) fn freeze(mut self) -> FrozenRegion {
         self.frozen = true;
-        let words = std::mem::take(&mut self.words);
-        FrozenRegion(Arc::new(Pooled(words, self.pool.clone())))
+        let mut words = std::mem::take(&mut self.words);
+        // Taken while the region is ours alone, from the `Vec` itself: a pointer with the
+        // right to write the whole buffer (see `Pooled`).
+        let base = words.as_mut_ptr().cast::<u8>();
+        FrozenRegion(Arc::new(Pooled {
+            words,
+            base,
+            pool: self.pool.clone(),
+        }))
     }
 }
 
@@ -310,18 +331,48 @@ impl HostBuf {
     }
 }
 
-/// Words that go back to the [`HostPool`] when dropped.
-struct Pooled(Vec<u64>, Arc<HostPool>);
+/// One D2H batch's output region, frozen: words that go back to the [`HostPool`] when
+/// the last view drops.
+///
+/// Its bytes are read (and exported) through `base`, a pointer taken from the `Vec` with
+/// `as_mut_ptr` while the region was still the call's alone: the Python package hands
+/// these outputs to torch writable (torch has no read-only tensors), and a write through
+/// a pointer derived from a shared `&[u8]` would be undefined behaviour (Miri flags it:
+/// `exported_output_regions_may_be_written_through_their_data_pointer`). pinlane itself
+/// never writes a frozen region.
+struct Pooled {
+    /// The buffer, kept only to be given back; its bytes are reached through `base`.
+    words: Vec<u64>,
+    base: *mut u8,
+    pool: Arc<HostPool>,
+}
+
+// SAFETY: `base` points into `words`' buffer, which `Pooled` owns and never moves or
+// reallocates until it is given back in `Drop`; pinlane only reads through it (any other
+// thread's shared reads are fine), and the one writer the Python package allows (torch,
+// through an export it holds) is the only user of those bytes then.
+unsafe impl Send for Pooled {}
+// SAFETY: as above: `&Pooled` gives reads of an unmoving buffer.
+unsafe impl Sync for Pooled {}
 
 impl HostBytes for Pooled {
     fn all_bytes(&self) -> &[u8] {
-        bytemuck::cast_slice(&self.0)
+        // The length from the `Vec` itself, not from a slice of its words (a reference to
+        // the bytes would be a read of memory torch may be writing).
+        let len = self.words.len() * std::mem::size_of::<u64>();
+        // SAFETY: `base` is `words`' buffer (taken in `freeze`), `len` its size in bytes;
+        // the buffer is neither moved nor freed before `self` drops.
+        unsafe { std::slice::from_raw_parts(self.base, len) }
+    }
+
+    fn base(&self) -> *mut u8 {
+        self.base
     }
 }
 
 impl Drop for Pooled {
     fn drop(&mut self) {
-        self.1.give_back(std::mem::take(&mut self.0));
+        self.pool.give_back(std::mem::take(&mut self.words));
     }
 }
 
