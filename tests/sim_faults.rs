@@ -112,6 +112,52 @@ fn h2d_fault_sweep() {
     .unwrap();
 }
 
+/// 100 small pageable tensors: two staging windows of `common::sim`'s 64 KiB slots, whose
+/// copies the rebuild's ticks queue (every 32 tensors placed), so that the faults of the
+/// copies and of their events fire inside a tick.
+fn many_small() -> Vec<Tensor> {
+    (0..100)
+        .map(|i| common::tensor(DType::F32, &[256], 1000 + i as u64))
+        .collect()
+}
+
+#[test]
+fn h2d_fault_sweep_with_windows_queued_during_the_rebuild() {
+    common::sim();
+    let _turn = serial();
+    std::thread::spawn(|| {
+        let b = many_small();
+        // Without a fault, both windows are queued before the batch is rebuilt: the path
+        // the sweep below breaks.
+        pinlane::observe::trace_next_call();
+        let on = transfer_tensor_h2d(&b).unwrap();
+        let marks = pinlane::observe::last_trace().unwrap();
+        let labels: Vec<&str> = marks.iter().map(|m| m.0).collect();
+        let queued: Vec<usize> = (0..labels.len())
+            .filter(|&k| labels[k] == "window queued")
+            .collect();
+        let rebuilt = labels.iter().position(|l| *l == "rebuilt");
+        assert!(
+            queued.len() == 2 && rebuilt.is_some_and(|r| queued.iter().all(|&q| q < r)),
+            "{labels:?}"
+        );
+        assert_eq!(transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap(), b);
+        let mut total = 0;
+        for kind in KINDS {
+            let call = || {
+                transfer_tensor_h2d(&b)
+                    .and_then(|on| transfer_tensor_d2h(&on, &D2hOptions::default()))
+            };
+            let n = sweep(kind, &b, &call, &b);
+            assert!(n > 0, "{kind:?} never fired");
+            total += n;
+        }
+        eprintln!("h2d+d2h fault sweep, windows queued by ticks: {total} faults injected");
+    })
+    .join()
+    .unwrap();
+}
+
 #[test]
 fn d2h_fault_sweep_both_output_modes() {
     common::sim();

@@ -327,7 +327,7 @@ fn rebuild<B: Batch>(
             let t = out.all[i];
             Tensor::from_parts(t.dtype(), t.shape().clone(), n, storage)
         });
-    super::rebuild_with(batch, out.all, out.picked, moved)
+    super::rebuild_with(batch, out.all, out.picked, moved, &mut || {})
 }
 
 /// Tensors up to this size are gathered on the device when there are enough of them.

@@ -129,7 +129,7 @@ pub(crate) fn transfer<B: Batch>(
     // the buffer until the stream has let go of it.
     let rebuild = |alloc: Option<&Arc<DeviceAlloc>>, tick: &mut dyn FnMut()| {
         let outputs = device_outputs(&all, order, &layout, device, alloc)?;
-        let rebuilt = super::rebuild_with(batch, &all, order, ticking(outputs, tick));
+        let rebuilt = super::rebuild_with(batch, &all, order, outputs, tick);
         super::trace::mark("rebuilt");
         rebuilt
     };
@@ -200,23 +200,6 @@ fn device_outputs<'a>(
             Storage::Device(view),
         )
     }))
-}
-
-/// How many output tensors the rebuild makes between two looks at the staging windows
-/// (a look is one atomic load when no fill has finished: ~1000 tensors take 30 to 40 us).
-const TICK_EVERY: usize = 32;
-
-/// `outputs`, calling `tick` after every [`TICK_EVERY`] of them.
-fn ticking<'t>(
-    outputs: impl Iterator<Item = Tensor> + 't,
-    tick: &'t mut dyn FnMut(),
-) -> impl Iterator<Item = Tensor> + 't {
-    outputs.enumerate().map(move |(k, t)| {
-        if k % TICK_EVERY == TICK_EVERY - 1 {
-            tick();
-        }
-        t
-    })
 }
 
 /// The device the call copies to, after the checks that come before any copy; `None`

@@ -239,7 +239,8 @@ mod tests {
                 next_start = w.start + w.len;
                 // The size hint bounds the pieces, counting at most the empty items over.
                 let hint = w.parts(&offs, &sizes).size_hint().1;
-                let (n, empty) = (w.parts(&offs, &sizes).count(), sizes.iter().filter(|&&s| s == 0).count());
+                let n = w.parts(&offs, &sizes).count();
+                let empty = sizes.iter().filter(|&&s| s == 0).count();
                 prop_assert!(hint.is_some_and(|h| h >= n && h <= n + empty), "{hint:?} for {n}");
                 for p in w.parts(&offs, &sizes) {
                     prop_assert!(p.window_off + p.len <= w.len);

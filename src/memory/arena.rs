@@ -495,8 +495,11 @@ impl SlotLease {
         let len = buf.len();
         let base = buf.as_mut_ptr();
         let mut end = 0;
+        // The pieces' upper bound when it is a real one (Window::parts' is exact): no
+        // more pieces than bytes of slot can be valid.
         let (least, most) = pieces.size_hint();
-        let mut tasks = CopyTasks::with_capacity(most.unwrap_or(least));
+        let cap = most.filter(|&m| m <= len.max(least)).unwrap_or(least);
+        let mut tasks = CopyTasks::with_capacity(cap);
         for (at, src) in pieces {
             // Sorted and disjoint: a piece starting inside the previous one is refused too.
             check_range("slot fill", at, src.len(), len)?;

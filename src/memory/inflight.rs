@@ -189,12 +189,13 @@ impl Drop for InFlight {
         if self.done {
             return;
         }
-        // Not reached by the engine (every path calls finish or abort); kept so that no
-        // lease goes back to the arena with a copy still running. Bounded: a hung device
-        // must not hang the dropping thread, so the stream is polled through an event
-        // for at most the drop bound (`retained::drop_wait`); if it is not proven idle by
-        // then, everything is
-        // retained (never freed early) and the drop returns.
+        // Reached only on an unwind through a call (a user's `Batch::rebuild` that panics
+        // while the copies run): every other path calls finish or abort. So that no lease
+        // goes back to the arena with a copy still running, fills are settled first (the
+        // batch they read is still borrowed then). Bounded: a hung device must not hang
+        // the dropping thread, so the stream is polled through an event for at most the
+        // drop bound (`retained::drop_wait`); if it is not proven idle by then, everything
+        // is retained (never freed early) and the drop returns.
         self.settle();
         let stream = self.stream.clone();
         match Synced::within(&stream, retained::drop_wait()) {
