@@ -237,7 +237,7 @@ mod tests {
     /// The Python package hands pinlane's D2H outputs to torch writable (torch has no
     /// read-only tensors): the export of a view of an output region must carry the right
     /// to write the region's bytes, not a pointer derived from a shared `&[u8]`. Miri
-    /// checks that (`cargo +nightly miri test --lib exported_output_regions`).
+    /// checks that (`cargo +nightly miri test --lib exported_`; `.ci/miri` runs it).
     #[test]
     fn exported_output_regions_may_be_written_through_their_data_pointer() {
         use super::super::{HostPool, HostRegion};
@@ -267,6 +267,51 @@ mod tests {
         drop(dl);
         assert_eq!(b.bytes(), &[7u8; 256][..], "the write landed");
         assert_eq!(a.bytes(), &[1u8; 256][..], "the other view is untouched");
+        // A run of same-shape outputs goes to torch as one tensor over its first view's
+        // pointer, spanning the views after it: that pointer may write them all.
+        let run = export(
+            &Storage::Host(a.clone()),
+            DType::U8,
+            &[512],
+            Box::new(a.clone()),
+            None,
+        )
+        .unwrap();
+        // SAFETY: as above, over the region's 512 bytes (both views), which `a` keeps
+        // alive, with nothing reading them meanwhile.
+        unsafe {
+            let data = (*run.as_ptr()).dl_tensor.data.cast::<u8>();
+            data.write_bytes(9, 512);
+        }
+        drop(run);
+        assert_eq!(a.bytes(), &[9u8; 256][..]);
+        assert_eq!(b.bytes(), &[9u8; 256][..]);
+    }
+
+    /// The same for a copy pinlane made (`Tensor::from_bytes`, which the Python package's
+    /// checkpoint loader hands to torch when there is no GPU).
+    #[test]
+    fn exported_copies_may_be_written_through_their_data_pointer() {
+        let b = HostBuf::copy_of(&[1u8; 100]);
+        let dl = export(
+            &Storage::Host(b.clone()),
+            DType::U8,
+            &[100],
+            Box::new(b.clone()),
+            None,
+        )
+        .unwrap();
+        // SAFETY: the consumer's write, inside the exported 100 bytes, which the capsule
+        // keeps alive, with nothing reading them meanwhile.
+        unsafe {
+            (*dl.as_ptr())
+                .dl_tensor
+                .data
+                .cast::<u8>()
+                .write_bytes(3, 100)
+        };
+        drop(dl);
+        assert_eq!(b.bytes(), &[3u8; 100][..]);
     }
 
     #[test]

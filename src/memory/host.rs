@@ -13,10 +13,18 @@ use std::sync::{Arc, Mutex};
 /// holds the value. Every implementation here holds its bytes unmoved: a `Vec` that is
 /// never mutated, or memory behind a fixed pointer. The address is stable, not always
 /// the bytes: memory with a [`write_ptr`](HostBytes::write_ptr) may be written through
-/// it (copies into existing tensors), so `HostBuf` keeps that pointer, not one derived
-/// from the `&[u8]`, for reads to come after such writes.
+/// it (copies into existing tensors), and pinlane's own copies ([`Words`]: D2H output
+/// regions, `Tensor::from_bytes`) may be handed to a consumer that writes them (the
+/// Python package hands them to torch writable); so `HostBuf` reads through
+/// [`base`](HostBytes::base), not a pointer derived from a `&[u8]`, and once a view is
+/// handed over writable pinlane makes no reference to its bytes.
 trait HostBytes: Send + Sync {
     fn all_bytes(&self) -> &[u8];
+
+    /// How many bytes `all_bytes` holds, asked without making a reference to them.
+    fn len(&self) -> usize {
+        self.all_bytes().len()
+    }
 
     /// The bytes' address with the right to write them, where there is one: only memory
     /// handed over as a raw pointer (a DLPack import), never memory pinlane or a Rust
@@ -27,9 +35,9 @@ trait HostBytes: Send + Sync {
 
     /// The address `HostBuf` reads the bytes through, and exports them at: the write
     /// pointer of writable memory (the pointer copies into existing tensors write
-    /// through), else the bytes' own. A D2H output region's is a pointer with the right
-    /// to write, though pinlane never writes it: the Python package hands those outputs
-    /// to torch, which has no read-only tensors ([`Pooled`]).
+    /// through), else the bytes' own. pinlane's own copies' is a pointer with the right to
+    /// write, though pinlane never writes them: the Python package hands those tensors to
+    /// torch, which has no read-only tensors ([`Words`]).
     fn base(&self) -> *mut u8 {
         self.write_ptr()
             .unwrap_or_else(|| self.all_bytes().as_ptr().cast_mut())
@@ -141,9 +149,7 @@ impl HostBuf {
     /// The view of `nbytes` at `offset` of `data`'s bytes (the caller has checked that it
     /// is inside them).
     fn new(data: Arc<dyn HostBytes>, offset: usize, nbytes: usize) -> HostBuf {
-        debug_assert!(offset
-            .checked_add(nbytes)
-            .is_some_and(|e| e <= data.all_bytes().len()));
+        debug_assert!(offset.checked_add(nbytes).is_some_and(|e| e <= data.len()));
         let at = HostPtr(base_ptr(&*data).wrapping_add(offset));
         HostBuf {
             data,
@@ -201,11 +207,12 @@ impl HostBuf {
         HostBuf::new(Arc::new(f), 0, nbytes)
     }
 
-    /// A copy of `bytes`, aligned to 8.
+    /// A copy of `bytes`, aligned to 8 ([`Words`]: a consumer it is exported to may write
+    /// it).
     pub(crate) fn copy_of(bytes: &[u8]) -> HostBuf {
         let mut words = vec![0u64; bytes.len().div_ceil(8)];
         bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..bytes.len()].copy_from_slice(bytes);
-        HostBuf::new(Arc::new(words), 0, bytes.len())
+        HostBuf::new(Arc::new(Words::new(words)), 0, bytes.len())
     }
 
     pub(crate) fn bytes(&self) -> &[u8] {
@@ -215,7 +222,8 @@ impl HostBuf {
         // returns the same bytes for `data`'s whole life (the `HostBytes` contract), which
         // lasts at least as long as `self`; the address is non-null and aligned, as a
         // slice's always is. The bytes are not written while a `&` to them exists (the
-        // owners' contracts; `write_ptr` writes only while nothing reads them).
+        // owners' contracts; `write_ptr` writes only while nothing reads them, and a
+        // consumer pinlane's own copies are handed to writable holds their only view).
         unsafe { std::slice::from_raw_parts(self.at.0, self.nbytes) }
     }
 
@@ -279,13 +287,9 @@ impl HostRegion {
     /// Freezes the region; [`HostBuf::view`] then carves tensors out of it.
     pub(crate) fn freeze(mut self) -> FrozenRegion {
         self.frozen = true;
-        let mut words = std::mem::take(&mut self.words);
-        // Taken while the region is ours alone, from the `Vec` itself: a pointer with the
-        // right to write the whole buffer (see `Pooled`).
-        let base = words.as_mut_ptr().cast::<u8>();
+        let words = std::mem::take(&mut self.words);
         FrozenRegion(Arc::new(Pooled {
-            words,
-            base,
+            words: Words::new(words),
             pool: self.pool.clone(),
         }))
     }
@@ -314,7 +318,7 @@ impl HostBuf {
         region: &'a FrozenRegion,
         ranges: impl ExactSizeIterator<Item = (usize, usize)> + Clone + 'a,
     ) -> Result<impl ExactSizeIterator<Item = HostBuf> + 'a> {
-        let (base, len) = (base_ptr(&*region.0), region.0.all_bytes().len());
+        let (base, len) = (base_ptr(&*region.0), region.0.len());
         for (offset, nbytes) in ranges.clone() {
             if offset.checked_add(nbytes).is_none_or(|e| e > len) {
                 super::check_range("host view", offset, nbytes, len)?;
@@ -331,38 +335,47 @@ impl HostBuf {
     }
 }
 
-/// One D2H batch's output region, frozen: words that go back to the [`HostPool`] when
-/// the last view drops.
+/// Words pinlane filled and now only reads: a copy (`Tensor::from_bytes`) or a frozen
+/// D2H output region.
 ///
-/// Its bytes are read (and exported) through `base`, a pointer taken from the `Vec` with
-/// `as_mut_ptr` while the region was still the call's alone: the Python package hands
-/// these outputs to torch writable (torch has no read-only tensors), and a write through
-/// a pointer derived from a shared `&[u8]` would be undefined behaviour (Miri flags it:
+/// The bytes are read (and exported) through `base`, a pointer taken from the `Vec` with
+/// `as_mut_ptr` while it was ours alone: the Python package hands these tensors to torch
+/// writable (torch has no read-only tensors), and a write through a pointer derived from
+/// a shared `&[u8]` would be undefined behaviour (Miri flags it:
 /// `exported_output_regions_may_be_written_through_their_data_pointer`). pinlane itself
-/// never writes a frozen region.
-struct Pooled {
-    /// The buffer, kept only to be given back; its bytes are reached through `base`.
+/// never writes them.
+struct Words {
+    /// The buffer, kept to own (and give back) its memory; its bytes are reached through
+    /// `base` only.
     words: Vec<u64>,
     base: *mut u8,
-    pool: Arc<HostPool>,
 }
 
-// SAFETY: `base` points into `words`' buffer, which `Pooled` owns and never moves or
-// reallocates until it is given back in `Drop`; pinlane only reads through it (any other
-// thread's shared reads are fine), and the one writer the Python package allows (torch,
-// through an export it holds) is the only user of those bytes then.
-unsafe impl Send for Pooled {}
-// SAFETY: as above: `&Pooled` gives reads of an unmoving buffer.
-unsafe impl Sync for Pooled {}
+// SAFETY: the one field that is not Send is `base`, a pointer into `words`' buffer, which
+// `Words` owns and never moves, reallocates or writes until it is dropped; `Words` only
+// reads through it.
+unsafe impl Send for Words {}
+// SAFETY: as above: `&Words` gives reads of an unmoving buffer.
+unsafe impl Sync for Words {}
 
-impl HostBytes for Pooled {
+impl Words {
+    fn new(mut words: Vec<u64>) -> Words {
+        let base = words.as_mut_ptr().cast::<u8>();
+        Words { words, base }
+    }
+}
+
+impl HostBytes for Words {
     fn all_bytes(&self) -> &[u8] {
-        // The length from the `Vec` itself, not from a slice of its words (a reference to
-        // the bytes would be a read of memory torch may be writing).
-        let len = self.words.len() * std::mem::size_of::<u64>();
-        // SAFETY: `base` is `words`' buffer (taken in `freeze`), `len` its size in bytes;
+        // SAFETY: `base` is `words`' buffer (taken in `new`), `len()` its size in bytes;
         // the buffer is neither moved nor freed before `self` drops.
-        unsafe { std::slice::from_raw_parts(self.base, len) }
+        unsafe { std::slice::from_raw_parts(self.base, self.len()) }
+    }
+
+    /// From the `Vec` itself, not from a slice of its words (a reference to the bytes
+    /// would be a read of memory a consumer may be writing).
+    fn len(&self) -> usize {
+        self.words.len() * std::mem::size_of::<u64>()
     }
 
     fn base(&self) -> *mut u8 {
@@ -370,9 +383,30 @@ impl HostBytes for Pooled {
     }
 }
 
+/// One D2H batch's output region, frozen: [`Words`] that go back to the [`HostPool`] when
+/// the last view drops.
+struct Pooled {
+    words: Words,
+    pool: Arc<HostPool>,
+}
+
+impl HostBytes for Pooled {
+    fn all_bytes(&self) -> &[u8] {
+        self.words.all_bytes()
+    }
+
+    fn len(&self) -> usize {
+        self.words.len()
+    }
+
+    fn base(&self) -> *mut u8 {
+        self.words.base()
+    }
+}
+
 impl Drop for Pooled {
     fn drop(&mut self) {
-        self.pool.give_back(std::mem::take(&mut self.words));
+        self.pool.give_back(std::mem::take(&mut self.words.words));
     }
 }
 
