@@ -313,9 +313,10 @@ fn handover(t: &Tensor) -> PyResult<Managed> {
     // descriptor. The tensor handed over is the only user of its bytes (pinlane keeps a
     // reference only to keep memory alive, never to read it; views of one block never
     // overlap), so dropping READ_ONLY lets no write reach anything else. The data pointer
-    // carries the right to write: page-locked blocks are raw driver allocations, and a
-    // pageable output region is exported through the pointer taken from its buffer with
-    // `as_mut_ptr` (pinlane's `Pooled`), not one derived from a shared `&[u8]`.
+    // carries the right to write: page-locked blocks are raw driver allocations, and
+    // pinlane's own pageable memory (a D2H output region, a copy such as the checkpoint
+    // loader's without a GPU) is exported through the pointer taken from its buffer with
+    // `as_mut_ptr` (pinlane's `Words`), not one derived from a shared `&[u8]`.
     unsafe {
         let m = dl.as_ptr();
         if (*m).dl_tensor.device.device_type == DLDeviceType::CUDAHOST {
