@@ -90,22 +90,28 @@ fn sweep(
     fired
 }
 
+/// Every kind of fault at every position of an H2D then D2H round trip of `b`; returns
+/// how many fired (each kind at least once).
+fn sweep_round_trip(b: &[Tensor]) -> usize {
+    let mut total = 0;
+    for kind in KINDS {
+        let call = || {
+            transfer_tensor_h2d(&b.to_vec())
+                .and_then(|on| transfer_tensor_d2h(&on, &D2hOptions::default()))
+        };
+        let n = sweep(kind, b, &call, b);
+        assert!(n > 0, "{kind:?} never fired");
+        total += n;
+    }
+    total
+}
+
 #[test]
 fn h2d_fault_sweep() {
     common::sim();
     let _turn = serial();
     std::thread::spawn(|| {
-        let b = batch();
-        let mut total = 0;
-        for kind in KINDS {
-            let call = || {
-                transfer_tensor_h2d(&b)
-                    .and_then(|on| transfer_tensor_d2h(&on, &D2hOptions::default()))
-            };
-            let n = sweep(kind, &b, &call, &b);
-            assert!(n > 0, "{kind:?} never fired");
-            total += n;
-        }
+        let total = sweep_round_trip(&batch());
         eprintln!("h2d+d2h fault sweep: {total} faults injected");
     })
     .join()
@@ -142,16 +148,7 @@ fn h2d_fault_sweep_with_windows_queued_during_the_rebuild() {
             "{labels:?}"
         );
         assert_eq!(transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap(), b);
-        let mut total = 0;
-        for kind in KINDS {
-            let call = || {
-                transfer_tensor_h2d(&b)
-                    .and_then(|on| transfer_tensor_d2h(&on, &D2hOptions::default()))
-            };
-            let n = sweep(kind, &b, &call, &b);
-            assert!(n > 0, "{kind:?} never fired");
-            total += n;
-        }
+        let total = sweep_round_trip(&b);
         eprintln!("h2d+d2h fault sweep, windows queued by ticks: {total} faults injected");
     })
     .join()

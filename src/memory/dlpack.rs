@@ -234,6 +234,26 @@ mod tests {
     use super::*;
     use dlpark::ffi::DLDataTypeCode;
 
+    /// Exports `b` as `n` bytes, as torch gets it from the Python package (writable), and
+    /// writes `byte` into all of them through the export's data pointer, as torch would.
+    fn write_through_export(b: &HostBuf, n: usize, byte: u8) {
+        let dl = export(
+            &Storage::Host(b.clone()),
+            DType::U8,
+            &[n],
+            Box::new(b.clone()),
+            None,
+        )
+        .unwrap();
+        // SAFETY: the consumer's write into a tensor it was handed writable: the callers'
+        // `n` bytes from the view's start lie inside its region or copy, which the
+        // capsule keeps alive, and nothing reads them meanwhile.
+        unsafe {
+            let data = (*dl.as_ptr()).dl_tensor.data.cast::<u8>();
+            data.write_bytes(byte, n);
+        }
+    }
+
     /// The Python package hands pinlane's D2H outputs to torch writable (torch has no
     /// read-only tensors): the export of a view of an output region must carry the right
     /// to write the region's bytes, not a pointer derived from a shared `&[u8]`. Miri
@@ -249,41 +269,12 @@ mod tests {
         let (a, b) = (views.next().unwrap(), views.next().unwrap());
         drop(views);
         drop(frozen);
-        let dl = export(
-            &Storage::Host(b.clone()),
-            DType::U8,
-            &[256],
-            Box::new(b.clone()),
-            None,
-        )
-        .unwrap();
-        // SAFETY: the consumer's write, as torch makes it into a tensor it was handed
-        // writable: inside the exported 256 bytes, which the capsule keeps alive, and
-        // nothing reads them meanwhile.
-        unsafe {
-            let data = (*dl.as_ptr()).dl_tensor.data.cast::<u8>();
-            data.write_bytes(7, 256);
-        }
-        drop(dl);
+        write_through_export(&b, 256, 7);
         assert_eq!(b.bytes(), &[7u8; 256][..], "the write landed");
         assert_eq!(a.bytes(), &[1u8; 256][..], "the other view is untouched");
         // A run of same-shape outputs goes to torch as one tensor over its first view's
         // pointer, spanning the views after it: that pointer may write them all.
-        let run = export(
-            &Storage::Host(a.clone()),
-            DType::U8,
-            &[512],
-            Box::new(a.clone()),
-            None,
-        )
-        .unwrap();
-        // SAFETY: as above, over the region's 512 bytes (both views), which `a` keeps
-        // alive, with nothing reading them meanwhile.
-        unsafe {
-            let data = (*run.as_ptr()).dl_tensor.data.cast::<u8>();
-            data.write_bytes(9, 512);
-        }
-        drop(run);
+        write_through_export(&a, 512, 9);
         assert_eq!(a.bytes(), &[9u8; 256][..]);
         assert_eq!(b.bytes(), &[9u8; 256][..]);
     }
@@ -293,24 +284,7 @@ mod tests {
     #[test]
     fn exported_copies_may_be_written_through_their_data_pointer() {
         let b = HostBuf::copy_of(&[1u8; 100]);
-        let dl = export(
-            &Storage::Host(b.clone()),
-            DType::U8,
-            &[100],
-            Box::new(b.clone()),
-            None,
-        )
-        .unwrap();
-        // SAFETY: the consumer's write, inside the exported 100 bytes, which the capsule
-        // keeps alive, with nothing reading them meanwhile.
-        unsafe {
-            (*dl.as_ptr())
-                .dl_tensor
-                .data
-                .cast::<u8>()
-                .write_bytes(3, 100)
-        };
-        drop(dl);
+        write_through_export(&b, 100, 3);
         assert_eq!(b.bytes(), &[3u8; 100][..]);
     }
 
