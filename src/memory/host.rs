@@ -44,11 +44,6 @@ trait HostBytes: Send + Sync {
     }
 }
 
-/// The address `HostBuf` reads `data`'s bytes through ([`HostBytes::base`]).
-fn base_ptr(data: &dyn HostBytes) -> *mut u8 {
-    data.base()
-}
-
 impl<T: bytemuck::Pod + Send + Sync> HostBytes for Vec<T> {
     fn all_bytes(&self) -> &[u8] {
         bytemuck::cast_slice(self)
@@ -149,13 +144,19 @@ impl HostBuf {
     /// The view of `nbytes` at `offset` of `data`'s bytes (the caller has checked that it
     /// is inside them).
     fn new(data: Arc<dyn HostBytes>, offset: usize, nbytes: usize) -> HostBuf {
+        let base = data.base();
+        HostBuf::inside(data, offset, nbytes, base)
+    }
+
+    /// As [`HostBuf::new`], with `data`'s [`base`](HostBytes::base) already asked (once
+    /// for many views of one region).
+    fn inside(data: Arc<dyn HostBytes>, offset: usize, nbytes: usize, base: *mut u8) -> HostBuf {
         debug_assert!(offset.checked_add(nbytes).is_some_and(|e| e <= data.len()));
-        let at = HostPtr(base_ptr(&*data).wrapping_add(offset));
         HostBuf {
             data,
             offset,
             nbytes,
-            at,
+            at: HostPtr(base.wrapping_add(offset)),
         }
     }
 
@@ -212,7 +213,7 @@ impl HostBuf {
     pub(crate) fn copy_of(bytes: &[u8]) -> HostBuf {
         let mut words = vec![0u64; bytes.len().div_ceil(8)];
         bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..bytes.len()].copy_from_slice(bytes);
-        HostBuf::new(Arc::new(Words::new(words)), 0, bytes.len())
+        HostBuf::new(Arc::new(Words::new(words, None)), 0, bytes.len())
     }
 
     pub(crate) fn bytes(&self) -> &[u8] {
@@ -288,15 +289,12 @@ impl HostRegion {
     pub(crate) fn freeze(mut self) -> FrozenRegion {
         self.frozen = true;
         let words = std::mem::take(&mut self.words);
-        FrozenRegion(Arc::new(Pooled {
-            words: Words::new(words),
-            pool: self.pool.clone(),
-        }))
+        FrozenRegion(Arc::new(Words::new(words, Some(self.pool.clone()))))
     }
 }
 
 /// A filled, immutable output region.
-pub(crate) struct FrozenRegion(Arc<Pooled>);
+pub(crate) struct FrozenRegion(Arc<Words>);
 
 impl Drop for HostRegion {
     /// A region dropped before it was frozen (a failed call) goes back to its pool too.
@@ -318,7 +316,7 @@ impl HostBuf {
         region: &'a FrozenRegion,
         ranges: impl ExactSizeIterator<Item = (usize, usize)> + Clone + 'a,
     ) -> Result<impl ExactSizeIterator<Item = HostBuf> + 'a> {
-        let (base, len) = (base_ptr(&*region.0), region.0.len());
+        let (base, len) = (region.0.base(), region.0.len());
         for (offset, nbytes) in ranges.clone() {
             if offset.checked_add(nbytes).is_none_or(|e| e > len) {
                 super::check_range("host view", offset, nbytes, len)?;
@@ -326,17 +324,13 @@ impl HostBuf {
         }
         // Every range is inside the region (checked above); its address is asked once,
         // not once per view.
-        Ok(ranges.map(move |(offset, nbytes)| HostBuf {
-            data: region.0.clone(),
-            offset,
-            nbytes,
-            at: HostPtr(base.wrapping_add(offset)),
-        }))
+        Ok(ranges
+            .map(move |(offset, nbytes)| HostBuf::inside(region.0.clone(), offset, nbytes, base)))
     }
 }
 
 /// Words pinlane filled and now only reads: a copy (`Tensor::from_bytes`) or a frozen
-/// D2H output region.
+/// D2H output region, which goes back to its [`HostPool`] when the last view drops.
 ///
 /// The bytes are read (and exported) through `base`, a pointer taken from the `Vec` with
 /// `as_mut_ptr` while it was ours alone: the Python package hands these tensors to torch
@@ -349,6 +343,8 @@ struct Words {
     /// `base` only.
     words: Vec<u64>,
     base: *mut u8,
+    /// The pool an output region goes back to (`None` for a copy).
+    pool: Option<Arc<HostPool>>,
 }
 
 // SAFETY: the one field that is not Send is `base`, a pointer into `words`' buffer, which
@@ -359,9 +355,10 @@ unsafe impl Send for Words {}
 unsafe impl Sync for Words {}
 
 impl Words {
-    fn new(mut words: Vec<u64>) -> Words {
+    /// `words`, given back to `pool` when dropped, if there is one.
+    fn new(mut words: Vec<u64>, pool: Option<Arc<HostPool>>) -> Words {
         let base = words.as_mut_ptr().cast::<u8>();
-        Words { words, base }
+        Words { words, base, pool }
     }
 }
 
@@ -383,30 +380,11 @@ impl HostBytes for Words {
     }
 }
 
-/// One D2H batch's output region, frozen: [`Words`] that go back to the [`HostPool`] when
-/// the last view drops.
-struct Pooled {
-    words: Words,
-    pool: Arc<HostPool>,
-}
-
-impl HostBytes for Pooled {
-    fn all_bytes(&self) -> &[u8] {
-        self.words.all_bytes()
-    }
-
-    fn len(&self) -> usize {
-        self.words.len()
-    }
-
-    fn base(&self) -> *mut u8 {
-        self.words.base()
-    }
-}
-
-impl Drop for Pooled {
+impl Drop for Words {
     fn drop(&mut self) {
-        self.pool.give_back(std::mem::take(&mut self.words.words));
+        if let Some(pool) = &self.pool {
+            pool.give_back(std::mem::take(&mut self.words));
+        }
     }
 }
 
