@@ -35,7 +35,24 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 pub const PIECE: usize = 1 << 20;
 
 /// Smallest piece a job is cut into.
-const PIECE_MIN: usize = 64 << 10;
+const PIECE_MIN: usize = 16 << 10;
+
+/// Pieces per copying thread a job is cut into where [`PIECE_MIN`] allows. One piece per
+/// thread left the job to its slowest thread: the caller is often busy elsewhere (H2D
+/// rebuilds its batch while the workers fill the last window), so one worker copied two
+/// pieces while the others had finished (1000 x 1 KiB: 12 pieces of 85 KB for 11
+/// workers, the window's fill ending 30 to 47 us after it started on the H200). With
+/// several pieces each, a worker that starts late or copies slowly leaves its share to
+/// the others.
+const PIECES_PER_THREAD: usize = 4;
+
+/// The size of a job's pieces: about [`PIECES_PER_THREAD`] per thread, within
+/// [`PIECE_MIN`]..=[`PIECE`].
+fn piece_size(total: usize, threads: usize) -> usize {
+    PIECE
+        .min(total.div_ceil(threads.max(1) * PIECES_PER_THREAD))
+        .max(PIECE_MIN)
+}
 
 /// One copy: `len` bytes from `src` to `dst`.
 #[derive(Clone, Copy)]
@@ -299,7 +316,7 @@ impl CopyPool {
             store_fence();
             return Ticket { job: None };
         }
-        let piece = PIECE.min(total.div_ceil(self.threads)).max(PIECE_MIN);
+        let piece = piece_size(total, self.threads);
         // Tasks larger than a piece are cut (many small tensors are taken as they are).
         let cut = if largest <= piece {
             tasks
@@ -643,6 +660,19 @@ mod tests {
         for h in handles {
             h.join().unwrap();
         }
+    }
+
+    #[test]
+    fn jobs_are_cut_into_several_pieces_per_thread() {
+        // 1000 x 1 KiB for 12 threads: 48 pieces, where one per thread left one worker
+        // with two of them.
+        assert_eq!(1_024_000_usize.div_ceil(piece_size(1_024_000, 12)), 48);
+        // Bounded both ways: a small job is not cut below PIECE_MIN, a huge one not
+        // above PIECE.
+        assert_eq!(piece_size(256 << 10, 12), PIECE_MIN);
+        assert_eq!(piece_size(1 << 30, 12), PIECE);
+        assert_eq!(piece_size(8 << 20, 16), 128 << 10);
+        assert_eq!(piece_size(0, 0), PIECE_MIN);
     }
 
     #[test]
