@@ -87,3 +87,42 @@ fn a_filled_window_is_queued_while_the_batch_is_rebuilt() {
     );
     assert_eq!(transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap(), b);
 }
+
+/// A serving step on a staging arena with free slots queues its copies before it releases
+/// what its last step used (asking that step's event takes a couple of microseconds the
+/// device need not wait for), and both steps' bytes arrive. (With no slot free it
+/// releases first: tests/sim_into_steady.rs, whose arena has one slot, checks that no
+/// step waits for its last step's slot.)
+#[test]
+fn a_step_is_queued_before_the_last_step_is_released() {
+    common::sim();
+    let stream = Stream::new(pinlane::Device::cuda(0)).unwrap();
+    let opts = pinlane::IntoOptions::default().stream(stream.clone());
+    let step = |seed: u64| -> Vec<pinlane::Tensor> {
+        (0..4)
+            .map(|i| common::tensor(DType::I64, &[64], seed + i))
+            .collect()
+    };
+    let (dst, _buf, _) = common::into::destinations(&step(0), 0);
+    drop(pinlane::transfer_tensor_h2d_into(&step(400), &dst, &opts).unwrap());
+    stream.synchronize().unwrap();
+    pinlane::observe::trace_next_call();
+    drop(pinlane::transfer_tensor_h2d_into(&step(500), &dst, &opts).unwrap());
+    let labels: Vec<&str> = pinlane::observe::last_trace()
+        .unwrap()
+        .iter()
+        .map(|m| m.0)
+        .collect();
+    let at = |l: &str| labels.iter().position(|x| *x == l);
+    let (submitted, reaped) = (at("submitted"), at("reaped"));
+    assert!(
+        submitted.is_some() && reaped.is_some() && submitted < reaped,
+        "{labels:?}"
+    );
+    stream.synchronize().unwrap();
+    let _current = set_current_stream(&stream);
+    assert_eq!(
+        transfer_tensor_d2h(&dst, &D2hOptions::default()).unwrap(),
+        step(500)
+    );
+}
