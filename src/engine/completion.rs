@@ -13,9 +13,8 @@
 //!
 //! A call on the caller's stream (a copy into existing tensors, [`Wake::Lazy`]) queues
 //! no host function: its wake-up is queued only once its handle is waited on (or asked
-//! [`Transfer::is_ready`]), and the same thread's next such call on that stream, once it
-//! has queued its own copies (or before it leases, when no staging slot is free),
-//! releases what its earlier calls used once their events are done
+//! [`Transfer::is_ready`]), and the same thread's next such call on that stream, before it
+//! leases anything, releases what its earlier calls used once their events are done
 //! ([`reap`]: a serving loop that synchronises each step finds the last step done). What
 //! nobody waits for and no later call finds is released by the completion thread once it
 //! has been pending [`LAZY_GRACE`] (until then it is left to its own thread, so the two
@@ -221,7 +220,7 @@ pub(crate) enum Wake {
     /// stream of the device, made to wait for the call's event (the caller's later work,
     /// and its synchronisation, must not wait for a host function on the driver's thread),
     /// and only once the handle is waited on. Until then the calling thread's next lazy
-    /// call on the stream ([`reap`], which that call makes once its copies are queued), or
+    /// call on the stream ([`reap`], which that call makes before it leases anything), or
     /// the completion thread once the call has been pending [`LAZY_GRACE`], finds the
     /// event done.
     Lazy,
@@ -288,10 +287,8 @@ fn recycle(done: Event) {
 
 /// Releases, on the calling thread, what its own oldest calls on stream `key` used, for
 /// those (at most [`REAP_MAX`]) whose events completed without error: a lazy call makes
-/// this once its own copies are queued (asking an event takes a couple of microseconds
-/// the device need not wait for), or before it leases a staging slot when none is free,
-/// so that a serving loop's last step's slot comes back for this one rather than being
-/// waited for. It stops at a stream's oldest call that is another thread's,
+/// this before it leases a staging slot, so a serving loop's last step's slot is back in
+/// the ring for this one. It stops at a stream's oldest call that is another thread's,
 /// not done, or failed: the completion thread takes those (a failure of a dropped handle
 /// is recorded there for the device's next call on any thread). Events are asked with
 /// the queues unlocked (see [`run`]); a job is taken only if it is still its stream's

@@ -110,6 +110,10 @@ pub(crate) fn transfer<B: Batch>(src: &B, dst: &B, opts: &IntoOptions) -> Result
     let pairs = checked.pairs;
     driver::deferred::surface(device)?;
     let stream = stream_for(opts, device)?;
+    // This thread's earlier calls on the stream that are done give back their slots
+    // before this one leases.
+    completion::reap(stream.key());
+    super::trace::mark("reaped");
     let views: Vec<&DeviceView> = pairs
         .iter()
         .map(|p| device_view(p.1))
@@ -139,31 +143,10 @@ pub(crate) fn transfer<B: Batch>(src: &B, dst: &B, opts: &IntoOptions) -> Result
         let dsts: Vec<Tensor> = pairs.iter().map(|p| p.1.clone()).collect();
         (dsts, super::device_read_sources(pairs.iter().map(|p| p.0)))
     };
-    // This thread's earlier calls on the stream that are done give back what they hold
-    // ([`completion::reap`], about 2 us: the last step's event is asked). After this
-    // call's copies are queued, so that the device does not wait for it; before the
-    // slot is leased only when none is free, so that a serving loop on a full arena gets
-    // its last step's slot back instead of waiting for it.
-    let mut reaped = false;
-    if needs_slot(&plan, kernel.is_some()) {
-        match rt.arena.lease(&ctx, false) {
-            Ok(Some(lease)) => job.leases.push(lease),
-            Ok(None) => {
-                completion::reap(stream.key());
-                reaped = true;
-                super::trace::mark("reaped");
-            }
-            Err(e) => return Err(job.abort(e, keep)),
-        }
-    }
     if let Err(e) = submit(&mut call, &mut job, &plan, kernel, &stream) {
         return Err(job.abort(e, keep));
     }
     super::trace::mark("submitted");
-    if !reaped {
-        completion::reap(stream.key());
-        super::trace::mark("reaped");
-    }
     let pending = completion::detach(job, device, keep, Wake::Lazy)?;
     super::trace::mark("detached");
     record_stats(call.stats);
@@ -316,12 +299,6 @@ fn submit(
         _ if plan.staged_end > 0 => windows(call, job, plan, stream),
         _ => Ok(()),
     }
-}
-
-/// Whether [`submit`] leases a staging slot for `plan` (`kernel`: the scatter kernel can
-/// run).
-fn needs_slot(plan: &Plan, kernel: bool) -> bool {
-    plan.staged_end > 0 || (kernel && plan.one_slot && !plan.mapped.is_empty())
 }
 
 /// Everything small through one slot and one kernel launch.
