@@ -107,19 +107,16 @@ fn partition(n: usize, pred: impl Fn(usize) -> bool) -> usize {
     lo
 }
 
-/// The first window is never smaller than this (nor larger than a full one). Half a MiB:
-/// a region of 1 MB (1000 x 1 KiB) is then two windows, and the first one's copy crosses
-/// the link while the second is filled. One 1 MiB copy takes 25 to 29 us with its
-/// synchronisation on the H200, which as one window all came after the last byte's fill.
-const RAMP_MIN: usize = 512 << 10;
+/// The first window is never smaller than this (nor larger than a full one).
+const RAMP_MIN: usize = 1 << 20;
 
 /// The size of the first window: an eighth of a full one, at least [`RAMP_MIN`].
 fn first_window(window: usize) -> usize {
     (window / 8).max(RAMP_MIN).min(window).max(1)
 }
 
-/// Cuts `[0, end)` into windows: a ramp first (an eighth of `window`, at least
-/// [`RAMP_MIN`], doubling up to `window`), then windows of `window` bytes (the last may be shorter).
+/// Cuts `[0, end)` into windows: a ramp first (an eighth of `window`, at least 1 MiB,
+/// doubling up to `window`), then windows of `window` bytes (the last may be shorter).
 /// The ramp lets the first copy start after a short fill instead of a whole slot's
 /// (218 us for 8 MiB on the H200 host, with the copy threads waking up), while the copy
 /// engine is then kept busy as the full windows fill.
@@ -181,13 +178,8 @@ mod tests {
         // shorter.
         assert_eq!(sizes(30 * mib, 8 * mib), vec![4, 8, 16, 32, 32, 28]);
         assert_eq!(sizes(2 * mib, 8 * mib), vec![4, 4], "cut short by the end");
-        // Windows of 4 MiB or less start at half a MiB.
-        assert_eq!(sizes(3 * mib, mib), vec![2, 4, 4, 2]);
-        // 1000 x 1 KiB: two windows, the first half a MiB.
-        let w: Vec<usize> = windows(1_024_000, window_size(1_024_000, 8 * mib))
-            .map(|w| w.len)
-            .collect();
-        assert_eq!(w, vec![mib / 2, 1_024_000 - mib / 2]);
+        // Windows of 1 MiB or less have no ramp.
+        assert_eq!(sizes(3 * mib, mib), vec![4, 4, 4]);
         assert_eq!(windows(0, 8 * mib).count(), 0);
     }
 
