@@ -1,0 +1,14 @@
+#!/bin/bash
+# Run C (session 35, right after B on the same machine): the copy threads' pieces (several per thread), old (b489313) and
+# new in turn: the 32 MiB rows x3 and the 1 KiB rows x2, untraced.
+cd "$(dirname "$0")/../../.."
+FINAL=$OUT; OUT=/tmp/rc; mkdir -p $OUT
+trap 'tar czf $FINAL/runC.tar.gz -C /tmp rc' EXIT
+nvidia-smi --query-gpu=name,pci.bus_id,driver_version --format=csv,noheader > $OUT/gpu.txt; nproc >> $OUT/gpu.txt
+run() { # version row tag [--trace]
+  b=.gpu/bin/bench-transfer; [ $1 = old ] && b=.gpu/bench-transfer-old
+  timeout 100 $b --only "$2" $4 --json $OUT/bench_${2// /}_$1_$3.json > $OUT/bench_${2// /}_$1_$3.txt 2>&1
+  echo "$1 $2 $3 rc=$?"; grep -E "^(1000 x|64 x 3|8 x 32)|^trace 1000.*h2d \(median" $OUT/bench_${2// /}_$1_$3.txt | cut -c1-200
+}
+for i in 2 3 4; do for v in new old; do run $v "32 MiB" C$i; done; done
+for i in 4 5; do for v in new old; do run $v "1 KiB" C$i; done; done
