@@ -281,13 +281,10 @@ def _plain_one(batch):
     with none of the general path's steps (~0.5 to 1 us of a small call:
     benches/py_overhead.py)."""
     T = _Tensor
-    if type(batch) is T:
-        one = batch
-    elif (type(batch) is list or type(batch) is tuple) and len(batch) == 1 and type(batch[0]) is T:
-        one = batch[0]
-    else:
+    if T is None:
         return None
-    return None if one.is_neg() else one
+    one = _single(batch, T)
+    return one if type(one) is T and not one.is_neg() else None
 
 
 def _single(batch, T):
