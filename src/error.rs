@@ -86,6 +86,21 @@ pub enum Error {
         location: Location,
     },
 
+    /// A page-locked tensor's bytes were asked for (read, exported, or taken by a call as a
+    /// source or destination) while the D2H copies that write them may still be running:
+    /// a tensor a D2H call handed to [`Batch::rebuild`](crate::Batch::rebuild), asked
+    /// inside the rebuild or kept from it and asked before the call returned (or before
+    /// its handle's wait). Also for ever after, if those copies failed (the bytes may be
+    /// partly written). Nothing was read or queued.
+    #[error(
+        "{op}: the tensor's bytes are still being written by the D2H call that made it \
+         (read them once that call has returned), or that call failed"
+    )]
+    BytesInFlight {
+        /// The operation that asked.
+        op: &'static str,
+    },
+
     /// `LOCAL_RANK` is set but is not a device index this machine has.
     #[error("LOCAL_RANK={value:?} is not a device index below the device count {device_count}")]
     InvalidLocalRank {

@@ -471,7 +471,7 @@ impl Tensor {
     fn host_bytes(&self, op: &'static str) -> Result<&[u8]> {
         match &self.storage {
             Storage::Host(b) => Ok(b.bytes()),
-            Storage::Pinned(b) => Ok(b.bytes()),
+            Storage::Pinned(b) => b.bytes(op),
             Storage::Device(_) => Err(Error::NotOnHost {
                 op,
                 location: self.location(),
@@ -482,7 +482,9 @@ impl Tensor {
     /// The raw bytes of a host (pageable or pinned) tensor.
     ///
     /// # Errors
-    /// [`Error::NotOnHost`] for a device tensor.
+    /// [`Error::NotOnHost`] for a device tensor; [`Error::BytesInFlight`] for a
+    /// page-locked tensor whose D2H copies may still be running (one a D2H call handed to
+    /// [`Batch::rebuild`](crate::Batch::rebuild), read before that call returned).
     pub fn as_bytes(&self) -> Result<&[u8]> {
         self.host_bytes("as_bytes")
     }
@@ -497,7 +499,8 @@ impl Tensor {
     ///
     /// # Errors
     /// [`Error::DTypeMismatch`] when `T` is not the tensor's dtype; [`Error::NotOnHost`];
-    /// [`Error::InvalidBytes`] for an external owner's bytes not aligned for `T`.
+    /// [`Error::InvalidBytes`] for an external owner's bytes not aligned for `T`;
+    /// [`Error::BytesInFlight`] (see [`Tensor::as_bytes`]).
     pub fn as_slice<T: Element + bytemuck::Pod>(&self) -> Result<&[T]> {
         self.check_dtype::<T>("as_slice")?;
         let bytes = self.host_bytes("as_slice")?;
@@ -518,7 +521,7 @@ impl Tensor {
     ///
     /// # Errors
     /// [`Error::DTypeMismatch`]; [`Error::NotOnHost`]; [`Error::InvalidBytes`] for a bool
-    /// byte other than 0 and 1.
+    /// byte other than 0 and 1; [`Error::BytesInFlight`] (see [`Tensor::as_bytes`]).
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
         self.check_dtype::<T>("to_vec")?;
         let bytes = self.host_bytes("to_vec")?;
@@ -615,7 +618,8 @@ impl Tensor {
     /// `into_raw()`.
     ///
     /// # Errors
-    /// [`Error::DLPack`] for a dimension that does not fit `i64`.
+    /// [`Error::DLPack`] for a dimension that does not fit `i64`;
+    /// [`Error::BytesInFlight`] for a page-locked tensor a D2H call is still writing.
     ///
     /// ```
     /// use pinlane::Tensor;

@@ -376,3 +376,58 @@ fn small_page_locked_sources_are_read_by_the_kernel_beside_other_routes() {
         assert_eq!(back.5, imported);
     }
 }
+
+/// A batch whose rebuild tries to read each tensor it is handed (safe user code may),
+/// keeping what each read gave.
+struct ReadsInRebuild {
+    tensors: Vec<Tensor>,
+    seen: Vec<bool>,
+}
+
+impl pinlane::Batch for ReadsInRebuild {
+    fn visit<'a>(&'a self, f: &mut dyn FnMut(&'a Tensor)) {
+        self.tensors.iter().for_each(f);
+    }
+    fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
+        let tensors: Vec<Tensor> = self.tensors.iter().map(f).collect();
+        let seen = tensors
+            .iter()
+            .map(|t| match t.as_bytes() {
+                Ok(_) => true,
+                Err(Error::BytesInFlight { .. }) => false,
+                Err(e) => panic!("not the refusal: {e}"),
+            })
+            .collect();
+        ReadsInRebuild { tensors, seen }
+    }
+}
+
+#[test]
+fn a_rebuild_cannot_read_outputs_the_copies_still_write() {
+    require_gpu!();
+    // One 64 MiB tensor (its copy runs for about a millisecond after the rebuild starts),
+    // and 64 small ones (the batched or gathered copies), into page-locked outputs.
+    for dims in [vec![1usize << 24], vec![64, 256]] {
+        let host: Vec<Tensor> = if dims.len() == 1 {
+            vec![common::tensor(DType::F32, &dims, 3)]
+        } else {
+            (0..dims[0] as u64)
+                .map(|s| common::tensor(DType::F32, &dims[1..], s))
+                .collect()
+        };
+        let on = transfer_tensor_h2d(&host).unwrap();
+        let batch = ReadsInRebuild {
+            tensors: on,
+            seen: Vec::new(),
+        };
+        let out = transfer_tensor_d2h(&batch, &D2hOptions::default()).unwrap();
+        assert!(
+            out.seen.iter().all(|&read| !read),
+            "{dims:?}: every read during the rebuild is refused"
+        );
+        for (o, h) in out.tensors.iter().zip(&host) {
+            assert_eq!(o.location(), Location::Pinned);
+            assert_eq!(o.as_bytes().unwrap(), h.as_bytes().unwrap(), "{dims:?}");
+        }
+    }
+}

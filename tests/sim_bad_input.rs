@@ -244,3 +244,104 @@ fn a_batch_whose_rebuild_disagrees_with_its_visit_is_a_typed_error() {
     assert_eq!(back.unwrap(), (image, labels));
     assert_eq!(pinlane::memory_stats().retained_bytes, 0);
 }
+
+/// A batch whose rebuild reads what it is handed, as safe user code may: each new tensor's
+/// bytes, its DLPack export, and an H2D of it, all while the D2H copies that write it may
+/// still run. `kept` is a tensor the rebuild keeps as it is (not moved by the call).
+struct Peeks {
+    moved: Tensor,
+    kept: Tensor,
+    /// Filled by `rebuild`: what each read of the moved tensor gave, then whether `kept`
+    /// read.
+    seen: Vec<Result<(), Error>>,
+}
+
+impl pinlane::Batch for Peeks {
+    fn visit<'a>(&'a self, f: &mut dyn FnMut(&'a Tensor)) {
+        f(&self.moved);
+        f(&self.kept);
+    }
+    fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
+        let moved = f(&self.moved);
+        let kept = f(&self.kept);
+        let seen = vec![
+            moved.as_bytes().map(drop),
+            moved.to_vec::<f32>().map(drop),
+            moved.to_dlpack().map(drop),
+            transfer_tensor_h2d(&vec![moved.clone()]).map(drop),
+            kept.as_bytes().map(drop),
+        ];
+        Peeks { moved, kept, seen }
+    }
+}
+
+#[test]
+fn a_rebuild_cannot_read_outputs_the_copies_still_write() {
+    // Regression (session 36): a D2H call rebuilds the batch around its page-locked
+    // output views while the copies into them run; a safe rebuild that read them raced
+    // the device's writes. Each read is now refused with BytesInFlight, nothing is
+    // queued for it, and the same tensors read correctly once the call has returned.
+    common::sim();
+    let _turn = serial();
+    let src = common::tensor(DType::F32, &[300], 7);
+    // Small batches share page-locked blocks: `kept` is the output of an earlier call,
+    // likely in the same block as this call's range, and must stay readable.
+    let kept = transfer_tensor_d2h(&on_device(), &D2hOptions::default())
+        .unwrap()
+        .remove(0);
+    assert_eq!(kept.location(), pinlane::Location::Pinned);
+    let moved = transfer_tensor_h2d(&vec![src.clone()]).unwrap().remove(0);
+    let batch = Peeks {
+        moved,
+        kept: kept.clone(),
+        seen: Vec::new(),
+    };
+    let out = transfer_tensor_d2h(&batch, &D2hOptions::default()).unwrap();
+    assert_eq!(out.moved.location(), pinlane::Location::Pinned);
+    let refused = |r: &Result<(), Error>, op: &str| {
+        assert!(
+            matches!(r, Err(Error::BytesInFlight { op: o }) if *o == op),
+            "{op} during the rebuild: {r:?}"
+        );
+    };
+    refused(&out.seen[0], "as_bytes");
+    refused(&out.seen[1], "to_vec");
+    refused(&out.seen[2], "to_dlpack");
+    refused(&out.seen[3], "transfer_tensor_h2d");
+    assert!(
+        out.seen[4].is_ok(),
+        "an earlier call's output: {:?}",
+        out.seen[4]
+    );
+    // The call has returned: the copies are proven done, and the bytes are the source's.
+    assert_eq!(out.moved.as_bytes().unwrap(), src.as_bytes().unwrap());
+    assert_eq!(out.kept.as_bytes().unwrap(), kept.as_bytes().unwrap());
+    let back = transfer_tensor_h2d(&vec![out.moved.clone()]).unwrap();
+    let again = transfer_tensor_d2h(&back, &D2hOptions::default()).unwrap();
+    assert_eq!(again[0].as_bytes().unwrap(), src.as_bytes().unwrap());
+}
+
+#[test]
+fn a_non_blocking_d2h_s_outputs_read_once_waited() {
+    // The non-blocking call rebuilds its batch in the call too; the handle gives it back
+    // only once the copies are done, and then every read works (the rebuild's too, had
+    // it been made after the wait).
+    common::sim();
+    let _turn = serial();
+    let src = common::tensor(DType::F32, &[300], 8);
+    let moved = transfer_tensor_h2d(&vec![src.clone()]).unwrap().remove(0);
+    let batch = Peeks {
+        moved,
+        kept: Tensor::scalar(1u8),
+        seen: Vec::new(),
+    };
+    let handle = pinlane::transfer_tensor_d2h_async(&batch, &D2hOptions::default()).unwrap();
+    let out = handle.wait().unwrap();
+    assert!(
+        matches!(out.seen[0], Err(Error::BytesInFlight { .. })),
+        "during the rebuild: {:?}",
+        out.seen[0]
+    );
+    assert_eq!(out.moved.as_bytes().unwrap(), src.as_bytes().unwrap());
+    assert!(out.moved.to_dlpack().is_ok());
+}

@@ -68,6 +68,11 @@ pub trait Batch {
     fn visit<'a>(&'a self, f: &mut dyn FnMut(&'a Tensor));
 
     /// The same value with each tensor replaced by `f(tensor)`, called in visit order.
+    ///
+    /// A D2H call runs this while its copies into page-locked outputs still write the
+    /// tensors `f` returns: reading one of them here (or a clone kept from here, before
+    /// the call returns) gives [`Error::BytesInFlight`](crate::Error::BytesInFlight).
+    /// Build the value; read the tensors once the call has returned.
     fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self
     where
         Self: Sized;

@@ -250,7 +250,9 @@ fn into_block<B: Batch>(
     mode: Mode,
 ) -> Result<(B, Option<Pending>)> {
     let l = out.layout;
-    job.hold(block, l.end);
+    // Marked as being written before any view of it exists: the rebuild below is the
+    // caller's code, and reads of the views are refused until the copies are proven done.
+    job.hold_output(block, base, l.end);
     let run = if l.batched {
         submit_batch(call, &mut job, block, base, l.views, l.offsets)
     } else {
@@ -260,8 +262,10 @@ fn into_block<B: Batch>(
         return Err(job.abort(e, out.sources()));
     }
     // The output views are made while the copies run, as the batch is rebuilt around them
-    // (one pass); nobody reads them before the copies are proven done (on failure they are
-    // dropped unread, and `job` keeps the block until the stream has let go of it).
+    // (one pass). Their range is marked (`hold_output`), so the caller's rebuild cannot
+    // read them before the copies are proven done: its reads get `BytesInFlight` (on
+    // failure the views are dropped unread, and `job` keeps the block until the stream
+    // has let go of it).
     let ranges = l.offsets.iter().copied().zip(l.sizes.iter().copied());
     let views = match PinnedBuf::views(block, base, ranges) {
         Ok(v) => v,

@@ -89,6 +89,7 @@ pub(crate) fn transfer<B: Batch>(
         return Ok((batch::replace_tensors(batch, Vec::new()), None));
     };
     let all = batch::tensors(batch);
+    memory::check_readable(all.iter().copied(), "transfer_tensor_h2d")?;
     let rt = crate::runtime::runtime();
     let src = route(&all, device, &rt);
     let order = &src.order;
@@ -272,7 +273,7 @@ fn route<'a>(all: &[&'a Tensor], device: usize, rt: &crate::runtime::Runtime) ->
                     }
                     Route::Staged => {
                         order.push(i);
-                        staged.push(b.bytes());
+                        staged.push(b.bytes_unchecked());
                     }
                     Route::Direct => direct.push((i, b)),
                 }
@@ -283,11 +284,11 @@ fn route<'a>(all: &[&'a Tensor], device: usize, rt: &crate::runtime::Runtime) ->
     // Too few for a launch: copied after all.
     if mapped.len() < MAPPED_MIN_COUNT {
         for (i, b) in mapped.drain(..) {
-            match pinned_route(b.bytes().len(), false, direct_min) {
+            match pinned_route(b.nbytes(), false, direct_min) {
                 Route::Direct => direct.push((i, b)),
                 _ => {
                     order.push(i);
-                    staged.push(b.bytes());
+                    staged.push(b.bytes_unchecked());
                 }
             }
         }
@@ -403,7 +404,8 @@ fn queue_direct(
             // SAFETY: `alloc` was allocated on this stream and the caller's `job` holds it
             // until the stream is proven idle; the source is borrowed from the caller's
             // batch for this whole call, and cloned into the retained registry (or, for a
-            // non-blocking call, into its owners) until the copy is proven done.
+            // non-blocking call, into its owners) until the copy is proven done; `transfer`
+            // found it readable (`check_readable`) before routing.
             unsafe { buf.h2d_async(call.ctx, alloc, at, stream) }?;
             call.stats.copies += 1;
         }

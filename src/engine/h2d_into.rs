@@ -108,6 +108,7 @@ pub(crate) fn transfer<B: Batch>(src: &B, dst: &B, opts: &IntoOptions) -> Result
         return Ok(Transfer::ready(()));
     };
     let pairs = checked.pairs;
+    memory::check_readable(pairs.iter().map(|p| p.0), "transfer_tensor_h2d_into")?;
     driver::deferred::surface(device)?;
     let stream = stream_for(opts, device)?;
     // This thread's earlier calls on the stream that are done give back their slots
@@ -234,7 +235,7 @@ fn route<'a>(
                 p.mapped.push((b, view))
             }
             Storage::Pinned(b) => {
-                p.staged.push(b.bytes());
+                p.staged.push(b.bytes_unchecked());
                 p.staged_to.push(view);
             }
             Storage::Host(b) => {
@@ -290,7 +291,7 @@ fn submit(
         // until its event proves the copies done; the caller orders other users of the
         // destinations (docs/semantics.md).
         call.stats.copies += unsafe { scatter::h2d_direct(ctx, &plan.direct, device, stream) }?;
-        call.stats.direct_bytes += plan.direct.iter().map(|d| d.0.bytes().len()).sum::<usize>();
+        call.stats.direct_bytes += plan.direct.iter().map(|d| d.0.nbytes()).sum::<usize>();
     }
     match kernel {
         Some(k) if plan.one_slot && (plan.staged_end > 0 || !plan.mapped.is_empty()) => {
@@ -337,7 +338,7 @@ fn one_slot(
     // destinations were checked and are ordered by the caller (docs/semantics.md).
     call.stats.copies +=
         unsafe { scatter::h2d_scatter(call.ctx, lease, kernel, &work, call.device, stream) }?;
-    call.stats.mapped_bytes += plan.mapped.iter().map(|m| m.0.bytes().len()).sum::<usize>();
+    call.stats.mapped_bytes += plan.mapped.iter().map(|m| m.0.nbytes()).sum::<usize>();
     Ok(())
 }
 

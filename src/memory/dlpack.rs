@@ -53,14 +53,15 @@ pub(crate) fn export(
 ) -> Result<dlpark::versioned::Dlpack> {
     let (device, data, lent) = match storage {
         Storage::Host(b) => (DLDevice::CPU, b.as_ptr(), None),
-        Storage::Pinned(b) => (
-            DLDevice {
+        Storage::Pinned(b) => {
+            // Another framework reads the bytes: not while a copy may still write them.
+            b.readable("to_dlpack")?;
+            let host = DLDevice {
                 device_type: DLDeviceType::CUDAHOST,
                 device_id: 0,
-            },
-            b.as_ptr(),
-            None,
-        ),
+            };
+            (host, b.as_ptr(), None)
+        }
         Storage::Device(v) => {
             let lent = stream.map(|s| v.lend(s));
             let id = i32::try_from(v.device()).map_err(|_| bad("device ordinal too large"))?;

@@ -220,7 +220,7 @@ pub(crate) unsafe fn h2d_gather_async(
         return Err(unreadable("no staging slot leased".into()));
     };
     let pieces = sources.iter().zip(offsets).flat_map(|(s, &off)| {
-        let (src, len) = (s.as_ptr() as u64, s.bytes().len());
+        let (src, len) = (s.as_ptr() as u64, s.nbytes());
         (0..len).step_by(H2D_PIECE).map(move |at| GatherPiece {
             src: src + at as u64,
             dst_off: (off + at) as u64,

@@ -2,7 +2,8 @@
 //! the stream is proven idle.
 
 use super::arena::Synced;
-use super::{retained, SlotLease};
+use super::filling::Fill;
+use super::{retained, PinnedBlock, SlotLease};
 use crate::driver::Stream;
 use crate::error::{Error, Result};
 use std::any::Any;
@@ -16,6 +17,9 @@ pub(crate) struct InFlight {
     pub(crate) leases: Vec<SlotLease>,
     /// Other owners (device allocations, output blocks) with their sizes.
     held: Vec<(Arc<dyn Any + Send + Sync>, usize)>,
+    /// The output ranges the copies write, marked until they are proven done (reads of
+    /// them are refused until then: see `super::filling`).
+    fills: Vec<Fill>,
     /// Set once finish/abort has run, so Drop knows not to synchronise again.
     done: bool,
 }
@@ -26,14 +30,17 @@ impl InFlight {
             stream,
             leases: Vec::new(),
             held: Vec::new(),
+            fills: Vec::new(),
             done: false,
         }
     }
 
-    /// Synchronises the stream; on success the leases are marked idle with the proof.
+    /// Synchronises the stream; on success the leases are marked idle and the output
+    /// ranges readable, with the proof.
     fn synchronize(&mut self) -> Result<()> {
         let proof = Synced::synchronize(&self.stream)?;
         self.leases.iter_mut().for_each(|l| l.mark_idle(&proof));
+        self.fills.drain(..).for_each(|f| f.done(&proof));
         retained::release_proven(&self.stream);
         Ok(())
     }
@@ -45,6 +52,14 @@ impl InFlight {
     /// Keeps `owner` (of `bytes`) alive until the stream is proven idle.
     pub(crate) fn hold<T: Any + Send + Sync>(&mut self, owner: &Arc<T>, bytes: usize) {
         self.held.push((owner.clone(), bytes));
+    }
+
+    /// Keeps `block` alive (as [`InFlight::hold`]) and marks `at..at + len` of it as
+    /// being written by this call's copies, until they are proven done: call it before
+    /// any view of the range exists.
+    pub(crate) fn hold_output(&mut self, block: &Arc<PinnedBlock>, at: usize, len: usize) {
+        self.hold(block, len);
+        self.fills.extend(Fill::start(block, at, len));
     }
 
     fn held_bytes(&self) -> usize {
@@ -93,6 +108,7 @@ impl InFlight {
                 sources,
                 bytes,
             )),
+            fills: std::mem::take(&mut self.fills),
         })
     }
 
@@ -136,6 +152,9 @@ impl InFlight {
 pub(crate) struct Detached {
     stream: Stream,
     parts: Option<Parts>,
+    /// The output ranges the copies write: readable once the event proves them done;
+    /// dropped unproven otherwise (they stay unreadable).
+    fills: Vec<Fill>,
 }
 
 type Parts = (
@@ -158,6 +177,7 @@ impl Detached {
         let Some(proof) = Synced::by_event(&self.stream, done) else {
             return self.retain();
         };
+        self.fills.drain(..).for_each(|f| f.done(&proof));
         if let Some((mut leases, held, sources, _)) = self.parts.take() {
             leases.iter_mut().for_each(|l| l.mark_idle(&proof));
             drop((leases, held, sources));
@@ -199,7 +219,10 @@ impl Drop for InFlight {
         self.settle();
         let stream = self.stream.clone();
         match Synced::within(&stream, retained::drop_wait()) {
-            Some(proof) => self.leases.iter_mut().for_each(|l| l.mark_idle(&proof)),
+            Some(proof) => {
+                self.leases.iter_mut().for_each(|l| l.mark_idle(&proof));
+                self.fills.drain(..).for_each(|f| f.done(&proof));
+            }
             None => self.retain(()),
         }
     }

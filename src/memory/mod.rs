@@ -11,6 +11,7 @@
 //! | `scatter.rs` | - | nothing of its own: copies into memory the caller owns (device views anywhere, writable host tensors) | - |
 //! | `mapped.rs` | `MappedFile`, `MappedRange` | a checkpoint file mapped read-only (the page cache, read in place) | unmapped when the last tensor over it drops |
 //! | `dlpack.rs` | a DLPack capsule's deleter (imports), a tensor clone (exports) | another framework's tensors, and ours lent to it | the deleter runs when the last view drops |
+//! | `filling.rs` | - | nothing of its own: the ranges of page-locked blocks that D2H copies may still be writing (reads of them are refused) | - |
 //! | `inflight.rs` | `InFlight`, `Detached` | nothing of its own: keeps the owners above alive | after the stream is synchronised, or (non-blocking calls) the call's event completes |
 //! | `producer.rs` | [`PinnedBufferMut`] | page-locked memory a producer writes, from the [`PinnedOutputPool`] | frozen into a tensor; back to the pool when its last view drops |
 //! | `reaper.rs` | - | page-locked memory being freed | on a dedicated thread (`cuMemFreeHost` waits for the whole context) |
@@ -54,6 +55,7 @@ pub(crate) mod arena;
 mod copier;
 mod device;
 pub(crate) mod dlpack;
+mod filling;
 mod gather;
 mod host;
 mod inflight;
@@ -113,6 +115,30 @@ impl Storage {
             Storage::Device(_) => None,
         }
     }
+}
+
+/// `Ok` when every page-locked tensor of `tensors` may be read (or written): no D2H
+/// call's copies may still be writing it (see [`PinnedBuf::readable`]). One load when no
+/// D2H call has copies in flight into page-locked outputs; a pass over the tensors
+/// otherwise. Asked by the calls that take tensors as sources or destinations, before
+/// anything is queued.
+///
+/// # Errors
+/// [`Error::BytesInFlight`](crate::Error::BytesInFlight) naming `op`, for the first such
+/// tensor.
+pub(crate) fn check_readable<'a>(
+    tensors: impl IntoIterator<Item = &'a crate::tensor::Tensor>,
+    op: &'static str,
+) -> crate::error::Result<()> {
+    if !filling::any() {
+        return Ok(());
+    }
+    for t in tensors {
+        if let Storage::Pinned(b) = t.storage() {
+            b.readable(op)?;
+        }
+    }
+    Ok(())
 }
 
 /// Device offsets of a batch are aligned to this many bytes (cudaMalloc's own alignment),

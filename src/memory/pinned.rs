@@ -1,6 +1,7 @@
 //! Page-locked host memory that tensors own: [`PinnedBuf`] (a view into a
 //! [`PinnedBlock`]), and the bounded [`PinnedOutputPool`] that D2H outputs come from.
 
+use super::filling::Ranges;
 use super::reaper::free_pinned_in_policy;
 use super::{check_range, DeviceAlloc, DeviceView};
 use crate::driver::{self, ContextGuard, HostPtr, Stream};
@@ -20,6 +21,8 @@ pub(crate) struct PinnedBlock {
     ptr: HostPtr<u8>,
     len: usize,
     release: Release,
+    /// Ranges that a D2H call's copies may still be writing (see [`super::filling`]).
+    filling: Ranges,
 }
 
 /// How a [`PinnedBlock`] gives its memory back.
@@ -55,7 +58,13 @@ impl PinnedBlock {
             ptr: HostPtr(std::ptr::NonNull::<u64>::dangling().as_ptr().cast()),
             len: 0,
             release: Release::Nothing,
+            filling: Ranges::default(),
         })
+    }
+
+    /// The block's ranges being filled by D2H copies (see [`super::filling`]).
+    pub(crate) fn filling(&self) -> &Ranges {
+        &self.filling
     }
 
     /// Whether a kernel may read the block at its host address (see [`PinnedBuf::mapped`]).
@@ -90,6 +99,7 @@ impl PinnedBlock {
                 _owner: owner,
                 writable,
             },
+            filling: Ranges::default(),
         })
     }
 
@@ -231,6 +241,7 @@ fn alloc_block(
         ptr: HostPtr(ptr),
         len,
         release,
+        filling: Ranges::default(),
     }))
 }
 
@@ -258,6 +269,7 @@ pub(crate) unsafe fn register(
             device,
             owner: Some(owner),
         },
+        filling: Ranges::default(),
     }))
 }
 
@@ -326,7 +338,10 @@ impl PinnedBuf {
         unsafe { self.block.d2h_async(&ctx, self.offset, src, stream) }
     }
 
-    /// The address of the first byte (for DLPack exports).
+    /// The address of the first byte (for DLPack exports and copies). Reading through it
+    /// is for callers that asked [`PinnedBuf::readable`] first: the export does, and the
+    /// calls that copy from or into tensors check their batches before queueing
+    /// ([`super::check_readable`]).
     pub(crate) fn as_ptr(&self) -> *const u8 {
         self.at.0
     }
@@ -397,16 +412,49 @@ impl PinnedBuf {
         self.same_block(other) && self.offset == other.offset && self.nbytes == other.nbytes
     }
 
-    pub(crate) fn bytes(&self) -> &[u8] {
+    /// `Ok` when the bytes may be read: no D2H call's copies may still be writing them
+    /// (a view handed to a `Batch::rebuild` while they run, or kept from one; see
+    /// [`super::filling`]). Asked by every read of the bytes that can reach them while
+    /// that is so: [`PinnedBuf::bytes`], the DLPack export, and the calls that take the
+    /// tensor as a source or destination ([`super::check_readable`]).
+    ///
+    /// # Errors
+    /// [`Error::BytesInFlight`](crate::Error::BytesInFlight) naming `op`.
+    pub(crate) fn readable(&self, op: &'static str) -> Result<()> {
+        // Touches the block only while some range of some block is marked.
+        self.block.filling.check(self.offset, self.nbytes, op)
+    }
+
+    /// How many bytes the view has.
+    pub(crate) fn nbytes(&self) -> usize {
+        self.nbytes
+    }
+
+    /// The bytes, once no copy may still write them.
+    ///
+    /// # Errors
+    /// [`Error::BytesInFlight`](crate::Error::BytesInFlight) naming `op` (see
+    /// [`PinnedBuf::readable`]).
+    pub(crate) fn bytes(&self, op: &'static str) -> Result<&[u8]> {
+        self.readable(op)?;
+        Ok(self.bytes_unchecked())
+    }
+
+    /// The bytes, for a caller that has asked [`PinnedBuf::readable`] for this view
+    /// already in this call (or made the view itself, with nothing writing it).
+    pub(crate) fn bytes_unchecked(&self) -> &[u8] {
         if self.nbytes == 0 {
             // Aligned for every dtype (8 bytes), so typed views of it are empty slices.
             const EMPTY: &[u64] = &[];
             return bytemuck::cast_slice(EMPTY);
         }
-        // SAFETY: offset + nbytes <= block.len (view and copy_of keep it so); these bytes
-        // were written (by copy_of, or by D2H copies proven complete before the view was
-        // made) and are never written again while a view exists; the block lives as long
-        // as `self` holds the Arc.
+        // SAFETY: offset + nbytes <= block.len (view and copy_of keep it so). These bytes
+        // were written by copy_of, or by D2H copies: either proven complete before the
+        // view was made (copies into existing tensors), or marked as being filled from
+        // before any view existed until proven complete (`super::filling`), and every
+        // read while marked is refused (`readable`, which the callers ask). They are
+        // never written again while a view exists. The block lives as long as `self`
+        // holds the Arc.
         unsafe { std::slice::from_raw_parts(self.at.0, self.nbytes) }
     }
 
@@ -422,7 +470,8 @@ impl PinnedBuf {
     /// Queues a copy of all the bytes to `dst` at `at`, straight from this memory.
     ///
     /// # Safety
-    /// 1. `self` stays alive (it never changes) until the copy has finished.
+    /// 1. `self` stays alive (it never changes) until the copy has finished, and was found
+    ///    [`readable`](PinnedBuf::readable) in this call.
     /// 2. `dst` is usable in `stream`'s order and kept alive until the copy has finished.
     pub(crate) unsafe fn h2d_async(
         &self,
@@ -435,7 +484,7 @@ impl PinnedBuf {
         if self.nbytes == 0 {
             return Ok(());
         }
-        let src = self.bytes().as_ptr();
+        let src = self.bytes_unchecked().as_ptr();
         // SAFETY: the source is nbytes of our page-locked block (obligation 1 keeps it
         // alive); the destination range is inside `dst` (checked above; obligation 2).
         unsafe { driver::memcpy_h2d_async(ctx, dst.addr(at), src, self.nbytes, stream) }
@@ -698,6 +747,7 @@ impl PinnedOutputPool {
                     pool: self.clone(),
                     device,
                 },
+                filling: Ranges::default(),
             })));
         }
         match alloc_block(want, device, Some(self)) {

@@ -117,7 +117,7 @@ pub(crate) unsafe fn h2d_direct(
 ) -> Result<usize> {
     let mut copies = Vec::with_capacity(pairs.len());
     for (src, dst) in pairs {
-        let n = src.bytes().len();
+        let n = src.nbytes();
         if n > 0 {
             copies.push((dst_addr(dst, 0, n)?, src.as_ptr(), n));
         }
@@ -200,7 +200,7 @@ impl Scatter<'_> {
     /// Descriptors the kernel needs (staged pieces whose destinations it writes badly go
     /// by DMA and need none).
     pub(crate) fn descriptors(&self) -> usize {
-        let mapped = self.mapped.iter().map(|m| m.0.bytes().len());
+        let mapped = self.mapped.iter().map(|m| m.0.nbytes());
         self.by_kernel().map(|s| pieces(s.1)).sum::<usize>() + mapped.map(pieces).sum::<usize>()
     }
 }
@@ -288,7 +288,7 @@ pub(crate) unsafe fn h2d_scatter(
         }
     }
     for &(src, view) in work.mapped {
-        cut(src.as_ptr() as u64, src.bytes().len(), view)?;
+        cut(src.as_ptr() as u64, src.nbytes(), view)?;
     }
     if written != n {
         return Err(bug(format!("{written} descriptors, {n} planned")));
