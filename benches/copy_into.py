@@ -12,6 +12,9 @@ turns config by config:
 * ``pinlane copy_into``: ``pinlane.copy_into(dsts, srcs)``, one call for the step;
 * ``pinlane Buffers``: ``bufs.copy_from(srcs)``, the destinations checked and imported
   once (``bufs = pinlane.Buffers(dsts)``), as a serving loop would;
+* ``pinlane Pairs``: ``pairs.copy()``, the sources bound to the destinations once too
+  (``pairs = pinlane.Pairs(bufs, srcs)``), as a loop that refills the same host tensors
+  every step would (the sources here are the same tensors every step);
 * ``pinlane h2d``: ``pinlane.transfer_tensor_h2d(srcs)`` of the same batch (new device
   tensors, not the static buffers: the engine's own path, for reference).
 
@@ -63,7 +66,7 @@ def statics(src, dev):
     return {k: buf[a : a + n].view(src[k].dtype) for k, (a, n) in places.items()}
 
 
-def run_step(way, src, dst, bufs=None):
+def run_step(way, src, dst, bufs=None, pairs=None):
     if way == "torch copy_":
         for k, s in src.items():
             dst[k].copy_(s, non_blocking=True)
@@ -71,6 +74,8 @@ def run_step(way, src, dst, bufs=None):
         pinlane.copy_into(dst, src)
     elif way == "pinlane Buffers":
         bufs.copy_from(src)
+    elif way == "pinlane Pairs":
+        pairs.copy()
     else:
         pinlane.transfer_tensor_h2d(src)
     torch.cuda.current_stream().synchronize()
@@ -93,20 +98,20 @@ def same_bytes(a, b):
     return torch.equal(a.cpu().contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
 
 
-def check(way, src, dst, bufs):
+def check(way, src, dst, bufs, pairs):
     if way == "pinlane h2d":
         got = pinlane.transfer_tensor_h2d(src)
         return all(same_bytes(got[k], v) for k, v in src.items())
     for d in dst.values():
         d.zero_()
-    run_step(way, src, dst, bufs)
+    run_step(way, src, dst, bufs, pairs)
     return all(same_bytes(dst[k], v) for k, v in src.items())
 
 
-def parts(reps, src, bufs):
-    """Where a Buffers step's time goes: the call itself (until it returns, the copies
-    queued), and the device's span from before the call to after its copies (CUDA events
-    on the stream), medians over `reps` steps."""
+def parts(reps, step):
+    """Where a step's time goes (`step()`: a Buffers or a Pairs step): the call itself
+    (until it returns, the copies queued), and the device's span from before the call to
+    after its copies (CUDA events on the stream), medians over `reps` steps."""
     s = torch.cuda.current_stream()
     calls, spans, marks = [], [], {}
     for r in range(WARMUP + reps):
@@ -114,7 +119,7 @@ def parts(reps, src, bufs):
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         e0.record(s)
         t0 = time.perf_counter()
-        bufs.copy_from(src)
+        step()
         t1 = time.perf_counter()
         e1.record(s)
         s.synchronize()
@@ -139,7 +144,7 @@ def main(argv=None):
     torch.cuda.set_device(dev)
     up, _ = limits(torch, dev)
     print(f"page-locked limit H2D (torch, one 256 MiB copy): {up:.1f} GB/s")
-    ways = ["torch copy_", "pinlane copy_into", "pinlane Buffers", "pinlane h2d"]
+    ways = ["torch copy_", "pinlane copy_into", "pinlane Buffers", "pinlane Pairs", "pinlane h2d"]
     rows = []
     # 8 and 16 tensors up to 256 KiB; 16 up to 4 KiB (a decode step's ids and lengths).
     for n, top in ((8, 18), (16, 18), (16, 12)):
@@ -148,12 +153,13 @@ def main(argv=None):
             src = batch(n_bytes, n, pinned)
             dst = statics(src, dev)
             bufs = pinlane.Buffers(dst)
+            pairs = pinlane.Pairs(bufs, src)
             total = sum(n_bytes)
             label = f"{n} tensors, {total / 1024:.0f} KiB, {'page-locked' if pinned else 'pageable'}"
             res = {}
             for way in ways:
-                sec, cpu = timed(a.reps, lambda: run_step(way, src, dst, bufs))
-                ok = check(way, src, dst, bufs)
+                sec, cpu = timed(a.reps, lambda: run_step(way, src, dst, bufs, pairs))
+                ok = check(way, src, dst, bufs, pairs)
                 res[way] = {
                     "us": sec * 1e6,
                     "gbps": total / sec / 1e9,
@@ -167,26 +173,30 @@ def main(argv=None):
                     f"  bytes {'ok' if ok else 'WRONG'}",
                     flush=True,
                 )
-            call_us, span_us, engine = parts(a.reps // 4, src, bufs)
-            print(
-                f"{label:40} Buffers.copy_from's call {call_us:.1f} us; device span {span_us:.1f} us;"
-                f" the engine's marks (us from its start): {engine}",
-                flush=True,
-            )
-            res["pinlane Buffers"].update(call_us=call_us, span_us=span_us, engine_marks=engine)
+            for way, name, step in (
+                ("pinlane Buffers", "Buffers.copy_from", lambda: bufs.copy_from(src)),
+                ("pinlane Pairs", "Pairs.copy", pairs.copy),
+            ):
+                call_us, span_us, engine = parts(a.reps // 4, step)
+                print(
+                    f"{label:40} {name}'s call {call_us:.1f} us; device span {span_us:.1f} us;"
+                    f" the engine's marks (us from its start): {engine}",
+                    flush=True,
+                )
+                res[way].update(call_us=call_us, span_us=span_us, engine_marks=engine)
             rows.append({"config": label, "tensors": n, "bytes": total, "pinned": pinned, "ways": res})
     print()
     print(
-        "| step | torch copy_ | pinlane copy_into | pinlane Buffers | pinlane h2d "
-        "| torch / copy_into | torch / Buffers | h2d / Buffers |"
+        "| step | torch copy_ | pinlane copy_into | pinlane Buffers | pinlane Pairs | pinlane h2d "
+        "| torch / copy_into | torch / Buffers | torch / Pairs | h2d / Buffers | h2d / Pairs |"
     )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         w = r["ways"]
-        t, c, b, h = (w[x]["us"] for x in ways)
+        t, c, b, p, h = (w[x]["us"] for x in ways)
         print(
-            f"| {r['config']} | {t:.1f} us | {c:.1f} us | {b:.1f} us | {h:.1f} us "
-            f"| {t / c:.2f}x | {t / b:.2f}x | {h / b:.2f}x |"
+            f"| {r['config']} | {t:.1f} us | {c:.1f} us | {b:.1f} us | {p:.1f} us | {h:.1f} us "
+            f"| {t / c:.2f}x | {t / b:.2f}x | {t / p:.2f}x | {h / b:.2f}x | {h / p:.2f}x |"
         )
     if a.json:
         with open(a.json, "w") as f:

@@ -2,7 +2,8 @@
 the call (the Python half's checks and lookups, the native call with and without a copy,
 torch's own ways beside it); for a 16-tensor serving step (`Buffers.copy_from`), its
 pieces (pairing, the negation bits, the native call with and without the binding's
-non-owning views, one source against 16) beside torch's per-tensor `copy_`; for 1000 x 1
+non-owning views, one source against 16, and `Pairs.copy` with the sources bound) beside
+torch's per-tensor `copy_`; for 1000 x 1
 KiB, per tensor: the container walk, the torch attribute reads, the native import (tensors
 the call passes through), H2D with and without the views, the handover to torch (runs of
 same-shape outputs as one tensor split with unbind(0), or one DLPack import per tensor),
@@ -158,6 +159,8 @@ def serving_step():
     one = pinlane.Buffers({"t00": dst["t00"]})
     bufs = pinlane.Buffers(dst)
     srcs = bufs._sources(src)
+    pairs = pinlane.Pairs(bufs, src)
+    one_pair = pinlane.Pairs(one, {"t00": src["t00"]})
     s = torch.cuda.current_stream()
 
     def synced(fn):
@@ -174,6 +177,8 @@ def serving_step():
         ("native copy_from, 1 source, views + sync", synced(lambda: one._native.copy_from(srcs[:1], maybe_neg=False))),
         ("native copy_from, 1 source, no views + sync", synced(lambda: one._native.copy_from(srcs[:1], maybe_neg=False, views=False))),
         ("Buffers.copy_from(src) + sync", synced(lambda: bufs.copy_from(src))),
+        ("Pairs.copy() (sources bound) + sync", synced(pairs.copy)),
+        ("Pairs.copy(), 1 source + sync", synced(one_pair.copy)),
         ("torch copy_ per tensor + sync", synced(lambda: [dst[k].copy_(v, non_blocking=True) for k, v in src.items()])),
         ("stream.synchronize() (idle)", s.synchronize),
     ]

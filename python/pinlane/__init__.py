@@ -25,6 +25,7 @@ __all__ = [
     "transfer_tensor_d2h",
     "copy_into",
     "Buffers",
+    "Pairs",
     "prefetch",
     "Prefetcher",
     "cuda_available",
@@ -516,3 +517,50 @@ class Buffers:
             with ctx, torch.no_grad():
                 for i in left:
                     self._leaves[i].copy_(srcs[i], non_blocking=self._h2d)
+
+
+class Pairs:
+    """Sources bound to destinations, for a serving loop that refills the same host
+    tensors every step (servers keep page-locked input buffers beside a CUDA graph's
+    static inputs): both sides are checked and imported once, so each step is one call
+    with nothing to pair, check or import.
+
+    ::
+
+        host = {"tokens": torch.zeros(256, dtype=torch.int64, pin_memory=True),
+                "lens": torch.zeros(16, dtype=torch.int32)}
+        step = pinlane.Pairs(static, host)      # once: copy_into(static, host)'s checks
+        for batch in requests:
+            host["tokens"][: len(batch)] = ...  # write the sources in place
+            step.copy()                         # each step: as copy_into(static, host)
+            graph.replay()
+
+    ``dst`` is a structure of destinations (or a ``Buffers``), ``src`` the same structure
+    of sources; the rules are ``copy_into``'s, and also:
+
+    * each source is read in place at every ``copy``: it must be contiguous and without
+      the negation bit, and of a dtype pinlane copies (else ``ValueError``; for complex,
+      float8 ... use ``Buffers.copy_from``, which leaves those pairs to torch);
+    * both sides are taken as they are now: a container changed later, or a tensor
+      replaced, resized or re-pointed (``resize_``, ``set_``), is not followed; writes
+      into the tensors' memory are;
+    * a page-locked source of 64 KiB or more is read by the device after an H2D ``copy``
+      returns: write it for the next step only once the stream has passed this step's
+      copies (as with ``copy_(non_blocking=True)``); smaller and pageable sources are in
+      pinlane's staging memory by the time ``copy`` returns.
+    """
+
+    def __init__(self, dst, src, /):
+        bufs = dst if isinstance(dst, Buffers) else Buffers(dst)
+        self._torch = bufs._torch
+        self._native = _native.Pairs(bufs._native, bufs._sources(src))
+
+    def __len__(self):
+        return len(self._native)
+
+    def copy(self, *, stream=None):
+        """Copies every source, as it is now, into its destination, on ``stream`` (a
+        ``torch.cuda.Stream`` of the CUDA side's device) or torch's current stream there:
+        see ``copy_into``."""
+        s = None if stream is None else _stream_arg(self._torch, stream)
+        self._native.copy(stream=s)

@@ -21,14 +21,14 @@ use pyo3::prelude::*;
 /// Page-locked sources at least this large are copied straight from their memory (the
 /// engine's threshold where the driver has `cuMemcpyBatchAsync`); smaller ones are staged,
 /// and torch is not asked `is_pinned()` for them (~1 us a tensor).
-const DIRECT_MIN_BYTES: usize = 64 << 10;
+pub(crate) const DIRECT_MIN_BYTES: usize = 64 << 10;
 
-fn bad(k: usize, what: &str) -> PyErr {
+pub(crate) fn bad(k: usize, what: &str) -> PyErr {
     PyValueError::new_err(format!("copy_into: pair {k}: {what}"))
 }
 
 /// One destination, as imported.
-enum Dst {
+pub(crate) enum Dst {
     /// pinlane's view of it.
     Pinlane(Tensor),
     /// A dtype pinlane lacks: torch copies it. Its dtype and size, checked against the
@@ -40,15 +40,15 @@ enum Dst {
 #[pyclass(module = "pinlane._native", frozen)]
 pub(crate) struct Targets {
     /// Each destination.
-    outs: Vec<Dst>,
+    pub(crate) outs: Vec<Dst>,
     /// Held by a `copy_from` while it runs: one writer at a time (D2H's contract), a
     /// second thread's call is an error rather than a wait (the first releases the GIL,
     /// and a wait holding it would never end).
     busy: std::sync::Mutex<()>,
     /// CUDA destinations (else CPU ones, with CUDA sources).
-    h2d: bool,
+    pub(crate) h2d: bool,
     /// The CUDA device of H2D's destinations (D2H's comes from its sources).
-    device: Option<usize>,
+    pub(crate) device: Option<usize>,
 }
 
 #[pymethods]
@@ -104,15 +104,7 @@ impl Targets {
         let Some(first) = srcs.first() else {
             return Ok(Vec::new());
         };
-        let _busy = match self.busy.try_lock() {
-            Ok(g) => g,
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => {
-                return Err(PyRuntimeError::new_err(
-                    "copy_into: these Buffers are being written by another thread's copy_from",
-                ))
-            }
-        };
+        let _busy = self.writer()?;
         let torch = Torch::of(first)?;
         let mut to_torch = Vec::new();
         let (mut ins, mut outs) = (
@@ -166,6 +158,40 @@ impl Targets {
         let Some(device) = device.filter(|_| !ins.is_empty()) else {
             return Ok(to_torch);
         };
+        self.run(py, &torch, &ins, &outs, device, stream, d2h_current)?;
+        drop(temps);
+        Ok(to_torch)
+    }
+}
+
+impl Targets {
+    /// The right to write the destinations: one call at a time (see `busy`).
+    pub(crate) fn writer(&self) -> PyResult<std::sync::MutexGuard<'_, ()>> {
+        match self.busy.try_lock() {
+            Ok(g) => Ok(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => Ok(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => Err(PyRuntimeError::new_err(
+                "copy_into: these Buffers are being written by another thread's copy",
+            )),
+        }
+    }
+
+    /// Copies `ins[i]` into `outs[i]` (imported pairs of `device`'s CUDA side), ordered on
+    /// `stream` (`(raw handle, device)`) or torch's current stream of `device`. D2H's
+    /// copies wait for `d2h_current` (torch's current stream where the sources were made),
+    /// or that same current stream. The `busy` lock is the caller's to hold.
+    // `&Vec`: the calls take a `Batch`, which a `Vec` is and a slice is not.
+    #[allow(clippy::too_many_arguments, clippy::ptr_arg)]
+    pub(crate) fn run(
+        &self,
+        py: Python<'_>,
+        torch: &Torch,
+        ins: &Vec<Tensor>,
+        outs: &Vec<Tensor>,
+        device: usize,
+        stream: Option<(usize, usize)>,
+        d2h_current: Option<usize>,
+    ) -> PyResult<()> {
         let dev = Device::cuda(device);
         let current = match d2h_current {
             Some(work) => work,
@@ -188,8 +214,8 @@ impl Targets {
         let s = unsafe { Stream::from_raw(raw as RawStream, dev) }.map_err(to_py)?;
         let opts = IntoOptions::default().stream(s);
         if self.h2d {
-            py.detach(|| pinlane::transfer_tensor_h2d_into(&ins, &outs, &opts).map(drop))
-                .map_err(to_py)?;
+            py.detach(|| pinlane::transfer_tensor_h2d_into(ins, outs, &opts).map(drop))
+                .map_err(to_py)
         } else {
             // SAFETY: as above, torch's current stream of `device`.
             let torch_current =
@@ -201,16 +227,12 @@ impl Targets {
                 // SAFETY: the destinations are torch CPU tensors the caller handed over
                 // for writing (as `dst.copy_(src)` writes them), and nothing in pinlane
                 // reads them during the call.
-                unsafe { pinlane::transfer_tensor_d2h_into(&ins, &outs, &opts) }
+                unsafe { pinlane::transfer_tensor_d2h_into(ins, outs, &opts) }
             })
-            .map_err(to_py)?;
+            .map_err(to_py)
         }
-        drop(temps);
-        Ok(to_torch)
     }
-}
 
-impl Targets {
     /// Destination `k`: `None` for one whose dtype pinlane lacks (torch copies it).
     fn import_dst(&mut self, torch: &Torch, k: usize, d: &Bound<'_, PyAny>) -> PyResult<Dst> {
         let (dl, _) = torch

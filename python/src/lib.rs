@@ -14,6 +14,7 @@
 
 mod errors;
 mod into;
+mod pairs;
 mod torch;
 mod transfer;
 mod weights;
@@ -202,6 +203,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(transfer::h2d_one, m)?)?;
     m.add_function(wrap_pyfunction!(transfer::d2h_one, m)?)?;
     m.add_class::<into::Targets>()?;
+    m.add_class::<pairs::Pairs>()?;
     m.add_function(wrap_pyfunction!(transfer::d2h, m)?)?;
     m.add_function(wrap_pyfunction!(transfer::check_device, m)?)?;
     m.add_function(wrap_pyfunction!(transfer::torch_current_stream, m)?)?;

@@ -69,3 +69,5 @@ def test_copy_into_without_torch_or_cuda_is_an_error(monkeypatch):
         pytest.skip("torch is loaded in this process")
     with pytest.raises(RuntimeError, match="torch with a CUDA device"):
         pinlane.copy_into([], [])
+    with pytest.raises(RuntimeError, match="torch with a CUDA device"):
+        pinlane.Pairs([], [])

@@ -39,8 +39,8 @@ def _statics(torch, like, skew=0):
     return buf, views, places
 
 
-def _expected(torch, buf, src, places):
-    want = torch.full_like(buf, 0xA5).cpu()
+def _expected(torch, buf, src, places, fill=0xA5):
+    want = torch.full_like(buf, fill).cpu()
     for k, (at, n) in places.items():
         want[at : at + n] = src[k].contiguous().view(-1).view(torch.uint8)
     return want
@@ -58,7 +58,8 @@ def test_copies_into_slices_of_a_static_buffer(torch, pinned, skew):
         assert torch.equal(buf.cpu(), _expected(torch, buf, src, places)), f"step {step}"
 
 
-def test_feeds_a_captured_graph_step_after_step(torch):
+@pytest.mark.parametrize("way", ["Buffers", "Pairs"])
+def test_feeds_a_captured_graph_step_after_step(torch, way):
     src = _inputs(torch, 0)
     buf, static, _ = _statics(torch, src)
     weights = torch.randn(50_000, 8, device="cuda")
@@ -79,9 +80,18 @@ def test_feeds_a_captured_graph_step_after_step(torch):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = model(static)
+    host = _inputs(torch, 0, pinned=True)
+    bound = pinlane.Pairs(inputs, host)
     for step in range(1, 60):
         src = _inputs(torch, step, pinned=step % 2 == 0)
-        inputs.copy_from(src)
+        if way == "Buffers":
+            inputs.copy_from(src)
+        else:
+            # The bound page-locked sources are written only after the last step's
+            # comparison, which waited for the stream.
+            for k, v in host.items():
+                v.copy_(src[k])
+            bound.copy()
         graph.replay()
         eager = model({k: v.cuda() for k, v in src.items()})
         torch.testing.assert_close(out, eager, rtol=0, atol=0, msg=f"step {step}")
@@ -194,6 +204,68 @@ def test_buffers_check_once_and_copy_every_step(torch):
     nb = pinlane.Buffers([[dst["a"], dst["b"]], None])
     with pytest.raises(ValueError, match="a list destination for a Tensor source"):
         nb.copy_from([torch.rand(1024), torch.zeros(512, dtype=torch.int64)])
+
+
+@pytest.mark.parametrize("pinned", [False, True])
+def test_pairs_copy_their_sources_as_they_are_at_each_step(torch, pinned):
+    # Bound once; each step writes the same host tensors in place, and the copy takes
+    # what they hold then (a 64 KiB page-locked source is read by the device after
+    # copy() returns, so the step waits for the stream before writing it again).
+    host = _inputs(torch, 0, pinned)
+    buf, dst, places = _statics(torch, host, skew=1)
+    step = pinlane.Pairs(dst, host)
+    assert len(step) == len(host)
+    for n in range(6):
+        new = _inputs(torch, n, pinned)
+        for k, v in host.items():
+            v.copy_(new[k])
+        step.copy()
+        torch.cuda.current_stream().synchronize()
+        assert torch.equal(buf.cpu(), _expected(torch, buf, new, places)), f"step {n}"
+    # On a custom stream, after its work; a Buffers' destinations bind too.
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        buf.fill_(0)
+        torch.cuda._sleep(20_000_000)
+    pinlane.Pairs(pinlane.Buffers(dst), host).copy(stream=s)
+    s.synchronize()
+    assert torch.equal(buf.cpu(), _expected(torch, buf, new, places, fill=0))
+
+
+def test_pairs_d2h_into_cpu_tensors(torch):
+    src = {k: v.cuda() for k, v in _inputs(torch, 3).items()}
+    dst = {k: torch.empty(v.shape, dtype=v.dtype, pin_memory=(k != "scale")) for k, v in src.items()}
+    step = pinlane.Pairs(dst, src)
+    for n in range(3):
+        for v in src.values():
+            v.add_(1)  # on torch's current stream: the copy waits for it
+        step.copy()
+        for k in src:
+            assert torch.equal(dst[k], src[k].cpu()), (n, k)
+
+
+def test_pairs_refuse_what_cannot_be_read_in_place(torch):
+    buf = torch.zeros(4096, dtype=torch.uint8, device="cuda")
+    a = buf[:1024].view(torch.int32)
+    src = torch.ones(256, dtype=torch.int32)
+    cases = [
+        ([a], [torch.ones(512, dtype=torch.int32)[::2]], "not contiguous"),
+        ([a], [torch._neg_view(src)], "negation bit"),
+        ([a], [torch.ones(256, dtype=torch.float32)], "differ in dtype or size"),
+        ([a], [torch.ones(255, dtype=torch.int32)], "differ in dtype or size"),
+        ([a], [a], "not a CPU tensor"),
+        ([torch.zeros(4, dtype=torch.complex64, device="cuda")], [torch.zeros(4, dtype=torch.complex64)], "pinlane lacks"),
+        ({"x": a}, {"y": src}, "keys differ"),
+    ]
+    for dst, s, msg in cases:
+        with pytest.raises(ValueError, match=msg):
+            pinlane.Pairs(dst, s)
+    # Overlapping destinations: found at the copy, before anything is queued.
+    step = pinlane.Pairs([a, buf[512:1536].view(torch.int32)], [src, src])
+    with pytest.raises(ValueError, match="overlap"):
+        step.copy()
+    torch.cuda.synchronize()
+    assert int(buf.count_nonzero()) == 0
 
 
 def test_exit_gives_held_torch_tensors_back_first(torch):

@@ -1,0 +1,162 @@
+//! `Pairs`: a serving loop's sources bound to its destinations once, both sides imported
+//! and checked once, so that each step is one native call with nothing to import.
+//!
+//! The sources are read in place at every [`Pairs::copy`]: each must be a contiguous
+//! tensor without the negation bit (a contiguous copy made at binding would not follow
+//! the writes the loop makes into the source between steps), of a dtype pinlane copies.
+//! The destinations are a [`Targets`]' (its rules, and its one-writer lock).
+
+use crate::into::{bad, Dst, Targets, DIRECT_MIN_BYTES};
+use crate::torch::{self, Kind, Torch};
+use pinlane::Tensor;
+use pyo3::intern;
+use pyo3::prelude::*;
+
+/// Sources bound to destinations, copied by every [`Pairs::copy`].
+#[pyclass(module = "pinlane._native", frozen)]
+pub(crate) struct Pairs {
+    targets: Py<Targets>,
+    /// The sources, imported (each holds its torch tensor's storage).
+    ins: Vec<Tensor>,
+    /// The destinations, in the sources' order.
+    outs: Vec<Tensor>,
+    /// One source, to reach torch's exchange API at each call.
+    first: Py<PyAny>,
+    /// The CUDA side's device.
+    device: usize,
+}
+
+#[pymethods]
+impl Pairs {
+    /// Binds `srcs[i]` to destination `i` of `targets`: CPU sources when the destinations
+    /// are CUDA tensors, CUDA sources of one device when they are CPU tensors. Every pair
+    /// has the same dtype and byte size.
+    #[new]
+    fn new(targets: Bound<'_, Targets>, srcs: Vec<Bound<'_, PyAny>>) -> PyResult<Pairs> {
+        let t = targets.get();
+        if srcs.len() != t.outs.len() {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "copy_into: {} sources for {} destinations",
+                srcs.len(),
+                t.outs.len()
+            )));
+        }
+        let Some(first) = srcs.first() else {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "Pairs: no tensors to copy",
+            ));
+        };
+        let torch = Torch::of(first)?;
+        let mut device = t.device;
+        let (mut ins, mut outs) = (Vec::with_capacity(srcs.len()), Vec::new());
+        for (k, (s, d)) in srcs.iter().zip(&t.outs).enumerate() {
+            let Dst::Pinlane(d) = d else {
+                return Err(bad(
+                    k,
+                    "the destination's dtype is one pinlane lacks: Pairs copies only what \
+                     pinlane copies (use Buffers.copy_from, which leaves it to torch)",
+                ));
+            };
+            let src = import(&torch, k, s, t.h2d, &mut device)?;
+            if src.dtype() != d.dtype() || src.nbytes() != d.nbytes() {
+                return Err(bad(
+                    k,
+                    &format!(
+                        "the source ({:?}, {} bytes) and the destination ({:?}, {} bytes) \
+                         differ in dtype or size",
+                        src.dtype(),
+                        src.nbytes(),
+                        d.dtype(),
+                        d.nbytes()
+                    ),
+                ));
+            }
+            ins.push(src);
+            outs.push(d.clone());
+        }
+        let Some(device) = device else {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "Pairs: no CUDA tensor on either side",
+            ));
+        };
+        Ok(Pairs {
+            targets: targets.unbind(),
+            ins,
+            outs,
+            first: first.clone().unbind(),
+            device,
+        })
+    }
+
+    fn __len__(&self) -> usize {
+        self.ins.len()
+    }
+
+    /// Copies every source, as it is now, into its destination, ordered on `stream`
+    /// (`(raw handle, device)` of a `torch.cuda.Stream`) or torch's current stream of the
+    /// CUDA side's device. H2D returns once the copies are queued; D2H once the bytes are
+    /// in the destinations (the copies wait for torch's current stream, where the sources
+    /// are written).
+    #[pyo3(signature = (*, stream=None))]
+    fn copy(&self, py: Python<'_>, stream: Option<(usize, usize)>) -> PyResult<()> {
+        let targets = self.targets.get();
+        let _busy = targets.writer()?;
+        let torch = Torch::of(self.first.bind(py))?;
+        targets.run(py, &torch, &self.ins, &self.outs, self.device, stream, None)
+    }
+}
+
+/// Source `k`, imported to be read in place at every call: on the side `h2d` says (a CUDA
+/// source's device goes to `device`, and must match it), contiguous, without the negation
+/// bit, of a dtype pinlane has.
+fn import(
+    torch: &Torch,
+    k: usize,
+    s: &Bound<'_, PyAny>,
+    h2d: bool,
+    device: &mut Option<usize>,
+) -> PyResult<Tensor> {
+    let (mut dl, _) = torch
+        .import(s)
+        .map_err(|e| bad(k, &format!("torch does not export the source ({e})")))?;
+    match (h2d, torch::kind(&dl)) {
+        (true, Kind::Host) => {}
+        (true, _) => return Err(bad(k, "the source is not a CPU tensor")),
+        (false, Kind::Cuda(n)) => {
+            if *device.get_or_insert(n) != n {
+                let other = device.unwrap_or_default();
+                return Err(bad(
+                    k,
+                    &format!("on cuda:{n}, another source on cuda:{other}"),
+                ));
+            }
+        }
+        (false, _) => return Err(bad(k, "the source is not a CUDA tensor")),
+    }
+    if !torch.has_dtype(s, &dl)? {
+        return Err(bad(
+            k,
+            "the source's dtype is one pinlane lacks: Pairs copies only what pinlane copies \
+             (use Buffers.copy_from)",
+        ));
+    }
+    if !torch::is_compact(&dl) {
+        return Err(bad(
+            k,
+            "the source is not contiguous: a bound source is read in place at every copy \
+             (a contiguous copy made now would not follow later writes into it)",
+        ));
+    }
+    if s.call_method0(intern!(s.py(), "is_neg"))?.is_truthy()? {
+        return Err(bad(k, "the source has the negation bit (is_neg())"));
+    }
+    if h2d
+        && torch::nbytes(&dl) >= DIRECT_MIN_BYTES
+        && s.call_method0(intern!(s.py(), "is_pinned"))?.is_truthy()?
+    {
+        // SAFETY: torch says the memory is page-locked (allocated by, or registered with,
+        // CUDA), for as long as the imported tensor holds the storage.
+        unsafe { torch::mark_page_locked(&mut dl) };
+    }
+    torch::to_pinlane(dl)
+}
