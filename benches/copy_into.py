@@ -136,7 +136,17 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=400)
     ap.add_argument("--json")
+    ap.add_argument(
+        "--configure",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a pinlane.configure setting for this process (repeatable), e.g. parallel_min=1048576",
+    )
     a = ap.parse_args(argv)
+    if a.configure:
+        pinlane.configure(**dict(kv.split("=", 1) for kv in a.configure))
+        print(f"pinlane.configure: {a.configure}")
     if not (torch.cuda.is_available() and pinlane.cuda_available()):
         print("no GPU: nothing to measure")
         return 0
