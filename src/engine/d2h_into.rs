@@ -80,7 +80,10 @@ pub(crate) unsafe fn transfer<B: Batch>(src: &B, dst: &B, opts: &IntoOptions) ->
         return Ok(());
     };
     let pairs = checked.pairs;
-    crate::memory::check_readable(pairs.iter().map(|p| p.1), "transfer_tensor_d2h_into")?;
+    crate::memory::check_readable(
+        pairs.iter().map(|p| p.1.storage()),
+        "transfer_tensor_d2h_into",
+    )?;
     let mut targets = Vec::with_capacity(pairs.len());
     for (_, d) in &pairs {
         targets.push(HostDst::of(d).ok_or_else(|| Error::Internal {

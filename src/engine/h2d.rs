@@ -89,7 +89,7 @@ pub(crate) fn transfer<B: Batch>(
         return Ok((batch::replace_tensors(batch, Vec::new()), None));
     };
     let all = batch::tensors(batch);
-    memory::check_readable(all.iter().copied(), "transfer_tensor_h2d")?;
+    memory::check_readable(all.iter().map(|t| t.storage()), "transfer_tensor_h2d")?;
     let rt = crate::runtime::runtime();
     let src = route(&all, device, &rt);
     let order = &src.order;

@@ -108,7 +108,10 @@ pub(crate) fn transfer<B: Batch>(src: &B, dst: &B, opts: &IntoOptions) -> Result
         return Ok(Transfer::ready(()));
     };
     let pairs = checked.pairs;
-    memory::check_readable(pairs.iter().map(|p| p.0), "transfer_tensor_h2d_into")?;
+    memory::check_readable(
+        pairs.iter().map(|p| p.0.storage()),
+        "transfer_tensor_h2d_into",
+    )?;
     driver::deferred::surface(device)?;
     let stream = stream_for(opts, device)?;
     // This thread's earlier calls on the stream that are done give back their slots

@@ -4,20 +4,20 @@
 //! output block while the copies into it run (one pass, overlapped with the copies). The
 //! rebuild is the caller's `Batch::rebuild`, safe code that may read a view's bytes, keep
 //! a clone of it, or hand it to another call; without a gate that read would race the
-//! device's writes. So the call marks its range of the block as being filled ([`Fill`])
-//! before any view of it exists, and clears the mark only with the proof that its copies
-//! are done ([`Synced`]); every read of a view's bytes ([`Ranges::check`]) is refused
-//! meanwhile with [`Error::BytesInFlight`]. A range whose copies were never proven done
-//! (a failed call) stays marked until its block drops.
+//! device's writes. So the call marks its range of the block as being filled
+//! ([`PinnedBlock::start_fill`](super::pinned::PinnedBlock::start_fill)) before any view
+//! of it exists, and clears the mark only with the proof that its copies are done
+//! (`InFlight` and `Detached` clear their fills with a `Synced` in hand); every read of a
+//! view's bytes ([`Ranges::check`]) is refused meanwhile with [`Error::BytesInFlight`]. A
+//! range whose copies were never proven done (a failed call) stays marked until its
+//! block drops.
 //!
 //! Cost: reads look at one process-wide count of marked ranges ([`FILLING`]) and touch the
 //! block only while some range is marked somewhere; a D2H call marks and clears once.
 
-use super::arena::Synced;
-use super::pinned::PinnedBlock;
 use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 
 /// Ranges marked in all blocks. Only read-modify-writes change it, so a read that sees 0
 /// (with `Acquire`) has seen every earlier clear (`Release`) and what it proved.
@@ -59,6 +59,27 @@ impl Ranges {
         }
         Ok(())
     }
+
+    /// Marks `at..at + len` (`len > 0`); call it before any view of the range exists.
+    pub(crate) fn mark(&self, at: usize, len: usize) {
+        // Counted before the range is listed, and both before any view exists: whoever
+        // is handed a view later sees counts that include this range.
+        FILLING.fetch_add(1, Ordering::AcqRel);
+        self.count.fetch_add(1, Ordering::AcqRel);
+        self.lock().push((at, len));
+    }
+
+    /// Clears the mark of `at..at + len`: call it only once the copies that write the
+    /// range are proven done.
+    pub(crate) fn unmark(&self, at: usize, len: usize) {
+        let mut list = self.lock();
+        if let Some(i) = list.iter().position(|&r| r == (at, len)) {
+            list.swap_remove(i);
+            drop(list);
+            self.count.fetch_sub(1, Ordering::Release);
+            FILLING.fetch_sub(1, Ordering::Release);
+        }
+    }
 }
 
 impl Drop for Ranges {
@@ -71,53 +92,11 @@ impl Drop for Ranges {
     }
 }
 
-/// One call's range of a block, marked from [`Fill::start`] until [`Fill::done`]. Dropped
-/// without `done` (the copies were never proven done), the range stays marked until the
-/// block drops: its bytes may be partly written.
-pub(crate) struct Fill {
-    block: Arc<PinnedBlock>,
-    at: usize,
-    len: usize,
-}
-
-impl Fill {
-    /// Marks `at..at + len` of `block`; call it before any view of the range exists. `None`
-    /// for an empty range (nothing to gate).
-    pub(crate) fn start(block: &Arc<PinnedBlock>, at: usize, len: usize) -> Option<Fill> {
-        if len == 0 {
-            return None;
-        }
-        // Counted before the range is listed, and both before any view exists: whoever
-        // is handed a view later sees a count that includes this range.
-        FILLING.fetch_add(1, Ordering::AcqRel);
-        let ranges = block.filling();
-        ranges.count.fetch_add(1, Ordering::AcqRel);
-        ranges.lock().push((at, len));
-        Some(Fill {
-            block: block.clone(),
-            at,
-            len,
-        })
-    }
-
-    /// The copies that write the range are proven done: reads of it are allowed from now.
-    pub(crate) fn done(self, proof: &Synced) {
-        let _ = proof;
-        let ranges = self.block.filling();
-        let mut list = ranges.lock();
-        if let Some(i) = list.iter().position(|&r| r == (self.at, self.len)) {
-            list.swap_remove(i);
-            drop(list);
-            ranges.count.fetch_sub(1, Ordering::Release);
-            FILLING.fetch_sub(1, Ordering::Release);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::PinnedBuf;
+    use crate::memory::{PinnedBlock, PinnedBuf};
+    use std::sync::Arc;
 
     /// A block over 1 KiB of a `Vec` (nothing page-locked: only the marks are tested).
     fn block() -> Arc<PinnedBlock> {
@@ -135,7 +114,7 @@ mod tests {
     #[test]
     fn only_views_that_overlap_a_marked_range_are_refused() {
         let b = block();
-        let fill = Fill::start(&b, 256, 256).expect("a non-empty range is marked");
+        let fill = b.start_fill(256, 256).expect("a non-empty range is marked");
         assert!(any());
         assert!(read(&b, 0, 256), "just before");
         assert!(read(&b, 512, 512), "just after");
@@ -155,9 +134,6 @@ mod tests {
         // Never proven done: the range stays marked after its `Fill` is gone.
         drop(fill);
         assert!(!read(&b, 256, 256));
-        assert!(
-            Fill::start(&b, 0, 0).is_none(),
-            "an empty range is not marked"
-        );
+        assert!(b.start_fill(0, 0).is_none(), "an empty range is not marked");
     }
 }

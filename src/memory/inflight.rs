@@ -2,7 +2,7 @@
 //! the stream is proven idle.
 
 use super::arena::Synced;
-use super::filling::Fill;
+use super::pinned::Fill;
 use super::{retained, PinnedBlock, SlotLease};
 use crate::driver::Stream;
 use crate::error::{Error, Result};
@@ -40,7 +40,7 @@ impl InFlight {
     fn synchronize(&mut self) -> Result<()> {
         let proof = Synced::synchronize(&self.stream)?;
         self.leases.iter_mut().for_each(|l| l.mark_idle(&proof));
-        self.fills.drain(..).for_each(|f| f.done(&proof));
+        filled(&mut self.fills, &proof);
         retained::release_proven(&self.stream);
         Ok(())
     }
@@ -59,7 +59,7 @@ impl InFlight {
     /// any view of the range exists.
     pub(crate) fn hold_output(&mut self, block: &Arc<PinnedBlock>, at: usize, len: usize) {
         self.hold(block, len);
-        self.fills.extend(Fill::start(block, at, len));
+        self.fills.extend(block.start_fill(at, len));
     }
 
     fn held_bytes(&self) -> usize {
@@ -146,6 +146,13 @@ impl InFlight {
     }
 }
 
+/// The output ranges of `fills` are written: `proof` says the copies queued before it
+/// are done, these among them. Reads of the ranges are allowed from now.
+fn filled(fills: &mut Vec<Fill>, proof: &Synced) {
+    let _ = proof;
+    fills.drain(..).for_each(Fill::done);
+}
+
 /// The owners of a detached call ([`InFlight::detach`]): kept until its event completes,
 /// then released ([`Detached::release`]), or retained ([`Detached::retain`]). Dropped any
 /// other way, it retains them: with no proof, nothing is freed.
@@ -177,7 +184,7 @@ impl Detached {
         let Some(proof) = Synced::by_event(&self.stream, done) else {
             return self.retain();
         };
-        self.fills.drain(..).for_each(|f| f.done(&proof));
+        filled(&mut self.fills, &proof);
         if let Some((mut leases, held, sources, _)) = self.parts.take() {
             leases.iter_mut().for_each(|l| l.mark_idle(&proof));
             drop((leases, held, sources));
@@ -221,7 +228,7 @@ impl Drop for InFlight {
         match Synced::within(&stream, retained::drop_wait()) {
             Some(proof) => {
                 self.leases.iter_mut().for_each(|l| l.mark_idle(&proof));
-                self.fills.drain(..).for_each(|f| f.done(&proof));
+                filled(&mut self.fills, &proof);
             }
             None => self.retain(()),
         }

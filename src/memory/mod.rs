@@ -117,7 +117,7 @@ impl Storage {
     }
 }
 
-/// `Ok` when every page-locked tensor of `tensors` may be read (or written): no D2H
+/// `Ok` when every page-locked tensor of `storages` (the tensors' storages) may be read (or written): no D2H
 /// call's copies may still be writing it (see [`PinnedBuf::readable`]). One load when no
 /// D2H call has copies in flight into page-locked outputs; a pass over the tensors
 /// otherwise. Asked by the calls that take tensors as sources or destinations, before
@@ -127,14 +127,14 @@ impl Storage {
 /// [`Error::BytesInFlight`](crate::Error::BytesInFlight) naming `op`, for the first such
 /// tensor.
 pub(crate) fn check_readable<'a>(
-    tensors: impl IntoIterator<Item = &'a crate::tensor::Tensor>,
+    storages: impl IntoIterator<Item = &'a Storage>,
     op: &'static str,
 ) -> crate::error::Result<()> {
     if !filling::any() {
         return Ok(());
     }
-    for t in tensors {
-        if let Storage::Pinned(b) = t.storage() {
+    for s in storages {
+        if let Storage::Pinned(b) = s {
             b.readable(op)?;
         }
     }

@@ -25,6 +25,23 @@ pub(crate) struct PinnedBlock {
     filling: Ranges,
 }
 
+/// One call's range of a block, marked from [`PinnedBlock::start_fill`] until
+/// [`Fill::done`]. Dropped without `done` (the copies were never proven done), the range
+/// stays marked until the block drops: its bytes may be partly written.
+pub(crate) struct Fill {
+    block: Arc<PinnedBlock>,
+    at: usize,
+    len: usize,
+}
+
+impl Fill {
+    /// The copies that write the range are proven done (the caller holds the proof: see
+    /// `InFlight`): reads of it are allowed from now.
+    pub(crate) fn done(self) {
+        self.block.filling.unmark(self.at, self.len);
+    }
+}
+
 /// How a [`PinnedBlock`] gives its memory back.
 enum Release {
     /// Nothing to give back (an empty block).
@@ -62,9 +79,20 @@ impl PinnedBlock {
         })
     }
 
-    /// The block's ranges being filled by D2H copies (see [`super::filling`]).
-    pub(crate) fn filling(&self) -> &Ranges {
-        &self.filling
+    /// Marks `at..at + len` of the block as being written by a D2H call's copies, until
+    /// [`Fill::done`]: reads of views that overlap it are refused meanwhile (see
+    /// [`super::filling`]). Call it before any view of the range exists. `None` for an
+    /// empty range (nothing to gate).
+    pub(crate) fn start_fill(self: &Arc<Self>, at: usize, len: usize) -> Option<Fill> {
+        if len == 0 {
+            return None;
+        }
+        self.filling.mark(at, len);
+        Some(Fill {
+            block: self.clone(),
+            at,
+            len,
+        })
     }
 
     /// Whether a kernel may read the block at its host address (see [`PinnedBuf::mapped`]).
