@@ -4,7 +4,8 @@
 # processes each: the defaults; parallel_min=1048576 (the 280 KiB and 492 KiB steps'
 # pageable fills on the calling thread, not the copy threads; default 256 KiB); and
 # spin_us=1000 (the copy threads spin 1 ms before sleeping, default 50 us: awake between
-# steps). Where the copy threads' wake-up goes in the 20 to 27 us fills of run B.
+# steps). Where the copy threads' wake-up goes in run B's pageable steps (28 to 32 us
+# from the slot's lease to the submission, 25 to 29 from the fill's start).
 cd "$(dirname "$0")/../../../.."
 FINAL=$OUT; OUT=/tmp/rf; mkdir -p $OUT
 trap 'tar czf $FINAL/runF.tar.gz -C /tmp rf' EXIT
