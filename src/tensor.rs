@@ -368,7 +368,8 @@ impl Tensor {
     ///
     /// # Errors
     /// [`Error::NotOnHost`] for a device tensor; [`Error::NoCuda`];
-    /// [`Error::InvalidLocalRank`]; the driver's error.
+    /// [`Error::InvalidLocalRank`]; [`Error::BytesInFlight`] (see [`Tensor::as_bytes`]);
+    /// the driver's error.
     pub fn to_pinned(&self) -> Result<Tensor> {
         self.host_bytes("to_pinned")?;
         self.to_pinned_on(Device::from_local_rank()?)
@@ -380,7 +381,8 @@ impl Tensor {
     ///
     /// # Errors
     /// [`Error::NotOnHost`] for a device tensor; [`Error::NoCuda`];
-    /// [`Error::DeviceUnavailable`]; the driver's error.
+    /// [`Error::DeviceUnavailable`]; [`Error::BytesInFlight`] (see [`Tensor::as_bytes`]);
+    /// the driver's error.
     pub fn to_pinned_on(&self, device: Device) -> Result<Tensor> {
         let bytes = self.host_bytes("to_pinned")?;
         crate::driver::require("to_pinned")?;

@@ -251,6 +251,9 @@ fn a_batch_whose_rebuild_disagrees_with_its_visit_is_a_typed_error() {
 struct Peeks {
     moved: Tensor,
     kept: Tensor,
+    /// A device tensor of `moved`'s dtype and size, not visited (not moved): the other
+    /// side of the copies into existing tensors the rebuild tries.
+    dev: Tensor,
     /// Filled by `rebuild`: what each read of the moved tensor gave, then whether `kept`
     /// read.
     seen: Vec<Result<(), Error>>,
@@ -264,14 +267,25 @@ impl pinlane::Batch for Peeks {
     fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
         let moved = f(&self.moved);
         let kept = f(&self.kept);
+        let (one, dev) = (vec![moved.clone()], vec![self.dev.clone()]);
+        let opts = pinlane::IntoOptions::default();
         let seen = vec![
             moved.as_bytes().map(drop),
             moved.to_vec::<f32>().map(drop),
             moved.to_dlpack().map(drop),
-            transfer_tensor_h2d(&vec![moved.clone()]).map(drop),
+            transfer_tensor_h2d(&one).map(drop),
+            pinlane::transfer_tensor_h2d_into(&one, &dev, &opts).map(drop),
+            // SAFETY: nothing else reads or writes `moved` during the call (it is refused
+            // before anything is queued, which is what is tested).
+            unsafe { pinlane::transfer_tensor_d2h_into(&dev, &one, &opts) },
             kept.as_bytes().map(drop),
         ];
-        Peeks { moved, kept, seen }
+        Peeks {
+            moved,
+            kept,
+            dev: self.dev.clone(),
+            seen,
+        }
     }
 }
 
@@ -285,18 +299,29 @@ fn a_rebuild_cannot_read_outputs_the_copies_still_write() {
     let _turn = serial();
     let src = common::tensor(DType::F32, &[300], 7);
     // Small batches share page-locked blocks: `kept` is the output of an earlier call,
-    // likely in the same block as this call's range, and must stay readable.
+    // in the same block as this call's range (checked below), and must stay readable.
     let kept = transfer_tensor_d2h(&on_device(), &D2hOptions::default())
         .unwrap()
         .remove(0);
     assert_eq!(kept.location(), pinlane::Location::Pinned);
     let moved = transfer_tensor_h2d(&vec![src.clone()]).unwrap().remove(0);
-    let batch = Peeks {
-        moved,
-        kept: kept.clone(),
-        seen: Vec::new(),
-    };
-    let out = transfer_tensor_d2h(&batch, &D2hOptions::default()).unwrap();
+    let dev = transfer_tensor_h2d(&vec![common::tensor(DType::F32, &[300], 9)])
+        .unwrap()
+        .remove(0);
+    // Until this call's range is carved from the same shared block as `kept` (the shared
+    // block moves on when full; these tests take turns).
+    let out = (0..4)
+        .find_map(|_| {
+            let batch = Peeks {
+                moved: moved.clone(),
+                kept: kept.clone(),
+                dev: dev.clone(),
+                seen: Vec::new(),
+            };
+            let out = transfer_tensor_d2h(&batch, &D2hOptions::default()).unwrap();
+            out.moved.same_allocation(&kept).then_some(out)
+        })
+        .expect("two small D2H batches in a row share a page-locked block");
     assert_eq!(out.moved.location(), pinlane::Location::Pinned);
     let refused = |r: &Result<(), Error>, op: &str| {
         assert!(
@@ -308,10 +333,12 @@ fn a_rebuild_cannot_read_outputs_the_copies_still_write() {
     refused(&out.seen[1], "to_vec");
     refused(&out.seen[2], "to_dlpack");
     refused(&out.seen[3], "transfer_tensor_h2d");
+    refused(&out.seen[4], "transfer_tensor_h2d_into");
+    refused(&out.seen[5], "transfer_tensor_d2h_into");
     assert!(
-        out.seen[4].is_ok(),
+        out.seen[6].is_ok(),
         "an earlier call's output: {:?}",
-        out.seen[4]
+        out.seen[6]
     );
     // The call has returned: the copies are proven done, and the bytes are the source's.
     assert_eq!(out.moved.as_bytes().unwrap(), src.as_bytes().unwrap());
@@ -333,6 +360,7 @@ fn a_non_blocking_d2h_s_outputs_read_once_waited() {
     let batch = Peeks {
         moved,
         kept: Tensor::scalar(1u8),
+        dev: on_device().remove(0),
         seen: Vec::new(),
     };
     let handle = pinlane::transfer_tensor_d2h_async(&batch, &D2hOptions::default()).unwrap();
@@ -344,4 +372,62 @@ fn a_non_blocking_d2h_s_outputs_read_once_waited() {
     );
     assert_eq!(out.moved.as_bytes().unwrap(), src.as_bytes().unwrap());
     assert!(out.moved.to_dlpack().is_ok());
+}
+
+/// A one-tensor batch whose rebuild keeps a clone of what it is handed in `keep`.
+struct Keeps {
+    t: Tensor,
+    keep: std::sync::Arc<std::sync::Mutex<Option<Tensor>>>,
+}
+
+impl pinlane::Batch for Keeps {
+    fn visit<'a>(&'a self, f: &mut dyn FnMut(&'a Tensor)) {
+        f(&self.t);
+    }
+    fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
+        let t = f(&self.t);
+        *self.keep.lock().unwrap() = Some(t.clone());
+        Keeps {
+            t,
+            keep: self.keep.clone(),
+        }
+    }
+}
+
+#[test]
+fn a_clone_kept_from_a_non_blocking_d2h_reads_only_once_its_copies_are_done() {
+    // The mark outlives the call: a non-blocking D2H returns with its copies queued, and
+    // a clone its rebuild kept is refused until the copies are proven done (the handle's
+    // wait, here), not merely until the call returns.
+    common::sim();
+    let _turn = serial();
+    let src = common::tensor(DType::F32, &[300], 10);
+    let on = transfer_tensor_h2d(&vec![src.clone()]).unwrap().remove(0);
+    let keep = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let batch = Keeps {
+        t: on,
+        keep: keep.clone(),
+    };
+    // The copies wait for the current stream, held for 300 ms.
+    let busy = Stream::new(pinlane::Device::cuda(0)).unwrap();
+    busy.delay_async(std::time::Duration::from_millis(300))
+        .unwrap();
+    let handle = {
+        let _g = pinlane::set_current_stream(&busy);
+        pinlane::transfer_tensor_d2h_async(&batch, &D2hOptions::default()).unwrap()
+    };
+    let kept = keep
+        .lock()
+        .unwrap()
+        .take()
+        .expect("the rebuild ran in the call");
+    assert!(!handle.is_ready(), "the copies are behind the 300 ms pause");
+    let r = kept.as_bytes().map(drop);
+    assert!(
+        matches!(r, Err(Error::BytesInFlight { op: "as_bytes" })),
+        "{r:?}"
+    );
+    let out = handle.wait().unwrap();
+    assert_eq!(kept.as_bytes().unwrap(), src.as_bytes().unwrap());
+    assert_eq!(out.t.as_bytes().unwrap(), src.as_bytes().unwrap());
 }

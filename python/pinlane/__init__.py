@@ -455,8 +455,11 @@ class Buffers:
             graph.replay()
 
     ``dst``'s structure and tensors are taken as they are now: a container changed later,
-    or a tensor resized or re-pointed (``resize_``, ``set_``), is not followed (pinlane
-    keeps writing the memory it imported, which it keeps alive). The rules are
+    or a tensor re-pointed (``set_``, ``.data =``), is not followed (pinlane keeps
+    writing the memory it imported, which it keeps alive). A destination must not be
+    resized (``resize_``, ``untyped_storage().resize_``) while the ``Buffers`` exist:
+    torch frees the old memory when it grows a storage, and pinlane would write freed
+    memory (the rule CUDA graphs have for their static inputs). The rules are
     ``copy_into``'s.
     """
 
@@ -542,8 +545,10 @@ class Pairs:
       the negation bit, and of a dtype pinlane copies (else ``ValueError``; for complex,
       float8 ... use ``Buffers.copy_from``, which leaves those pairs to torch);
     * both sides are taken as they are now: a container changed later, or a tensor
-      replaced, resized or re-pointed (``resize_``, ``set_``), is not followed; writes
-      into the tensors' memory are;
+      replaced or re-pointed (``set_``, ``.data =``), is not followed; writes into the
+      tensors' memory are. No tensor of either side may be resized (``resize_``,
+      ``untyped_storage().resize_``) while the ``Pairs`` exist: torch frees the old
+      memory when it grows a storage, and pinlane would read or write freed memory;
     * a page-locked source of 64 KiB or more is read by the device after an H2D ``copy``
       returns: write it for the next step only once the stream has passed this step's
       copies (as with ``copy_(non_blocking=True)``); smaller and pageable sources are in

@@ -24,7 +24,12 @@ use pyo3::prelude::*;
 pub(crate) const DIRECT_MIN_BYTES: usize = 64 << 10;
 
 pub(crate) fn bad(k: usize, what: &str) -> PyErr {
-    PyValueError::new_err(format!("copy_into: pair {k}: {what}"))
+    bad_in("copy_into", k, what)
+}
+
+/// [`bad`] for the call named `call` (`Pairs` names itself).
+pub(crate) fn bad_in(call: &str, k: usize, what: &str) -> PyErr {
+    PyValueError::new_err(format!("{call}: pair {k}: {what}"))
 }
 
 /// One destination, as imported.

@@ -6,7 +6,7 @@
 //! the writes the loop makes into the source between steps), of a dtype pinlane copies.
 //! The destinations are a [`Targets`]' (its rules, and its one-writer lock).
 
-use crate::into::{bad, Dst, Targets, DIRECT_MIN_BYTES};
+use crate::into::{bad_in, Dst, Targets, DIRECT_MIN_BYTES};
 use crate::torch::{self, Kind, Torch};
 use pinlane::Tensor;
 use pyo3::intern;
@@ -36,7 +36,7 @@ impl Pairs {
         let t = targets.get();
         if srcs.len() != t.outs.len() {
             return Err(pyo3::exceptions::PyValueError::new_err(format!(
-                "copy_into: {} sources for {} destinations",
+                "Pairs: {} sources for {} destinations",
                 srcs.len(),
                 t.outs.len()
             )));
@@ -51,7 +51,8 @@ impl Pairs {
         let (mut ins, mut outs) = (Vec::with_capacity(srcs.len()), Vec::new());
         for (k, (s, d)) in srcs.iter().zip(&t.outs).enumerate() {
             let Dst::Pinlane(d) = d else {
-                return Err(bad(
+                return Err(bad_in(
+                    "Pairs",
                     k,
                     "the destination's dtype is one pinlane lacks: Pairs copies only what \
                      pinlane copies (use Buffers.copy_from, which leaves it to torch)",
@@ -59,10 +60,11 @@ impl Pairs {
             };
             let src = import(&torch, k, s, t.h2d, &mut device)?;
             if src.dtype() != d.dtype() || src.nbytes() != d.nbytes() {
-                return Err(bad(
+                return Err(bad_in(
+                    "Pairs",
                     k,
                     &format!(
-                        "the source ({:?}, {} bytes) and the destination ({:?}, {} bytes) \
+                        "the source ({}, {} bytes) and the destination ({}, {} bytes) \
                          differ in dtype or size",
                         src.dtype(),
                         src.nbytes(),
@@ -74,9 +76,10 @@ impl Pairs {
             ins.push(src);
             outs.push(d.clone());
         }
+        // Every pair has a CUDA side (checked above), so there is a device.
         let Some(device) = device else {
-            return Err(pyo3::exceptions::PyValueError::new_err(
-                "Pairs: no CUDA tensor on either side",
+            return Err(pyo3::exceptions::PyRuntimeError::new_err(
+                "Pairs: internal error: no CUDA device after the pairs were checked",
             ));
         };
         Ok(Pairs {
@@ -116,39 +119,50 @@ fn import(
     h2d: bool,
     device: &mut Option<usize>,
 ) -> PyResult<Tensor> {
-    let (mut dl, _) = torch
-        .import(s)
-        .map_err(|e| bad(k, &format!("torch does not export the source ({e})")))?;
+    let (mut dl, _) = torch.import(s).map_err(|e| {
+        bad_in(
+            "Pairs",
+            k,
+            &format!("torch does not export the source ({e})"),
+        )
+    })?;
     match (h2d, torch::kind(&dl)) {
         (true, Kind::Host) => {}
-        (true, _) => return Err(bad(k, "the source is not a CPU tensor")),
+        (true, _) => return Err(bad_in("Pairs", k, "the source is not a CPU tensor")),
         (false, Kind::Cuda(n)) => {
             if *device.get_or_insert(n) != n {
                 let other = device.unwrap_or_default();
-                return Err(bad(
+                return Err(bad_in(
+                    "Pairs",
                     k,
                     &format!("on cuda:{n}, another source on cuda:{other}"),
                 ));
             }
         }
-        (false, _) => return Err(bad(k, "the source is not a CUDA tensor")),
+        (false, _) => return Err(bad_in("Pairs", k, "the source is not a CUDA tensor")),
     }
     if !torch.has_dtype(s, &dl)? {
-        return Err(bad(
+        return Err(bad_in(
+            "Pairs",
             k,
             "the source's dtype is one pinlane lacks: Pairs copies only what pinlane copies \
              (use Buffers.copy_from)",
         ));
     }
     if !torch::is_compact(&dl) {
-        return Err(bad(
+        return Err(bad_in(
+            "Pairs",
             k,
             "the source is not contiguous: a bound source is read in place at every copy \
              (a contiguous copy made now would not follow later writes into it)",
         ));
     }
     if s.call_method0(intern!(s.py(), "is_neg"))?.is_truthy()? {
-        return Err(bad(k, "the source has the negation bit (is_neg())"));
+        return Err(bad_in(
+            "Pairs",
+            k,
+            "the source has the negation bit (is_neg())",
+        ));
     }
     if h2d
         && torch::nbytes(&dl) >= DIRECT_MIN_BYTES

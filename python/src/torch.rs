@@ -547,6 +547,15 @@ pub(crate) fn to_pinlane(dl: Managed) -> PyResult<Tensor> {
     // the copy, on the current stream or the producer event). `Buffers` keeps its
     // destinations across calls and pinlane writes them (copy_into's documented
     // contract: nothing else touches them while a copy runs); pinlane never reads them,
-    // so torch's writes between calls break no assumption of pinlane's.
+    // so torch's writes between calls break no assumption of pinlane's. `Pairs` keeps its
+    // sources across calls too, and the caller writes them between calls: pinlane reads
+    // a source only inside `copy()` (the host fill, which ends in the call) or, for a
+    // page-locked one of 64 KiB or more, by the device after it (its documented contract:
+    // not written until the stream has passed the copies), and keeps nothing read from
+    // one between calls (no cache of bytes or checksums), so those writes break no
+    // assumption either. Either kept tensor must not be resized (`resize_`,
+    // `untyped_storage().resize_`): torch would free the memory this descriptor points
+    // at (documented as forbidden on `Buffers` and `Pairs`, as for a CUDA graph's
+    // static inputs).
     unsafe { Tensor::from_dlpack_writable(dl) }.map_err(to_py)
 }

@@ -242,6 +242,18 @@ def test_pairs_d2h_into_cpu_tensors(torch):
         step.copy()
         for k in src:
             assert torch.equal(dst[k], src[k].cpu()), (n, k)
+    # On a stream of the caller's, after the work queued there (and after torch's current
+    # stream): the call returns with the bytes in place.
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(20_000_000)
+        for v in src.values():
+            v.mul_(3)
+    step.copy(stream=s)
+    s.synchronize()
+    for k in src:
+        assert torch.equal(dst[k], src[k].cpu()), k
 
 
 def test_pairs_refuse_what_cannot_be_read_in_place(torch):

@@ -69,10 +69,12 @@ pub trait Batch {
 
     /// The same value with each tensor replaced by `f(tensor)`, called in visit order.
     ///
-    /// A D2H call runs this while its copies into page-locked outputs still write the
-    /// tensors `f` returns: reading one of them here (or a clone kept from here, before
-    /// the call returns) gives [`Error::BytesInFlight`](crate::Error::BytesInFlight).
-    /// Build the value; read the tensors once the call has returned.
+    /// The transfers run this while their copies into the tensors `f` returns may still
+    /// run: build the value, and use the tensors once the call has returned. A D2H call's
+    /// page-locked outputs refuse reads meanwhile (here, or through a clone kept from
+    /// here): [`Error::BytesInFlight`](crate::Error::BytesInFlight). An H2D call's device
+    /// outputs do not: used here (moved back, exported), they are not ordered after the
+    /// copies into them, and may give stale bytes.
     fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self
     where
         Self: Sized;

@@ -444,12 +444,23 @@ impl Drop for Pending {
 /// run user code (owners' drops, the waker): a panic there is recorded for the device's
 /// next call, and the handle still gets `r`.
 fn complete(mut job: Job, r: Result<()>) {
-    let outcome = r.clone();
+    let mut outcome = r.clone();
     let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         match (job.owners.take(), r) {
             (Some(owners), Ok(())) => {
-                owners.release(&job.done);
-                job.shared.finish(Ok(()));
+                if owners.release(&job.done) {
+                    job.shared.finish(Ok(()));
+                } else {
+                    // Seen done, then not proven when asked again: what the copies used
+                    // is retained and the outputs stay unreadable, so no success.
+                    let e = Error::Internal {
+                        op: "completion",
+                        reason: "the call's event could not be asked again after it was seen                                  done; what its copies used is retained"
+                            .into(),
+                    };
+                    outcome = Err(e.clone());
+                    job.shared.finish(Err(e));
+                }
             }
             (owners, r) => {
                 if let Some(owners) = owners {

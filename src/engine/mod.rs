@@ -92,6 +92,8 @@ pub fn transfer_tensor_h2d<B: Batch>(batch: &B) -> Result<B> {
 /// [`Error::DeviceUnavailable`](crate::error::Error::DeviceUnavailable),
 /// [`Error::StreamDeviceMismatch`](crate::error::Error::StreamDeviceMismatch) and
 /// [`Error::InvalidOption`](crate::error::Error::InvalidOption) for bad options (before any copy);
+/// [`Error::BytesInFlight`](crate::error::Error::BytesInFlight) for a page-locked source a D2H call
+/// is still writing (before any copy);
 /// [`Error::Deferred`](crate::error::Error::Deferred) for an earlier release failure of this thread on
 /// the device; [`Error::StagingExhausted`](crate::error::Error::StagingExhausted); the driver's error
 /// ([`Error::Driver`](crate::error::Error::Driver)) if a copy, allocation or synchronisation fails,

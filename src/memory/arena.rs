@@ -320,7 +320,7 @@ fn timed_out(started: Instant) -> Error {
 fn free_slabs(slabs: Vec<Slab>) -> Result<()> {
     // SAFETY: free slabs: each lease dropped after its copies were proven complete
     // (SlotLease::drop), and none is on the free list any more, so nothing uses them.
-    unsafe { super::pinned::free_all(slabs.into_iter().map(|s| (s.ptr, s.device))) }
+    unsafe { super::reaper::free_all(slabs.into_iter().map(|s| (s.ptr, s.device))) }
 }
 
 impl Slab {

@@ -61,7 +61,7 @@ impl Ranges {
     }
 
     /// Marks `at..at + len` (`len > 0`); call it before any view of the range exists.
-    pub(crate) fn mark(&self, at: usize, len: usize) {
+    pub(super) fn mark(&self, at: usize, len: usize) {
         // Counted before the range is listed, and both before any view exists: whoever
         // is handed a view later sees counts that include this range.
         FILLING.fetch_add(1, Ordering::AcqRel);
@@ -69,9 +69,9 @@ impl Ranges {
         self.lock().push((at, len));
     }
 
-    /// Clears the mark of `at..at + len`: call it only once the copies that write the
-    /// range are proven done.
-    pub(crate) fn unmark(&self, at: usize, len: usize) {
+    /// Clears the mark of `at..at + len`: only `Fill::done` calls it, with the proof that
+    /// the copies that write the range are done.
+    pub(super) fn unmark(&self, at: usize, len: usize) {
         let mut list = self.lock();
         if let Some(i) = list.iter().position(|&r| r == (at, len)) {
             list.swap_remove(i);

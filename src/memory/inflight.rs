@@ -149,8 +149,7 @@ impl InFlight {
 /// The output ranges of `fills` are written: `proof` says the copies queued before it
 /// are done, these among them. Reads of the ranges are allowed from now.
 fn filled(fills: &mut Vec<Fill>, proof: &Synced) {
-    let _ = proof;
-    fills.drain(..).for_each(Fill::done);
+    fills.drain(..).for_each(|f| f.done(proof));
 }
 
 /// The owners of a detached call ([`InFlight::detach`]): kept until its event completes,
@@ -178,17 +177,22 @@ impl Detached {
     }
 
     /// `done` (recorded by [`InFlight::detach`]) has completed: every copy is done, so
-    /// everything goes back. The event is asked once more here, so the proof stands on
-    /// its own; if it has not completed, everything is retained instead.
-    pub(crate) fn release(mut self, done: &crate::driver::Event) {
+    /// everything goes back, and the outputs' ranges are readable. The event is asked once
+    /// more here, so the proof stands on its own; if it does not say completed (an error
+    /// asking it), everything is retained instead, the outputs stay unreadable, and this
+    /// returns `false`: the call must not be reported a success.
+    #[must_use]
+    pub(crate) fn release(mut self, done: &crate::driver::Event) -> bool {
         let Some(proof) = Synced::by_event(&self.stream, done) else {
-            return self.retain();
+            self.retain();
+            return false;
         };
         filled(&mut self.fills, &proof);
         if let Some((mut leases, held, sources, _)) = self.parts.take() {
             leases.iter_mut().for_each(|l| l.mark_idle(&proof));
             drop((leases, held, sources));
         }
+        true
     }
 
     /// Completion could not be proven (the event failed): everything is retained until a

@@ -1,6 +1,7 @@
 //! Page-locked host memory that tensors own: [`PinnedBuf`] (a view into a
 //! [`PinnedBlock`]), and the bounded [`PinnedOutputPool`] that D2H outputs come from.
 
+use super::arena::Synced;
 use super::filling::Ranges;
 use super::reaper::free_pinned_in_policy;
 use super::{check_range, DeviceAlloc, DeviceView};
@@ -35,9 +36,10 @@ pub(crate) struct Fill {
 }
 
 impl Fill {
-    /// The copies that write the range are proven done (the caller holds the proof: see
-    /// `InFlight`): reads of it are allowed from now.
-    pub(crate) fn done(self) {
+    /// The copies that write the range are proven done (`proof`): reads of it are
+    /// allowed from now.
+    pub(crate) fn done(self, proof: &Synced) {
+        let _ = proof;
         self.block.filling.unmark(self.at, self.len);
     }
 }
@@ -816,21 +818,5 @@ fn free_blocks(blocks: Vec<(HostPtr<u8>, usize, usize)>) -> Result<()> {
     // SAFETY: free blocks are touched by no copy (a block returns to the free list only
     // when its last view drops, after its copies were proven complete), and these were
     // taken off the free list, so nothing else frees them.
-    unsafe { free_all(blocks.into_iter().map(|(ptr, _, device)| (ptr, device))) }
-}
-
-/// Frees every `(ptr, device)` with [`free_pinned_in_policy`]; all are attempted, the
-/// first error is returned.
-///
-/// # Safety
-/// As [`free_pinned_in_policy`], for each.
-pub(crate) unsafe fn free_all(items: impl IntoIterator<Item = (HostPtr<u8>, usize)>) -> Result<()> {
-    let mut first = None;
-    for (ptr, device) in items {
-        // SAFETY: the caller's obligations, for this item.
-        if let Err(e) = unsafe { free_pinned_in_policy(ptr, device) } {
-            first.get_or_insert(e);
-        }
-    }
-    first.map_or(Ok(()), Err)
+    unsafe { super::reaper::free_all(blocks.into_iter().map(|(ptr, _, device)| (ptr, device))) }
 }

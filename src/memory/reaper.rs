@@ -137,3 +137,21 @@ unsafe fn free_now(ptr: HostPtr<u8>, device: usize) {
         driver::deferred::record(device, e);
     }
 }
+
+/// Frees every `(ptr, device)` with [`free_pinned_in_policy`]; all are attempted, the
+/// first error is returned.
+///
+/// # Safety
+/// As [`free_pinned_in_policy`], for each.
+pub(crate) unsafe fn free_all(
+    items: impl IntoIterator<Item = (HostPtr<u8>, usize)>,
+) -> crate::error::Result<()> {
+    let mut first = None;
+    for (ptr, device) in items {
+        // SAFETY: the caller's obligations, for this item.
+        if let Err(e) = unsafe { free_pinned_in_policy(ptr, device) } {
+            first.get_or_insert(e);
+        }
+    }
+    first.map_or(Ok(()), Err)
+}
