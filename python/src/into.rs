@@ -21,7 +21,7 @@ use pyo3::prelude::*;
 /// Page-locked sources at least this large are copied straight from their memory (the
 /// engine's threshold where the driver has `cuMemcpyBatchAsync`); smaller ones are staged,
 /// and torch is not asked `is_pinned()` for them (~1 us a tensor).
-pub(crate) const DIRECT_MIN_BYTES: usize = 64 << 10;
+const DIRECT_MIN_BYTES: usize = 64 << 10;
 
 pub(crate) fn bad(k: usize, what: &str) -> PyErr {
     bad_in("copy_into", k, what)
@@ -30,6 +30,45 @@ pub(crate) fn bad(k: usize, what: &str) -> PyErr {
 /// [`bad`] for the call named `call` (`Pairs` names itself).
 pub(crate) fn bad_in(call: &str, k: usize, what: &str) -> PyErr {
     PyValueError::new_err(format!("{call}: pair {k}: {what}"))
+}
+
+/// Checks that source `k` (imported as `dl`) is on the side the copy reads: a CPU tensor
+/// for H2D, or for D2H a CUDA tensor of the device the others are on (the first one's
+/// goes to `device`). `call` names the call in the error.
+pub(crate) fn check_source_side(
+    call: &str,
+    k: usize,
+    h2d: bool,
+    dl: &Managed,
+    device: &mut Option<usize>,
+) -> PyResult<()> {
+    match (h2d, torch::kind(dl)) {
+        (true, Kind::Host) => Ok(()),
+        (true, _) => Err(bad_in(call, k, "the source is not a CPU tensor")),
+        (false, Kind::Cuda(n)) => match *device.get_or_insert(n) {
+            other if other != n => Err(bad_in(
+                call,
+                k,
+                &format!("on cuda:{n}, another source on cuda:{other}"),
+            )),
+            _ => Ok(()),
+        },
+        (false, _) => Err(bad_in(call, k, "the source is not a CUDA tensor")),
+    }
+}
+
+/// Marks an H2D source `dl` (of torch tensor `s`) as page-locked when it is at least
+/// [`DIRECT_MIN_BYTES`] and torch says so, so that pinlane copies it straight from its
+/// memory (smaller ones are staged, and torch is not asked).
+pub(crate) fn mark_if_pinned(s: &Bound<'_, PyAny>, dl: &mut Managed) -> PyResult<()> {
+    if torch::nbytes(dl) >= DIRECT_MIN_BYTES
+        && s.call_method0(intern!(s.py(), "is_pinned"))?.is_truthy()?
+    {
+        // SAFETY: torch says the memory is page-locked (allocated by, or registered with,
+        // CUDA), for as long as `dl` holds the tensor's storage.
+        unsafe { torch::mark_page_locked(dl) };
+    }
+    Ok(())
 }
 
 /// One destination, as imported.
@@ -301,35 +340,16 @@ impl Targets {
         let (dl, work): (Managed, _) = torch
             .import(s)
             .map_err(|e| bad(k, &format!("torch does not export the source ({e})")))?;
-        match (self.h2d, torch::kind(&dl)) {
-            (true, Kind::Host) => {}
-            (true, _) => return Err(bad(k, "the source is not a CPU tensor")),
-            (false, Kind::Cuda(n)) => {
-                if *device.get_or_insert(n) != n {
-                    let other = device.unwrap_or_default();
-                    return Err(bad(
-                        k,
-                        &format!("on cuda:{n}, another source on cuda:{other}"),
-                    ));
-                }
-                current.get_or_insert(work as usize);
-            }
-            (false, _) => return Err(bad(k, "the source is not a CUDA tensor")),
+        check_source_side("copy_into", k, self.h2d, &dl, device)?;
+        if !self.h2d {
+            current.get_or_insert(work as usize);
         }
         if !torch.has_dtype(s, &dl)? {
             return Ok(None);
         }
         let (copy, mut dl) = readable(torch, s, dl, maybe_neg, &mut || Ok(()))?;
-        if self.h2d && torch::nbytes(&dl) >= DIRECT_MIN_BYTES {
-            let src = copy.as_ref().unwrap_or(s);
-            if src
-                .call_method0(intern!(s.py(), "is_pinned"))?
-                .is_truthy()?
-            {
-                // SAFETY: torch says the memory is page-locked (allocated by, or
-                // registered with, CUDA).
-                unsafe { torch::mark_page_locked(&mut dl) };
-            }
+        if self.h2d {
+            mark_if_pinned(copy.as_ref().unwrap_or(s), &mut dl)?;
         }
         temps.extend(copy);
         torch::to_pinlane(dl).map(Some)

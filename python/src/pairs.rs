@@ -6,8 +6,8 @@
 //! the writes the loop makes into the source between steps), of a dtype pinlane copies.
 //! The destinations are a [`Targets`]' (its rules, and its one-writer lock).
 
-use crate::into::{bad_in, Dst, Targets, DIRECT_MIN_BYTES};
-use crate::torch::{self, Kind, Torch};
+use crate::into::{bad_in, check_source_side, mark_if_pinned, Dst, Targets};
+use crate::torch::{self, Torch};
 use pinlane::Tensor;
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -126,21 +126,7 @@ fn import(
             &format!("torch does not export the source ({e})"),
         )
     })?;
-    match (h2d, torch::kind(&dl)) {
-        (true, Kind::Host) => {}
-        (true, _) => return Err(bad_in("Pairs", k, "the source is not a CPU tensor")),
-        (false, Kind::Cuda(n)) => {
-            if *device.get_or_insert(n) != n {
-                let other = device.unwrap_or_default();
-                return Err(bad_in(
-                    "Pairs",
-                    k,
-                    &format!("on cuda:{n}, another source on cuda:{other}"),
-                ));
-            }
-        }
-        (false, _) => return Err(bad_in("Pairs", k, "the source is not a CUDA tensor")),
-    }
+    check_source_side("Pairs", k, h2d, &dl, device)?;
     if !torch.has_dtype(s, &dl)? {
         return Err(bad_in(
             "Pairs",
@@ -164,13 +150,8 @@ fn import(
             "the source has the negation bit (is_neg())",
         ));
     }
-    if h2d
-        && torch::nbytes(&dl) >= DIRECT_MIN_BYTES
-        && s.call_method0(intern!(s.py(), "is_pinned"))?.is_truthy()?
-    {
-        // SAFETY: torch says the memory is page-locked (allocated by, or registered with,
-        // CUDA), for as long as the imported tensor holds the storage.
-        unsafe { torch::mark_page_locked(&mut dl) };
+    if h2d {
+        mark_if_pinned(s, &mut dl)?;
     }
     torch::to_pinlane(dl)
 }

@@ -455,8 +455,10 @@ fn complete(mut job: Job, r: Result<()>) {
                     // is retained and the outputs stay unreadable, so no success.
                     let e = Error::Internal {
                         op: "completion",
-                        reason: "the call's event could not be asked again after it was seen                                  done; what its copies used is retained"
-                            .into(),
+                        reason:
+                            "the call's event could not be asked again after it was seen done; \
+                                 what its copies used is retained"
+                                .into(),
                     };
                     outcome = Err(e.clone());
                     job.shared.finish(Err(e));

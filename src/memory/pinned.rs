@@ -514,7 +514,7 @@ impl PinnedBuf {
         if self.nbytes == 0 {
             return Ok(());
         }
-        let src = self.bytes_unchecked().as_ptr();
+        let src = self.as_ptr();
         // SAFETY: the source is nbytes of our page-locked block (obligation 1 keeps it
         // alive); the destination range is inside `dst` (checked above; obligation 2).
         unsafe { driver::memcpy_h2d_async(ctx, dst.addr(at), src, self.nbytes, stream) }
