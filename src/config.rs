@@ -106,7 +106,8 @@ pub struct Config {
     pub copy_threads: Option<usize>,
     /// Host copy jobs below this many bytes run on the calling thread alone.
     pub parallel_min: usize,
-    /// How long an idle copy thread spins for new work before sleeping.
+    /// How long an idle copy thread spins for new work before sleeping, and how long a
+    /// thread waiting for the copy threads' last pieces of its job spins before sleeping.
     pub spin: Duration,
     /// Stores used to fill staging slots (H2D).
     pub fill_stores: CopyStores,
