@@ -68,22 +68,23 @@ static void copy(Store st, char* d, const char* s, size_t n) {
 
 struct Task { const char* s; char* d; size_t n; };
 
-// A pool as CopyPool: workers take pieces from `next`, count them in `done`.
+// A pool as CopyPool: workers take pieces from `next`, count them in `done`; an idle
+// worker spins for `spin_s` watching for a job, then sleeps on `cv` until a job or a
+// wake-up (`kick`, as CopyPool::prewake) comes, and spins again.
 struct Pool {
-  int workers;
-  bool sleep_between;  // workers sleep on `cv` between jobs (else spin)
+  double spin_s;
   std::vector<std::thread> th;
-  std::atomic<int> gen{0};
+  std::atomic<int> gen{0}, kick{0}, sleepers{0};
   std::atomic<bool> stop{false};
   std::mutex m; std::condition_variable cv, fin;
   // The same pieces every job (set once: a worker that wakes after its job has ended
   // draws an index past `n` and touches nothing, or a piece of the next job).
   const std::vector<Task> pieces; std::atomic<Store> st{SSE_NT};
   std::atomic<int> next{0}, done{0}, n{0};
-  Pool(int w, bool sleep, std::vector<Task> cut) : workers(w), sleep_between(sleep), pieces(std::move(cut)) {
+  Pool(int w, double spin, std::vector<Task> cut) : spin_s(spin), pieces(std::move(cut)) {
     for (int k = 0; k < w; k++) th.emplace_back([this] { run(); });
   }
-  ~Pool() { stop = true; { std::lock_guard<std::mutex> g(m); gen++; } cv.notify_all(); for (auto& t : th) t.join(); }
+  ~Pool() { { std::lock_guard<std::mutex> g(m); stop = true; } cv.notify_all(); for (auto& t : th) t.join(); }
   void work() {
     for (;;) {
       int i = next.fetch_add(1);
@@ -96,22 +97,32 @@ struct Pool {
   void run() {
     int seen = 0;
     for (;;) {
-      if (sleep_between) {
-        std::unique_lock<std::mutex> g(m);
-        cv.wait(g, [&] { return gen.load() != seen || stop; });
-      } else {
-        while (gen.load(std::memory_order_acquire) == seen && !stop) _mm_pause();
-      }
+      double until = now() + spin_s;
+      while (gen.load(std::memory_order_acquire) == seen && !stop && now() < until) _mm_pause();
       if (stop) return;
+      if (gen.load() == seen) {
+        std::unique_lock<std::mutex> g(m);
+        int k = kick.load();
+        sleepers++;
+        cv.wait(g, [&] { return gen.load() != seen || kick.load() != k || stop; });
+        sleepers--;
+        continue;
+      }
       seen = gen.load();
       work();
     }
   }
-  // Runs a job; the caller works too, then waits by spinning or on the condvar.
-  void job(Store s, bool caller_spins) {
+  void wake() {
+    if (sleepers.load() > 0) { { std::lock_guard<std::mutex> g(m); kick++; } cv.notify_all(); }
+  }
+  // Runs a job; `prewake_us` >= 0: wakes the workers that long before (the caller busy
+  // meanwhile, as with its checks); the caller works too, then waits by spinning or on
+  // the condvar.
+  void job(Store s, bool caller_spins, double prewake_us) {
+    if (prewake_us >= 0) { wake(); double until = now() + prewake_us * 1e-6; while (now() < until) {} }
     n = 0; st = s; done = 0; next = 0; n = (int)pieces.size();
     { std::lock_guard<std::mutex> g(m); gen++; }
-    if (sleep_between) cv.notify_all();
+    if (sleepers.load() > 0) cv.notify_all();
     work();
     if (caller_spins) { while (done.load(std::memory_order_acquire) < n.load()) _mm_pause(); }
     else { std::unique_lock<std::mutex> g(m); fin.wait(g, [&] { return done.load(std::memory_order_acquire) >= n.load(); }); }
@@ -154,42 +165,53 @@ int main() {
     std::vector<Task> cut;
     for (auto& t : tasks) for (size_t o = 0; o < t.n; o += 16384) cut.push_back({t.s + o, t.d + o, std::min<size_t>(16384, t.n - o)});
     printf("\n%s: %zu bytes in %zu tensors, %zu pieces of <= 16 KiB, staged end %zu\n", c.name, total, tasks.size(), cut.size(), end);
-    printf("%-44s %9s %9s %9s %8s\n", "fill", "fill us", "step us", "read us", "GB/s");
+    printf("%-64s %9s %9s %9s %8s\n", "fill; device side", "fill us", "step us", "device us", "fill GB/s");
     auto check = [&]() {
       for (auto& t : tasks) if (memcmp(t.d, t.s, t.n)) { printf("MISMATCH\n"); exit(1); }
     };
+    // How the device takes the staged bytes: the kernel reading the slot's mapped
+    // address (as pinlane's scatter kernel does) with 64 or 264 blocks, or one DMA of the
+    // slot into device memory.
+    const char* how_names[] = {"kernel 64 blocks", "kernel 264 blocks", "DMA"};
     auto measure = [&](const char* name, auto&& fill) {
-      std::vector<double> f, w;
-      for (int r = 0; r < 450; r++) {
-        memset(slot, 0, 256);  // the first line changes each step (a serving loop's slot is rewritten)
-        double t0 = now();
-        fill();
-        double t1 = now();
-        consume<<<64, 256, 0, s>>>((const uint4*)slot_dev, (uint4*)out, (end + 15) / 16);
-        CK(cudaStreamSynchronize(s));
-        double t2 = now();
-        if (r == 0) check();
-        if (r >= 50) { f.push_back((t1 - t0) * 1e6); w.push_back((t2 - t0) * 1e6); }
-        // the steps are apart as a serving loop's are (other work between them)
-        double until = now() + 100e-6; while (now() < until) {}
+      for (int how = 0; how < 3; how++) {
+        std::vector<double> f, w;
+        for (int r = 0; r < 450; r++) {
+          memset(slot, 0, 256);  // the first line changes each step (a serving loop's slot is rewritten)
+          double t0 = now();
+          fill();
+          double t1 = now();
+          if (how == 2) CK(cudaMemcpyAsync(out, slot, end, cudaMemcpyHostToDevice, s));
+          else consume<<<how ? 264 : 64, 256, 0, s>>>((const uint4*)slot_dev, (uint4*)out, (end + 15) / 16);
+          CK(cudaStreamSynchronize(s));
+          double t2 = now();
+          if (r == 0) check();
+          if (r >= 50) { f.push_back((t1 - t0) * 1e6); w.push_back((t2 - t0) * 1e6); }
+          // the steps are apart as a serving loop's are (other work between them)
+          double until = now() + 150e-6; while (now() < until) {}
+        }
+        double mf = median(f), mw = median(w);
+        char full[160]; snprintf(full, sizeof full, "%s; %s", name, how_names[how]);
+        printf("%-64s %9.2f %9.2f %9.2f %8.1f\n", full, mf, mw, mw - mf, total / mf / 1e3);
       }
-      double mf = median(f), mw = median(w);
-      printf("%-44s %9.2f %9.2f %9.2f %8.1f\n", name, mf, mw, mw - mf, total / mf / 1e3);
     };
     measure("1 thread memcpy", [&] { for (auto& t : tasks) copy(MEMCPY, t.d, t.s, t.n); });
     measure("1 thread SSE streaming (pinlane's)", [&] { for (auto& t : tasks) copy(SSE_NT, t.d, t.s, t.n); _mm_sfence(); });
-    measure("1 thread AVX streaming", [&] { for (auto& t : tasks) copy(AVX_NT, t.d, t.s, t.n); _mm_sfence(); });
-    for (int w : {3, 7, 11}) {
-      for (int sleep = 0; sleep < 2; sleep++) {
-        Pool p(w, sleep, cut);
-        for (int spin = 1; spin >= 0; spin--) {
-          for (Store st : {SSE_NT, MEMCPY}) {
-            char name[96];
-            snprintf(name, sizeof name, "%d+1 thr %s, workers %s, caller %s", w, st == SSE_NT ? "SSE nt" : "memcpy", sleep ? "asleep" : "spin", spin ? "spins" : "sleeps");
-            measure(name, [&] { p.job(st, spin); });
-          }
-        }
-      }
+    // 11 workers + the caller (pinlane's 12 copy threads on 16 cores), SSE streaming.
+    struct V { const char* name; double spin_s; bool caller_spins; double prewake_us; };
+    V vs[] = {
+      {"11+1 thr, workers awake (spin 1 s), caller spins", 1.0, true, -1},
+      {"11+1 thr, workers awake (spin 1 s), caller sleeps", 1.0, false, -1},
+      {"11+1 thr, asleep (spin 50 us), caller sleeps", 50e-6, false, -1},
+      {"11+1 thr, asleep (spin 50 us), caller spins", 50e-6, true, -1},
+      {"11+1 thr, asleep, woken 3 us ahead, caller spins", 50e-6, true, 3},
+      {"11+1 thr, asleep, woken 8 us ahead, caller spins", 50e-6, true, 8},
+      {"11+1 thr, asleep, woken 15 us ahead, caller spins", 50e-6, true, 15},
+      {"3+1 thr, asleep, woken 8 us ahead, caller spins", 50e-6, true, 8},
+    };
+    for (auto& v : vs) {
+      Pool p(v.name[0] == '3' ? 3 : 11, v.spin_s, cut);
+      measure(v.name, [&] { p.job(SSE_NT, v.caller_spins, v.prewake_us); });
     }
     for (auto p : src) free(p);
   }
