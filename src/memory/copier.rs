@@ -22,8 +22,9 @@
 //!
 //! Idle workers spin for a few microseconds before sleeping, so the next window's job
 //! does not pay a thread wake-up (tens of microseconds) each time. A caller waiting for
-//! the last pieces of its job spins for them too, as long, before it sleeps: they usually
-//! end within microseconds, and being woken costs the caller more than that. Waking sleeping
+//! the last pieces of a small job ([`SPIN_WAIT_MAX`]) spins for them too, as long, before
+//! it sleeps: they usually end within microseconds, and being woken costs the caller more
+//! than that. Waking sleeping
 //! workers is passed on: the submitting thread wakes one, which wakes the rest, so the
 //! caller pays for one wake-up, not one per worker; and a caller that knows a job is
 //! coming can wake them ahead of it ([`CopyPool::prewake`]).
@@ -38,6 +39,13 @@ pub const PIECE: usize = 1 << 20;
 
 /// Smallest piece a job is cut into.
 const PIECE_MIN: usize = 16 << 10;
+
+/// Largest job whose caller spins for its last pieces (see [`Job::spin`]): a serving
+/// step's fill (a few hundred KiB), where being woken was a large part of the wait (2 to
+/// 7 us of a 5 to 11 us fill on the H200, `benches/probes/small_fill.cu`). A large
+/// batch's window waits once per several hundred microseconds, and spinning showed no
+/// gain there (docs/performance.md, session 37), so it sleeps as before.
+const SPIN_WAIT_MAX: usize = 2 << 20;
 
 /// Pieces per copying thread a job is cut into where [`PIECE_MIN`] allows. One piece per
 /// thread left the job to its slowest thread: the caller is often busy elsewhere (H2D
@@ -107,7 +115,8 @@ struct Job {
     /// Whether to write with non-temporal stores (see [`Stores`]).
     stores: Stores,
     /// How long the waiting caller spins for the other threads' last pieces before it
-    /// sleeps on `finished` (the pool's `spin`).
+    /// sleeps on `finished`: the pool's `spin` for a job of up to [`SPIN_WAIT_MAX`] bytes,
+    /// else none.
     spin: std::time::Duration,
     /// The tasks, large ones cut to at most one piece each.
     tasks: Vec<CopyTask>,
@@ -354,7 +363,11 @@ impl CopyPool {
         self.start();
         let job = Arc::new(Job {
             stores,
-            spin: self.spin,
+            spin: if total <= SPIN_WAIT_MAX {
+                self.spin
+            } else {
+                std::time::Duration::ZERO
+            },
             tasks: cut,
             pieces,
             next: AtomicUsize::new(0),
@@ -623,15 +636,25 @@ mod tests {
 
     #[test]
     fn the_wait_ends_after_every_piece_whether_the_caller_spins_or_sleeps() {
-        // The caller's wait spins for up to the pool's `spin`, then sleeps: with no spin
-        // it sleeps at once, with a long one it never does; either way every byte is
-        // there when `run` returns.
-        let n = if cfg!(miri) { 200 << 10 } else { 4 << 20 };
-        let src: Vec<u8> = (0..n).map(|i| (i * 13 + i / 977) as u8).collect();
-        for spin in [
-            std::time::Duration::ZERO,
-            std::time::Duration::from_millis(20),
+        // The caller's wait spins for up to the pool's `spin` (jobs up to SPIN_WAIT_MAX),
+        // then sleeps: with no spin, or a larger job, it sleeps at once; with a long spin
+        // and a small job it never does. Either way every byte is there when `run`
+        // returns.
+        let small = if cfg!(miri) {
+            200 << 10
+        } else {
+            (1 << 20) + 12345
+        };
+        let large = SPIN_WAIT_MAX + (1 << 20);
+        for (spin, n) in [
+            (std::time::Duration::ZERO, small),
+            (std::time::Duration::from_millis(20), small),
+            (std::time::Duration::from_millis(20), large),
         ] {
+            if cfg!(miri) && n == large {
+                continue;
+            }
+            let src: Vec<u8> = (0..n).map(|i| (i * 13 + i / 977) as u8).collect();
             let pool = Arc::new(CopyPool::new(4, 16 << 10, spin));
             for round in 0..if cfg!(miri) { 2 } else { 20 } {
                 let mut dst = vec![0u8; n];
@@ -647,7 +670,7 @@ mod tests {
                 // SAFETY: the tasks cover disjoint ranges inside src and dst (distinct
                 // vectors), and dst is not otherwise used until `run` returns.
                 unsafe { pool.run(tasks.into(), Stores::Streaming) };
-                assert!(src == dst, "spin {spin:?}, round {round}");
+                assert!(src == dst, "spin {spin:?}, {n} bytes, round {round}");
             }
             assert!(pool.stop(std::time::Duration::from_secs(5)));
         }
