@@ -110,20 +110,6 @@ pub(crate) fn transfer<B: Batch>(src: &B, dst: &B, opts: &IntoOptions) -> Result
         return Ok(Transfer::ready(()));
     };
     let pairs = checked.pairs;
-    // Pageable sources are staged, and a large enough fill goes to the copy threads: wake
-    // them now rather than once routed, so that the few microseconds of the checks and
-    // the lease below pass while they wake (they are usually asleep between a serving
-    // loop's steps).
-    let rt = crate::runtime::runtime();
-    let pageable: usize = pairs
-        .iter()
-        .filter(|p| matches!(p.0.storage(), Storage::Host(_)))
-        .map(|p| p.0.nbytes())
-        .sum();
-    let woken = pageable >= rt.copy.parallel_min();
-    if woken {
-        rt.copy.prewake();
-    }
     memory::check_readable(
         pairs.iter().map(|p| p.0.storage()),
         "transfer_tensor_h2d_into",
@@ -142,14 +128,14 @@ pub(crate) fn transfer<B: Batch>(src: &B, dst: &B, opts: &IntoOptions) -> Result
     into::check_overlap(dst, &pairs, &ranges)?;
     super::trace::mark("checked");
 
+    let rt = crate::runtime::runtime();
     let kernel = (rt.settings().small_h2d == SmallH2d::Kernel
         && memory::h2d_gather_available(device))
     .then(|| driver::gather_kernel(device))
     .flatten();
     let plan = route(&pairs, &views, kernel.is_some(), rt.arena.slot_bytes());
-    // The copy threads will fill the slot (small page-locked sources count too): wake them
-    // now if that was not known above.
-    if !woken && plan.staged_bytes >= rt.copy.parallel_min() {
+    // The copy threads will fill the slot: wake them now (as a transfer does).
+    if plan.staged_bytes >= rt.copy.parallel_min() {
         rt.copy.prewake();
     }
     super::trace::mark("routed");

@@ -22,9 +22,8 @@
 //!
 //! Idle workers spin for a few microseconds before sleeping, so the next window's job
 //! does not pay a thread wake-up (tens of microseconds) each time. A caller waiting for
-//! the last pieces of a small job ([`SPIN_WAIT_MAX`]) spins for them too, as long, before
-//! it sleeps: they usually end within microseconds, and being woken costs the caller more
-//! than that. Waking sleeping
+//! the last pieces of its job spins for them too, as long, before it sleeps: they usually
+//! end within microseconds, and being woken costs the caller more than that. Waking sleeping
 //! workers is passed on: the submitting thread wakes one, which wakes the rest, so the
 //! caller pays for one wake-up, not one per worker; and a caller that knows a job is
 //! coming can wake them ahead of it ([`CopyPool::prewake`]).
@@ -40,12 +39,16 @@ pub const PIECE: usize = 1 << 20;
 /// Smallest piece a job is cut into.
 const PIECE_MIN: usize = 16 << 10;
 
-/// Largest job whose caller spins for its last pieces (see [`Job::spin`]): a serving
-/// step's fill (a few hundred KiB), where being woken was a large part of the wait (2 to
-/// 7 us of a 5 to 11 us fill on the H200, `benches/probes/small_fill.cu`). A large
-/// batch's window waits once per several hundred microseconds, and spinning showed no
-/// gain there (docs/performance.md, session 37), so it sleeps as before.
-const SPIN_WAIT_MAX: usize = 2 << 20;
+/// The end of a spin of `spin` from now; `None` past what an `Instant` holds (a spin that
+/// does not end: `Config::spin` has no upper limit).
+fn spin_end(spin: std::time::Duration) -> Option<std::time::Instant> {
+    std::time::Instant::now().checked_add(spin)
+}
+
+/// Whether a spin that ends at `end` ([`spin_end`]) goes on.
+fn spinning(end: Option<std::time::Instant>) -> bool {
+    end.is_none_or(|e| std::time::Instant::now() < e)
+}
 
 /// Pieces per copying thread a job is cut into where [`PIECE_MIN`] allows. One piece per
 /// thread left the job to its slowest thread: the caller is often busy elsewhere (H2D
@@ -115,8 +118,7 @@ struct Job {
     /// Whether to write with non-temporal stores (see [`Stores`]).
     stores: Stores,
     /// How long the waiting caller spins for the other threads' last pieces before it
-    /// sleeps on `finished`: the pool's `spin` for a job of up to [`SPIN_WAIT_MAX`] bytes,
-    /// else none.
+    /// sleeps on `finished` (the pool's `spin`).
     spin: std::time::Duration,
     /// The tasks, large ones cut to at most one piece each.
     tasks: Vec<CopyTask>,
@@ -273,8 +275,10 @@ impl CopyPool {
                     return Some(j.clone());
                 }
             }
-            let deadline = *spin_until.get_or_insert_with(|| std::time::Instant::now() + self.spin);
-            if std::time::Instant::now() < deadline {
+            // (Stopping ends the spin: a spin without end would never see it below.)
+            if spinning(*spin_until.get_or_insert_with(|| spin_end(self.spin)))
+                && !self.stopping.load(Ordering::Relaxed)
+            {
                 std::hint::spin_loop();
                 continue;
             }
@@ -363,11 +367,7 @@ impl CopyPool {
         self.start();
         let job = Arc::new(Job {
             stores,
-            spin: if total <= SPIN_WAIT_MAX {
-                self.spin
-            } else {
-                std::time::Duration::ZERO
-            },
+            spin: self.spin,
             tasks: cut,
             pieces,
             next: AtomicUsize::new(0),
@@ -433,14 +433,14 @@ impl Ticket {
         let Some(job) = self.job.take() else { return };
         job.work();
         let n = job.pieces.len();
-        // Only other threads' pieces are left. Spin for them first: sleeping and being
-        // woken added 2 to 3 us to a 280 KiB fill on the H200 (benches/probes/small_fill.cu).
-        let deadline = std::time::Instant::now() + job.spin;
-        while job.done.load(Ordering::Acquire) < n {
-            if std::time::Instant::now() >= deadline {
-                break;
+        // Only other threads' pieces are left. Spin for them first: with the copy threads
+        // awake, sleeping for them made a 280 KiB fill take 11.4 us instead of 5.2 on the
+        // H200 (benches/probes/small_fill.cu, docs/performance.md, session 37).
+        if !job.spin.is_zero() {
+            let end = spin_end(job.spin);
+            while job.done.load(Ordering::Acquire) < n && spinning(end) {
+                std::hint::spin_loop();
             }
-            std::hint::spin_loop();
         }
         let mut g = job.lock.lock().unwrap_or_else(|e| e.into_inner());
         while job.done.load(Ordering::Acquire) < n {
@@ -635,26 +635,60 @@ mod tests {
     }
 
     #[test]
-    fn the_wait_ends_after_every_piece_whether_the_caller_spins_or_sleeps() {
-        // The caller's wait spins for up to the pool's `spin` (jobs up to SPIN_WAIT_MAX),
-        // then sleeps: with no spin, or a larger job, it sleeps at once; with a long spin
-        // and a small job it never does. Either way every byte is there when `run`
-        // returns.
-        let small = if cfg!(miri) {
+    fn the_wait_ends_after_the_last_piece_another_thread_holds() {
+        // A job whose pieces are all handed out, one still being copied by another thread
+        // (simulated: it counts its piece done 30 ms later, after setting `copied`). The
+        // caller's wait must end only after that piece, whether it sleeps at once (no
+        // spin), spins and then sleeps (5 ms), spins throughout (10 s), or spins without
+        // end (`Duration::MAX`, which no `Instant` holds).
+        let spins = [
+            std::time::Duration::ZERO,
+            std::time::Duration::from_millis(5),
+            std::time::Duration::from_secs(10),
+            std::time::Duration::MAX,
+        ];
+        for spin in spins {
+            let job = Arc::new(Job {
+                stores: Stores::Cached,
+                spin,
+                tasks: Vec::new(),
+                pieces: vec![0..0, 0..0],
+                next: AtomicUsize::new(2),
+                done: AtomicUsize::new(1),
+                lock: Mutex::new(()),
+                finished: Condvar::new(),
+            });
+            let copied = Arc::new(AtomicBool::new(false));
+            let other = {
+                let (job, copied) = (job.clone(), copied.clone());
+                std::thread::spawn(move || {
+                    std::thread::sleep(std::time::Duration::from_millis(30));
+                    copied.store(true, Ordering::Relaxed);
+                    // As `Job::work` counts a finished piece.
+                    if job.done.fetch_add(1, Ordering::Release) + 1 == job.pieces.len() {
+                        let _g = job.lock.lock().unwrap_or_else(|e| e.into_inner());
+                        job.finished.notify_all();
+                    }
+                })
+            };
+            Ticket { job: Some(job) }.wait();
+            assert!(copied.load(Ordering::Relaxed), "spin {spin:?}");
+            assert!(other.join().is_ok());
+        }
+    }
+
+    #[test]
+    fn a_parallel_copy_is_exact_whether_the_caller_spins_or_sleeps() {
+        let n = if cfg!(miri) {
             200 << 10
         } else {
             (1 << 20) + 12345
         };
-        let large = SPIN_WAIT_MAX + (1 << 20);
-        for (spin, n) in [
-            (std::time::Duration::ZERO, small),
-            (std::time::Duration::from_millis(20), small),
-            (std::time::Duration::from_millis(20), large),
+        let src: Vec<u8> = (0..n).map(|i| (i * 13 + i / 977) as u8).collect();
+        for spin in [
+            std::time::Duration::ZERO,
+            std::time::Duration::from_millis(20),
         ] {
-            if cfg!(miri) && n == large {
-                continue;
-            }
-            let src: Vec<u8> = (0..n).map(|i| (i * 13 + i / 977) as u8).collect();
             let pool = Arc::new(CopyPool::new(4, 16 << 10, spin));
             for round in 0..if cfg!(miri) { 2 } else { 20 } {
                 let mut dst = vec![0u8; n];
@@ -670,7 +704,7 @@ mod tests {
                 // SAFETY: the tasks cover disjoint ranges inside src and dst (distinct
                 // vectors), and dst is not otherwise used until `run` returns.
                 unsafe { pool.run(tasks.into(), Stores::Streaming) };
-                assert!(src == dst, "spin {spin:?}, {n} bytes, round {round}");
+                assert!(src == dst, "spin {spin:?}, round {round}");
             }
             assert!(pool.stop(std::time::Duration::from_secs(5)));
         }
