@@ -87,11 +87,11 @@ use crate::tensor::{Storage, Tensor};
 /// [`Error::StreamDeviceMismatch`], [`Error::BytesInFlight`] (a page-locked source, or
 /// for [`transfer_tensor_d2h_into`](crate::transfer_tensor_d2h_into) a page-locked
 /// destination, that a D2H call is still writing), [`Error::Deferred`]. While queueing,
-/// the driver's error or [`Error::StagingExhausted`] is the call's (what was queued is drained first);
-/// once queued, a failure of the copies comes from [`Transfer::wait`], or, if the handle
-/// was dropped, from a later call on the device ([`Error::Deferred`]: the next one of the
-/// thread that dropped it, if the failure was known by then, else the next one on any
-/// thread). Destinations may then be partly written; the copy did not succeed.
+/// the driver's error or [`Error::StagingExhausted`] is the call's (what was queued is
+/// drained first); once queued, a failure of the copies comes from [`Transfer::wait`], or,
+/// if the handle was dropped, from a later call on the device ([`Error::Deferred`]: the
+/// next one of the thread that dropped it, if the failure was known by then, else the next
+/// one on any thread). Destinations may then be partly written; the copy did not succeed.
 pub fn transfer_tensor_h2d_into<B: Batch>(
     src: &B,
     dst: &B,

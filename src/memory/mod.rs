@@ -120,8 +120,8 @@ impl Storage {
 /// `Ok` when every page-locked tensor of `storages` (the tensors' storages) may be read
 /// (or written): no D2H call's copies may still be writing it (see
 /// [`PinnedBuf::readable`]). One load when no D2H call has copies in flight into
-/// page-locked outputs; a pass over the tensors otherwise. Asked by the calls that take tensors as sources or destinations, before
-/// anything is queued.
+/// page-locked outputs; a pass over the tensors otherwise. Asked by the calls that take
+/// tensors as sources or destinations, before anything is queued.
 ///
 /// # Errors
 /// [`Error::BytesInFlight`](crate::Error::BytesInFlight) naming `op`, for the first such
