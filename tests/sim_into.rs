@@ -11,7 +11,7 @@ mod common;
 
 use pinlane::{
     transfer_tensor_d2h, transfer_tensor_d2h_into, transfer_tensor_h2d, transfer_tensor_h2d_into,
-    D2hOptions, DType, Error, IntoOptions, Stream, Tensor, Value,
+    D2hOptions, DType, Error, IntoOptions, Location, Stream, Tensor, Value,
 };
 use proptest::prelude::*;
 
@@ -210,12 +210,7 @@ fn a_serving_step_is_one_launch() {
     for t in src.iter_mut().step_by(3) {
         *t = t.to_pinned().unwrap();
     }
-    let (dst, buf, ranges) = destinations(&src, 0);
-    transfer_tensor_h2d_into(&src, &dst, &IntoOptions::default())
-        .unwrap()
-        .wait()
-        .unwrap();
-    let stats = pinlane::observe::last_transfer_stats().unwrap();
+    let (buf, ranges, stats) = into_statics(&src);
     assert_eq!(
         (stats.tensors, stats.copies, stats.windows),
         (12, 1, 1),
@@ -229,4 +224,108 @@ fn a_serving_step_is_one_launch() {
         "{stats:?}"
     );
     assert_eq!(check_buffer(&buf, &src, &ranges), Ok(()));
+}
+
+/// Page-locked memory of other owners (DLPack imports of `kDLCUDAHost`, as torch's
+/// `pin_memory()` tensors arrive): read in place by the scatter kernel where the driver
+/// maps it for the device, small and large sources alike; memory an import calls
+/// page-locked that the device does not map is copied, never read by the kernel (the
+/// simulator fails a kernel that reads it, and the bytes would be wrong).
+#[test]
+fn page_locked_imports_are_read_in_place_only_where_the_device_maps_them() {
+    use pinlane::dlpark::ffi::DLDeviceType;
+    use pinlane::dlpark::versioned::Dlpack;
+    common::sim();
+    // 1.2 KB, 40 KB and 20 B staged or read in place; 280 KB (over both direct
+    // thresholds) copied directly or read in place.
+    let host: Vec<Tensor> = [(300usize, 1u64), (10_000, 2), (70_000, 3), (5, 4)]
+        .iter()
+        .map(|&(n, seed)| common::tensor(DType::F32, &[n], seed))
+        .collect();
+    let large = 70_000 * 4;
+    let total: usize = host.iter().map(Tensor::nbytes).sum();
+    let reimported =
+        |t: &Tensor| Tensor::from_dlpack(t.to_pinned().unwrap().to_dlpack().unwrap()).unwrap();
+    // Ordinary memory, called page-locked by its capsule.
+    let claimed = |t: &Tensor| {
+        let raw = t.to_dlpack().unwrap().into_raw();
+        // SAFETY: `raw` is the capsule just made, owned here alone.
+        unsafe { (*raw).dl_tensor.device.device_type = DLDeviceType::CUDAHOST };
+        // SAFETY: a valid capsule, ownership taken back.
+        Tensor::from_dlpack(unsafe { Dlpack::from_raw(raw) }.unwrap()).unwrap()
+    };
+    for mapped in [true, false] {
+        let src: Vec<Tensor> = host
+            .iter()
+            .map(|t| if mapped { reimported(t) } else { claimed(t) })
+            .collect();
+        assert!(src.iter().all(|t| t.location() == Location::Pinned));
+        // Twice: the second call finds the driver's answer remembered.
+        for _ in 0..2 {
+            let (buf, ranges, s) = into_statics(&src);
+            if mapped {
+                assert_eq!(
+                    (s.mapped_bytes, s.staged_bytes, s.direct_bytes, s.copies),
+                    (total, 0, 0, 1),
+                    "one launch reads them all: {s:?}"
+                );
+            } else {
+                assert_eq!(
+                    (s.mapped_bytes, s.staged_bytes, s.direct_bytes),
+                    (0, total - large, large),
+                    "{s:?}"
+                );
+            }
+            assert_eq!(check_buffer(&buf, &host, &ranges), Ok(()));
+        }
+    }
+}
+
+/// Page-locked sources from the direct threshold on that the kernel could read join its
+/// launch when there is one anyway (a small source beside them), or when four or more
+/// share it; one to three alone are copied directly.
+#[test]
+fn large_page_locked_sources_join_the_launch_when_it_pays() {
+    common::sim();
+    for (n_large, with_small, in_place) in [
+        (1, false, false),
+        (3, false, false),
+        (4, false, true),
+        (1, true, true),
+    ] {
+        let mut host: Vec<Tensor> = (0..n_large)
+            .map(|k| common::tensor(DType::I64, &[40_000], 300 + k as u64))
+            .collect();
+        if with_small {
+            host.push(common::tensor(DType::U8, &[100], 399));
+        }
+        let src: Vec<Tensor> = host.iter().map(|t| t.to_pinned().unwrap()).collect();
+        let (buf, ranges, s) = into_statics(&src);
+        let (large, small) = (n_large * 320_000, if with_small { 100 } else { 0 });
+        let expect = if in_place {
+            (large + small, 0)
+        } else {
+            (small, large)
+        };
+        assert_eq!(
+            (s.mapped_bytes, s.direct_bytes),
+            expect,
+            "{n_large} large, small beside: {with_small}: {s:?}"
+        );
+        assert_eq!(check_buffer(&buf, &host, &ranges), Ok(()));
+    }
+}
+
+/// Copies `src` into views of a fresh static buffer (aligned), waits, and returns the
+/// buffer, the views' ranges and the call's stats.
+fn into_statics(
+    src: &Vec<Tensor>,
+) -> (Tensor, Vec<(usize, usize)>, pinlane::observe::TransferStats) {
+    let (dst, buf, ranges) = destinations(src, 0);
+    transfer_tensor_h2d_into(src, &dst, &IntoOptions::default())
+        .unwrap()
+        .wait()
+        .unwrap();
+    let stats = pinlane::observe::last_transfer_stats().unwrap();
+    (buf, ranges, stats)
 }

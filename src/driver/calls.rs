@@ -78,6 +78,30 @@ pub(crate) unsafe fn host_unregister(_ctx: &ContextGuard, p: *mut u8) -> Result<
     })
 }
 
+/// Whether kernels of the current context may read the `len` bytes of host memory at `p`
+/// at that same address: the driver maps them for the device there
+/// (`cuPointerGetAttribute`'s `CU_POINTER_ATTRIBUTE_DEVICE_POINTER`, asked of the first
+/// and the last byte). `false` for memory the driver does not map for the device (not
+/// page-locked, or registered without a device mapping), maps at another address, or
+/// when the driver fails to answer; `false` for `len == 0`.
+pub(crate) fn host_mapped_in_place(_ctx: &ContextGuard, p: *const u8, len: usize) -> bool {
+    let maps_here = |at: u64| {
+        let mut dev: DevicePtr = 0;
+        // SAFETY: out-pointer to a live local of the attribute's type (a CUdeviceptr); the
+        // driver only looks the address up, it reads no memory there; a context is current.
+        let res = unsafe {
+            super::api::cuPointerGetAttribute(
+                (&mut dev as *mut DevicePtr).cast(),
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_POINTER,
+                at,
+            )
+        };
+        res == sys::CUresult::CUDA_SUCCESS && dev == at
+    };
+    let first = p as u64;
+    len > 0 && maps_here(first) && maps_here(first.wrapping_add(len as u64 - 1))
+}
+
 /// Allocates `nbytes` (> 0) of device memory from pinlane's pool of `device`, ready in
 /// `stream`'s order.
 pub(crate) fn device_alloc_async(

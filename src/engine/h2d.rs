@@ -54,7 +54,7 @@ pub(super) const SMALL_BATCH: usize = 32 << 20;
 pub(super) const MAPPED_MAX_BYTES: usize = 4 << 20;
 
 /// Fewest page-locked sources worth a kernel launch; fewer are copied.
-const MAPPED_MIN_COUNT: usize = 4;
+pub(super) const MAPPED_MIN_COUNT: usize = 4;
 
 /// How one host tensor moves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

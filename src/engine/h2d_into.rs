@@ -3,10 +3,11 @@
 //!
 //! 1. Pair and check (`into.rs`): nothing is queued before every pair is known good and
 //!    no two destinations overlap.
-//! 2. Route each pair: page-locked sources from the direct threshold on are copied
-//!    straight from their memory ([`memory::scatter::h2d_direct`]); the rest are
-//!    *small*: page-locked ones pinlane allocated (device-mapped) are read in place by the
-//!    kernel, the others staged.
+//! 2. Route each pair (`route`): page-locked sources the device maps at their host
+//!    address (pinlane's own, or another owner's the driver says it maps) are read in
+//!    place by the kernel, up to 4 MiB; other page-locked sources from the direct
+//!    threshold on are copied straight from their memory
+//!    ([`memory::scatter::h2d_direct`]); the rest are staged.
 //! 3. When the staged bytes and the kernel's descriptors fit one staging slot (the
 //!    serving step: a few small tensors), one slot is filled and one kernel launch
 //!    scatters everything small ([`memory::scatter::h2d_scatter`]). Otherwise (a batch
@@ -45,13 +46,16 @@ use crate::tensor::{Storage, Tensor};
 ///   the new bytes. The returned [`Transfer`] completes when they have run
 ///   ([`Transfer::wait`], [`Transfer::ready_event`] to order another stream); dropping
 ///   it is fine (pinlane keeps what the copies use until they finish).
-/// * How: page-locked sources from 64 KiB on (256 KiB where the driver lacks
-///   `cuMemcpyBatchAsync`) are copied straight from their memory, in one batched
-///   submission; the others are copied into one page-locked staging slot and scattered
-///   to their destinations by one kernel launch that reads the slot through the
-///   device's mapping (small page-locked sources pinlane allocated are read in place by
-///   the same launch); a batch too large for one slot goes through the staging ring,
-///   one copy per piece.
+/// * How: pageable sources, and small page-locked ones the device cannot read in place,
+///   are copied into one page-locked staging slot and scattered to their destinations by
+///   one kernel launch that reads the slot through the device's mapping. Page-locked
+///   sources under 4 MiB that the device maps at their host address (pinlane's own, and
+///   DLPack imports whose memory the driver maps, such as torch's `pin_memory()`) are
+///   read in place by the same launch. Other page-locked sources from 64 KiB on (256 KiB
+///   where the driver lacks `cuMemcpyBatchAsync`) are copied straight from their memory,
+///   in one batched submission; so are the mapped ones from that size on when nothing
+///   else needs the launch and they are fewer than four. A batch too large for one slot
+///   goes through the staging ring, one copy per piece.
 /// * When the call returns, the sources are no longer read except page-locked ones,
 ///   which pinlane keeps alive until the copies have run (clones); pageable sources may
 ///   change at once.
@@ -133,13 +137,19 @@ pub(crate) fn transfer<B: Batch>(src: &B, dst: &B, opts: &IntoOptions) -> Result
         && memory::h2d_gather_available(device))
     .then(|| driver::gather_kernel(device))
     .flatten();
-    let plan = route(&pairs, &views, kernel.is_some(), rt.arena.slot_bytes());
+    let ctx = driver::bind(device)?;
+    let plan = route(
+        &ctx,
+        &pairs,
+        &views,
+        kernel.is_some(),
+        rt.arena.slot_bytes(),
+    );
     // The copy threads will fill the slot: wake them now (as a transfer does).
     if plan.staged_bytes >= rt.copy.parallel_min() {
         rt.copy.prewake();
     }
     super::trace::mark("routed");
-    let ctx = driver::bind(device)?;
     let mut job = InFlight::new(stream.clone());
     let total = pairs.iter().map(|p| p.0.nbytes()).sum();
     let mut call = Call::new(&ctx, device, &rt, pairs.len(), total);
@@ -203,8 +213,16 @@ struct Plan<'a> {
 }
 
 /// Routes the pairs (see the module docs). `kernel`: the scatter kernel can run; `slot`:
-/// the staging slots' size.
+/// the staging slots' size; `ctx`: the destinations' device's context, for asking the
+/// driver whether it maps a page-locked source of another owner's.
+///
+/// A page-locked source the kernel can read in place (under 4 MiB, aligned, mapped for
+/// the device) is read by it; from the direct threshold on, only when the launch happens
+/// anyway (something small goes by the kernel too) or four or more such sources would
+/// share it: then they take no copy submission of their own. The rest of the page-locked
+/// sources from the threshold on are copied directly, the smaller ones staged.
 fn route<'a>(
+    ctx: &driver::ContextGuard,
     pairs: &[(&'a Tensor, &'a Tensor)],
     views: &[&'a DeviceView],
     kernel: bool,
@@ -226,22 +244,25 @@ fn route<'a>(
         staged_end: 0,
         one_slot: false,
     };
+    let mut large_mapped = Vec::new();
     for (&(s, _), &view) in pairs.iter().zip(views) {
         let n = s.nbytes();
         match s.storage() {
-            Storage::Pinned(b) if n >= direct_min => p.direct.push((b, view)),
-            Storage::Pinned(b)
-                if kernel
-                    && b.mapped()
+            Storage::Pinned(b) => {
+                let in_place = kernel
                     && n < h2d::MAPPED_MAX_BYTES
                     && scatter::kernel_reads_well(b)
-                    && scatter::kernel_writes_well(view) =>
-            {
-                p.mapped.push((b, view))
-            }
-            Storage::Pinned(b) => {
-                p.staged.push(b.bytes_unchecked());
-                p.staged_to.push(view);
+                    && scatter::kernel_writes_well(view)
+                    && b.mapped_on(ctx);
+                match (in_place, n >= direct_min) {
+                    (true, false) => p.mapped.push((b, view)),
+                    (true, true) => large_mapped.push((b, view)),
+                    (false, true) => p.direct.push((b, view)),
+                    (false, false) => {
+                        p.staged.push(b.bytes_unchecked());
+                        p.staged_to.push(view);
+                    }
+                }
             }
             Storage::Host(b) => {
                 p.staged.push(b.bytes());
@@ -249,6 +270,11 @@ fn route<'a>(
             }
             Storage::Device(_) => {} // refused by the pairing
         }
+    }
+    if p.staged.is_empty() && p.mapped.is_empty() && large_mapped.len() < h2d::MAPPED_MIN_COUNT {
+        p.direct.append(&mut large_mapped);
+    } else {
+        p.mapped.append(&mut large_mapped);
     }
     p.sizes = p.staged.iter().map(|b| b.len()).collect();
     p.staged_bytes = p.sizes.iter().sum();

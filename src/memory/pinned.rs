@@ -57,9 +57,12 @@ enum Release {
     },
     /// Drop the owner that keeps it page-locked and alive (with the block). `writable`:
     /// copies into existing tensors may write it (the importer took it as writable).
+    /// `mapped_on`: what the driver said of kernels reading it in place, per device
+    /// ([`PinnedBlock::foreign_mapped`]).
     Foreign {
         _owner: Box<dyn Send + Sync>,
         writable: bool,
+        mapped_on: AtomicU64,
     },
     /// Memory of `owner`'s, page-locked in place (`cuMemHostRegister`): unregistered under
     /// `device`'s context, then `owner` drops.
@@ -114,7 +117,9 @@ impl PinnedBlock {
     ///
     /// # Safety
     /// 1. `ptr..ptr+len` is page-locked (or at least readable) host memory that stays
-    ///    valid and unchanged until `owner` is dropped.
+    ///    valid and unchanged until `owner` is dropped; memory page-locked now stays
+    ///    page-locked until then (kernels may be told to read it in place:
+    ///    [`PinnedBlock::foreign_mapped`]).
     /// 2. Dropping `owner` is what releases it, and may happen on any thread.
     pub(crate) unsafe fn foreign(
         ptr: *mut u8,
@@ -128,9 +133,36 @@ impl PinnedBlock {
             release: Release::Foreign {
                 _owner: owner,
                 writable,
+                mapped_on: AtomicU64::new(0),
             },
             filling: Ranges::default(),
         })
+    }
+
+    /// Whether kernels of `ctx`'s device may read this block of another owner's (a DLPack
+    /// import of `kDLCUDAHost`) at its host address: the driver maps it for the device
+    /// there ([`driver::host_mapped_in_place`]). Asked once per device (of the first 32;
+    /// later ones at every call) and remembered: the owner keeps the memory page-locked
+    /// for the block's life. `false` for pinlane's own blocks, which
+    /// [`PinnedBlock::mapped`] answers.
+    fn foreign_mapped(&self, ctx: &ContextGuard) -> bool {
+        let Release::Foreign { mapped_on, .. } = &self.release else {
+            return false;
+        };
+        let d = ctx.device();
+        // Two bits a device: asked, and the answer.
+        let bits = (d < 32).then(|| (1u64 << (2 * d), 1u64 << (2 * d + 1)));
+        if let Some((asked, yes)) = bits {
+            let known = mapped_on.load(Ordering::Relaxed);
+            if known & asked != 0 {
+                return known & yes != 0;
+            }
+        }
+        let mapped = driver::host_mapped_in_place(ctx, self.ptr.0, self.len);
+        if let Some((asked, yes)) = bits {
+            mapped_on.fetch_or(asked | if mapped { yes } else { 0 }, Ordering::Relaxed);
+        }
+        mapped
     }
 
     /// Whether copies into existing tensors may write this block: memory pinlane
@@ -382,6 +414,14 @@ impl PinnedBuf {
     /// page-locked (a DLPack import), which may be registered without a device mapping.
     pub(crate) fn mapped(&self) -> bool {
         self.mapped
+    }
+
+    /// Whether a kernel of `ctx`'s device may read these bytes at their host address, on
+    /// a device that maps host memory ([`driver::host_memory_mapped`]): [`PinnedBuf::mapped`],
+    /// or memory of another owner's that the driver maps for the device at that address
+    /// (asked once per block and device).
+    pub(crate) fn mapped_on(&self, ctx: &ContextGuard) -> bool {
+        self.mapped || self.block.foreign_mapped(ctx)
     }
 
     /// `nbytes` at `offset` of `block`.

@@ -230,7 +230,7 @@ pub(crate) unsafe fn h2d_scatter(
     if !driver::host_memory_mapped(device) {
         return Err(bug(format!("cuda:{device} does not map host memory")));
     }
-    if let Some(k) = work.mapped.iter().position(|m| !m.0.mapped()) {
+    if let Some(k) = work.mapped.iter().position(|m| !m.0.mapped_on(ctx)) {
         return Err(bug(format!("page-locked source {k} is not mapped")));
     }
     let n = work.descriptors();

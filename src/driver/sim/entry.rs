@@ -309,6 +309,30 @@ impl Sim {
         }
     }
 
+    /// Only `CU_POINTER_ATTRIBUTE_DEVICE_POINTER`, as the driver answers it: the address
+    /// itself for memory a kernel may read there (device memory; page-locked host memory
+    /// on a device that maps it, see [`Memory::kernel_readable`]), else
+    /// `CUDA_ERROR_INVALID_VALUE`.
+    pub(crate) unsafe fn cuPointerGetAttribute(
+        &self,
+        data: *mut c_void,
+        attr: sys::CUpointer_attribute,
+        ptr: sys::CUdeviceptr,
+    ) -> CUresult {
+        if data.is_null() || attr != sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_POINTER {
+            return CUresult::CUDA_ERROR_INVALID_VALUE;
+        }
+        if CTX.try_with(|c| c.borrow().is_empty()).unwrap_or(true) {
+            return CUresult::CUDA_ERROR_INVALID_CONTEXT;
+        }
+        if !lock(&self.mem).kernel_readable(ptr, 1, self.cfg.host_mapped) {
+            return CUresult::CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: out-pointer of the attribute's type (a CUdeviceptr), per the contract.
+        unsafe { *data.cast::<sys::CUdeviceptr>() = ptr };
+        OK
+    }
+
     pub(crate) unsafe fn cuMemPoolCreate(
         &self,
         pool: *mut sys::CUmemoryPool,
