@@ -16,7 +16,10 @@ turns config by config:
   (``pairs = pinlane.Pairs(bufs, srcs)``), as a loop that refills the same host tensors
   every step would (the sources here are the same tensors every step);
 * ``pinlane h2d``: ``pinlane.transfer_tensor_h2d(srcs)`` of the same batch (new device
-  tensors, not the static buffers: the engine's own path, for reference).
+  tensors, not the static buffers: the engine's own path, for reference);
+* ``pinlane Pairs in place``: ``pinlane.Pairs(bufs, srcs, pinned_in_place=True)``, whose
+  page-locked sources of every size the device reads in place (the same as ``Pairs`` for
+  pageable sources; left out by builds without the option).
 
 Configs: 8 and 16 tensors of 256 B to 256 KiB, and 16 of 256 B to 4 KiB (sizes fixed per
 config by a seed), from pageable and from page-locked sources, into 256-byte-aligned slices of one static buffer.
@@ -38,6 +41,10 @@ import pinlane
 from pinlane.bench import limits, pattern
 
 WARMUP = 20
+
+# `Pairs(..., pinned_in_place=True)`: page-locked sources of every size read in place.
+IN_PLACE = "pinlane Pairs in place"
+CALL_NAMES = {"pinlane Pairs": "Pairs.copy", IN_PLACE: "Pairs(pinned_in_place).copy"}
 
 
 def sizes(n, seed, top=18):
@@ -66,7 +73,7 @@ def statics(src, dev):
     return {k: buf[a : a + n].view(src[k].dtype) for k, (a, n) in places.items()}
 
 
-def run_step(way, src, dst, bufs=None, pairs=None):
+def run_step(way, src, dst, bufs=None, pairs=()):
     if way == "torch copy_":
         for k, s in src.items():
             dst[k].copy_(s, non_blocking=True)
@@ -74,8 +81,8 @@ def run_step(way, src, dst, bufs=None, pairs=None):
         pinlane.copy_into(dst, src)
     elif way == "pinlane Buffers":
         bufs.copy_from(src)
-    elif way == "pinlane Pairs":
-        pairs.copy()
+    elif way in pairs:
+        pairs[way].copy()
     else:
         pinlane.transfer_tensor_h2d(src)
     torch.cuda.current_stream().synchronize()
@@ -155,6 +162,11 @@ def main(argv=None):
     up, _ = limits(torch, dev)
     print(f"page-locked limit H2D (torch, one 256 MiB copy): {up:.1f} GB/s")
     ways = ["torch copy_", "pinlane copy_into", "pinlane Buffers", "pinlane Pairs", "pinlane h2d"]
+    try:  # builds before Pairs' pinned_in_place (an A/B's old wheel) lack the way
+        pinlane.Pairs([torch.zeros(1, device=dev)], [torch.zeros(1)], pinned_in_place=True)
+        ways.append(IN_PLACE)
+    except TypeError:
+        print("this build's Pairs has no pinned_in_place: that way is left out")
     rows = []
     # 8 and 16 tensors up to 256 KiB; 16 up to 4 KiB (a decode step's ids and lengths).
     for n, top in ((8, 18), (16, 18), (16, 12)):
@@ -163,7 +175,9 @@ def main(argv=None):
             src = batch(n_bytes, n, pinned)
             dst = statics(src, dev)
             bufs = pinlane.Buffers(dst)
-            pairs = pinlane.Pairs(bufs, src)
+            pairs = {"pinlane Pairs": pinlane.Pairs(bufs, src)}
+            if IN_PLACE in ways:
+                pairs[IN_PLACE] = pinlane.Pairs(bufs, src, pinned_in_place=True)
             total = sum(n_bytes)
             label = f"{n} tensors, {total / 1024:.0f} KiB, {'page-locked' if pinned else 'pageable'}"
             res = {}
@@ -185,7 +199,7 @@ def main(argv=None):
                 )
             for way, name, step in (
                 ("pinlane Buffers", "Buffers.copy_from", lambda: bufs.copy_from(src)),
-                ("pinlane Pairs", "Pairs.copy", pairs.copy),
+                *((w, CALL_NAMES[w], p.copy) for w, p in pairs.items()),
             ):
                 call_us, span_us, engine = parts(a.reps // 4, step)
                 print(
@@ -196,17 +210,23 @@ def main(argv=None):
                 res[way].update(call_us=call_us, span_us=span_us, engine_marks=engine)
             rows.append({"config": label, "tensors": n, "bytes": total, "pinned": pinned, "ways": res})
     print()
+    ip = IN_PLACE in ways
     print(
         "| step | torch copy_ | pinlane copy_into | pinlane Buffers | pinlane Pairs | pinlane h2d "
-        "| torch / copy_into | torch / Buffers | torch / Pairs | h2d / Buffers | h2d / Pairs |"
+        + ("| Pairs in place " if ip else "")
+        + "| torch / copy_into | torch / Buffers | torch / Pairs | h2d / Buffers | h2d / Pairs |"
+        + (" torch / Pairs in place |" if ip else "")
     )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- |" + " ---: |" * (10 + 2 * ip))
     for r in rows:
         w = r["ways"]
-        t, c, b, p, h = (w[x]["us"] for x in ways)
+        t, c, b, p, h = (w[x]["us"] for x in ways[:5])
+        q = w[IN_PLACE]["us"] if ip else None
         print(
             f"| {r['config']} | {t:.1f} us | {c:.1f} us | {b:.1f} us | {p:.1f} us | {h:.1f} us "
-            f"| {t / c:.2f}x | {t / b:.2f}x | {t / p:.2f}x | {h / b:.2f}x | {h / p:.2f}x |"
+            + (f"| {q:.1f} us " if ip else "")
+            + f"| {t / c:.2f}x | {t / b:.2f}x | {t / p:.2f}x | {h / b:.2f}x | {h / p:.2f}x |"
+            + (f" {t / q:.2f}x |" if ip else "")
         )
     if a.json:
         with open(a.json, "w") as f:

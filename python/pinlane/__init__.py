@@ -553,12 +553,23 @@ class Pairs:
       returns: write it for the next step only once the stream has passed this step's
       copies (as with ``copy_(non_blocking=True)``); smaller and pageable sources are in
       pinlane's staging memory by the time ``copy`` returns.
+
+    ``pinned_in_place=True`` extends the last rule to page-locked sources of every size:
+    the device reads each in place (one kernel launch reads them all where the driver maps
+    them for the device, as for torch's ``pin_memory()``), with no host copy into
+    pinlane's staging memory; write such a source only once the stream has passed the
+    step's copies (``torch.cuda.current_stream().synchronize()``, or an event), as after
+    ``copy_(non_blocking=True)``. Pageable sources are staged either way. For a loop that
+    synchronises every step, or double-buffers its page-locked inputs, it takes the
+    host copy off each step.
     """
 
-    def __init__(self, dst, src, /):
+    def __init__(self, dst, src, /, *, pinned_in_place=False):
         bufs = dst if isinstance(dst, Buffers) else Buffers(dst)
         self._torch = bufs._torch
-        self._native = _native.Pairs(bufs._native, bufs._sources(src))
+        self._native = _native.Pairs(
+            bufs._native, bufs._sources(src), pinned_in_place=bool(pinned_in_place)
+        )
 
     def __len__(self):
         return len(self._native)

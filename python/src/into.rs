@@ -18,10 +18,12 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
 
-/// Page-locked sources at least this large are copied straight from their memory (the
-/// engine's threshold where the driver has `cuMemcpyBatchAsync`); smaller ones are staged,
-/// and torch is not asked `is_pinned()` for them (~1 us a tensor).
-const DIRECT_MIN_BYTES: usize = 64 << 10;
+/// Page-locked sources at least this large are read in place by the device (copied
+/// straight from their memory, the engine's threshold where the driver has
+/// `cuMemcpyBatchAsync`, or read by the scatter kernel where the device maps them);
+/// smaller ones are staged, and torch is not asked `is_pinned()` for them (~1 us a
+/// tensor).
+pub(crate) const DIRECT_MIN_BYTES: usize = 64 << 10;
 
 pub(crate) fn bad(k: usize, what: &str) -> PyErr {
     bad_in("copy_into", k, what)
@@ -58,10 +60,16 @@ pub(crate) fn check_source_side(
 }
 
 /// Marks an H2D source `dl` (of torch tensor `s`) as page-locked when it is at least
-/// [`DIRECT_MIN_BYTES`] and torch says so, so that pinlane copies it straight from its
-/// memory (smaller ones are staged, and torch is not asked).
-pub(crate) fn mark_if_pinned(s: &Bound<'_, PyAny>, dl: &mut Managed) -> PyResult<()> {
-    if torch::nbytes(dl) >= DIRECT_MIN_BYTES
+/// `min_bytes` and torch says so, so that pinlane reads it in place (the device, after the
+/// call returns): copies it straight from its memory, or has the scatter kernel read it
+/// where the device maps it. Smaller ones are staged, and torch is not asked. `copy_into`
+/// and `Pairs` pass [`DIRECT_MIN_BYTES`]; `Pairs(..., pinned_in_place=True)` 0.
+pub(crate) fn mark_if_pinned(
+    s: &Bound<'_, PyAny>,
+    dl: &mut Managed,
+    min_bytes: usize,
+) -> PyResult<()> {
+    if torch::nbytes(dl) >= min_bytes.max(1)
         && s.call_method0(intern!(s.py(), "is_pinned"))?.is_truthy()?
     {
         // SAFETY: torch says the memory is page-locked (allocated by, or registered with,
@@ -349,7 +357,7 @@ impl Targets {
         }
         let (copy, mut dl) = readable(torch, s, dl, maybe_neg, &mut || Ok(()))?;
         if self.h2d {
-            mark_if_pinned(copy.as_ref().unwrap_or(s), &mut dl)?;
+            mark_if_pinned(copy.as_ref().unwrap_or(s), &mut dl, DIRECT_MIN_BYTES)?;
         }
         temps.extend(copy);
         torch::to_pinlane(dl).map(Some)

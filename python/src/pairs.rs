@@ -6,7 +6,7 @@
 //! the writes the loop makes into the source between steps), of a dtype pinlane copies.
 //! The destinations are a [`Targets`]' (its rules, and its one-writer lock).
 
-use crate::into::{bad_in, check_source_side, mark_if_pinned, Dst, Targets};
+use crate::into::{bad_in, check_source_side, mark_if_pinned, Dst, Targets, DIRECT_MIN_BYTES};
 use crate::torch::{self, Torch};
 use pinlane::Tensor;
 use pyo3::intern;
@@ -30,9 +30,15 @@ pub(crate) struct Pairs {
 impl Pairs {
     /// Binds `srcs[i]` to destination `i` of `targets`: CPU sources when the destinations
     /// are CUDA tensors, CUDA sources of one device when they are CPU tensors. Every pair
-    /// has the same dtype and byte size.
+    /// has the same dtype and byte size. `pinned_in_place`: every page-locked CPU source
+    /// is read in place by the device (else those under 64 KiB are staged at each copy).
     #[new]
-    fn new(targets: Bound<'_, Targets>, srcs: Vec<Bound<'_, PyAny>>) -> PyResult<Pairs> {
+    #[pyo3(signature = (targets, srcs, *, pinned_in_place=false))]
+    fn new(
+        targets: Bound<'_, Targets>,
+        srcs: Vec<Bound<'_, PyAny>>,
+        pinned_in_place: bool,
+    ) -> PyResult<Pairs> {
         let t = targets.get();
         if srcs.len() != t.outs.len() {
             return Err(pyo3::exceptions::PyValueError::new_err(format!(
@@ -58,7 +64,8 @@ impl Pairs {
                      pinlane copies (use Buffers.copy_from, which leaves it to torch)",
                 ));
             };
-            let src = import(&torch, k, s, t.h2d, &mut device)?;
+            let pinned_min = if pinned_in_place { 0 } else { DIRECT_MIN_BYTES };
+            let src = import(&torch, k, s, t.h2d, pinned_min, &mut device)?;
             if src.dtype() != d.dtype() || src.nbytes() != d.nbytes() {
                 return Err(bad_in(
                     "Pairs",
@@ -111,12 +118,14 @@ impl Pairs {
 
 /// Source `k`, imported to be read in place at every call: on the side `h2d` says (a CUDA
 /// source's device goes to `device`, and must match it), contiguous, without the negation
-/// bit, of a dtype pinlane has.
+/// bit, of a dtype pinlane has; marked page-locked from `pinned_min` bytes on, where torch
+/// says it is.
 fn import(
     torch: &Torch,
     k: usize,
     s: &Bound<'_, PyAny>,
     h2d: bool,
+    pinned_min: usize,
     device: &mut Option<usize>,
 ) -> PyResult<Tensor> {
     let (mut dl, _) = torch.import(s).map_err(|e| {
@@ -151,7 +160,7 @@ fn import(
         ));
     }
     if h2d {
-        mark_if_pinned(s, &mut dl)?;
+        mark_if_pinned(s, &mut dl, pinned_min)?;
     }
     torch::to_pinlane(dl)
 }

@@ -206,14 +206,15 @@ def test_buffers_check_once_and_copy_every_step(torch):
         nb.copy_from([torch.rand(1024), torch.zeros(512, dtype=torch.int64)])
 
 
-@pytest.mark.parametrize("pinned", [False, True])
+@pytest.mark.parametrize("pinned", [False, True, "in place"])
 def test_pairs_copy_their_sources_as_they_are_at_each_step(torch, pinned):
     # Bound once; each step writes the same host tensors in place, and the copy takes
-    # what they hold then (a 64 KiB page-locked source is read by the device after
-    # copy() returns, so the step waits for the stream before writing it again).
-    host = _inputs(torch, 0, pinned)
+    # what they hold then (a 64 KiB page-locked source, or with pinned_in_place every
+    # page-locked one, is read by the device after copy() returns, so the step waits for
+    # the stream before writing it again).
+    host = _inputs(torch, 0, bool(pinned))
     buf, dst, places = _statics(torch, host, skew=1)
-    step = pinlane.Pairs(dst, host)
+    step = pinlane.Pairs(dst, host, pinned_in_place=(pinned == "in place"))
     assert len(step) == len(host)
     for n in range(6):
         new = _inputs(torch, n, pinned)
@@ -230,6 +231,29 @@ def test_pairs_copy_their_sources_as_they_are_at_each_step(torch, pinned):
     pinlane.Pairs(pinlane.Buffers(dst), host).copy(stream=s)
     s.synchronize()
     assert torch.equal(buf.cpu(), _expected(torch, buf, new, places, fill=0))
+
+
+def test_pairs_pinned_in_place_read_small_page_locked_sources_on_the_device(torch):
+    # With pinned_in_place, a small page-locked source is read where it is, by the device
+    # once the stream reaches the copy: a write made after copy() returns, while the
+    # stream is still busy before it, is what arrives. Without it, the source is staged at
+    # copy() and its bytes then arrive. Pageable sources are staged either way.
+    host = {
+        "ids": torch.zeros(256, dtype=torch.int64).pin_memory(),  # 2 KiB
+        "lens": torch.zeros(16, dtype=torch.int32),
+    }
+    buf, dst, places = _statics(torch, host)
+    for in_place in (False, True):
+        step = pinlane.Pairs(dst, host, pinned_in_place=in_place)
+        for v in host.values():
+            v.fill_(1)
+        torch.cuda._sleep(50_000_000)  # ~25 ms on torch's current stream, where the copy goes
+        step.copy()
+        for v in host.values():
+            v.fill_(2)  # the stream has not reached the copy yet
+        torch.cuda.synchronize()
+        assert dst["lens"].cpu().tolist() == [1] * 16, in_place
+        assert dst["ids"].cpu().tolist() == [2 if in_place else 1] * 256, in_place
 
 
 def test_pairs_d2h_into_cpu_tensors(torch):
