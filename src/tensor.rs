@@ -362,6 +362,77 @@ impl Tensor {
         ))
     }
 
+    /// [`Tensor::register_pinned`] for many tensors at once: each host tensor's memory
+    /// page-locked in place, as a page-locked tensor over the same bytes (in order; no
+    /// copy). The driver page-locks whole pages, so tensors whose memory shares a page
+    /// (small buffers side by side in a heap) are registered as one range, one driver
+    /// call for a run of them: every page of a range holds bytes of one of its tensors,
+    /// and the range stays registered until the last tensor over it (and every clone) is
+    /// gone. Memory inside a registration pinlane made and still holds (an earlier call's)
+    /// comes back as a view of it, where the driver would refuse to register it again;
+    /// and while a registration lives, a DLPack import of its memory as `kDLCUDAHost`
+    /// (torch's `is_pinned()` says true for it) keeps it alive. Page-locked tensors come
+    /// back as clones, empty ones as they are.
+    ///
+    /// For small buffers sent step after step (a serving loop's inputs): the gather
+    /// kernel of [`transfer_tensor_h2d_into`](crate::transfer_tensor_h2d_into) then reads
+    /// them in place, with no copy into staging memory (and so, like every page-locked
+    /// source, after the call has returned: see its docs).
+    ///
+    /// # Errors
+    /// [`Error::NotOnHost`] for a device tensor; [`Error::NoCuda`],
+    /// [`Error::DeviceUnavailable`]; the driver's error (`cuMemHostRegister`: memory
+    /// overlapping another owner's live registration, say). On an error nothing new is
+    /// left registered.
+    ///
+    /// ```no_run
+    /// use pinlane::{Device, Tensor};
+    /// # fn main() -> pinlane::Result<()> {
+    /// let inputs = vec![
+    ///     Tensor::from_vec(vec![0i64; 256], [256])?,
+    ///     Tensor::from_vec(vec![0i32; 16], [16])?,
+    /// ];
+    /// let pinned = Tensor::register_pinned_many(&inputs, Device::cuda(0))?;
+    /// assert!(pinned.iter().all(|t| t.location() == pinlane::Location::Pinned));
+    /// # Ok(()) }
+    /// ```
+    pub fn register_pinned_many(tensors: &[Tensor], device: Device) -> Result<Vec<Tensor>> {
+        let mut spans = Vec::new();
+        let mut owners: Vec<std::sync::Arc<dyn Send + Sync>> = Vec::new();
+        let mut at = Vec::new(); // which tensor each span is
+        for (k, t) in tensors.iter().enumerate() {
+            match &t.storage {
+                Storage::Host(b) if t.nbytes > 0 => {
+                    let bytes = b.bytes();
+                    spans.push((bytes.as_ptr(), bytes.len()));
+                    owners.push(std::sync::Arc::new(b.clone()));
+                    at.push(k);
+                }
+                Storage::Device(_) => {
+                    return Err(Error::NotOnHost {
+                        op: "register_pinned_many",
+                        location: t.location(),
+                    })
+                }
+                _ => {}
+            }
+        }
+        let mut out = tensors.to_vec();
+        if spans.is_empty() {
+            return Ok(out);
+        }
+        crate::driver::require("register_pinned_many")?;
+        crate::driver::check_device(device.ordinal())?;
+        // SAFETY: each span is the bytes of a host buffer whose clone is its owner, kept
+        // by the registration until it has ended.
+        let views = unsafe { memory::register_many(&spans, owners, device.ordinal()) }?;
+        for (k, view) in at.into_iter().zip(views) {
+            let t = &tensors[k];
+            out[k] = Tensor::from_parts(t.dtype, t.shape.clone(), t.nbytes, Storage::Pinned(view));
+        }
+        Ok(out)
+    }
+
     /// A copy of this host tensor in page-locked memory, which H2D copies read directly
     /// (no staging), allocated under the context of `cuda:{LOCAL_RANK}` (see
     /// [`Tensor::to_pinned_on`]). Needs a CUDA driver.

@@ -1,5 +1,6 @@
 //! GPU: memory that can be given back (trim after a 4 GiB batch), the runtime's
-//! statistics, and the review's holes that only the device shows.
+//! statistics, the review's holes that only the device shows, and how the driver
+//! registers host memory in place (what the simulator models).
 //!
 //! Every test installs the same configuration (batched small D2H copies, so the legacy
 //! stream test exercises the path that must refuse it).
@@ -153,4 +154,48 @@ fn small_batches_share_page_locked_blocks() {
             .location(),
         Location::Pinned
     );
+}
+
+/// Bytes of one shared buffer: tensors over parts of it share its pages.
+struct Part(std::sync::Arc<Vec<u8>>, std::ops::Range<usize>);
+
+impl AsRef<[u8]> for Part {
+    fn as_ref(&self) -> &[u8] {
+        &self.0[self.1.clone()]
+    }
+}
+
+/// What the simulator's `cuMemHostRegister` models (src/driver/sim/entry.rs): the driver
+/// registers disjoint ranges of one page separately, refuses a range overlapping a live
+/// registration, and `register_pinned_many` takes views of live registrations instead.
+#[test]
+fn the_driver_registers_disjoint_ranges_of_one_page_and_refuses_overlaps() {
+    require_gpu!();
+    let buf = std::sync::Arc::new(vec![7u8; 3 * 4096]);
+    let o = (buf.as_ptr() as usize).next_multiple_of(4096) - buf.as_ptr() as usize;
+    let part = |r: std::ops::Range<usize>| {
+        Tensor::from_owner(
+            Part(buf.clone(), o + r.start..o + r.end),
+            DType::U8,
+            [r.len()],
+        )
+        .unwrap()
+    };
+    let (a, b, over) = (part(0..100), part(200..300), part(50..250));
+    let dev = common::dev();
+    let ra = a.register_pinned(dev).unwrap();
+    let rb = b
+        .register_pinned(dev)
+        .expect("a disjoint range of the same page");
+    match over.register_pinned(dev) {
+        Err(pinlane::Error::Driver { error, .. }) => {
+            assert_eq!(error.name(), "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED")
+        }
+        other => panic!("an overlapping range: expected the driver's refusal, got {other:?}"),
+    }
+    let many = Tensor::register_pinned_many(&[a.clone(), b.clone()], dev).unwrap();
+    assert!(many[0].same_allocation(&ra) && many[1].same_allocation(&rb));
+    drop((ra, rb, many));
+    let whole = Tensor::register_pinned_many(&[a, b, over], dev).unwrap();
+    assert!(whole.iter().all(|t| t.location() == Location::Pinned));
 }

@@ -1,7 +1,9 @@
 //! GPU: copies into existing tensors (issue 23) on the real device: random nested batches
 //! into views of one static buffer, at aligned and unaligned places (every byte checked,
 //! and every byte between them unchanged), the serving step as one kernel launch, a
-//! batch larger than the arena through the ring, and D2H into page-locked memory.
+//! batch larger than the arena through the ring, page-locked sources read in place by the
+//! kernel (re-imported through DLPack, and registered in place with pages shared), and D2H
+//! into page-locked memory.
 // The strategies are pinlane's: feature `proptest` (tests/pack-shipped turns it on).
 #![cfg(feature = "proptest")]
 
@@ -87,4 +89,40 @@ fn d2h_into_page_locked_memory() {
     // SAFETY: nothing else reads or writes `dst`'s memory during the call.
     unsafe { transfer_tensor_d2h_into(&on, &dst, &IntoOptions::default()) }.unwrap();
     assert_eq!(dst, host);
+}
+
+#[test]
+fn page_locked_sources_are_read_in_place_as_the_driver_maps_them() {
+    require_gpu!();
+    // Small and large, side by side in the heap (so some share pages).
+    let host: Vec<Tensor> = [300usize, 20, 10_000, 70_000, 5, 1000]
+        .iter()
+        .enumerate()
+        .map(|(k, &n)| common::tensor(DType::F32, &[n], 90 + k as u64))
+        .collect();
+    let total: usize = host.iter().map(Tensor::nbytes).sum();
+    // pinlane's page-locked memory imported back through DLPack (another owner's, as
+    // torch's pin_memory() arrives): the driver says the device maps it.
+    let reimported: Vec<Tensor> = host
+        .iter()
+        .map(|t| Tensor::from_dlpack(t.to_pinned().unwrap().to_dlpack().unwrap()).unwrap())
+        .collect();
+    // The heap memory itself, page-locked in place (ranges of shared pages).
+    let registered = Tensor::register_pinned_many(&host, common::dev()).unwrap();
+    for src in [reimported, registered] {
+        let (dst, buf, ranges) = destinations(&src, 0);
+        for _ in 0..2 {
+            transfer_tensor_h2d_into(&src, &dst, &IntoOptions::default())
+                .unwrap()
+                .wait()
+                .unwrap();
+            let s = pinlane::observe::last_transfer_stats().unwrap();
+            assert_eq!(
+                (s.mapped_bytes, s.staged_bytes, s.direct_bytes, s.copies),
+                (total, 0, 0, 1),
+                "one launch reads them all: {s:?}"
+            );
+            assert_eq!(check_buffer(&buf, &host, &ranges), Ok(()));
+        }
+    }
 }

@@ -8,7 +8,8 @@
 mod common;
 
 use pinlane::{
-    transfer_tensor_d2h, transfer_tensor_h2d, D2hOptions, DType, Device, Error, Location, Tensor,
+    transfer_tensor_d2h, transfer_tensor_h2d, transfer_tensor_h2d_into, D2hOptions, DType, Device,
+    Error, IntoOptions, Location, Tensor,
 };
 
 const D0: Device = Device::cuda(0);
@@ -82,10 +83,8 @@ fn many_small_registered_tensors_are_read_by_the_kernel() {
     let host: Vec<Tensor> = (0..6)
         .map(|i| common::tensor(DType::F64, &[1000 + i], 40 + i as u64))
         .collect();
-    let pinned: Vec<Tensor> = host
-        .iter()
-        .map(|t| t.register_pinned(D0).unwrap())
-        .collect();
+    // Side by side in the heap, they may share pages: registered together.
+    let pinned = Tensor::register_pinned_many(&host, D0).unwrap();
     let on = transfer_tensor_h2d(&pinned).unwrap();
     let s = pinlane::observe::last_transfer_stats().unwrap();
     let total: usize = host.iter().map(Tensor::nbytes).sum();
@@ -94,4 +93,124 @@ fn many_small_registered_tensors_are_read_by_the_kernel() {
         transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap(),
         host
     );
+}
+
+/// Bytes of one shared buffer: tensors over parts of it share its pages.
+struct Part(std::sync::Arc<Vec<u8>>, std::ops::Range<usize>);
+
+impl AsRef<[u8]> for Part {
+    fn as_ref(&self) -> &[u8] {
+        &self.0[self.1.clone()]
+    }
+}
+
+#[test]
+fn tensors_sharing_pages_are_registered_together() {
+    common::sim();
+    const PAGE: usize = 4096;
+    let buf = std::sync::Arc::new(
+        (0..4 * PAGE)
+            .map(|i| (i * 7 % 251) as u8)
+            .collect::<Vec<u8>>(),
+    );
+    let base = buf.as_ptr() as usize;
+    let o = base.next_multiple_of(PAGE) - base; // the first page boundary in the buffer
+                                                // Two parts in one page, a third from that page into the next, a fourth two pages on.
+    let ranges = [
+        o..o + 100,
+        o + 200..o + 300,
+        o + 304..o + PAGE + 48,
+        o + 2 * PAGE + 8..o + 2 * PAGE + 64,
+    ];
+    let parts: Vec<Tensor> = ranges
+        .iter()
+        .map(|r| Tensor::from_owner(Part(buf.clone(), r.clone()), DType::U8, [r.len()]).unwrap())
+        .collect();
+    let pinned = Tensor::register_pinned_many(&parts, D0).unwrap();
+    for (p, t) in pinned.iter().zip(&parts) {
+        assert_eq!(p.location(), Location::Pinned);
+        assert_eq!(
+            p.as_bytes().unwrap().as_ptr(),
+            t.as_bytes().unwrap().as_ptr(),
+            "no copy"
+        );
+        assert_eq!(p, t);
+    }
+    // One registration for the first three (they share pages), one for the fourth.
+    assert!(pinned[0].same_allocation(&pinned[2]) && !pinned[0].same_allocation(&pinned[3]));
+    // Registering them again, alone or together, gives views of the live registrations
+    // (the driver would refuse a second registration of their bytes).
+    let again = Tensor::register_pinned_many(&[parts[1].clone(), parts[3].clone()], D0).unwrap();
+    assert!(again[0].same_allocation(&pinned[1]) && again[1].same_allocation(&pinned[3]));
+    // Page-locked and empty tensors come back as they are; device tensors are refused.
+    let empty = Tensor::from_vec(Vec::<u8>::new(), [0]).unwrap();
+    let same = Tensor::register_pinned_many(&[pinned[0].clone(), empty.clone()], D0).unwrap();
+    assert!(same[0].same_storage(&pinned[0]) && same[1] == empty);
+    let on = transfer_tensor_h2d(&pinned).unwrap();
+    assert!(matches!(
+        Tensor::register_pinned_many(&[on[0].clone()], D0),
+        Err(Error::NotOnHost { .. })
+    ));
+    // The kernel reads them in place.
+    let s = pinlane::observe::last_transfer_stats().unwrap();
+    let total: usize = parts.iter().map(Tensor::nbytes).sum();
+    assert_eq!((s.mapped_bytes, s.staged_bytes), (total, 0), "{s:?}");
+    assert_eq!(
+        transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap(),
+        parts
+    );
+    // A registration lasts while any tensor over it does, the views taken again included.
+    let refused = |r: pinlane::Result<Tensor>| {
+        matches!(r, Err(Error::Driver { error, .. })
+            if error.name() == "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED")
+    };
+    drop((pinned, same, on));
+    assert!(refused(parts[1].register_pinned(D0)), "`again` holds it");
+    drop(again);
+    assert!(parts[1].register_pinned(D0).is_ok());
+}
+
+#[test]
+fn an_import_of_registered_memory_keeps_the_registration() {
+    use pinlane::dlpark::ffi::DLDeviceType;
+    use pinlane::dlpark::versioned::Dlpack;
+    common::sim();
+    // As from torch: a tensor whose memory pinlane registered (is_pinned() says true)
+    // comes back through DLPack as kDLCUDAHost. The import keeps the registration alive,
+    // so the device may read it in place after the registered tensors are gone.
+    let host = common::tensor(DType::F32, &[3000], 77);
+    let registered = Tensor::register_pinned_many(std::slice::from_ref(&host), D0).unwrap();
+    let raw = host.to_dlpack().unwrap().into_raw();
+    // SAFETY: `raw` is the capsule just made, owned here alone.
+    unsafe { (*raw).dl_tensor.device.device_type = DLDeviceType::CUDAHOST };
+    // SAFETY: a valid capsule, ownership taken back.
+    let import = Tensor::from_dlpack(unsafe { Dlpack::from_raw(raw) }.unwrap()).unwrap();
+    drop(registered);
+    let refused = |t: &Tensor| {
+        matches!(t.register_pinned(D0), Err(Error::Driver { error, .. })
+            if error.name() == "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED")
+    };
+    assert!(refused(&host), "the import holds the registration");
+    // Read in place by transfer_tensor_h2d_into's kernel.
+    let dst = transfer_tensor_h2d(&vec![
+        Tensor::from_vec(vec![0f32; 3000], [3000]).unwrap();
+        2
+    ])
+    .unwrap();
+    transfer_tensor_h2d_into(&vec![import.clone(); 2], &dst, &IntoOptions::default())
+        .unwrap()
+        .wait()
+        .unwrap();
+    let s = pinlane::observe::last_transfer_stats().unwrap();
+    assert_eq!(
+        (s.mapped_bytes, s.copies),
+        (2 * 12_000, 1),
+        "read in place: {s:?}"
+    );
+    assert_eq!(
+        transfer_tensor_d2h(&dst, &D2hOptions::default()).unwrap(),
+        vec![host.clone(); 2]
+    );
+    drop((import, dst));
+    assert!(host.register_pinned(D0).is_ok(), "gone with the import");
 }

@@ -13,6 +13,7 @@
 //! | `dlpack.rs` | a DLPack capsule's deleter (imports), a tensor clone (exports) | another framework's tensors, and ours lent to it | the deleter runs when the last view drops |
 //! | `filling.rs` | - | nothing of its own: the ranges of page-locked blocks that D2H copies may still be writing (reads of them are refused) | - |
 //! | `inflight.rs` | `InFlight`, `Detached` | nothing of its own: keeps the owners above alive | after the stream is synchronised, or (non-blocking calls) the call's event completes |
+//! | `registration.rs` | the `PinnedBlock`s of `Tensor::register_pinned_many` | host memory of many tensors page-locked in place, buffers that share pages as one range | unregistered when the last view of a range drops |
 //! | `producer.rs` | [`PinnedBufferMut`] | page-locked memory a producer writes, from the [`PinnedOutputPool`] | frozen into a tensor; back to the pool when its last view drops |
 //! | `reaper.rs` | - | page-locked memory being freed | on a dedicated thread (`cuMemFreeHost` waits for the whole context) |
 //! | `retained.rs` | the retained registry | owners whose copies could not be proven complete | when a later synchronisation proves it |
@@ -65,6 +66,7 @@ mod mapped;
 pub(crate) mod pinned;
 mod producer;
 mod reaper;
+mod registration;
 pub mod retained;
 pub(crate) mod scatter;
 
@@ -90,6 +92,7 @@ pub use pinned::{PinnedOutputPool, SHARE_MAX};
 pub use producer::PinnedBufferMut;
 pub(crate) use reaper::failed as failed_frees;
 pub(crate) use reaper::quiesce as quiesce_frees;
+pub(crate) use registration::register_many;
 
 /// Where a tensor's bytes are, and who owns them: each variant is a view holding an
 /// `Arc` to shared memory (pinlane's, or another owner's), so cloning one is a

@@ -1,5 +1,6 @@
 //! Page-locked host memory that tensors own: [`PinnedBuf`] (a view into a
-//! [`PinnedBlock`]), and the bounded [`PinnedOutputPool`] that D2H outputs come from.
+//! [`PinnedBlock`]), the bounded [`PinnedOutputPool`] that D2H outputs come from, and the
+//! registry of pinlane's live registrations of host memory in place.
 
 use super::arena::Synced;
 use super::filling::Ranges;
@@ -7,8 +8,9 @@ use super::reaper::free_pinned_in_policy;
 use super::{check_range, DeviceAlloc, DeviceView};
 use crate::driver::{self, ContextGuard, HostPtr, Stream};
 use crate::error::Result;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 /// One block of page-locked memory: a `cuMemHostAlloc` allocation (portable) owned by
 /// one tensor (freed on drop) or by the output pool (returned to it on drop), or memory
@@ -127,13 +129,20 @@ impl PinnedBlock {
         owner: Box<dyn Send + Sync>,
         writable: bool,
     ) -> Arc<PinnedBlock> {
+        // Memory inside a registration of pinlane's (torch's `is_pinned()` says true for
+        // it too): the block keeps the registration alive while it lives, and the device
+        // maps it (registered device-mapped and portable: every device's bits say so).
+        let (owner, mapped_on): (Box<dyn Send + Sync>, u64) = match covering(ptr as usize, len) {
+            Some((registration, _)) => (Box::new((owner, registration)), u64::MAX),
+            None => (owner, 0),
+        };
         Arc::new(PinnedBlock {
             ptr: HostPtr(ptr),
             len,
             release: Release::Foreign {
                 _owner: owner,
                 writable,
-                mapped_on: AtomicU64::new(0),
+                mapped_on: AtomicU64::new(mapped_on),
             },
             filling: Ranges::default(),
         })
@@ -244,6 +253,9 @@ impl Drop for PinnedBlock {
             Release::Registered { device, owner } => {
                 let device = *device;
                 let ptr = self.ptr.0;
+                // Out of the registry first: no reader can take the block from there any
+                // more (its weak reference no longer upgrades) once it is dropping.
+                forget(ptr as usize);
                 let r = driver::bind(device).and_then(|ctx| {
                     // SAFETY: registered by `register` and not since unregistered; copies
                     // that read it were proven complete before any tensor over it could
@@ -324,7 +336,7 @@ pub(crate) unsafe fn register(
     // SAFETY: the caller's obligation keeps the range allocated until `owner` drops,
     // which the block does only after unregistering it.
     unsafe { driver::host_register(&ctx, ptr.cast_mut(), len) }?;
-    Ok(Arc::new(PinnedBlock {
+    let block = Arc::new(PinnedBlock {
         ptr: HostPtr(ptr.cast_mut()),
         len,
         release: Release::Registered {
@@ -332,7 +344,53 @@ pub(crate) unsafe fn register(
             owner: Some(owner),
         },
         filling: Ranges::default(),
-    }))
+    });
+    record(ptr as usize, len, &block);
+    Ok(block)
+}
+
+// The registry of live registrations (`register` records, the block's drop forgets).
+//
+// Memory pinlane registered is page-locked for others too: torch's `is_pinned()` says so,
+// and a DLPack import of it as `kDLCUDAHost` may be read in place by the device. Such a
+// reader must keep the registration alive while it reads, or the device would read
+// memory no longer mapped for it. So every registration pinlane makes is recorded here
+// (process-wide, as the driver's registrations are), by address, until its block drops:
+// an import of memory inside one holds its block (`covering`, in `PinnedBlock::foreign`),
+// and a new registration of memory inside one takes a view of it instead
+// (`registration::register_many`).
+
+/// A live registration: its length, and the block that ends it when dropped.
+type Live = (usize, Weak<PinnedBlock>);
+
+/// pinlane's live registrations, by start address.
+static LIVE: Mutex<BTreeMap<usize, Live>> = Mutex::new(BTreeMap::new());
+
+fn live() -> std::sync::MutexGuard<'static, BTreeMap<usize, Live>> {
+    LIVE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Records a registration of `len` bytes at `start` that `block` holds (made by
+/// [`register`]), until [`forget`].
+fn record(start: usize, len: usize, block: &Arc<PinnedBlock>) {
+    live().insert(start, (len, Arc::downgrade(block)));
+}
+
+/// Ends the record of the registration at `start` (its block is dropping).
+fn forget(start: usize) {
+    live().remove(&start);
+}
+
+/// The live registration of pinlane's holding all of `len` bytes at `addr`, and where they
+/// start in it; `None` when there is none (or it is being dropped).
+pub(crate) fn covering(addr: usize, len: usize) -> Option<(Arc<PinnedBlock>, usize)> {
+    let map = live();
+    let (&start, (n, block)) = map.range(..=addr).next_back()?;
+    let end = addr.checked_add(len)?;
+    if end > start.saturating_add(*n) {
+        return None;
+    }
+    block.upgrade().map(|b| (b, addr - start))
 }
 
 /// A page-locked block of its own (freed on drop), for measurements.

@@ -288,7 +288,9 @@ impl Sim {
         }
         let (start, end) = (p as u64, p as u64 + n as u64);
         let mut mem = lock(&self.mem);
-        // As the driver: a range overlapping a registered one is refused.
+        // As the driver: a range overlapping a registered one is refused. Disjoint ranges
+        // of one page are not (the driver tracks registrations by their bytes, while it
+        // page-locks whole pages; tests/gpu_foundations.rs checks it on the device).
         let overlaps = mem
             .registered
             .range(..end)
