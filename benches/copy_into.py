@@ -17,9 +17,11 @@ turns config by config:
   every step would (the sources here are the same tensors every step);
 * ``pinlane h2d``: ``pinlane.transfer_tensor_h2d(srcs)`` of the same batch (new device
   tensors, not the static buffers: the engine's own path, for reference);
-* ``pinlane Pairs in place``: ``pinlane.Pairs(bufs, srcs, pinned_in_place=True)``, whose
-  page-locked sources of every size the device reads in place (the same as ``Pairs`` for
-  pageable sources; left out by builds without the option).
+* ``pinlane Pairs in place``: ``pinlane.Pairs(bufs, srcs, in_place=True)``, whose sources
+  the device reads in place: page-locked ones as they are, pageable ones page-locked in
+  place at binding. Timed last in each config, its ``Pairs`` made just before and
+  dropped after (while it lives, the pageable sources are page-locked, which would change
+  the other ways); left out by builds without the option.
 
 Configs: 8 and 16 tensors of 256 B to 256 KiB, and 16 of 256 B to 4 KiB (sizes fixed per
 config by a seed), from pageable and from page-locked sources, into 256-byte-aligned slices of one static buffer.
@@ -42,9 +44,9 @@ from pinlane.bench import limits, pattern
 
 WARMUP = 20
 
-# `Pairs(..., pinned_in_place=True)`: page-locked sources of every size read in place.
+# `Pairs(..., in_place=True)`: every source read in place by the device.
 IN_PLACE = "pinlane Pairs in place"
-CALL_NAMES = {"pinlane Pairs": "Pairs.copy", IN_PLACE: "Pairs(pinned_in_place).copy"}
+CALL_NAMES = {"pinlane Pairs": "Pairs.copy", IN_PLACE: "Pairs(in_place).copy"}
 
 
 def sizes(n, seed, top=18):
@@ -162,11 +164,11 @@ def main(argv=None):
     up, _ = limits(torch, dev)
     print(f"page-locked limit H2D (torch, one 256 MiB copy): {up:.1f} GB/s")
     ways = ["torch copy_", "pinlane copy_into", "pinlane Buffers", "pinlane Pairs", "pinlane h2d"]
-    try:  # builds before Pairs' pinned_in_place (an A/B's old wheel) lack the way
-        pinlane.Pairs([torch.zeros(1, device=dev)], [torch.zeros(1)], pinned_in_place=True)
+    try:  # builds before Pairs' in_place (an A/B's old wheel) lack the way
+        pinlane.Pairs([torch.zeros(1, device=dev)], [torch.zeros(1)], in_place=True)
         ways.append(IN_PLACE)
     except TypeError:
-        print("this build's Pairs has no pinned_in_place: that way is left out")
+        print("this build's Pairs has no in_place: that way is left out")
     rows = []
     # 8 and 16 tensors up to 256 KiB; 16 up to 4 KiB (a decode step's ids and lengths).
     for n, top in ((8, 18), (16, 18), (16, 12)):
@@ -176,12 +178,11 @@ def main(argv=None):
             dst = statics(src, dev)
             bufs = pinlane.Buffers(dst)
             pairs = {"pinlane Pairs": pinlane.Pairs(bufs, src)}
-            if IN_PLACE in ways:
-                pairs[IN_PLACE] = pinlane.Pairs(bufs, src, pinned_in_place=True)
             total = sum(n_bytes)
             label = f"{n} tensors, {total / 1024:.0f} KiB, {'page-locked' if pinned else 'pageable'}"
             res = {}
-            for way in ways:
+
+            def time_way(way, pairs):
                 sec, cpu = timed(a.reps, lambda: run_step(way, src, dst, bufs, pairs))
                 ok = check(way, src, dst, bufs, pairs)
                 res[way] = {
@@ -197,10 +198,8 @@ def main(argv=None):
                     f"  bytes {'ok' if ok else 'WRONG'}",
                     flush=True,
                 )
-            for way, name, step in (
-                ("pinlane Buffers", "Buffers.copy_from", lambda: bufs.copy_from(src)),
-                *((w, CALL_NAMES[w], p.copy) for w, p in pairs.items()),
-            ):
+
+            def split(way, name, step):
                 call_us, span_us, engine = parts(a.reps // 4, step)
                 print(
                     f"{label:40} {name}'s call {call_us:.1f} us; device span {span_us:.1f} us;"
@@ -208,6 +207,19 @@ def main(argv=None):
                     flush=True,
                 )
                 res[way].update(call_us=call_us, span_us=span_us, engine_marks=engine)
+
+            for way in ways:
+                if way != IN_PLACE:
+                    time_way(way, pairs)
+            split("pinlane Buffers", "Buffers.copy_from", lambda: bufs.copy_from(src))
+            split("pinlane Pairs", CALL_NAMES["pinlane Pairs"], pairs["pinlane Pairs"].copy)
+            if IN_PLACE in ways:
+                # Last: while it lives, its pageable sources are page-locked (which torch's
+                # copy_ and pinlane's per-call imports would see).
+                in_place = {IN_PLACE: pinlane.Pairs(bufs, src, in_place=True)}
+                time_way(IN_PLACE, in_place)
+                split(IN_PLACE, CALL_NAMES[IN_PLACE], in_place[IN_PLACE].copy)
+                del in_place
             rows.append({"config": label, "tensors": n, "bytes": total, "pinned": pinned, "ways": res})
     print()
     ip = IN_PLACE in ways

@@ -554,22 +554,27 @@ class Pairs:
       copies (as with ``copy_(non_blocking=True)``); smaller and pageable sources are in
       pinlane's staging memory by the time ``copy`` returns.
 
-    ``pinned_in_place=True`` extends the last rule to page-locked sources of every size:
-    the device reads each in place (one kernel launch reads them all where the driver maps
-    them for the device, as for torch's ``pin_memory()``), with no host copy into
-    pinlane's staging memory; write such a source only once the stream has passed the
-    step's copies (``torch.cuda.current_stream().synchronize()``, or an event), as after
-    ``copy_(non_blocking=True)``. Pageable sources are staged either way. For a loop that
-    synchronises every step, or double-buffers its page-locked inputs, it takes the
-    host copy off each step.
+    ``in_place=True`` (CPU to CUDA) extends the last rule to every source: the device reads each where
+    it is, with no host copy into pinlane's staging memory at each step (one kernel
+    launch reads them all). Page-locked sources (``pin_memory()``) are read as they are;
+    pageable ones are page-locked in place when the ``Pairs`` is made
+    (``cuMemHostRegister``, sources that share a page of memory as one range: the rest
+    of those pages is page-locked with them) until it is gone. So write a source for the
+    next step only once the stream has passed the step's copies
+    (``torch.cuda.current_stream().synchronize()``, or an event), as after
+    ``copy_(non_blocking=True)``; a loop that synchronises every step, or double-buffers
+    its inputs, already does. While the ``Pairs`` lives, torch sees those sources as
+    page-locked (``is_pinned()``); a second ``Pairs`` (or a ``copy_into``) given them
+    shares the registration, which lasts until every one of them is gone. Memory
+    another library page-locked in place can make the registration fail: a
+    ``RuntimeError`` then. Binding in place costs about one copy of the pageable
+    sources, once.
     """
 
-    def __init__(self, dst, src, /, *, pinned_in_place=False):
+    def __init__(self, dst, src, /, *, in_place=False):
         bufs = dst if isinstance(dst, Buffers) else Buffers(dst)
         self._torch = bufs._torch
-        self._native = _native.Pairs(
-            bufs._native, bufs._sources(src), pinned_in_place=bool(pinned_in_place)
-        )
+        self._native = _native.Pairs(bufs._native, bufs._sources(src), in_place=bool(in_place))
 
     def __len__(self):
         return len(self._native)

@@ -63,7 +63,7 @@ pub(crate) fn check_source_side(
 /// `min_bytes` and torch says so, so that pinlane reads it in place (the device, after the
 /// call returns): copies it straight from its memory, or has the scatter kernel read it
 /// where the device maps it. Smaller ones are staged, and torch is not asked. `copy_into`
-/// and `Pairs` pass [`DIRECT_MIN_BYTES`]; `Pairs(..., pinned_in_place=True)` 0.
+/// and `Pairs` pass [`DIRECT_MIN_BYTES`]; `Pairs(..., in_place=True)` 0.
 pub(crate) fn mark_if_pinned(
     s: &Bound<'_, PyAny>,
     dl: &mut Managed,

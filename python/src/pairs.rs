@@ -8,7 +8,7 @@
 
 use crate::into::{bad_in, check_source_side, mark_if_pinned, Dst, Targets, DIRECT_MIN_BYTES};
 use crate::torch::{self, Torch};
-use pinlane::Tensor;
+use pinlane::{Device, Tensor};
 use pyo3::intern;
 use pyo3::prelude::*;
 
@@ -30,14 +30,17 @@ pub(crate) struct Pairs {
 impl Pairs {
     /// Binds `srcs[i]` to destination `i` of `targets`: CPU sources when the destinations
     /// are CUDA tensors, CUDA sources of one device when they are CPU tensors. Every pair
-    /// has the same dtype and byte size. `pinned_in_place`: every page-locked CPU source
-    /// is read in place by the device (else those under 64 KiB are staged at each copy).
+    /// has the same dtype and byte size. `in_place` (H2D): every CPU source is read in
+    /// place by the device, after `copy` returns: page-locked ones where they are,
+    /// pageable ones page-locked in place now (`Tensor::register_pinned_many`; the
+    /// registration ends with the `Pairs`). Else pageable sources and page-locked ones
+    /// under 64 KiB are staged at each copy.
     #[new]
-    #[pyo3(signature = (targets, srcs, *, pinned_in_place=false))]
+    #[pyo3(signature = (targets, srcs, *, in_place=false))]
     fn new(
         targets: Bound<'_, Targets>,
         srcs: Vec<Bound<'_, PyAny>>,
-        pinned_in_place: bool,
+        in_place: bool,
     ) -> PyResult<Pairs> {
         let t = targets.get();
         if srcs.len() != t.outs.len() {
@@ -64,7 +67,7 @@ impl Pairs {
                      pinlane copies (use Buffers.copy_from, which leaves it to torch)",
                 ));
             };
-            let pinned_min = if pinned_in_place { 0 } else { DIRECT_MIN_BYTES };
+            let pinned_min = if in_place { 0 } else { DIRECT_MIN_BYTES };
             let src = import(&torch, k, s, t.h2d, pinned_min, &mut device)?;
             if src.dtype() != d.dtype() || src.nbytes() != d.nbytes() {
                 return Err(bad_in(
@@ -89,6 +92,16 @@ impl Pairs {
                 "Pairs: internal error: no CUDA device after the pairs were checked",
             ));
         };
+        if in_place && t.h2d {
+            // The pageable sources' memory page-locked where it is (those sharing pages as
+            // one range); the page-locked ones come back as they are.
+            ins = Tensor::register_pinned_many(&ins, Device::cuda(device)).map_err(|e| {
+                pyo3::exceptions::PyRuntimeError::new_err(format!(
+                    "Pairs(in_place=True): page-locking the sources in place failed: {e} \
+                     (memory another library page-locked in place may overlap them)"
+                ))
+            })?;
+        }
         Ok(Pairs {
             targets: targets.unbind(),
             ins,

@@ -550,7 +550,7 @@ pub(crate) fn to_pinlane(dl: Managed) -> PyResult<Tensor> {
     // so torch's writes between calls break no assumption of pinlane's. `Pairs` keeps its
     // sources across calls too, and the caller writes them between calls: pinlane reads
     // a source only inside `copy()` (the host fill, which ends in the call) or, for a
-    // page-locked one of 64 KiB or more (of any size with `pinned_in_place`), by the
+    // page-locked one of 64 KiB or more (any source, with `in_place`), by the
     // device after it (its documented contract:
     // not written until the stream has passed the copies), and keeps nothing read from
     // one between calls (no cache of bytes or checksums), so those writes break no

@@ -3,6 +3,9 @@
 checked against eager execution, D2H into CPU tensors, custom streams, torch's fallback
 dtypes, and bad input refused with the destinations unchanged."""
 
+import gc
+import time
+
 import pytest
 
 import pinlane
@@ -206,15 +209,15 @@ def test_buffers_check_once_and_copy_every_step(torch):
         nb.copy_from([torch.rand(1024), torch.zeros(512, dtype=torch.int64)])
 
 
-@pytest.mark.parametrize("pinned", [False, True, "in place"])
-def test_pairs_copy_their_sources_as_they_are_at_each_step(torch, pinned):
+@pytest.mark.parametrize("pinned,in_place", [(False, False), (True, False), (False, True), (True, True)])
+def test_pairs_copy_their_sources_as_they_are_at_each_step(torch, pinned, in_place):
     # Bound once; each step writes the same host tensors in place, and the copy takes
-    # what they hold then (a 64 KiB page-locked source, or with pinned_in_place every
-    # page-locked one, is read by the device after copy() returns, so the step waits for
-    # the stream before writing it again).
-    host = _inputs(torch, 0, bool(pinned))
+    # what they hold then (a 64 KiB page-locked source, or with in_place every source,
+    # is read by the device after copy() returns, so the step waits for the stream
+    # before writing it again).
+    host = _inputs(torch, 0, pinned)
     buf, dst, places = _statics(torch, host, skew=1)
-    step = pinlane.Pairs(dst, host, pinned_in_place=(pinned == "in place"))
+    step = pinlane.Pairs(dst, host, in_place=in_place)
     assert len(step) == len(host)
     for n in range(6):
         new = _inputs(torch, n, pinned)
@@ -233,18 +236,20 @@ def test_pairs_copy_their_sources_as_they_are_at_each_step(torch, pinned):
     assert torch.equal(buf.cpu(), _expected(torch, buf, new, places, fill=0))
 
 
-def test_pairs_pinned_in_place_read_small_page_locked_sources_on_the_device(torch):
-    # With pinned_in_place, a small page-locked source is read where it is, by the device
-    # once the stream reaches the copy: a write made after copy() returns, while the
-    # stream is still busy before it, is what arrives. Without it, the source is staged at
-    # copy() and its bytes then arrive. Pageable sources are staged either way.
+def test_pairs_in_place_read_their_sources_on_the_device(torch):
+    # With in_place, every source is read where it is, by the device once the stream
+    # reaches the copy: a write made after copy() returns, while the stream is still busy
+    # before it, is what arrives. Without it, pageable and small page-locked sources are
+    # staged at copy() and their bytes then arrive.
     host = {
-        "ids": torch.zeros(256, dtype=torch.int64).pin_memory(),  # 2 KiB
-        "lens": torch.zeros(16, dtype=torch.int32),
+        "ids": torch.zeros(256, dtype=torch.int64).pin_memory(),  # 2 KiB, page-locked
+        "lens": torch.zeros(16, dtype=torch.int32),  # pageable, beside others in the heap
+        "pos": torch.zeros(16, dtype=torch.int32),
+        "mask": torch.zeros(70_000, dtype=torch.uint8),  # pageable, over several pages
     }
     buf, dst, places = _statics(torch, host)
     for in_place in (False, True):
-        step = pinlane.Pairs(dst, host, pinned_in_place=in_place)
+        step = pinlane.Pairs(dst, host, in_place=in_place)
         for v in host.values():
             v.fill_(1)
         torch.cuda._sleep(50_000_000)  # ~25 ms on torch's current stream, where the copy goes
@@ -252,8 +257,32 @@ def test_pairs_pinned_in_place_read_small_page_locked_sources_on_the_device(torc
         for v in host.values():
             v.fill_(2)  # the stream has not reached the copy yet
         torch.cuda.synchronize()
-        assert dst["lens"].cpu().tolist() == [1] * 16, in_place
-        assert dst["ids"].cpu().tolist() == [2 if in_place else 1] * 256, in_place
+        for k, v in dst.items():
+            assert v.cpu().unique().tolist() == [2 if in_place else 1], (in_place, k)
+    # While `step` lives, torch sees its pageable sources as page-locked; a second Pairs
+    # bound in place to them shares the registration, which outlives `step`: the second
+    # still reads them in place, correctly, once `step` is gone.
+    assert host["mask"].is_pinned()
+    second = pinlane.Pairs(dst, host, in_place=True)
+    del step
+    gc.collect()
+    for v in host.values():
+        v.fill_(3)
+    torch.cuda._sleep(50_000_000)
+    second.copy()
+    for v in host.values():
+        v.fill_(4)
+    torch.cuda.synchronize()
+    assert all(v.cpu().unique().tolist() == [4] for v in dst.values())
+    del second
+    gc.collect()
+    torch.cuda.synchronize()
+    # The last step's owners go back once pinlane sees it done (at most 5 ms pending).
+    pinlane._native.settle(5.0)
+    deadline = time.monotonic() + 2.0
+    while host["mask"].is_pinned() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not host["mask"].is_pinned(), "the registration ends with the last Pairs"
 
 
 def test_pairs_d2h_into_cpu_tensors(torch):
