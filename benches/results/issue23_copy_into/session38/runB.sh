@@ -1,0 +1,18 @@
+#!/bin/bash
+# Run B (session 38), at the code after Pairs(in_place=True) (pageable sources page-locked
+# in place at binding by Tensor::register_pinned_many, page-locked ones read as they are)
+# and the in-place reads of mapped page-locked imports: the GPU checks
+# (benches/gpu_verify.sh), then benches/copy_into.py with the old wheel (.gpu/ab/old:
+# 247d2b2) and the new one in turn, three processes each.
+cd "$(dirname "$0")/../../../.."
+FINAL=$OUT; OUT=/tmp/rb; mkdir -p $OUT
+trap 'tar czf $FINAL/runB.tar.gz -C /tmp rb' EXIT
+bash benches/gpu_verify.sh $OUT
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site_old .gpu/ab/old/*.whl || exit 1
+for i in 1 2 3; do
+  for v in old new; do
+    P=/tmp/site; [ $v = old ] && P=/tmp/site_old
+    PYTHONPATH=$P PYTHONUNBUFFERED=1 timeout 150 python3 benches/copy_into.py --reps 300 --json $OUT/copy_into_${v}$i.json > $OUT/copy_into_${v}$i.txt 2>&1
+    echo "$v$i rc=$?"; grep -E "^\| [0-9]" $OUT/copy_into_${v}$i.txt | cut -c1-250
+  done
+done
