@@ -565,7 +565,9 @@ class Pairs:
     ``copy_(non_blocking=True)``; a loop that synchronises every step, or double-buffers
     its inputs, already does. While the ``Pairs`` lives, torch sees those sources as
     page-locked (``is_pinned()``); a second ``Pairs`` (or a ``copy_into``) given them
-    shares the registration, which lasts until every one of them is gone. Memory
+    shares the registration, which lasts until every one of them is gone; torch's own
+    ``copy_(non_blocking=True)`` of such a source does not hold it, so let those copies
+    finish before the last ``Pairs`` goes. Memory
     another library page-locked in place can make the registration fail: a
     ``RuntimeError`` then. Binding in place costs about one copy of the pageable
     sources, once.
