@@ -334,3 +334,36 @@ fn a_slot_freed_by_a_closed_arena_wakes_a_waiting_lease() {
         "slept {slept:?}, got a slot: {got}"
     );
 }
+
+/// The driver maps host memory for kernels by registration: two registrations with a
+/// hole between them (or side by side) are not one readable range, though their first and
+/// last bytes are each mapped; one registration is (`CU_POINTER_ATTRIBUTE_BUFFER_ID`).
+#[test]
+fn host_memory_is_mapped_in_place_only_within_one_registration() {
+    setup();
+    const PAGE: usize = 4096;
+    let mut buf = vec![0u8; 5 * PAGE];
+    let base = buf.as_mut_ptr();
+    let o = (base as usize).next_multiple_of(PAGE) - base as usize;
+    let at = |k: usize| base.wrapping_add(o + k * PAGE);
+    let ctx = driver::bind(0).unwrap();
+    for k in [0, 2, 3] {
+        // SAFETY: a page of `buf`, which outlives the registration (ended below).
+        unsafe { driver::host_register(&ctx, at(k), PAGE) }.unwrap();
+    }
+    let mapped = |from: *mut u8, len: usize| driver::host_mapped_in_place(&ctx, from, len);
+    assert!(mapped(at(0), PAGE), "one registration");
+    assert!(mapped(at(0).wrapping_add(100), 1), "one byte");
+    assert!(!mapped(at(0), 0), "no bytes");
+    assert!(
+        !mapped(at(1).wrapping_sub(64), PAGE + 128),
+        "into the unregistered page"
+    );
+    assert!(!mapped(at(0), 3 * PAGE), "across the hole");
+    assert!(!mapped(at(2), 2 * PAGE), "two registrations side by side");
+    for k in [0, 2, 3] {
+        // SAFETY: registered above; nothing reads it.
+        unsafe { driver::host_unregister(&ctx, at(k)) }.unwrap();
+    }
+    drop(buf);
+}

@@ -382,8 +382,8 @@ impl Tensor {
     /// # Errors
     /// [`Error::NotOnHost`] for a device tensor; [`Error::NoCuda`],
     /// [`Error::DeviceUnavailable`]; the driver's error (`cuMemHostRegister`: memory
-    /// overlapping another owner's live registration, say). On an error nothing new is
-    /// left registered.
+    /// overlapping another owner's live registration, say, or one that another thread is
+    /// making or ending at that moment). On an error nothing new is left registered.
     ///
     /// ```no_run
     /// use pinlane::{Device, Tensor};
@@ -424,7 +424,9 @@ impl Tensor {
         crate::driver::require("register_pinned_many")?;
         crate::driver::check_device(device.ordinal())?;
         // SAFETY: each span is the bytes of a host buffer whose clone is its owner, kept
-        // by the registration until it has ended.
+        // by the block its view comes from (the group's registration, until it has ended;
+        // or the view of a live registration) while that block lives; pinlane tensors
+        // never change their bytes.
         let views = unsafe { memory::register_many(&spans, owners, device.ordinal()) }?;
         for (k, view) in at.into_iter().zip(views) {
             let t = &tensors[k];

@@ -199,3 +199,74 @@ fn the_driver_registers_disjoint_ranges_of_one_page_and_refuses_overlaps() {
     let whole = Tensor::register_pinned_many(&[a, b, over], dev).unwrap();
     assert!(whole.iter().all(|t| t.location() == Location::Pinned));
 }
+
+/// What `host_mapped_in_place` relies on, on the real driver, for memory that another
+/// library registered (cudarc here: not on pinlane's registry): an import inside one
+/// registration is read in place by the kernel (the driver answers
+/// `CU_POINTER_ATTRIBUTE_BUFFER_ID` for registered memory); one across two registrations
+/// with an unregistered page between them is copied (read in place, the kernel would
+/// fault on the middle page); both land right.
+#[test]
+fn imports_are_read_in_place_only_within_one_registration_of_the_driver() {
+    use cudarc::driver::sys;
+    use pinlane::dlpark::ffi::DLDeviceType;
+    use pinlane::dlpark::versioned::Dlpack;
+    use pinlane::{transfer_tensor_h2d_into, IntoOptions};
+    require_gpu!();
+    let _serial = config();
+    const PAGE: usize = 4096;
+    let dev = common::dev();
+    let ctx = cudarc::driver::CudaContext::new(dev.ordinal()).unwrap();
+    ctx.bind_to_thread().unwrap();
+    let mut buf: Vec<u8> = (0..5 * PAGE).map(|i| (i * 13 % 251) as u8).collect();
+    let base = buf.as_mut_ptr();
+    let o = (base as usize).next_multiple_of(PAGE) - base as usize;
+    let at = |k: usize| base.wrapping_add(o + k * PAGE);
+    for k in [0, 2] {
+        // SAFETY: a page of `buf`, which outlives the registration (ended below); the
+        // primary context is current.
+        let res = unsafe {
+            sys::cuMemHostRegister_v2(
+                at(k).cast(),
+                PAGE,
+                sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP,
+            )
+        };
+        assert_eq!(res, sys::CUresult::CUDA_SUCCESS);
+    }
+    let claimed = |r: std::ops::Range<usize>| {
+        // SAFETY: `buf` outlives every tensor over it and is not written meanwhile.
+        let t = unsafe { Tensor::from_host_ptr(buf[r.clone()].as_ptr(), DType::U8, [r.len()], ()) }
+            .unwrap();
+        let raw = t.to_dlpack().unwrap().into_raw();
+        // SAFETY: `raw` is the capsule just made, owned here alone.
+        unsafe { (*raw).dl_tensor.device.device_type = DLDeviceType::CUDAHOST };
+        // SAFETY: a valid capsule, ownership taken back.
+        Tensor::from_dlpack(unsafe { Dlpack::from_raw(raw) }.unwrap()).unwrap()
+    };
+    for (r, inside) in [
+        (o + 256..o + PAGE, true),
+        (o + PAGE - 64..o + 2 * PAGE + 64, false),
+    ] {
+        let src = vec![claimed(r.clone())];
+        let zeros = Tensor::from_vec(vec![0u8; r.len()], [r.len()]).unwrap();
+        let dst = transfer_tensor_h2d(&vec![zeros]).unwrap();
+        transfer_tensor_h2d_into(&src, &dst, &IntoOptions::default())
+            .unwrap()
+            .wait()
+            .unwrap();
+        let s = pinlane::observe::last_transfer_stats().unwrap();
+        assert_eq!(
+            s.mapped_bytes,
+            if inside { r.len() } else { 0 },
+            "{r:?}: {s:?}"
+        );
+        let back = transfer_tensor_d2h(&dst, &D2hOptions::default()).unwrap();
+        assert_eq!(back[0].as_bytes().unwrap(), &buf[r.clone()], "{r:?}");
+    }
+    for k in [0, 2] {
+        // SAFETY: registered above; the copies that read it were waited for.
+        let res = unsafe { sys::cuMemHostUnregister(at(k).cast()) };
+        assert_eq!(res, sys::CUresult::CUDA_SUCCESS);
+    }
+}

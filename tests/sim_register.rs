@@ -139,9 +139,15 @@ fn tensors_sharing_pages_are_registered_together() {
     // One registration for the first three (they share pages), one for the fourth.
     assert!(pinned[0].same_allocation(&pinned[2]) && !pinned[0].same_allocation(&pinned[3]));
     // Registering them again, alone or together, gives views of the live registrations
-    // (the driver would refuse a second registration of their bytes).
+    // (the driver would refuse a second registration of their bytes): the same memory.
     let again = Tensor::register_pinned_many(&[parts[1].clone(), parts[3].clone()], D0).unwrap();
-    assert!(again[0].same_allocation(&pinned[1]) && again[1].same_allocation(&pinned[3]));
+    for (a, p) in again.iter().zip([&pinned[1], &pinned[3]]) {
+        assert_eq!(a.location(), Location::Pinned);
+        assert_eq!(
+            a.as_bytes().unwrap().as_ptr(),
+            p.as_bytes().unwrap().as_ptr()
+        );
+    }
     // Page-locked and empty tensors come back as they are; device tensors are refused.
     let empty = Tensor::from_vec(Vec::<u8>::new(), [0]).unwrap();
     let same = Tensor::register_pinned_many(&[pinned[0].clone(), empty.clone()], D0).unwrap();
@@ -213,4 +219,122 @@ fn an_import_of_registered_memory_keeps_the_registration() {
     );
     drop((import, dst));
     assert!(host.register_pinned(D0).is_ok(), "gone with the import");
+}
+
+/// An owner whose drops are counted.
+struct Counted(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Three pages of bytes at a page boundary, kept for the whole test (the tensors over it
+/// are given their own owners, whose drops are what the tests watch).
+fn page_aligned(pages: usize) -> (Vec<u8>, usize) {
+    const PAGE: usize = 4096;
+    let buf: Vec<u8> = (0..(pages + 1) * PAGE)
+        .map(|i| (i * 13 % 251) as u8)
+        .collect();
+    let o = (buf.as_ptr() as usize).next_multiple_of(PAGE) - buf.as_ptr() as usize;
+    (buf, o)
+}
+
+/// A u8 tensor over `buf[r]` owned by `owner` (the buffer outlives it).
+fn over<O: Send + Sync + 'static>(buf: &[u8], r: std::ops::Range<usize>, owner: O) -> Tensor {
+    // SAFETY: the test keeps `buf` alive and unwritten past every tensor over it.
+    unsafe { Tensor::from_host_ptr(buf[r.clone()].as_ptr(), DType::U8, [r.len()], owner) }.unwrap()
+}
+
+/// A group's registration takes in the bytes between its buffers, which may belong to
+/// another allocation: registered later, that allocation's tensor becomes a view of the
+/// group's registration, and the view must keep that allocation's own owner alive (the
+/// registration holds only its members').
+#[test]
+fn a_view_of_a_live_registration_keeps_its_own_owner() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use std::sync::Arc;
+    common::sim();
+    let (buf, o) = page_aligned(1);
+    let drops = Arc::new(AtomicUsize::new(0));
+    let (a, b) = (
+        over(&buf, o..o + 100, ()),
+        over(&buf, o + 3000..o + 3100, ()),
+    );
+    // Between a and b on their page: another allocation's bytes.
+    let c = over(&buf, o + 1000..o + 1100, Counted(drops.clone()));
+    let group = Tensor::register_pinned_many(&[a.clone(), b.clone()], D0).unwrap();
+    drop((a, b));
+    let view = Tensor::register_pinned_many(std::slice::from_ref(&c), D0).unwrap();
+    assert_eq!(view[0].location(), Location::Pinned);
+    assert_eq!(view[0], c);
+    drop(c);
+    assert_eq!(drops.load(SeqCst), 0, "the view holds c's owner");
+    drop(group);
+    assert_eq!(drops.load(SeqCst), 0, "and the registration");
+    let on = transfer_tensor_h2d(&view).unwrap();
+    let back = transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap();
+    assert_eq!(back[0].as_bytes().unwrap(), &buf[o + 1000..o + 1100]);
+    let refused = |t: &Tensor| {
+        matches!(t.register_pinned(D0), Err(Error::Driver { error, .. })
+            if error.name() == "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED")
+    };
+    let whole = over(&buf, o..o + 4096, ());
+    assert!(refused(&whole), "the view keeps the group's registration");
+    drop((view, on, back));
+    assert_eq!(drops.load(SeqCst), 1, "dropped once, with the view");
+    assert!(
+        whole.register_pinned(D0).is_ok(),
+        "and the registration ended"
+    );
+}
+
+/// An import called page-locked that lies across two registrations of pinlane's, with
+/// memory nobody registered between them: its first and last bytes are mapped, the
+/// middle is not, so the kernel must not read it in place (the simulator fails a kernel
+/// that reads unmapped memory); nor an import over part of a registration it does not
+/// hold. Both are copied, and land right.
+#[test]
+fn imports_across_or_around_registrations_are_not_read_in_place() {
+    use pinlane::dlpark::ffi::DLDeviceType;
+    use pinlane::dlpark::versioned::Dlpack;
+    common::sim();
+    const PAGE: usize = 4096;
+    let (buf, o) = page_aligned(3);
+    let first = over(&buf, o..o + PAGE, ()).register_pinned(D0).unwrap();
+    let last = over(&buf, o + 2 * PAGE..o + 3 * PAGE, ())
+        .register_pinned(D0)
+        .unwrap();
+    let claimed = |r: std::ops::Range<usize>| {
+        let raw = over(&buf, r, ()).to_dlpack().unwrap().into_raw();
+        // SAFETY: `raw` is the capsule just made, owned here alone.
+        unsafe { (*raw).dl_tensor.device.device_type = DLDeviceType::CUDAHOST };
+        // SAFETY: a valid capsule, ownership taken back.
+        Tensor::from_dlpack(unsafe { Dlpack::from_raw(raw) }.unwrap()).unwrap()
+    };
+    for r in [
+        o + PAGE - 64..o + 2 * PAGE + 64, // across the unregistered page
+        o + PAGE - 64..o + PAGE + 64,     // the end of one, then unregistered memory
+        o + 256..o + PAGE,                // inside one: read in place, holding it
+    ] {
+        let src = vec![claimed(r.clone())];
+        let inside = r.end <= o + PAGE;
+        let dst = transfer_tensor_h2d(&vec![
+            Tensor::from_vec(vec![0u8; r.len()], [r.len()]).unwrap()
+        ])
+        .unwrap();
+        for _ in 0..2 {
+            transfer_tensor_h2d_into(&src, &dst, &IntoOptions::default())
+                .unwrap()
+                .wait()
+                .unwrap();
+            let s = pinlane::observe::last_transfer_stats().unwrap();
+            let mapped = if inside { r.len() } else { 0 };
+            assert_eq!(s.mapped_bytes, mapped, "{r:?}: {s:?}");
+            let back = transfer_tensor_d2h(&dst, &D2hOptions::default()).unwrap();
+            assert_eq!(back[0].as_bytes().unwrap(), &buf[r.clone()], "{r:?}");
+        }
+    }
+    drop((first, last));
 }

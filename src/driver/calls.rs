@@ -78,28 +78,44 @@ pub(crate) unsafe fn host_unregister(_ctx: &ContextGuard, p: *mut u8) -> Result<
     })
 }
 
+/// `cuMemHostRegister`'s answer for memory that overlaps a live registration
+/// (`CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`), for a refusal made before asking it.
+pub(crate) fn already_registered() -> Result<()> {
+    check(
+        "cuMemHostRegister",
+        sys::CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED,
+    )
+}
+
 /// Whether kernels of the current context may read the `len` bytes of host memory at `p`
-/// at that same address: the driver maps them for the device there
-/// (`cuPointerGetAttribute`'s `CU_POINTER_ATTRIBUTE_DEVICE_POINTER`, asked of the first
-/// and the last byte). `false` for memory the driver does not map for the device (not
+/// at that same address: the driver maps the first and the last byte for the device
+/// there (`cuPointerGetAttribute`'s `CU_POINTER_ATTRIBUTE_DEVICE_POINTER`), and both lie
+/// in one allocation or registration (`CU_POINTER_ATTRIBUTE_BUFFER_ID`), so every byte
+/// between them is mapped too (two registrations side by side, or with a hole between
+/// them, are not one). `false` for memory the driver does not map for the device (not
 /// page-locked, or registered without a device mapping), maps at another address, or
 /// when the driver fails to answer; `false` for `len == 0`.
 pub(crate) fn host_mapped_in_place(_ctx: &ContextGuard, p: *const u8, len: usize) -> bool {
-    let maps_here = |at: u64| {
-        let mut dev: DevicePtr = 0;
-        // SAFETY: out-pointer to a live local of the attribute's type (a CUdeviceptr); the
-        // driver only looks the address up, it reads no memory there; a context is current.
-        let res = unsafe {
-            super::api::cuPointerGetAttribute(
-                (&mut dev as *mut DevicePtr).cast(),
-                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_POINTER,
-                at,
-            )
-        };
-        res == sys::CUresult::CUDA_SUCCESS && dev == at
+    let ask = |attr: sys::CUpointer_attribute, at: u64| {
+        // Both attributes asked are 64-bit: a CUdeviceptr, and an unsigned long long.
+        let mut out: u64 = 0;
+        // SAFETY: out-pointer to a live local of the attribute's type; the driver only
+        // looks the address up, it reads no memory there; a context is current.
+        let res =
+            unsafe { super::api::cuPointerGetAttribute((&mut out as *mut u64).cast(), attr, at) };
+        (res == sys::CUresult::CUDA_SUCCESS).then_some(out)
     };
-    let first = p as u64;
-    len > 0 && maps_here(first) && maps_here(first.wrapping_add(len as u64 - 1))
+    use sys::CUpointer_attribute::{
+        CU_POINTER_ATTRIBUTE_BUFFER_ID as BUFFER, CU_POINTER_ATTRIBUTE_DEVICE_POINTER as MAPS,
+    };
+    let Some(last_off) = (len as u64).checked_sub(1) else {
+        return false;
+    };
+    let (first, last) = (p as u64, (p as u64).wrapping_add(last_off));
+    let maps_here = |at: u64| ask(MAPS, at) == Some(at);
+    maps_here(first)
+        && maps_here(last)
+        && (first == last || ask(BUFFER, first).is_some_and(|id| ask(BUFFER, last) == Some(id)))
 }
 
 /// Allocates `nbytes` (> 0) of device memory from pinlane's pool of `device`, ready in

@@ -174,7 +174,9 @@ pub(crate) fn import<M: ManagedTensorBase>(
             })
         }
         DLDeviceType::CUDAHOST => {
-            // SAFETY: as above; the producer says the memory is page-locked.
+            // SAFETY: as above; the producer says the memory is page-locked (for as long as
+            // the capsule holds it: the DLPack contract of `kDLCUDAHost`). Registrations
+            // of pinlane's are tracked by the block itself (`PinnedBlock::foreign`).
             let block =
                 unsafe { PinnedBlock::foreign(addr as usize as *mut u8, nbytes, owner, writable) };
             Storage::Pinned(PinnedBuf::view(&block, 0, nbytes)?)

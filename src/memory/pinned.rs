@@ -59,11 +59,14 @@ enum Release {
     },
     /// Drop the owner that keeps it page-locked and alive (with the block). `writable`:
     /// copies into existing tensors may write it (the importer took it as writable).
+    /// `registration`: pinlane's live registration that holds all of it, kept alive with
+    /// the block (memory pinlane page-locked in place, imported or registered again).
     /// `mapped_on`: what the driver said of kernels reading it in place, per device
     /// ([`PinnedBlock::foreign_mapped`]).
     Foreign {
         _owner: Box<dyn Send + Sync>,
         writable: bool,
+        registration: Option<Arc<PinnedBlock>>,
         mapped_on: AtomicU64,
     },
     /// Memory of `owner`'s, page-locked in place (`cuMemHostRegister`): unregistered under
@@ -102,12 +105,15 @@ impl PinnedBlock {
         })
     }
 
-    /// Whether a kernel may read the block at its host address (see [`PinnedBuf::mapped`]).
+    /// Whether a kernel may read the block at its host address (see [`PinnedBuf::mapped`]):
+    /// memory pinlane allocated or registered (device-mapped and portable), or memory
+    /// inside such a registration that the block holds.
     fn mapped(&self) -> bool {
-        matches!(
-            self.release,
-            Release::Free { .. } | Release::Pool { .. } | Release::Registered { .. }
-        )
+        match &self.release {
+            Release::Free { .. } | Release::Pool { .. } | Release::Registered { .. } => true,
+            Release::Foreign { registration, .. } => registration.is_some(),
+            Release::Nothing => false,
+        }
     }
 
     /// The address of byte `offset` (writes through it are the caller's to make safe).
@@ -115,13 +121,17 @@ impl PinnedBlock {
         self.ptr.0.wrapping_add(offset)
     }
 
-    /// Page-locked memory that `owner` keeps alive: `len` bytes at `ptr`.
+    /// Page-locked memory that `owner` keeps alive: `len` bytes at `ptr`. Memory inside a
+    /// live registration of pinlane's (torch's `is_pinned()` says true for it too) holds
+    /// that registration while the block lives.
     ///
     /// # Safety
     /// 1. `ptr..ptr+len` is page-locked (or at least readable) host memory that stays
-    ///    valid and unchanged until `owner` is dropped; memory page-locked now stays
-    ///    page-locked until then (kernels may be told to read it in place:
-    ///    [`PinnedBlock::foreign_mapped`]).
+    ///    valid and unchanged until `owner` is dropped; memory that another owner than
+    ///    pinlane page-locked now stays page-locked until then (kernels may be told to read
+    ///    it in place: [`PinnedBlock::foreign_mapped`]). Registrations of pinlane's are
+    ///    pinlane's to track: the block holds the one it lies in, and is never read in
+    ///    place through one it does not hold.
     /// 2. Dropping `owner` is what releases it, and may happen on any thread.
     pub(crate) unsafe fn foreign(
         ptr: *mut u8,
@@ -129,35 +139,59 @@ impl PinnedBlock {
         owner: Box<dyn Send + Sync>,
         writable: bool,
     ) -> Arc<PinnedBlock> {
-        // Memory inside a registration of pinlane's (torch's `is_pinned()` says true for
-        // it too): the block keeps the registration alive while it lives, and the device
-        // maps it (registered device-mapped and portable: every device's bits say so).
-        let (owner, mapped_on): (Box<dyn Send + Sync>, u64) = match covering(ptr as usize, len) {
-            Some((registration, _)) => (Box::new((owner, registration)), u64::MAX),
-            None => (owner, 0),
-        };
+        let registration = covering(ptr as usize, len).map(|(block, _)| block);
+        // SAFETY: the caller's obligations; `registration` holds all of the range.
+        unsafe { PinnedBlock::foreign_in(ptr, len, owner, writable, registration) }
+    }
+
+    /// As [`PinnedBlock::foreign`], with pinlane's registration that holds the range (if
+    /// any) already looked up.
+    ///
+    /// # Safety
+    /// As [`PinnedBlock::foreign`]; `registration`, when given, holds all of
+    /// `ptr..ptr+len`.
+    pub(crate) unsafe fn foreign_in(
+        ptr: *mut u8,
+        len: usize,
+        owner: Box<dyn Send + Sync>,
+        writable: bool,
+        registration: Option<Arc<PinnedBlock>>,
+    ) -> Arc<PinnedBlock> {
         Arc::new(PinnedBlock {
             ptr: HostPtr(ptr),
             len,
             release: Release::Foreign {
                 _owner: owner,
                 writable,
-                mapped_on: AtomicU64::new(mapped_on),
+                registration,
+                mapped_on: AtomicU64::new(0),
             },
             filling: Ranges::default(),
         })
     }
 
     /// Whether kernels of `ctx`'s device may read this block of another owner's (a DLPack
-    /// import of `kDLCUDAHost`) at its host address: the driver maps it for the device
-    /// there ([`driver::host_mapped_in_place`]). Asked once per device (of the first 32;
-    /// later ones at every call) and remembered: the owner keeps the memory page-locked
-    /// for the block's life. `false` for pinlane's own blocks, which
-    /// [`PinnedBlock::mapped`] answers.
+    /// import of `kDLCUDAHost`) at its host address. Inside a registration of pinlane's
+    /// that the block holds: yes (registered device-mapped, portable). Overlapping one it
+    /// does not hold (a part of one, or memory across two): no, whatever the driver says
+    /// now, for that registration may end while the block lives. Otherwise the driver
+    /// answers ([`driver::host_mapped_in_place`]: mapped at the same address, one
+    /// allocation from the first byte to the last), asked once per device (of the first
+    /// 32; later ones at every call) and remembered: the owner keeps that memory
+    /// page-locked for the block's life (obligation 1 of [`PinnedBlock::foreign`]).
+    /// `false` for pinlane's own blocks, which [`PinnedBlock::mapped`] answers.
     fn foreign_mapped(&self, ctx: &ContextGuard) -> bool {
-        let Release::Foreign { mapped_on, .. } = &self.release else {
+        let Release::Foreign {
+            mapped_on,
+            registration,
+            ..
+        } = &self.release
+        else {
             return false;
         };
+        if registration.is_some() {
+            return true;
+        }
         let d = ctx.device();
         // Two bits a device: asked, and the answer.
         let bits = (d < 32).then(|| (1u64 << (2 * d), 1u64 << (2 * d + 1)));
@@ -167,7 +201,19 @@ impl PinnedBlock {
                 return known & yes != 0;
             }
         }
+        // pinlane's registrations are on the registry from before the driver makes them
+        // until after it has ended them, so one that made the driver say yes is seen by
+        // one of the two looks, unless it was both made and ended between them; and it
+        // could not have been made over memory that another owner keeps page-locked
+        // (the driver refuses that). Not remembered: it may end while the block lives.
+        let (at, len) = (self.ptr.0 as usize, self.len);
+        if overlaps_live(at, len) {
+            return false;
+        }
         let mapped = driver::host_mapped_in_place(ctx, self.ptr.0, self.len);
+        if overlaps_live(at, len) {
+            return false;
+        }
         if let Some((asked, yes)) = bits {
             mapped_on.fetch_or(asked | if mapped { yes } else { 0 }, Ordering::Relaxed);
         }
@@ -253,9 +299,10 @@ impl Drop for PinnedBlock {
             Release::Registered { device, owner } => {
                 let device = *device;
                 let ptr = self.ptr.0;
-                // Out of the registry first: no reader can take the block from there any
-                // more (its weak reference no longer upgrades) once it is dropping.
-                forget(ptr as usize);
+                // No reader takes the block from the registry any more (its weak
+                // reference no longer upgrades once it is dropping); its entry stays until
+                // the driver has ended the registration, so that nothing reads the memory
+                // in place through it meanwhile (`PinnedBlock::foreign_mapped`).
                 let r = driver::bind(device).and_then(|ctx| {
                     // SAFETY: registered by `register` and not since unregistered; copies
                     // that read it were proven complete before any tensor over it could
@@ -263,7 +310,10 @@ impl Drop for PinnedBlock {
                     unsafe { driver::host_unregister(&ctx, ptr) }
                 });
                 match r {
-                    Ok(()) => drop(owner.take()),
+                    Ok(()) => {
+                        forget(ptr as usize);
+                        drop(owner.take());
+                    }
                     Err(e) => {
                         // Still registered: freeing the memory under a registration is
                         // unknown ground, so the owner is kept (leaked) instead.
@@ -333,9 +383,15 @@ pub(crate) unsafe fn register(
     owner: Box<dyn Send + Sync>,
 ) -> Result<Arc<PinnedBlock>> {
     let ctx = driver::bind(device)?;
+    let start = ptr as usize;
+    // On the registry before the driver registers it (see `PinnedBlock::foreign_mapped`).
+    reserve(start, len)?;
     // SAFETY: the caller's obligation keeps the range allocated until `owner` drops,
     // which the block does only after unregistering it.
-    unsafe { driver::host_register(&ctx, ptr.cast_mut(), len) }?;
+    if let Err(e) = unsafe { driver::host_register(&ctx, ptr.cast_mut(), len) } {
+        forget(start);
+        return Err(e);
+    }
     let block = Arc::new(PinnedBlock {
         ptr: HostPtr(ptr.cast_mut()),
         len,
@@ -345,22 +401,27 @@ pub(crate) unsafe fn register(
         },
         filling: Ranges::default(),
     });
-    record(ptr as usize, len, &block);
+    record(start, len, &block);
     Ok(block)
 }
 
-// The registry of live registrations (`register` records, the block's drop forgets).
+// The registry of live registrations (`register` reserves and records, the block's drop
+// forgets).
 //
 // Memory pinlane registered is page-locked for others too: torch's `is_pinned()` says so,
 // and a DLPack import of it as `kDLCUDAHost` may be read in place by the device. Such a
 // reader must keep the registration alive while it reads, or the device would read
-// memory no longer mapped for it. So every registration pinlane makes is recorded here
-// (process-wide, as the driver's registrations are), by address, until its block drops:
-// an import of memory inside one holds its block (`covering`, in `PinnedBlock::foreign`),
-// and a new registration of memory inside one takes a view of it instead
-// (`registration::register_many`).
+// memory no longer mapped for it. So every registration pinlane makes is on this registry
+// (process-wide, as the driver's registrations are), by address, from before the driver
+// makes it until after the driver has ended it: an import of memory inside one holds its
+// block (`covering`, in `PinnedBlock::foreign`), an import overlapping one it does not
+// hold is never read in place (`overlaps_live`, in `PinnedBlock::foreign_mapped`), and a
+// new registration of memory inside one takes a view of it instead
+// (`registration::register_many`). Entries never overlap (`reserve` refuses, as the
+// driver would).
 
-/// A live registration: its length, and the block that ends it when dropped.
+/// A live registration: its length, and the block that ends it when dropped (none yet
+/// while the driver is registering it; none that upgrades once the block is dropping).
 type Live = (usize, Weak<PinnedBlock>);
 
 /// pinlane's live registrations, by start address.
@@ -370,27 +431,54 @@ fn live() -> std::sync::MutexGuard<'static, BTreeMap<usize, Live>> {
     LIVE.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Records a registration of `len` bytes at `start` that `block` holds (made by
-/// [`register`]), until [`forget`].
+/// The entry of `map` that overlaps `addr..addr + len` (entries never overlap, so only
+/// the last one starting before the range's end can), as (start, length, block).
+fn overlapping(map: &BTreeMap<usize, Live>, addr: usize, len: usize) -> Option<(usize, &Live)> {
+    let end = addr.saturating_add(len.max(1));
+    let (&start, live) = map.range(..end).next_back()?;
+    (start.saturating_add(live.0) > addr).then_some((start, live))
+}
+
+/// Puts `len` bytes at `start` on the registry before the driver registers them.
+///
+/// # Errors
+/// The driver's `CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED` (as `cuMemHostRegister` would
+/// answer) when they overlap a live registration of pinlane's.
+fn reserve(start: usize, len: usize) -> Result<()> {
+    let mut map = live();
+    if overlapping(&map, start, len).is_some() {
+        return driver::already_registered();
+    }
+    map.insert(start, (len, Weak::new()));
+    Ok(())
+}
+
+/// Records the block that holds the registration reserved at `start`, until [`forget`].
 fn record(start: usize, len: usize, block: &Arc<PinnedBlock>) {
     live().insert(start, (len, Arc::downgrade(block)));
 }
 
-/// Ends the record of the registration at `start` (its block is dropping).
+/// Ends the record of the registration at `start` (the driver has ended it, or never
+/// made it).
 fn forget(start: usize) {
     live().remove(&start);
 }
 
 /// The live registration of pinlane's holding all of `len` bytes at `addr`, and where they
-/// start in it; `None` when there is none (or it is being dropped).
+/// start in it; `None` when there is none (or it is being made or dropped).
 pub(crate) fn covering(addr: usize, len: usize) -> Option<(Arc<PinnedBlock>, usize)> {
     let map = live();
-    let (&start, (n, block)) = map.range(..=addr).next_back()?;
-    let end = addr.checked_add(len)?;
-    if end > start.saturating_add(*n) {
+    let (start, (n, block)) = overlapping(&map, addr, len)?;
+    if addr < start || addr.checked_add(len)? > start.saturating_add(*n) {
         return None;
     }
     block.upgrade().map(|b| (b, addr - start))
+}
+
+/// Whether any of `len` bytes at `addr` lies in a registration of pinlane's that the
+/// driver may hold now (live, being made, or being ended).
+fn overlaps_live(addr: usize, len: usize) -> bool {
+    overlapping(&live(), addr, len).is_some()
 }
 
 /// A page-locked block of its own (freed on drop), for measurements.

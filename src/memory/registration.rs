@@ -14,10 +14,12 @@
 //! around them.
 //!
 //! Memory inside a live registration of pinlane's (an earlier call's) is not registered
-//! again (the driver would refuse it): it becomes a view of that registration (see the
-//! registry in `pinned.rs`).
+//! again (the driver would refuse it): it becomes a block that holds that registration
+//! and its own owner (see the registry in `pinned.rs`). The owner matters: a group's range
+//! may take in the bytes of other allocations between its buffers, which the group's
+//! registration does not keep alive.
 
-use super::pinned::{covering, register, PinnedBuf};
+use super::pinned::{covering, register, PinnedBlock, PinnedBuf};
 use crate::error::Result;
 use std::sync::Arc;
 
@@ -76,9 +78,10 @@ pub(crate) fn group_by_page(spans: &[(usize, usize)], page: usize) -> Vec<Group>
 /// Page-locks the host buffers `spans` (`(address, length)`, lengths > 0) in place, for
 /// every context, mapped for the devices (`cuMemHostRegister` under `device`'s context):
 /// one registration per group of buffers that share pages ([`group_by_page`]); a buffer
-/// inside a live registration of pinlane's becomes a view of it instead. Returns a
-/// page-locked view of each buffer, in order; a group's registration ends when the last
-/// view of it drops, and then its owners drop. On an error nothing new stays registered.
+/// inside a live registration of pinlane's becomes a view of it instead, holding that
+/// registration and the buffer's own owner. Returns a page-locked view of each buffer, in
+/// order; a group's registration ends when the last view of it (or of memory inside it)
+/// drops, and then its members' owners drop. On an error nothing new stays registered.
 ///
 /// # Safety
 /// Each span is host memory that `owners[i]` keeps allocated while it lives (so its pages
@@ -95,8 +98,9 @@ pub(crate) unsafe fn register_many(
     // refuse a second registration). The rest is registered by groups.
     let mut rest = Vec::with_capacity(addrs.len());
     for (i, &(at, n)) in addrs.iter().enumerate() {
-        match covering(at, n) {
-            Some((block, off)) => views[i] = Some(PinnedBuf::view(&block, off, n)?),
+        // SAFETY: the caller's obligation for span `i`.
+        match unsafe { view_of_live(at, n, &owners[i]) } {
+            Some(view) => views[i] = Some(view?),
             None => rest.push(i),
         }
     }
@@ -110,8 +114,10 @@ pub(crate) unsafe fn register_many(
         let (start, len) = (g.start as *const u8, g.end - g.start);
         // SAFETY: every page of `start..start + len` holds bytes of a member span
         // (group_by_page), which `kept` keeps allocated until the block has unregistered
-        // the range; the bytes between the spans are read by nobody (only the views
-        // below are handed out).
+        // the range; the bytes between the spans (which may be other allocations) are
+        // read by nobody through this block: its views are its members' spans, and memory
+        // between them registered again later becomes a view that holds its own owner
+        // (`view_of_live`).
         match unsafe { register(start, len, device, Box::new(kept)) } {
             Ok(block) => {
                 for &i in &g.members {
@@ -121,10 +127,17 @@ pub(crate) unsafe fn register_many(
             }
             // The bytes between the spans may be another registration's (the driver
             // refuses a range that overlaps one, not one that only shares its pages):
-            // each span alone.
+            // each span alone. The span's own error is the call's (the group's said
+            // only that some byte of its range was taken).
             Err(_) if g.members.len() > 1 => {
                 for &i in &g.members {
                     let (at, n) = addrs[i];
+                    // The same buffer twice in the list: registered a moment ago.
+                    // SAFETY: the caller's obligation for span `i`.
+                    if let Some(view) = unsafe { view_of_live(at, n, &owners[i]) } {
+                        views[i] = Some(view?);
+                        continue;
+                    }
                     let owner = Box::new(owners[i].clone());
                     // SAFETY: the span's own bytes, which its owner keeps allocated until
                     // the block has unregistered them.
@@ -144,6 +157,34 @@ pub(crate) unsafe fn register_many(
             })
         })
         .collect()
+}
+
+/// A page-locked view of the `n` bytes at `at` when they lie inside a live registration
+/// of pinlane's: a block that holds the registration and `owner` (the registration keeps
+/// only its own members' owners alive, and the span may be another allocation that lies
+/// between them). `None` when no live registration holds them all.
+///
+/// # Safety
+/// `at..at + n` is host memory that `owner` keeps allocated, unchanged by pinlane's
+/// writes, while it lives.
+unsafe fn view_of_live(
+    at: usize,
+    n: usize,
+    owner: &Arc<dyn Send + Sync>,
+) -> Option<Result<PinnedBuf>> {
+    let (registration, _) = covering(at, n)?;
+    // SAFETY: the caller's obligation keeps the bytes allocated while `owner` lives; the
+    // registration, held by the block, keeps them page-locked; not writable.
+    let block = unsafe {
+        PinnedBlock::foreign_in(
+            at as *mut u8,
+            n,
+            Box::new(owner.clone()),
+            false,
+            Some(registration),
+        )
+    };
+    Some(PinnedBuf::view(&block, 0, n))
 }
 
 #[cfg(test)]

@@ -311,21 +311,37 @@ impl Sim {
         }
     }
 
-    /// Only `CU_POINTER_ATTRIBUTE_DEVICE_POINTER`, as the driver answers it: the address
-    /// itself for memory a kernel may read there (device memory; page-locked host memory
-    /// on a device that maps it, see [`Memory::kernel_readable`]), else
-    /// `CUDA_ERROR_INVALID_VALUE`.
+    /// `CU_POINTER_ATTRIBUTE_DEVICE_POINTER`, as the driver answers it: the address itself
+    /// for memory a kernel may read there (device memory; page-locked host memory on a
+    /// device that maps it, see [`Memory::kernel_readable`]), else
+    /// `CUDA_ERROR_INVALID_VALUE`; and `CU_POINTER_ATTRIBUTE_BUFFER_ID`
+    /// ([`Memory::buffer_id`]). Other attributes are not modelled: asking fails.
     pub(crate) unsafe fn cuPointerGetAttribute(
         &self,
         data: *mut c_void,
         attr: sys::CUpointer_attribute,
         ptr: sys::CUdeviceptr,
     ) -> CUresult {
-        if data.is_null() || attr != sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_POINTER {
+        use sys::CUpointer_attribute::{
+            CU_POINTER_ATTRIBUTE_BUFFER_ID, CU_POINTER_ATTRIBUTE_DEVICE_POINTER,
+        };
+        if data.is_null() {
             return CUresult::CUDA_ERROR_INVALID_VALUE;
         }
         if CTX.try_with(|c| c.borrow().is_empty()).unwrap_or(true) {
             return CUresult::CUDA_ERROR_INVALID_CONTEXT;
+        }
+        if attr == CU_POINTER_ATTRIBUTE_BUFFER_ID {
+            let Some(id) = lock(&self.mem).buffer_id(ptr) else {
+                return CUresult::CUDA_ERROR_INVALID_VALUE;
+            };
+            // SAFETY: out-pointer of the attribute's type (an unsigned long long), per the
+            // contract.
+            unsafe { *data.cast::<u64>() = id };
+            return OK;
+        }
+        if attr != CU_POINTER_ATTRIBUTE_DEVICE_POINTER {
+            return CUresult::CUDA_ERROR_INVALID_VALUE;
         }
         if !lock(&self.mem).kernel_readable(ptr, 1, self.cfg.host_mapped) {
             return CUresult::CUDA_ERROR_INVALID_VALUE;

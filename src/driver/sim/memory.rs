@@ -103,6 +103,25 @@ impl Memory {
         host_mapped && (self.covers(addr, n) || registered)
     }
 
+    /// `CU_POINTER_ATTRIBUTE_BUFFER_ID` of the byte at `addr`: one id per registration and
+    /// per live allocation (its start address, registrations marked by the top bit), none
+    /// for memory the driver does not know.
+    pub(super) fn buffer_id(&self, addr: u64) -> Option<u64> {
+        let registered = self
+            .registered
+            .range(..=addr)
+            .next_back()
+            .filter(|(&s, &(len, _))| addr - s < len as u64)
+            .map(|(&s, _)| s | 1 << 63);
+        registered.or_else(|| {
+            self.live
+                .range(..=addr)
+                .next_back()
+                .filter(|(&s, r)| addr - s < r.len.max(1) as u64)
+                .map(|(&s, _)| s)
+        })
+    }
+
     pub(super) fn bury(&mut self, r: Region) {
         r.poison(POISON_FREED);
         self.dead_bytes += r.len;
