@@ -554,12 +554,17 @@ class Pairs:
       copies (as with ``copy_(non_blocking=True)``); smaller and pageable sources are in
       pinlane's staging memory by the time ``copy`` returns.
 
-    ``in_place=True`` (CPU to CUDA) extends the last rule to every source: the device reads each where
-    it is, with no host copy into pinlane's staging memory at each step (one kernel
-    launch reads them all). Page-locked sources (``pin_memory()``) are read as they are;
-    pageable ones are page-locked in place when the ``Pairs`` is made
-    (``cuMemHostRegister``, sources that share a page of memory as one range: the rest
-    of those pages is page-locked with them) until it is gone. So write a source for the
+    ``in_place=True`` (CPU to CUDA; a ``ValueError`` for CUDA sources) extends the last
+    rule to every source: the device reads each where it is, with no host copy into
+    pinlane's staging memory at each step (the step's one kernel launch reads those under
+    4 MiB, larger ones take a copy of their own). Page-locked sources (``pin_memory()``)
+    are read as they are; pageable ones are page-locked in place when the ``Pairs`` is
+    made (``cuMemHostRegister``, sources that share a page of memory as one range: the
+    rest of those pages is page-locked with them, and torch's ``is_pinned()`` says so of
+    other tensors there too while the ``Pairs`` lives) until it is gone. A source under
+    64 KiB that the kernel cannot read at full speed (its address or its destination's
+    not a multiple of 16 bytes), or on a device that does not map host memory, is still
+    staged at each ``copy``. So write a source for the
     next step only once the stream has passed the step's copies
     (``torch.cuda.current_stream().synchronize()``, or an event), as after
     ``copy_(non_blocking=True)``; a loop that synchronises every step, or double-buffers

@@ -72,8 +72,12 @@ pub(crate) fn mark_if_pinned(
     if torch::nbytes(dl) >= min_bytes.max(1)
         && s.call_method0(intern!(s.py(), "is_pinned"))?.is_truthy()?
     {
-        // SAFETY: torch says the memory is page-locked (allocated by, or registered with,
-        // CUDA), for as long as `dl` holds the tensor's storage.
+        // SAFETY: torch says the memory is page-locked now. Page-locked by torch's
+        // allocator, it stays so while `dl` holds the tensor's storage; by a registration
+        // of pinlane's, the import holds that registration, or is never read in place
+        // through it (`PinnedBlock::foreign`); by the program's own `cudaHostRegister`,
+        // keeping it registered while pinlane may read it is the program's part (the
+        // package's README says so).
         unsafe { torch::mark_page_locked(dl) };
     }
     Ok(())

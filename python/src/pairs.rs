@@ -55,6 +55,12 @@ impl Pairs {
                 "Pairs: no tensors to copy",
             ));
         };
+        if in_place && !t.h2d {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "Pairs: in_place=True is for CPU sources into CUDA destinations (device to \
+                 host copies always write their destinations where they are)",
+            ));
+        }
         let torch = Torch::of(first)?;
         let mut device = t.device;
         let (mut ins, mut outs) = (Vec::with_capacity(srcs.len()), Vec::new());

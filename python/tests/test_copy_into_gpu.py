@@ -325,6 +325,9 @@ def test_pairs_refuse_what_cannot_be_read_in_place(torch):
     for dst, s, msg in cases:
         with pytest.raises(ValueError, match=msg):
             pinlane.Pairs(dst, s)
+    # in_place says how CPU sources are read: meaningless for CUDA sources.
+    with pytest.raises(ValueError, match="in_place=True is for CPU sources"):
+        pinlane.Pairs([torch.zeros(256, dtype=torch.int32)], [a], in_place=True)
     # Overlapping destinations: found at the copy, before anything is queued.
     step = pinlane.Pairs([a, buf[512:1536].view(torch.int32)], [src, src])
     with pytest.raises(ValueError, match="overlap"):
