@@ -103,7 +103,7 @@ route! {
     fn cuMemFreeHost(p: *mut c_void);
     fn cuMemHostRegister_v2(p: *mut c_void, n: usize, flags: c_uint);
     fn cuMemHostUnregister(p: *mut c_void);
-    fn cuPointerGetAttribute(data: *mut c_void, attr: sys::CUpointer_attribute, ptr: sys::CUdeviceptr);
+    fn cuPointerGetAttributes(n: c_uint, attrs: *mut sys::CUpointer_attribute, data: *mut *mut c_void, ptr: sys::CUdeviceptr);
     fn cuMemPoolCreate(pool: *mut sys::CUmemoryPool, props: *const sys::CUmemPoolProps);
     fn cuMemPoolSetAttribute(pool: sys::CUmemoryPool, attr: sys::CUmemPool_attribute, v: *mut c_void);
     fn cuMemPoolGetAttribute(pool: sys::CUmemoryPool, attr: sys::CUmemPool_attribute, v: *mut c_void);

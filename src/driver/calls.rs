@@ -89,33 +89,43 @@ pub(crate) fn already_registered() -> Result<()> {
 
 /// Whether kernels of the current context may read the `len` bytes of host memory at `p`
 /// at that same address: the driver maps the first and the last byte for the device
-/// there (`cuPointerGetAttribute`'s `CU_POINTER_ATTRIBUTE_DEVICE_POINTER`), and both lie
-/// in one allocation or registration (`CU_POINTER_ATTRIBUTE_BUFFER_ID`), so every byte
-/// between them is mapped too (two registrations side by side, or with a hole between
-/// them, are not one). `false` for memory the driver does not map for the device (not
-/// page-locked, or registered without a device mapping), maps at another address, or
-/// when the driver fails to answer; `false` for `len == 0`.
+/// there (`CU_POINTER_ATTRIBUTE_DEVICE_POINTER`), and both lie in one allocation or
+/// registration (`CU_POINTER_ATTRIBUTE_BUFFER_ID`), so every byte between them is mapped
+/// too (two registrations side by side, or with a hole between them, are not one). One
+/// `cuPointerGetAttributes` call per end. `false` for memory the driver does not map for
+/// the device (not page-locked, or registered without a device mapping), maps at another
+/// address, or when the driver fails to answer; `false` for `len == 0`.
 pub(crate) fn host_mapped_in_place(_ctx: &ContextGuard, p: *const u8, len: usize) -> bool {
-    let ask = |attr: sys::CUpointer_attribute, at: u64| {
-        // Both attributes asked are 64-bit: a CUdeviceptr, and an unsigned long long.
-        let mut out: u64 = 0;
-        // SAFETY: out-pointer to a live local of the attribute's type; the driver only
-        // looks the address up, it reads no memory there; a context is current.
-        let res =
-            unsafe { super::api::cuPointerGetAttribute((&mut out as *mut u64).cast(), attr, at) };
-        (res == sys::CUresult::CUDA_SUCCESS).then_some(out)
-    };
-    use sys::CUpointer_attribute::{
-        CU_POINTER_ATTRIBUTE_BUFFER_ID as BUFFER, CU_POINTER_ATTRIBUTE_DEVICE_POINTER as MAPS,
+    // (device pointer, buffer id) of the byte at `at`: 0 for either where the driver has
+    // none (cuPointerGetAttributes answers an unknown address with zeros, not an error).
+    let ask = |at: u64| -> Option<(u64, u64)> {
+        let mut attrs = [
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_POINTER,
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_BUFFER_ID,
+        ];
+        // Both 64-bit: a CUdeviceptr, and an unsigned long long.
+        let (mut dev, mut id) = (0u64, 0u64);
+        let mut data: [*mut std::ffi::c_void; 2] =
+            [(&mut dev as *mut u64).cast(), (&mut id as *mut u64).cast()];
+        // SAFETY: two attributes, each with an out-pointer to a live local of its type;
+        // the driver only looks the address up, it reads no memory there; a context is
+        // current.
+        let res = unsafe {
+            super::api::cuPointerGetAttributes(2, attrs.as_mut_ptr(), data.as_mut_ptr(), at)
+        };
+        (res == sys::CUresult::CUDA_SUCCESS).then_some((dev, id))
     };
     let Some(last_off) = (len as u64).checked_sub(1) else {
         return false;
     };
     let (first, last) = (p as u64, (p as u64).wrapping_add(last_off));
-    let maps_here = |at: u64| ask(MAPS, at) == Some(at);
-    maps_here(first)
-        && maps_here(last)
-        && (first == last || ask(BUFFER, first).is_some_and(|id| ask(BUFFER, last) == Some(id)))
+    let Some((dev, id)) = ask(first) else {
+        return false;
+    };
+    if dev != first || id == 0 {
+        return false;
+    }
+    first == last || ask(last) == Some((last, id))
 }
 
 /// Allocates `nbytes` (> 0) of device memory from pinlane's pool of `device`, ready in

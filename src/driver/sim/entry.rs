@@ -311,43 +311,50 @@ impl Sim {
         }
     }
 
-    /// `CU_POINTER_ATTRIBUTE_DEVICE_POINTER`, as the driver answers it: the address itself
-    /// for memory a kernel may read there (device memory; page-locked host memory on a
-    /// device that maps it, see [`Memory::kernel_readable`]), else
-    /// `CUDA_ERROR_INVALID_VALUE`; and `CU_POINTER_ATTRIBUTE_BUFFER_ID`
-    /// ([`Memory::buffer_id`]). Other attributes are not modelled: asking fails.
-    pub(crate) unsafe fn cuPointerGetAttribute(
+    /// As the driver answers `cuPointerGetAttributes` (zeros, not an error, for an address
+    /// it does not know): `CU_POINTER_ATTRIBUTE_DEVICE_POINTER`, the address itself for
+    /// memory a kernel may read there (device memory; page-locked host memory on a device
+    /// that maps it, see [`Memory::kernel_readable`]), else 0; and
+    /// `CU_POINTER_ATTRIBUTE_BUFFER_ID` ([`Memory::buffer_id`]), else 0. Other attributes
+    /// are not modelled: asking for one fails.
+    pub(crate) unsafe fn cuPointerGetAttributes(
         &self,
-        data: *mut c_void,
-        attr: sys::CUpointer_attribute,
+        n: c_uint,
+        attrs: *mut sys::CUpointer_attribute,
+        data: *mut *mut c_void,
         ptr: sys::CUdeviceptr,
     ) -> CUresult {
         use sys::CUpointer_attribute::{
             CU_POINTER_ATTRIBUTE_BUFFER_ID, CU_POINTER_ATTRIBUTE_DEVICE_POINTER,
         };
-        if data.is_null() {
+        if attrs.is_null() || data.is_null() {
             return CUresult::CUDA_ERROR_INVALID_VALUE;
         }
         if CTX.try_with(|c| c.borrow().is_empty()).unwrap_or(true) {
             return CUresult::CUDA_ERROR_INVALID_CONTEXT;
         }
-        if attr == CU_POINTER_ATTRIBUTE_BUFFER_ID {
-            let Some(id) = lock(&self.mem).buffer_id(ptr) else {
+        let mem = lock(&self.mem);
+        for k in 0..n as usize {
+            // SAFETY: `n` attributes and out-pointers (the contract).
+            let (attr, out) = unsafe { (*attrs.add(k), *data.add(k)) };
+            let value = if attr == CU_POINTER_ATTRIBUTE_DEVICE_POINTER {
+                if mem.kernel_readable(ptr, 1, self.cfg.host_mapped) {
+                    ptr
+                } else {
+                    0
+                }
+            } else if attr == CU_POINTER_ATTRIBUTE_BUFFER_ID {
+                mem.buffer_id(ptr).unwrap_or(0)
+            } else {
                 return CUresult::CUDA_ERROR_INVALID_VALUE;
             };
-            // SAFETY: out-pointer of the attribute's type (an unsigned long long), per the
-            // contract.
-            unsafe { *data.cast::<u64>() = id };
-            return OK;
+            if out.is_null() {
+                return CUresult::CUDA_ERROR_INVALID_VALUE;
+            }
+            // SAFETY: both attributes modelled are 64-bit (a CUdeviceptr, an unsigned long
+            // long); `out` points to one (the contract).
+            unsafe { *out.cast::<u64>() = value };
         }
-        if attr != CU_POINTER_ATTRIBUTE_DEVICE_POINTER {
-            return CUresult::CUDA_ERROR_INVALID_VALUE;
-        }
-        if !lock(&self.mem).kernel_readable(ptr, 1, self.cfg.host_mapped) {
-            return CUresult::CUDA_ERROR_INVALID_VALUE;
-        }
-        // SAFETY: out-pointer of the attribute's type (a CUdeviceptr), per the contract.
-        unsafe { *data.cast::<sys::CUdeviceptr>() = ptr };
         OK
     }
 
