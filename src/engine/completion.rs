@@ -286,9 +286,10 @@ fn recycle(done: Event) {
 }
 
 /// Releases, on the calling thread, what its own oldest calls on stream `key` used, for
-/// those (at most [`REAP_MAX`]) whose events completed without error: a lazy call makes
-/// this before it leases a staging slot, so a serving loop's last step's slot is back in
-/// the ring for this one. It stops at a stream's oldest call that is another thread's,
+/// those (at most [`REAP_MAX`]) whose events completed without error: a copy into
+/// existing tensors makes this once its own copies are queued (or before it leases, when
+/// it finds no staging slot free), so a serving loop's last step's slot is back in the
+/// ring for the next one. It stops at a stream's oldest call that is another thread's,
 /// not done, or failed: the completion thread takes those (a failure of a dropped handle
 /// is recorded there for the device's next call on any thread). Events are asked with
 /// the queues unlocked (see [`run`]); a job is taken only if it is still its stream's

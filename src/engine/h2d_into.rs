@@ -120,10 +120,6 @@ pub(crate) fn transfer<B: Batch>(src: &B, dst: &B, opts: &IntoOptions) -> Result
     )?;
     driver::deferred::surface(device)?;
     let stream = stream_for(opts, device)?;
-    // This thread's earlier calls on the stream that are done give back their slots
-    // before this one leases.
-    completion::reap(stream.key());
-    super::trace::mark("reaped");
     let views: Vec<&DeviceView> = pairs
         .iter()
         .map(|p| device_view(p.1))
@@ -153,6 +149,11 @@ pub(crate) fn transfer<B: Batch>(src: &B, dst: &B, opts: &IntoOptions) -> Result
     let mut job = InFlight::new(stream.clone());
     let total = pairs.iter().map(|p| p.0.nbytes()).sum();
     let mut call = Call::new(&ctx, device, &rt, pairs.len(), total);
+    // This thread's earlier calls on the stream that are done give back their slots once
+    // this one's copies are queued (before it leases, if it finds no slot free): a
+    // serving loop's device then starts on the step without waiting for the release
+    // (about 1.5 us, most of it asking the driver whether the last step is done).
+    call.reap = Some(stream.key());
     // The destinations stay alive until the copies have run (their memory must not be
     // freed under them), and so do the sources the device may still read.
     let keep = || {
@@ -163,6 +164,8 @@ pub(crate) fn transfer<B: Batch>(src: &B, dst: &B, opts: &IntoOptions) -> Result
         return Err(job.abort(e, keep));
     }
     super::trace::mark("submitted");
+    completion::reap(stream.key());
+    super::trace::mark("reaped");
     let pending = completion::detach(job, device, keep, Wake::Lazy)?;
     super::trace::mark("detached");
     record_stats(call.stats);

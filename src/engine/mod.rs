@@ -247,6 +247,10 @@ struct Call<'a> {
     /// The runtime the call started with: its pools and settings for every step.
     rt: &'a crate::runtime::Runtime,
     stats: TransferStats,
+    /// The stream whose earlier calls of this thread give their staging slots back when
+    /// the call finds no slot free ([`completion::reap`]): set by copies into existing
+    /// tensors, which otherwise release them after queueing their own copies.
+    reap: Option<(usize, usize)>,
 }
 
 impl<'a> Call<'a> {
@@ -267,6 +271,7 @@ impl<'a> Call<'a> {
                 bytes,
                 ..TransferStats::default()
             },
+            reap: None,
         }
     }
 }
@@ -304,7 +309,19 @@ fn lease_slots(call: &Call, job: &mut InFlight, n_windows: usize) -> Result<usiz
     let arena = &call.rt.arena;
     let pipeline_slots = call.rt.settings().pipeline_slots;
     if job.leases.is_empty() {
-        if let Some(first) = arena.lease(call.ctx, true)? {
+        let first = match call.reap {
+            // No slot free: the thread's done calls on the stream give theirs back first
+            // (a one-slot arena's is the last step's), rather than this call waiting.
+            Some(key) => match arena.lease(call.ctx, false)? {
+                Some(l) => Some(l),
+                None => {
+                    completion::reap(key);
+                    arena.lease(call.ctx, true)?
+                }
+            },
+            None => arena.lease(call.ctx, true)?,
+        };
+        if let Some(first) = first {
             job.leases.push(first);
         }
     }
