@@ -187,12 +187,34 @@ fn the_driver_registers_disjoint_ranges_of_one_page_and_refuses_overlaps() {
     let rb = b
         .register_pinned(dev)
         .expect("a disjoint range of the same page");
-    match over.register_pinned(dev) {
-        Err(pinlane::Error::Driver { error, .. }) => {
-            assert_eq!(error.name(), "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED")
-        }
-        other => panic!("an overlapping range: expected the driver's refusal, got {other:?}"),
+    // The driver itself (pinlane refuses overlaps of its own registrations before asking
+    // it), through cudarc.
+    let ctx = cudarc::driver::CudaContext::new(dev.ordinal()).unwrap();
+    ctx.bind_to_thread().unwrap();
+    let at = over.as_bytes().unwrap().as_ptr().cast_mut();
+    // SAFETY: memory of `buf`, alive for the whole test; the driver refuses the call (else
+    // it is unregistered just below).
+    let res = unsafe {
+        cudarc::driver::sys::cuMemHostRegister_v2(
+            at.cast(),
+            over.nbytes(),
+            cudarc::driver::sys::CU_MEMHOSTREGISTER_PORTABLE,
+        )
+    };
+    if res == cudarc::driver::sys::CUresult::CUDA_SUCCESS {
+        // SAFETY: registered just above.
+        unsafe { cudarc::driver::sys::cuMemHostUnregister(at.cast()) };
     }
+    assert_eq!(
+        res,
+        cudarc::driver::sys::CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED,
+        "an overlapping range"
+    );
+    assert!(
+        matches!(over.register_pinned(dev), Err(pinlane::Error::Driver { error, .. })
+            if error.name() == "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED"),
+        "pinlane refuses it with the driver's error"
+    );
     let many = Tensor::register_pinned_many(&[a.clone(), b.clone()], dev).unwrap();
     // Views of the live registrations (the driver would refuse to register them again):
     // the same memory.

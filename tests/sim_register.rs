@@ -320,6 +320,13 @@ fn imports_across_or_around_registrations_are_not_read_in_place() {
     ] {
         let src = vec![claimed(r.clone())];
         let inside = r.end <= o + PAGE;
+        // Overlapping registrations it cannot hold, the import is taken as pageable.
+        let want = if inside {
+            Location::Pinned
+        } else {
+            Location::Host
+        };
+        assert_eq!(src[0].location(), want, "{r:?}");
         let dst = transfer_tensor_h2d(&vec![
             Tensor::from_vec(vec![0u8; r.len()], [r.len()]).unwrap()
         ])
@@ -337,4 +344,41 @@ fn imports_across_or_around_registrations_are_not_read_in_place() {
         }
     }
     drop((first, last));
+}
+
+/// An import called page-locked whose memory pinlane registers only later (another
+/// tensor over it, `register_pinned`): the import does not hold that registration, so the
+/// device never reads it in place, neither while the registration lives (the driver then
+/// says the memory is mapped) nor after it has ended (reading it in place then would read
+/// unmapped memory: the simulator fails such a kernel).
+#[test]
+fn an_import_is_not_read_in_place_through_a_registration_it_does_not_hold() {
+    use pinlane::dlpark::ffi::DLDeviceType;
+    use pinlane::dlpark::versioned::Dlpack;
+    common::sim();
+    let (buf, o) = page_aligned(1);
+    let r = o + 256..o + 4096;
+    let raw = over(&buf, r.clone(), ()).to_dlpack().unwrap().into_raw();
+    // SAFETY: `raw` is the capsule just made, owned here alone.
+    unsafe { (*raw).dl_tensor.device.device_type = DLDeviceType::CUDAHOST };
+    // SAFETY: a valid capsule, ownership taken back.
+    let import = Tensor::from_dlpack(unsafe { Dlpack::from_raw(raw) }.unwrap()).unwrap();
+    assert_eq!(import.location(), Location::Pinned);
+    let src = vec![import];
+    let zeros = Tensor::from_vec(vec![0u8; r.len()], [r.len()]).unwrap();
+    let dst = transfer_tensor_h2d(&vec![zeros]).unwrap();
+    let step = |when: &str| {
+        transfer_tensor_h2d_into(&src, &dst, &IntoOptions::default())
+            .unwrap()
+            .wait()
+            .unwrap();
+        let s = pinlane::observe::last_transfer_stats().unwrap();
+        assert_eq!(s.mapped_bytes, 0, "{when}: {s:?}");
+        let back = transfer_tensor_d2h(&dst, &D2hOptions::default()).unwrap();
+        assert_eq!(back[0].as_bytes().unwrap(), &buf[r.clone()], "{when}");
+    };
+    let registered = over(&buf, o..o + 4096, ()).register_pinned(D0).unwrap();
+    step("the registration live");
+    drop(registered);
+    step("the registration ended");
 }

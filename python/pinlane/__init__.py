@@ -556,8 +556,9 @@ class Pairs:
 
     ``in_place=True`` (CPU to CUDA; a ``ValueError`` for CUDA sources) extends the last
     rule to every source: the device reads each where it is, with no host copy into
-    pinlane's staging memory at each step (the step's one kernel launch reads those under
-    4 MiB, larger ones take a copy of their own). Page-locked sources (``pin_memory()``)
+    pinlane's staging memory at each step (the step's one kernel launch reads most of
+    those under 4 MiB; larger ones, and one to three of 64 KiB or more with nothing small
+    beside them, take a copy of their own). Page-locked sources (``pin_memory()``)
     are read as they are; pageable ones are page-locked in place when the ``Pairs`` is
     made (``cuMemHostRegister``, sources that share a page of memory as one range: the
     rest of those pages is page-locked with them, and torch's ``is_pinned()`` says so of

@@ -74,8 +74,9 @@ pub(crate) fn mark_if_pinned(
     {
         // SAFETY: torch says the memory is page-locked now. Page-locked by torch's
         // allocator, it stays so while `dl` holds the tensor's storage; by a registration
-        // of pinlane's, the import holds that registration, or is never read in place
-        // through it (`PinnedBlock::foreign`); by the program's own `cudaHostRegister`,
+        // of pinlane's, the import holds it when it lies inside it, and is taken as
+        // pageable otherwise (one being made or ended, or covering it in part:
+        // `pinned::registered`); by the program's own `cudaHostRegister`,
         // keeping it registered while pinlane may read it is the program's part (the
         // package's README says so).
         unsafe { torch::mark_page_locked(dl) };

@@ -220,7 +220,7 @@ pub(crate) enum Wake {
     /// stream of the device, made to wait for the call's event (the caller's later work,
     /// and its synchronisation, must not wait for a host function on the driver's thread),
     /// and only once the handle is waited on. Until then the calling thread's next lazy
-    /// call on the stream ([`reap`], which that call makes before it leases anything), or
+    /// call on the stream ([`reap`], which that call makes once its copies are queued), or
     /// the completion thread once the call has been pending [`LAZY_GRACE`], finds the
     /// event done.
     Lazy,

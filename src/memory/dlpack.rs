@@ -8,7 +8,9 @@
 //! consumer's deleter runs. It reads dtypes and shapes (plain data of the tensor layer)
 //! and gives `Tensor` its parts.
 
-use super::{DeviceAlloc, DevicePtrGuard, DeviceView, HostBuf, PinnedBlock, PinnedBuf, Storage};
+use super::{
+    pinned, DeviceAlloc, DevicePtrGuard, DeviceView, HostBuf, PinnedBlock, PinnedBuf, Storage,
+};
 use crate::driver::Stream;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -174,12 +176,30 @@ pub(crate) fn import<M: ManagedTensorBase>(
             })
         }
         DLDeviceType::CUDAHOST => {
-            // SAFETY: as above; the producer says the memory is page-locked (for as long as
-            // the capsule holds it: the DLPack contract of `kDLCUDAHost`). Registrations
-            // of pinlane's are tracked by the block itself (`PinnedBlock::foreign`).
-            let block =
-                unsafe { PinnedBlock::foreign(addr as usize as *mut u8, nbytes, owner, writable) };
-            Storage::Pinned(PinnedBuf::view(&block, 0, nbytes)?)
+            let ptr = addr as usize as *mut u8;
+            match pinned::registered(ptr as usize, nbytes) {
+                // Memory pinlane is page-locking or unlocking right now, or only partly
+                // holds: it may stop being page-locked while the import lives, so it is
+                // taken as pageable (staged, never read by the device after the call).
+                pinned::Registered::Passing => Storage::Host(
+                    // SAFETY: as for a CPU tensor above.
+                    unsafe { HostBuf::from_raw_parts(ptr, nbytes, owner, writable) },
+                ),
+                inside_or_clear => {
+                    let registration = match inside_or_clear {
+                        pinned::Registered::Inside(block) => Some(block),
+                        _ => None,
+                    };
+                    // SAFETY: as above; the producer says the memory is page-locked (for
+                    // as long as the capsule holds it: the DLPack contract of
+                    // `kDLCUDAHost`); memory inside a registration of pinlane's is kept
+                    // page-locked by the block, which holds that registration.
+                    let block = unsafe {
+                        PinnedBlock::foreign_in(ptr, nbytes, owner, writable, registration)
+                    };
+                    Storage::Pinned(PinnedBuf::view(&block, 0, nbytes)?)
+                }
+            }
         }
         DLDeviceType::CUDA => {
             let ordinal = usize::try_from(device.device_id)

@@ -104,7 +104,7 @@ mod tests {
         let ptr = mem.as_mut_ptr();
         // SAFETY: `mem` (moved into the owner) keeps the 1 KiB allocated and unchanged
         // until the block drops; a Vec's buffer does not move when the Vec does.
-        unsafe { PinnedBlock::foreign(ptr, 1024, Box::new(mem), false) }
+        unsafe { PinnedBlock::foreign_in(ptr, 1024, Box::new(mem), false, None) }
     }
 
     fn read(b: &Arc<PinnedBlock>, at: usize, n: usize) -> bool {

@@ -229,7 +229,8 @@ pub(crate) unsafe fn h2d_gather_async(
         })
     });
     // SAFETY: the device maps host memory (checked above); every source is page-locked
-    // memory pinlane allocated or registered device-mapped (checked above), kept alive and
+    // memory pinlane allocated or registered device-mapped, or inside such a registration
+    // that the source's block holds (`mapped()`, checked above), kept alive and
     // unchanged by the caller until the stream is idle, which is after the slot's event;
     // `dst` is the caller's obligation; `gather_from_slot` checks each destination.
     unsafe { lease.gather_from_slot(ctx, kernel, pieces, dst, &stream) }

@@ -63,10 +63,12 @@ enum Release {
     /// the block (memory pinlane page-locked in place, imported or registered again).
     /// `mapped_on`: what the driver said of kernels reading it in place, per device
     /// ([`PinnedBlock::foreign_mapped`]).
+    /// Fields drop in order: the registration (ended if this was its last holder)
+    /// before the owner that may free the memory.
     Foreign {
+        registration: Option<Arc<PinnedBlock>>,
         _owner: Box<dyn Send + Sync>,
         writable: bool,
-        registration: Option<Arc<PinnedBlock>>,
         mapped_on: AtomicU64,
     },
     /// Memory of `owner`'s, page-locked in place (`cuMemHostRegister`): unregistered under
@@ -121,9 +123,12 @@ impl PinnedBlock {
         self.ptr.0.wrapping_add(offset)
     }
 
-    /// Page-locked memory that `owner` keeps alive: `len` bytes at `ptr`. Memory inside a
-    /// live registration of pinlane's (torch's `is_pinned()` says true for it too) holds
-    /// that registration while the block lives.
+    /// Page-locked memory of another owner's (a DLPack import of `kDLCUDAHost`) that
+    /// `owner` keeps alive: `len` bytes at `ptr`; inside `registration`, a live
+    /// registration of pinlane's (torch's `is_pinned()` says true for its memory too),
+    /// which the block then holds while it lives. The importer asks [`registered`] first:
+    /// memory that overlaps a registration of pinlane's it cannot hold is to be taken as
+    /// pageable instead.
     ///
     /// # Safety
     /// 1. `ptr..ptr+len` is page-locked (or at least readable) host memory that stays
@@ -133,23 +138,7 @@ impl PinnedBlock {
     ///    pinlane's to track: the block holds the one it lies in, and is never read in
     ///    place through one it does not hold.
     /// 2. Dropping `owner` is what releases it, and may happen on any thread.
-    pub(crate) unsafe fn foreign(
-        ptr: *mut u8,
-        len: usize,
-        owner: Box<dyn Send + Sync>,
-        writable: bool,
-    ) -> Arc<PinnedBlock> {
-        let registration = covering(ptr as usize, len).map(|(block, _)| block);
-        // SAFETY: the caller's obligations; `registration` holds all of the range.
-        unsafe { PinnedBlock::foreign_in(ptr, len, owner, writable, registration) }
-    }
-
-    /// As [`PinnedBlock::foreign`], with pinlane's registration that holds the range (if
-    /// any) already looked up.
-    ///
-    /// # Safety
-    /// As [`PinnedBlock::foreign`]; `registration`, when given, holds all of
-    /// `ptr..ptr+len`.
+    /// 3. `registration`, when given, holds all of `ptr..ptr+len`.
     pub(crate) unsafe fn foreign_in(
         ptr: *mut u8,
         len: usize,
@@ -161,9 +150,9 @@ impl PinnedBlock {
             ptr: HostPtr(ptr),
             len,
             release: Release::Foreign {
+                registration,
                 _owner: owner,
                 writable,
-                registration,
                 mapped_on: AtomicU64::new(0),
             },
             filling: Ranges::default(),
@@ -178,7 +167,7 @@ impl PinnedBlock {
     /// answers ([`driver::host_mapped_in_place`]: mapped at the same address, one
     /// allocation from the first byte to the last), asked once per device (of the first
     /// 32; later ones at every call) and remembered: the owner keeps that memory
-    /// page-locked for the block's life (obligation 1 of [`PinnedBlock::foreign`]).
+    /// page-locked for the block's life (obligation 1 of [`PinnedBlock::foreign_in`]).
     /// `false` for pinlane's own blocks, which [`PinnedBlock::mapped`] answers.
     fn foreign_mapped(&self, ctx: &ContextGuard) -> bool {
         let Release::Foreign {
@@ -203,15 +192,16 @@ impl PinnedBlock {
         }
         // pinlane's registrations are on the registry from before the driver makes them
         // until after it has ended them, so one that made the driver say yes is seen by
-        // one of the two looks, unless it was both made and ended between them; and it
-        // could not have been made over memory that another owner keeps page-locked
-        // (the driver refuses that). Not remembered: it may end while the block lives.
+        // one of the two looks, or was made between them (the registry's generation
+        // moved). Either way the answer is not remembered: that registration may end
+        // while the block lives. The looks take in the whole pages of the block's range,
+        // whatever the driver maps by.
         let (at, len) = (self.ptr.0 as usize, self.len);
-        if overlaps_live(at, len) {
+        let Some(before) = clear_of_live(at, len) else {
             return false;
-        }
+        };
         let mapped = driver::host_mapped_in_place(ctx, self.ptr.0, self.len);
-        if overlaps_live(at, len) {
+        if clear_of_live(at, len) != Some(before) {
             return false;
         }
         if let Some((asked, yes)) = bits {
@@ -414,7 +404,7 @@ pub(crate) unsafe fn register(
 // memory no longer mapped for it. So every registration pinlane makes is on this registry
 // (process-wide, as the driver's registrations are), by address, from before the driver
 // makes it until after the driver has ended it: an import of memory inside one holds its
-// block (`covering`, in `PinnedBlock::foreign`), an import overlapping one it does not
+// block (`registered`, in the DLPack import), an import overlapping one it does not
 // hold is never read in place (`overlaps_live`, in `PinnedBlock::foreign_mapped`), and a
 // new registration of memory inside one takes a view of it instead
 // (`registration::register_many`). Entries never overlap (`reserve` refuses, as the
@@ -426,6 +416,11 @@ type Live = (usize, Weak<PinnedBlock>);
 
 /// pinlane's live registrations, by start address.
 static LIVE: Mutex<BTreeMap<usize, Live>> = Mutex::new(BTreeMap::new());
+
+/// How many registrations were ever reserved: moved (under the lock of [`LIVE`]) by every
+/// [`reserve`], so two looks that read the same count saw no registration begin between
+/// them.
+static GENERATION: AtomicU64 = AtomicU64::new(0);
 
 fn live() -> std::sync::MutexGuard<'static, BTreeMap<usize, Live>> {
     LIVE.lock().unwrap_or_else(|p| p.into_inner())
@@ -450,6 +445,7 @@ fn reserve(start: usize, len: usize) -> Result<()> {
         return driver::already_registered();
     }
     map.insert(start, (len, Weak::new()));
+    GENERATION.fetch_add(1, Ordering::Relaxed); // under the lock: `clear_of_live` reads it there
     Ok(())
 }
 
@@ -475,10 +471,50 @@ pub(crate) fn covering(addr: usize, len: usize) -> Option<(Arc<PinnedBlock>, usi
     block.upgrade().map(|b| (b, addr - start))
 }
 
-/// Whether any of `len` bytes at `addr` lies in a registration of pinlane's that the
-/// driver may hold now (live, being made, or being ended).
-fn overlaps_live(addr: usize, len: usize) -> bool {
-    overlapping(&live(), addr, len).is_some()
+/// `None` when a page that any of `len` bytes at `addr` lies on holds bytes of a
+/// registration of pinlane's that the driver may hold now (live, being made, or being
+/// ended); else the registry's generation ([`GENERATION`]), read under the same lock.
+fn clear_of_live(addr: usize, len: usize) -> Option<u64> {
+    let page = super::registration::page_size();
+    let start = addr - addr % page;
+    let end = addr
+        .saturating_add(len.max(1))
+        .checked_next_multiple_of(page)
+        .unwrap_or(usize::MAX);
+    let map = live();
+    if overlapping(&map, start, end - start).is_some() {
+        return None;
+    }
+    Some(GENERATION.load(Ordering::Relaxed))
+}
+
+/// What pinlane's registry says of `len` bytes at `addr` that another owner calls
+/// page-locked (a DLPack import of `kDLCUDAHost`), see [`PinnedBlock::foreign_in`].
+pub(crate) enum Registered {
+    /// Inside a live registration of pinlane's, which the import can hold.
+    Inside(Arc<PinnedBlock>),
+    /// Clear of every registration of pinlane's.
+    Clear,
+    /// Overlapping one it cannot hold: only part of it, or one being made or ended, whose
+    /// pages may stop being page-locked while the import lives. Such memory is taken as
+    /// pageable.
+    Passing,
+}
+
+/// [`Registered`] for `len` bytes at `addr` (one look at the registry).
+pub(crate) fn registered(addr: usize, len: usize) -> Registered {
+    let map = live();
+    let Some((start, (n, block))) = overlapping(&map, addr, len) else {
+        return Registered::Clear;
+    };
+    let inside = addr >= start
+        && addr
+            .checked_add(len)
+            .is_some_and(|end| end <= start.saturating_add(*n));
+    match (inside, block.upgrade()) {
+        (true, Some(block)) => Registered::Inside(block),
+        _ => Registered::Passing,
+    }
 }
 
 /// A page-locked block of its own (freed on drop), for measurements.
@@ -556,8 +592,10 @@ impl PinnedBuf {
 
     /// Whether a kernel may read these bytes at their host address, on a device that maps
     /// host memory ([`driver::host_memory_mapped`]): memory pinlane allocated
-    /// (`cuMemHostAlloc`) or registered itself (device-mapped). Not memory another owner
-    /// page-locked (a DLPack import), which may be registered without a device mapping.
+    /// (`cuMemHostAlloc`) or registered itself (device-mapped), or memory of another
+    /// owner's inside such a registration, which its block holds. Not other memory
+    /// another owner page-locked (a DLPack import), which may be registered without a
+    /// device mapping ([`PinnedBuf::mapped_on`] asks the driver).
     pub(crate) fn mapped(&self) -> bool {
         self.mapped
     }
