@@ -185,17 +185,20 @@ pub(crate) fn import<M: ManagedTensorBase>(
                     // SAFETY: as for a CPU tensor above.
                     unsafe { HostBuf::from_raw_parts(ptr, nbytes, owner, writable) },
                 ),
-                inside_or_clear => {
-                    let registration = match inside_or_clear {
-                        pinned::Registered::Inside(block) => Some(block),
-                        _ => None,
-                    };
+                clear_or_inside => {
                     // SAFETY: as above; the producer says the memory is page-locked (for
                     // as long as the capsule holds it: the DLPack contract of
                     // `kDLCUDAHost`); memory inside a registration of pinlane's is kept
-                    // page-locked by the block, which holds that registration.
+                    // page-locked by the block, which holds that registration (all of the
+                    // range, as `registered` found).
                     let block = unsafe {
-                        PinnedBlock::foreign_in(ptr, nbytes, owner, writable, registration)
+                        PinnedBlock::foreign_in(
+                            ptr,
+                            nbytes,
+                            owner,
+                            writable,
+                            clear_or_inside.inside(),
+                        )
                     };
                     Storage::Pinned(PinnedBuf::view(&block, 0, nbytes)?)
                 }

@@ -404,10 +404,11 @@ pub(crate) unsafe fn register(
 // memory no longer mapped for it. So every registration pinlane makes is on this registry
 // (process-wide, as the driver's registrations are), by address, from before the driver
 // makes it until after the driver has ended it: an import of memory inside one holds its
-// block (`registered`, in the DLPack import), an import overlapping one it does not
-// hold is never read in place (`overlaps_live`, in `PinnedBlock::foreign_mapped`), and a
-// new registration of memory inside one takes a view of it instead
-// (`registration::register_many`). Entries never overlap (`reserve` refuses, as the
+// block, and one overlapping one it cannot hold is taken as pageable (`registered`, in the
+// DLPack import); an import is never read in place through a registration it does not
+// hold (`clear_of_live`, in `PinnedBlock::foreign_mapped`); and a new registration of
+// memory inside one takes a view of it instead (`registered`, in
+// `registration::register_many`). Entries never overlap (`reserve` refuses, as the
 // driver would).
 
 /// A live registration: its length, and the block that ends it when dropped (none yet
@@ -460,17 +461,6 @@ fn forget(start: usize) {
     live().remove(&start);
 }
 
-/// The live registration of pinlane's holding all of `len` bytes at `addr`, and where they
-/// start in it; `None` when there is none (or it is being made or dropped).
-pub(crate) fn covering(addr: usize, len: usize) -> Option<(Arc<PinnedBlock>, usize)> {
-    let map = live();
-    let (start, (n, block)) = overlapping(&map, addr, len)?;
-    if addr < start || addr.checked_add(len)? > start.saturating_add(*n) {
-        return None;
-    }
-    block.upgrade().map(|b| (b, addr - start))
-}
-
 /// `None` when a page that any of `len` bytes at `addr` lies on holds bytes of a
 /// registration of pinlane's that the driver may hold now (live, being made, or being
 /// ended); else the registry's generation ([`GENERATION`]), read under the same lock.
@@ -499,6 +489,16 @@ pub(crate) enum Registered {
     /// pages may stop being page-locked while the import lives. Such memory is taken as
     /// pageable.
     Passing,
+}
+
+impl Registered {
+    /// The registration that holds all of the range, when there is one to hold.
+    pub(crate) fn inside(self) -> Option<Arc<PinnedBlock>> {
+        match self {
+            Registered::Inside(block) => Some(block),
+            Registered::Clear | Registered::Passing => None,
+        }
+    }
 }
 
 /// [`Registered`] for `len` bytes at `addr` (one look at the registry).

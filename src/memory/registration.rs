@@ -19,7 +19,7 @@
 //! may take in the bytes of other allocations between its buffers, which the group's
 //! registration does not keep alive.
 
-use super::pinned::{covering, register, PinnedBlock, PinnedBuf};
+use super::pinned::{register, registered, PinnedBlock, PinnedBuf};
 use crate::error::Result;
 use std::sync::Arc;
 
@@ -172,9 +172,10 @@ unsafe fn view_of_live(
     n: usize,
     owner: &Arc<dyn Send + Sync>,
 ) -> Option<Result<PinnedBuf>> {
-    let (registration, _) = covering(at, n)?;
+    let registration = registered(at, n).inside()?;
     // SAFETY: the caller's obligation keeps the bytes allocated while `owner` lives; the
-    // registration, held by the block, keeps them page-locked; not writable.
+    // registration, which holds all of them (`registered` found them inside it) and which
+    // the block holds, keeps them page-locked; not writable.
     let block = unsafe {
         PinnedBlock::foreign_in(
             at as *mut u8,
