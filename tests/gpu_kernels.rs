@@ -89,3 +89,39 @@ fn small_and_large_tensors_mixed_keep_their_places() {
         );
     }
 }
+
+#[test]
+fn pieces_on_both_sides_of_each_inline_launch_size_land() {
+    require_gpu!();
+    // Up to 127 pieces the descriptors go in the launch's parameters (variants of 15, 63
+    // and 127), more are read from the staging slot. Page-locked 4 KiB sources are one
+    // piece each; odd-sized ones take the kernel's byte path. Every path that launches
+    // the kernel: copies into existing tensors, H2D's gather, D2H's gather.
+    for n in [4usize, 15, 16, 63, 64, 127, 128, 300] {
+        for odd in [0usize, 3] {
+            let src: Vec<Tensor> = (0..n)
+                .map(|i| {
+                    let len = 4096 - odd * (i % 2);
+                    common::tensor(DType::U8, &[len], (n * 10 + odd + i) as u64)
+                        .to_pinned()
+                        .unwrap()
+                })
+                .collect();
+            let (dst, buf, ranges) = common::into::destinations(&src, 0);
+            pinlane::transfer_tensor_h2d_into(&src, &dst, &pinlane::IntoOptions::default())
+                .unwrap()
+                .wait()
+                .unwrap();
+            let s = last_transfer_stats().unwrap();
+            assert_eq!(s.copies, 1, "{n} sources, one launch: {s:?}");
+            assert_eq!(
+                common::into::check_buffer(&buf, &src, &ranges),
+                Ok(()),
+                "{n} sources into place, odd {odd}"
+            );
+            let on = transfer_tensor_h2d(&src).unwrap();
+            let back = transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap();
+            assert_eq!(back, src, "{n} sources there and back, odd {odd}");
+        }
+    }
+}

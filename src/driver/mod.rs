@@ -56,7 +56,7 @@ pub(crate) use guard::ContextGuard;
 /// rebuild by the kernel tests).
 #[cfg(feature = "test-util")]
 pub use kernels::GATHER_PTX;
-pub(crate) use kernels::{launch_gather, GatherKernel, GatherPiece};
+pub(crate) use kernels::{launch_gather, GatherKernel, GatherPiece, INLINE_MAX};
 #[cfg(feature = "nvtx")]
 pub use nvtx::nvtx_loaded;
 pub use stream::{RawStream, Stream};

@@ -659,19 +659,19 @@ impl SlotLease {
             *d = p;
             n += 1;
         }
-        let count = u32::try_from(n).map_err(|_| crate::error::Error::Internal {
-            op: "gather",
-            reason: format!("{n} pieces"),
-        })?;
+        let written: *const GatherPiece = descs.as_ptr();
         let at = self.slab().ptr.0 as u64;
         // Busy before queueing: if the call fails after this, the slot is waited for.
         self.slab().busy = true;
+        // SAFETY: the first `n` descriptors of the slot, written above; this lease owns
+        // the slot, and nothing writes it while `&mut self` is held here.
+        let descs = unsafe { std::slice::from_raw_parts(written, n) };
         // SAFETY: the descriptors are in the slot, which this lease owns and nothing
         // changes until its event completes (bytes_mut waits for it), and which the kernel
         // can read at its host address (obligation 1); each destination lies inside `dst`
         // (checked above), which obligation 3 keeps alive and stream-ordered; the sources
         // are obligation 2.
-        unsafe { driver::launch_gather(ctx, kernel, at, count, dst.addr(0), stream) }?;
+        unsafe { driver::launch_gather(ctx, kernel, descs, at, dst.addr(0), stream) }?;
         self.mark_used(stream)
     }
 

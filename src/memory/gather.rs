@@ -95,26 +95,41 @@ pub(crate) unsafe fn gather_async(
         unsafe { lease.gather_from_slot(ctx, kernel, descs, &dst, &stream) }?;
         return Ok((dst, 1));
     }
-    // Without the mapping, the descriptors are copied to a device scratch buffer first.
-    {
+    // Without the mapping, the kernel cannot read the slot: its descriptors go in the
+    // launch's parameters, or (more than fit there) to a device scratch buffer first.
+    let descs: &[GatherPiece] = {
         let buf = lease.bytes_mut()?;
         let slot: &mut [GatherPiece] = bytemuck::cast_slice_mut(&mut buf[..desc_bytes]);
         for (d, p) in slot.iter_mut().zip(descs) {
             *d = p;
         }
+        slot
+    };
+    if descs.len() <= driver::INLINE_MAX {
+        // SAFETY: the descriptors go in the launch's parameters; each describes a whole
+        // view (source in range by construction) going to `off..off+len`, inside `dst`
+        // (every range was checked against `end` above); the views' producing work and
+        // lifetime are the caller's obligation; `dst` was allocated on this stream and
+        // `job` holds it. The slot was not read by the device: it stays idle.
+        unsafe { driver::launch_gather(ctx, kernel, descs, 0, dst.addr(0), &stream) }?;
+        return Ok((dst, 1));
     }
     // The scratch is freed on the copy stream itself when dropped below: after the kernel
     // that reads it, in stream order.
     let scratch = DeviceAlloc::new_async(ctx, device, desc_bytes, &stream, stream.clone())?;
+    let written: *const GatherPiece = descs.as_ptr();
     // SAFETY: `scratch` was allocated on this stream and lives until the free queued when
     // it drops, after the kernel; the lease's event covers the slot.
     unsafe { lease.h2d_window(ctx, desc_bytes, &scratch, 0, &stream) }?;
+    // SAFETY: the slot's first descriptors, written above; the lease keeps the slot, and
+    // the only use since, the copy just queued, reads it.
+    let descs = unsafe { std::slice::from_raw_parts(written, n as usize) };
     // SAFETY: the descriptors were copied into `scratch` just before on this stream; each
     // describes a whole view (source in range by construction) going to `off..off+len`,
     // inside `dst` (every range was checked against `end` above); the views'
     // producing work and lifetime are the caller's obligation; `dst` is held by `job`.
     let launched =
-        unsafe { driver::launch_gather(ctx, kernel, scratch.addr(0), n, dst.addr(0), &stream) };
+        unsafe { driver::launch_gather(ctx, kernel, descs, scratch.addr(0), dst.addr(0), &stream) };
     drop(scratch);
     launched.map(|()| (dst, 2))
 }

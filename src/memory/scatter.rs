@@ -243,7 +243,6 @@ pub(crate) unsafe fn h2d_scatter(
         )));
     };
     let base = buf.as_ptr() as u64;
-    let count = u32::try_from(n).map_err(|_| bug(format!("{n} descriptors")))?;
     // The kernel writes `dst + dst_off`: `dst` is the lowest destination it writes, each
     // offset relative to it (never a null base).
     let kernel_views = work
@@ -293,6 +292,7 @@ pub(crate) unsafe fn h2d_scatter(
     if written != n {
         return Err(bug(format!("{written} descriptors, {n} planned")));
     }
+    let descs: *const GatherPiece = slot.as_ptr();
     let mut made = 0;
     let queue = |slot_base: *const u8, slot_len: usize| -> Result<()> {
         let mut dma = Vec::with_capacity(by_dma.len());
@@ -307,24 +307,28 @@ pub(crate) unsafe fn h2d_scatter(
         // SAFETY: sources inside the slot, unchanged until its event; destinations
         // inside their views (dst_addr); the rest is the caller's obligation.
         made += unsafe { queue_h2d(ctx, dma, device, stream) }?;
+        // SAFETY: the slot's `n` descriptors, written above; nothing writes the slot
+        // while its lease queues reads of it.
+        let descs = unsafe { std::slice::from_raw_parts(descs, n) };
         // SAFETY: the descriptors are in the slot (written above), which the device reads
-        // in place through its mapping (checked above) and which stays unchanged until
-        // its event; each piece reads a range of the slot's data or of a mapped
-        // page-locked source (checked above; the caller keeps those alive) and writes
-        // `dst_base + dst_off ..+ len`, a range inside its destination (dst_addr, made
-        // relative to the lowest destination the kernel writes), whose memory the caller keeps:
-        // the pieces' ranges lie in several allocations, each one device memory.
+        // in place through its mapping (checked above) where there are too many to pass
+        // in the launch, and which stays unchanged until its event; each piece reads a
+        // range of the slot's data or of a mapped page-locked source (checked above; the
+        // caller keeps those alive) and writes `dst_base + dst_off ..+ len`, a range
+        // inside its destination (dst_addr, made relative to the lowest destination the
+        // kernel writes), whose memory the caller keeps: the pieces' ranges lie in several
+        // allocations, each one device memory.
         unsafe {
             driver::launch_gather(
                 ctx,
                 kernel,
+                descs,
                 slot_base as u64 + at as u64,
-                count,
                 dst_base,
                 stream,
             )
         }?;
-        made += usize::from(count > 0);
+        made += usize::from(n > 0);
         Ok(())
     };
     // SAFETY: `queue` reads the slot's own range only, on `stream`; the mapped sources and

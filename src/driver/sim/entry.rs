@@ -518,11 +518,18 @@ impl Sim {
     ) -> CUresult {
         // SAFETY: `name` is a NUL-terminated string per the driver contract.
         let name = unsafe { std::ffi::CStr::from_ptr(name) };
-        if name != c"pinlane_gather" {
+        let handle = if name == c"pinlane_gather" {
+            GATHER_FN
+        } else if let Some(k) = INLINE_CAPS
+            .iter()
+            .position(|cap| name.to_bytes() == format!("pinlane_gather_inline_{cap}").as_bytes())
+        {
+            GATHER_FN + 1 + k
+        } else {
             return CUresult::CUDA_ERROR_NOT_FOUND;
-        }
+        };
         // SAFETY: out-pointer per the driver contract.
-        unsafe { *f = GATHER_FN as sys::CUfunction };
+        unsafe { *f = handle as sys::CUfunction };
         OK
     }
 
@@ -540,21 +547,52 @@ impl Sim {
         params: *mut *mut c_void,
         _extra: *mut *mut c_void,
     ) -> CUresult {
-        if f as usize != GATHER_FN || params.is_null() {
+        let f = f as usize;
+        if !(GATHER_FN..=GATHER_FN + INLINE_CAPS.len()).contains(&f) || params.is_null() {
             return CUresult::CUDA_ERROR_INVALID_HANDLE;
         }
-        // SAFETY: the gather kernel's parameters are (u64, u32, u64), each pointed to by
-        // one entry of `params` (the launch contract); they are read now, as the driver
-        // copies parameters at launch.
-        let (pieces, n, dst) = unsafe {
-            (
-                *(*params).cast::<u64>(),
-                *(*params.add(1)).cast::<u32>(),
-                *(*params.add(2)).cast::<u64>(),
-            )
+        let (pieces, dst) = if f == GATHER_FN {
+            // SAFETY: the gather kernel's parameters are (u64, u32, u64), each pointed to by
+            // one entry of `params` (the launch contract); they are read now, as the driver
+            // copies parameters at launch.
+            let (at, n, dst) = unsafe {
+                (
+                    *(*params).cast::<u64>(),
+                    *(*params.add(1)).cast::<u32>(),
+                    *(*params.add(2)).cast::<u64>(),
+                )
+            };
+            (Pieces::At(at, n), dst)
+        } else {
+            let cap = INLINE_CAPS[f - GATHER_FN - 1];
+            // SAFETY: an inline variant's one parameter is its `InlineArgs<cap>`: a u64,
+            // a u32, a u32 of padding, then `cap` descriptors of four u64 (the launch
+            // contract); read now, as the driver copies parameters at launch.
+            let (dst, n, base) = unsafe {
+                let a = (*params).cast::<u8>();
+                (
+                    a.cast::<u64>().read_unaligned(),
+                    a.add(8).cast::<u32>().read_unaligned(),
+                    a.add(16),
+                )
+            };
+            if n as usize > cap {
+                return CUresult::CUDA_ERROR_INVALID_VALUE;
+            }
+            let descs = (0..n as usize)
+                .map(|k| {
+                    // SAFETY: descriptor `k` of `cap`, inside the parameter (above).
+                    std::array::from_fn(|w| unsafe {
+                        base.add(k * 32 + w * 8).cast::<u64>().read_unaligned()
+                    })
+                })
+                .collect();
+            lock(&self.seen).inline_launches += 1;
+            (Pieces::Inline(descs), dst)
         };
+        lock(&self.seen).kernel_launches += 1;
         // SAFETY: the handle is valid (contract).
         let st = unsafe { self.stream(s) };
-        Self::submit(&st, Op::Gather { pieces, n, dst })
+        Self::submit(&st, Op::Gather { pieces, dst })
     }
 }

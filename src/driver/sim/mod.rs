@@ -209,6 +209,10 @@ pub struct Activity {
     pub events_created: usize,
     /// Host functions queued with `cuLaunchHostFunc`.
     pub host_functions: usize,
+    /// Launches of the gather kernel, of all variants.
+    pub kernel_launches: usize,
+    /// Of those, launches that passed their descriptors in the parameters.
+    pub inline_launches: usize,
     /// Handles (as addresses) passed to `cuStreamDestroy` and `cuEventDestroy`, with how
     /// often each was.
     pub destroyed: std::collections::HashMap<usize, usize>,
@@ -262,6 +266,9 @@ const OK: CUresult = CUresult::CUDA_SUCCESS;
 /// Fake handles: distinct non-null values that are never dereferenced.
 const MODULE: usize = 0x5100;
 const GATHER_FN: usize = 0x5200;
+/// The inline variants of the gather kernel (`GATHER_FN + 1 + k`) and how many
+/// descriptors each takes (`INLINE_SIZES` of `kernels.rs`).
+const INLINE_CAPS: [usize; 3] = super::kernels::INLINE_SIZES;
 const POOL: usize = 0x5300;
 const LEGACY: usize = 1;
 

@@ -19,11 +19,20 @@ pub(super) enum Op {
     /// Host functions are queued only by test helpers (feature `test-util`).
     #[cfg_attr(not(feature = "test-util"), allow(dead_code))]
     Host(unsafe extern "C" fn(*mut c_void), HostPtr<c_void>),
+    /// The gather kernel: its descriptors read from memory when it runs, or copied from
+    /// the launch's parameters.
     Gather {
-        pieces: u64,
-        n: u32,
+        pieces: Pieces,
         dst: u64,
     },
+}
+
+/// Where a simulated gather finds its descriptors.
+pub(super) enum Pieces {
+    /// `n` descriptors at an address the kernel reads when it runs.
+    At(u64, u32),
+    /// Descriptors passed in the launch's parameters (each `src, dst_off, len, zeros`).
+    Inline(Vec<[u64; 4]>),
 }
 
 #[derive(Default)]
@@ -181,21 +190,32 @@ impl Sim {
                 unsafe { f(user.0) };
                 Ok(())
             }
-            Op::Gather { pieces, n, dst } => {
+            Op::Gather { pieces, dst } => {
                 let mem = lock(&self.mem);
-                let desc_bytes = n as usize * 32;
                 let host_mapped = self.cfg.host_mapped;
-                if !mem.kernel_readable(pieces, desc_bytes, host_mapped) {
-                    return Err(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
-                }
-                // SAFETY: `pieces..+desc_bytes` is inside a simulated region (checked).
-                let raw = unsafe { std::slice::from_raw_parts(pieces as *const u8, desc_bytes) };
-                for d in raw.chunks_exact(32) {
-                    let word = |i: usize| {
-                        u64::from_ne_bytes(d[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]))
-                    };
-                    let (src, off, len) = (word(0), word(1), word(2) as usize);
-                    let zeros = word(3) as usize;
+                let descs = match pieces {
+                    Pieces::Inline(v) => v,
+                    Pieces::At(at, n) => {
+                        let desc_bytes = n as usize * 32;
+                        if !mem.kernel_readable(at, desc_bytes, host_mapped) {
+                            return Err(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
+                        }
+                        // SAFETY: `at..+desc_bytes` is inside a simulated region (checked).
+                        let raw =
+                            unsafe { std::slice::from_raw_parts(at as *const u8, desc_bytes) };
+                        raw.chunks_exact(32)
+                            .map(|d| {
+                                std::array::from_fn(|i| {
+                                    u64::from_ne_bytes(
+                                        d[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]),
+                                    )
+                                })
+                            })
+                            .collect()
+                    }
+                };
+                for [src, off, len, zeros] in descs {
+                    let (len, zeros) = (len as usize, zeros as usize);
                     let to = dst.wrapping_add(off);
                     if !mem.kernel_readable(src, len, host_mapped)
                         || !mem.is_device(to, len.saturating_add(zeros))
