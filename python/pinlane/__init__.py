@@ -544,6 +544,8 @@ class Pairs:
     * each source is read in place at every ``copy``: it must be contiguous and without
       the negation bit, and of a dtype pinlane copies (else ``ValueError``; for complex,
       float8 ... use ``Buffers.copy_from``, which leaves those pairs to torch);
+    * destinations that overlap are a ``ValueError`` when a CPU-to-CUDA ``Pairs`` is
+      made (CUDA to CPU: at ``copy``, as ``copy_into`` finds them);
     * both sides are taken as they are now: a container changed later, or a tensor
       replaced or re-pointed (``set_``, ``.data =``), is not followed; writes into the
       tensors' memory are. No tensor of either side may be resized (``resize_``,

@@ -13,7 +13,7 @@
 use crate::errors::to_py;
 use crate::torch::{self, Kind, Managed, Torch};
 use crate::transfer::readable;
-use pinlane::{Device, IntoOptions, RawStream, Stream, Tensor};
+use pinlane::{Device, H2dPairs, IntoOptions, RawStream, Stream, Tensor};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -215,7 +215,7 @@ impl Targets {
         let Some(device) = device.filter(|_| !ins.is_empty()) else {
             return Ok(to_torch);
         };
-        self.run(py, &torch, &ins, &outs, device, stream, d2h_current)?;
+        self.run(py, &torch, &ins, &outs, device, stream, d2h_current, None)?;
         drop(temps);
         Ok(to_torch)
     }
@@ -236,7 +236,8 @@ impl Targets {
     /// Copies `ins[i]` into `outs[i]` (imported pairs of `device`'s CUDA side), ordered on
     /// `stream` (`(raw handle, device)`) or torch's current stream of `device`. D2H's
     /// copies wait for `d2h_current` (torch's current stream where the sources were made),
-    /// or that same current stream. The `busy` lock is the caller's to hold.
+    /// or that same current stream. `bound`: the same H2D pairs, checked once (`Pairs`),
+    /// copied without pairing them again. The `busy` lock is the caller's to hold.
     // `&Vec`: the calls take a `Batch`, which a `Vec` is and a slice is not.
     #[allow(clippy::too_many_arguments, clippy::ptr_arg)]
     pub(crate) fn run(
@@ -248,6 +249,7 @@ impl Targets {
         device: usize,
         stream: Option<(usize, usize)>,
         d2h_current: Option<usize>,
+        bound: Option<&H2dPairs>,
     ) -> PyResult<()> {
         let dev = Device::cuda(device);
         let current = match d2h_current {
@@ -270,7 +272,9 @@ impl Targets {
         // a clone only until the copies queued on it have run.
         let s = unsafe { Stream::from_raw(raw as RawStream, dev) }.map_err(to_py)?;
         let opts = IntoOptions::default().stream(s);
-        if self.h2d {
+        if let Some(pairs) = bound {
+            py.detach(|| pairs.copy(&opts).map(drop)).map_err(to_py)
+        } else if self.h2d {
             py.detach(|| pinlane::transfer_tensor_h2d_into(ins, outs, &opts).map(drop))
                 .map_err(to_py)
         } else {

@@ -6,9 +6,10 @@
 //! the writes the loop makes into the source between steps), of a dtype pinlane copies.
 //! The destinations are a [`Targets`]' (its rules, and its one-writer lock).
 
+use crate::errors::to_py;
 use crate::into::{bad_in, check_source_side, mark_if_pinned, Dst, Targets, DIRECT_MIN_BYTES};
 use crate::torch::{self, Torch};
-use pinlane::{Device, Tensor};
+use pinlane::{Device, H2dPairs, Tensor};
 use pyo3::intern;
 use pyo3::prelude::*;
 
@@ -24,6 +25,8 @@ pub(crate) struct Pairs {
     first: Py<PyAny>,
     /// The CUDA side's device.
     device: usize,
+    /// H2D: the same pairs, paired and checked once by the engine.
+    bound: Option<H2dPairs>,
 }
 
 #[pymethods]
@@ -108,8 +111,13 @@ impl Pairs {
                 ))
             })?;
         }
+        let bound = match t.h2d {
+            true => Some(H2dPairs::new(&ins, &outs).map_err(to_py)?),
+            false => None,
+        };
         Ok(Pairs {
             targets: targets.unbind(),
+            bound,
             ins,
             outs,
             first: first.clone().unbind(),
@@ -131,7 +139,17 @@ impl Pairs {
         let targets = self.targets.get();
         let _busy = targets.writer()?;
         let torch = Torch::of(self.first.bind(py))?;
-        targets.run(py, &torch, &self.ins, &self.outs, self.device, stream, None)
+        let bound = self.bound.as_ref();
+        targets.run(
+            py,
+            &torch,
+            &self.ins,
+            &self.outs,
+            self.device,
+            stream,
+            None,
+            bound,
+        )
     }
 }
 

@@ -328,10 +328,9 @@ def test_pairs_refuse_what_cannot_be_read_in_place(torch):
     # in_place says how CPU sources are read: meaningless for CUDA sources.
     with pytest.raises(ValueError, match="in_place=True is for CPU sources"):
         pinlane.Pairs([torch.zeros(256, dtype=torch.int32)], [a], in_place=True)
-    # Overlapping destinations: found at the copy, before anything is queued.
-    step = pinlane.Pairs([a, buf[512:1536].view(torch.int32)], [src, src])
+    # Overlapping destinations: found when the pairs are made (H2D), nothing queued.
     with pytest.raises(ValueError, match="overlap"):
-        step.copy()
+        pinlane.Pairs([a, buf[512:1536].view(torch.int32)], [src, src])
     torch.cuda.synchronize()
     assert int(buf.count_nonzero()) == 0
 

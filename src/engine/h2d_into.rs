@@ -108,12 +108,35 @@ pub fn transfer_tensor_h2d_into<B: Batch>(
 }
 
 pub(crate) fn transfer<B: Batch>(src: &B, dst: &B, opts: &IntoOptions) -> Result<Transfer<()>> {
+    let checked = pair_and_check(src, dst)?;
+    match checked.device {
+        Some(device) if !checked.pairs.is_empty() => run(&checked.pairs, device, opts),
+        _ => Ok(Transfer::ready(())),
+    }
+}
+
+/// Pairs `src` with `dst`, checks every pair and that no two destinations overlap: all
+/// that depends only on the two batches.
+pub(super) fn pair_and_check<'a, B: Batch>(src: &'a B, dst: &'a B) -> Result<into::Pairs<'a>> {
     let checked = into::pair_up(src, dst, Way::H2d)?;
     super::trace::mark("paired");
-    let (Some(device), false) = (checked.device, checked.pairs.is_empty()) else {
-        return Ok(Transfer::ready(()));
-    };
-    let pairs = checked.pairs;
+    let ranges: Vec<(u64, usize)> = checked
+        .pairs
+        .iter()
+        .map(|p| device_view(p.1).map(DeviceView::range))
+        .collect::<Result<_>>()?;
+    into::check_overlap(dst, &checked.pairs, &ranges)?;
+    Ok(checked)
+}
+
+/// The call for pairs [`pair_and_check`] accepted, their destinations on `device`: the
+/// checks of the moment (sources a D2H is writing, an earlier failure, the stream), then
+/// the copies.
+pub(super) fn run(
+    pairs: &[(&Tensor, &Tensor)],
+    device: usize,
+    opts: &IntoOptions,
+) -> Result<Transfer<()>> {
     memory::check_readable(
         pairs.iter().map(|p| p.0.storage()),
         "transfer_tensor_h2d_into",
@@ -124,8 +147,6 @@ pub(crate) fn transfer<B: Batch>(src: &B, dst: &B, opts: &IntoOptions) -> Result
         .iter()
         .map(|p| device_view(p.1))
         .collect::<Result<_>>()?;
-    let ranges: Vec<(u64, usize)> = views.iter().map(|v| v.range()).collect();
-    into::check_overlap(dst, &pairs, &ranges)?;
     super::trace::mark("checked");
 
     let rt = crate::runtime::runtime();
@@ -136,7 +157,7 @@ pub(crate) fn transfer<B: Batch>(src: &B, dst: &B, opts: &IntoOptions) -> Result
     let ctx = driver::bind(device)?;
     let plan = route(
         &ctx,
-        &pairs,
+        pairs,
         &views,
         kernel.is_some(),
         rt.arena.slot_bytes(),

@@ -9,7 +9,7 @@
 //! | `patience.rs` | how polling loops back off, and when they give up |
 //! | `thread_state.rs` | per-thread streams, the cache ring, the current stream |
 //! | `h2d.rs`, `d2h.rs` | the two directions |
-//! | `into.rs`, `h2d_into.rs`, `d2h_into.rs` | copies into tensors the caller owns: their options and checks; each direction's call and work |
+//! | `into.rs`, `h2d_into.rs`, `d2h_into.rs`, `h2d_pairs.rs` | copies into tensors the caller owns: their options and checks; each direction's call and work; [`H2dPairs`], pairs checked once |
 //! | `prefetch.rs` | [`Prefetcher`]: batches moved ahead on a worker thread |
 //! | `shutdown.rs` | [`Runtime::shutdown`](crate::runtime::Runtime::shutdown): memory back, threads stopped |
 
@@ -18,6 +18,7 @@ mod d2h;
 mod d2h_into;
 mod h2d;
 mod h2d_into;
+mod h2d_pairs;
 mod into;
 mod options;
 mod patience;
@@ -30,6 +31,7 @@ mod trace;
 pub use completion::Transfer;
 pub use d2h_into::transfer_tensor_d2h_into;
 pub use h2d_into::transfer_tensor_h2d_into;
+pub use h2d_pairs::H2dPairs;
 pub use into::IntoOptions;
 pub use options::{D2hOptions, H2dOptions, HostOutput, MAX_NUM_CACHES};
 pub use prefetch::Prefetcher;
