@@ -278,6 +278,8 @@ impl pinlane::Batch for Peeks {
             // SAFETY: nothing else reads or writes `moved` during the call (it is refused
             // before anything is queued, which is what is tested).
             unsafe { pinlane::transfer_tensor_d2h_into(&dev, &one, &opts) },
+            // Bound pairs are checked at each copy for what may change between steps.
+            pinlane::H2dPairs::new(&one, &dev).and_then(|p| p.copy(&opts).map(drop)),
             kept.as_bytes().map(drop),
         ];
         Peeks {
@@ -335,10 +337,11 @@ fn a_rebuild_cannot_read_outputs_the_copies_still_write() {
     refused(&out.seen[3], "transfer_tensor_h2d");
     refused(&out.seen[4], "transfer_tensor_h2d_into");
     refused(&out.seen[5], "transfer_tensor_d2h_into");
+    refused(&out.seen[6], "transfer_tensor_h2d_into");
     assert!(
-        out.seen[6].is_ok(),
+        out.seen[7].is_ok(),
         "an earlier call's output: {:?}",
-        out.seen[6]
+        out.seen[7]
     );
     // The call has returned: the copies are proven done, and the bytes are the source's.
     assert_eq!(out.moved.as_bytes().unwrap(), src.as_bytes().unwrap());

@@ -16,18 +16,32 @@ use pinlane::{
     IntoOptions, Tensor,
 };
 
-/// Kernel launches and, of those, inline ones, so far in this process.
-fn launches() -> (usize, usize) {
+/// Kernel launches and, of those, inline ones per variant, so far in this process.
+fn launches() -> (usize, [usize; 3]) {
     let a = activity().expect("the simulator is enabled");
     (a.kernel_launches, a.inline_launches)
 }
 
-/// Launches and inline launches made by `f`.
-fn counted<T>(f: impl FnOnce() -> T) -> (T, usize, usize) {
+/// Launches made by `f`, and which inline variant of 15, 63 and 127 descriptors (0, 1, 2)
+/// each of those that were inline took.
+fn counted<T>(f: impl FnOnce() -> T) -> (T, usize, Vec<usize>) {
     let (k0, i0) = launches();
     let out = f();
     let (k1, i1) = launches();
-    (out, k1 - k0, i1 - i0)
+    let variants = (0..3)
+        .flat_map(|v| std::iter::repeat_n(v, i1[v] - i0[v]))
+        .collect();
+    (out, k1 - k0, variants)
+}
+
+/// The inline variant `n` pieces take, none past 127.
+fn variant(n: usize) -> Vec<usize> {
+    match n {
+        0..=15 => vec![0],
+        16..=63 => vec![1],
+        64..=127 => vec![2],
+        _ => vec![],
+    }
 }
 
 // One test in this binary: the launch counts are the process's.
@@ -55,14 +69,14 @@ fn descriptors_go_in_the_launch_up_to_its_size_and_every_byte_lands() {
         assert_eq!(s.mapped_bytes, n * 4096, "read in place: {s:?}");
         assert_eq!(check_buffer(&buf, &src, &ranges), Ok(()), "{n} sources");
         assert_eq!(kernels, 1, "{n} sources, one launch");
-        assert_eq!(inline, usize::from(n <= 127), "{n} pieces");
+        assert_eq!(inline, variant(n), "{n} pieces");
 
         // The same tensors to new device memory (H2D's gather), and back (D2H's).
         let (on, kernels, inline) = counted(|| transfer_tensor_h2d(&src).unwrap());
-        assert_eq!((kernels, inline), (1, usize::from(n <= 127)), "H2D of {n}");
+        assert_eq!((kernels, inline), (1, variant(n)), "H2D of {n}");
         let (back, kernels, inline) =
             counted(|| transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap());
-        assert_eq!((kernels, inline), (1, usize::from(n <= 127)), "D2H of {n}");
+        assert_eq!((kernels, inline), (1, variant(n)), "D2H of {n}");
         assert_eq!(back, src);
     }
 }

@@ -162,17 +162,16 @@ pub(crate) unsafe fn launch_gather(
     const MID: usize = INLINE_SIZES[1];
     let len = pieces.len();
     if len <= SMALL {
-        // SAFETY: `k.inline[0]` takes `SMALL` pieces, at least `len`; the sources and
-        // destinations are obligation 2.
-        return unsafe { launch_inline::<SMALL>(k.inline[0], pieces, n, dst, stream) };
+        // SAFETY: `SMALL` is at least `len`; the sources and destinations are obligation 2.
+        return unsafe { launch_inline::<SMALL>(k, pieces, n, dst, stream) };
     }
     if len <= MID {
-        // SAFETY: as above, `k.inline[1]` taking `MID`.
-        return unsafe { launch_inline::<MID>(k.inline[1], pieces, n, dst, stream) };
+        // SAFETY: as above, `MID` at least `len`.
+        return unsafe { launch_inline::<MID>(k, pieces, n, dst, stream) };
     }
     if len <= INLINE_MAX {
-        // SAFETY: as above, `k.inline[2]` taking `INLINE_MAX`.
-        return unsafe { launch_inline::<INLINE_MAX>(k.inline[2], pieces, n, dst, stream) };
+        // SAFETY: as above, `INLINE_MAX` at least `len`.
+        return unsafe { launch_inline::<INLINE_MAX>(k, pieces, n, dst, stream) };
     }
     let (mut p, mut count, mut d) = (readable, n, dst);
     let mut params: [*mut std::ffi::c_void; 3] = [
@@ -185,13 +184,13 @@ pub(crate) unsafe fn launch_gather(
     unsafe { launch(k.func, n, &mut params, stream) }
 }
 
-/// Launches `func`, an inline variant taking `N` pieces, with `pieces` (at most `N`).
+/// Launches `k`'s variant taking `N` pieces (one of [`INLINE_SIZES`]) with `pieces` (at
+/// most `N`).
 ///
 /// # Safety
-/// `func` is `pinlane_gather_inline_{N}`; the pieces' sources and destinations are as
-/// [`launch_gather`]'s obligation 2 says.
+/// The pieces' sources and destinations are as [`launch_gather`]'s obligation 2 says.
 unsafe fn launch_inline<const N: usize>(
-    func: Handle<sys::CUfunction>,
+    k: GatherKernel,
     pieces: &[GatherPiece],
     n: u32,
     dst: DevicePtr,
@@ -216,6 +215,18 @@ unsafe fn launch_inline<const N: usize>(
         });
     };
     into.copy_from_slice(pieces);
+    // The variant whose parameter is `InlineArgs<N>`: `NAMES[1 + i]` names
+    // `INLINE_SIZES[i]` (a unit test checks).
+    let Some(func) = INLINE_SIZES
+        .iter()
+        .position(|&s| s == N)
+        .map(|i| k.inline[i])
+    else {
+        return Err(crate::error::Error::Internal {
+            op: "gather",
+            reason: format!("no inline variant of {N} pieces"),
+        });
+    };
     let mut params: [*mut std::ffi::c_void; 1] = [(&mut args as *mut InlineArgs<N>).cast()];
     // SAFETY: `params` points to one live local laid out as the kernel's one parameter
     // (`InlineArgs<N>`, repr(C) on both sides); the driver copies it at launch; the
@@ -251,4 +262,20 @@ unsafe fn launch(
         )
     };
     check("cuLaunchKernel", res)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_inline_name_is_its_size() {
+        assert_eq!(NAMES[0], c"pinlane_gather");
+        for (k, size) in INLINE_SIZES.iter().enumerate() {
+            let name = format!("pinlane_gather_inline_{size}");
+            assert_eq!(NAMES[1 + k].to_str(), Ok(name.as_str()));
+        }
+        assert!(INLINE_SIZES.windows(2).all(|w| w[0] < w[1]));
+        assert_eq!(std::mem::size_of::<InlineArgs<127>>(), 16 + 127 * 32);
+    }
 }

@@ -155,13 +155,7 @@ pub(super) fn run(
     .then(|| driver::gather_kernel(device))
     .flatten();
     let ctx = driver::bind(device)?;
-    let plan = route(
-        &ctx,
-        pairs,
-        &views,
-        kernel.is_some(),
-        rt.arena.slot_bytes(),
-    );
+    let plan = route(&ctx, pairs, &views, kernel.is_some(), rt.arena.slot_bytes());
     // The copy threads will fill the slot: wake them now (as a transfer does).
     if plan.staged_bytes >= rt.copy.parallel_min() {
         rt.copy.prewake();

@@ -16,17 +16,20 @@ use crate::tensor::Tensor;
 /// host tensors (rewritten in place between steps) step after step.
 ///
 /// Holds clones of both sides (a tensor's clone shares its memory), so the destinations
-/// stay allocated and the sources readable while the pairs live. A copy reads each
-/// source's bytes as they are when it runs: the rules for writing sources and
-/// destinations between steps are those of `transfer_tensor_h2d_into`
-/// (`docs/semantics.md`, "Copies into existing tensors").
+/// stay allocated and the sources readable while the pairs live: memory page-locked in
+/// place (`Tensor::register_pinned_many`) stays registered, and blocks of pinlane's
+/// page-locked pool stay out of it, until the pairs are dropped, where a call of
+/// `transfer_tensor_h2d_into` holds them only until its copies have run. Each copy
+/// checks again what may change between steps (a source a D2H is still writing, an
+/// earlier failure, the stream), and reads each source's bytes as they are when it
+/// runs: the rules for sources and destinations while copies run are those of
+/// `transfer_tensor_h2d_into` (`docs/semantics.md`, "Copies into existing tensors").
 ///
 /// ```no_run
 /// use pinlane::{transfer_tensor_h2d, H2dPairs, IntoOptions, Tensor};
 /// # fn main() -> pinlane::Result<()> {
 /// let statics = transfer_tensor_h2d(&vec![Tensor::from_vec(vec![0i64; 256], [256])?])?;
-/// // Page-locked sources, written in place between steps (`PinnedBufferMut`, or memory
-/// // page-locked with `Tensor::register_pinned_many`).
+/// // Page-locked sources: the kernel reads them where they are at each copy.
 /// let inputs = vec![Tensor::from_vec(vec![1i64; 256], [256])?.to_pinned()?];
 /// let pairs = H2dPairs::new(&inputs, &statics)?;
 /// for _step in 0..3 {

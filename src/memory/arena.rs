@@ -608,18 +608,21 @@ impl SlotLease {
         queued.and(marked)
     }
 
-    /// Writes `pieces` into the slot as gather descriptors and queues the gather kernel on
-    /// `stream`, which reads them from the slot in place, through its device mapping; then
-    /// records the slot's event. Every piece's destination must lie inside `dst`.
+    /// Queues the gather kernel for `pieces` on `stream`. Up to [`driver::INLINE_MAX`] of
+    /// them go in the launch's parameters: the slot is neither waited for nor used (the
+    /// kernel never reads it). More are written into the slot as descriptors, which the
+    /// kernel reads in place through its device mapping, and the slot's event is recorded
+    /// after it. Every piece's destination must lie inside `dst`.
     ///
     /// # Safety
     /// 1. `stream`'s device maps page-locked host memory
     ///    ([`driver::host_memory_mapped`]), so the kernel can read the slot.
     /// 2. Every piece's source is memory a kernel on that device may read (device memory,
     ///    or page-locked host memory mapped for it) whose producing work is ordered before
-    ///    this point of `stream`, alive and unchanged until the slot's event completes.
+    ///    this point of `stream`, alive and unchanged until the kernel has run (the slot's
+    ///    event, or the stream's next proof of completion, says so).
     /// 3. `dst` is usable in `stream`'s order (allocated on it, or its allocation ordered
-    ///    before) and is kept alive until the slot's event completes.
+    ///    before) and is kept alive until the kernel has run.
     pub(crate) unsafe fn gather_from_slot(
         &mut self,
         ctx: &ContextGuard,
@@ -628,6 +631,42 @@ impl SlotLease {
         dst: &DeviceAlloc,
         stream: &Stream,
     ) -> Result<()> {
+        // Checked here: the kernel writes device memory unchecked.
+        let checked = |p: &GatherPiece| -> Result<()> {
+            let (off, len) = (p.dst_off as usize, p.len as usize);
+            let span = usize::try_from(p.zeros)
+                .ok()
+                .and_then(|z| len.checked_add(z))
+                .ok_or_else(|| crate::error::Error::Internal {
+                    op: "gather",
+                    reason: format!("piece of {len} + {} bytes", p.zeros),
+                })?;
+            check_range("gather destination", off, span, dst.nbytes())
+        };
+        let zero = GatherPiece {
+            src: 0,
+            dst_off: 0,
+            len: 0,
+            zeros: 0,
+        };
+        let mut local = [zero; driver::INLINE_MAX];
+        let mut pieces = pieces.peekable();
+        let mut n = 0;
+        while n < local.len() {
+            let Some(p) = pieces.next() else { break };
+            checked(&p)?;
+            local[n] = p;
+            n += 1;
+        }
+        if pieces.peek().is_none() {
+            // SAFETY: the descriptors go in the launch's parameters, so the slot is not
+            // read (obligation 1 is not needed); each destination lies inside `dst`
+            // (checked above), which obligation 3 keeps alive and stream-ordered; the
+            // sources are obligation 2.
+            return unsafe {
+                driver::launch_gather(ctx, kernel, &local[..n], 0, dst.addr(0), stream)
+            };
+        }
         let buf = self.bytes_mut()?;
         let whole = buf.len() - buf.len() % std::mem::size_of::<GatherPiece>();
         let descs: &mut [GatherPiece] =
@@ -638,18 +677,15 @@ impl SlotLease {
                 }
             })?;
         let capacity = descs.len();
-        let mut n = 0;
+        if capacity < n {
+            return Err(crate::error::Error::Internal {
+                op: "gather",
+                reason: format!("more than {capacity} pieces do not fit the staging slot"),
+            });
+        }
+        descs[..n].copy_from_slice(&local[..n]);
         for p in pieces {
-            // Checked here: the kernel writes device memory unchecked.
-            let (off, len) = (p.dst_off as usize, p.len as usize);
-            let span = usize::try_from(p.zeros)
-                .ok()
-                .and_then(|z| len.checked_add(z))
-                .ok_or_else(|| crate::error::Error::Internal {
-                    op: "gather",
-                    reason: format!("piece of {len} + {} bytes", p.zeros),
-                })?;
-            check_range("gather destination", off, span, dst.nbytes())?;
+            checked(&p)?;
             let Some(d) = descs.get_mut(n) else {
                 return Err(crate::error::Error::Internal {
                     op: "gather",
@@ -668,9 +704,9 @@ impl SlotLease {
         let descs = unsafe { std::slice::from_raw_parts(written, n) };
         // SAFETY: the descriptors are in the slot, which this lease owns and nothing
         // changes until its event completes (bytes_mut waits for it), and which the kernel
-        // can read at its host address (obligation 1); each destination lies inside `dst`
-        // (checked above), which obligation 3 keeps alive and stream-ordered; the sources
-        // are obligation 2.
+        // can read at its host address (obligation 1), there being more than fit the
+        // launch; each destination lies inside `dst` (checked above), which obligation 3
+        // keeps alive and stream-ordered; the sources are obligation 2.
         unsafe { driver::launch_gather(ctx, kernel, descs, at, dst.addr(0), stream) }?;
         self.mark_used(stream)
     }

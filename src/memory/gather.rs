@@ -3,8 +3,9 @@
 //! (each copy submission costs microseconds; a thousand tensors would cost milliseconds).
 //!
 //! ```text
-//!  slot (pinned):   [desc0 desc1 ... descN-1]  (read in place through the device's mapping,
-//!                   or, where the device maps no host memory, copied to a device scratch)
+//!  descriptors:     up to 127 in the launch's parameters; more in the staging slot (read
+//!                   in place through the device's mapping, or, where the device maps no
+//!                   host memory, copied to a device scratch)
 //!  kernel:          descriptors ──► for each piece: dst[dst_off..+len] = src[..len],
 //!                   then zeros up to the next piece
 //!  result:          one DeviceAlloc with every tensor at its output offset
@@ -13,8 +14,7 @@
 //! The same kernel moves many small page-locked host tensors to the device (H2D): it
 //! reads them at their host addresses, through the device's mapping of page-locked
 //! memory, straight into the batch's device buffer, with no host copy and one launch for
-//! them all ([`h2d_gather_async`]). Its descriptors stay in the staging slot, which the
-//! kernel reads in place.
+//! them all ([`h2d_gather_async`]), its descriptors passed the same way.
 
 use super::{DeviceAlloc, DeviceView, InFlight, PinnedBuf};
 use crate::driver::{self, ContextGuard, GatherPiece, Stream};
@@ -28,9 +28,10 @@ pub(crate) fn available(device: usize) -> bool {
 
 /// Queues a gather of `views` (at `offsets`, in a buffer of `end` bytes) on `job`'s stream
 /// and returns the buffer, held by `job`, and how many submissions that took (1, or 2 with
-/// the descriptors' upload). The descriptors go into `job`'s first staging
-/// slot (which must hold `32 * views.len()` bytes); the kernel reads them there in place
-/// where the device maps page-locked host memory, else from a device copy of them.
+/// the descriptors' upload). Up to 127 descriptors go in the launch's parameters; more go
+/// into `job`'s first staging slot (which must hold `32 * views.len()` bytes), where the
+/// kernel reads them in place where the device maps page-locked host memory, else from a
+/// device copy of them.
 ///
 /// # Safety
 /// Every view's producing work is ordered before this point of the stream, and every view
@@ -88,7 +89,7 @@ pub(crate) unsafe fn gather_async(
     let descs = d2h_pieces(views, offsets, end);
     if driver::host_memory_mapped(device) {
         // SAFETY: the device maps page-locked host memory (checked just above), so the
-        // kernel reads the descriptors in the slot in place; the sources are device views
+        // kernel can read descriptors in the slot in place; the sources are device views
         // whose producing work and lifetime are the caller's obligation; `dst` was
         // allocated on this stream and `job` holds it; `gather_from_slot` checks every
         // destination against it.
@@ -246,7 +247,7 @@ pub(crate) unsafe fn h2d_gather_async(
     // SAFETY: the device maps host memory (checked above); every source is page-locked
     // memory pinlane allocated or registered device-mapped, or inside such a registration
     // that the source's block holds (`mapped()`, checked above), kept alive and
-    // unchanged by the caller until the stream is idle, which is after the slot's event;
+    // unchanged by the caller until the stream is idle, which is after the kernel;
     // `dst` is the caller's obligation; `gather_from_slot` checks each destination.
     unsafe { lease.gather_from_slot(ctx, kernel, pieces, dst, &stream) }
 }

@@ -587,7 +587,7 @@ impl Sim {
                     })
                 })
                 .collect();
-            lock(&self.seen).inline_launches += 1;
+            lock(&self.seen).inline_launches[f - GATHER_FN - 1] += 1;
             (Pieces::Inline(descs), dst)
         };
         lock(&self.seen).kernel_launches += 1;

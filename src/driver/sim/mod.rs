@@ -211,8 +211,9 @@ pub struct Activity {
     pub host_functions: usize,
     /// Launches of the gather kernel, of all variants.
     pub kernel_launches: usize,
-    /// Of those, launches that passed their descriptors in the parameters.
-    pub inline_launches: usize,
+    /// Of those, launches that passed their descriptors in the parameters, per variant:
+    /// the ones taking up to 15, 63 and 127 descriptors.
+    pub inline_launches: [usize; 3],
     /// Handles (as addresses) passed to `cuStreamDestroy` and `cuEventDestroy`, with how
     /// often each was.
     pub destroyed: std::collections::HashMap<usize, usize>,
