@@ -196,17 +196,11 @@ unsafe fn launch_inline<const N: usize>(
     dst: DevicePtr,
     stream: &Stream,
 ) -> Result<()> {
-    let zero = GatherPiece {
-        src: 0,
-        dst_off: 0,
-        len: 0,
-        zeros: 0,
-    };
     let mut args = InlineArgs::<N> {
         dst,
         n,
         pad: 0,
-        pieces: [zero; N],
+        pieces: [bytemuck::Zeroable::zeroed(); N],
     };
     let Some(into) = args.pieces.get_mut(..pieces.len()) else {
         return Err(crate::error::Error::Internal {

@@ -643,13 +643,7 @@ impl SlotLease {
                 })?;
             check_range("gather destination", off, span, dst.nbytes())
         };
-        let zero = GatherPiece {
-            src: 0,
-            dst_off: 0,
-            len: 0,
-            zeros: 0,
-        };
-        let mut local = [zero; driver::INLINE_MAX];
+        let mut local = [<GatherPiece as bytemuck::Zeroable>::zeroed(); driver::INLINE_MAX];
         let mut pieces = pieces.peekable();
         let mut n = 0;
         while n < local.len() {
