@@ -125,3 +125,45 @@ fn pieces_on_both_sides_of_each_inline_launch_size_land() {
         }
     }
 }
+
+#[test]
+fn large_sources_cut_into_larger_pieces_for_the_launch_land() {
+    require_gpu!();
+    // Page-locked sources read in place whose 4 KiB pieces are too many for the launch are
+    // cut into 8 or 16 KiB pieces (a block loops over its piece), up to 127 of them; past
+    // that, 4 KiB pieces from the slot. Odd sizes end on the kernel's byte path. The first
+    // batch is copy_into.py's "8 tensors, 492 KiB" (128 pieces of 4 KiB, 67 of 8).
+    let batches: [&[usize]; 4] = [
+        &[9392, 196472, 2704, 34680, 156104, 360, 25056, 79080],
+        &[(128 << 10) + 3, 128 << 10, (128 << 10) - 5, 128 << 10],
+        &[256 << 10, (256 << 10) + 7, 256 << 10, 256 << 10],
+        &[1 << 20, (1 << 20) + 1, 1 << 20, 1 << 20],
+    ];
+    for (b, sizes) in batches.iter().enumerate() {
+        let src: Vec<Tensor> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| {
+                common::tensor(DType::U8, &[len], (b * 100 + i) as u64)
+                    .to_pinned()
+                    .unwrap()
+            })
+            .collect();
+        let (dst, buf, ranges) = common::into::destinations(&src, 0);
+        pinlane::transfer_tensor_h2d_into(&src, &dst, &pinlane::IntoOptions::default())
+            .unwrap()
+            .wait()
+            .unwrap();
+        let s = last_transfer_stats().unwrap();
+        assert_eq!(
+            s.mapped_bytes,
+            sizes.iter().sum::<usize>(),
+            "batch {b} read in place: {s:?}"
+        );
+        assert_eq!(
+            common::into::check_buffer(&buf, &src, &ranges),
+            Ok(()),
+            "batch {b} into place"
+        );
+    }
+}

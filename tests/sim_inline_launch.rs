@@ -79,4 +79,38 @@ fn descriptors_go_in_the_launch_up_to_its_size_and_every_byte_lands() {
         assert_eq!((kernels, inline), (1, variant(n)), "D2H of {n}");
         assert_eq!(back, src);
     }
+
+    // Large page-locked sources read in place: cut into 4 KiB pieces while those fit the
+    // launch, else into 8 or 16 KiB pieces when those do, else 4 KiB ones from the slot.
+    // (4 x 100 KiB: 100 pieces of 4 KiB, the 127 variant; 8 KiB ones would take the 63.)
+    for (n, kib, pieces) in [
+        (4usize, 100usize, Some(100)),
+        (4, 128, Some(64)),
+        (4, 256, Some(64)),
+        (4, 1024, None),
+    ] {
+        let src: Vec<Tensor> = (0..n)
+            .map(|i| {
+                common::tensor(DType::U8, &[kib << 10], (kib * 100 + i) as u64)
+                    .to_pinned()
+                    .unwrap()
+            })
+            .collect();
+        let (dst, buf, ranges) = destinations(&src, 0);
+        let (_, kernels, inline) = counted(|| {
+            transfer_tensor_h2d_into(&src, &dst, &IntoOptions::default())
+                .unwrap()
+                .wait()
+                .unwrap()
+        });
+        let s = pinlane::observe::last_transfer_stats().unwrap();
+        assert_eq!(s.mapped_bytes, n * (kib << 10), "read in place: {s:?}");
+        assert_eq!(check_buffer(&buf, &src, &ranges), Ok(()), "{n} x {kib} KiB");
+        assert_eq!(kernels, 1, "{n} x {kib} KiB, one launch");
+        let want = pieces.map_or(vec![], variant);
+        assert_eq!(
+            inline, want,
+            "{n} x {kib} KiB: {pieces:?} pieces in the launch"
+        );
+    }
 }

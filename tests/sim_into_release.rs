@@ -1,7 +1,8 @@
 //! Copies into existing tensors with a staging arena of several slots (simulated device,
 //! every machine): a serving loop's call releases its last step's slot after queueing its
 //! own copies, so the loop alternates between two slots and never waits for one, and
-//! what it used is all released in the end. Its own binary: it reads process-wide
+//! what it used is all released in the end; a step whose sources are all read in place
+//! takes no slot. Its own binary: it reads process-wide
 //! counters (staging slots in use, their peak).
 // The simulated device and the test hooks: `cargo test --features test-util`.
 #![cfg(feature = "test-util")]
@@ -58,4 +59,27 @@ fn a_serving_loop_alternates_two_slots_and_never_waits() {
         std::thread::sleep(Duration::from_millis(1));
     }
     assert_eq!(memory_stats().staging.in_use_count, 0);
+
+    // Page-locked sources that the kernel reads in place, with few enough pieces for the
+    // launch's parameters (an in-place step): one launch, and no slot leased at all.
+    let pinned: Vec<Tensor> = inputs(7).iter().map(|t| t.to_pinned().unwrap()).collect();
+    let total: usize = pinned.iter().map(|t| t.nbytes()).sum();
+    for _ in 0..10 {
+        let t = transfer_tensor_h2d_into(&pinned, &dst, &opts).unwrap();
+        assert_eq!(
+            memory_stats().staging.in_use_count,
+            0,
+            "an in-place step took a slot"
+        );
+        let s = pinlane::observe::last_transfer_stats().unwrap();
+        assert_eq!(
+            (s.mapped_bytes, s.copies),
+            (total, 1),
+            "read in place: {s:?}"
+        );
+        t.wait().unwrap();
+    }
+    assert_eq!(memory_stats().staging.peak_bytes, s.staging.peak_bytes);
+    let back = pinlane::transfer_tensor_d2h(&dst, &pinlane::D2hOptions::default()).unwrap();
+    assert_eq!(back, pinned);
 }

@@ -10,7 +10,9 @@
 //!    ([`memory::scatter::h2d_direct`]); the rest are staged.
 //! 3. When the staged bytes and the kernel's descriptors fit one staging slot (the
 //!    serving step: a few small tensors), one slot is filled and one kernel launch
-//!    scatters everything small ([`memory::scatter::h2d_scatter`]). Otherwise (a batch
+//!    scatters everything small ([`memory::scatter::h2d_scatter`]); when nothing is
+//!    staged and the kernel's descriptors fit its launch's parameters (up to 127 pieces:
+//!    an in-place step), no slot at all ([`memory::scatter::h2d_mapped`]). Otherwise (a batch
 //!    larger than a slot, no kernel) the staged bytes go through the staging ring
 //!    window by window as a transfer's do ([`super::h2d::run_windows`]), each window's
 //!    pieces one copy each, batched into one submission where the driver can.
@@ -51,7 +53,8 @@ use crate::tensor::{Storage, Tensor};
 ///   one kernel launch that reads the slot through the device's mapping. Page-locked
 ///   sources under 4 MiB that the device maps at their host address (pinlane's own, and
 ///   DLPack imports whose memory the driver maps, such as torch's `pin_memory()`) are
-///   read in place by the same launch. Other page-locked sources from 64 KiB on (256 KiB
+///   read in place by the same launch (which needs no staging slot when every source is
+///   read in place and they make at most 127 pieces of 4, 8 or 16 KiB). Other page-locked sources from 64 KiB on (256 KiB
 ///   where the driver lacks `cuMemcpyBatchAsync`) are copied straight from their memory,
 ///   in one batched submission; so are the mapped ones from that size on when nothing
 ///   else needs the launch and they are fewer than four. A batch too large for one slot
@@ -351,7 +354,9 @@ fn submit(
     }
 }
 
-/// Everything small through one slot and one kernel launch.
+/// Everything small through one slot and one kernel launch; with nothing staged and few
+/// enough pieces for the launch's parameters (page-locked sources read in place: an
+/// in-place `Pairs` step), one launch and no slot.
 fn one_slot(
     call: &mut Call,
     job: &mut InFlight,
@@ -359,6 +364,17 @@ fn one_slot(
     kernel: GatherKernel,
     stream: &Stream,
 ) -> Result<()> {
+    let work = plan.scatter();
+    if work.slot_free() {
+        // SAFETY: the mapped sources and the destinations are cloned into the call's
+        // owners, kept until its event (recorded after this launch, on the same stream)
+        // proves the copies done; the destinations were checked and are ordered by the
+        // caller (docs/semantics.md).
+        call.stats.copies +=
+            unsafe { scatter::h2d_mapped(call.ctx, kernel, &work, call.device, stream) }?;
+        call.stats.mapped_bytes += plan.mapped.iter().map(|m| m.0.nbytes()).sum::<usize>();
+        return Ok(());
+    }
     super::lease_slots(call, job, 1)?;
     super::trace::mark("leased");
     let rt = call.rt;
@@ -380,7 +396,6 @@ fn one_slot(
         call.stats.windows += 1;
         super::trace::mark("fill started");
     }
-    let work = plan.scatter();
     // SAFETY: the staged bytes are being filled through this lease; the mapped sources
     // and the destinations are cloned into the call's owners, kept until its event
     // proves the copies done (after the slot's event, on the same stream); the
