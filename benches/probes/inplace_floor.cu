@@ -79,6 +79,29 @@ static double row(const char* name, const std::function<void()>& f) {
   return v[reps / 2];
 }
 
+// The host time of `f` alone (a launch), `after` (its synchronisation) untimed.
+static double launch_row(const char* name, const std::function<void()>& f, const std::function<void()>& after) {
+  const int warm = 300, reps = 3000;
+  for (int i = 0; i < warm; i++) { f(); after(); }
+  std::vector<double> v(reps);
+  for (int i = 0; i < reps; i++) {
+    auto t0 = std::chrono::steady_clock::now();
+    f();
+    v[i] = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    after();
+  }
+  std::sort(v.begin(), v.end());
+  printf("%-76s median %6.2f us  p10 %6.2f us\n", name, v[reps / 2], v[reps / 10]);
+  fflush(stdout);
+  return v[reps / 2];
+}
+
+__global__ void k_inline15(const InlineArgs<15> a) {
+  unsigned char* dst = reinterpret_cast<unsigned char*>(a.dst);
+  const unsigned n = a.n < 15 ? a.n : 15;
+  for (unsigned i = blockIdx.x; i < n; i += gridDim.x) copy_piece(a.pieces[i], dst);
+}
+
 int main() {
   const size_t sizes[8] = {9392, 196472, 2704, 34680, 156104, 360, 25056, 79080};
   size_t total = 0, off[8], end = 0;
@@ -183,6 +206,32 @@ int main() {
         });
       }
     }
+  }
+  // The launch call alone, what the host spends before its next step (idle device).
+  {
+    auto sync = [&] { CK(cudaStreamSynchronize(s)); };
+    launch_row("launch call only: empty kernel", [&] { k_empty<<<1, 32, 0, s>>>(); }, sync);
+    cut(8192, p);
+    memcpy(host_desc, p.data(), p.size() * sizeof(GatherPiece));
+    unsigned n = (unsigned)p.size();
+    launch_row("launch call only: kernel, descriptors in host memory (3 parameters, 67 blocks)",
+               [&] { k_pointer<<<n, 256, 0, s>>>(host_desc, n, dst); }, sync);
+    InlineArgs<127> a;
+    memset(&a, 0, sizeof a);
+    a.dst = (unsigned long long)dst;
+    a.n = n;
+    memcpy(a.pieces, p.data(), n * sizeof(GatherPiece));
+    launch_row("launch call only: kernel, 67 descriptors in the launch (4 KiB of parameters)",
+               [&] { k_inline<<<n, 256, 0, s>>>(a); }, sync);
+    InlineArgs<15> b;
+    memset(&b, 0, sizeof b);
+    b.dst = (unsigned long long)dst;
+    b.n = 15;
+    memcpy(b.pieces, p.data(), 15 * sizeof(GatherPiece));
+    launch_row("launch call only: kernel, 15 descriptors in the launch (496 B of parameters)",
+               [&] { k_inline15<<<15, 256, 0, s>>>(b); }, sync);
+    launch_row("launch call only: cudaMemcpyAsync of the bytes contiguous (one DMA)",
+               [&] { CK(cudaMemcpyAsync(dst, contig, total, cudaMemcpyHostToDevice, s)); }, sync);
   }
   return 0;
 }
