@@ -56,31 +56,28 @@ struct InlineArgs {
   GatherPiece pieces[N];
 };
 
-__global__ void k_inline(const InlineArgs<127> a) {
+template <int N>
+__global__ void k_inline(const InlineArgs<N> a) {
   unsigned char* dst = reinterpret_cast<unsigned char*>(a.dst);
-  const unsigned n = a.n < 127 ? a.n : 127;
+  const unsigned n = a.n < N ? a.n : N;
   for (unsigned i = blockIdx.x; i < n; i += gridDim.x) copy_piece(a.pieces[i], dst);
+}
+
+// The launch's parameters for the first `n` (at most N) of `p`, into `dst`.
+template <int N>
+static InlineArgs<N> inline_args(const std::vector<GatherPiece>& p, unsigned n, unsigned char* dst) {
+  InlineArgs<N> a;
+  memset(&a, 0, sizeof a);
+  a.dst = (unsigned long long)dst;
+  a.n = n;
+  memcpy(a.pieces, p.data(), n * sizeof(GatherPiece));
+  return a;
 }
 
 __global__ void k_empty() {}
 
-static double row(const char* name, const std::function<void()>& f) {
-  const int warm = 300, reps = 3000;
-  for (int i = 0; i < warm; i++) f();
-  std::vector<double> v(reps);
-  for (int i = 0; i < reps; i++) {
-    auto t0 = std::chrono::steady_clock::now();
-    f();
-    v[i] = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-  }
-  std::sort(v.begin(), v.end());
-  printf("%-76s median %6.2f us  p10 %6.2f us\n", name, v[reps / 2], v[reps / 10]);
-  fflush(stdout);
-  return v[reps / 2];
-}
-
-// The host time of `f` alone (a launch), `after` (its synchronisation) untimed.
-static double launch_row(const char* name, const std::function<void()>& f, const std::function<void()>& after) {
+// The host time of `f`, then `after` untimed (the launch-call rows synchronise there).
+static double row(const char* name, const std::function<void()>& f, const std::function<void()>& after = [] {}) {
   const int warm = 300, reps = 3000;
   for (int i = 0; i < warm; i++) { f(); after(); }
   std::vector<double> v(reps);
@@ -94,12 +91,6 @@ static double launch_row(const char* name, const std::function<void()>& f, const
   printf("%-76s median %6.2f us  p10 %6.2f us\n", name, v[reps / 2], v[reps / 10]);
   fflush(stdout);
   return v[reps / 2];
-}
-
-__global__ void k_inline15(const InlineArgs<15> a) {
-  unsigned char* dst = reinterpret_cast<unsigned char*>(a.dst);
-  const unsigned n = a.n < 15 ? a.n : 15;
-  for (unsigned i = blockIdx.x; i < n; i += gridDim.x) copy_piece(a.pieces[i], dst);
 }
 
 int main() {
@@ -180,11 +171,7 @@ int main() {
       });
       check(name);
       if (n <= 127) {
-        InlineArgs<127> a;
-        memset(&a, 0, sizeof a);
-        a.dst = (unsigned long long)dst;
-        a.n = n;
-        memcpy(a.pieces, p.data(), n * sizeof(GatherPiece));
+        const InlineArgs<127> a = inline_args<127>(p, n, dst);
         snprintf(name, sizeof name, "kernel, descriptors in the launch: %zu B pieces (%u), %u threads + sync", piece, n, block);
         row(name, [&] {
           k_inline<<<n, block, 0, s>>>(a);
@@ -210,28 +197,20 @@ int main() {
   // The launch call alone, what the host spends before its next step (idle device).
   {
     auto sync = [&] { CK(cudaStreamSynchronize(s)); };
-    launch_row("launch call only: empty kernel", [&] { k_empty<<<1, 32, 0, s>>>(); }, sync);
+    row("launch call only: empty kernel", [&] { k_empty<<<1, 32, 0, s>>>(); }, sync);
     cut(8192, p);
     memcpy(host_desc, p.data(), p.size() * sizeof(GatherPiece));
     unsigned n = (unsigned)p.size();
-    launch_row("launch call only: kernel, descriptors in host memory (3 parameters, 67 blocks)",
-               [&] { k_pointer<<<n, 256, 0, s>>>(host_desc, n, dst); }, sync);
-    InlineArgs<127> a;
-    memset(&a, 0, sizeof a);
-    a.dst = (unsigned long long)dst;
-    a.n = n;
-    memcpy(a.pieces, p.data(), n * sizeof(GatherPiece));
-    launch_row("launch call only: kernel, 67 descriptors in the launch (4 KiB of parameters)",
-               [&] { k_inline<<<n, 256, 0, s>>>(a); }, sync);
-    InlineArgs<15> b;
-    memset(&b, 0, sizeof b);
-    b.dst = (unsigned long long)dst;
-    b.n = 15;
-    memcpy(b.pieces, p.data(), 15 * sizeof(GatherPiece));
-    launch_row("launch call only: kernel, 15 descriptors in the launch (496 B of parameters)",
-               [&] { k_inline15<<<15, 256, 0, s>>>(b); }, sync);
-    launch_row("launch call only: cudaMemcpyAsync of the bytes contiguous (one DMA)",
-               [&] { CK(cudaMemcpyAsync(dst, contig, total, cudaMemcpyHostToDevice, s)); }, sync);
+    row("launch call only: kernel, descriptors in host memory (3 parameters, 67 blocks)",
+        [&] { k_pointer<<<n, 256, 0, s>>>(host_desc, n, dst); }, sync);
+    const InlineArgs<127> a = inline_args<127>(p, n, dst);
+    row("launch call only: kernel, 67 descriptors in the launch (4 KiB of parameters)",
+        [&] { k_inline<<<n, 256, 0, s>>>(a); }, sync);
+    const InlineArgs<15> b = inline_args<15>(p, 15, dst);
+    row("launch call only: kernel, 15 descriptors in the launch (496 B of parameters)",
+        [&] { k_inline<<<15, 256, 0, s>>>(b); }, sync);
+    row("launch call only: cudaMemcpyAsync of the bytes contiguous (one DMA)",
+        [&] { CK(cudaMemcpyAsync(dst, contig, total, cudaMemcpyHostToDevice, s)); }, sync);
   }
   return 0;
 }
