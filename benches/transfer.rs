@@ -327,6 +327,10 @@ fn main() {
             show("d2h", &mut |r| {
                 drop(transfer_tensor_d2h(&dev[r % n], &D2hOptions::default()).unwrap())
             });
+            let pageable = D2hOptions::default().output(HostOutput::Pageable);
+            show("d2h pageable out", &mut |r| {
+                drop(transfer_tensor_d2h(&dev[r % n], &pageable).unwrap())
+            });
         }
         let (m, cpu) = time(c.reps, |r| {
             drop(transfer_tensor_h2d(&c.sources[r % n]).unwrap())

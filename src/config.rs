@@ -106,8 +106,11 @@ pub struct Config {
     pub copy_threads: Option<usize>,
     /// Host copy jobs below this many bytes run on the calling thread alone.
     pub parallel_min: usize,
-    /// How long an idle copy thread spins for new work before sleeping, and how long a
-    /// thread waiting for the copy threads' last pieces of its job spins before sleeping.
+    /// How long an idle copy thread spins for new work before sleeping, how long a
+    /// thread waiting for the copy threads' last pieces of its job spins before sleeping,
+    /// and how long a blocking D2H call into page-locked outputs spins on its end flag (a
+    /// word of page-locked memory its stream sets after the copies) before it waits in
+    /// the driver. Zero turns end flags off.
     pub spin: Duration,
     /// Stores used to fill staging slots (H2D).
     pub fill_stores: CopyStores,

@@ -18,8 +18,12 @@ pub enum FaultKind {
     Copy,
     /// `cuEventRecord`.
     EventRecord,
-    /// `cuStreamSynchronize`.
+    /// `cuStreamSynchronize`, or the spin on an end flag that takes its place at the end
+    /// of a blocking call.
     StreamSync,
+    /// `cuStreamWriteValue32`: queuing an end flag's write (the call then waits in the
+    /// driver instead).
+    FlagWrite,
 }
 
 thread_local! {
@@ -41,6 +45,12 @@ pub fn clear() {
 /// Whether faults are still armed on this thread (one that never fired, say).
 pub fn armed() -> bool {
     PLAN.with(|p| !p.borrow().is_empty())
+}
+
+/// Whether a fault of `kind` is armed on this thread (fired or not by the next call).
+pub(crate) fn armed_for(kind: FaultKind) -> bool {
+    PLAN.try_with(|p| p.borrow().iter().any(|(k, _)| *k == kind))
+        .unwrap_or(false)
 }
 
 /// Called by the driver layer before a call of `kind`: the error to return instead of

@@ -18,6 +18,7 @@
 //! | `event.rs` | [`Event`]: an owned `CUevent` |
 //! | `calls.rs` | memory and copy calls: one checked `unsafe fn` per driver call |
 //! | `batch_copy.rs` | `cuMemcpyBatchAsync`, looked up by hand (CUDA 12.8+) |
+//! | `flag.rs` | end flags: `cuStreamWriteValue32`, looked up by hand (CUDA 11.7+), and the spin on its word |
 //! | `kernels.rs` | the committed PTX kernels, loaded once per device, and their launches |
 //! | `deferred.rs` | errors raised in `Drop`, kept for the next call |
 //! | `fault.rs` | fault injection, feature `test-util` only |
@@ -32,6 +33,7 @@ pub(crate) mod error;
 mod event;
 #[cfg(feature = "test-util")]
 pub mod fault;
+pub(crate) mod flag;
 mod guard;
 mod kernels;
 #[cfg(feature = "nvtx")]
@@ -239,6 +241,7 @@ pub(crate) fn fault_point(
             FaultKindTag::Copy => fault::FaultKind::Copy,
             FaultKindTag::EventRecord => fault::FaultKind::EventRecord,
             FaultKindTag::StreamSync => fault::FaultKind::StreamSync,
+            FaultKindTag::FlagWrite => fault::FaultKind::FlagWrite,
         };
         fault::hit(k, op)?;
     }
@@ -253,6 +256,7 @@ pub(crate) enum FaultKindTag {
     Copy,
     EventRecord,
     StreamSync,
+    FlagWrite,
 }
 
 /// Checks a device index against the device count.

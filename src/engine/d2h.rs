@@ -18,7 +18,7 @@
 //!    outputs, hand the call's owners to the completion thread), rebuild the batch.
 
 use super::completion::{self, Pending, Wake};
-use super::{plan, record_stats, thread_state, Call, Mode};
+use super::{plan, record_stats, thread_state, Call, Mode, FLAG_ALIGN};
 use super::{D2hOptions, HostOutput};
 use crate::batch::{self, Batch};
 use crate::config::SmallD2h;
@@ -55,8 +55,18 @@ pub(crate) fn transfer<B: Batch>(
         } // else: not picked (every picked tensor is on the device)
     }
     let (offsets, end) = plan::pack(sizes.iter().copied(), DEVICE_ALIGN)?;
+    // A blocking call into page-locked outputs learns that its copies ended from a word
+    // after the outputs that the stream sets once they have (an end flag), spinning for
+    // it up to `Config::spin` before it waits in the driver.
+    let flag_at = (mode == Mode::Blocking
+        && end > 0
+        && opts.output == HostOutput::Pinned
+        && super::end_flags(&rt, device))
+    .then(|| end.next_multiple_of(FLAG_ALIGN));
     let block = match opts.output {
-        HostOutput::Pinned if end > 0 => rt.outputs.take(end, device)?,
+        HostOutput::Pinned if end > 0 => rt
+            .outputs
+            .take(flag_at.map_or(end, |at| at + FLAG_ALIGN), device)?,
         HostOutput::Pinned => Some((PinnedBlock::empty(), 0)),
         HostOutput::Pageable => None,
     };
@@ -80,7 +90,10 @@ pub(crate) fn transfer<B: Batch>(
     // Pageable outputs are finished by host copies after the device copies, so that path
     // completes inside the call in both modes.
     let (rebuilt, pending) = match block {
-        Some((block, base)) => into_block(batch, &out, &mut call, job, (&block, base), mode)?,
+        Some((block, base)) => {
+            let at = (&block, base, flag_at);
+            into_block(batch, &out, &mut call, job, at, mode)?
+        }
         None => (into_region(batch, &out, &mut call, job)?, None),
     };
     record_stats(call.stats);
@@ -241,18 +254,19 @@ impl Outputs<'_> {
 
 /// Page-locked outputs: every copy straight into `block` from `base`, the batch rebuilt
 /// around views of it, then the copies waited for (or handed to the completion thread).
+/// With `flag_at`, the range taken goes on past the outputs to an end flag there.
 fn into_block<B: Batch>(
     batch: &B,
     out: &Outputs,
     call: &mut Call,
     mut job: InFlight,
-    (block, base): (&Arc<PinnedBlock>, usize),
+    (block, base, flag_at): (&Arc<PinnedBlock>, usize, Option<usize>),
     mode: Mode,
 ) -> Result<(B, Option<Pending>)> {
     let l = out.layout;
     // Marked as being written before any view of it exists: the rebuild below is the
     // caller's code, and reads of the views are refused until the copies are proven done.
-    job.hold_output(block, base, l.end);
+    job.hold_output(block, base, flag_at.map_or(l.end, |at| at + FLAG_ALIGN));
     let run = if l.batched {
         submit_batch(call, &mut job, block, base, l.views, l.offsets)
     } else {
@@ -260,6 +274,13 @@ fn into_block<B: Batch>(
     };
     if let Err(e) = run {
         return Err(job.abort(e, out.sources()));
+    }
+    if let Some(at) = flag_at {
+        // Queued now, after every copy, so the device's round trip for it overlaps the
+        // rebuild. After the last output (`at >= l.end`), in the range held above; `base`
+        // and `at` are multiples of FLAG_ALIGN; the block comes from `cuMemHostAlloc` and
+        // is mapped for the device (checked by the caller).
+        job.end_flag(block, base + at, call.rt.settings().spin);
     }
     // The output views are made while the copies run, as the batch is rebuilt around them
     // (one pass). Their range is marked (`hold_output`), so the caller's rebuild cannot

@@ -377,6 +377,28 @@ impl<'a> Synced<'a> {
         Ok(Synced(stream))
     }
 
+    /// The proof for the work queued on `stream` before the write of the end flag at
+    /// `word` (queued by `InFlight::end_flag`), if the word is seen set within `spin`.
+    /// `None` when it is not, or when a test armed a fault of the driver's wait (feature
+    /// `test-util`), which must fire there: the caller then waits in the driver, after
+    /// which the write has landed.
+    ///
+    /// # Safety
+    /// `word` is 4-byte aligned page-locked memory that stays allocated until the flag is
+    /// seen or the stream is proven idle, and that only the queued write changes.
+    pub(crate) unsafe fn by_flag(
+        stream: &'a Stream,
+        word: HostPtr<u32>,
+        spin: Duration,
+    ) -> Option<Synced<'a>> {
+        if driver::flag::wait_fault_armed() {
+            return None;
+        }
+        // SAFETY: aligned and allocated (the caller's obligation); only the device writes
+        // it now.
+        unsafe { driver::flag::spin_until(word.0, 1, spin) }.then_some(Synced(stream))
+    }
+
     /// The proof for the work queued on `stream` before `done` was recorded there, if
     /// `done` has completed (asked here, without blocking).
     pub(crate) fn by_event(stream: &'a Stream, done: &crate::driver::Event) -> Option<Synced<'a>> {

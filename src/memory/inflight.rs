@@ -4,10 +4,11 @@
 use super::arena::Synced;
 use super::pinned::Fill;
 use super::{retained, PinnedBlock, SlotLease};
-use crate::driver::Stream;
+use crate::driver::{HostPtr, Stream};
 use crate::error::{Error, Result};
 use std::any::Any;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Everything one transfer call has queued copies against on `stream`: its staging slot
 /// leases, device allocations and page-locked output blocks. Ending it any way other than [`InFlight::finish`] or
@@ -22,6 +23,10 @@ pub(crate) struct InFlight {
     fills: Vec<Fill>,
     /// Set once finish/abort has run, so Drop knows not to synchronise again.
     done: bool,
+    /// A queued end flag ([`InFlight::end_flag`]): a word of a held output block the
+    /// stream sets after the copies, and how long [`InFlight::finish`] spins for it
+    /// before it waits in the driver.
+    end_flag: Option<(HostPtr<u32>, Duration)>,
 }
 
 impl InFlight {
@@ -32,13 +37,50 @@ impl InFlight {
             held: Vec::new(),
             fills: Vec::new(),
             done: false,
+            end_flag: None,
+        }
+    }
+
+    /// Queues on the stream, after everything queued so far, the write of the end flag
+    /// at `at` of `block`, so that [`InFlight::finish`] learns that the copies ended from
+    /// that word (spinning for it at most `spin`) instead of waiting in the driver; call
+    /// it once every copy of the call is queued. Queued early, the device's round trip
+    /// for the write overlaps what the call does before it waits (its rebuild). If the
+    /// write cannot be queued, `finish` waits in the driver.
+    ///
+    /// `at..at + 4` must lie in a range of `block` this call holds
+    /// ([`InFlight::hold_output`]) outside every output view, and `at` be a multiple of
+    /// 4; the block must come from `cuMemHostAlloc` and be readable by the stream's device
+    /// (`driver::host_memory_mapped`).
+    pub(crate) fn end_flag(&mut self, block: &PinnedBlock, at: usize, spin: Duration) {
+        let word = block.ptr_at(at).cast::<u32>();
+        // SAFETY: inside a range this call took and holds, that no view covers and no
+        // copy writes (the caller's obligations); aligned (`at` is a multiple of 4, the
+        // block page-aligned).
+        unsafe { std::ptr::write_volatile(word, 0) };
+        // SAFETY: page-locked memory from `cuMemHostAlloc` that the device maps (the
+        // caller's obligations), held by this call until the stream is proven past the
+        // write (the flag seen, or a synchronisation; on a failure the block is retained
+        // with the rest), and written by nothing else.
+        if let Ok(true) = unsafe { crate::driver::flag::queue_write(&self.stream, word, 1) } {
+            self.end_flag = Some((HostPtr(word), spin));
         }
     }
 
     /// Synchronises the stream; on success the leases are marked idle and the output
     /// ranges readable, with the proof.
     fn synchronize(&mut self) -> Result<()> {
-        let proof = Synced::synchronize(&self.stream)?;
+        let flagged = self.end_flag.take().and_then(|(word, spin)| {
+            // SAFETY: the word lies in an output block this call holds (`held`), and only
+            // the device writes it now (`end_flag` queued the write); if the flag does
+            // not come, the driver's wait below proves the stream past the write before
+            // the block can go, and on its failure the block is retained with the rest.
+            unsafe { Synced::by_flag(&self.stream, word, spin) }
+        });
+        let proof = match flagged {
+            Some(p) => p,
+            None => Synced::synchronize(&self.stream)?,
+        };
         self.leases.iter_mut().for_each(|l| l.mark_idle(&proof));
         filled(&mut self.fills, &proof);
         retained::release_proven(&self.stream);
@@ -121,6 +163,7 @@ impl InFlight {
         sources: impl FnOnce() -> S,
     ) -> Error {
         self.done = true;
+        self.end_flag = None;
         self.settle();
         if self.synchronize().is_err() {
             self.retain(sources());

@@ -150,10 +150,30 @@ impl Sim {
     }
 
     pub(crate) unsafe fn cuStreamSynchronize(&'static self, s: sys::CUstream) -> CUresult {
+        lock(&self.seen).stream_syncs += 1;
         // SAFETY: the handle is valid (contract).
         let st = unsafe { self.stream(s) };
         let mut p = st.state.wait_queued();
         p.error.take().unwrap_or(OK)
+    }
+
+    /// `cuStreamWriteValue32_v2` (flags 0: the default write, after a memory barrier): the
+    /// word is written when the stream reaches it, unless an earlier operation of the
+    /// stream failed (the real device runs nothing after such a fault).
+    pub(crate) unsafe fn cuStreamWriteValue32(
+        &'static self,
+        s: sys::CUstream,
+        addr: sys::CUdeviceptr,
+        value: u32,
+        flags: c_uint,
+    ) -> CUresult {
+        if flags != 0 || !addr.is_multiple_of(4) {
+            return CUresult::CUDA_ERROR_INVALID_VALUE;
+        }
+        lock(&self.seen).flag_writes += 1;
+        // SAFETY: the handle is valid (contract).
+        let st = unsafe { self.stream(s) };
+        Self::submit(&st, Op::WriteValue { addr, value })
     }
 
     pub(crate) unsafe fn cuStreamWaitEvent(

@@ -214,6 +214,10 @@ pub struct Activity {
     /// Of those, launches that passed their descriptors in the parameters, per variant:
     /// the ones taking up to 15, 63 and 127 descriptors.
     pub inline_launches: [usize; 3],
+    /// Calls of `cuStreamSynchronize`.
+    pub stream_syncs: usize,
+    /// End flags' writes queued (`cuStreamWriteValue32`).
+    pub flag_writes: usize,
     /// Handles (as addresses) passed to `cuStreamDestroy` and `cuEventDestroy`, with how
     /// often each was.
     pub destroyed: std::collections::HashMap<usize, usize>,

@@ -25,6 +25,12 @@ pub(super) enum Op {
         pieces: Pieces,
         dst: u64,
     },
+    /// `cuStreamWriteValue32`: a word of memory the device may write (page-locked host
+    /// memory on a device that maps it, or device memory).
+    WriteValue {
+        addr: u64,
+        value: u32,
+    },
 }
 
 /// Where a simulated gather finds its descriptors.
@@ -113,7 +119,12 @@ impl Sim {
                         rng ^= rng << 17;
                         std::thread::sleep(Duration::from_nanos(rng % (max + 1)));
                     }
-                    let res = self.run(op);
+                    // The real device runs nothing after a fault: a flag written after
+                    // a failed copy would claim the copy done.
+                    let res = match op {
+                        Op::WriteValue { .. } if lock(&st.progress).error.is_some() => Ok(()),
+                        op => self.run(op),
+                    };
                     let mut p = lock(&st.progress);
                     p.done += 1;
                     if let Err(e) = res {
@@ -183,6 +194,19 @@ impl Sim {
                 while gens.1 < g {
                     gens = ev.changed.wait(gens).unwrap_or_else(|p| p.into_inner());
                 }
+                Ok(())
+            }
+            Op::WriteValue { addr, value } => {
+                let mem = lock(&self.mem);
+                if !mem.kernel_readable(addr, 4, self.cfg.host_mapped) {
+                    return Err(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
+                }
+                // Everything this stream ran before is visible before the word is.
+                std::sync::atomic::fence(Ordering::Release);
+                // SAFETY: `addr..+4` is inside a simulated region the device may write
+                // (checked above), kept allocated by the memory lock; aligned (checked
+                // when queued); volatile, as the host spins on it.
+                unsafe { std::ptr::write_volatile(addr as *mut u32, value) };
                 Ok(())
             }
             Op::Host(f, user) => {
