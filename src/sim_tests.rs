@@ -367,3 +367,34 @@ fn host_memory_is_mapped_in_place_only_within_one_registration() {
     }
     drop(buf);
 }
+
+/// The simulated device, like the real one, runs no end flag's write after a fault on the
+/// stream, even once a synchronisation has taken the error: a flag written after a failed
+/// copy would claim the copy done.
+#[test]
+fn no_end_flag_is_written_after_a_fault() {
+    setup();
+    let ctx = driver::bind(0).unwrap();
+    let s = Stream::new(Device::cuda(0)).unwrap();
+    let page = driver::host_alloc(&ctx, 4096).unwrap();
+    let word = page.cast::<u32>();
+    // SAFETY: the page was just allocated, 4096 bytes, page-aligned; nothing else uses it.
+    unsafe { word.write(0) };
+    // A copy from an address outside every allocation: the simulator refuses it before
+    // any byte moves, and the stream has failed.
+    // SAFETY: `page` is page-locked memory alive past the synchronisation below; the
+    // source is checked by the simulated device, which moves nothing from outside its
+    // allocations.
+    unsafe { driver::memcpy_d2h_async(&ctx, page.wrapping_add(64), 0x10, 16, &s) }.unwrap();
+    assert!(s.synchronize().is_err(), "the copy failed");
+    // SAFETY: the word is page-locked, aligned, alive until freed below, written by
+    // nothing else.
+    assert!(unsafe { driver::flag::queue_write(&s, word, 1) }.unwrap());
+    // SAFETY: as above.
+    let seen = unsafe { driver::flag::spin_until(word, 1, Duration::from_millis(50)) };
+    assert!(!seen, "no flag after a fault");
+    drop(s.synchronize());
+    // SAFETY: from host_alloc, freed once; the stream has run everything queued on it
+    // (the write skipped), so nothing touches the page any more.
+    unsafe { driver::host_free(&ctx, page) }.unwrap();
+}

@@ -432,14 +432,14 @@ fn a_rebuild_cannot_read_outputs_the_copies_still_write() {
     }
 }
 
-/// A blocking call learns that its copies ended from a word its stream sets after them
-/// (an end flag) when one comes within `Config::spin`: 2,000 D2H calls of one tensor of
-/// 1 B to 1 MiB, each just after a copy of other bytes into it on the caller's current
-/// stream, and as many H2D calls, every byte checked. A flag seen before the copy landed
-/// would return the bytes of an earlier call.
+/// A blocking D2H into page-locked outputs learns that its copies ended from a word its
+/// stream sets after them (an end flag) when one comes within `Config::spin`: 2,000 calls
+/// of one tensor of 1 B to 1 MiB, each just after a copy of other bytes into it on the
+/// caller's current stream, every byte checked (and as many H2D calls). A flag seen
+/// before the copy landed would return the bytes of an earlier call.
 #[test]
 #[cfg(feature = "test-util")] // overwrite_async
-fn small_calls_ending_on_their_flag_return_the_latest_bytes() {
+fn d2h_calls_ending_on_their_flag_return_the_latest_bytes() {
     require_gpu!();
     let sizes = [1usize, 4, 1024, 4096, 65536, 1 << 20];
     let on: Vec<Tensor> = sizes
@@ -459,6 +459,10 @@ fn small_calls_ending_on_their_flag_return_the_latest_bytes() {
                 .collect()
         })
         .collect();
+    assert!(
+        pinlane::driver::end_flags_available(),
+        "the driver runs end flags (cuStreamWriteValue32_v2)"
+    );
     let producer = Stream::new(common::dev()).unwrap();
     let _current = set_current_stream(&producer);
     for round in 0..2000 {
@@ -469,8 +473,9 @@ fn small_calls_ending_on_their_flag_return_the_latest_bytes() {
         unsafe { on[k].overwrite_async(v, &producer) }.unwrap();
         let back = d2h(&on[k]);
         assert_eq!(&back, v, "round {round}, {} bytes", sizes[k]);
-        // H2D ends on its flag too: its copy must have landed when the call returns (the
-        // D2H orders after the current stream, not after pinlane's H2D stream).
+        // H2D waits in the driver (no flag); checked the same way: its copy must have
+        // landed when the call returns (the D2H orders after the current stream, not after
+        // pinlane's H2D stream).
         let up = transfer_tensor_h2d(v).unwrap();
         assert_eq!(&d2h(&up), v, "round {round}, H2D, {} bytes", sizes[k]);
     }

@@ -1,8 +1,8 @@
 //! End flags: a stream writes a word of page-locked memory once the work queued before
 //! the write has finished (`cuStreamWriteValue32`), and the calling thread spins on the
 //! word instead of waiting in `cuStreamSynchronize`. On the H200 a 1 KiB copy ended that
-//! way 0.8 us sooner than with the driver's wait (`benches/probes/wait_floor.cu`,
-//! docs/performance.md).
+//! way 0.3 to 0.9 us sooner than with the driver's wait (`benches/probes/wait_floor.cu`,
+//! docs/performance.md, session 44).
 //!
 //! The call is not in the CUDA 11.4 header set pinlane binds; CUDA 11.7 and later have it
 //! as `cuStreamWriteValue32_v2`, looked up by hand when first needed (the first version
@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 type WriteValue =
     unsafe extern "C" fn(sys::CUstream, sys::CUdeviceptr, u32, c_uint) -> sys::CUresult;
 
-/// Set when the driver refused a write as unsupported: later calls wait in the driver.
+/// Set when the driver failed a write (unsupported, say): later calls wait in the driver,
+/// which reports a stream's own errors.
 static REFUSED: AtomicBool = AtomicBool::new(false);
 
 fn entry() -> Option<WriteValue> {
@@ -82,9 +83,9 @@ pub(crate) unsafe fn queue_write(stream: &Stream, word: *mut u32, value: u32) ->
     // caller's obligation; flags 0 is the default write, ordered after prior work with a
     // memory barrier.
     let res = unsafe { write(stream.raw(), word as sys::CUdeviceptr, value, 0) };
-    if res == sys::CUresult::CUDA_ERROR_NOT_SUPPORTED {
+    if res != sys::CUresult::CUDA_SUCCESS {
+        // Not retried on every call: the driver's wait is as correct, a little slower.
         REFUSED.store(true, Ordering::Relaxed);
-        return Ok(false);
     }
     check("cuStreamWriteValue32", res).map(|()| true)
 }
@@ -106,18 +107,18 @@ pub(crate) fn wait_fault_armed() -> bool {
 /// Once it returns `true`, host reads of what the flagged work wrote see it.
 ///
 /// # Safety
-/// `word` is 4-byte aligned memory that stays allocated for the call; only the device
-/// writes it meanwhile (the host only reads it here).
-pub(crate) unsafe fn spin_until(word: *const u32, value: u32, limit: Duration) -> bool {
-    // SAFETY: aligned and allocated (the caller's obligation); volatile, since the device
-    // writes the word behind the compiler's back.
-    let seen = || unsafe { std::ptr::read_volatile(word) } == value;
+/// `word` is 4-byte aligned memory that stays allocated for the call; meanwhile only the
+/// device (or the simulated device's thread, atomically) writes it.
+pub(crate) unsafe fn spin_until(word: *mut u32, value: u32, limit: Duration) -> bool {
+    // SAFETY: aligned and allocated for the call, and written only atomically (by the
+    // device, or the simulator's atomic store) meanwhile: the caller's obligations.
+    let word = unsafe { std::sync::atomic::AtomicU32::from_ptr(word) };
+    // Acquire: reads of the flagged work's bytes come after the load that saw it.
+    let seen = || word.load(Ordering::Acquire) == value;
     let started = Instant::now();
     loop {
         for _ in 0..16 {
             if seen() {
-                // Reads of the flagged work's bytes come after this one.
-                std::sync::atomic::fence(Ordering::Acquire);
                 return true;
             }
             std::hint::spin_loop();
@@ -135,7 +136,7 @@ mod tests {
 
     #[test]
     fn the_spin_sees_a_word_set_by_another_thread_and_gives_up_on_one_never_set() {
-        let word = Box::new(std::sync::atomic::AtomicU32::new(0));
+        let word = std::sync::atomic::AtomicU32::new(0);
         let at = word.as_ptr();
         std::thread::scope(|s| {
             s.spawn(|| {

@@ -209,6 +209,14 @@ fn probe() -> &'static std::result::Result<DriverInfo, String> {
     })
 }
 
+/// Whether blocking D2H calls can end on an end flag in this process (feature
+/// `test-util`): the driver has `cuStreamWriteValue32_v2` and has not failed one. For
+/// tests that must know the flags ran.
+#[cfg(feature = "test-util")]
+pub fn end_flags_available() -> bool {
+    flag::available()
+}
+
 /// Free and total memory of `device`, in bytes (`cuMemGetInfo`).
 ///
 /// ```no_run

@@ -27,8 +27,8 @@ use crate::driver::{self, Stream};
 use crate::error::{Error, Result};
 use crate::location::Location;
 use crate::memory::{
-    self, DeviceView, HostBuf, HostRegion, InFlight, PinnedBlock, PinnedBuf, SlotLease,
-    DEVICE_ALIGN,
+    self, DeviceView, HostBuf, HostRegion, InFlight, PinnedBlock, PinnedBuf, PinnedOutputPool,
+    SlotLease, DEVICE_ALIGN,
 };
 use crate::tensor::{Storage, Tensor};
 use std::sync::Arc;
@@ -61,6 +61,7 @@ pub(crate) fn transfer<B: Batch>(
     let flag_at = (mode == Mode::Blocking
         && end > 0
         && opts.output == HostOutput::Pinned
+        && PinnedOutputPool::room_after(end, 2 * FLAG_ALIGN)
         && super::end_flags(&rt, device))
     .then(|| end.next_multiple_of(FLAG_ALIGN));
     let block = match opts.output {

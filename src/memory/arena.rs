@@ -352,8 +352,10 @@ pub(crate) struct SlotLease {
     filling: Option<Ticket>,
 }
 
-/// Proof that every copy queued on a stream before it was made has finished: made only by
-/// synchronising the stream, or by seeing an event recorded on it complete.
+/// Proof that the copies a call queued on a stream have finished: made only by
+/// synchronising the stream or seeing an event recorded on it complete (everything queued
+/// before), or by seeing a call's end flag set ([`Synced::by_flag`]: only what was queued
+/// before the flag's write, not what other code queued on the stream after it).
 pub(crate) struct Synced<'a>(&'a Stream);
 
 impl<'a> Synced<'a> {
@@ -378,7 +380,9 @@ impl<'a> Synced<'a> {
     }
 
     /// The proof for the work queued on `stream` before the write of the end flag at
-    /// `word` (queued by `InFlight::end_flag`), if the word is seen set within `spin`.
+    /// `word` (queued by `InFlight::end_flag`), if the word is seen set within `spin`. It
+    /// says nothing of work queued on the stream after the write (by a nested call in the
+    /// caller's rebuild, say): not a proof for the retained registry.
     /// `None` when it is not, or when a test armed a fault of the driver's wait (feature
     /// `test-util`), which must fire there: the caller then waits in the driver, after
     /// which the write has landed.

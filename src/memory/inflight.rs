@@ -7,6 +7,7 @@ use super::{retained, PinnedBlock, SlotLease};
 use crate::driver::{HostPtr, Stream};
 use crate::error::{Error, Result};
 use std::any::Any;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -49,19 +50,25 @@ impl InFlight {
     /// write cannot be queued, `finish` waits in the driver.
     ///
     /// `at..at + 4` must lie in a range of `block` this call holds
-    /// ([`InFlight::hold_output`]) outside every output view, and `at` be a multiple of
-    /// 4; the block must come from `cuMemHostAlloc` and be readable by the stream's device
-    /// (`driver::host_memory_mapped`).
+    /// ([`InFlight::hold_output`]) outside every output view; the block must come from
+    /// `cuMemHostAlloc` and be readable by the stream's device
+    /// (`driver::host_memory_mapped`). A word outside the block, or not 4-byte aligned, is
+    /// refused (no flag).
     pub(crate) fn end_flag(&mut self, block: &PinnedBlock, at: usize, spin: Duration) {
+        if !block.holds_word(at) {
+            return;
+        }
         let word = block.ptr_at(at).cast::<u32>();
-        // SAFETY: inside a range this call took and holds, that no view covers and no
-        // copy writes (the caller's obligations); aligned (`at` is a multiple of 4, the
-        // block page-aligned).
-        unsafe { std::ptr::write_volatile(word, 0) };
+        // SAFETY: inside the block and aligned (checked above), in a range this call took
+        // and holds, that no view covers and no copy writes (the caller's obligations);
+        // nothing writes it until the write below is queued.
+        unsafe { std::sync::atomic::AtomicU32::from_ptr(word) }.store(0, Ordering::Relaxed);
         // SAFETY: page-locked memory from `cuMemHostAlloc` that the device maps (the
         // caller's obligations), held by this call until the stream is proven past the
         // write (the flag seen, or a synchronisation; on a failure the block is retained
         // with the rest), and written by nothing else.
+        // An error leaves the wait to the driver, which reports the stream's own errors;
+        // one of the write itself turns flags off (`flag::queue_write`).
         if let Ok(true) = unsafe { crate::driver::flag::queue_write(&self.stream, word, 1) } {
             self.end_flag = Some((HostPtr(word), spin));
         }
@@ -77,13 +84,17 @@ impl InFlight {
             // the block can go, and on its failure the block is retained with the rest.
             unsafe { Synced::by_flag(&self.stream, word, spin) }
         });
-        let proof = match flagged {
-            Some(p) => p,
-            None => Synced::synchronize(&self.stream)?,
+        let (proof, stream_idle) = match flagged {
+            Some(p) => (p, false),
+            None => (Synced::synchronize(&self.stream)?, true),
         };
         self.leases.iter_mut().for_each(|l| l.mark_idle(&proof));
         filled(&mut self.fills, &proof);
-        retained::release_proven(&self.stream);
+        if stream_idle {
+            // Only the driver's wait covers what others queued on the stream (the flag
+            // covers this call's copies, all queued before its write).
+            retained::release_proven(&self.stream);
+        }
         Ok(())
     }
 

@@ -118,6 +118,12 @@ impl PinnedBlock {
         }
     }
 
+    /// Whether a 4-byte word at `offset` lies inside the block and is aligned.
+    pub(crate) fn holds_word(&self, offset: usize) -> bool {
+        offset.checked_add(4).is_some_and(|end| end <= self.len)
+            && (self.ptr.0 as usize).wrapping_add(offset).is_multiple_of(4)
+    }
+
     /// The address of byte `offset` (writes through it are the caller's to make safe).
     pub(crate) fn ptr_at(&self, offset: usize) -> *mut u8 {
         self.ptr.0.wrapping_add(offset)
@@ -916,6 +922,19 @@ impl PinnedOutputPool {
         got
     }
 
+    /// Whether `more` bytes after a range of `nbytes` (> 0) cost at most one more step of
+    /// the shared block: below [`SHARE_MAX`] (ranges there take 256-byte steps of a
+    /// shared block), or where a block of its own is rounded up to 2 MiB anyway. A range
+    /// that would need a larger block (outputs of exactly 2 MiB, say) is refused.
+    pub(crate) fn room_after(nbytes: usize, more: usize) -> bool {
+        let with = nbytes.saturating_add(more);
+        if with < SHARE_MAX {
+            return true;
+        }
+        let blocks = |n: usize| n.div_ceil(BLOCK_ROUND);
+        nbytes >= SHARE_MAX && blocks(nbytes) == blocks(with)
+    }
+
     /// A range of the shared block, starting a new shared block when it is full.
     fn take_shared(
         self: &Arc<Self>,
@@ -1043,4 +1062,24 @@ fn free_blocks(blocks: Vec<(HostPtr<u8>, usize, usize)>) -> Result<()> {
     // when its last view drops, after its copies were proven complete), and these were
     // taken off the free list, so nothing else frees them.
     unsafe { super::reaper::free_all(blocks.into_iter().map(|(ptr, _, device)| (ptr, device))) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{PinnedOutputPool as P, SHARE_MAX};
+
+    #[test]
+    fn room_after_outputs_never_needs_a_larger_block() {
+        assert!(P::room_after(1024, 16), "shared steps");
+        assert!(P::room_after(SHARE_MAX - 100, 16));
+        assert!(
+            !P::room_after(SHARE_MAX - 8, 16),
+            "would need a block of its own"
+        );
+        assert!(P::room_after(SHARE_MAX, 16), "rounded to 2 MiB anyway");
+        assert!(P::room_after((1 << 20) + 1, 16));
+        assert!(!P::room_after(2 << 20, 16), "exactly 2 MiB");
+        assert!(!P::room_after(1 << 30, 8), "exactly 1 GiB");
+        assert!(P::room_after((1 << 30) - 64, 16));
+    }
 }

@@ -46,6 +46,9 @@ pub(super) struct Progress {
     pub(super) submitted: u64,
     pub(super) done: u64,
     pub(super) error: Option<CUresult>,
+    /// Whether an operation of the stream has failed: unlike `error`, which a
+    /// synchronisation takes, it stays (flags are never written after a fault).
+    pub(super) faulted: bool,
 }
 
 pub(super) struct StreamState {
@@ -122,13 +125,14 @@ impl Sim {
                     // The real device runs nothing after a fault: a flag written after
                     // a failed copy would claim the copy done.
                     let res = match op {
-                        Op::WriteValue { .. } if lock(&st.progress).error.is_some() => Ok(()),
+                        Op::WriteValue { .. } if lock(&st.progress).faulted => Ok(()),
                         op => self.run(op),
                     };
                     let mut p = lock(&st.progress);
                     p.done += 1;
                     if let Err(e) = res {
                         p.error.get_or_insert(e);
+                        p.faulted = true;
                     }
                     st.changed.notify_all();
                 }
@@ -201,12 +205,12 @@ impl Sim {
                 if !mem.kernel_readable(addr, 4, self.cfg.host_mapped) {
                     return Err(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
                 }
-                // Everything this stream ran before is visible before the word is.
-                std::sync::atomic::fence(Ordering::Release);
                 // SAFETY: `addr..+4` is inside a simulated region the device may write
-                // (checked above), kept allocated by the memory lock; aligned (checked
-                // when queued); volatile, as the host spins on it.
-                unsafe { std::ptr::write_volatile(addr as *mut u32, value) };
+                // (checked above), kept allocated by the memory lock, and aligned (checked
+                // when queued); the host only reads it, atomically, meanwhile.
+                let word = unsafe { std::sync::atomic::AtomicU32::from_ptr(addr as *mut u32) };
+                // Release: everything this stream ran before is visible before the word.
+                word.store(value, Ordering::Release);
                 Ok(())
             }
             Op::Host(f, user) => {
