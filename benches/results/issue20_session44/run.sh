@@ -14,7 +14,8 @@
 # PINLANE_SPIN_US=0, three rounds. Part 8: end flags for D2H only, against old, the
 # 1 KiB rows traced, three pairs. Part 9: the final code, the 1 KiB rows traced old
 # and new x3, and pinlane.bench's one 1 KiB tensor new and old wheels x3. Parts 1 and 2
-# were run again after part 9, on the final code.
+# were run again after part 9. Part 10: after the review's mends, part 1's checks and
+# the one-tensor rows twice.
 # The .gpu folder is carried in two halves (the carry limit): part 1 with .gpu/tests,
 # parts 2 and 3 with .gpu/shipped, .gpu/bin and .gpu/ab.
 cd "$(dirname "$0")/../../.."
@@ -29,6 +30,20 @@ if [ $PART = 1 ]; then
   PINLANE_REQUIRE_GPU=1 timeout 200 bash .gpu/with-python python3 -m pytest -q -s -p no:cacheprovider python/tests > $OUT/py.log 2>&1
   echo "pytest rc=$? $(tail -1 $OUT/py.log)"
   grep -E "FAILED|Error" $OUT/py.log | head -8
+elif [ $PART = 10 ]; then
+  # After the review's mends (a flag no longer releases the retained registry; no flag
+  # where it would need a larger block; atomics for the word): part 1's checks again, then
+  # the new bench's one 1 KiB tensor rows twice.
+  bash .gpu/run-tests > $OUT/rust.log 2>&1
+  echo "tests rc=$? $(tail -1 $OUT/rust.log)"
+  grep -E "FAILED|panicked" $OUT/rust.log | head -5
+  PINLANE_REQUIRE_GPU=1 timeout 200 bash .gpu/with-python python3 -m pytest -q -s -p no:cacheprovider python/tests > $OUT/py.log 2>&1
+  echo "pytest rc=$? $(tail -1 $OUT/py.log)"
+  grep -E "FAILED|Error" $OUT/py.log | head -8
+  for i in 1 2; do
+    timeout 60 .gpu/bin/bench-transfer --only "1 x 1 KiB" --trace --json $OUT/bench_new$i.json > $OUT/bench_new$i.txt 2>&1; echo "bench new$i rc=$?"
+    grep -E "^1 x|^trace 1 x 1 KiB f32 d2h \(" $OUT/bench_new$i.txt | cut -c1-160
+  done
 elif [ $PART = 2 ]; then
   bash .gpu/run-shipped > $OUT/shipped.log 2>&1
   echo "shipped rc=$? $(tail -1 $OUT/shipped.log)"
