@@ -389,7 +389,7 @@ fn no_end_flag_is_written_after_a_fault() {
     assert!(s.synchronize().is_err(), "the copy failed");
     // SAFETY: the word is page-locked, aligned, alive until freed below, written by
     // nothing else.
-    assert!(unsafe { driver::flag::queue_write(&s, word, 1) }.unwrap());
+    assert!(unsafe { driver::flag::queue_write(&ctx, &s, word, 1) }.unwrap());
     // SAFETY: as above.
     let seen = unsafe { driver::flag::spin_until(word, 1, Duration::from_millis(50)) };
     assert!(!seen, "no flag after a fault");

@@ -12,7 +12,7 @@ use pinlane::driver::sim::{activity, Activity};
 use pinlane::memory::retained::retained_bytes;
 use pinlane::{
     set_current_stream, transfer_tensor_d2h, transfer_tensor_h2d, D2hOptions, DType, HostOutput,
-    Stream,
+    Stream, Tensor,
 };
 use std::sync::Mutex;
 use std::time::Duration;
@@ -32,6 +32,13 @@ fn setup() -> std::sync::MutexGuard<'static, ()> {
     TURN.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// A 1 KiB host tensor from `seed`, and its copy on the device.
+fn one_on_device(seed: u64) -> (Tensor, Tensor) {
+    let host = common::tensor(DType::F32, &[256], seed);
+    let on = transfer_tensor_h2d(&host).unwrap();
+    (host, on)
+}
+
 /// (flag writes queued, stream synchronisations) since `before`.
 fn since(before: &Activity) -> (usize, usize) {
     let now = activity().unwrap();
@@ -44,8 +51,7 @@ fn since(before: &Activity) -> (usize, usize) {
 #[test]
 fn a_small_blocking_d2h_ends_on_its_flag() {
     let _turn = setup();
-    let host = common::tensor(DType::F32, &[256], 1);
-    let on = transfer_tensor_h2d(&host).unwrap();
+    let (host, on) = one_on_device(1);
     for _ in 0..20 {
         let before = activity().unwrap();
         let back = transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap();
@@ -87,8 +93,7 @@ fn a_blocking_h2d_waits_in_the_driver() {
 #[test]
 fn pageable_outputs_wait_in_the_driver() {
     let _turn = setup();
-    let host = common::tensor(DType::F32, &[256], 5);
-    let on = transfer_tensor_h2d(&host).unwrap();
+    let (host, on) = one_on_device(5);
     let before = activity().unwrap();
     let opts = D2hOptions::default().output(HostOutput::Pageable);
     let back = transfer_tensor_d2h(&on, &opts).unwrap();
@@ -101,8 +106,7 @@ fn pageable_outputs_wait_in_the_driver() {
 #[test]
 fn a_flag_that_cannot_be_queued_leaves_the_wait_to_the_driver() {
     let _turn = setup();
-    let host = common::tensor(DType::F32, &[256], 6);
-    let on = transfer_tensor_h2d(&host).unwrap();
+    let (host, on) = one_on_device(6);
     fault::inject(FaultKind::FlagWrite, 1);
     let before = activity().unwrap();
     let back = transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap();
@@ -146,8 +150,7 @@ fn a_wait_longer_than_the_spin_goes_to_the_driver_and_keeps_the_order() {
 #[test]
 fn an_armed_wait_fault_fires_in_the_driver() {
     let _turn = setup();
-    let host = common::tensor(DType::F32, &[256], 9);
-    let on = transfer_tensor_h2d(&host).unwrap();
+    let (host, on) = one_on_device(9);
     fault::inject(FaultKind::StreamSync, 1);
     let before = activity().unwrap();
     let r = transfer_tensor_d2h(&on, &D2hOptions::default());

@@ -9,7 +9,7 @@
 //! needs a device attribute the H200 does not set). Without it, [`available`] is false
 //! and callers wait in the driver. The simulated device answers it too.
 
-use super::{check, fault_point, FaultKindTag, Stream};
+use super::{check, fault_point, ContextGuard, FaultKindTag, Stream};
 use crate::error::Result;
 use cudarc::driver::sys;
 use std::ffi::c_uint;
@@ -66,19 +66,24 @@ pub(crate) fn available() -> bool {
 /// Queues on `stream`, after everything queued there so far, the write of `value` into
 /// the word at `word`, with a memory barrier: once the word holds `value`, the queued
 /// work's writes to host memory are visible. `Ok(false)` when end flags are not
-/// available (nothing queued).
+/// available (nothing queued). `ctx` is the stream's device's context, current (checked).
 ///
 /// # Safety
 /// `word` is 4-byte aligned page-locked host memory from `cuMemHostAlloc`, readable by
 /// `stream`'s device at its host address ([`host_memory_mapped`](super::host_memory_mapped)),
 /// that stays allocated until the write is proven done (the stream synchronised, or the
 /// word seen to hold `value`), and that nothing else writes meanwhile.
-pub(crate) unsafe fn queue_write(stream: &Stream, word: *mut u32, value: u32) -> Result<bool> {
+pub(crate) unsafe fn queue_write(
+    ctx: &ContextGuard,
+    stream: &Stream,
+    word: *mut u32,
+    value: u32,
+) -> Result<bool> {
     fault_point(FaultKindTag::FlagWrite, "cuStreamWriteValue32")?;
     let Some(write) = entry().filter(|_| !REFUSED.load(Ordering::Relaxed)) else {
         return Ok(false);
     };
-    let _ctx = super::bind(stream.device().ordinal())?;
+    ctx.check("cuStreamWriteValue32", stream.device().ordinal())?;
     // SAFETY: the stream is alive (borrowed) and its context current; `word` is the
     // caller's obligation; flags 0 is the default write, ordered after prior work with a
     // memory barrier.

@@ -18,7 +18,7 @@
 //!    outputs, hand the call's owners to the completion thread), rebuild the batch.
 
 use super::completion::{self, Pending, Wake};
-use super::{plan, record_stats, thread_state, Call, Mode, FLAG_ALIGN};
+use super::{plan, record_stats, thread_state, Call, Mode};
 use super::{D2hOptions, HostOutput};
 use crate::batch::{self, Batch};
 use crate::config::SmallD2h;
@@ -58,12 +58,13 @@ pub(crate) fn transfer<B: Batch>(
     // A blocking call into page-locked outputs learns that its copies ended from a word
     // after the outputs that the stream sets once they have (an end flag), spinning for
     // it up to `Config::spin` before it waits in the driver.
+    let at = end.next_multiple_of(FLAG_ALIGN);
     let flag_at = (mode == Mode::Blocking
         && end > 0
         && opts.output == HostOutput::Pinned
-        && PinnedOutputPool::room_after(end, 2 * FLAG_ALIGN)
-        && super::end_flags(&rt, device))
-    .then(|| end.next_multiple_of(FLAG_ALIGN));
+        && PinnedOutputPool::room_after(end, at + FLAG_ALIGN - end)
+        && end_flags(&rt, device))
+    .then_some(at);
     let block = match opts.output {
         HostOutput::Pinned if end > 0 => rt
             .outputs
@@ -278,10 +279,12 @@ fn into_block<B: Batch>(
     }
     if let Some(at) = flag_at {
         // Queued now, after every copy, so the device's round trip for it overlaps the
-        // rebuild. After the last output (`at >= l.end`), in the range held above; `base`
-        // and `at` are multiples of FLAG_ALIGN; the block comes from `cuMemHostAlloc` and
-        // is mapped for the device (checked by the caller).
-        job.end_flag(block, base + at, call.rt.settings().spin);
+        // rebuild.
+        // SAFETY: after the last output (`at >= l.end`), inside the range taken for this
+        // call and held above, which no view covers and nothing else uses; the pool's
+        // blocks come from `cuMemHostAlloc`, and `end_flags` checked that the device maps
+        // host memory.
+        unsafe { job.end_flag(call.ctx, block, base + at, call.rt.settings().spin) };
     }
     // The output views are made while the copies run, as the batch is rebuilt around them
     // (one pass). Their range is marked (`hold_output`), so the caller's rebuild cannot
@@ -354,6 +357,20 @@ fn rebuild<B: Batch>(
             Tensor::from_parts(t.dtype(), t.shape().clone(), n, storage)
         });
     super::rebuild_with(batch, out.all, out.picked, moved, &mut || {})
+}
+
+/// Bytes kept for an end flag after a blocking call's page-locked outputs (one 4-byte
+/// word, aligned to 8).
+const FLAG_ALIGN: usize = 8;
+
+/// Whether a blocking call on `device` may learn that its copies ended from an end flag:
+/// a word of page-locked memory its stream sets after them, spun on for up to
+/// `Config::spin` before the call waits in the driver (`memory::InFlight::end_flag`).
+/// Only D2H into page-locked outputs uses them (the word goes after the outputs in their
+/// block): on H2D's stream they did not pay on the H200, where the next call's device
+/// allocation took longer (docs/performance.md, session 44).
+fn end_flags(rt: &crate::runtime::Runtime, device: usize) -> bool {
+    !rt.settings().spin.is_zero() && driver::flag::available() && driver::host_memory_mapped(device)
 }
 
 /// Tensors up to this size are gathered on the device when there are enough of them.

@@ -40,7 +40,7 @@ pub use thread_state::{cached_batches, current_stream, set_current_stream, Curre
 pub use trace::{last_trace, trace_next_call};
 
 use crate::batch::Batch;
-use crate::driver::{self, ContextGuard};
+use crate::driver::ContextGuard;
 use crate::error::{Error, Result};
 use crate::memory::InFlight;
 use std::cell::Cell;
@@ -105,19 +105,6 @@ pub fn transfer_tensor_h2d_with<B: Batch>(batch: &B, opts: &H2dOptions) -> Resul
     let r = h2d::transfer(batch, opts, Mode::Blocking).map(|(b, _)| b);
     trace::end();
     r
-}
-
-/// Bytes kept for an end flag (one 4-byte word, aligned to 8).
-const FLAG_ALIGN: usize = 8;
-
-/// Whether a blocking call on `device` may learn that its copies ended from an end flag:
-/// a word of page-locked memory its stream sets after them, spun on for up to
-/// `Config::spin` before the call waits in the driver (`memory::InFlight::end_flag`).
-/// Only D2H into page-locked outputs uses them (the word goes after the outputs in their
-/// block): on H2D's stream they did not pay on the H200, where the next call's device
-/// allocation took longer (docs/performance.md, session 44).
-fn end_flags(rt: &crate::runtime::Runtime, device: usize) -> bool {
-    !rt.settings().spin.is_zero() && driver::flag::available() && driver::host_memory_mapped(device)
 }
 
 /// Whether a call waits for its copies (the spec's calls) or returns once they are

@@ -4,7 +4,7 @@
 use super::arena::Synced;
 use super::pinned::Fill;
 use super::{retained, PinnedBlock, SlotLease};
-use crate::driver::{HostPtr, Stream};
+use crate::driver::{ContextGuard, HostPtr, Stream};
 use crate::error::{Error, Result};
 use std::any::Any;
 use std::sync::atomic::Ordering;
@@ -47,29 +47,35 @@ impl InFlight {
     /// that word (spinning for it at most `spin`) instead of waiting in the driver; call
     /// it once every copy of the call is queued. Queued early, the device's round trip
     /// for the write overlaps what the call does before it waits (its rebuild). If the
-    /// write cannot be queued, `finish` waits in the driver.
+    /// write cannot be queued, `finish` waits in the driver. A word outside the block, or
+    /// not 4-byte aligned, is refused (no flag). `ctx` is the stream's device's context.
     ///
-    /// `at..at + 4` must lie in a range of `block` this call holds
-    /// ([`InFlight::hold_output`]) outside every output view; the block must come from
-    /// `cuMemHostAlloc` and be readable by the stream's device
-    /// (`driver::host_memory_mapped`). A word outside the block, or not 4-byte aligned, is
-    /// refused (no flag).
-    pub(crate) fn end_flag(&mut self, block: &PinnedBlock, at: usize, spin: Duration) {
+    /// # Safety
+    /// 1. `at..at + 4` lies in a range of `block` this call holds
+    ///    ([`InFlight::hold_output`]), outside every output view, that nothing else
+    ///    reads or writes.
+    /// 2. The block comes from `cuMemHostAlloc` and the stream's device reads it at its
+    ///    host address (`driver::host_memory_mapped`).
+    pub(crate) unsafe fn end_flag(
+        &mut self,
+        ctx: &ContextGuard,
+        block: &PinnedBlock,
+        at: usize,
+        spin: Duration,
+    ) {
         if !block.holds_word(at) {
             return;
         }
         let word = block.ptr_at(at).cast::<u32>();
-        // SAFETY: inside the block and aligned (checked above), in a range this call took
-        // and holds, that no view covers and no copy writes (the caller's obligations);
-        // nothing writes it until the write below is queued.
+        // SAFETY: inside the block and aligned (checked above); the call holds the range
+        // and nothing else touches it (obligation 1), and no write is queued yet.
         unsafe { std::sync::atomic::AtomicU32::from_ptr(word) }.store(0, Ordering::Relaxed);
-        // SAFETY: page-locked memory from `cuMemHostAlloc` that the device maps (the
-        // caller's obligations), held by this call until the stream is proven past the
-        // write (the flag seen, or a synchronisation; on a failure the block is retained
-        // with the rest), and written by nothing else.
-        // An error leaves the wait to the driver, which reports the stream's own errors;
-        // one of the write itself turns flags off (`flag::queue_write`).
-        if let Ok(true) = unsafe { crate::driver::flag::queue_write(&self.stream, word, 1) } {
+        // SAFETY: page-locked and mapped for the device (obligation 2); held by this call
+        // (`hold_output`) until the stream is proven past the write: the flag seen, or a
+        // synchronisation, and on a failed one the block is retained with the rest; only
+        // this write changes it (obligation 1). An error leaves the wait to the driver,
+        // which reports the stream's own errors (a failed write turns flags off).
+        if let Ok(true) = unsafe { crate::driver::flag::queue_write(ctx, &self.stream, word, 1) } {
             self.end_flag = Some((HostPtr(word), spin));
         }
     }

@@ -816,6 +816,11 @@ struct PoolState {
 /// Blocks are allocated in multiples of this.
 const BLOCK_ROUND: usize = 2 << 20;
 
+/// Bytes of the block of its own a range of `nbytes` takes: rounded up to [`BLOCK_ROUND`].
+fn block_bytes(nbytes: usize) -> usize {
+    nbytes.div_ceil(BLOCK_ROUND).saturating_mul(BLOCK_ROUND)
+}
+
 /// Batches smaller than this share blocks (see [`PinnedOutputPool`]).
 pub const SHARE_MAX: usize = 256 << 10;
 
@@ -931,8 +936,7 @@ impl PinnedOutputPool {
         if with < SHARE_MAX {
             return true;
         }
-        let blocks = |n: usize| n.div_ceil(BLOCK_ROUND);
-        nbytes >= SHARE_MAX && blocks(nbytes) == blocks(with)
+        nbytes >= SHARE_MAX && with <= block_bytes(nbytes)
     }
 
     /// A range of the shared block, starting a new shared block when it is full.
@@ -968,7 +972,7 @@ impl PinnedOutputPool {
         nbytes: usize,
         device: usize,
     ) -> Result<Option<Arc<PinnedBlock>>> {
-        let want = nbytes.div_ceil(BLOCK_ROUND).saturating_mul(BLOCK_ROUND);
+        let want = block_bytes(nbytes);
         let mut to_free = Vec::new();
         let reuse = {
             let mut st = self.lock();
