@@ -8,7 +8,9 @@
 //!    kernel reads straight from host memory ([`SmallH2d::Kernel`]); then the other
 //!    page-locked ones, copied directly. Without the kernel, or with fewer such tensors,
 //!    page-locked ones under 256 KiB (64 KiB with `cuMemcpyBatchAsync`) are staged.
-//! 2. Allocate the buffer (`cuMemAllocFromPoolAsync`) on the thread's H2D stream.
+//! 2. Allocate the buffer (`cuMemAllocFromPoolAsync`) on the thread's H2D stream: first
+//!    where there is a kernel to launch or nothing staged, else once the fills of step 4
+//!    have started, so the copy threads fill while the driver allocates.
 //! 3. The direct page-locked sources: straight from their memory, all in one
 //!    `cuMemcpyBatchAsync` where the driver has it, else one copy each. The mapped ones:
 //!    one launch of the gather kernel, its descriptors in the first staging slot.
@@ -330,36 +332,60 @@ fn submit<T>(
         return Ok((None, meanwhile(None, &mut || {})?));
     }
     let stream = job.stream().clone();
-    let alloc = DeviceAlloc::new_async(call.ctx, call.device, l.end, &stream, consumer.clone())?;
-    job.hold(&alloc, l.end);
-    super::trace::mark("allocated");
-
     // The mapped sources follow the staged ones in `offsets` and `sizes`, the direct ones
     // follow those.
     let (n_staged, n_mapped) = (src.staged.len(), src.mapped.len());
-    queue_direct(call, &stream, &src.direct, n_staged + n_mapped, l, &alloc)?;
+    // The batch's buffer, and the direct copies into it. With staged sources and no
+    // kernel, made once the windows' fills have started (or when a window is filled
+    // first), so that the copy threads fill while the driver allocates.
+    let buffer = std::cell::OnceCell::new();
+    let allocate = |call: &mut Call, job: &mut InFlight| -> Result<()> {
+        if buffer.get().is_none() {
+            let alloc =
+                DeviceAlloc::new_async(call.ctx, call.device, l.end, &stream, consumer.clone())?;
+            job.hold(&alloc, l.end);
+            super::trace::mark("allocated");
+            // Kept before the direct copies are queued: a failure there fails the call,
+            // and nothing allocates twice.
+            let alloc = buffer.get_or_init(|| alloc);
+            queue_direct(call, &stream, &src.direct, n_staged + n_mapped, l, alloc)?;
+        }
+        Ok(())
+    };
+    let allocated = || {
+        buffer.get().ok_or_else(|| Error::Internal {
+            op: "transfer_tensor_h2d",
+            reason: "the batch's device buffer was not allocated".into(),
+        })
+    };
+    if l.staged_end == 0 || n_mapped > 0 {
+        allocate(call, job)?;
+    }
     // With the kernel's descriptors in the first slot, the windows start at the second,
     // so that the first fill does not wait for the kernel (unless there is one slot only).
     let mut first_window_slot = 0;
     if n_mapped > 0 {
         let at = &l.offsets[n_staged..n_staged + n_mapped];
         super::lease_slots(call, job, 1)?;
+        let alloc = allocated()?;
         // SAFETY: `alloc` was allocated on this stream and `job` holds it until the stream
         // is proven idle; the sources are borrowed from the caller's batch for this whole
         // call, and cloned into the retained registry (or, for a non-blocking call, into
         // its owners) until the kernel is proven done.
-        unsafe { memory::h2d_gather_async(call.ctx, job, call.device, &src.mapped, at, &alloc) }?;
+        unsafe { memory::h2d_gather_async(call.ctx, job, call.device, &src.mapped, at, alloc) }?;
         call.stats.copies += 1;
         call.stats.mapped_bytes += l.sizes[n_staged..n_staged + n_mapped].iter().sum::<usize>();
         first_window_slot = 1;
         super::trace::mark("gather queued");
     }
     if l.staged_end == 0 {
+        let alloc = allocated()?.clone();
         let made = meanwhile(Some(&alloc), &mut || {})?;
         return Ok((Some(alloc), made));
     }
     let drain = |call: &mut Call, job: &mut InFlight, k: usize, w: plan::Window| {
-        queue_window(call, job, k, w, &alloc)
+        allocate(call, job)?;
+        queue_window(call, job, k, w, allocated()?)
     };
     let made = run_windows(
         call,
@@ -367,10 +393,11 @@ fn submit<T>(
         &src.staged,
         l,
         first_window_slot,
-        |tick| meanwhile(Some(&alloc), tick),
+        allocate,
+        |tick| meanwhile(Some(allocated()?), tick),
         drain,
     )?;
-    Ok((Some(alloc), made))
+    Ok((Some(allocated()?.clone()), made))
 }
 
 /// Queues the direct copies of the page-locked sources `direct`, which are at `first` and
@@ -416,15 +443,18 @@ fn queue_direct(
 /// The staged region (`l.staged_end` bytes: the `staged` sources at the layout's offsets)
 /// through the staging slots, window by window ([`Pump`]), the first window in slot
 /// `first_slot`; `drain` queues the device's reads of a filled slot (the window's copy to
-/// its place); calls `meanwhile` once every window's fill has started, and returns what
-/// it made. `meanwhile`'s tick queues the windows filled by then, in order, without
-/// waiting: call it every microsecond or so, so that no filled window waits long.
+/// its place); calls `started`, then `meanwhile`, once every window's fill has started,
+/// and returns what `meanwhile` made. `meanwhile`'s tick queues the windows filled by
+/// then, in order, without waiting: call it every microsecond or so, so that no filled
+/// window waits long.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn run_windows<T, M>(
     call: &mut Call,
     job: &mut InFlight,
     staged: &[&[u8]],
     l: &Layout,
     first_slot: usize,
+    started: impl FnOnce(&mut Call, &mut InFlight) -> Result<()>,
     meanwhile: impl FnOnce(&mut dyn FnMut()) -> Result<M>,
     mut drain: impl FnMut(&mut Call, &mut InFlight, usize, plan::Window) -> Result<T>,
 ) -> Result<M> {
@@ -440,8 +470,11 @@ pub(super) fn run_windows<T, M>(
     } else {
         Stores::Cached
     });
-    let (offsets, sizes) = (&l.offsets[..staged.len()], &l.sizes[..staged.len()]);
-    call.stats.staged_bytes += sizes.iter().sum::<usize>();
+    call.stats.staged_bytes += l.sizes[..staged.len()].iter().sum::<usize>();
+    // The sources at their places, once for all windows: each window's fill job finds its
+    // pieces' sources in it, on the copy threads (a list of 1000 small tensors' pieces
+    // made here cost the calling thread several microseconds before the fill began).
+    let packed = Arc::new(memory::Packed::new(staged, &l.offsets[..staged.len()]));
     let mut pump = Pump {
         windows: &windows,
         first_slot,
@@ -451,22 +484,22 @@ pub(super) fn run_windows<T, M>(
         patience: super::patience::Patience::new(rt.settings().slot_wait),
     };
     let fill = |job: &mut InFlight, k: usize, w: plan::Window| {
-        let pieces = w.parts(offsets, sizes).map(|p| {
-            let bytes = staged[p.item];
-            (p.window_off, &bytes[p.item_off..p.item_off + p.len])
-        });
-        // SAFETY: the pieces borrow the caller's batch, alive for this whole call; the
+        // SAFETY: the sources borrow the caller's batch, alive for this whole call; the
         // lease settles its fill before the call ends (InFlight::finish/abort settle
         // every lease, and so does dropping one).
-        unsafe { job.leases[k].fill_start(pieces, &rt.copy, stores) }
+        unsafe { job.leases[k].fill_window_start(&packed, w.start, w.len, &rt.copy, stores) }
     };
     let mut queue =
         |job: &mut InFlight, k: usize, w: plan::Window| drain(call, job, k, w).map(|_| ());
-    // Every fill started: `meanwhile` then runs while the copy threads fill, and its ticks
-    // queue each window's copy as its fill ends (an error there is kept for after it).
     while pump.started < windows.len() {
         pump.turn(job, &fill, &mut queue)?;
     }
+    // Every fill started: `started`, then `meanwhile`, run while the copy threads fill, and
+    // `meanwhile`'s ticks queue each window's copy as its fill ends (an error there is
+    // kept for after it).
+    started(call, job)?;
+    let mut queue =
+        |job: &mut InFlight, k: usize, w: plan::Window| drain(call, job, k, w).map(|_| ());
     let mut failed = None;
     let made = meanwhile(&mut || {
         if failed.is_none() {

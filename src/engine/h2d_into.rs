@@ -436,5 +436,14 @@ fn windows(call: &mut Call, job: &mut InFlight, plan: &Plan, stream: &Stream) ->
         call.stats.windows += 1;
         Ok(())
     };
-    h2d::run_windows(call, job, &plan.staged, &layout, 0, |_| Ok(()), drain)
+    h2d::run_windows(
+        call,
+        job,
+        &plan.staged,
+        &layout,
+        0,
+        |_, _| Ok(()),
+        |_| Ok(()),
+        drain,
+    )
 }

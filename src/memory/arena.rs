@@ -13,7 +13,7 @@
 //! leased to other calls, which release theirs when they end); further slots it only
 //! takes if free, and otherwise it cycles the slots it has.
 
-use super::copier::{Stores, Ticket};
+use super::copier::{Packed, Stores, Ticket};
 use super::{
     check_range, retained, CopyPool, CopyTask, CopyTasks, DeviceAlloc, DeviceView, HostRegion,
 };
@@ -543,6 +543,39 @@ impl SlotLease {
         // the copies are done; the sources stay valid that long by the caller's contract,
         // and cannot overlap the slot, which is exclusively ours.
         self.filling = Some(unsafe { copy.submit(tasks, stores) });
+        Ok(())
+    }
+
+    /// Starts filling the slot with bytes `start..start + len` of the `packed` layout (in
+    /// parallel: [`CopyPool::submit_window`]), after waiting for the copies that last used
+    /// the slot; the copy threads find each piece's sources themselves. Byte `start` of the
+    /// layout lands at the slot's first byte; bytes between sources are left as they are.
+    ///
+    /// # Errors
+    /// [`Error::Internal`](crate::error::Error::Internal) when `len` exceeds the slot; the
+    /// driver's error for the slot's last copy.
+    ///
+    /// # Safety
+    /// Every source of `packed` with bytes in the window stays readable and unchanged until
+    /// the fill is settled (this lease's [`SlotLease::settle`], its next use of the slot,
+    /// or its drop).
+    pub(crate) unsafe fn fill_window_start(
+        &mut self,
+        packed: &Arc<Packed>,
+        start: usize,
+        len: usize,
+        copy: &Arc<CopyPool>,
+        stores: Stores,
+    ) -> Result<()> {
+        let buf = self.bytes_mut()?;
+        check_range("slot fill", 0, len, buf.len())?;
+        let dst = buf.as_mut_ptr();
+        // SAFETY: `dst..dst + len` is inside the slot (checked above), which is this
+        // lease's alone, and every use of it waits for the ticket first (settle), so
+        // nothing else touches those bytes until the copies are done; the sources stay
+        // valid that long by the caller's contract, and cannot overlap the slot, which is
+        // exclusively ours.
+        self.filling = Some(unsafe { copy.submit_window(packed, start, len, dst, stores) });
         Ok(())
     }
 

@@ -15,6 +15,11 @@
 //!  caller: ticket.wait() ── takes pieces too, then waits until done == n
 //! ```
 //!
+//! A staging window's fill is a job of its own kind ([`CopyPool::submit_window`]): its
+//! pieces are byte ranges of the window, and each thread finds the sources of the piece
+//! it draws in the batch's [`Packed`] layout (a binary search), so the submitting thread
+//! makes no list of a thousand small tensors' pieces before the copying can start.
+//!
 //! The pieces point into memory the caller borrows. A [`Ticket`] waits for its job when
 //! waited or dropped, so a worker never touches that memory after the ticket is gone; a
 //! worker that draws an index `>= n` touches nothing. Submitting several jobs before
@@ -120,11 +125,8 @@ struct Job {
     /// How long the waiting caller spins for the other threads' last pieces before it
     /// sleeps on `finished` (the pool's `spin`).
     spin: std::time::Duration,
-    /// The tasks, large ones cut to at most one piece each.
-    tasks: Vec<CopyTask>,
-    /// Pieces: runs of consecutive tasks of about `piece` bytes together (many small
-    /// tensors make one piece, so handing out work stays cheap).
-    pieces: Vec<std::ops::Range<usize>>,
+    /// What the job copies, in pieces.
+    work: Work,
     /// Next piece index to hand out. Relaxed is enough for the hand-out: each index goes
     /// to exactly one thread whatever the order.
     next: AtomicUsize,
@@ -136,21 +138,61 @@ struct Job {
     finished: Condvar,
 }
 
+/// What a [`Job`] copies, and how it is cut into pieces.
+enum Work {
+    /// Tasks, large ones cut to at most one piece each; `pieces` are runs of consecutive
+    /// tasks of about a piece's bytes together (many small tensors make one piece, so
+    /// handing out work stays cheap).
+    Tasks {
+        tasks: Vec<CopyTask>,
+        pieces: Vec<std::ops::Range<usize>>,
+    },
+    /// A window of a [`Packed`] layout: piece `i` is its bytes `i * piece ..` up to the
+    /// next piece's, each thread finding the sources there itself (so the submitting
+    /// thread makes no list of them).
+    Window(WindowFill),
+}
+
+impl Work {
+    fn pieces(&self) -> usize {
+        match self {
+            Work::Tasks { pieces, .. } => pieces.len(),
+            Work::Window(w) => w.pieces(),
+        }
+    }
+
+    /// Copies piece `i` (< [`Work::pieces`]).
+    ///
+    /// # Safety
+    /// The contract under which the job was submitted ([`CopyPool::submit`],
+    /// [`CopyPool::submit_window`]), and no other thread copies piece `i`.
+    unsafe fn copy_piece(&self, i: usize, stores: Stores) {
+        match self {
+            // SAFETY: the submit contract, for these tasks.
+            Work::Tasks { tasks, pieces } => unsafe { copy_all(&tasks[pieces[i].clone()], stores) },
+            // SAFETY: the submit contract, for this window.
+            Work::Window(w) => unsafe { w.copy_piece(i, stores) },
+        }
+    }
+}
+
 impl Job {
     /// Copies pieces until none is left to hand out.
     fn work(&self) {
+        let n = self.work.pieces();
         loop {
             let i = self.next.fetch_add(1, Ordering::Relaxed);
-            let Some(range) = self.pieces.get(i) else {
+            if i >= n {
                 return;
-            };
+            }
             // SAFETY: `submit`'s contract: src and dst are valid for `len` bytes, do not
             // overlap, and nobody else accesses dst until the ticket is waited, which
-            // completes only after this piece is counted done below.
-            unsafe { copy_all(&self.tasks[range.clone()], self.stores) };
+            // completes only after this piece is counted done below; index `i` went to
+            // this thread alone.
+            unsafe { self.work.copy_piece(i, self.stores) };
             // Order the (possibly non-temporal) stores above before the Release below.
             store_fence();
-            if self.done.fetch_add(1, Ordering::Release) + 1 == self.pieces.len() {
+            if self.done.fetch_add(1, Ordering::Release) + 1 == n {
                 let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
                 self.finished.notify_all();
             }
@@ -158,7 +200,105 @@ impl Job {
     }
 
     fn exhausted(&self) -> bool {
-        self.next.load(Ordering::Relaxed) >= self.pieces.len()
+        self.next.load(Ordering::Relaxed) >= self.work.pieces()
+    }
+}
+
+/// Sources to be placed in one buffer at the offsets of a layout (the engine's
+/// `plan::pack`): what the fill jobs of a batch's staging windows copy from
+/// ([`CopyPool::submit_window`]). Made once per batch and shared by its windows.
+pub(crate) struct Packed {
+    /// Each source's place in the layout, address and length, in layout order.
+    srcs: Vec<PackedSource>,
+}
+
+#[derive(Clone, Copy)]
+struct PackedSource {
+    at: usize,
+    src: *const u8,
+    len: usize,
+}
+
+// SAFETY: a Packed is only plain addresses; `CopyPool::submit_window`'s contract makes the
+// memory behind them valid (and unchanged) for as long as any thread may read it.
+unsafe impl Send for Packed {}
+// SAFETY: as above; it is only read.
+unsafe impl Sync for Packed {}
+
+impl Packed {
+    /// `srcs[k]` placed at `offsets[k]` (the shorter list decides how many). The offsets
+    /// should be sorted and the ranges they start not overlap, as `plan::pack` makes
+    /// them; where they are not, a window's fill leaves bytes out, and still writes
+    /// nothing outside its window.
+    pub(crate) fn new(srcs: &[&[u8]], offsets: &[usize]) -> Packed {
+        Packed {
+            srcs: srcs
+                .iter()
+                .zip(offsets)
+                .map(|(s, &at)| PackedSource {
+                    at,
+                    src: s.as_ptr(),
+                    len: s.len(),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// One window's fill: bytes `start..start + len` of a [`Packed`] layout into `dst`, cut
+/// into pieces of `piece` bytes.
+struct WindowFill {
+    packed: Arc<Packed>,
+    start: usize,
+    len: usize,
+    dst: *mut u8,
+    piece: usize,
+}
+
+// SAFETY: plain addresses; `CopyPool::submit_window`'s contract makes `dst..dst + len`
+// writable by the job alone for as long as any thread may use it.
+unsafe impl Send for WindowFill {}
+// SAFETY: as above; each piece's bytes are written by the one thread that drew it.
+unsafe impl Sync for WindowFill {}
+
+impl WindowFill {
+    fn pieces(&self) -> usize {
+        self.len.div_ceil(self.piece.max(1))
+    }
+
+    /// Copies the sources' bytes that fall in piece `i` of the window (those at layout
+    /// places `a..b`) to `dst + (place - start)`: inside `dst..dst + len` whatever the
+    /// sources' places, since `start <= a` and `b <= start + len`.
+    ///
+    /// # Safety
+    /// As [`CopyPool::submit_window`], and no other thread copies piece `i`.
+    unsafe fn copy_piece(&self, i: usize, stores: Stores) {
+        let end = self.start + self.len;
+        let a = self.start + i * self.piece;
+        let b = a.saturating_add(self.piece).min(end);
+        let srcs = &self.packed.srcs;
+        // The first source that ends after `a` (sorted places: their ends are sorted too).
+        let mut k = srcs.partition_point(|s| s.at.saturating_add(s.len) <= a);
+        while let Some(s) = srcs.get(k).filter(|s| s.at < b) {
+            if let Some(next) = srcs.get(k + 1) {
+                prefetch(next.src, next.len);
+            }
+            let (x, y) = (s.at.max(a), s.at.saturating_add(s.len).min(b));
+            if y > x {
+                // SAFETY: `s.at <= x < y <= s.at + s.len`: inside the source; `start <= a
+                // <= x < y <= b <= end`: inside `dst..dst + len`, whose bytes `a..b` are
+                // this piece's alone; the submit contract makes both valid.
+                unsafe {
+                    copy_bytes(
+                        s.src.wrapping_add(x - s.at),
+                        self.dst.wrapping_add(x - self.start),
+                        y - x,
+                        stores,
+                    )
+                };
+            }
+            k += 1;
+        }
     }
 }
 
@@ -364,12 +504,58 @@ impl CopyPool {
         if start < cut.len() {
             pieces.push(start..cut.len());
         }
+        self.enqueue(Work::Tasks { tasks: cut, pieces }, stores)
+    }
+
+    /// Starts copying bytes `start..start + len` of the `packed` layout into `dst` (the
+    /// sources' bytes there, each at `dst + (place - start)`; the bytes between sources
+    /// are left as they are), in parallel when `len` is the pool's `parallel_min` or more,
+    /// and returns a [`Ticket`] that waits for it. The threads find the sources of their
+    /// pieces themselves: the caller makes no list of them.
+    ///
+    /// # Safety
+    /// Until the ticket is waited or dropped (it must not be leaked): every source of
+    /// `packed` with bytes in the window is readable and unchanged, `dst..dst + len` is
+    /// writable, overlaps no source, and nothing else reads or writes it.
+    pub(crate) unsafe fn submit_window(
+        self: &Arc<Self>,
+        packed: &Arc<Packed>,
+        start: usize,
+        len: usize,
+        dst: *mut u8,
+        stores: Stores,
+    ) -> Ticket {
+        let parallel =
+            len >= self.parallel_min && self.threads > 1 && !self.stopping.load(Ordering::Relaxed);
+        let fill = WindowFill {
+            packed: packed.clone(),
+            start,
+            len,
+            dst,
+            piece: if parallel {
+                piece_size(len, self.threads)
+            } else {
+                len.max(1)
+            },
+        };
+        if !parallel {
+            if len > 0 {
+                // SAFETY: the caller's contract; one piece, copied by this thread alone.
+                unsafe { fill.copy_piece(0, stores) };
+            }
+            store_fence();
+            return Ticket { job: None };
+        }
+        self.enqueue(Work::Window(fill), stores)
+    }
+
+    /// Queues `work` for the workers (waking them) and returns its ticket.
+    fn enqueue(self: &Arc<Self>, work: Work, stores: Stores) -> Ticket {
         self.start();
         let job = Arc::new(Job {
             stores,
             spin: self.spin,
-            tasks: cut,
-            pieces,
+            work,
             next: AtomicUsize::new(0),
             done: AtomicUsize::new(0),
             lock: Mutex::new(()),
@@ -418,7 +604,7 @@ impl Ticket {
     pub(crate) fn is_done(&self) -> bool {
         self.job
             .as_ref()
-            .is_none_or(|j| j.done.load(Ordering::Acquire) == j.pieces.len())
+            .is_none_or(|j| j.done.load(Ordering::Acquire) == j.work.pieces())
     }
 
     /// Copies pieces of the job that no thread has taken yet, if any; returns when none
@@ -432,7 +618,7 @@ impl Ticket {
     fn finish(&mut self) {
         let Some(job) = self.job.take() else { return };
         job.work();
-        let n = job.pieces.len();
+        let n = job.work.pieces();
         // Only other threads' pieces are left. Spin for them first: with the copy threads
         // awake, sleeping for them made a 280 KiB fill take 11.4 us instead of 5.2 on the
         // H200 (benches/probes/small_fill.cu, docs/performance.md, session 37).
@@ -499,26 +685,33 @@ unsafe fn copy_all(tasks: &[CopyTask], stores: Stores) {
     }
 }
 
-/// Asks the CPU to fetch the first KiB (`PREFETCH_BYTES`) of `t`'s source into its caches
-/// (on x86-64; nothing elsewhere). A hint: it reads nothing the program sees.
+/// Asks the CPU to fetch the first KiB (`PREFETCH_BYTES`) of `t`'s source into its caches.
 #[inline]
 fn prefetch_source(t: &CopyTask) {
+    prefetch(t.src, t.len);
+}
+
+/// Asks the CPU to fetch the first KiB (`PREFETCH_BYTES`) of the `len` bytes at `src`
+/// into its caches (on x86-64; nothing elsewhere). A hint: it reads nothing the program
+/// sees.
+#[inline]
+fn prefetch(src: *const u8, len: usize) {
     #[cfg(all(target_arch = "x86_64", not(miri)))]
     {
         let mut at = 0;
-        while at < t.len.min(PREFETCH_BYTES) {
+        while at < len.min(PREFETCH_BYTES) {
             // SAFETY: a prefetch never faults and changes no memory, whatever the address
-            // (here inside the task's source); SSE is part of the x86-64 baseline.
+            // (here inside the source); SSE is part of the x86-64 baseline.
             unsafe {
                 std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                    t.src.wrapping_add(at).cast::<i8>(),
+                    src.wrapping_add(at).cast::<i8>(),
                 )
             };
             at += 64;
         }
     }
     #[cfg(not(all(target_arch = "x86_64", not(miri))))]
-    let _ = t;
+    let _ = (src, len);
 }
 
 /// Copies `len` bytes, with non-temporal stores for large copies on x86-64.
@@ -651,8 +844,10 @@ mod tests {
             let job = Arc::new(Job {
                 stores: Stores::Cached,
                 spin,
-                tasks: Vec::new(),
-                pieces: vec![0..0, 0..0],
+                work: Work::Tasks {
+                    tasks: Vec::new(),
+                    pieces: vec![0..0, 0..0],
+                },
                 next: AtomicUsize::new(2),
                 done: AtomicUsize::new(1),
                 lock: Mutex::new(()),
@@ -665,7 +860,7 @@ mod tests {
                     std::thread::sleep(std::time::Duration::from_millis(30));
                     copied.store(true, Ordering::Relaxed);
                     // As `Job::work` counts a finished piece.
-                    if job.done.fetch_add(1, Ordering::Release) + 1 == job.pieces.len() {
+                    if job.done.fetch_add(1, Ordering::Release) + 1 == job.work.pieces() {
                         let _g = job.lock.lock().unwrap_or_else(|e| e.into_inner());
                         job.finished.notify_all();
                     }
@@ -834,7 +1029,7 @@ mod tests {
         // SAFETY: both buffers outlive the ticket, waited for below before they are read;
         // the tasks' ranges are disjoint and inside both buffers.
         let ticket = unsafe { pool.submit(tasks.into(), Stores::Cached) };
-        let pieces = ticket.job.as_ref().map_or(0, |j| j.pieces.len());
+        let pieces = ticket.job.as_ref().map_or(0, |j| j.work.pieces());
         ticket.wait();
         assert!(dst == src);
         if !cfg!(miri) {
@@ -894,5 +1089,105 @@ mod tests {
         // SAFETY: as above.
         unsafe { pool.run(vec![task(&mut dst)].into(), Stores::Cached) };
         assert!(dst == src, "a stopped pool copies on the calling thread");
+    }
+
+    /// Fills each window `(start, len)` of `srcs` placed at `offsets` into its own buffer
+    /// of `len` bytes and [`GUARD`] bytes after them, all set to 0xEE first, through
+    /// `pool`; returns the buffers.
+    /// Bytes after each window's buffer that a fill must leave alone: more than the
+    /// pieces of these tests, so a piece that ran past its window shows here.
+    const GUARD: usize = 64 << 10;
+
+    fn fill_windows(
+        pool: &Arc<CopyPool>,
+        srcs: &[Vec<u8>],
+        offsets: &[usize],
+        windows: &[(usize, usize)],
+        stores: Stores,
+    ) -> Vec<Vec<u8>> {
+        let views: Vec<&[u8]> = srcs.iter().map(Vec::as_slice).collect();
+        let packed = Arc::new(Packed::new(&views, offsets));
+        let mut bufs: Vec<Vec<u8>> = windows
+            .iter()
+            .map(|&(_, len)| vec![0xEE; len + GUARD])
+            .collect();
+        // All windows in flight at once, as the staging ring has them.
+        let tickets: Vec<Ticket> = windows
+            .iter()
+            .zip(bufs.iter_mut())
+            .map(|(&(start, len), buf)| {
+                // SAFETY: the sources (`srcs`) outlive the tickets, waited for below; each
+                // buffer has `len` bytes and more, is its window's alone, and is not used
+                // until its ticket is waited.
+                unsafe { pool.submit_window(&packed, start, len, buf.as_mut_ptr(), stores) }
+            })
+            .collect();
+        tickets.into_iter().for_each(Ticket::wait);
+        bufs
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(if cfg!(miri) { 2 } else { 48 }))]
+
+        /// Window fills place every source's bytes at its offset, window by window, leave
+        /// the bytes between sources and after each window as they were, and do so on the
+        /// copy threads (small `parallel_min`) and on the calling thread alike.
+        #[test]
+        fn window_fills_place_each_source_at_its_offset(
+            sizes in proptest::collection::vec(0usize..3000, 1..120),
+            align_log in 0u32..9,
+            window_log in 8u32..16,
+            streaming: bool,
+            parallel_min in proptest::sample::select(vec![1usize << 10, 1 << 30]),
+        ) {
+            let align = 1usize << align_log;
+            let mut offsets = Vec::new();
+            let mut end = 0usize;
+            for &n in &sizes {
+                let at = end.next_multiple_of(align);
+                offsets.push(at);
+                end = at + n;
+            }
+            let srcs: Vec<Vec<u8>> = sizes
+                .iter()
+                .enumerate()
+                .map(|(k, &n)| (0..n).map(|i| (i * 31 + k * 7) as u8 | 1).collect())
+                .collect();
+            let mut image = vec![0xEEu8; end];
+            for (s, &at) in srcs.iter().zip(&offsets) {
+                image[at..at + s.len()].copy_from_slice(s);
+            }
+            let window = 1usize << window_log;
+            let windows: Vec<(usize, usize)> =
+                (0..end).step_by(window).map(|a| (a, window.min(end - a))).collect();
+            let pool = Arc::new(CopyPool::new(3, parallel_min, std::time::Duration::from_micros(20)));
+            let stores = if streaming { Stores::Streaming } else { Stores::Cached };
+            let bufs = fill_windows(&pool, &srcs, &offsets, &windows, stores);
+            for (&(a, len), buf) in windows.iter().zip(&bufs) {
+                proptest::prop_assert_eq!(&buf[..len], &image[a..a + len], "window at {}", a);
+                proptest::prop_assert!(buf[len..].iter().all(|&b| b == 0xEE), "after window at {}", a);
+            }
+            proptest::prop_assert!(pool.stop(std::time::Duration::from_secs(5)));
+        }
+
+        /// Places that are not sorted, or overlap, leave bytes out but never write outside
+        /// a window.
+        #[test]
+        fn window_fills_never_write_outside_their_window(
+            places in proptest::collection::vec((0usize..20_000, 0usize..4000), 1..60),
+            window_log in 8u32..15,
+        ) {
+            let srcs: Vec<Vec<u8>> = places.iter().map(|&(_, n)| vec![0x5A; n]).collect();
+            let offsets: Vec<usize> = places.iter().map(|p| p.0).collect();
+            let window = 1usize << window_log;
+            let windows: Vec<(usize, usize)> =
+                (0..24_000).step_by(window).map(|a| (a, window.min(24_000 - a))).collect();
+            let pool = Arc::new(CopyPool::new(3, 1 << 10, std::time::Duration::from_micros(20)));
+            let bufs = fill_windows(&pool, &srcs, &offsets, &windows, Stores::Streaming);
+            for (&(a, len), buf) in windows.iter().zip(&bufs) {
+                proptest::prop_assert!(buf[len..].iter().all(|&b| b == 0xEE), "after window at {}", a);
+            }
+            proptest::prop_assert!(pool.stop(std::time::Duration::from_secs(5)));
+        }
     }
 }

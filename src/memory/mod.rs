@@ -74,7 +74,7 @@ pub(crate) use crate::driver::batch_copy_available;
 pub use arena::PinnedArena;
 pub(crate) use arena::SlotLease;
 pub use copier::CopyPool;
-pub(crate) use copier::{CopyTask, CopyTasks, Stores};
+pub(crate) use copier::{CopyTask, CopyTasks, Packed, Stores};
 pub use device::DevicePtrGuard;
 pub(crate) use device::{DeviceAlloc, DeviceView};
 pub(crate) use gather::{
