@@ -1,8 +1,9 @@
 #!/bin/bash
 # Session 45, issue 20. Parts 1 and 2: the code of a7de7d0 (the end flags after the final
 # read-through) checked on the H200. Part 5: where 1000 x 1 KiB pageable H2D's time goes.
-# Parts 6 to 10: window fill jobs and the late allocation (the commit after a7de7d0):
-# checked, against a7de7d0, the prefetch distance tried, and the peers comparison x3.
+# Parts 6 to 11: window fill jobs and the late allocation (the commit after a7de7d0):
+# checked, against a7de7d0 (part 11: the 8 x 32 MiB rows), the prefetch distance tried,
+# and the peers comparison x3.
 # Part 1: every GPU test binary (.gpu/run-tests) and the Python suite with torch.
 # Part 2: the shipped test binaries and compute-sanitizer (as benches/gpu_verify.sh).
 # (Parts 3 and 4, planned here first, were not run: parts 7 to 10 replaced them.)
@@ -89,6 +90,17 @@ if [ $PART = 9 ]; then
       grep -E "H2D pageable|^trace 1000 x 1 KiB f32 h2d \(" $OUT/bench_a$a-$i.txt | cut -c1-260
       timeout 60 $b --only "64 x 3x224x224" --json $OUT/bench_img_a$a-$i.json > $OUT/bench_img_a$a-$i.txt 2>&1; echo "bench img a$a-$i rc=$?"
       grep -E "H2D pageable" $OUT/bench_img_a$a-$i.txt | cut -c1-100
+    done
+  done
+fi
+# Part 11: the 8 x 32 MiB rows (part 7 had 0.927 old against 0.884 new for its pageable
+# H2D in one pair), a7de7d0 (old) and baa3fa1 (new) in turn x3.
+if [ $PART = 11 ]; then
+  for i in 1 2 3; do
+    for v in old new; do
+      b=.gpu/bin/bench-transfer; [ $v = old ] && b=.gpu/ab/bench-transfer-old
+      timeout 100 $b --only "8 x 32 MiB" --json $OUT/bench_$v$i.json > $OUT/bench_$v$i.txt 2>&1; echo "bench $v$i rc=$?"
+      grep -E "H2D pageable|H2D pinned " $OUT/bench_$v$i.txt | cut -c1-100
     done
   done
 fi
