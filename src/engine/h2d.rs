@@ -8,9 +8,10 @@
 //!    kernel reads straight from host memory ([`SmallH2d::Kernel`]); then the other
 //!    page-locked ones, copied directly. Without the kernel, or with fewer such tensors,
 //!    page-locked ones under 256 KiB (64 KiB with `cuMemcpyBatchAsync`) are staged.
-//! 2. Allocate the buffer (`cuMemAllocFromPoolAsync`) on the thread's H2D stream: first
-//!    where there is a kernel to launch or nothing staged, else once the fills of step 4
-//!    have started, so the copy threads fill while the driver allocates.
+//! 2. Allocate the buffer (`cuMemAllocFromPoolAsync`) on the thread's H2D stream, and
+//!    queue step 3's copies. Where the staged region is one window and there is no
+//!    kernel and no direct copy, this comes after step 4 has started that window's fill,
+//!    so the copy threads fill while the driver allocates.
 //! 3. The direct page-locked sources: straight from their memory, all in one
 //!    `cuMemcpyBatchAsync` where the driver has it, else one copy each. The mapped ones:
 //!    one launch of the gather kernel, its descriptors in the first staging slot.
@@ -335,30 +336,29 @@ fn submit<T>(
     // The mapped sources follow the staged ones in `offsets` and `sizes`, the direct ones
     // follow those.
     let (n_staged, n_mapped) = (src.staged.len(), src.mapped.len());
-    // The batch's buffer, and the direct copies into it. With staged sources and no
-    // kernel, made once the windows' fills have started (or when a window is filled
-    // first), so that the copy threads fill while the driver allocates.
+    // The batch's buffer, and the direct copies into it. Where the staged region is one
+    // window and nothing else (no kernel, no direct copies) needs the buffer, it is made
+    // once that window's fill has started, so that the driver allocates while the copy
+    // threads fill; otherwise first, so that the direct copies and the kernel overlap the
+    // fills and no window's copy waits for the allocation.
     let buffer = std::cell::OnceCell::new();
-    let allocate = |call: &mut Call, job: &mut InFlight| -> Result<()> {
-        if buffer.get().is_none() {
-            let alloc =
-                DeviceAlloc::new_async(call.ctx, call.device, l.end, &stream, consumer.clone())?;
-            job.hold(&alloc, l.end);
-            super::trace::mark("allocated");
-            // Kept before the direct copies are queued: a failure there fails the call,
-            // and nothing allocates twice.
-            let alloc = buffer.get_or_init(|| alloc);
-            queue_direct(call, &stream, &src.direct, n_staged + n_mapped, l, alloc)?;
+    let allocate = |call: &mut Call, job: &mut InFlight| -> Result<&Arc<DeviceAlloc>> {
+        if let Some(alloc) = buffer.get() {
+            return Ok(alloc);
         }
-        Ok(())
+        let alloc =
+            DeviceAlloc::new_async(call.ctx, call.device, l.end, &stream, consumer.clone())?;
+        job.hold(&alloc, l.end);
+        super::trace::mark("allocated");
+        // Kept before the direct copies are queued: a failure there fails the call, and
+        // nothing allocates twice.
+        let alloc = buffer.get_or_init(|| alloc);
+        queue_direct(call, &stream, &src.direct, n_staged + n_mapped, l, alloc)?;
+        Ok(alloc)
     };
-    let allocated = || {
-        buffer.get().ok_or_else(|| Error::Internal {
-            op: "transfer_tensor_h2d",
-            reason: "the batch's device buffer was not allocated".into(),
-        })
-    };
-    if l.staged_end == 0 || n_mapped > 0 {
+    let window = plan::window_size(l.staged_end, call.rt.arena.slot_bytes());
+    let one_window = plan::windows(l.staged_end, window).nth(1).is_none();
+    if l.staged_end == 0 || n_mapped > 0 || !src.direct.is_empty() || !one_window {
         allocate(call, job)?;
     }
     // With the kernel's descriptors in the first slot, the windows start at the second,
@@ -367,7 +367,7 @@ fn submit<T>(
     if n_mapped > 0 {
         let at = &l.offsets[n_staged..n_staged + n_mapped];
         super::lease_slots(call, job, 1)?;
-        let alloc = allocated()?;
+        let alloc = allocate(call, job)?;
         // SAFETY: `alloc` was allocated on this stream and `job` holds it until the stream
         // is proven idle; the sources are borrowed from the caller's batch for this whole
         // call, and cloned into the retained registry (or, for a non-blocking call, into
@@ -379,13 +379,20 @@ fn submit<T>(
         super::trace::mark("gather queued");
     }
     if l.staged_end == 0 {
-        let alloc = allocated()?.clone();
+        let alloc = allocate(call, job)?.clone();
         let made = meanwhile(Some(&alloc), &mut || {})?;
         return Ok((Some(alloc), made));
     }
     let drain = |call: &mut Call, job: &mut InFlight, k: usize, w: plan::Window| {
-        allocate(call, job)?;
-        queue_window(call, job, k, w, allocated()?)
+        let alloc = allocate(call, job)?;
+        queue_window(call, job, k, w, alloc)
+    };
+    // `started` makes the buffer before `meanwhile` runs (or fails the call).
+    let made_buffer = || {
+        buffer.get().ok_or_else(|| Error::Internal {
+            op: "transfer_tensor_h2d",
+            reason: "the batch's device buffer was not allocated".into(),
+        })
     };
     let made = run_windows(
         call,
@@ -393,11 +400,11 @@ fn submit<T>(
         &src.staged,
         l,
         first_window_slot,
-        allocate,
-        |tick| meanwhile(Some(allocated()?), tick),
+        |call, job| allocate(call, job).map(|_| ()),
+        |tick| meanwhile(Some(made_buffer()?), tick),
         drain,
     )?;
-    Ok((Some(allocated()?.clone()), made))
+    Ok((Some(made_buffer()?.clone()), made))
 }
 
 /// Queues the direct copies of the page-locked sources `direct`, which are at `first` and

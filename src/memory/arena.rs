@@ -347,7 +347,7 @@ pub(crate) struct SlotLease {
     /// `Some` until drop.
     slab: Option<Slab>,
     arena: Arc<PinnedArena>,
-    /// The host copies filling the slot, when started with [`SlotLease::fill_start`] and
+    /// The host copies filling the slot, when started with [`SlotLease::fill_start`] or [`SlotLease::fill_window_start`] and
     /// not yet waited for. Every other use of the slot waits for it first.
     filling: Option<Ticket>,
 }
@@ -472,13 +472,13 @@ impl SlotLease {
         Ok(true)
     }
 
-    /// Whether the host copies started by [`SlotLease::fill_start`] are finished (true
+    /// Whether the host copies started by [`SlotLease::fill_start`] or [`SlotLease::fill_window_start`] are finished (true
     /// when none were started).
     pub(crate) fn fill_done(&self) -> bool {
         self.filling.as_ref().is_none_or(Ticket::is_done)
     }
 
-    /// Takes part in the fill started by [`SlotLease::fill_start`]: copies its pieces that
+    /// Takes part in the fill started by [`SlotLease::fill_start`] or [`SlotLease::fill_window_start`]: copies its pieces that
     /// no copy thread has taken yet.
     pub(crate) fn help_fill(&self) {
         if let Some(t) = &self.filling {
@@ -486,7 +486,7 @@ impl SlotLease {
         }
     }
 
-    /// Waits for host copies into the slot started by [`SlotLease::fill_start`].
+    /// Waits for host copies into the slot started by [`SlotLease::fill_start`] or [`SlotLease::fill_window_start`].
     pub(crate) fn settle(&mut self) {
         if let Some(t) = self.filling.take() {
             t.wait();
@@ -567,6 +567,8 @@ impl SlotLease {
         copy: &Arc<CopyPool>,
         stores: Stores,
     ) -> Result<()> {
+        // The pieces' places are `start + i * piece`, up to `start + len`: never wrapping.
+        check_range("slot fill window", start, len, usize::MAX)?;
         let buf = self.bytes_mut()?;
         check_range("slot fill", 0, len, buf.len())?;
         let dst = buf.as_mut_ptr();

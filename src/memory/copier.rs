@@ -185,10 +185,10 @@ impl Job {
             if i >= n {
                 return;
             }
-            // SAFETY: `submit`'s contract: src and dst are valid for `len` bytes, do not
-            // overlap, and nobody else accesses dst until the ticket is waited, which
-            // completes only after this piece is counted done below; index `i` went to
-            // this thread alone.
+            // SAFETY: the contract of the submit call that made the job (`submit` or
+            // `submit_window`): sources readable and unchanged, destinations writable and
+            // not otherwise accessed until the ticket is waited, which completes only after
+            // this piece is counted done below; index `i` went to this thread alone.
             unsafe { self.work.copy_piece(i, self.stores) };
             // Order the (possibly non-temporal) stores above before the Release below.
             store_fence();
@@ -1091,13 +1091,14 @@ mod tests {
         assert!(dst == src, "a stopped pool copies on the calling thread");
     }
 
+    /// Bytes after each window's buffer that a fill must leave alone: as large as the
+    /// largest piece of these tests (windows of at most 32 KiB cut for 3 threads), so a
+    /// piece that ran past its window shows here.
+    const GUARD: usize = PIECE_MIN;
+
     /// Fills each window `(start, len)` of `srcs` placed at `offsets` into its own buffer
     /// of `len` bytes and [`GUARD`] bytes after them, all set to 0xEE first, through
     /// `pool`; returns the buffers.
-    /// Bytes after each window's buffer that a fill must leave alone: more than the
-    /// pieces of these tests, so a piece that ran past its window shows here.
-    const GUARD: usize = 64 << 10;
-
     fn fill_windows(
         pool: &Arc<CopyPool>,
         srcs: &[Vec<u8>],
@@ -1134,7 +1135,7 @@ mod tests {
         /// copy threads (small `parallel_min`) and on the calling thread alike.
         #[test]
         fn window_fills_place_each_source_at_its_offset(
-            sizes in proptest::collection::vec(0usize..3000, 1..120),
+            sizes in proptest::collection::vec(0usize..3000, 1..if cfg!(miri) { 8 } else { 120 }),
             align_log in 0u32..9,
             window_log in 8u32..16,
             streaming: bool,
@@ -1174,7 +1175,7 @@ mod tests {
         /// a window.
         #[test]
         fn window_fills_never_write_outside_their_window(
-            places in proptest::collection::vec((0usize..20_000, 0usize..4000), 1..60),
+            places in proptest::collection::vec((0usize..20_000, 0usize..4000), 1..if cfg!(miri) { 8 } else { 60 }),
             window_log in 8u32..15,
         ) {
             let srcs: Vec<Vec<u8>> = places.iter().map(|&(_, n)| vec![0x5A; n]).collect();
