@@ -21,11 +21,16 @@ and spdl's calls do inside):
 
 Ways whose library is not installed are left out (`--peers` carries spdl and tensordict).
 Whole calls are timed (median after warm-up; the process's CPU time per GB, all threads,
-beside each figure), the ways taking turns configuration by configuration; sources are
-rotated among copies for small batches; every configuration's bytes are checked once for
-each way; the pinned limit is measured in this same process with torch (page-locked
-memory, one 256 MiB copy each way). With `--rust`, the JSON of `bench-transfer --json`
-from the same session is read to put the Rust figures beside the Python ones (the
+beside each figure); sources are rotated among copies for small batches; every
+configuration's bytes are checked once for each way; the pinned limit is measured in this
+same process with torch (page-locked memory, one 256 MiB copy each way). Each way is
+timed in a block of calls of its own against the limit measured at the start, except D2H
+of the two large batches (8 x 32 MiB, 1 GiB: at the link), timed in rounds: every way,
+the limit's copy and the batch's bare copies into page-locked memory allocated once
+(printed after the table as the floor) in turn call by call, each way's "x limit" of the
+limit's rate in those rounds (the JSON rows' `limit_gbs` and `timing`;
+`pinlane.bench.measure`). With `--rust`, the JSON of `bench-transfer --json` from the same
+session is read to put the Rust figures beside the Python ones (the
 "within 1.1x of Rust" target).
 """
 
@@ -34,7 +39,7 @@ import json
 
 import torch
 
-from pinlane.bench import fastest, limits, measure, standard_batches, ways
+from pinlane.bench import FLOOR, fastest, limits, measure, standard_batches, ways
 
 
 def main():
@@ -49,7 +54,7 @@ def main():
     print(f"pinned limit (torch, this process): H2D {h2d_lim:.1f} GB/s, D2H {d2h_lim:.1f} GB/s")
     configs = standard_batches(torch, args.quick)
     libs = ways(torch, dev)
-    rows = measure(torch, configs, libs, (h2d_lim, d2h_lim))
+    rows = measure(torch, configs, libs, (h2d_lim, d2h_lim), dev=dev)
     rust = {}
     if args.rust:
         with open(args.rust) as f:
@@ -76,6 +81,10 @@ def main():
             table.append(dict(batch=name, direction=direction, pinlane=p, fastest_other=b["lib"],
                               other=b, spdl=by.get(("spdl", name, direction)),
                               rust_us=r["median_us"] if r else None, speedup=ratio))
+    for r in rows:
+        if r["lib"] == FLOOR:
+            print(f"{r['batch']} {r['direction']}, {FLOOR} (in the same rounds): {r['median_us']:.1f} us, "
+                  f"{r['fraction_of_limit']:.3f} of the limit")
     print("\n(us per batch, median; CPU s/GB in the JSON)")
     if args.json:
         with open(args.json, "w") as f:

@@ -10,10 +10,12 @@ copy into `torch.empty(..., pin_memory=True)`), and, when they are installed, sp
 `transfer_tensor_*` and tensordict's `TensorDict.to`. Every way returns tensors ready for
 work on any stream (the torch and tensordict ways end with `torch.cuda.synchronize()`, as
 pinlane's calls synchronise inside); every way's result is checked once per batch. Whole
-calls are timed (median after warm-up), ways taking turns batch by batch, in one process
-with the page-locked limit measured in it (torch, one 256 MiB copy each way). A progress
-line runs on stderr; the table comes at the end. Without torch or a GPU it says so and
-exits 0.
+calls are timed (median after warm-up), in one process with the page-locked limit
+measured in it (torch, one 256 MiB copy each way): way by way, except D2H of batches of
+64 MiB or more, timed in rounds (every way, the limit's copy and the batch's bare copies
+into page-locked memory allocated once, in turn call by call, so that all meet the link
+at the same moment). A progress line runs on stderr; the table comes at the end. Without
+torch or a GPU it says so and exits 0.
 
 The same machinery, more batches and JSON: ``benches/spdl_compare.py`` in the repository.
 """
@@ -67,8 +69,28 @@ def timed(reps, fn, cpu=None):
     return statistics.median(v)
 
 
-def limits(torch, dev):
-    """The page-locked limit (GB/s) each way: one 256 MiB copy, median of 8."""
+# D2H of batches of this many bytes or more is timed in rounds: each round calls every
+# way once, the page-locked limit's copy, and FLOOR (the batch's copies into page-locked
+# memory allocated once), so that all of them meet the link at the same moment. Timed way
+# by way against a limit measured once at the start, 8 x 32 MiB D2H came out at 0.970 to
+# 0.988 of the limit for pinlane and 0.969 to 0.995 for torch's page-locked way (session
+# 45's three runs); taking turns call by call in a small process, at 0.991 / 0.992 and
+# 0.990 / 0.990 (session 46, benches/probes/d2h_link.py). H2D stays way by way: its
+# pageable ways read the sources with the CPU between the other ways' calls (pinning and
+# copying 256 MiB), not as a user's loop runs; in the one run with H2D in rounds too
+# (session 46, part 2), pinlane's 8 x 32 MiB H2D took 6.66 ms (0.742 of the limit) where
+# the Rust bench took 5.32 ms in the same session, and every way's H2D was slower than
+# way by way in runs B to D of that session (pinlane 5.5 to 5.8 ms, torch's page-locked
+# way 8.3 ms in rounds against 5.6 to 5.7).
+LINK_BYTES = 64 << 20
+
+# The reference row of the rounds: the least any way of moving the batch must do.
+FLOOR = "floor: copies into page-locked memory allocated once"
+
+
+def _limit_copies(torch, dev):
+    """The page-locked limit's two copies (one 256 MiB copy each way, synchronised), as
+    (bytes, up, down); the buffers live as long as the functions."""
     n = 256 << 20
     host = torch.empty(n, dtype=torch.uint8).pin_memory()
     host.fill_(7)
@@ -83,7 +105,36 @@ def limits(torch, dev):
         back.copy_(d, non_blocking=True)
         torch.cuda.synchronize()
 
+    return n, up, down
+
+
+def limits(torch, dev):
+    """The page-locked limit (GB/s) each way: one 256 MiB copy, median of 8."""
+    n, up, down = _limit_copies(torch, dev)
     return n / timed(8, up) / 1e9, n / timed(8, down) / 1e9
+
+
+def rounds(calls):
+    """Times `calls` ((name, fn, count) each) taking turns call by call: WARMUPS rounds,
+    then rounds until each fn has been timed `count` times (a fn with a smaller count sits
+    out the later rounds); round r starts at call r % len(calls), so that no way always
+    follows the same one. `fn(r)` gets the round's number. Returns name -> (seconds of
+    each timed call, process CPU seconds per timed call, all threads)."""
+    times = {name: [] for name, _, _ in calls}
+    cpu = dict.fromkeys(times, 0.0)
+    for r in range(WARMUPS + max(count for _, _, count in calls)):
+        k = r % len(calls)
+        for name, fn, count in calls[k:] + calls[:k]:
+            if r - WARMUPS >= count:
+                continue
+            c0 = time.process_time()
+            t0 = time.perf_counter()
+            fn(r)
+            dt = time.perf_counter() - t0
+            if r >= WARMUPS:
+                times[name].append(dt)
+                cpu[name] += time.process_time() - c0
+    return {name: (v, cpu[name] / max(1, len(v))) for name, v in times.items()}
 
 
 def _keyed(batch):
@@ -146,17 +197,32 @@ def ways(torch, dev, log=print):
     return w
 
 
-def measure(torch, configs, libs, lims, progress=None):
+def _row(lib, name, direction, nbytes, seconds, cpu_s, limit_gbs, timing):
+    return dict(lib=lib, batch=name, direction=direction, bytes=nbytes, median_us=seconds * 1e6,
+                gbs=nbytes / seconds / 1e9, fraction_of_limit=nbytes / seconds / 1e9 / limit_gbs,
+                cpu_s_per_gb=cpu_s / (nbytes / 1e9), limit_gbs=limit_gbs, timing=timing)
+
+
+def measure(torch, configs, libs, lims, progress=None, dev=None):
     """Times every way over every batch. `configs`: (name, sources, reps), sources a list
     of batches (rotated among; their bytes are checked once per way); `lims`: (H2D, D2H)
-    GB/s. Returns rows: lib, batch, direction, bytes, median_us, gbs, fraction_of_limit,
-    cpu_s_per_gb."""
+    GB/s. Ways are timed one after another (`timed`), against `lims`; with `dev`, the D2H
+    of batches of LINK_BYTES or more is timed in rounds (`rounds`) with the limit's copy
+    and FLOOR (a row of its own, not a way: `fastest` leaves it out), and its fraction of
+    the limit is of the limit's rate in those rounds. Returns rows: lib, batch,
+    direction, bytes, median_us, gbs, fraction_of_limit, cpu_s_per_gb, limit_gbs, timing
+    ("rounds" or "blocks")."""
     rows = []
     steps = len(configs) * len(libs)
     k = 0
+    link = None
     for name, sources, reps in configs:
         n = len(sources)
         nbytes = nbytes_of(sources[0])
+        in_rounds = dev is not None and nbytes >= LINK_BYTES
+        if in_rounds and link is None:
+            link = _limit_copies(torch, dev)
+        d2h_calls = []
         for lib, (h2d, d2h) in libs.items():
             k += 1
             if progress:
@@ -169,20 +235,50 @@ def measure(torch, configs, libs, lims, progress=None):
             back = (d2h or (lambda b: _each(b, lambda t: t.cpu())))(on[0])
             assert same(torch, back, sources[0]), f"{lib} {name}: round trip changed bytes"
             del back
-            directions = [("H2D", lambda r: h2d(sources[r % n]))]
+            directions = [("H2D", lambda r, h2d=h2d: h2d(sources[r % n]))]
             if d2h is not None:
-                directions.append(("D2H", lambda r: d2h(on[r % n])))
+                fn = lambda r, d2h=d2h, on=on: d2h(on[r % n])  # noqa: E731
+                if in_rounds:
+                    d2h_calls.append((lib, fn, r_lib))  # keeps `on` until the rounds
+                else:
+                    directions.append(("D2H", fn))
             for direction, fn in directions:
                 cpu = []
                 m = timed(r_lib, fn, cpu)
                 lim = lims[0] if direction == "H2D" else lims[1]
-                rows.append(dict(lib=lib, batch=name, direction=direction, bytes=nbytes,
-                                 median_us=m * 1e6, gbs=nbytes / m / 1e9,
-                                 fraction_of_limit=nbytes / m / 1e9 / lim,
-                                 cpu_s_per_gb=cpu[0] / (nbytes / 1e9)))
-            del on
+                rows.append(_row(lib, name, direction, nbytes, m, cpu[0], lim, "blocks"))
+            del on, directions
+            torch.cuda.empty_cache()
+        if d2h_calls:
+            if progress:
+                progress(f"{name}: D2H, every way in rounds")
+            limit_bytes, _, down = link
+            timed_all = rounds([("limit", down, reps), (FLOOR, _floor_d2h(torch, dev, sources[0]), reps)] + d2h_calls)
+            lim_s, _ = timed_all.pop("limit")
+            lim = limit_bytes / statistics.median(lim_s) / 1e9
+            for lib, (v, cpu_s) in timed_all.items():
+                rows.append(_row(lib, name, "D2H", nbytes, statistics.median(v), cpu_s, lim, "rounds"))
+            del d2h_calls, timed_all
             torch.cuda.empty_cache()
     return rows
+
+
+def _floor_d2h(torch, dev, batch):
+    """FLOOR's call for D2H of `batch` (host tensors): one `copy_(non_blocking=True)` per
+    tensor, from device copies of the batch made once into page-locked tensors allocated
+    once, then a synchronize. Its bytes are checked once."""
+    src = _each(batch, lambda t: t.to(dev))
+    out = _each(batch, lambda t: torch.empty(t.shape, dtype=t.dtype, pin_memory=True))
+    pairs = list(zip(leaves(out), leaves(src)))
+
+    def call(_):
+        for o, t in pairs:
+            o.copy_(t, non_blocking=True)
+        torch.cuda.synchronize()
+
+    call(0)
+    assert same(torch, out, batch), f"{FLOOR}: changed bytes"
+    return call
 
 
 def fastest(rows, libs, batch, direction):
@@ -195,11 +291,11 @@ def fastest(rows, libs, batch, direction):
 
 def standard_batches(torch, quick=False):
     """The five batches of pinlane's benchmarks: (name, sources, reps)."""
-    big = 3 if quick else 8
+    big = 3 if quick else 12
     f32, u8 = torch.float32, torch.uint8
     return [
         ("8 x 32 MiB f32", [{f"t{i:04}": pattern(torch, (8 << 20,), f32, i) for i in range(8)}], big),
-        ("1 GiB f32", [[pattern(torch, (256 << 20,), f32, 99)]], min(big, 6)),
+        ("1 GiB f32", [[pattern(torch, (256 << 20,), f32, 99)]], min(big, 8)),
         ("64 x 3x224x224 u8", [[pattern(torch, (3, 224, 224), u8, s * 100 + i) for i in range(64)]
                                for s in range(4)], 10 if quick else 30),
         ("1000 x 1 KiB f32", [[pattern(torch, (256,), f32, s * 10000 + i) for i in range(1000)]
@@ -238,6 +334,10 @@ def table(rows, libs, configs, out=print):
             p, b = fastest(rows, libs, name, direction)
             out(f"| {name} | {direction} | {p['median_us']:.1f} | {p['gbs']:.2f} | {p['fraction_of_limit']:.3f} | "
                 f"{b['lib']} | {b['median_us']:.1f} | {b['median_us'] / p['median_us']:.2f}x |")
+    for r in rows:
+        if r["lib"] == FLOOR:
+            out(f"\n{r['batch']} {r['direction']}, {FLOOR} (timed in the same rounds): "
+                f"{r['median_us']:.1f} us, {r['fraction_of_limit']:.3f} of the limit")
 
 
 def main(argv=None):
@@ -268,7 +368,7 @@ def main(argv=None):
     lims = limits(torch, dev)
     configs = [parse_batch(torch, s, args.quick) for s in args.batch] or standard_batches(torch, args.quick)
     libs = ways(torch, dev, log=lambda m: err.write(m + "\n"))
-    rows = measure(torch, configs, libs, lims, progress)
+    rows = measure(torch, configs, libs, lims, progress, dev=dev)
     err.write("\r" + " " * 72 + "\r")
     print(f"{torch.cuda.get_device_name(dev)}; page-locked limit in this process: H2D {lims[0]:.1f} GB/s, "
           f"D2H {lims[1]:.1f} GB/s; medians of whole calls, each ready on any stream")

@@ -37,3 +37,25 @@ def test_bench_rejects_a_bad_batch_spec():
             bench.parse_batch(__import__("torch"), empty)
     name, sources, _ = bench.parse_batch(__import__("torch"), "2 x 3 : uint8")  # spaces, as the help writes it
     assert name == "2 x 3 uint8" and sources[0][0].shape == (3,)
+
+
+def test_rounds_take_turns_and_time_each_call_its_count():
+    # The large batches' ways, and the limit's copy, are timed in rounds (no torch needed).
+    from pinlane import bench
+
+    log = []
+
+    def way(name):
+        return lambda r: log.append((name, r))
+
+    out = bench.rounds([("limit", way("limit"), 3), ("a", way("a"), 3), ("slow", way("slow"), 1)])
+    w = bench.WARMUPS
+    # Warm-up rounds are run but not timed; then each way is timed `count` times.
+    assert {name: len(v) for name, (v, _) in out.items()} == {"limit": 3, "a": 3, "slow": 1}
+    assert [n for n, _ in log].count("slow") == w + 1
+    assert [n for n, _ in log].count("a") == w + 3
+    # Within a round every way runs once, starting one further along each round.
+    first = [next(n for n, r in log if r == k) for k in range(w + 3)]
+    assert first[:3] == ["limit", "a", "slow"]
+    assert all(cpu >= 0 for _, cpu in out.values())
+    assert all(t >= 0 for v, _ in out.values() for t in v)
