@@ -83,7 +83,8 @@ def main():
                               rust_us=r["median_us"] if r else None, speedup=ratio))
     for r in rows:
         if r["lib"] == FLOOR:
-            print(f"{r['batch']} {r['direction']}, {FLOOR} (in the same rounds): {r['median_us']:.1f} us, "
+            print(f"{r['batch']} {r['direction']}: every way timed in rounds, its x limit of the limit in "
+                  f"those rounds ({r['limit_gbs']:.1f} GB/s); {FLOOR}: {r['median_us']:.1f} us, "
                   f"{r['fraction_of_limit']:.3f} of the limit")
     print("\n(us per batch, median; CPU s/GB in the JSON)")
     if args.json:

@@ -21,6 +21,7 @@ The same machinery, more batches and JSON: ``benches/spdl_compare.py`` in the re
 """
 
 import argparse
+import random
 import statistics
 import sys
 import time
@@ -71,17 +72,16 @@ def timed(reps, fn, cpu=None):
 
 # D2H of batches of this many bytes or more is timed in rounds: each round calls every
 # way once, the page-locked limit's copy, and FLOOR (the batch's copies into page-locked
-# memory allocated once), so that all of them meet the link at the same moment. Timed way
-# by way against a limit measured once at the start, 8 x 32 MiB D2H came out at 0.970 to
-# 0.988 of the limit for pinlane and 0.969 to 0.995 for torch's page-locked way (session
-# 45's three runs); taking turns call by call in a small process, at 0.991 / 0.992 and
-# 0.990 / 0.990 (session 46, benches/probes/d2h_link.py). H2D stays way by way: its
-# pageable ways read the sources with the CPU between the other ways' calls (pinning and
-# copying 256 MiB), not as a user's loop runs; in the one run with H2D in rounds too
-# (session 46, part 2), pinlane's 8 x 32 MiB H2D took 6.66 ms (0.742 of the limit) where
-# the Rust bench took 5.32 ms in the same session, and every way's H2D was slower than
-# way by way in runs B to D of that session (pinlane 5.5 to 5.8 ms, torch's page-locked
-# way 8.3 ms in rounds against 5.6 to 5.7).
+# memory allocated once), in an order shuffled each round, so that all of them meet the
+# link in the same stretch of time. Timed way by way against a limit measured once at the
+# start, 8 x 32 MiB D2H came out at 0.970 to 0.988 of the limit for pinlane and 0.969 to
+# 0.995 for torch's page-locked way (session 45's three runs); taking turns call by call
+# in a small process, at 0.992 / 0.991 and 0.991 / 0.990 (session 46,
+# benches/probes/d2h_link.py). H2D stays way by way: its pageable ways read the sources
+# with the CPU between the other ways' calls (pinning and copying 256 MiB), not as a
+# user's loop runs; in the one run with 8 x 32 MiB H2D in rounds too (session 46, part
+# 2), pinlane took 6.66 ms (0.742 of the limit) and torch's page-locked way 8.34 ms,
+# against 5.5 to 5.8 and 5.6 to 5.7 way by way in that session's runs B to D.
 LINK_BYTES = 64 << 20
 
 # The reference row of the rounds: the least any way of moving the batch must do.
@@ -114,18 +114,25 @@ def limits(torch, dev):
     return n / timed(8, up) / 1e9, n / timed(8, down) / 1e9
 
 
-def rounds(calls):
-    """Times `calls` ((name, fn, count) each) taking turns call by call: WARMUPS rounds,
-    then rounds until each fn has been timed `count` times (a fn with a smaller count sits
-    out the later rounds); round r starts at call r % len(calls), so that no way always
-    follows the same one. `fn(r)` gets the round's number. Returns name -> (seconds of
-    each timed call, process CPU seconds per timed call, all threads)."""
+def rounds(calls, seed=0):
+    """Times `calls` ((name, fn, count) each) taking turns call by call: WARMUPS rounds in
+    which every fn is called, then as many rounds as the largest count; a fn with a
+    smaller count is called in rounds spread evenly over those and sits out the others.
+    Each round calls its fns in an order shuffled afresh (by a generator seeded with
+    `seed`), so that no fn always follows the same one. `fn(r)` gets the round's number.
+    Returns name -> (seconds of each timed call, CPU seconds per timed call: the
+    process's, all threads, so work a call leaves running on other threads is counted
+    with the call after it)."""
+    rng = random.Random(seed)
+    most = max(count for _, _, count in calls)
+    timed_in = {name: {WARMUPS + i * most // count for i in range(count)} for name, _, count in calls}
     times = {name: [] for name, _, _ in calls}
     cpu = dict.fromkeys(times, 0.0)
-    for r in range(WARMUPS + max(count for _, _, count in calls)):
-        k = r % len(calls)
-        for name, fn, count in calls[k:] + calls[:k]:
-            if r - WARMUPS >= count:
+    for r in range(WARMUPS + most):
+        order = list(calls)
+        rng.shuffle(order)
+        for name, fn, _ in order:
+            if r >= WARMUPS and r not in timed_in[name]:
                 continue
             c0 = time.process_time()
             t0 = time.perf_counter()
@@ -205,24 +212,22 @@ def _row(lib, name, direction, nbytes, seconds, cpu_s, limit_gbs, timing):
 
 def measure(torch, configs, libs, lims, progress=None, dev=None):
     """Times every way over every batch. `configs`: (name, sources, reps), sources a list
-    of batches (rotated among; their bytes are checked once per way); `lims`: (H2D, D2H)
-    GB/s. Ways are timed one after another (`timed`), against `lims`; with `dev`, the D2H
-    of batches of LINK_BYTES or more is timed in rounds (`rounds`) with the limit's copy
-    and FLOOR (a row of its own, not a way: `fastest` leaves it out), and its fraction of
-    the limit is of the limit's rate in those rounds. Returns rows: lib, batch,
-    direction, bytes, median_us, gbs, fraction_of_limit, cpu_s_per_gb, limit_gbs, timing
-    ("rounds" or "blocks")."""
+    of batches (rotated among; every way's bytes are checked once, each way's round trip
+    too); `lims`: (H2D, D2H) GB/s. Ways are timed one after another (`timed`), against
+    `lims`, D2H reading each way's own H2D results; with `dev`, the D2H of batches of
+    LINK_BYTES or more is timed in rounds (`rounds`) with the limit's copy and FLOOR (a
+    row of its own, not a way: `fastest` leaves it out), every way reading one device copy
+    of the sources (made once for all), and its fraction of the limit is of the limit's
+    rate in those rounds. Returns rows: lib, batch, direction, bytes, median_us, gbs,
+    fraction_of_limit, cpu_s_per_gb, limit_gbs, timing ("rounds" or "blocks")."""
     rows = []
     steps = len(configs) * len(libs)
     k = 0
-    link = None
     for name, sources, reps in configs:
         n = len(sources)
         nbytes = nbytes_of(sources[0])
         in_rounds = dev is not None and nbytes >= LINK_BYTES
-        if in_rounds and link is None:
-            link = _limit_copies(torch, dev)
-        d2h_calls = []
+        d2h_ways = []
         for lib, (h2d, d2h) in libs.items():
             k += 1
             if progress:
@@ -235,39 +240,60 @@ def measure(torch, configs, libs, lims, progress=None, dev=None):
             back = (d2h or (lambda b: _each(b, lambda t: t.cpu())))(on[0])
             assert same(torch, back, sources[0]), f"{lib} {name}: round trip changed bytes"
             del back
-            directions = [("H2D", lambda r, h2d=h2d: h2d(sources[r % n]))]
+            directions = [("H2D", lambda r: h2d(sources[r % n]))]
             if d2h is not None:
-                fn = lambda r, d2h=d2h, on=on: d2h(on[r % n])  # noqa: E731
                 if in_rounds:
-                    d2h_calls.append((lib, fn, r_lib))  # keeps `on` until the rounds
+                    d2h_ways.append((lib, d2h))
                 else:
-                    directions.append(("D2H", fn))
+                    directions.append(("D2H", lambda r: d2h(on[r % n])))
             for direction, fn in directions:
                 cpu = []
                 m = timed(r_lib, fn, cpu)
                 lim = lims[0] if direction == "H2D" else lims[1]
                 rows.append(_row(lib, name, direction, nbytes, m, cpu[0], lim, "blocks"))
-            del on, directions
+            del on  # the closures above read `on` through its cell: this frees the batch
             torch.cuda.empty_cache()
-        if d2h_calls:
+        if d2h_ways:
             if progress:
                 progress(f"{name}: D2H, every way in rounds")
-            limit_bytes, _, down = link
-            timed_all = rounds([("limit", down, reps), (FLOOR, _floor_d2h(torch, dev, sources[0]), reps)] + d2h_calls)
-            lim_s, _ = timed_all.pop("limit")
-            lim = limit_bytes / statistics.median(lim_s) / 1e9
-            for lib, (v, cpu_s) in timed_all.items():
-                rows.append(_row(lib, name, "D2H", nbytes, statistics.median(v), cpu_s, lim, "rounds"))
-            del d2h_calls, timed_all
+            rows += _d2h_rounds(torch, dev, name, sources, reps, d2h_ways)
             torch.cuda.empty_cache()
     return rows
 
 
-def _floor_d2h(torch, dev, batch):
-    """FLOOR's call for D2H of `batch` (host tensors): one `copy_(non_blocking=True)` per
-    tensor, from device copies of the batch made once into page-locked tensors allocated
-    once, then a synchronize. Its bytes are checked once."""
-    src = _each(batch, lambda t: t.to(dev))
+# In rounds, a way whose first D2H call takes longer than this is timed in fewer calls
+# (torch's `.cpu()` of 1 GiB takes 0.6 to 0.9 s; every other way 5 to 50 ms).
+SLOW_CALL_S = 0.1
+
+
+def _d2h_rounds(torch, dev, name, sources, reps, d2h_ways):
+    """The rows of D2H of `sources` timed in rounds: each way in `d2h_ways` ((lib, d2h)),
+    the limit's copy and FLOOR, all reading one device copy of the sources; each way's
+    bytes checked once first."""
+    nbytes = nbytes_of(sources[0])
+    n = len(sources)
+    shared = [_each(s, lambda t: t.to(dev)) for s in sources]
+    torch.cuda.synchronize()
+    limit_bytes, _, down = _limit_copies(torch, dev)
+    calls = [("limit", down, reps), (FLOOR, _floor_d2h(torch, shared[0], sources[0]), reps)]
+    for lib, d2h in d2h_ways:
+        t0 = time.perf_counter()
+        got = d2h(shared[0])
+        slow = time.perf_counter() - t0 > SLOW_CALL_S
+        assert same(torch, got, sources[0]), f"{lib} {name}: D2H changed bytes"
+        del got
+        calls.append((lib, lambda r, d2h=d2h: d2h(shared[r % n]), min(reps, 4) if slow else reps))
+    timed_all = rounds(calls)
+    lim_s, _ = timed_all.pop("limit")
+    lim = limit_bytes / statistics.median(lim_s) / 1e9
+    return [_row(lib, name, "D2H", nbytes, statistics.median(v), cpu_s, lim, "rounds")
+            for lib, (v, cpu_s) in timed_all.items()]
+
+
+def _floor_d2h(torch, src, batch):
+    """FLOOR's call for D2H of `src` (a device copy of `batch`, host tensors): one
+    `copy_(non_blocking=True)` per tensor into page-locked tensors allocated once, then a
+    synchronize. Its bytes are checked once."""
     out = _each(batch, lambda t: torch.empty(t.shape, dtype=t.dtype, pin_memory=True))
     pairs = list(zip(leaves(out), leaves(src)))
 
@@ -336,8 +362,9 @@ def table(rows, libs, configs, out=print):
                 f"{b['lib']} | {b['median_us']:.1f} | {b['median_us'] / p['median_us']:.2f}x |")
     for r in rows:
         if r["lib"] == FLOOR:
-            out(f"\n{r['batch']} {r['direction']}, {FLOOR} (timed in the same rounds): "
-                f"{r['median_us']:.1f} us, {r['fraction_of_limit']:.3f} of the limit")
+            out(f"\n{r['batch']} {r['direction']}: every way timed in rounds, its x limit of the limit in "
+                f"those rounds ({r['limit_gbs']:.1f} GB/s); {FLOOR}: {r['median_us']:.1f} us, "
+                f"{r['fraction_of_limit']:.3f} of the limit")
 
 
 def main(argv=None):

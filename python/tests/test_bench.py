@@ -40,22 +40,43 @@ def test_bench_rejects_a_bad_batch_spec():
 
 
 def test_rounds_take_turns_and_time_each_call_its_count():
-    # The large batches' ways, and the limit's copy, are timed in rounds (no torch needed).
+    # The large batches' D2H ways, the limit's copy and the floor are timed in rounds (no
+    # torch needed).
+    import time
+
     from pinlane import bench
 
+    w = bench.WARMUPS
     log = []
 
     def way(name):
-        return lambda r: log.append((name, r))
+        def call(r):
+            log.append((name, r))
+            if r >= w:
+                time.sleep(0.002)  # only the timed rounds: timing a warm-up call shows
 
-    out = bench.rounds([("limit", way("limit"), 3), ("a", way("a"), 3), ("slow", way("slow"), 1)])
-    w = bench.WARMUPS
-    # Warm-up rounds are run but not timed; then each way is timed `count` times.
-    assert {name: len(v) for name, (v, _) in out.items()} == {"limit": 3, "a": 3, "slow": 1}
-    assert [n for n, _ in log].count("slow") == w + 1
-    assert [n for n, _ in log].count("a") == w + 3
-    # Within a round every way runs once, starting one further along each round.
-    first = [next(n for n, r in log if r == k) for k in range(w + 3)]
-    assert first[:3] == ["limit", "a", "slow"]
+        return call
+
+    names = ["limit", "a", "b", "c", "d", "half", "slow"]
+    counts = {"limit": 6, "a": 6, "b": 6, "c": 6, "d": 6, "half": 3, "slow": 2}
+    out = bench.rounds([(n, way(n), counts[n]) for n in names])
+    assert {n: len(v) for n, (v, _) in out.items()} == counts
+    assert all(t >= 0.002 for v, _ in out.values() for t in v), "a warm-up call was timed"
     assert all(cpu >= 0 for _, cpu in out.values())
-    assert all(t >= 0 for v, _ in out.values() for t in v)
+    by_round = {}
+    for n, r in log:
+        by_round.setdefault(r, []).append(n)
+    assert sorted(by_round) == list(range(w + 6))
+    for r, called in by_round.items():
+        assert len(called) == len(set(called)), f"round {r} called a way twice"
+        if r < w:
+            assert sorted(called) == sorted(names), "every way warms up in every warm-up round"
+    # Fewer calls are spread over the rounds, not bunched at their start.
+    assert [r - w for r, called in sorted(by_round.items()) if r >= w and "half" in called] == [0, 2, 4]
+    assert [r - w for r, called in sorted(by_round.items()) if r >= w and "slow" in called] == [0, 3]
+    # The order changes from round to round: a way does not always follow the same one.
+    before = {n: set() for n in names}
+    for called in by_round.values():
+        for prev, n in zip([None] + called, called):
+            before[n].add(prev)
+    assert all(len(b) >= 2 for n, b in before.items() if n not in ("half", "slow"))
