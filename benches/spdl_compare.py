@@ -83,9 +83,9 @@ def main():
                               rust_us=r["median_us"] if r else None, speedup=ratio))
     for r in rows:
         if r["lib"] == FLOOR:
-            print(f"{r['batch']} {r['direction']}: every way timed in rounds, its x limit of the limit in "
-                  f"those rounds ({r['limit_gbs']:.1f} GB/s); {FLOOR}: {r['median_us']:.1f} us, "
-                  f"{r['fraction_of_limit']:.3f} of the limit")
+            print(f"{r['batch']} {r['direction']}: every way timed in rounds (order seed {r['order_seed']}), "
+                  f"x limit against the limit measured in those rounds ({r['limit_gbs']:.1f} GB/s); "
+                  f"{FLOOR}: {r['median_us']:.1f} us, {r['fraction_of_limit']:.3f} of the limit")
     print("\n(us per batch, median; CPU s/GB in the JSON)")
     if args.json:
         with open(args.json, "w") as f:

@@ -14,7 +14,7 @@ calls are timed (median after warm-up), in one process with the page-locked limi
 measured in it (torch, one 256 MiB copy each way): way by way, except D2H of batches of
 64 MiB or more, timed in rounds (every way, the limit's copy and the batch's bare copies
 into page-locked memory allocated once, in turn call by call, so that all meet the link
-at the same moment). A progress line runs on stderr; the table comes at the end. Without
+in the same stretch of time). A progress line runs on stderr; the table comes at the end. Without
 torch or a GPU it says so and exits 0.
 
 The same machinery, more batches and JSON: ``benches/spdl_compare.py`` in the repository.
@@ -204,13 +204,14 @@ def ways(torch, dev, log=print):
     return w
 
 
-def _row(lib, name, direction, nbytes, seconds, cpu_s, limit_gbs, timing):
+def _row(lib, name, direction, nbytes, seconds, cpu_s, limit_gbs, timing, calls, seed=None):
     return dict(lib=lib, batch=name, direction=direction, bytes=nbytes, median_us=seconds * 1e6,
                 gbs=nbytes / seconds / 1e9, fraction_of_limit=nbytes / seconds / 1e9 / limit_gbs,
-                cpu_s_per_gb=cpu_s / (nbytes / 1e9), limit_gbs=limit_gbs, timing=timing)
+                cpu_s_per_gb=cpu_s / (nbytes / 1e9), limit_gbs=limit_gbs, timing=timing, calls=calls,
+                order_seed=seed)
 
 
-def measure(torch, configs, libs, lims, progress=None, dev=None):
+def measure(torch, configs, libs, lims, progress=None, dev=None, seed=None):
     """Times every way over every batch. `configs`: (name, sources, reps), sources a list
     of batches (rotated among; every way's bytes are checked once, each way's round trip
     too); `lims`: (H2D, D2H) GB/s. Ways are timed one after another (`timed`), against
@@ -218,8 +219,12 @@ def measure(torch, configs, libs, lims, progress=None, dev=None):
     LINK_BYTES or more is timed in rounds (`rounds`) with the limit's copy and FLOOR (a
     row of its own, not a way: `fastest` leaves it out), every way reading one device copy
     of the sources (made once for all), and its fraction of the limit is of the limit's
-    rate in those rounds. Returns rows: lib, batch, direction, bytes, median_us, gbs,
-    fraction_of_limit, cpu_s_per_gb, limit_gbs, timing ("rounds" or "blocks")."""
+    rate in those rounds. The rounds' orders are drawn from `seed` (None: a seed drawn
+    now), recorded in their rows. Returns rows: lib, batch, direction, bytes, median_us,
+    gbs, fraction_of_limit, cpu_s_per_gb, limit_gbs, timing ("rounds" or "blocks"), calls
+    (timed calls), order_seed (the rounds' seed, None way by way)."""
+    if seed is None:
+        seed = random.SystemRandom().randrange(1 << 32)
     rows = []
     steps = len(configs) * len(libs)
     k = 0
@@ -250,26 +255,27 @@ def measure(torch, configs, libs, lims, progress=None, dev=None):
                 cpu = []
                 m = timed(r_lib, fn, cpu)
                 lim = lims[0] if direction == "H2D" else lims[1]
-                rows.append(_row(lib, name, direction, nbytes, m, cpu[0], lim, "blocks"))
+                rows.append(_row(lib, name, direction, nbytes, m, cpu[0], lim, "blocks", r_lib))
             del on  # the closures above read `on` through its cell: this frees the batch
             torch.cuda.empty_cache()
         if d2h_ways:
             if progress:
                 progress(f"{name}: D2H, every way in rounds")
-            rows += _d2h_rounds(torch, dev, name, sources, reps, d2h_ways)
+            rows += _d2h_rounds(torch, dev, name, sources, reps, d2h_ways, seed + k)
             torch.cuda.empty_cache()
     return rows
 
 
-# In rounds, a way whose first D2H call takes longer than this is timed in fewer calls
-# (torch's `.cpu()` of 1 GiB takes 0.6 to 0.9 s; every other way 5 to 50 ms).
+# In rounds, a way whose second D2H call (the first is its check) takes longer than this
+# is timed in fewer calls (torch's `.cpu()` of 1 GiB takes 0.6 to 0.9 s; every other way
+# 5 to 50 ms).
 SLOW_CALL_S = 0.1
 
 
-def _d2h_rounds(torch, dev, name, sources, reps, d2h_ways):
-    """The rows of D2H of `sources` timed in rounds: each way in `d2h_ways` ((lib, d2h)),
-    the limit's copy and FLOOR, all reading one device copy of the sources; each way's
-    bytes checked once first."""
+def _d2h_rounds(torch, dev, name, sources, reps, d2h_ways, seed):
+    """The rows of D2H of `sources` timed in rounds (their order drawn from `seed`): each
+    way in `d2h_ways` ((lib, d2h)), the limit's copy and FLOOR, all reading one device copy
+    of the sources; each way's bytes checked once first."""
     nbytes = nbytes_of(sources[0])
     n = len(sources)
     shared = [_each(s, lambda t: t.to(dev)) for s in sources]
@@ -277,16 +283,17 @@ def _d2h_rounds(torch, dev, name, sources, reps, d2h_ways):
     limit_bytes, _, down = _limit_copies(torch, dev)
     calls = [("limit", down, reps), (FLOOR, _floor_d2h(torch, shared[0], sources[0]), reps)]
     for lib, d2h in d2h_ways:
-        t0 = time.perf_counter()
         got = d2h(shared[0])
-        slow = time.perf_counter() - t0 > SLOW_CALL_S
         assert same(torch, got, sources[0]), f"{lib} {name}: D2H changed bytes"
         del got
+        t0 = time.perf_counter()
+        d2h(shared[0])
+        slow = time.perf_counter() - t0 > SLOW_CALL_S
         calls.append((lib, lambda r, d2h=d2h: d2h(shared[r % n]), min(reps, 4) if slow else reps))
-    timed_all = rounds(calls)
+    timed_all = rounds(calls, seed)
     lim_s, _ = timed_all.pop("limit")
     lim = limit_bytes / statistics.median(lim_s) / 1e9
-    return [_row(lib, name, "D2H", nbytes, statistics.median(v), cpu_s, lim, "rounds")
+    return [_row(lib, name, "D2H", nbytes, statistics.median(v), cpu_s, lim, "rounds", len(v), seed)
             for lib, (v, cpu_s) in timed_all.items()]
 
 
@@ -362,9 +369,9 @@ def table(rows, libs, configs, out=print):
                 f"{b['lib']} | {b['median_us']:.1f} | {b['median_us'] / p['median_us']:.2f}x |")
     for r in rows:
         if r["lib"] == FLOOR:
-            out(f"\n{r['batch']} {r['direction']}: every way timed in rounds, its x limit of the limit in "
-                f"those rounds ({r['limit_gbs']:.1f} GB/s); {FLOOR}: {r['median_us']:.1f} us, "
-                f"{r['fraction_of_limit']:.3f} of the limit")
+            out(f"\n{r['batch']} {r['direction']}: every way timed in rounds (order seed {r['order_seed']}), "
+                f"x limit against the limit measured in those rounds ({r['limit_gbs']:.1f} GB/s); "
+                f"{FLOOR}: {r['median_us']:.1f} us, {r['fraction_of_limit']:.3f} of the limit")
 
 
 def main(argv=None):
