@@ -39,7 +39,7 @@ import json
 
 import torch
 
-from pinlane.bench import FLOOR, fastest, limits, measure, standard_batches, ways
+from pinlane.bench import fastest, limits, measure, rounds_notes, standard_batches, ways
 
 
 def main():
@@ -81,11 +81,8 @@ def main():
             table.append(dict(batch=name, direction=direction, pinlane=p, fastest_other=b["lib"],
                               other=b, spdl=by.get(("spdl", name, direction)),
                               rust_us=r["median_us"] if r else None, speedup=ratio))
-    for r in rows:
-        if r["lib"] == FLOOR:
-            print(f"{r['batch']} {r['direction']}: every way timed in rounds (order seed {r['order_seed']}), "
-                  f"x limit against the limit measured in those rounds ({r['limit_gbs']:.1f} GB/s); "
-                  f"{FLOOR}: {r['median_us']:.1f} us, {r['fraction_of_limit']:.3f} of the limit")
+    for line in rounds_notes(rows):
+        print(line)
     print("\n(us per batch, median; CPU s/GB in the JSON)")
     if args.json:
         with open(args.json, "w") as f:

@@ -367,11 +367,17 @@ def table(rows, libs, configs, out=print):
             p, b = fastest(rows, libs, name, direction)
             out(f"| {name} | {direction} | {p['median_us']:.1f} | {p['gbs']:.2f} | {p['fraction_of_limit']:.3f} | "
                 f"{b['lib']} | {b['median_us']:.1f} | {b['median_us'] / p['median_us']:.2f}x |")
-    for r in rows:
-        if r["lib"] == FLOOR:
-            out(f"\n{r['batch']} {r['direction']}: every way timed in rounds (order seed {r['order_seed']}), "
-                f"x limit against the limit measured in those rounds ({r['limit_gbs']:.1f} GB/s); "
-                f"{FLOOR}: {r['median_us']:.1f} us, {r['fraction_of_limit']:.3f} of the limit")
+    for line in rounds_notes(rows):
+        out("\n" + line)
+
+
+def rounds_notes(rows):
+    """A line for each batch and direction timed in rounds: its seed, the limit the rows'
+    fractions are of, and FLOOR's figure."""
+    return [f"{r['batch']} {r['direction']}: every way timed in rounds (order seed {r['order_seed']}), "
+            f"x limit against the limit measured in those rounds ({r['limit_gbs']:.1f} GB/s); "
+            f"{FLOOR}: {r['median_us']:.1f} us, {r['fraction_of_limit']:.3f} of the limit"
+            for r in rows if r["lib"] == FLOOR]
 
 
 def main(argv=None):
