@@ -706,7 +706,7 @@ impl Tensor {
     /// # Ok(()) }
     /// ```
     pub fn to_dlpack(&self) -> Result<dlpark::versioned::Dlpack> {
-        self.export_dlpack(None)
+        self.export_dlpack(None, false)
     }
 
     /// [`Tensor::to_dlpack`] for a consumer that reads the device tensor on `stream`:
@@ -723,14 +723,44 @@ impl Tensor {
                 location: self.location(),
             });
         }
-        self.export_dlpack(Some(stream))
+        self.export_dlpack(Some(stream), false)
     }
 
-    fn export_dlpack(&self, stream: Option<&Stream>) -> Result<dlpark::versioned::Dlpack> {
+    /// [`Tensor::to_dlpack`] of an output of
+    /// [`transfer_tensor_d2h_overlapping`](crate::transfer_tensor_d2h_overlapping), from inside its
+    /// `while_copying`, while the copies into it may still be running: for handing the
+    /// outputs to another framework (a binding's tensor objects) in the time the copies
+    /// take. Outside that window it is [`Tensor::to_dlpack`].
+    ///
+    /// # Safety
+    /// Nothing reads or writes the bytes through the descriptor (the consumer, or anyone it
+    /// hands them to) before the `transfer_tensor_d2h_overlapping` call that made this tensor
+    /// returns `Ok`; if that call fails, the descriptor is dropped (its deleter called)
+    /// with its bytes unread. pinlane keeps the memory allocated, and does not recycle it
+    /// while a copy may still write it, in either case.
+    ///
+    /// # Errors
+    /// [`Error::DLPack`] for a dimension that does not fit `i64`.
+    pub unsafe fn to_dlpack_in_flight(&self) -> Result<dlpark::versioned::Dlpack> {
+        self.export_dlpack(None, true)
+    }
+
+    fn export_dlpack(
+        &self,
+        stream: Option<&Stream>,
+        in_flight: bool,
+    ) -> Result<dlpark::versioned::Dlpack> {
         // The capsule keeps a clone of the tensor: its memory stays alive until the
         // consumer calls the deleter.
         let keep = Box::new(self.clone());
-        memory::dlpack::export(&self.storage, self.dtype, self.dims(), keep, stream)
+        memory::dlpack::export(
+            &self.storage,
+            self.dtype,
+            self.dims(),
+            keep,
+            stream,
+            in_flight,
+        )
     }
 
     fn import_dlpack<M: dlpark::ManagedTensorBase>(

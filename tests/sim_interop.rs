@@ -12,9 +12,9 @@ use pinlane::dlpark::metadata::Dynamic;
 use pinlane::dlpark::DlpackFlags;
 use pinlane::driver::sim::{activity, POISON_FREED};
 use pinlane::{
-    set_current_stream, transfer_tensor_d2h, transfer_tensor_h2d, transfer_tensor_h2d_with, Batch,
-    D2hOptions, DType, Device, Error, Event, H2dOptions, HostOutput, Location, Stream, Tensor,
-    Value,
+    set_current_stream, transfer_tensor_d2h, transfer_tensor_d2h_overlapping, transfer_tensor_h2d,
+    transfer_tensor_h2d_with, Batch, D2hOptions, DType, Device, Error, Event, H2dOptions,
+    HostOutput, Location, Stream, Tensor, Value,
 };
 use proptest::prelude::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -704,4 +704,103 @@ fn outputs_of_one_call_lie_at_their_byte_offsets_in_one_allocation() {
             assert_eq!(out, src);
         }
     }
+}
+
+/// What `transfer_tensor_d2h_overlapping`'s `while_copying` made of the outputs: a
+/// capsule each (its drops counted through `_tag`).
+struct HandedOver {
+    capsules: Vec<pinlane::dlpark::versioned::Dlpack>,
+    _tag: Counted,
+}
+
+fn hand_over(outs: &[Tensor], drops: &Arc<AtomicUsize>) -> HandedOver {
+    let capsules = outs
+        .iter()
+        .map(|t| {
+            assert_eq!(t.location(), Location::Pinned);
+            // Nothing may read them yet: the copies are proven done after this returns.
+            assert!(matches!(t.as_bytes(), Err(Error::BytesInFlight { .. })));
+            assert!(matches!(t.to_dlpack(), Err(Error::BytesInFlight { .. })));
+            // SAFETY: the capsules are read only once the call has returned `Ok`, and
+            // dropped unread otherwise (the tests below).
+            unsafe { t.to_dlpack_in_flight() }.unwrap()
+        })
+        .collect();
+    HandedOver {
+        capsules,
+        _tag: Counted {
+            bytes: Vec::new(),
+            drops: drops.clone(),
+        },
+    }
+}
+
+#[test]
+fn outputs_handed_over_while_the_copies_run_hold_the_bytes_once_the_call_returns() {
+    common::sim();
+    let b = vec![
+        common::tensor(DType::F32, &[300], 71),
+        common::tensor(DType::U8, &[5], 72),
+        common::tensor(DType::F64, &[20_000], 73),
+    ];
+    let on = transfer_tensor_h2d(&b).unwrap();
+    let drops = Arc::new(AtomicUsize::new(0));
+    for _ in 0..10 {
+        let mut runs = 0;
+        let (back, handed) = transfer_tensor_d2h_overlapping(&on, &D2hOptions::default(), |o| {
+            runs += 1;
+            hand_over(o, &drops)
+        })
+        .unwrap();
+        assert_eq!(runs, 1);
+        assert_eq!(back, b);
+        for (c, want) in handed.capsules.into_iter().zip(&b) {
+            assert_eq!(Tensor::from_dlpack(c).unwrap(), *want);
+        }
+    }
+    // Where nothing is left to overlap, it runs once on the finished batch, whose bytes
+    // are readable: pageable outputs, and a batch that passes through.
+    let pageable = D2hOptions::default().output(HostOutput::Pageable);
+    let (back, n) = transfer_tensor_d2h_overlapping(&on, &pageable, |o| {
+        o.iter().map(|t| t.as_bytes().unwrap().len()).sum::<usize>()
+    })
+    .unwrap();
+    assert_eq!(back, b);
+    assert_eq!(n, b.iter().map(Tensor::nbytes).sum::<usize>());
+    let (same, n) =
+        transfer_tensor_d2h_overlapping(&b, &D2hOptions::default(), |o| o.len()).unwrap();
+    assert_eq!((same, n), (b.clone(), 3));
+}
+
+#[test]
+fn a_failed_call_drops_what_was_handed_over_and_the_next_call_is_right() {
+    use pinlane::driver::fault::{self, FaultKind};
+    common::sim();
+    let b = vec![
+        common::tensor(DType::F32, &[4096], 81),
+        common::tensor(DType::I16, &[7], 82),
+    ];
+    let on = transfer_tensor_h2d(&b).unwrap();
+    let drops = Arc::new(AtomicUsize::new(0));
+    // The wait for the copies fails (after `while_copying` has run).
+    fault::inject(FaultKind::StreamSync, 1);
+    let mut runs = 0;
+    let r = transfer_tensor_d2h_overlapping(&on, &D2hOptions::default(), |o| {
+        runs += 1;
+        hand_over(o, &drops)
+    });
+    fault::clear();
+    assert!(
+        matches!(&r, Err(e) if e.to_string().contains("INJECTED_FAULT")),
+        "{:?}",
+        r.as_ref().map(|_| ())
+    );
+    assert_eq!(runs, 1);
+    assert_eq!(
+        drops.load(Ordering::SeqCst),
+        1,
+        "dropped unread, in the call"
+    );
+    let back = transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap();
+    assert_eq!(back, b);
 }

@@ -40,6 +40,9 @@ struct TorchObjs {
     uint8: Py<PyAny>,
     /// `torch.Tensor`'s exchange API's `current_work_stream`, if it publishes one.
     current_work_stream: dlpark::ffi::DLPackCurrentWorkStream,
+    /// `torch._C._len_torch_function_stack` and `torch._C._len_torch_dispatch_stack`, if
+    /// torch has them: whether a mode would see the ops the handover runs.
+    mode_stacks: Option<(Py<PyAny>, Py<PyAny>)>,
 }
 
 static TORCH_OBJS: PyOnceLock<TorchObjs> = PyOnceLock::new();
@@ -57,6 +60,11 @@ impl Torch {
                 int8: torch.getattr("int8")?.unbind(),
                 uint8: torch.getattr("uint8")?.unbind(),
                 current_work_stream: current_work_stream_fn(&torch.getattr("Tensor")?),
+                mode_stacks: torch.getattr("_C").ok().and_then(|c| {
+                    let f = c.getattr("_len_torch_function_stack").ok()?;
+                    let d = c.getattr("_len_torch_dispatch_stack").ok()?;
+                    Some((f.unbind(), d.unbind()))
+                }),
             })
         })?;
         match ExchangeApi::from_object(tensor.as_borrowed())? {
@@ -234,11 +242,72 @@ impl Torch {
         ts: &[Tensor],
         min_run: usize,
     ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let out = self.export_with(py, ts, min_run, false)?;
+        out.ok_or_else(|| PyRuntimeError::new_err("pinlane: outputs left unexported"))
+    }
+
+    /// [`Torch::export_all`] of the outputs of a D2H call whose copies may still be
+    /// running: from inside `transfer_tensor_d2h_overlapping`'s `while_copying`. `None`
+    /// (nothing handed over) where a run would be split while a torch function or
+    /// dispatch mode is active on the thread: the mode would see the split's outputs, and
+    /// could read their bytes, before the copies are done; the caller then exports them
+    /// after the call, with [`Torch::export_all`].
+    ///
+    /// # Safety
+    /// [`Tensor::to_dlpack_in_flight`]'s, for every tensor: no one reads or writes the
+    /// returned tensors' bytes before that call returns `Ok` (the binding hands them to no
+    /// one before), and if it fails, they are dropped unread.
+    pub(crate) unsafe fn export_all_in_flight<'py>(
+        &self,
+        py: Python<'py>,
+        ts: &[Tensor],
+        min_run: usize,
+    ) -> PyResult<Option<Vec<Bound<'py, PyAny>>>> {
+        self.export_with(py, ts, min_run, true)
+    }
+
+    /// Whether a torch function or dispatch mode is active on the thread (true when torch
+    /// does not say).
+    fn modes_active(&self, py: Python<'_>) -> PyResult<bool> {
+        let Some((function, dispatch)) = &self.objs.mode_stacks else {
+            return Ok(true);
+        };
+        Ok(function.bind(py).call0()?.extract::<usize>()? > 0
+            || dispatch.bind(py).call0()?.extract::<usize>()? > 0)
+    }
+
+    /// [`Torch::export_all`]; `in_flight`: see [`Torch::export_all_in_flight`], whose
+    /// obligations a caller passing true has.
+    fn export_with<'py>(
+        &self,
+        py: Python<'py>,
+        ts: &[Tensor],
+        min_run: usize,
+        in_flight: bool,
+    ) -> PyResult<Option<Vec<Bound<'py, PyAny>>>> {
+        let to_dlpack = |t: &Tensor| {
+            if in_flight {
+                // SAFETY: `in_flight` is passed true only by `export_all_in_flight`, whose
+                // caller has `to_dlpack_in_flight`'s obligations for these tensors.
+                unsafe { t.to_dlpack_in_flight() }
+            } else {
+                t.to_dlpack()
+            }
+            .map(handover)
+            .map_err(to_py)
+        };
         let mut out = Vec::with_capacity(ts.len());
+        let mut checked = !in_flight;
         let mut i = 0;
         while i < ts.len() {
             let (len, stride) = run_at(ts, i);
-            let first = handover(&ts[i])?;
+            if len >= min_run && !checked {
+                if self.modes_active(py)? {
+                    return Ok(None);
+                }
+                checked = true;
+            }
+            let first = to_dlpack(&ts[i])?;
             if len >= min_run {
                 let base = self
                     .api
@@ -262,7 +331,7 @@ impl Torch {
                 ts.len()
             )));
         }
-        Ok(out)
+        Ok(Some(out))
     }
 }
 
@@ -305,10 +374,9 @@ fn current_work_stream_fn(cls: &Bound<'_, PyAny>) -> dlpark::ffi::DLPackCurrentW
 /// Runs of this many tensors or more are handed to torch as one tensor.
 pub(crate) const MIN_RUN: usize = 16;
 
-/// `t`'s descriptor as handed to torch: page-locked memory is CPU memory to torch (which
-/// does not take kDLCUDAHost), and the tensor is writable.
-fn handover(t: &Tensor) -> PyResult<Managed> {
-    let dl = t.to_dlpack().map_err(to_py)?;
+/// A pinlane tensor's descriptor, just made, as handed to torch: page-locked memory is CPU
+/// memory to torch (which does not take kDLCUDAHost), and the tensor is writable.
+fn handover(dl: Managed) -> Managed {
     // SAFETY: `dl` was just made and is owned here alone: no one else reads its
     // descriptor. The tensor handed over is the only user of its bytes (pinlane keeps a
     // reference only to keep memory alive, never to read it; views of one block never
@@ -325,7 +393,7 @@ fn handover(t: &Tensor) -> PyResult<Managed> {
         }
         (*m).flags.remove(DlpackFlags::READ_ONLY);
     }
-    Ok(dl)
+    dl
 }
 
 /// How many tensors from `i` on form a run (same dtype and shape, one allocation, a

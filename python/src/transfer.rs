@@ -68,11 +68,20 @@ fn outputs<'py>(
     target: &str,
     before_torch: BeforeTorch<'_>,
 ) -> PyResult<Vec<Bound<'py, PyAny>>> {
-    let mut exported = torch
-        .export_all(py, moved, min_run)?
-        .into_iter()
-        .map(Some)
-        .collect::<Vec<_>>();
+    let exported = torch.export_all(py, moved, min_run)?;
+    outputs_from(py, slots, exported, target, before_torch)
+}
+
+/// [`outputs`] with pinlane's outputs already handed to torch (`exported`, in the
+/// transfer's order).
+fn outputs_from<'py>(
+    py: Python<'py>,
+    slots: Vec<Slot<'py>>,
+    exported: Vec<Bound<'py, PyAny>>,
+    target: &str,
+    before_torch: BeforeTorch<'_>,
+) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    let mut exported = exported.into_iter().map(Some).collect::<Vec<_>>();
     let mut out = Vec::with_capacity(slots.len());
     for s in slots {
         out.push(match s {
@@ -432,14 +441,49 @@ pub(crate) fn d2h<'py>(
     // SAFETY: the exchange API's `current_work_stream` for the device: torch's current
     // stream there, of the primary context, never destroyed by torch.
     let current = unsafe { Stream::from_raw(raw_current as RawStream, dev) }.map_err(to_py)?;
-    let moved = py
+    // The outputs are handed to torch while the copies run (the GIL taken back for it),
+    // then the call waits for the copies without it.
+    let shared = Attached(&torch);
+    let (moved, exported) = py
         .detach(|| {
             let _guard = pinlane::set_current_stream(&current);
-            pinlane::transfer_tensor_d2h(&inputs, &opts)
+            pinlane::transfer_tensor_d2h_overlapping(&inputs, &opts, |outs| {
+                Python::attach(|py| {
+                    let torch = shared.get();
+                    // SAFETY: the outputs of this very call, while its copies may run. The
+                    // torch tensors made here reach no one before it has returned: they
+                    // stay in this function, which returns them only once the call is
+                    // `Ok`, and drops them unread on failure. A mode that would see them
+                    // (`export_all_in_flight`'s check) gets them after the call instead.
+                    unsafe { torch.export_all_in_flight(py, outs, min_run) }
+                        .map(|o| o.map(|v| v.into_iter().map(Bound::unbind).collect::<Vec<_>>()))
+                })
+            })
         })
         .map_err(to_py)?;
     drop(inputs);
-    outputs(py, &torch, slots, &moved, min_run, "cpu", before)
+    let exported = match exported? {
+        Some(v) => v.into_iter().map(|o| o.into_bound(py)).collect(),
+        None => torch.export_all(py, &moved, min_run)?,
+    };
+    outputs_from(py, slots, exported, "cpu", before)
+}
+
+/// The binding's [`Torch`], for use inside `Python::attach` on the thread that detached
+/// from the interpreter for a call (D2H's handover while its copies run).
+struct Attached<'a>(&'a Torch);
+
+// SAFETY: `Torch` is the exchange API's table (static in torch for the life of the
+// process) and references to torch objects; the wrapper lends it only through `get`, whose
+// callers use it with the GIL held (inside `Python::attach`), on the thread that made it.
+unsafe impl Send for Attached<'_> {}
+// SAFETY: as for `Send`: every use holds the GIL, so no two threads use it at once.
+unsafe impl Sync for Attached<'_> {}
+
+impl Attached<'_> {
+    fn get(&self) -> &Torch {
+        self.0
+    }
 }
 
 /// [`d2h`] of one tensor known not to be negated, from `device` (`None`:

@@ -122,6 +122,49 @@ def test_d2h_waits_for_a_producer_kernel_on_the_current_stream(torch):
         assert torch.all(back == 7), "copied before the producer finished"
 
 
+def test_d2h_hands_outputs_to_torch_while_the_copies_run_and_to_modes_after(torch):
+    # The outputs are made torch tensors while the copies run (they reach no one before
+    # the copies are done). Splitting a run of 16 or more same-shape outputs (`unbind(0)`)
+    # is an op a torch function or dispatch mode sees, and may read: with one active on
+    # the thread, the split comes after the copies.
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class ReadsDispatch(TorchDispatchMode):
+        seen = None
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is torch.ops.aten.unbind.int:
+                self.seen = [float(t[0]) for t in out]
+            return out
+
+    class ReadsFunction(TorchFunctionMode):
+        seen = None
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if getattr(func, "__name__", "") == "unbind":
+                self.seen = [float(t[0]) for t in out]
+            return out
+
+    dev = torch.device("cuda", cuda_index(torch))
+    for mode in (None, ReadsDispatch(), ReadsFunction()):
+        xs = [torch.zeros(256, device=dev) for _ in range(20)]
+        torch.cuda.synchronize(dev)
+        torch.cuda._sleep(100_000_000)  # ~50 ms of GPU time before the final values
+        for i, x in enumerate(xs):
+            x.add_(i + 1)
+        if mode is None:
+            back = transfer_tensor_d2h(xs)
+        else:
+            with mode:
+                back = transfer_tensor_d2h(xs)
+            assert mode.seen == [float(i + 1) for i in range(20)], type(mode).__name__
+        assert all(bool((b == i + 1).all()) for i, b in enumerate(back))
+        assert all(b.is_pinned() for b in back)
+
+
 def test_d2h_waits_for_a_producer_event_from_another_stream(torch):
     dev = torch.device("cuda", cuda_index(torch))
     side = torch.cuda.Stream(dev)

@@ -33,10 +33,14 @@ use crate::memory::{
 use crate::tensor::{Storage, Tensor};
 use std::sync::Arc;
 
+/// `while_copying`: called on the rebuilt batch of a blocking call into page-locked
+/// outputs once its copies are queued, before the call waits for them (not called on the
+/// other paths: [`super::transfer_tensor_d2h_overlapping`] calls it on their finished batch).
 pub(crate) fn transfer<B: Batch>(
     batch: &B,
     opts: &D2hOptions,
     mode: Mode,
+    while_copying: &mut dyn FnMut(&B),
 ) -> Result<(B, Option<Pending>)> {
     let all = batch::tensors(batch);
     let Some((device, picked)) = target(opts, &all)? else {
@@ -94,7 +98,7 @@ pub(crate) fn transfer<B: Batch>(
     let (rebuilt, pending) = match block {
         Some((block, base)) => {
             let at = (&block, base, flag_at);
-            into_block(batch, &out, &mut call, job, at, mode)?
+            into_block(batch, &out, &mut call, job, at, (mode, while_copying))?
         }
         None => (into_region(batch, &out, &mut call, job)?, None),
     };
@@ -263,7 +267,7 @@ fn into_block<B: Batch>(
     call: &mut Call,
     mut job: InFlight,
     (block, base, flag_at): (&Arc<PinnedBlock>, usize, Option<usize>),
-    mode: Mode,
+    (mode, while_copying): (Mode, &mut dyn FnMut(&B)),
 ) -> Result<(B, Option<Pending>)> {
     let l = out.layout;
     // Marked as being written before any view of it exists: the rebuild below is the
@@ -303,6 +307,10 @@ fn into_block<B: Batch>(
     super::trace::mark("rebuilt");
     let pending = match mode {
         Mode::Blocking => {
+            // The caller's work on the outputs that needs no bytes overlaps the copies. A
+            // panic in it unwinds through `job`, whose drop keeps the block until the
+            // stream has let go of it.
+            while_copying(&rebuilt);
             job.finish(out.sources())?;
             None
         }

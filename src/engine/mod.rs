@@ -167,7 +167,7 @@ fn handle<B>(r: Result<(B, Option<completion::Pending>)>) -> Result<Transfer<B>>
 /// [`Transfer::wait`] / `.await`.
 pub fn transfer_tensor_d2h_async<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<Transfer<B>> {
     trace::start("d2h_async");
-    let r = d2h::transfer(batch, opts, Mode::Async);
+    let r = d2h::transfer(batch, opts, Mode::Async, &mut |_| {});
     trace::end();
     handle(r)
 }
@@ -210,9 +210,78 @@ pub fn transfer_tensor_d2h_async<B: Batch>(batch: &B, opts: &D2hOptions) -> Resu
 /// changed.
 pub fn transfer_tensor_d2h<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
     trace::start("d2h");
-    let r = d2h::transfer(batch, opts, Mode::Blocking).map(|(b, _)| b);
+    let r = d2h::transfer(batch, opts, Mode::Blocking, &mut |_| {}).map(|(b, _)| b);
     trace::end();
     r
+}
+
+/// [`transfer_tensor_d2h`], calling `while_copying` on the host batch once the copies
+/// into page-locked outputs are queued and before the call waits for them, so that work
+/// on the outputs that needs no bytes overlaps the copies: a binding handing them to its
+/// framework ([`Tensor::to_dlpack_in_flight`](crate::Tensor::to_dlpack_in_flight)), say.
+///
+/// * Until the call returns, the outputs' bytes cannot be read: reads get
+///   [`Error::BytesInFlight`](crate::error::Error::BytesInFlight).
+/// * `while_copying` runs once in every successful call, on the finished batch where
+///   nothing is left to overlap (pageable outputs, or a batch that passes through), and
+///   its result comes back beside the batch. If the call fails after it ran, its result
+///   is dropped; pinlane keeps the outputs' memory until the copies have let go of it.
+/// * It runs on the calling thread: a panic in it unwinds out of the call, as a panic of
+///   the batch's own [`Batch`] code would (nothing is freed while a copy may still write
+///   it).
+///
+/// ```
+/// use pinlane::{transfer_tensor_d2h_overlapping, D2hOptions, Tensor};
+/// # fn main() -> pinlane::Result<()> {
+/// let b = vec![Tensor::scalar(2.5f64)];
+/// // A host-only batch passes through; `while_copying` still runs, on it.
+/// let (out, n) = transfer_tensor_d2h_overlapping(&b, &D2hOptions::default(), |out| out.len())?;
+/// assert_eq!((out, n), (b, 1));
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+/// As [`transfer_tensor_d2h`].
+pub fn transfer_tensor_d2h_overlapping<B: Batch, R>(
+    batch: &B,
+    opts: &D2hOptions,
+    while_copying: impl FnOnce(&B) -> R,
+) -> Result<(B, R)> {
+    let mut hook = WhileCopying::ToRun(while_copying);
+    trace::start("d2h");
+    let r = d2h::transfer(batch, opts, Mode::Blocking, &mut |b| hook.run(b));
+    trace::end();
+    let (b, _) = r?;
+    hook.run(&b);
+    match hook {
+        WhileCopying::Ran(out) => Ok((b, out)),
+        _ => Err(Error::Internal {
+            op: "transfer_tensor_d2h_overlapping",
+            reason: "while_copying did not run".into(),
+        }),
+    }
+}
+
+/// The `while_copying` of [`transfer_tensor_d2h_overlapping`]: still to run, running, or its
+/// result.
+enum WhileCopying<F, R> {
+    ToRun(F),
+    Running,
+    Ran(R),
+}
+
+impl<F, R> WhileCopying<F, R> {
+    /// Runs it on `b` if it has not run yet.
+    fn run<B>(&mut self, b: &B)
+    where
+        F: FnOnce(&B) -> R,
+    {
+        if let Self::ToRun(_) = self {
+            if let Self::ToRun(f) = std::mem::replace(self, Self::Running) {
+                *self = Self::Ran(f(b));
+            }
+        }
+    }
 }
 
 /// What the calling thread's last successful transfer did.

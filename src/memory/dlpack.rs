@@ -45,19 +45,26 @@ struct Exported {
 
 /// A versioned, read-only capsule over `storage`'s bytes (`dtype`, `dims`), alive while
 /// `keep` (which must keep those bytes alive and unchanged) is; with `stream`, a device
-/// storage's use is recorded on it when the deleter runs.
+/// storage's use is recorded on it when the deleter runs. `in_flight`: a page-locked
+/// storage that a D2H call may still be writing is exported too (the caller's
+/// obligation: see [`Tensor::to_dlpack_in_flight`](crate::Tensor::to_dlpack_in_flight));
+/// otherwise it is refused.
 pub(crate) fn export(
     storage: &Storage,
     dtype: DType,
     dims: &[usize],
     keep: Box<dyn Send + Sync>,
     stream: Option<&Stream>,
+    in_flight: bool,
 ) -> Result<dlpark::versioned::Dlpack> {
     let (device, data, lent) = match storage {
         Storage::Host(b) => (DLDevice::CPU, b.as_ptr(), None),
         Storage::Pinned(b) => {
-            // Another framework reads the bytes: not while a copy may still write them.
-            b.readable("to_dlpack")?;
+            // Another framework reads the bytes: not while a copy may still write them,
+            // unless the caller has promised not to read them before the copy is done.
+            if !in_flight {
+                b.readable("to_dlpack")?;
+            }
             let host = DLDevice {
                 device_type: DLDeviceType::CUDAHOST,
                 device_id: 0,
@@ -269,6 +276,7 @@ mod tests {
             &[n],
             Box::new(b.clone()),
             None,
+            false,
         )
         .unwrap();
         // SAFETY: the consumer's write into a tensor it was handed writable: the callers'
