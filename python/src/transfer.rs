@@ -27,7 +27,11 @@
 //! waits on the host until the event has completed (a wait the call would make anyway:
 //! it returns only after copies that wait for the same event).
 //!
-//! Copies run with the GIL released; the outputs are made after, with it held.
+//! Copies run with the GIL released. H2D's outputs are made after them, with it held;
+//! D2H's page-locked outputs are made while its copies run (`while_copying` of
+//! `pinlane::transfer_tensor_d2h_overlapping`, the GIL taken back for it) and reach the
+//! caller only once the copies are done, unless a torch function or dispatch mode is
+//! active and a run of outputs is to be split (the mode would see the split): then after.
 //! `min_run`: the shortest run of same-shape outputs handed to torch as one tensor (see
 //! [`Torch::export_all`]); benches/py_overhead.py sets it high to time the per-tensor way.
 
