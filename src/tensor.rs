@@ -726,18 +726,20 @@ impl Tensor {
         self.export_dlpack(Some(stream), false)
     }
 
-    /// [`Tensor::to_dlpack`] of an output of
-    /// [`transfer_tensor_d2h_overlapping`](crate::transfer_tensor_d2h_overlapping), from inside its
-    /// `while_copying`, while the copies into it may still be running: for handing the
-    /// outputs to another framework (a binding's tensor objects) in the time the copies
-    /// take. Outside that window it is [`Tensor::to_dlpack`].
+    /// [`Tensor::to_dlpack`] without its check that no copy may still write the bytes: for
+    /// an output of [`transfer_tensor_d2h_overlapping`](crate::transfer_tensor_d2h_overlapping),
+    /// from inside its `while_copying`, to hand the outputs to another framework (a
+    /// binding's tensor objects) in the time the copies take. It never checks, wherever
+    /// the tensor came from (an output of a non-blocking call not yet waited for, a clone
+    /// kept from a failed call): the caller proves the bytes done before anyone reads them.
     ///
     /// # Safety
     /// Nothing reads or writes the bytes through the descriptor (the consumer, or anyone it
-    /// hands them to) before the `transfer_tensor_d2h_overlapping` call that made this tensor
-    /// returns `Ok`; if that call fails, the descriptor is dropped (its deleter called)
-    /// with its bytes unread. pinlane keeps the memory allocated, and does not recycle it
-    /// while a copy may still write it, in either case.
+    /// hands them to) before the copies that write them are proven done: for an output of
+    /// `transfer_tensor_d2h_overlapping`, before that call returns `Ok`; if it fails, the
+    /// descriptor is dropped (its deleter called) with its bytes unread. pinlane keeps the
+    /// memory allocated while the descriptor lives, and does not recycle it while a copy
+    /// may still write it, either way.
     ///
     /// # Errors
     /// [`Error::DLPack`] for a dimension that does not fit `i64`.

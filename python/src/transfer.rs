@@ -445,44 +445,65 @@ pub(crate) fn d2h<'py>(
     // SAFETY: the exchange API's `current_work_stream` for the device: torch's current
     // stream there, of the primary context, never destroyed by torch.
     let current = unsafe { Stream::from_raw(raw_current as RawStream, dev) }.map_err(to_py)?;
-    // The outputs are handed to torch while the copies run (the GIL taken back for it),
-    // then the call waits for the copies without it.
+    // A batch of HANDOVER_MIN_BYTES or more is handed to torch while its copies run (the
+    // GIL taken back for it), then the call waits for the copies without it; a smaller
+    // one, after the copies.
+    let overlap = inputs.iter().map(Tensor::nbytes).sum::<usize>() >= HANDOVER_MIN_BYTES;
     let shared = Attached(&torch);
+    let (inputs_ref, opts_ref, current_ref) = (&inputs, &opts, &current);
     let (moved, exported) = py
-        .detach(|| {
-            let _guard = pinlane::set_current_stream(&current);
-            pinlane::transfer_tensor_d2h_overlapping(&inputs, &opts, |outs| {
+        .detach(move || {
+            let _guard = pinlane::set_current_stream(current_ref);
+            if !overlap {
+                return pinlane::transfer_tensor_d2h(inputs_ref, opts_ref).map(|m| (m, None));
+            }
+            pinlane::transfer_tensor_d2h_overlapping(inputs_ref, opts_ref, |outs| {
                 Python::attach(|py| {
                     let torch = shared.get();
                     // SAFETY: the outputs of this very call, while its copies may run. The
-                    // torch tensors made here reach no one before it has returned: they
-                    // stay in this function, which returns them only once the call is
-                    // `Ok`, and drops them unread on failure. A mode that would see them
-                    // (`export_all_in_flight`'s check) gets them after the call instead.
+                    // torch tensors made here stay in this function until the call has
+                    // returned: it hands them on only once the call is `Ok`, and drops
+                    // them unread otherwise. No Python code is given them meanwhile: the
+                    // only op run on them is a run's `unbind(0)`, left until after the
+                    // call when a torch function or dispatch mode would see it
+                    // (`export_all_in_flight`'s check).
                     unsafe { torch.export_all_in_flight(py, outs, min_run) }
                         .map(|o| o.map(|v| v.into_iter().map(Bound::unbind).collect::<Vec<_>>()))
                 })
             })
+            .map(|(m, e)| (m, Some(e)))
         })
         .map_err(to_py)?;
     drop(inputs);
-    let exported = match exported? {
-        Some(v) => v.into_iter().map(|o| o.into_bound(py)).collect(),
-        None => torch.export_all(py, &moved, min_run)?,
+    let exported = match exported {
+        Some(Ok(Some(v))) => v.into_iter().map(|o| o.into_bound(py)).collect(),
+        // Not handed over while the copies ran (a small batch, a mode that would see the
+        // split, or a failure of the handover, whose partial outputs were dropped unread
+        // in it): the copies are done, the outputs are handed over now (a lasting failure
+        // is raised here).
+        _ => torch.export_all(py, &moved, min_run)?,
     };
     outputs_from(py, slots, exported, "cpu", before)
 }
 
-/// The binding's [`Torch`], for use inside `Python::attach` on the thread that detached
-/// from the interpreter for a call (D2H's handover while its copies run).
+/// Batches of D2H outputs of at least this many bytes are handed to torch while their
+/// copies run (benches/probes/d2h_handover.py: 64 images, 8 x 32 MiB). Smaller ones are
+/// handed over after the wait, as the copies end within microseconds of being queued: the
+/// GIL taken back for the handover would be a second acquisition in the call (the
+/// interpreter may take a switch interval, 5 ms by default, to hand it over when another
+/// thread holds it) for at most the copies' microseconds.
+const HANDOVER_MIN_BYTES: usize = 1 << 20;
+
+/// The binding's [`Torch`], lent to the closure that `d2h` runs detached from the
+/// interpreter, for its `Python::attach`.
 struct Attached<'a>(&'a Torch);
 
-// SAFETY: `Torch` is the exchange API's table (static in torch for the life of the
-// process) and references to torch objects; the wrapper lends it only through `get`, whose
-// callers use it with the GIL held (inside `Python::attach`), on the thread that made it.
+// SAFETY: the only part of `Torch` that is not `Send` is the pointer to the exchange API's
+// table, which torch keeps for the life of the process; its torch objects are used only
+// with the thread attached (inside `Python::attach`). pyo3's `detach` runs its closure on
+// the calling thread before it returns, so the `Attached` moved into it never leaves the
+// thread that made it.
 unsafe impl Send for Attached<'_> {}
-// SAFETY: as for `Send`: every use holds the GIL, so no two threads use it at once.
-unsafe impl Sync for Attached<'_> {}
 
 impl Attached<'_> {
     fn get(&self) -> &Torch {

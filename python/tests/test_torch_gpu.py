@@ -123,10 +123,11 @@ def test_d2h_waits_for_a_producer_kernel_on_the_current_stream(torch):
 
 
 def test_d2h_hands_outputs_to_torch_while_the_copies_run_and_to_modes_after(torch):
-    # The outputs are made torch tensors while the copies run (they reach no one before
-    # the copies are done). Splitting a run of 16 or more same-shape outputs (`unbind(0)`)
-    # is an op a torch function or dispatch mode sees, and may read: with one active on
-    # the thread, the split comes after the copies.
+    # A batch of 1 MiB or more is made torch tensors while its copies run (they reach no
+    # one before the copies are done). Splitting a run of 16 or more same-shape outputs
+    # (`unbind(0)`) is an op a torch function or dispatch mode sees, and may read: with one
+    # active on the thread, the split comes after the copies (the outputs before the run,
+    # made already, are made again then).
     from torch.overrides import TorchFunctionMode
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -149,19 +150,21 @@ def test_d2h_hands_outputs_to_torch_while_the_copies_run_and_to_modes_after(torc
             return out
 
     dev = torch.device("cuda", cuda_index(torch))
-    for mode in (None, ReadsDispatch(), ReadsFunction()):
-        xs = [torch.zeros(256, device=dev) for _ in range(20)]
+    for k, mode in enumerate((None, ReadsDispatch(), ReadsFunction(), None)):
+        # An odd tensor first (not in the run), then a run of 20 x 64 KiB: 1.25 MiB.
+        xs = [torch.zeros(300, device=dev)] + [torch.zeros(16384, device=dev) for _ in range(20)]
+        want = [1000.0 * k + i for i in range(21)]
         torch.cuda.synchronize(dev)
         torch.cuda._sleep(100_000_000)  # ~50 ms of GPU time before the final values
-        for i, x in enumerate(xs):
-            x.add_(i + 1)
+        for x, v in zip(xs, want):
+            x.add_(v)
         if mode is None:
             back = transfer_tensor_d2h(xs)
         else:
             with mode:
                 back = transfer_tensor_d2h(xs)
-            assert mode.seen == [float(i + 1) for i in range(20)], type(mode).__name__
-        assert all(bool((b == i + 1).all()) for i, b in enumerate(back))
+            assert mode.seen == want[1:], type(mode).__name__
+        assert all(bool((b == v).all()) for b, v in zip(back, want))
         assert all(b.is_pinned() for b in back)
 
 

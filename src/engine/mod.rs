@@ -220,15 +220,18 @@ pub fn transfer_tensor_d2h<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> 
 /// on the outputs that needs no bytes overlaps the copies: a binding handing them to its
 /// framework ([`Tensor::to_dlpack_in_flight`](crate::Tensor::to_dlpack_in_flight)), say.
 ///
-/// * Until the call returns, the outputs' bytes cannot be read: reads get
+/// * Page-locked outputs' bytes cannot be read in it: reads get
 ///   [`Error::BytesInFlight`](crate::error::Error::BytesInFlight).
 /// * `while_copying` runs once in every successful call, on the finished batch where
 ///   nothing is left to overlap (pageable outputs, or a batch that passes through), and
 ///   its result comes back beside the batch. If the call fails after it ran, its result
-///   is dropped; pinlane keeps the outputs' memory until the copies have let go of it.
-/// * It runs on the calling thread: a panic in it unwinds out of the call, as a panic of
-///   the batch's own [`Batch`] code would (nothing is freed while a copy may still write
-///   it).
+///   is dropped inside the call, on the calling thread; pinlane keeps the outputs' memory
+///   until the copies have let go of it.
+/// * It runs on the calling thread, with the device's context current (pinlane's own
+///   calls bind it again as they need). A panic in it unwinds out of the call, as a panic
+///   of the batch's own [`Batch`] code would: nothing is freed while a copy may still
+///   write it, and the unwinding waits for the stream up to `Config::drop_sync_wait`,
+///   retaining what it cannot prove idle.
 ///
 /// ```
 /// use pinlane::{transfer_tensor_d2h_overlapping, D2hOptions, Tensor};

@@ -97,9 +97,10 @@ pub(crate) fn export(
         .set_flags(DlpackFlags::READ_ONLY)
         .map_err(|e| bad(e.to_string()))?;
     // SAFETY: the descriptor is complete: data points to the storage's bytes (or is null
-    // for no bytes), which `keep` in the context keeps alive and unchanged until the
-    // deleter runs (the caller's contract); shape and compact strides live in the same allocation; READ_ONLY
-    // because pinlane tensors are immutable.
+    // for no bytes), which `keep` in the context keeps alive until the deleter runs, and
+    // unchanged once the copies writing them are done (checked above, or, `in_flight`,
+    // the caller's obligation before anyone reads them); shape and compact strides live
+    // in the same allocation; READ_ONLY because pinlane tensors are immutable.
     Ok(unsafe { init.finish() })
 }
 
