@@ -72,3 +72,21 @@ if [ $PART = 4 ]; then
   timeout 120 bash .gpu/with-python python3 benches/py_overhead.py > $OUT/py_overhead.txt 2>&1; echo "py_overhead rc=$?"
   grep -E "^1 KiB|^64 images|transfer_tensor_d2h|d.cpu" $OUT/py_overhead.txt
 fi
+# Part 5 (1589b43: the handover for batches of 1 MiB or more only): the Python suite,
+# d2h_handover.py with 9c77d0c's wheel (.gpu/alt) and 1589b43's in turn x3,
+# spdl_compare x3 (K, L, M).
+if [ $PART = 5 ]; then
+  PINLANE_REQUIRE_GPU=1 timeout 200 bash .gpu/with-python python3 -m pytest -q -p no:cacheprovider python/tests > $OUT/py.log 2>&1
+  echo "pytest rc=$? $(tail -1 $OUT/py.log)"
+  grep -E "FAILED|Error" $OUT/py.log | head -8
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/old .gpu/alt/*.whl
+  for i in 1 2 3; do
+    for v in old site; do
+      PYTHONPATH=/tmp/$v timeout 60 python3 benches/probes/d2h_handover.py $v$i >> $OUT/handover.txt 2>&1; echo "handover $v$i rc=$?"
+    done
+  done
+  grep -v "pinlane from" $OUT/handover.txt | sort -k2 -s | cut -c1-300
+  for t in K L M; do compare $t; done
+  # At most 8 files come back: the three tables in one file.
+  for t in K L M; do echo "=== spdl_compare $t"; cat $OUT/py_compare_$t.txt; rm $OUT/py_compare_$t.txt; done > $OUT/py_compare_KLM.txt
+fi
