@@ -90,3 +90,13 @@ if [ $PART = 5 ]; then
   # At most 8 files come back: the three tables in one file.
   for t in K L M; do echo "=== spdl_compare $t"; cat $OUT/py_compare_$t.txt; rm $OUT/py_compare_$t.txt; done > $OUT/py_compare_KLM.txt
 fi
+# Part 6 (1589b43's Rust bench): the rows of one and of 1000 tensors of 1 KiB in three
+# processes, and the 8 x 32 MiB rows once.
+if [ $PART = 6 ]; then
+  for i in 1 2 3; do
+    timeout 60 .gpu/bin/bench-transfer --only "1 KiB f32" > $OUT/bench_small_$i.txt 2>&1; echo "bench small $i rc=$?"
+    grep -E "KiB" $OUT/bench_small_$i.txt | cut -c1-110
+  done
+  timeout 100 .gpu/bin/bench-transfer --only "8 x 32 MiB" > $OUT/bench_8x32.txt 2>&1; echo "bench 8x32 rc=$?"
+  grep -E "MiB|limit" $OUT/bench_8x32.txt | cut -c1-110
+fi
