@@ -100,3 +100,9 @@ if [ $PART = 6 ]; then
   timeout 100 .gpu/bin/bench-transfer --only "8 x 32 MiB" > $OUT/bench_8x32.txt 2>&1; echo "bench 8x32 rc=$?"
   grep -E "MiB|limit" $OUT/bench_8x32.txt | cut -c1-110
 fi
+# Part 7 (the final code): every test binary.
+if [ $PART = 7 ]; then
+  bash .gpu/run-tests > $OUT/rust.log 2>&1
+  echo "tests rc=$? $(tail -1 $OUT/rust.log)"
+  grep -E "FAILED|panicked" $OUT/rust.log | head -5
+fi
