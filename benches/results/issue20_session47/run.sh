@@ -106,3 +106,15 @@ if [ $PART = 7 ]; then
   echo "tests rc=$? $(tail -1 $OUT/rust.log)"
   grep -E "FAILED|panicked" $OUT/rust.log | head -5
 fi
+# Part 8 (the final code): benches/probes/gil_contention.py with 9c77d0c's wheel and the
+# final one in turn x2 (D2H while a pure-Python thread keeps the interpreter busy).
+if [ $PART = 8 ]; then
+  bash .gpu/with-python true
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/old .gpu/alt/*.whl
+  for i in 1 2; do
+    for v in old site; do
+      PYTHONPATH=/tmp/$v timeout 45 python3 benches/probes/gil_contention.py $v$i >> $OUT/gil.txt 2>&1; echo "gil $v$i rc=$?"
+    done
+  done
+  cat $OUT/gil.txt | grep -v "^$"
+fi
