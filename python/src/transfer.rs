@@ -459,29 +459,29 @@ pub(crate) fn d2h<'py>(
             }
             pinlane::transfer_tensor_d2h_overlapping(inputs_ref, opts_ref, |outs| {
                 Python::attach(|py| {
-                    let torch = shared.get();
                     // SAFETY: the outputs of this very call, while its copies may run. The
                     // torch tensors made here stay in this function until the call has
                     // returned: it hands them on only once the call is `Ok`, and drops
                     // them unread otherwise. No Python code is given them meanwhile: the
                     // only op run on them is a run's `unbind(0)`, left until after the
                     // call when a torch function or dispatch mode would see it
-                    // (`export_all_in_flight`'s check).
-                    unsafe { torch.export_all_in_flight(py, outs, min_run) }
-                        .map(|o| o.map(|v| v.into_iter().map(Bound::unbind).collect::<Vec<_>>()))
+                    // (`export_all_in_flight`'s check). A failure drops what it made here,
+                    // unread, with the thread attached.
+                    let made = unsafe { shared.get().export_all_in_flight(py, outs, min_run) };
+                    made.ok()
+                        .flatten()
+                        .map(|v| v.into_iter().map(Bound::unbind).collect::<Vec<_>>())
                 })
             })
-            .map(|(m, e)| (m, Some(e)))
         })
         .map_err(to_py)?;
     drop(inputs);
     let exported = match exported {
-        Some(Ok(Some(v))) => v.into_iter().map(|o| o.into_bound(py)).collect(),
+        Some(v) => v.into_iter().map(|o| o.into_bound(py)).collect(),
         // Not handed over while the copies ran (a small batch, a mode that would see the
-        // split, or a failure of the handover, whose partial outputs were dropped unread
-        // in it): the copies are done, the outputs are handed over now (a lasting failure
-        // is raised here).
-        _ => torch.export_all(py, &moved, min_run)?,
+        // split, or a failure of the handover): the copies are done, the outputs are
+        // handed over now (a lasting failure is raised here).
+        None => torch.export_all(py, &moved, min_run)?,
     };
     outputs_from(py, slots, exported, "cpu", before)
 }
@@ -508,6 +508,8 @@ struct Attached<'a>(&'a Torch);
 unsafe impl Send for Attached<'_> {}
 
 impl Attached<'_> {
+    /// The `Torch`. A method, not `.0`: a closure that names the field captures the field
+    /// alone (a `&Torch`, which is not `Send`), not the wrapper.
     fn get(&self) -> &Torch {
         self.0
     }

@@ -250,40 +250,26 @@ pub fn transfer_tensor_d2h_overlapping<B: Batch, R>(
     opts: &D2hOptions,
     while_copying: impl FnOnce(&B) -> R,
 ) -> Result<(B, R)> {
-    let mut hook = WhileCopying::ToRun(while_copying);
+    let mut while_copying = Some(while_copying);
+    let mut out = None;
     trace::start("d2h");
-    let r = d2h::transfer(batch, opts, Mode::Blocking, &mut |b| hook.run(b));
+    let r = d2h::transfer(batch, opts, Mode::Blocking, &mut |b| {
+        out = while_copying.take().map(|f| f(b));
+    });
     trace::end();
     let (b, _) = r?;
-    hook.run(&b);
-    match hook {
-        WhileCopying::Ran(out) => Ok((b, out)),
-        _ => Err(Error::Internal {
-            op: "transfer_tensor_d2h_overlapping",
-            reason: "while_copying did not run".into(),
-        }),
-    }
-}
-
-/// The `while_copying` of [`transfer_tensor_d2h_overlapping`]: still to run, running, or its
-/// result.
-enum WhileCopying<F, R> {
-    ToRun(F),
-    Running,
-    Ran(R),
-}
-
-impl<F, R> WhileCopying<F, R> {
-    /// Runs it on `b` if it has not run yet.
-    fn run<B>(&mut self, b: &B)
-    where
-        F: FnOnce(&B) -> R,
-    {
-        if let Self::ToRun(_) = self {
-            if let Self::ToRun(f) = std::mem::replace(self, Self::Running) {
-                *self = Self::Ran(f(b));
-            }
+    // Not run in the call (pageable outputs, or a batch that passed through): nothing was
+    // left to overlap, it runs on the finished batch.
+    match (out, while_copying) {
+        (Some(out), _) => Ok((b, out)),
+        (None, Some(f)) => {
+            let out = f(&b);
+            Ok((b, out))
         }
+        (None, None) => Err(Error::Internal {
+            op: "transfer_tensor_d2h_overlapping",
+            reason: "while_copying was taken and gave no result".into(),
+        }),
     }
 }
 

@@ -347,8 +347,9 @@ pub(crate) struct SlotLease {
     /// `Some` until drop.
     slab: Option<Slab>,
     arena: Arc<PinnedArena>,
-    /// The host copies filling the slot, when started with [`SlotLease::fill_start`] or [`SlotLease::fill_window_start`] and
-    /// not yet waited for. Every other use of the slot waits for it first.
+    /// The host copies filling the slot, when started with [`SlotLease::fill_start`] or
+    /// [`SlotLease::fill_window_start`] and not yet waited for. Every other use of the slot
+    /// waits for it first.
     filling: Option<Ticket>,
 }
 
@@ -472,21 +473,23 @@ impl SlotLease {
         Ok(true)
     }
 
-    /// Whether the host copies started by [`SlotLease::fill_start`] or [`SlotLease::fill_window_start`] are finished (true
-    /// when none were started).
+    /// Whether the host copies started by [`SlotLease::fill_start`] or
+    /// [`SlotLease::fill_window_start`] are finished (true when none were started).
     pub(crate) fn fill_done(&self) -> bool {
         self.filling.as_ref().is_none_or(Ticket::is_done)
     }
 
-    /// Takes part in the fill started by [`SlotLease::fill_start`] or [`SlotLease::fill_window_start`]: copies its pieces that
-    /// no copy thread has taken yet.
+    /// Takes part in the fill started by [`SlotLease::fill_start`] or
+    /// [`SlotLease::fill_window_start`]: copies its pieces that no copy thread has taken
+    /// yet.
     pub(crate) fn help_fill(&self) {
         if let Some(t) = &self.filling {
             t.help();
         }
     }
 
-    /// Waits for host copies into the slot started by [`SlotLease::fill_start`] or [`SlotLease::fill_window_start`].
+    /// Waits for host copies into the slot started by [`SlotLease::fill_start`] or
+    /// [`SlotLease::fill_window_start`].
     pub(crate) fn settle(&mut self) {
         if let Some(t) = self.filling.take() {
             t.wait();
