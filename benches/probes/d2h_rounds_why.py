@@ -22,9 +22,11 @@ bench's rounds do, all reading one device copy of the batch (a dict of 8 x 32 Mi
 Prints per way: the median call with its outputs' drop (us: as the peers bench times it),
 its fraction of the limit (the limit's median in the same rounds), the call with its
 outputs held past the timer and their drop alone, and the median of the calls that came
-straight after a `.cpu()` call and of the others. Then the phases (pinlane's trace marks, us from the engine call's
-start) of traced pinlane calls, right after a floor call and right after a `.cpu()`
-call, and pinlane's memory statistics. Every way's bytes are checked once.
+straight after a `.cpu()` call and of the others; then (session 48) each way's median by
+the way that ran just before it (`--rounds N` for more samples per cell). Then the phases
+(pinlane's trace marks, us from the engine call's start) of traced pinlane calls, right
+after a floor call, torch's page-locked way, pinlane's own call and a `.cpu()` call, and
+pinlane's memory statistics. Every way's bytes are checked once.
 """
 
 import argparse
@@ -46,6 +48,7 @@ def main():
     ap.add_argument("--peers", action="store_true")
     ap.add_argument("--no-cpu", action="store_true")
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--rounds", type=int, default=ROUNDS)
     args = ap.parse_args()
     seed = random.SystemRandom().randrange(1 << 32) if args.seed is None else args.seed
     dev = torch.device("cuda:0")
@@ -117,11 +120,13 @@ def main():
 
     rng = random.Random(seed)
     times = {n: [] for n, _ in ways}
+    by_prev = {}
     held = {n: [] for n, _ in ways}
     drops = {n: [] for n, _ in ways}
     after_cpu = {n: [] for n, _ in ways}
     prev = None
-    for r in range(WARM + ROUNDS):
+    rounds = args.rounds
+    for r in range(WARM + rounds):
         order = list(ways)
         rng.shuffle(order)
         for name, fn in order:
@@ -134,11 +139,12 @@ def main():
                 times[name].append(t2 - t0)
                 held[name].append(t1 - t0)
                 drops[name].append(t2 - t1)
+                by_prev.setdefault((name, prev), []).append(t2 - t0)
                 if prev == "torch .cpu()":
                     after_cpu[name].append(t2 - t0)
             prev = name
     lim = statistics.median(times["limit"])
-    print(f"8 x 32 MiB f32 D2H (a dict), {ROUNDS} rounds after {WARM}, order seed {seed}; "
+    print(f"8 x 32 MiB f32 D2H (a dict), {rounds} rounds after {WARM}, order seed {seed}; "
           f"peers {'imported' if args.peers else 'not imported'}; limit {256 * MiB / lim / 1e9:.2f} GB/s (median)")
     print("medians in us: the call with its outputs' drop (as the peers bench times it), the call with")
     print("its outputs held past the timer, their drop alone; the first, after a .cpu() call and otherwise")
@@ -155,8 +161,22 @@ def main():
         print(f"{n:<18} {m * 1e6:>10.1f} {lim / m:>8.3f} {statistics.median(held[n]) * 1e6:>9.1f} "
               f"{statistics.median(drops[n]) * 1e6:>7.1f} {a_txt:>18} {o_txt:>16}")
 
-    # Phases of single pinlane calls, after a floor call and after a `.cpu()` call.
-    for before_name, before in [("floor x1", floor(1))] + ([] if args.no_cpu else [("torch .cpu()", to_cpu)]):
+    # Session 48: each way's median call+drop by the way that ran just before it (us, with
+    # the count), to see whether what came before explains the gap to the floor.
+    names = [n for n, _ in ways]
+    print("call+drop by the way just before (rows: the way; columns: the one before it; median us (n))")
+    print(f"{'way':<16}" + "".join(f"{n[:14]:>17}" for n in names))
+    for n in names:
+        cells = []
+        for p in names:
+            v = by_prev.get((n, p))
+            cells.append(f"{statistics.median(v) * 1e6:.0f} ({len(v)})" if v else "-")
+        print(f"{n:<16}" + "".join(f"{c:>17}" for c in cells))
+
+    # Phases of single pinlane calls, after a floor call, after torch's page-locked way,
+    # after pinlane's own call and after a `.cpu()` call.
+    befores = [("floor x1", floor(1)), ("torch pinned", torch_pinned), ("pinlane dict", pl_dict)]
+    for before_name, before in befores + ([] if args.no_cpu else [("torch .cpu()", to_cpu)]):
         marks = {}
         whole_us = []
         for r in range(9):

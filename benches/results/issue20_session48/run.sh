@@ -1,0 +1,43 @@
+#!/bin/bash
+# Session 48, issue 20. Run on the H200 from the repository root with $OUT set; each
+# part writes straight into $OUT/partN (at most 8 files come back from $OUT).
+cd "$(dirname "$0")/../../.."
+PART=${1:-1}
+OUT=$OUT/part$PART; mkdir -p $OUT
+nvidia-smi --query-gpu=name,pci.bus_id,driver_version --format=csv,noheader > $OUT/gpu.txt; nproc >> $OUT/gpu.txt
+rust_tests() {
+  bash .gpu/run-tests > $OUT/rust.log 2>&1
+  echo "tests rc=$? $(tail -1 $OUT/rust.log)"
+  grep -E "FAILED|panicked" $OUT/rust.log | head -5
+}
+py_tests() {
+  PINLANE_REQUIRE_GPU=1 timeout 200 bash .gpu/with-python python3 -m pytest -q -p no:cacheprovider python/tests > $OUT/py.log 2>&1
+  echo "pytest rc=$? $(tail -1 $OUT/py.log)"
+  grep -E "FAILED|Error" $OUT/py.log | head -8
+}
+gil() { # rounds
+  bash .gpu/with-python true
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/old .gpu/alt/*.whl
+  for i in $(seq 1 $1); do
+    for v in old site; do
+      PYTHONPATH=/tmp/$v timeout 45 python3 benches/probes/gil_contention.py $v$i >> $OUT/gil.txt 2>&1; echo "gil $v$i rc=$?"
+    done
+  done
+  grep -v "^$" $OUT/gil.txt | sort -k2 -s | cut -c1-200
+}
+why() { # tag args...
+  local tag=$1; shift
+  timeout 120 bash .gpu/with-python python3 benches/probes/d2h_rounds_why.py "$@" > $OUT/why_$tag.txt 2>&1; echo "d2h_rounds_why $tag rc=$?"
+  cut -c1-200 $OUT/why_$tag.txt
+}
+# Part 1 (e7c03bb, session 47's last code, first time on the GPU): every test binary,
+# the Python suite, then session 47's part 8: benches/probes/gil_contention.py with
+# 9c77d0c's wheel (.gpu/alt, before the D2H handover) and e7c03bb's in turn x2; then
+# benches/probes/d2h_rounds_why.py with the table by predecessor, twice, 120 rounds.
+if [ $PART = 1 ]; then
+  rust_tests
+  py_tests
+  gil 2
+  why a --no-cpu --rounds 120
+  why b --no-cpu --rounds 120
+fi
