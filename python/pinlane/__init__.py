@@ -253,6 +253,13 @@ def transfer_tensor_h2d(batch, /, *, num_caches=4):
     one = _plain_one(batch)
     if one is not None:
         return _rewrapped(batch, one, _native.h2d_one(one, num_caches))
+    t = type(batch)
+    if (t is dict or t is list or t is tuple) and _Tensor is not None:
+        # A flat dict, list or tuple of plain tensors (a training batch): walked,
+        # checked and rebuilt in the native half, in one call; None for any other.
+        out = _native.h2d_flat(batch, _Tensor, num_caches)
+        if out is not None:
+            return out
     torch = _torch_with_cuda()
     if torch is None:
         return batch
@@ -378,6 +385,13 @@ def transfer_tensor_d2h(batch, /, *, device=None, stream=None, producer_event=No
         one = _plain_one(batch)
         if one is not None:
             return _rewrapped(batch, one, _native.d2h_one(one, device))
+        t = type(batch)
+        if (t is dict or t is list or t is tuple) and _Tensor is not None:
+            # A flat dict, list or tuple of plain tensors (a training batch): walked,
+            # checked and rebuilt in the native half, in one call; None for any other.
+            out = _native.d2h_flat(batch, _Tensor, device)
+            if out is not None:
+                return out
     dev = _device_str(device)
     if dev is not None:
         _native.check_device(dev)

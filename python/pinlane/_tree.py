@@ -19,6 +19,7 @@ and sequences front to back, so the two always agree.
 
 import copy
 import dataclasses
+import operator
 from itertools import repeat
 
 __all__ = ["flatten", "rebuild", "pair"]
@@ -32,13 +33,18 @@ def flatten(batch, leaf_type):
     """The leaves of ``batch`` that are instances of ``leaf_type``, in walk order."""
     t = type(batch)
     if t is list or t is tuple:
-        # The common case first, without the recursive walk: a flat list of leaves.
+        # The common cases first, without the recursive walk: a flat list of leaves,
         out = []
         for x in batch:
             if not isinstance(x, leaf_type):
                 break
             out.append(x)
         else:
+            return out
+    elif t is dict:
+        # or a flat dict of them (a training batch).
+        out = list(batch.values())
+        if all(map(isinstance, out, repeat(leaf_type))):
             return out
     out = []
     _collect(batch, leaf_type, out)
@@ -74,6 +80,14 @@ def rebuild(batch, leaf_type, replacements):
             if not changed:
                 return batch
             return list(replacements) if t is list else tuple(replacements)
+    if t is dict and len(batch) == len(replacements):
+        # A flat dict of leaves (a training batch), without the recursive walk (same
+        # result: the keys in their order, the same object where nothing changed).
+        vals = batch.values()
+        if all(map(isinstance, vals, repeat(leaf_type))):
+            if all(map(operator.is_, vals, replacements)):
+                return batch
+            return dict(zip(batch, replacements))
     it = iter(replacements)
     out = _rebuild(batch, leaf_type, it)
     if next(it, _END) is not _END:

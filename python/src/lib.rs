@@ -13,6 +13,7 @@
 //! | [`weights`] | safetensors checkpoints onto the device (`pinlane::weights`) |
 
 mod errors;
+mod flat;
 mod into;
 mod pairs;
 mod torch;
@@ -202,6 +203,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(transfer::h2d, m)?)?;
     m.add_function(wrap_pyfunction!(transfer::h2d_one, m)?)?;
     m.add_function(wrap_pyfunction!(transfer::d2h_one, m)?)?;
+    m.add_function(wrap_pyfunction!(flat::d2h_flat, m)?)?;
+    m.add_function(wrap_pyfunction!(flat::h2d_flat, m)?)?;
     m.add_class::<into::Targets>()?;
     m.add_class::<pairs::Pairs>()?;
     m.add_function(wrap_pyfunction!(transfer::d2h, m)?)?;

@@ -492,8 +492,8 @@ pub(crate) fn d2h<'py>(
 /// GIL taken back for the handover would be a second acquisition in the call (the
 /// interpreter may take a switch interval, 5 ms by default, to hand it over when another
 /// thread holds it) for at most the copies' microseconds. A larger batch pays it too, partly
-/// hidden by its copies (not yet measured under a busy Python thread:
-/// benches/probes/gil_contention.py).
+/// hidden by its copies: under a busy Python thread no change showed against the package
+/// without the handover (benches/probes/gil_contention.py, docs/semantics.md).
 const HANDOVER_MIN_BYTES: usize = 1 << 20;
 
 /// The binding's [`Torch`], lent to the closure that `d2h` runs detached from the

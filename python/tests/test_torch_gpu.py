@@ -591,3 +591,106 @@ def test_one_plain_tensor_takes_the_short_way_with_the_general_results(torch):
     on = transfer_tensor_h2d(t)
     assert transfer_tensor_h2d(on) is on and transfer_tensor_d2h(t) is t
     assert transfer_tensor_h2d([on])[0] is on and transfer_tensor_d2h((t,))[0] is t
+
+
+def test_flat_batches_take_the_native_way_with_the_general_results(torch, monkeypatch):
+    """A flat dict, list or tuple of plain tensors is walked and rebuilt in the native
+    half, both ways (``_native.d2h_flat``, ``_native.h2d_flat``), and the public calls
+    take that way: the same container type, keys in order, outputs with the general
+    path's bytes, the same object where nothing moved, torch's move (autograd kept) for
+    a tensor that requires grad; anything else (a subclass, a negated view, nesting, a
+    dict subclass, an empty batch) gets None and takes the general path, whose results
+    the public calls still give."""
+    from pinlane._tree import flatten, rebuild
+
+    dev = cuda_index(torch)
+    native = pinlane._native
+    d2h_flat, h2d_flat = native.d2h_flat, native.h2d_flat
+    T = torch.Tensor
+    transfer_tensor_h2d([pattern(torch, torch.float32, (4,), 0)])  # the GPU is seen
+    host = {f"k{i}": pattern(torch, torch.float32, (64 + i,), i) for i in range(5)}
+    host["img"] = pattern(torch, torch.uint8, (3, 8, 8), 9)
+    on = {k: v.to(f"cuda:{dev}") for k, v in host.items()}
+
+    def values(b):
+        return list(b.values()) if isinstance(b, dict) else list(b)
+
+    def general_h2d(b):
+        return rebuild(b, T, native.h2d(flatten(b, T), num_caches=2, maybe_neg=False))
+
+    def all_same(outs, want):
+        outs, want = values(outs), values(want)
+        return len(outs) == len(want) and all(same(torch, o, w) for o, w in zip(outs, want))
+
+    taken = []
+
+    def spy(f):
+        def call(*args):
+            out = f(*args)
+            taken.append((f.__name__, out is not None))
+            return out
+        return call
+
+    monkeypatch.setattr(native, "d2h_flat", spy(d2h_flat))
+    monkeypatch.setattr(native, "h2d_flat", spy(h2d_flat))
+    for kind in (dict, list, tuple):
+        src_h = host if kind is dict else kind(host.values())
+        src_d = on if kind is dict else kind(on.values())
+        taken.clear()
+        pub_d = transfer_tensor_h2d(src_h, num_caches=2)
+        pub_h = transfer_tensor_d2h(src_d, device=f"cuda:{dev}")
+        assert taken == [("h2d_flat", True), ("d2h_flat", True)]
+        gen_d = general_h2d(src_h)
+        gen_h = transfer_tensor_d2h(src_d, device=dev)  # an int: the general path
+        assert len(taken) == 2
+        for got in (pub_d, pub_h, gen_d, gen_h):
+            assert type(got) is kind
+            if kind is dict:
+                assert list(got) == list(host)
+        for g, p in zip(values(pub_d), values(gen_d)):
+            assert g.is_cuda and g.device.index == dev and p.device == g.device
+        for g, p in zip(values(pub_h), values(gen_h)):
+            assert not g.is_cuda and g.is_pinned() and not p.is_cuda
+        for outs in (pub_d, pub_h, gen_d, gen_h):
+            assert all_same(outs, host)
+    # Nothing to move: the batch itself comes back; a mix keeps the other tensors.
+    assert d2h_flat(host, T, None) is host and h2d_flat(on, T, 2) is on
+    out = d2h_flat({"a": on["k0"], "b": host["k1"]}, T, None)
+    assert out["b"] is host["k1"] and same(torch, out["a"], host["k0"])
+    out = h2d_flat([host["k0"], on["k1"]], T, 2)
+    assert out[1] is on["k1"] and out[0].is_cuda and same(torch, out[0], host["k0"])
+    # A tensor that requires grad: moved by torch, with autograd, as the general path does.
+    g_h = host["k2"].clone().requires_grad_()
+    g_d = on["k2"].clone().requires_grad_()
+    out = h2d_flat({"g": g_h, "x": host["k0"]}, T, 2)
+    assert out["g"].is_cuda and out["g"].grad_fn is not None and same(torch, out["g"], g_h)
+    out = d2h_flat([g_d, on["k0"]], T, None)
+    assert not out[0].is_cuda and out[0].grad_fn is not None and same(torch, out[0], g_h)
+    # Not flat, not plain, or empty: None, and the public calls are right anyway.
+    z = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
+    neg_h = z.conj().imag
+    neg_d = z.to(f"cuda:{dev}").conj().imag
+    assert neg_h.is_neg() and neg_d.is_neg()
+    minus = torch.tensor([-2.0, 4.0])
+    p_h = torch.nn.Parameter(host["k0"].clone(), requires_grad=False)
+    p_d = torch.nn.Parameter(on["k0"].clone(), requires_grad=False)
+    cases = [  # (host batch, device batch, the values both should arrive with)
+        ({"n": neg_h, "a": host["k0"]}, {"n": neg_d, "a": on["k0"]}, [minus, host["k0"]]),
+        ([p_h, host["k1"]], [p_d, on["k1"]], [host["k0"], host["k1"]]),
+        ({"outer": [host["k0"]]}, {"outer": [on["k0"]]}, [host["k0"]]),
+        (collections.OrderedDict(a=host["k2"]), collections.OrderedDict(a=on["k2"]), [host["k2"]]),
+    ]
+    for b_h, b_d, want in cases:
+        assert d2h_flat(b_d, T, None) is None and h2d_flat(b_h, T, 2) is None
+        to_d, to_h = transfer_tensor_h2d(b_h), transfer_tensor_d2h(b_d)
+        assert type(to_d) is type(b_h) and type(to_h) is type(b_d)
+        assert all_same(flatten(to_d, T), want) and all_same(flatten(to_h, T), want)
+        assert all(t.is_cuda for t in flatten(to_d, T))
+        assert not any(t.is_cuda for t in flatten(to_h, T))
+    for empty in ({}, [], ()):
+        assert d2h_flat(empty, T, None) is None and transfer_tensor_d2h(empty) is empty
+        assert h2d_flat(empty, T, 2) is None and transfer_tensor_h2d(empty) is empty
+    # A bad device is the general path's error; a huge num_caches is read only for tensors.
+    with pytest.raises(ValueError):
+        d2h_flat(on, T, "cpu")
+    assert h2d_flat({"x": 1}, T, 2**64) is None

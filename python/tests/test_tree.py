@@ -147,6 +147,33 @@ def test_flat_sequences_take_the_short_way_with_the_same_results():
     assert rebuild(Point(a, b), Leaf, ["x", "y"]) == Point("x", "y")
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.text(max_size=3), st.one_of(st.integers(0, 9).map(Leaf), st.integers()),
+                       max_size=6),
+       st.integers(-1, 1))
+def test_flat_dicts_take_the_short_way_with_the_same_results(batch, extra):
+    """flatten/rebuild skip the recursive walk for a plain dict whose values are all
+    leaves (issue 20: a training batch): the results, and the errors when the count of
+    replacements differs, must be those of the walk (``_collect`` / ``_rebuild``)."""
+    from pinlane._tree import _collect, _rebuild
+
+    walked = []
+    _collect(batch, Leaf, walked)
+    found = flatten(batch, Leaf)
+    assert found == walked
+    # The same leaves back: the same object.
+    assert rebuild(batch, Leaf, found) is batch
+    new = [Leaf(x.n + 10) for x in found] + [Leaf(99)] * max(extra, 0)
+    del new[len(new) + min(extra, 0):]
+    if len(new) != len(found):
+        with pytest.raises(ValueError, match="more" if len(new) > len(found) else "fewer"):
+            rebuild(batch, Leaf, new)
+        return
+    got, want = rebuild(batch, Leaf, new), _rebuild(batch, Leaf, iter(new))
+    assert type(got) is dict and list(got.items()) == list(want.items())
+    assert (got is batch) == (not found)
+
+
 @settings(max_examples=300, deadline=None)
 @given(batches)
 @example(Leaf(0))

@@ -41,3 +41,22 @@ if [ $PART = 1 ]; then
   why a --no-cpu --rounds 120
   why b --no-cpu --rounds 120
 fi
+# Part 2 (flat batches: python/pinlane/_tree.py's flat dicts, `_native.d2h_flat`/`h2d_flat`):
+# the Python suite with the new wheel; d2h_rounds_why.py with e7c03bb's wheel (.gpu/alt,
+# "old"), the same with the new _tree.py copied over ("mid") and the new wheel ("site"),
+# in turn x2; spdl_compare once (N).
+if [ $PART = 2 ]; then
+  py_tests
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/old .gpu/alt/*.whl
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/mid .gpu/alt/*.whl
+  cp python/pinlane/_tree.py /tmp/mid/pinlane/_tree.py
+  for i in 1 2; do
+    for v in old mid site; do
+      echo "=== $v$i" >> $OUT/why_ab.txt
+      PYTHONPATH=/tmp/$v timeout 60 python3 benches/probes/d2h_rounds_why.py --no-cpu --rounds 60 >> $OUT/why_ab.txt 2>&1; echo "why $v$i rc=$?"
+    done
+  done
+  grep -E "^===|^pinlane (dict|list|native) |^torch pinned |^floor x1 " $OUT/why_ab.txt
+  timeout 150 bash .gpu/with-python python3 benches/spdl_compare.py --json $OUT/py_compare_N.json > $OUT/py_compare_N.txt 2>&1; echo "spdl_compare N rc=$?"
+  grep -E "^\| [0-9o]|limit" $OUT/py_compare_N.txt | cut -c1-250
+fi
