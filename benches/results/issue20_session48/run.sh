@@ -60,3 +60,13 @@ if [ $PART = 2 ]; then
   timeout 150 bash .gpu/with-python python3 benches/spdl_compare.py --json $OUT/py_compare_N.json > $OUT/py_compare_N.txt 2>&1; echo "spdl_compare N rc=$?"
   grep -E "^\| [0-9o]|limit" $OUT/py_compare_N.txt | cut -c1-250
 fi
+# Part 3 (851dc09, the final code): spdl_compare twice more (O, P), the two tables in one
+# file.
+if [ $PART = 3 ]; then
+  bash .gpu/with-python true
+  for t in O P; do
+    timeout 150 bash .gpu/with-python python3 benches/spdl_compare.py --json $OUT/py_compare_$t.json > $OUT/py_compare_$t.txt 2>&1; echo "spdl_compare $t rc=$?"
+    grep -E "^\| [0-9o]|limit" $OUT/py_compare_$t.txt | cut -c1-250
+  done
+  for t in O P; do echo "=== spdl_compare $t"; cat $OUT/py_compare_$t.txt; rm $OUT/py_compare_$t.txt; done > $OUT/py_compare_OP.txt
+fi
