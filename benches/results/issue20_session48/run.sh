@@ -70,3 +70,9 @@ if [ $PART = 3 ]; then
   done
   for t in O P; do echo "=== spdl_compare $t"; cat $OUT/py_compare_$t.txt; rm $OUT/py_compare_$t.txt; done > $OUT/py_compare_OP.txt
 fi
+# Part 4 (851dc09): benches/probes/gil_pieces.py, the pieces of a D2H call alone and under
+# a busy Python thread.
+if [ $PART = 4 ]; then
+  timeout 150 bash .gpu/with-python python3 benches/probes/gil_pieces.py > $OUT/gil_pieces.txt 2>&1; echo "gil_pieces rc=$?"
+  cat $OUT/gil_pieces.txt
+fi
