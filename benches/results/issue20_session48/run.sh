@@ -76,3 +76,11 @@ if [ $PART = 4 ]; then
   timeout 150 bash .gpu/with-python python3 benches/probes/gil_pieces.py > $OUT/gil_pieces.txt 2>&1; echo "gil_pieces rc=$?"
   cat $OUT/gil_pieces.txt
 fi
+# Part 5 (the Rust engine is session 47's, 1589b43's): the Rust bench's rows of one and of
+# 1000 tensors of 1 KiB, traced, in three processes, on this session's machine.
+if [ $PART = 5 ]; then
+  for i in 1 2 3; do
+    timeout 60 .gpu/bin/bench-transfer --only "1 KiB f32" --trace > $OUT/bench_small_$i.txt 2>&1; echo "bench small $i rc=$?"
+    grep -E "^1000 x|^1 x|limit" $OUT/bench_small_$i.txt | cut -c1-110
+  done
+fi
