@@ -84,3 +84,15 @@ if [ $PART = 5 ]; then
     grep -E "^1000 x|^1 x|limit" $OUT/bench_small_$i.txt | cut -c1-110
   done
 fi
+# Part 6 (851dc09): benches/probes/flat_ab.py with e7c03bb's wheel (.gpu/alt, "old") and
+# 851dc09's ("site") in turn x3.
+if [ $PART = 6 ]; then
+  bash .gpu/with-python true
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/old .gpu/alt/*.whl
+  for i in 1 2 3; do
+    for v in old site; do
+      PYTHONPATH=/tmp/$v timeout 60 python3 benches/probes/flat_ab.py $v$i >> $OUT/flat_ab.txt 2>&1; echo "flat_ab $v$i rc=$?"
+    done
+  done
+  sort -s -k1.2,1.4 $OUT/flat_ab.txt | cut -c1-260
+fi
