@@ -3,15 +3,16 @@
 //! the Python half's walk (`flatten`, `any(map(Tensor.is_neg, ...))`, `rebuild`), which
 //! costs microseconds of interpreter work a call.
 
-use crate::torch;
-use crate::transfer::{d2h, h2d};
+use crate::transfer::{d2h_plain, h2d_plain};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
-/// A flat batch taken apart: its dict's keys (`None` for a list or tuple) and its tensors.
+/// A flat batch taken apart: its dict's keys (`None` for a list or tuple) and its tensors
+/// (a clone of them goes to the call; these stay for `rebuilt`'s check that nothing
+/// moved).
 struct Parts<'py> {
     keys: Option<Vec<Bound<'py, PyAny>>>,
     tensors: Vec<Bound<'py, PyAny>>,
@@ -104,16 +105,7 @@ pub(crate) fn d2h_flat<'py>(
     let Some(parts) = parts(&batch, &tensor_type)? else {
         return Ok(None);
     };
-    let outs = d2h(
-        py,
-        parts.tensors.clone(),
-        device,
-        None,
-        None,
-        torch::MIN_RUN,
-        false,
-        true,
-    )?;
+    let outs = d2h_plain(py, parts.tensors.clone(), device)?;
     rebuilt(py, batch, parts, outs).map(Some)
 }
 
@@ -134,15 +126,6 @@ pub(crate) fn h2d_flat<'py>(
     // Read only now, as the general path reads it only for a batch with tensors (an int
     // of 0 or more, checked by the Python half; past `usize` it is an `OverflowError`).
     let num_caches: usize = num_caches.extract()?;
-    let outs = h2d(
-        py,
-        parts.tensors.clone(),
-        num_caches,
-        None,
-        None,
-        torch::MIN_RUN,
-        false,
-        true,
-    )?;
+    let outs = h2d_plain(py, parts.tensors.clone(), num_caches)?;
     rebuilt(py, batch, parts, outs).map(Some)
 }

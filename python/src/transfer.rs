@@ -244,17 +244,27 @@ pub(crate) fn h2d_one<'py>(
     tensor: Bound<'py, PyAny>,
     num_caches: usize,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let out = h2d(
+    only(h2d_plain(py, vec![tensor], num_caches)?)
+}
+
+/// [`h2d`] of tensors known not to be negated, onto cuda:{LOCAL_RANK}, with the defaults
+/// (torch's current stream, runs of [`torch::MIN_RUN`], views): the Python half's short
+/// ways (one tensor, a flat batch).
+pub(crate) fn h2d_plain<'py>(
+    py: Python<'py>,
+    tensors: Vec<Bound<'py, PyAny>>,
+    num_caches: usize,
+) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    h2d(
         py,
-        vec![tensor],
+        tensors,
         num_caches,
         None,
         None,
         torch::MIN_RUN,
         false,
         true,
-    )?;
-    only(out)
+    )
 }
 
 /// The one output of a one-tensor call.
@@ -525,17 +535,18 @@ pub(crate) fn d2h_one<'py>(
     tensor: Bound<'py, PyAny>,
     device: Option<&str>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let out = d2h(
-        py,
-        vec![tensor],
-        device,
-        None,
-        None,
-        torch::MIN_RUN,
-        false,
-        true,
-    )?;
-    only(out)
+    only(d2h_plain(py, vec![tensor], device)?)
+}
+
+/// [`d2h`] of tensors known not to be negated, from `device` (`None`: cuda:{LOCAL_RANK}),
+/// with no stream or event and the defaults (runs of [`torch::MIN_RUN`], views): the
+/// Python half's short ways (one tensor, a flat batch).
+pub(crate) fn d2h_plain<'py>(
+    py: Python<'py>,
+    tensors: Vec<Bound<'py, PyAny>>,
+    device: Option<&str>,
+) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    d2h(py, tensors, device, None, None, torch::MIN_RUN, false, true)
 }
 
 /// What D2H from `dev` does with `t`; a tensor pinlane moves is pushed onto `inputs`,
