@@ -12,9 +12,10 @@ use pinlane::dlpark::metadata::Dynamic;
 use pinlane::dlpark::DlpackFlags;
 use pinlane::driver::sim::{activity, POISON_FREED};
 use pinlane::{
-    set_current_stream, transfer_tensor_d2h, transfer_tensor_d2h_overlapping, transfer_tensor_h2d,
-    transfer_tensor_h2d_with, Batch, D2hOptions, DType, Device, Error, Event, H2dOptions,
-    HostOutput, Location, Stream, Tensor, Value,
+    set_current_stream, transfer_tensor_d2h, transfer_tensor_d2h_overlapping,
+    transfer_tensor_d2h_overlapping_around, transfer_tensor_h2d, transfer_tensor_h2d_with, Batch,
+    D2hOptions, DType, Device, Error, Event, H2dOptions, HostOutput, Location, Stream, Tensor,
+    Value,
 };
 use proptest::prelude::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -803,6 +804,95 @@ fn a_failed_call_drops_what_was_handed_over_and_the_next_call_is_right() {
     );
     let back = transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap();
     assert_eq!(back, b);
+}
+
+#[test]
+fn around_wait_is_given_the_driver_wait_once_and_cannot_skip_it() {
+    use pinlane::driver::fault::{self, FaultKind};
+    common::sim();
+    let b = vec![
+        common::tensor(DType::F32, &[300], 83),
+        common::tensor(DType::U8, &[5], 84),
+    ];
+    let on = transfer_tensor_h2d(&b).unwrap();
+    let drops = Arc::new(AtomicUsize::new(0));
+    // An armed fault of the driver's wait sends the call there (no spin on its end flag),
+    // and fails that wait. `around_wait` runs after `while_copying`, once, and is given
+    // the wait: run twice, it waits once (the one fault fails it); not run at all, the
+    // call runs it itself (the fault still fires, so it did wait).
+    for runs_wait in [2, 0] {
+        fault::inject(FaultKind::StreamSync, 1);
+        let (copied, mut arounds) = (std::cell::Cell::new(0), 0);
+        let r = transfer_tensor_d2h_overlapping_around(
+            &on,
+            &D2hOptions::default(),
+            |o| {
+                copied.set(copied.get() + 1);
+                hand_over(o, &drops)
+            },
+            |wait| {
+                assert_eq!(copied.get(), 1, "after while_copying");
+                arounds += 1;
+                for _ in 0..runs_wait {
+                    wait();
+                }
+            },
+        );
+        fault::clear();
+        assert!(
+            matches!(&r, Err(e) if e.to_string().contains("INJECTED_FAULT")),
+            "{runs_wait}: {:?}",
+            r.as_ref().map(|_| ())
+        );
+        assert_eq!((copied.get(), arounds), (1, 1), "{runs_wait}");
+    }
+    assert_eq!(
+        drops.load(Ordering::SeqCst),
+        2,
+        "dropped unread, in the calls"
+    );
+    // With no fault, the call is right whether or not its wait came to the driver (at
+    // most once), and a hook that skips the wait still gets readable outputs.
+    for _ in 0..20 {
+        let mut arounds = 0;
+        let (back, ()) = transfer_tensor_d2h_overlapping_around(
+            &on,
+            &D2hOptions::default(),
+            |_| (),
+            |_| {
+                arounds += 1;
+            },
+        )
+        .unwrap();
+        assert!(arounds <= 1);
+        assert_eq!(back, b);
+    }
+}
+
+#[test]
+fn a_panic_in_around_wait_unwinds_and_the_next_calls_are_right() {
+    use pinlane::driver::fault::{self, FaultKind};
+    common::sim();
+    let first = vec![common::tensor(DType::F32, &[6_000], 93)];
+    let on_first = transfer_tensor_h2d(&first).unwrap();
+    for _ in 0..3 {
+        // The armed fault sends the call to the driver's wait, that is, to `around_wait`.
+        fault::inject(FaultKind::StreamSync, 1);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            transfer_tensor_d2h_overlapping_around(
+                &on_first,
+                &D2hOptions::default(),
+                |_| (),
+                |_| panic!("a panic in around_wait (expected by the test)"),
+            )
+        }));
+        fault::clear();
+        assert!(r.is_err(), "the panic unwinds out of the call");
+        assert_eq!(
+            transfer_tensor_d2h(&on_first, &D2hOptions::default()).unwrap(),
+            first
+        );
+    }
 }
 
 #[test]

@@ -250,6 +250,9 @@ def transfer_tensor_h2d(batch, /, *, num_caches=4):
     """
     if type(num_caches) is not int or num_caches < 0:  # the check's call only for a bad one
         num_caches = _num_caches(num_caches)
+    if type(batch) is _Tensor and not batch.is_neg():
+        # One plain tensor, the commonest call: no Python call before the native one.
+        return _native.h2d_one(batch, num_caches)
     one = _plain_one(batch)
     if one is not None:
         return _rewrapped(batch, one, _native.h2d_one(one, num_caches))
@@ -289,10 +292,16 @@ def _plain_one(batch):
     with none of the general path's steps (~0.5 to 1 us of a small call:
     benches/py_overhead.py)."""
     T = _Tensor
-    if T is None:
-        return None
-    one = _single(batch, T)
-    return one if type(one) is T and not one.is_neg() else None
+    t = type(batch)
+    if t is T:
+        one = batch
+    elif (t is list or t is tuple) and len(batch) == 1 and T is not None:
+        one = batch[0]
+        if type(one) is not T:
+            return None
+    else:
+        return None  # (also where T is None: no type is None)
+    return None if one.is_neg() else one
 
 
 def _single(batch, T):
@@ -382,6 +391,9 @@ def transfer_tensor_d2h(batch, /, *, device=None, stream=None, producer_event=No
         MemoryError: memory for the outputs ran out.
     """
     if stream is None and producer_event is None and (device is None or type(device) is str):
+        if type(batch) is _Tensor and not batch.is_neg():
+            # One plain tensor, the commonest call: no Python call before the native one.
+            return _native.d2h_one(batch, device)
         one = _plain_one(batch)
         if one is not None:
             return _rewrapped(batch, one, _native.d2h_one(one, device))

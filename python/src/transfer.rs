@@ -32,6 +32,8 @@
 //! `pinlane::transfer_tensor_d2h_overlapping`, the GIL taken back for it) and reach the
 //! caller only once the copies are done, unless a torch function or dispatch mode is
 //! active and a run of outputs is to be split (the mode would see the split): then after.
+//! A small D2H of up to three tensors (after a thread's first) keeps the GIL but for a
+//! wait in the driver ([`d2h_held`]), making its outputs while the copies run.
 //! `min_run`: the shortest run of same-shape outputs handed to torch as one tensor (see
 //! [`Torch::export_all`]); benches/py_overhead.py sets it high to time the per-tensor way.
 
@@ -459,10 +461,13 @@ pub(crate) fn d2h<'py>(
     // GIL taken back for it), then the call waits for the copies without it; a smaller
     // one, after the copies.
     let overlap = inputs.iter().map(Tensor::nbytes).sum::<usize>() >= HANDOVER_MIN_BYTES;
+    let held = !overlap && inputs.len() <= HELD_MAX_TENSORS && WARM.get();
     let shared = Attached(&torch);
     let (inputs_ref, opts_ref, current_ref) = (&inputs, &opts, &current);
-    let (moved, exported) = py
-        .detach(move || {
+    let (moved, exported) = if held {
+        d2h_held(py, &torch, &inputs, &opts, &current, min_run)
+    } else {
+        py.detach(move || {
             let _guard = pinlane::set_current_stream(current_ref);
             if !overlap {
                 return pinlane::transfer_tensor_d2h(inputs_ref, opts_ref).map(|m| (m, None));
@@ -484,7 +489,9 @@ pub(crate) fn d2h<'py>(
                 })
             })
         })
-        .map_err(to_py)?;
+    }
+    .map_err(to_py)?;
+    WARM.set(true);
     drop(inputs);
     let exported = match exported {
         Some(v) => v.into_iter().map(|o| o.into_bound(py)).collect(),
@@ -505,6 +512,70 @@ pub(crate) fn d2h<'py>(
 /// hidden by its copies: under a busy Python thread no change showed against the package
 /// without the handover (benches/probes/gil_contention.py, docs/semantics.md).
 const HANDOVER_MIN_BYTES: usize = 1 << 20;
+
+/// Batches of at most this many tensors (and under [`HANDOVER_MIN_BYTES`]) move with the
+/// GIL held ([`d2h_held`]): one copy each, so the call waits for nothing but its own
+/// copies and the caller's stream (from four small tensors on, the engine gathers them
+/// through a staging slot, and may wait for one that another thread's copies hold).
+const HELD_MAX_TENSORS: usize = 3;
+
+thread_local! {
+    /// Whether this thread has made a D2H call: its first one (which may set up the
+    /// thread's stream, and pinlane itself) lets go of the GIL throughout.
+    static WARM: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// A small D2H that keeps the GIL, but for a wait in the driver: its outputs are handed to
+/// torch while the copies run (with no second acquisition of the GIL, which another
+/// thread busy in Python could keep for a switch interval, 5 ms by default), and the call
+/// lets go of the GIL only if its copies are not seen done within the engine's spin
+/// (`Config::spin`): when the caller's stream is still busy, say. Torch's own `.cpu()`
+/// lets go of it for the whole call.
+fn d2h_held(
+    py: Python<'_>,
+    torch: &Torch,
+    inputs: &Vec<Tensor>,
+    opts: &D2hOptions,
+    current: &Stream,
+    min_run: usize,
+) -> pinlane::Result<(Vec<Tensor>, Option<Handed>)> {
+    let _guard = pinlane::set_current_stream(current);
+    pinlane::transfer_tensor_d2h_overlapping_around(
+        inputs,
+        opts,
+        |outs| {
+            // SAFETY: as in `d2h`'s handover: the outputs of this very call; the torch
+            // tensors made here are handed on only once the call is `Ok`, and dropped
+            // unread otherwise; no Python code is given them meanwhile.
+            let made = unsafe { torch.export_all_in_flight(py, outs, min_run) };
+            made.ok()
+                .flatten()
+                .map(|v| v.into_iter().map(Bound::unbind).collect::<Vec<_>>())
+        },
+        |wait| {
+            let wait = Unattached(wait);
+            py.detach(move || wait.run());
+        },
+    )
+}
+
+/// The torch tensors a D2H call made of its outputs while their copies ran.
+type Handed = Vec<Py<PyAny>>;
+
+/// The engine's wait, run by [`d2h_held`] with the GIL released.
+struct Unattached<'a>(&'a mut dyn FnMut());
+
+// SAFETY: pyo3's `detach` runs its closure on the calling thread before it returns, so
+// the wait never leaves the thread that made it; it touches no Python object.
+unsafe impl Send for Unattached<'_> {}
+
+impl Unattached<'_> {
+    /// Runs the wait. A method, not `.0`: a closure that names the field captures the
+    /// field alone (not `Send`), not the wrapper.
+    fn run(self) {
+        (self.0)()
+    }
+}
 
 /// The binding's [`Torch`], lent to the closure that `d2h` runs detached from the
 /// interpreter, for its `Python::attach`.

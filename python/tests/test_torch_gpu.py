@@ -6,6 +6,7 @@ import collections
 import dataclasses
 import os
 import threading
+import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -166,6 +167,58 @@ def test_d2h_hands_outputs_to_torch_while_the_copies_run_and_to_modes_after(torc
             assert mode.seen == want[1:], type(mode).__name__
         assert all(bool((b == v).all()) for b, v in zip(back, want))
         assert all(b.is_pinned() for b in back)
+
+
+def test_small_d2h_calls_wait_for_the_stream_and_let_go_of_the_gil_only_to_wait(torch):
+    """Small D2H calls (up to three tensors, after a thread's first) keep the GIL but for
+    their wait in the driver: behind ~0.2 s of work on torch's current stream they wait
+    for it (the bytes are the ones queued after it) and let another Python thread run
+    meanwhile; with an idle stream, they are right for one to four tensors, in containers,
+    and on a thread's first call. (The other thread takes the GIL whenever the test lets
+    go of it, for up to a switch interval, 5 ms: the work queued is long enough to be
+    still running when the call starts.)"""
+    dev = torch.device("cuda", cuda_index(torch))
+    spins = [0]
+    stop = threading.Event()
+
+    def count():
+        while not stop.is_set():
+            spins[0] += 1
+
+    t = threading.Thread(target=count)
+    t.start()
+    try:
+        for n in (1, 2, 3, 4):
+            xs = [torch.zeros(256, device=dev) for _ in range(n)]
+            torch.cuda.synchronize(dev)
+            torch.cuda._sleep(400_000_000)  # ~0.2 s on torch's current stream
+            for i, x in enumerate(xs):
+                x.add_(10.0 * n + i)
+            before, t0 = spins[0], time.perf_counter()
+            back = transfer_tensor_d2h(xs[0] if n == 1 else xs)
+            ran, took = spins[0] - before, time.perf_counter() - t0
+            assert took > 0.05, (n, took)  # it did wait for the stream
+            back = [back] if n == 1 else back
+            assert [float(b[0]) for b in back] == [10.0 * n + i for i in range(n)]
+            assert all(b.is_pinned() and bool((b == b[0]).all()) for b in back)
+            # The other thread runs while the call waits, not only at its end.
+            assert ran > 1000, (n, ran)
+    finally:
+        stop.set()
+        t.join()
+    # Idle stream: a dict, a tuple, and a new thread's first call (which lets go of the GIL
+    # throughout), then its second.
+    a = torch.arange(7, dtype=torch.int16, device=dev)
+    b = torch.arange(3, dtype=torch.float64, device=dev)
+    out = transfer_tensor_d2h({"a": a, "b": (b, a)})
+    assert torch.equal(out["a"], a.cpu()) and torch.equal(out["b"][0], b.cpu())
+    assert torch.equal(out["b"][1], a.cpu())
+    got = []
+    th = threading.Thread(target=lambda: got.extend(
+        [transfer_tensor_d2h(b), transfer_tensor_d2h((a, b))]))
+    th.start()
+    th.join()
+    assert torch.equal(got[0], b.cpu()) and torch.equal(got[1][0], a.cpu())
 
 
 def test_d2h_waits_for_a_producer_event_from_another_stream(torch):

@@ -27,20 +27,38 @@ use crate::driver::{self, Stream};
 use crate::error::{Error, Result};
 use crate::location::Location;
 use crate::memory::{
-    self, DeviceView, HostBuf, HostRegion, InFlight, PinnedBlock, PinnedBuf, PinnedOutputPool,
-    SlotLease, DEVICE_ALIGN,
+    self, AroundWait, DeviceView, HostBuf, HostRegion, InFlight, PinnedBlock, PinnedBuf,
+    PinnedOutputPool, SlotLease, DEVICE_ALIGN,
 };
 use crate::tensor::{Storage, Tensor};
 use std::sync::Arc;
 
-/// `while_copying`: called on the rebuilt batch of a blocking call into page-locked
-/// outputs once its copies are queued, before the call waits for them (not called on the
-/// other paths: [`super::transfer_tensor_d2h_overlapping`] calls it on their finished batch).
+/// The caller's code that a blocking call into page-locked outputs runs (the other paths
+/// run neither: [`super::transfer_tensor_d2h_overlapping_around`] calls `while_copying` on
+/// their finished batch).
+pub(crate) struct Overlap<'h, B> {
+    /// Called on the rebuilt batch once its copies are queued, before the call waits.
+    pub(crate) while_copying: Option<&'h mut dyn FnMut(&B)>,
+    /// Called with the call's wait for its copies in the driver, if it comes to one (no
+    /// end flag, or none seen within its spin); it runs the wait, once.
+    pub(crate) around_wait: Option<AroundWait<'h>>,
+}
+
+impl<B> Overlap<'_, B> {
+    /// No caller's code: nothing while the copies run, the wait run as it is.
+    pub(crate) fn none() -> Self {
+        Overlap {
+            while_copying: None,
+            around_wait: None,
+        }
+    }
+}
+
 pub(crate) fn transfer<B: Batch>(
     batch: &B,
     opts: &D2hOptions,
     mode: Mode,
-    while_copying: &mut dyn FnMut(&B),
+    overlap: Overlap<'_, B>,
 ) -> Result<(B, Option<Pending>)> {
     let all = batch::tensors(batch);
     let Some((device, picked)) = target(opts, &all)? else {
@@ -98,7 +116,7 @@ pub(crate) fn transfer<B: Batch>(
     let (rebuilt, pending) = match block {
         Some((block, base)) => {
             let at = (&block, base, flag_at);
-            into_block(batch, &out, &mut call, job, at, (mode, while_copying))?
+            into_block(batch, &out, &mut call, job, at, (mode, overlap))?
         }
         None => (into_region(batch, &out, &mut call, job)?, None),
     };
@@ -267,7 +285,7 @@ fn into_block<B: Batch>(
     call: &mut Call,
     mut job: InFlight,
     (block, base, flag_at): (&Arc<PinnedBlock>, usize, Option<usize>),
-    (mode, while_copying): (Mode, &mut dyn FnMut(&B)),
+    (mode, overlap): (Mode, Overlap<'_, B>),
 ) -> Result<(B, Option<Pending>)> {
     let l = out.layout;
     // Marked as being written before any view of it exists: the rebuild below is the
@@ -310,8 +328,13 @@ fn into_block<B: Batch>(
             // The caller's work on the outputs that needs no bytes overlaps the copies. A
             // panic in it unwinds through `job`, whose drop keeps the block until the
             // stream has let go of it.
-            while_copying(&rebuilt);
-            job.finish(out.sources())?;
+            if let Some(f) = overlap.while_copying {
+                f(&rebuilt);
+            }
+            match overlap.around_wait {
+                Some(around) => job.finish_around(out.sources(), around)?,
+                None => job.finish(out.sources())?,
+            }
             None
         }
         Mode::Async => Some(completion::detach(

@@ -167,7 +167,7 @@ fn handle<B>(r: Result<(B, Option<completion::Pending>)>) -> Result<Transfer<B>>
 /// [`Transfer::wait`] / `.await`.
 pub fn transfer_tensor_d2h_async<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<Transfer<B>> {
     trace::start("d2h_async");
-    let r = d2h::transfer(batch, opts, Mode::Async, &mut |_| {});
+    let r = d2h::transfer(batch, opts, Mode::Async, d2h::Overlap::none());
     trace::end();
     handle(r)
 }
@@ -210,7 +210,7 @@ pub fn transfer_tensor_d2h_async<B: Batch>(batch: &B, opts: &D2hOptions) -> Resu
 /// changed.
 pub fn transfer_tensor_d2h<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> {
     trace::start("d2h");
-    let r = d2h::transfer(batch, opts, Mode::Blocking, &mut |_| {}).map(|(b, _)| b);
+    let r = d2h::transfer(batch, opts, Mode::Blocking, d2h::Overlap::none()).map(|(b, _)| b);
     trace::end();
     r
 }
@@ -250,12 +250,66 @@ pub fn transfer_tensor_d2h_overlapping<B: Batch, R>(
     opts: &D2hOptions,
     while_copying: impl FnOnce(&B) -> R,
 ) -> Result<(B, R)> {
+    transfer_tensor_d2h_overlapping_around(batch, opts, while_copying, |wait| wait())
+}
+
+/// [`transfer_tensor_d2h_overlapping`], with the call's wait for its copies in the driver
+/// run inside `around_wait`: a binding that holds its interpreter's lock through a small
+/// call (so that another thread cannot keep it from the caller for a switch interval)
+/// lets go of it there, and only there.
+///
+/// * `around_wait` is given the wait and runs it on the calling thread: it is called at
+///   most once, after `while_copying`, and only if the call comes to a wait in the driver
+///   for its copies into page-locked outputs (no end flag, or the flag not seen within
+///   `Config::spin`). A call that sees its end flag, or whose outputs are pageable, or
+///   that fails before its wait, does not call it.
+/// * The wait runs once whatever `around_wait` does: called again it does nothing; not
+///   called at all, it runs once `around_wait` has returned. A panic in `around_wait`
+///   unwinds out of the call as one in `while_copying` does.
+/// * The call's other steps run outside it: the first call on a thread (its stream, the
+///   device's context), a new block of page-locked outputs, and waiting for a staging
+///   slot (batches of four or more small tensors gather through one) may take
+///   milliseconds.
+///
+/// ```
+/// use pinlane::{transfer_tensor_d2h_overlapping_around, D2hOptions, Tensor};
+/// # fn main() -> pinlane::Result<()> {
+/// let b = vec![Tensor::scalar(2.5f64)];
+/// let mut waits = 0;
+/// let (out, ()) = transfer_tensor_d2h_overlapping_around(
+///     &b,
+///     &D2hOptions::default(),
+///     |_| (),
+///     |wait| {
+///         waits += 1;
+///         wait()
+///     },
+/// )?;
+/// // A host-only batch passes through: no copy, no wait.
+/// assert_eq!((out, waits), (b, 0));
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+/// As [`transfer_tensor_d2h`].
+pub fn transfer_tensor_d2h_overlapping_around<B: Batch, R>(
+    batch: &B,
+    opts: &D2hOptions,
+    while_copying: impl FnOnce(&B) -> R,
+    mut around_wait: impl FnMut(&mut dyn FnMut()),
+) -> Result<(B, R)> {
     let mut while_copying = Some(while_copying);
     let mut out = None;
     trace::start("d2h");
-    let r = d2h::transfer(batch, opts, Mode::Blocking, &mut |b| {
-        out = while_copying.take().map(|f| f(b));
-    });
+    let overlap = d2h::Overlap {
+        while_copying: Some(&mut |b| {
+            if let Some(f) = while_copying.take() {
+                out = Some(f(b));
+            }
+        }),
+        around_wait: Some(&mut around_wait),
+    };
+    let r = d2h::transfer(batch, opts, Mode::Blocking, overlap);
     trace::end();
     let (b, _) = r?;
     // Not run in the call (pageable outputs, or a batch that passed through): nothing was

@@ -81,8 +81,9 @@ impl InFlight {
     }
 
     /// Synchronises the stream; on success the leases are marked idle and the output
-    /// ranges readable, with the proof.
-    fn synchronize(&mut self) -> Result<()> {
+    /// ranges readable, with the proof. A wait in the driver (no end flag, or none seen
+    /// within its spin) runs inside `around_wait`, once.
+    fn synchronize(&mut self, around_wait: AroundWait<'_>) -> Result<()> {
         let flagged = self.end_flag.take().and_then(|(word, spin)| {
             // SAFETY: the word lies in an output block this call holds (`held`), and only
             // the device writes it now (`end_flag` queued the write); if the flag does
@@ -92,7 +93,7 @@ impl InFlight {
         });
         let (proof, stream_idle) = match flagged {
             Some(p) => (p, false),
-            None => (Synced::synchronize(&self.stream)?, true),
+            None => (driver_wait(&self.stream, around_wait)?, true),
         };
         self.leases.iter_mut().for_each(|l| l.mark_idle(&proof));
         filled(&mut self.fills, &proof);
@@ -129,10 +130,23 @@ impl InFlight {
     /// Synchronises the stream, then releases everything. If the synchronisation fails,
     /// the owners and `sources()` (clones of the caller's source buffers) are retained
     /// until a later synchronisation succeeds, and the error is returned.
-    pub(crate) fn finish<S: Send + 'static>(mut self, sources: impl FnOnce() -> S) -> Result<()> {
-        self.done = true;
+    pub(crate) fn finish<S: Send + 'static>(self, sources: impl FnOnce() -> S) -> Result<()> {
+        self.finish_around(sources, &mut |wait| wait())
+    }
+
+    /// [`InFlight::finish`], with a wait in the driver run inside `around_wait` (see
+    /// [`driver_wait`]).
+    pub(crate) fn finish_around<S: Send + 'static>(
+        mut self,
+        sources: impl FnOnce() -> S,
+        around_wait: AroundWait<'_>,
+    ) -> Result<()> {
         self.settle();
-        match self.synchronize() {
+        // `done` only after the wait: a panic in `around_wait` (the caller's code) unwinds
+        // with it unset, so the drop proves the stream idle before anything goes.
+        let synced = self.synchronize(around_wait);
+        self.done = true;
+        match synced {
             Ok(()) => Ok(()),
             Err(e) => {
                 self.retain(sources());
@@ -182,7 +196,7 @@ impl InFlight {
         self.done = true;
         self.end_flag = None;
         self.settle();
-        if self.synchronize().is_err() {
+        if self.synchronize(&mut |wait| wait()).is_err() {
             self.retain(sources());
         }
         err
@@ -204,6 +218,23 @@ impl InFlight {
         );
         retained::retain(self.stream.clone(), Box::new(keep), bytes);
     }
+}
+
+/// The caller's code a wait in the driver runs inside (given the wait, it runs it).
+pub(crate) type AroundWait<'a> = &'a mut dyn FnMut(&mut dyn FnMut());
+
+/// Waits in the driver for `stream` ([`Synced::synchronize`]) inside `around_wait`: a
+/// binding lets go of its interpreter's lock there. The wait runs once whatever
+/// `around_wait` does: if it did not call it, it runs here after it returned (no proof
+/// without a wait); calls after the first do nothing.
+fn driver_wait<'a>(stream: &'a Stream, around_wait: AroundWait<'_>) -> Result<Synced<'a>> {
+    let mut waited = None;
+    around_wait(&mut || {
+        if waited.is_none() {
+            waited = Some(Synced::synchronize(stream));
+        }
+    });
+    waited.unwrap_or_else(|| Synced::synchronize(stream))
 }
 
 /// The output ranges of `fills` are written: `proof` says the copies queued before it

@@ -1,0 +1,52 @@
+#!/bin/bash
+# Session 49, issue 20. Run on the H200 from the repository root with $OUT set; each
+# part writes straight into $OUT/partN (at most 8 files come back from $OUT).
+cd "$(dirname "$0")/../../.."
+PART=${1:-1}
+OUT=$OUT/part$PART; mkdir -p $OUT
+nvidia-smi --query-gpu=name,pci.bus_id,driver_version --format=csv,noheader > $OUT/gpu.txt; nproc >> $OUT/gpu.txt
+rust_tests() {
+  bash .gpu/run-tests > $OUT/rust.log 2>&1
+  echo "tests rc=$? $(tail -1 $OUT/rust.log)"
+  grep -E "FAILED|panicked" $OUT/rust.log | head -5
+}
+py_tests() {
+  PINLANE_REQUIRE_GPU=1 timeout 200 bash .gpu/with-python python3 -m pytest -q -p no:cacheprovider python/tests > $OUT/py.log 2>&1
+  echo "pytest rc=$? $(tail -1 $OUT/py.log)"
+  grep -E "FAILED|Error" $OUT/py.log | head -8
+}
+old_too() { # the wheel in .gpu/alt as /tmp/old, the new one as /tmp/site
+  bash .gpu/with-python true
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/old .gpu/alt/*.whl
+}
+ab() { # probe rounds: the old and the new package in turn
+  for i in $(seq 1 $2); do
+    for v in old site; do
+      PYTHONPATH=/tmp/$v timeout 60 python3 benches/probes/$1.py $v$i >> $OUT/$1.txt 2>&1; echo "$1 $v$i rc=$?"
+    done
+  done
+  grep -v "^$" $OUT/$1.txt | cut -c1-220
+}
+# Part 1 (the GIL kept through small D2H calls, `d2h_held`; the one-tensor short way in
+# the public calls; 0cfdda2's wheel in .gpu/alt): every test binary, the Python suite,
+# benches/probes/one_small_ab.py and gil_contention.py, old and new in turn.
+if [ $PART = 1 ]; then
+  rust_tests
+  py_tests
+  old_too
+  ab one_small_ab 3
+  ab gil_contention 2
+fi
+# Part 2 (the same engine as part 1; the Python half's one-tensor check without the
+# `_single` call; the fixed GPU test and probe): the Python suite; one_small_ab.py old and
+# new in turn x2; spdl_compare three times (Q, R, S), the tables in one file.
+if [ $PART = 2 ]; then
+  py_tests
+  old_too
+  ab one_small_ab 2
+  for t in Q R S; do
+    timeout 150 bash .gpu/with-python python3 benches/spdl_compare.py --json $OUT/py_compare_$t.json > $OUT/py_compare_$t.txt 2>&1; echo "spdl_compare $t rc=$?"
+    grep -E "^\| [0-9o]|limit" $OUT/py_compare_$t.txt | cut -c1-250
+  done
+  for t in Q R S; do echo "=== spdl_compare $t"; cat $OUT/py_compare_$t.txt; rm $OUT/py_compare_$t.txt; done > $OUT/py_compare_QRS.txt
+fi
