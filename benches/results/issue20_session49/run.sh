@@ -50,3 +50,21 @@ if [ $PART = 2 ]; then
   done
   for t in Q R S; do echo "=== spdl_compare $t"; cat $OUT/py_compare_$t.txt; rm $OUT/py_compare_$t.txt; done > $OUT/py_compare_QRS.txt
 fi
+# Part 3 (bfd2be4's code, as part 2): where one small call's time goes now, old (0cfdda2)
+# and new in turn x2: benches/py_overhead.py's one-tensor pieces and its split of small
+# calls (whole call, native call, the engine's traced part); then the Rust bench's rows of
+# 1 KiB tensors, traced, twice.
+if [ $PART = 3 ]; then
+  old_too
+  for i in 1 2; do
+    for v in old site; do
+      echo "=== $v$i" >> $OUT/split.txt
+      PYTHONPATH=/tmp/$v timeout 90 python3 -c "import runpy; m = runpy.run_path('benches/py_overhead.py', run_name='probe'); m['one_tensor'](); m['small_call_split']()" >> $OUT/split.txt 2>&1; echo "split $v$i rc=$?"
+    done
+  done
+  grep -E "^===|d2h|D2H|d.cpu|copy_|to\('cuda'\)" $OUT/split.txt | cut -c1-200
+  for i in 1 2; do
+    timeout 60 .gpu/bin/bench-transfer --only "1 KiB f32" --trace > $OUT/bench_small_$i.txt 2>&1; echo "bench small $i rc=$?"
+    grep -E "^\| *(1 x|1000 x)|D2H" $OUT/bench_small_$i.txt | head -8 | cut -c1-200
+  done
+fi
