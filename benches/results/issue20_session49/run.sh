@@ -68,3 +68,10 @@ if [ $PART = 3 ]; then
     grep -E "^\| *(1 x|1000 x)|D2H" $OUT/bench_small_$i.txt | head -8 | cut -c1-200
   done
 fi
+# Part 4 (bfd2be4's wheel): benches/probes/one_d2h_split.py, twice.
+if [ $PART = 4 ]; then
+  for i in 1 2; do
+    timeout 120 bash .gpu/with-python python3 benches/probes/one_d2h_split.py > $OUT/split_$i.txt 2>&1; echo "split $i rc=$?"
+    cat $OUT/split_$i.txt
+  done
+fi
