@@ -870,6 +870,52 @@ fn around_wait_is_given_the_driver_wait_once_and_cannot_skip_it() {
 }
 
 #[test]
+fn around_wait_covers_a_failed_calls_drain_and_copies_into_pageable_outputs() {
+    use pinlane::driver::fault::{self, FaultKind};
+    common::sim();
+    let b = vec![
+        common::tensor(DType::F32, &[300], 85),
+        common::tensor(DType::I64, &[9], 86),
+    ];
+    let on = transfer_tensor_h2d(&b).unwrap();
+    let counted = |opts: &D2hOptions| {
+        let (mut copied, mut arounds) = (0, 0);
+        let r = transfer_tensor_d2h_overlapping_around(
+            &on,
+            opts,
+            |_| copied += 1,
+            |wait| {
+                arounds += 1;
+                wait();
+            },
+        );
+        (r.map(|(back, ())| back), copied, arounds)
+    };
+    // The second copy fails: the first one, already queued, is drained inside
+    // `around_wait`; `while_copying` never ran (no outputs were made).
+    fault::inject(FaultKind::Copy, 2);
+    let (r, copied, arounds) = counted(&D2hOptions::default());
+    fault::clear();
+    assert!(matches!(&r, Err(e) if e.to_string().contains("INJECTED_FAULT")));
+    assert_eq!((copied, arounds), (0, 1));
+    // Pageable outputs: the copies through staging slots, which wait for them, run inside
+    // it, once; `while_copying` then runs on the finished batch.
+    let pageable = D2hOptions::default().output(HostOutput::Pageable);
+    for _ in 0..5 {
+        let (r, copied, arounds) = counted(&pageable);
+        assert_eq!(r.unwrap(), b);
+        assert_eq!((copied, arounds), (1, 1));
+    }
+    // Their failed wait is the call's error, inside it too.
+    fault::inject(FaultKind::StreamSync, 1);
+    let (r, _, arounds) = counted(&pageable);
+    fault::clear();
+    assert!(matches!(&r, Err(e) if e.to_string().contains("INJECTED_FAULT")));
+    assert_eq!(arounds, 1);
+    assert_eq!(transfer_tensor_d2h(&on, &pageable).unwrap(), b);
+}
+
+#[test]
 fn a_panic_in_around_wait_unwinds_and_the_next_calls_are_right() {
     use pinlane::driver::fault::{self, FaultKind};
     common::sim();

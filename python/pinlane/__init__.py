@@ -368,10 +368,13 @@ def transfer_tensor_d2h(batch, /, *, device=None, stream=None, producer_event=No
     * Outputs are views into pinlane's recycled page-locked blocks (``is_pinned()`` is
       true; when the pool is full, a batch gets ordinary memory): the memory goes back to
       the pool when torch lets the tensors go.
-    * The sources are read in place, on the device: while the call runs (it lets go of
-      the GIL), no other thread may resize or re-point (``resize_``, ``set_``,
+    * The sources are read in place, on the device: while the call runs (it may let go
+      of the GIL), no other thread may resize or re-point (``resize_``, ``set_``,
       ``.data =``) a tensor of ``batch``, and only work ordered before the copy (on
       torch's current stream, or before ``producer_event``) may write it.
+    * A small call (up to three tensors under 1 MiB, after the thread's first on the
+      device, no ``stream``) keeps the GIL unless its copies are not done within 50 us:
+      under another busy Python thread it then waits for no switch interval.
     * A non-contiguous or negated tensor is first made a plain contiguous tensor on the
       device, on torch's current stream; a tensor that requires grad, whose dtype
       pinlane lacks (complex, float8, ...), or that torch does not export is moved by

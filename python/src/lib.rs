@@ -138,6 +138,7 @@ fn trim(py: Python<'_>) -> PyResult<()> {
 #[pyo3(signature = (timeout=10.0))]
 fn shutdown(py: Python<'_>, timeout: f64) -> PyResult<()> {
     let limit = seconds(timeout)?;
+    transfer::EPOCH.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     py.detach(|| pinlane::shutdown(limit))
         .map_err(errors::to_py)
 }

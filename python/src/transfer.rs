@@ -32,8 +32,9 @@
 //! `pinlane::transfer_tensor_d2h_overlapping`, the GIL taken back for it) and reach the
 //! caller only once the copies are done, unless a torch function or dispatch mode is
 //! active and a run of outputs is to be split (the mode would see the split): then after.
-//! A small D2H of up to three tensors (after a thread's first) keeps the GIL but for a
-//! wait in the driver ([`d2h_held`]), making its outputs while the copies run.
+//! A small D2H of up to three tensors (after a thread's first on the device) keeps the GIL
+//! but where the engine may block on the device ([`d2h_held`]), making its outputs while
+//! the copies run.
 //! `min_run`: the shortest run of same-shape outputs handed to torch as one tensor (see
 //! [`Torch::export_all`]); benches/py_overhead.py sets it high to time the per-tensor way.
 
@@ -43,6 +44,8 @@ use pinlane::{D2hOptions, Device, Event, H2dOptions, RawEvent, RawStream, Stream
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Page-locked sources at least this large are copied straight from their memory; smaller
 /// ones go through the staging ring like pageable ones, where many share one copy (a copy
@@ -458,10 +461,11 @@ pub(crate) fn d2h<'py>(
     // stream there, of the primary context, never destroyed by torch.
     let current = unsafe { Stream::from_raw(raw_current as RawStream, dev) }.map_err(to_py)?;
     // A batch of HANDOVER_MIN_BYTES or more is handed to torch while its copies run (the
-    // GIL taken back for it), then the call waits for the copies without it; a smaller
-    // one, after the copies.
+    // GIL taken back for it), then the call waits for the copies without it. A smaller one
+    // of up to HELD_MAX_TENSORS tensors keeps the GIL (`d2h_held`), after the thread's
+    // first call on the device; any other, after the copies.
     let overlap = inputs.iter().map(Tensor::nbytes).sum::<usize>() >= HANDOVER_MIN_BYTES;
-    let held = !overlap && inputs.len() <= HELD_MAX_TENSORS && WARM.get();
+    let held = !overlap && inputs.len() <= HELD_MAX_TENSORS && warm(dev, stream.is_some());
     let shared = Attached(&torch);
     let (inputs_ref, opts_ref, current_ref) = (&inputs, &opts, &current);
     let (moved, exported) = if held {
@@ -491,7 +495,9 @@ pub(crate) fn d2h<'py>(
         })
     }
     .map_err(to_py)?;
-    WARM.set(true);
+    if stream.is_none() {
+        set_warm(dev);
+    }
     drop(inputs);
     let exported = match exported {
         Some(v) => v.into_iter().map(|o| o.into_bound(py)).collect(),
@@ -505,8 +511,10 @@ pub(crate) fn d2h<'py>(
 
 /// Batches of D2H outputs of at least this many bytes are handed to torch while their
 /// copies run (benches/probes/d2h_handover.py: 64 images, 8 x 32 MiB). Smaller ones are
-/// handed over after the wait, as the copies end within microseconds of being queued: the
-/// GIL taken back for the handover would be a second acquisition in the call (the
+/// handed over while the copies run with the GIL kept ([`d2h_held`], up to
+/// [`HELD_MAX_TENSORS`] tensors), or after the wait: the copies end within microseconds of
+/// being queued, and the GIL taken back for the handover would be a second acquisition in
+/// the call (the
 /// interpreter may take a switch interval, 5 ms by default, to hand it over when another
 /// thread holds it) for at most the copies' microseconds. A larger batch pays it too, partly
 /// hidden by its copies: under a busy Python thread no change showed against the package
@@ -514,23 +522,52 @@ pub(crate) fn d2h<'py>(
 const HANDOVER_MIN_BYTES: usize = 1 << 20;
 
 /// Batches of at most this many tensors (and under [`HANDOVER_MIN_BYTES`]) move with the
-/// GIL held ([`d2h_held`]): one copy each, so the call waits for nothing but its own
-/// copies and the caller's stream (from four small tensors on, the engine gathers them
-/// through a staging slot, and may wait for one that another thread's copies hold).
+/// GIL held ([`d2h_held`]). Below the engine's four small tensors, each takes a copy of
+/// its own: the engine gathers four or more through a staging slot, and may wait for one
+/// outside `around_wait` (`transfer_tensor_d2h_overlapping_around`'s docs).
 const HELD_MAX_TENSORS: usize = 3;
 
+/// Bumped by [`crate::shutdown`]: after it, a thread's next call may start pinlane's
+/// runtime anew, so every thread counts as not warm again.
+pub(crate) static EPOCH: AtomicU64 = AtomicU64::new(0);
+
 thread_local! {
-    /// Whether this thread has made a D2H call: its first one (which may set up the
-    /// thread's stream, and pinlane itself) lets go of the GIL throughout.
-    static WARM: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// The devices (a bit each, ordinals under 64) this thread has made a D2H call on with
+    /// its own stream, and the [`EPOCH`] then: a first call (which may set up the thread's
+    /// stream, the device's context and pinlane's runtime) lets go of the GIL throughout.
+    static WARM: Cell<(u64, u64)> = const { Cell::new((u64::MAX, 0)) };
 }
 
-/// A small D2H that keeps the GIL, but for a wait in the driver: its outputs are handed to
-/// torch while the copies run (with no second acquisition of the GIL, which another
-/// thread busy in Python could keep for a switch interval, 5 ms by default), and the call
-/// lets go of the GIL only if its copies are not seen done within the engine's spin
-/// (`Config::spin`): when the caller's stream is still busy, say. Torch's own `.cpu()`
-/// lets go of it for the whole call.
+/// Whether a D2H on `dev` may keep the GIL ([`d2h_held`]): not on a caller's stream (its
+/// device's setup is not the thread's own), and only once this thread has made a call on
+/// `dev` since the last shutdown.
+fn warm(dev: Device, on_callers_stream: bool) -> bool {
+    let (epoch, devices) = WARM.get();
+    !on_callers_stream
+        && epoch == EPOCH.load(Ordering::Relaxed)
+        && dev.ordinal() < 64
+        && devices & (1 << dev.ordinal()) != 0
+}
+
+/// Records that this thread has made a D2H call on `dev` with its own stream.
+fn set_warm(dev: Device) {
+    if dev.ordinal() >= 64 {
+        return;
+    }
+    let now = EPOCH.load(Ordering::Relaxed);
+    let (epoch, devices) = WARM.get();
+    let devices = if epoch == now { devices } else { 0 };
+    WARM.set((now, devices | 1 << dev.ordinal()));
+}
+
+/// A small D2H that keeps the GIL, but where the engine may block on the device
+/// (`transfer_tensor_d2h_overlapping_around`'s `around_wait`): its outputs are handed to
+/// torch while the copies run, with no acquisition of the GIL in the call (which another
+/// thread busy in Python could delay by a switch interval, 5 ms by default). The call
+/// lets go of the GIL if its copies are not seen done within the engine's spin
+/// (`Config::spin`, 50 us; when the caller's stream is still busy, say), for a failed
+/// call's drain, and for pageable outputs (the page-locked output pool at its cap).
+/// Torch's own `.cpu()` lets go of it for the whole call.
 fn d2h_held(
     py: Python<'_>,
     torch: &Torch,
@@ -546,7 +583,10 @@ fn d2h_held(
         |outs| {
             // SAFETY: as in `d2h`'s handover: the outputs of this very call; the torch
             // tensors made here are handed on only once the call is `Ok`, and dropped
-            // unread otherwise; no Python code is given them meanwhile.
+            // unread otherwise. No Python code is given them meanwhile; while the GIL is
+            // let go for the wait, another thread could reach them only through the
+            // garbage collector's list of all objects (`gc.get_objects()`), as with the
+            // handover of larger batches.
             let made = unsafe { torch.export_all_in_flight(py, outs, min_run) };
             made.ok()
                 .flatten()

@@ -39,8 +39,10 @@ use std::sync::Arc;
 pub(crate) struct Overlap<'h, B> {
     /// Called on the rebuilt batch once its copies are queued, before the call waits.
     pub(crate) while_copying: Option<&'h mut dyn FnMut(&B)>,
-    /// Called with the call's wait for its copies in the driver, if it comes to one (no
-    /// end flag, or none seen within its spin); it runs the wait, once.
+    /// Called with the part of the call that may block on the device, if it comes to
+    /// one: the wait in the driver for the copies into page-locked outputs (no end flag,
+    /// or none seen within its spin), a failed call's drain, or the whole copy through
+    /// staging slots into pageable outputs. It runs that part, once.
     pub(crate) around_wait: Option<AroundWait<'h>>,
 }
 
@@ -118,7 +120,16 @@ pub(crate) fn transfer<B: Batch>(
             let at = (&block, base, flag_at);
             into_block(batch, &out, &mut call, job, at, (mode, overlap))?
         }
-        None => (into_region(batch, &out, &mut call, job)?, None),
+        // The copies through staging slots wait for the slots and the copies along the
+        // way: all of it runs inside the caller's `around_wait`.
+        None => {
+            let region = || into_region(batch, &out, &mut call, job);
+            let rebuilt = match overlap.around_wait {
+                Some(around) => memory::run_around(around, region)?,
+                None => region()?,
+            };
+            (rebuilt, None)
+        }
     };
     record_stats(call.stats);
     Ok((rebuilt, pending))
@@ -285,7 +296,7 @@ fn into_block<B: Batch>(
     call: &mut Call,
     mut job: InFlight,
     (block, base, flag_at): (&Arc<PinnedBlock>, usize, Option<usize>),
-    (mode, overlap): (Mode, Overlap<'_, B>),
+    (mode, mut overlap): (Mode, Overlap<'_, B>),
 ) -> Result<(B, Option<Pending>)> {
     let l = out.layout;
     // Marked as being written before any view of it exists: the rebuild below is the
@@ -297,7 +308,7 @@ fn into_block<B: Batch>(
         submit(call, &mut job, l, Dest::Block(block, base))
     };
     if let Err(e) = run {
-        return Err(job.abort(e, out.sources()));
+        return Err(abort(job, e, out.sources(), &mut overlap.around_wait));
     }
     if let Some(at) = flag_at {
         // Queued now, after every copy, so the device's round trip for it overlaps the
@@ -316,11 +327,11 @@ fn into_block<B: Batch>(
     let ranges = l.offsets.iter().copied().zip(l.sizes.iter().copied());
     let views = match PinnedBuf::views(block, base, ranges) {
         Ok(v) => v,
-        Err(e) => return Err(job.abort(e, out.sources())),
+        Err(e) => return Err(abort(job, e, out.sources(), &mut overlap.around_wait)),
     };
     let rebuilt = match rebuild(batch, out, views.map(Storage::Pinned)) {
         Ok(b) => b,
-        Err(e) => return Err(job.abort(e, out.sources())),
+        Err(e) => return Err(abort(job, e, out.sources(), &mut overlap.around_wait)),
     };
     super::trace::mark("rebuilt");
     let pending = match mode {
@@ -346,6 +357,20 @@ fn into_block<B: Batch>(
     };
     super::trace::mark("synced");
     Ok((rebuilt, pending))
+}
+
+/// `job` aborted after `err` ([`InFlight::abort`]), its drain inside `around_wait` when
+/// the caller gave one.
+fn abort<S: Send + 'static>(
+    job: InFlight,
+    err: Error,
+    sources: impl FnOnce() -> S,
+    around_wait: &mut Option<AroundWait<'_>>,
+) -> Error {
+    match around_wait.as_deref_mut() {
+        Some(around) => job.abort_around(err, sources, around),
+        None => job.abort(err, sources),
+    }
 }
 
 /// Pageable outputs: the copies through staging slots into a recycled region, waited for
@@ -413,7 +438,9 @@ fn is_small(nbytes: usize) -> bool {
 }
 /// Bytes of one gather descriptor (`GatherPiece`).
 const GATHER_DESC_BYTES: usize = std::mem::size_of::<driver::GatherPiece>();
-/// Fewest small tensors worth a kernel launch and a descriptor upload.
+/// Fewest small tensors worth a kernel launch and a descriptor upload. Fewer take no
+/// staging slot, which `transfer_tensor_d2h_overlapping_around`'s docs promise (the Python
+/// binding keeps the GIL through D2H calls of up to three tensors on that promise).
 const GATHER_MIN_COUNT: usize = 4;
 
 /// Page-locked outputs with `SmallD2h::Batch`: the small tensors in one batched copy,

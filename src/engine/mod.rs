@@ -253,23 +253,27 @@ pub fn transfer_tensor_d2h_overlapping<B: Batch, R>(
     transfer_tensor_d2h_overlapping_around(batch, opts, while_copying, |wait| wait())
 }
 
-/// [`transfer_tensor_d2h_overlapping`], with the call's wait for its copies in the driver
-/// run inside `around_wait`: a binding that holds its interpreter's lock through a small
-/// call (so that another thread cannot keep it from the caller for a switch interval)
-/// lets go of it there, and only there.
+/// [`transfer_tensor_d2h_overlapping`], with the part of the call that may block on the
+/// device run inside `around_wait`: a binding that holds its interpreter's lock through a
+/// small call (so that another thread cannot keep it from the caller for a switch
+/// interval) lets go of it there, and only there.
 ///
-/// * `around_wait` is given the wait and runs it on the calling thread: it is called at
-///   most once, after `while_copying`, and only if the call comes to a wait in the driver
-///   for its copies into page-locked outputs (no end flag, or the flag not seen within
-///   `Config::spin`). A call that sees its end flag, or whose outputs are pageable, or
-///   that fails before its wait, does not call it.
-/// * The wait runs once whatever `around_wait` does: called again it does nothing; not
-///   called at all, it runs once `around_wait` has returned. A panic in `around_wait`
-///   unwinds out of the call as one in `while_copying` does.
-/// * The call's other steps run outside it: the first call on a thread (its stream, the
-///   device's context), a new block of page-locked outputs, and waiting for a staging
-///   slot (batches of four or more small tensors gather through one) may take
-///   milliseconds.
+/// * `around_wait` is given that part and runs it on the calling thread. It is called at
+///   most once, and only if the call comes to such a part: the wait in the driver for the
+///   copies into page-locked outputs, after `while_copying` (when there is no end flag,
+///   or it is not seen within `Config::spin`); the drain of a call that failed after
+///   queueing copies; or, for pageable outputs (asked for, or the page-locked output
+///   pool at its cap), the whole copy through staging slots, which waits for slots and
+///   copies along the way. A call that sees its end flag, or fails before it queued a
+///   copy, does not call it.
+/// * The part runs once whatever `around_wait` does: called again it does nothing; not
+///   called at all, it runs once `around_wait` has returned. It runs no caller code: no
+///   `Batch` method, not `while_copying`. A panic in `around_wait` unwinds out of the call
+///   as one in `while_copying` does.
+/// * Outside it: the first call on a thread (its stream, the device's context, pinlane's
+///   runtime), a new block of page-locked outputs (`cuMemHostAlloc`), and, for four or
+///   more small tensors (up to 1 MiB each), the wait for the staging slot they are
+///   gathered through may take milliseconds.
 ///
 /// ```
 /// use pinlane::{transfer_tensor_d2h_overlapping_around, D2hOptions, Tensor};

@@ -188,15 +188,24 @@ impl InFlight {
     /// After a failure part way: drains the copies already queued (synchronises), then
     /// returns `err`. If the drain fails too, retains the owners and `sources()` as in
     /// [`InFlight::finish`], and still returns the original `err`.
-    pub(crate) fn abort<S: Send + 'static>(
+    pub(crate) fn abort<S: Send + 'static>(self, err: Error, sources: impl FnOnce() -> S) -> Error {
+        self.abort_around(err, sources, &mut |wait| wait())
+    }
+
+    /// [`InFlight::abort`], with the drain's wait in the driver run inside `around_wait`
+    /// (see [`run_around`]).
+    pub(crate) fn abort_around<S: Send + 'static>(
         mut self,
         err: Error,
         sources: impl FnOnce() -> S,
+        around_wait: AroundWait<'_>,
     ) -> Error {
-        self.done = true;
         self.end_flag = None;
         self.settle();
-        if self.synchronize(&mut |wait| wait()).is_err() {
+        // `done` only after the drain, as in `finish_around`.
+        let drained = self.synchronize(around_wait);
+        self.done = true;
+        if drained.is_err() {
             self.retain(sources());
         }
         err
@@ -223,18 +232,37 @@ impl InFlight {
 /// The caller's code a wait in the driver runs inside (given the wait, it runs it).
 pub(crate) type AroundWait<'a> = &'a mut dyn FnMut(&mut dyn FnMut());
 
-/// Waits in the driver for `stream` ([`Synced::synchronize`]) inside `around_wait`: a
-/// binding lets go of its interpreter's lock there. The wait runs once whatever
-/// `around_wait` does: if it did not call it, it runs here after it returned (no proof
-/// without a wait); calls after the first do nothing.
-fn driver_wait<'a>(stream: &'a Stream, around_wait: AroundWait<'_>) -> Result<Synced<'a>> {
-    let mut waited = None;
+/// Runs `step` (a part of a call that may block: a wait in the driver, say) inside
+/// `around_wait`, where a binding lets go of its interpreter's lock. `step` runs once
+/// whatever `around_wait` does: if it did not call it, it runs here after it returned (a
+/// wait is never skipped); calls after the first do nothing.
+pub(crate) fn run_around<T>(
+    around_wait: AroundWait<'_>,
+    step: impl FnOnce() -> Result<T>,
+) -> Result<T> {
+    let mut step = Some(step);
+    let mut out = None;
     around_wait(&mut || {
-        if waited.is_none() {
-            waited = Some(Synced::synchronize(stream));
+        if let Some(f) = step.take() {
+            out = Some(f());
         }
     });
-    waited.unwrap_or_else(|| Synced::synchronize(stream))
+    match (out, step) {
+        (Some(r), _) => r,
+        (None, Some(f)) => f(),
+        // `step` was taken only to be run, which sets `out` (a panic in it unwinds past
+        // this).
+        (None, None) => Err(Error::Internal {
+            op: "run_around",
+            reason: "the step was taken and gave no result".into(),
+        }),
+    }
+}
+
+/// Waits in the driver for `stream` ([`Synced::synchronize`]) inside `around_wait` (see
+/// [`run_around`]).
+fn driver_wait<'a>(stream: &'a Stream, around_wait: AroundWait<'_>) -> Result<Synced<'a>> {
+    run_around(around_wait, || Synced::synchronize(stream))
 }
 
 /// The output ranges of `fills` are written: `proof` says the copies queued before it

@@ -83,7 +83,7 @@ pub(crate) use gather::{
 };
 pub use host::HostPool;
 pub(crate) use host::{HostBuf, HostRegion};
-pub(crate) use inflight::{AroundWait, Detached, InFlight};
+pub(crate) use inflight::{run_around, AroundWait, Detached, InFlight};
 pub use limits::{measure_pinned_limits, PinnedLimits};
 #[cfg(feature = "weights")]
 pub(crate) use mapped::MappedFile;
