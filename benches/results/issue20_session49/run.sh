@@ -75,3 +75,22 @@ if [ $PART = 4 ]; then
     cat $OUT/split_$i.txt
   done
 fi
+# Part 5 (the final code: every blocking part of a held D2H inside around_wait): every
+# test binary, the Python suite, one_small_ab.py and gil_contention.py, old (0cfdda2) and
+# new in turn.
+if [ $PART = 5 ]; then
+  rust_tests
+  py_tests
+  old_too
+  ab one_small_ab 1
+  ab gil_contention 1
+fi
+# Part 6 (the final code): spdl_compare three times (T, U, V), the tables in one file.
+if [ $PART = 6 ]; then
+  bash .gpu/with-python true
+  for t in T U V; do
+    timeout 150 bash .gpu/with-python python3 benches/spdl_compare.py --json $OUT/py_compare_$t.json > $OUT/py_compare_$t.txt 2>&1; echo "spdl_compare $t rc=$?"
+    grep -E "^\| [0-9o]|limit" $OUT/py_compare_$t.txt | cut -c1-250
+  done
+  for t in T U V; do echo "=== spdl_compare $t"; cat $OUT/py_compare_$t.txt; rm $OUT/py_compare_$t.txt; done > $OUT/py_compare_TUV.txt
+fi
