@@ -5,7 +5,8 @@ moves them together):
     bash .gpu/with-python python3 benches/probes/one_d2h_split.py     # on the GPU machine
 
 Rows (medians over ROUNDS rounds of each round's median of CALLS calls, us): the public
-call; the native one-tensor call; the same with a CPU tensor (which D2H passes through:
+call, on a bare tensor and as the peers bench calls it (a list of one, `device=`), with
+torch's way as that bench calls it beside; the native one-tensor call; the same with a CPU tensor (which D2H passes through:
 the interpreter, the argument checks and the input's import, no copy, no output); and
 the traced native call with the engine's marks (us from the engine call's start).
 """
@@ -35,8 +36,16 @@ def main():
     d = h.cuda()
     torch.cuda.synchronize()
     assert torch.equal(pinlane.transfer_tensor_d2h(d), h)
+    from pinlane.bench import _each
+
+    one = [d]
     ways = [
         ("public transfer_tensor_d2h(d)", lambda: pinlane.transfer_tensor_d2h(d)),
+        ("public, d, device='cuda:0'", lambda: pinlane.transfer_tensor_d2h(d, device="cuda:0")),
+        ("public, [d]", lambda: pinlane.transfer_tensor_d2h(one)),
+        ("public, [d], device='cuda:0' (the peers bench)",
+         lambda: pinlane.transfer_tensor_d2h(one, device="cuda:0")),
+        ("torch as the peers bench: [t.cpu() for t in [d]]", lambda: _each(one, lambda t: t.cpu())),
         ("native d2h_one(d)", lambda: _native.d2h_one(d, None)),
         ("native d2h_one(cpu tensor): pass-through", lambda: _native.d2h_one(h, None)),
         ("torch d.cpu()", lambda: d.cpu()),

@@ -94,3 +94,16 @@ if [ $PART = 6 ]; then
   done
   for t in T U V; do echo "=== spdl_compare $t"; cat $OUT/py_compare_$t.txt; rm $OUT/py_compare_$t.txt; done > $OUT/py_compare_TUV.txt
 fi
+# Part 7 (the final code): one_d2h_split.py with the peers bench's forms of the call, twice;
+# `python -m pinlane.bench` on the one-tensor batch alone (the peers bench's way of timing,
+# way after way in blocks, in a fresh process), twice.
+if [ $PART = 7 ]; then
+  for i in 1 2; do
+    timeout 120 bash .gpu/with-python python3 benches/probes/one_d2h_split.py > $OUT/split_$i.txt 2>&1; echo "split $i rc=$?"
+    cat $OUT/split_$i.txt
+  done
+  for i in 1 2; do
+    timeout 120 bash .gpu/with-python python3 -m pinlane.bench --batch 1x256:float32 > $OUT/bench_one_$i.txt 2>&1; echo "bench one $i rc=$?"
+    grep -E "^\| 1 x" $OUT/bench_one_$i.txt
+  done
+fi
