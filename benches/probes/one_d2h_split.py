@@ -39,6 +39,19 @@ def main():
     from pinlane.bench import _each
 
     one = [d]
+    # Device tensors that pinlane's H2D made (over its own device memory), four taking
+    # turns, as the peers bench reads them; and torch-made ones taking turns the same way.
+    mine = [[pinlane.transfer_tensor_h2d(h + i)] for i in range(4)]
+    theirs = [[(h + i).cuda()] for i in range(4)]
+    torch.cuda.synchronize()
+    k = [0]
+
+    def turn(batches, fn):
+        def call():
+            k[0] += 1
+            return fn(batches[k[0] % 4])
+        return call
+
     ways = [
         ("public transfer_tensor_d2h(d)", lambda: pinlane.transfer_tensor_d2h(d)),
         ("public, d, device='cuda:0'", lambda: pinlane.transfer_tensor_d2h(d, device="cuda:0")),
@@ -46,6 +59,10 @@ def main():
         ("public, [d], device='cuda:0' (the peers bench)",
          lambda: pinlane.transfer_tensor_d2h(one, device="cuda:0")),
         ("torch as the peers bench: [t.cpu() for t in [d]]", lambda: _each(one, lambda t: t.cpu())),
+        ("public, 4 lists of one in turn, torch-made", turn(theirs, lambda b: pinlane.transfer_tensor_d2h(b, device="cuda:0"))),
+        ("public, 4 lists of one in turn, pinlane-made", turn(mine, lambda b: pinlane.transfer_tensor_d2h(b, device="cuda:0"))),
+        ("torch as the bench, 4 in turn, torch-made", turn(theirs, lambda b: _each(b, lambda t: t.cpu()))),
+        ("torch as the bench, 4 in turn, pinlane-made", turn(mine, lambda b: _each(b, lambda t: t.cpu()))),
         ("native d2h_one(d)", lambda: _native.d2h_one(d, None)),
         ("native d2h_one(cpu tensor): pass-through", lambda: _native.d2h_one(h, None)),
         ("torch d.cpu()", lambda: d.cpu()),

@@ -107,3 +107,11 @@ if [ $PART = 7 ]; then
     grep -E "^\| 1 x" $OUT/bench_one_$i.txt
   done
 fi
+# Part 8 (the final code): one_d2h_split.py with device tensors made by pinlane's H2D and by
+# torch, four in turn, twice.
+if [ $PART = 8 ]; then
+  for i in 1 2; do
+    timeout 120 bash .gpu/with-python python3 benches/probes/one_d2h_split.py > $OUT/split_$i.txt 2>&1; echo "split $i rc=$?"
+    cat $OUT/split_$i.txt
+  done
+fi
