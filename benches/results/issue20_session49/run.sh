@@ -115,3 +115,10 @@ if [ $PART = 8 ]; then
     cat $OUT/split_$i.txt
   done
 fi
+# Part 9 (the final code): benches/probes/blocks_order.py, twice.
+if [ $PART = 9 ]; then
+  for i in 1 2; do
+    timeout 120 bash .gpu/with-python python3 benches/probes/blocks_order.py > $OUT/blocks_$i.txt 2>&1; echo "blocks $i rc=$?"
+    cat $OUT/blocks_$i.txt
+  done
+fi
