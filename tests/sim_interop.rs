@@ -915,6 +915,68 @@ fn around_wait_covers_a_failed_calls_drain_and_copies_into_pageable_outputs() {
     assert_eq!(transfer_tensor_d2h(&on, &pageable).unwrap(), b);
 }
 
+thread_local! {
+    /// Set while a test's `around_wait` runs the part it was given.
+    static INSIDE_AROUND: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// How many rebuilds of a `Watched` ran inside it.
+    static REBUILT_INSIDE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// A batch whose rebuild (the caller's code) notes whether it runs inside `around_wait`.
+#[derive(Clone, Debug, PartialEq)]
+struct Watched(Vec<Tensor>);
+
+impl Batch for Watched {
+    fn visit<'x>(&'x self, f: &mut dyn FnMut(&'x Tensor)) {
+        self.0.iter().for_each(f);
+    }
+    fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
+        if INSIDE_AROUND.get() {
+            REBUILT_INSIDE.set(REBUILT_INSIDE.get() + 1);
+        }
+        Watched(self.0.iter().map(f).collect())
+    }
+    fn visit_paths<'x>(
+        &'x self,
+        path: &mut pinlane::batch::Path,
+        f: &mut dyn FnMut(&pinlane::batch::Path, &'x Tensor),
+    ) {
+        for (i, t) in self.0.iter().enumerate() {
+            path.with(pinlane::batch::Step::Index(i), |p| f(p, t));
+        }
+    }
+}
+
+#[test]
+fn around_wait_runs_none_of_the_callers_code() {
+    common::sim();
+    let b = Watched(vec![
+        common::tensor(DType::F32, &[300], 87),
+        common::tensor(DType::U8, &[33], 88),
+    ]);
+    let on = transfer_tensor_h2d(&b).unwrap();
+    for opts in [
+        D2hOptions::default(),
+        D2hOptions::default().output(HostOutput::Pageable),
+    ] {
+        for _ in 0..5 {
+            let (back, ()) = transfer_tensor_d2h_overlapping_around(
+                &on,
+                &opts,
+                |_| (),
+                |wait| {
+                    INSIDE_AROUND.set(true);
+                    wait();
+                    INSIDE_AROUND.set(false);
+                },
+            )
+            .unwrap();
+            assert_eq!(back, b);
+        }
+    }
+    assert_eq!(REBUILT_INSIDE.get(), 0, "a rebuild ran inside around_wait");
+}
+
 #[test]
 fn a_panic_in_around_wait_unwinds_and_the_next_calls_are_right() {
     use pinlane::driver::fault::{self, FaultKind};

@@ -121,14 +121,15 @@ pub(crate) fn transfer<B: Batch>(
             into_block(batch, &out, &mut call, job, at, (mode, overlap))?
         }
         // The copies through staging slots wait for the slots and the copies along the
-        // way: all of it runs inside the caller's `around_wait`.
+        // way: all of it runs inside the caller's `around_wait`, the rebuild (the caller's
+        // `Batch` code) after it.
         None => {
-            let region = || into_region(batch, &out, &mut call, job);
-            let rebuilt = match overlap.around_wait {
-                Some(around) => memory::run_around(around, region)?,
-                None => region()?,
+            let copied = || into_region(&out, &mut call, job);
+            let region = match overlap.around_wait {
+                Some(around) => memory::run_around(around, copied)?,
+                None => copied()?,
             };
-            (rebuilt, None)
+            (region_rebuilt(batch, &out, region)?, None)
         }
     };
     record_stats(call.stats);
@@ -374,13 +375,10 @@ fn abort<S: Send + 'static>(
 }
 
 /// Pageable outputs: the copies through staging slots into a recycled region, waited for
-/// inside the call in both modes, then the batch rebuilt around views of the region.
-fn into_region<B: Batch>(
-    batch: &B,
-    out: &Outputs,
-    call: &mut Call,
-    mut job: InFlight,
-) -> Result<B> {
+/// inside the call in both modes (the batch is then rebuilt around views of it, by
+/// [`region_rebuilt`]). It runs no caller code: [`transfer`] runs it inside the caller's
+/// `around_wait`.
+fn into_region(out: &Outputs, call: &mut Call, mut job: InFlight) -> Result<HostRegion> {
     let l = out.layout;
     let mut region = HostRegion::take(&call.rt.host_pool, l.end);
     if let Err(e) = submit(call, &mut job, l, Dest::Region(&mut region)) {
@@ -388,6 +386,12 @@ fn into_region<B: Batch>(
     }
     job.finish(out.sources())?;
     super::trace::mark("synced");
+    Ok(region)
+}
+
+/// `batch` rebuilt around views of `region`, whose copies [`into_region`] finished.
+fn region_rebuilt<B: Batch>(batch: &B, out: &Outputs, region: HostRegion) -> Result<B> {
+    let l = out.layout;
     let frozen = region.freeze();
     let ranges = l.offsets.iter().copied().zip(l.sizes.iter().copied());
     let views = HostBuf::views(&frozen, ranges)?;
