@@ -906,12 +906,15 @@ fn around_wait_covers_a_failed_calls_drain_and_copies_into_pageable_outputs() {
         assert_eq!(r.unwrap(), b);
         assert_eq!((copied, arounds), (1, 1));
     }
-    // Their failed wait is the call's error, inside it too.
-    fault::inject(FaultKind::StreamSync, 1);
-    let (r, _, arounds) = counted(&pageable);
-    fault::clear();
-    assert!(matches!(&r, Err(e) if e.to_string().contains("INJECTED_FAULT")));
-    assert_eq!(arounds, 1);
+    // Their failed wait, and a failed copy of theirs, are the call's error, inside it too
+    // (the copies, not only the final wait, run there).
+    for kind in [FaultKind::StreamSync, FaultKind::Copy] {
+        fault::inject(kind, 1);
+        let (r, _, arounds) = counted(&pageable);
+        fault::clear();
+        assert!(matches!(&r, Err(e) if e.to_string().contains("INJECTED_FAULT")));
+        assert_eq!(arounds, 1, "{kind:?}");
+    }
     assert_eq!(transfer_tensor_d2h(&on, &pageable).unwrap(), b);
 }
 

@@ -373,8 +373,9 @@ def transfer_tensor_d2h(batch, /, *, device=None, stream=None, producer_event=No
       ``.data =``) a tensor of ``batch``, and only work ordered before the copy (on
       torch's current stream, or before ``producer_event``) may write it.
     * A small call (up to three tensors under 1 MiB, after the thread's first on the
-      device, no ``stream``) keeps the GIL unless its copies are not done within 50 us:
-      under another busy Python thread it then waits for no switch interval.
+      device, no ``stream``) keeps the GIL but to wait on the device (copies not done
+      within 50 us, a failed call's drain, the page-locked pool at its cap): under
+      another busy Python thread it then waits for no switch interval.
     * A non-contiguous or negated tensor is first made a plain contiguous tensor on the
       device, on torch's current stream; a tensor that requires grad, whose dtype
       pinlane lacks (complex, float8, ...), or that torch does not export is moved by

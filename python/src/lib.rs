@@ -138,9 +138,13 @@ fn trim(py: Python<'_>) -> PyResult<()> {
 #[pyo3(signature = (timeout=10.0))]
 fn shutdown(py: Python<'_>, timeout: f64) -> PyResult<()> {
     let limit = seconds(timeout)?;
-    transfer::EPOCH.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    py.detach(|| pinlane::shutdown(limit))
-        .map_err(errors::to_py)
+    // Before and after: a call that began before the shutdown, or during it, marks
+    // nothing warm for the runtime that comes after.
+    let bump = || transfer::EPOCH.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    bump();
+    let done = py.detach(|| pinlane::shutdown(limit));
+    bump();
+    done.map_err(errors::to_py)
 }
 
 /// Waits up to `timeout` seconds for the pending non-blocking calls to complete and hands

@@ -465,7 +465,9 @@ pub(crate) fn d2h<'py>(
     // of up to HELD_MAX_TENSORS tensors keeps the GIL (`d2h_held`), after the thread's
     // first call on the device; any other, after the copies.
     let overlap = inputs.iter().map(Tensor::nbytes).sum::<usize>() >= HANDOVER_MIN_BYTES;
-    let held = !overlap && inputs.len() <= HELD_MAX_TENSORS && warm(dev, stream.is_some());
+    // Read once, before the call: a shutdown while it runs leaves the thread cold.
+    let epoch = EPOCH.load(Ordering::Relaxed);
+    let held = !overlap && inputs.len() <= HELD_MAX_TENSORS && warm(dev, stream.is_some(), epoch);
     let shared = Attached(&torch);
     let (inputs_ref, opts_ref, current_ref) = (&inputs, &opts, &current);
     let (moved, exported) = if held {
@@ -496,7 +498,7 @@ pub(crate) fn d2h<'py>(
     }
     .map_err(to_py)?;
     if stream.is_none() {
-        set_warm(dev);
+        set_warm(dev, epoch);
     }
     drop(inputs);
     let exported = match exported {
@@ -540,21 +542,19 @@ thread_local! {
 
 /// Whether a D2H on `dev` may keep the GIL ([`d2h_held`]): not on a caller's stream (its
 /// device's setup is not the thread's own), and only once this thread has made a call on
-/// `dev` since the last shutdown.
-fn warm(dev: Device, on_callers_stream: bool) -> bool {
+/// `dev` in [`EPOCH`] `now` (read before the call).
+fn warm(dev: Device, on_callers_stream: bool, now: u64) -> bool {
     let (epoch, devices) = WARM.get();
-    !on_callers_stream
-        && epoch == EPOCH.load(Ordering::Relaxed)
-        && dev.ordinal() < 64
-        && devices & (1 << dev.ordinal()) != 0
+    !on_callers_stream && epoch == now && dev.ordinal() < 64 && devices & (1 << dev.ordinal()) != 0
 }
 
-/// Records that this thread has made a D2H call on `dev` with its own stream.
-fn set_warm(dev: Device) {
+/// Records that this thread has made a D2H call on `dev` with its own stream, which began
+/// in [`EPOCH`] `now`: a shutdown since then (the epoch moved on) marks nothing warm for the
+/// new one.
+fn set_warm(dev: Device, now: u64) {
     if dev.ordinal() >= 64 {
         return;
     }
-    let now = EPOCH.load(Ordering::Relaxed);
     let (epoch, devices) = WARM.get();
     let devices = if epoch == now { devices } else { 0 };
     WARM.set((now, devices | 1 << dev.ordinal()));
@@ -606,7 +606,10 @@ type Handed = Vec<Py<PyAny>>;
 struct Unattached<'a>(&'a mut dyn FnMut());
 
 // SAFETY: pyo3's `detach` runs its closure on the calling thread before it returns, so
-// the wait never leaves the thread that made it; it touches no Python object.
+// the wait never leaves the thread that made it. It uses no Python object: the engine's
+// wait, and at most the drop of owners an earlier failed call left in pinlane's keeping,
+// where a torch tensor's `Py` handle is only queued for its decref (pyo3 does that when
+// no thread state is attached).
 unsafe impl Send for Unattached<'_> {}
 
 impl Unattached<'_> {

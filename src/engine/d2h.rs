@@ -442,9 +442,10 @@ fn is_small(nbytes: usize) -> bool {
 }
 /// Bytes of one gather descriptor (`GatherPiece`).
 const GATHER_DESC_BYTES: usize = std::mem::size_of::<driver::GatherPiece>();
-/// Fewest small tensors worth a kernel launch and a descriptor upload. Fewer take no
-/// staging slot, which `transfer_tensor_d2h_overlapping_around`'s docs promise (the Python
-/// binding keeps the GIL through D2H calls of up to three tensors on that promise).
+/// Fewest small tensors worth a kernel launch and a descriptor upload. Fewer, into
+/// page-locked outputs, take no staging slot, which `transfer_tensor_d2h_overlapping_around`'s
+/// docs promise (the Python binding keeps the GIL through D2H calls of up to three tensors
+/// on that promise).
 const GATHER_MIN_COUNT: usize = 4;
 
 /// Page-locked outputs with `SmallD2h::Batch`: the small tensors in one batched copy,

@@ -262,18 +262,21 @@ pub fn transfer_tensor_d2h_overlapping<B: Batch, R>(
 ///   most once, and only if the call comes to such a part: the wait in the driver for the
 ///   copies into page-locked outputs, after `while_copying` (when there is no end flag,
 ///   or it is not seen within `Config::spin`); the drain of a call that failed after
-///   queueing copies; or, for pageable outputs (asked for, or the page-locked output
-///   pool at its cap), the whole copy through staging slots, which waits for slots and
-///   copies along the way. A call that sees its end flag, or fails before it queued a
-///   copy, does not call it.
+///   queueing its first copy (its drain); or, for pageable outputs (asked for, or the
+///   page-locked output pool at its cap), the whole copy through staging slots, which
+///   waits for slots and copies along the way. A call that sees its end flag, or fails
+///   before its copies start (bad options, the stream or event setup, the output
+///   block), does not call it.
 /// * The part runs once whatever `around_wait` does: called again it does nothing; not
-///   called at all, it runs once `around_wait` has returned. It runs no caller code: no
-///   `Batch` method, not `while_copying`. A panic in `around_wait` unwinds out of the call
-///   as one in `while_copying` does.
+///   called at all, it runs once `around_wait` has returned. It runs none of the call's
+///   caller code: no `Batch` method, not `while_copying`. (Owners that an earlier failed
+///   call left in pinlane's keeping may be dropped there once their stream is proven
+///   idle, and a `tracing` subscriber sees its phase marks.) A panic in `around_wait`
+///   unwinds out of the call as one in `while_copying` does.
 /// * Outside it: the first call on a thread (its stream, the device's context, pinlane's
 ///   runtime), a new block of page-locked outputs (`cuMemHostAlloc`), and, for four or
-///   more small tensors (up to 1 MiB each), the wait for the staging slot they are
-///   gathered through may take milliseconds.
+///   more small tensors (up to 1 MiB each) into page-locked outputs, the wait for the
+///   staging slot they are gathered through may take milliseconds.
 ///
 /// ```
 /// use pinlane::{transfer_tensor_d2h_overlapping_around, D2hOptions, Tensor};

@@ -250,8 +250,10 @@ pub(crate) fn run_around<T>(
     match (out, step) {
         (Some(r), _) => r,
         (None, Some(f)) => f(),
-        // `step` was taken only to be run, which sets `out` (a panic in it unwinds past
-        // this).
+        // `step` was taken to be run but gave no result: it panicked, and `around_wait`
+        // caught the panic (`catch_unwind`) and returned. The step's own unwinding has
+        // left its owners held (a drop that waits, bounded, or keeps them), so the call
+        // fails here.
         (None, None) => Err(Error::Internal {
             op: "run_around",
             reason: "the step was taken and gave no result".into(),
