@@ -122,3 +122,8 @@ if [ $PART = 9 ]; then
     cat $OUT/blocks_$i.txt
   done
 fi
+# Part 10 (the final code after the second review): every test binary and the Python suite.
+if [ $PART = 10 ]; then
+  rust_tests
+  py_tests
+fi
