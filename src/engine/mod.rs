@@ -261,8 +261,8 @@ pub fn transfer_tensor_d2h_overlapping<B: Batch, R>(
 /// * `around_wait` is given that part and runs it on the calling thread. It is called at
 ///   most once, and only if the call comes to such a part: the wait in the driver for the
 ///   copies into page-locked outputs, after `while_copying` (when there is no end flag,
-///   or it is not seen within `Config::spin`); the drain of a call that failed after
-///   queueing its first copy (its drain); or, for pageable outputs (asked for, or the
+///   or it is not seen within `Config::spin`); the drain of a call that failed while or
+///   after queueing its copies; or, for pageable outputs (asked for, or the
 ///   page-locked output pool at its cap), the whole copy through staging slots, which
 ///   waits for slots and copies along the way. A call that sees its end flag, or fails
 ///   before its copies start (bad options, the stream or event setup, the output
