@@ -467,7 +467,8 @@ pub(crate) fn d2h<'py>(
     let overlap = inputs.iter().map(Tensor::nbytes).sum::<usize>() >= HANDOVER_MIN_BYTES;
     // Read once, before the call: a shutdown while it runs leaves the thread cold.
     let epoch = EPOCH.load(Ordering::Relaxed);
-    let held = !overlap && inputs.len() <= HELD_MAX_TENSORS && warm(dev, stream.is_some(), epoch);
+    // Never on a caller's stream: the device's setup for it is not the thread's own.
+    let held = !overlap && inputs.len() <= HELD_MAX_TENSORS && stream.is_none() && warm(dev, epoch);
     let shared = Attached(&torch);
     let (inputs_ref, opts_ref, current_ref) = (&inputs, &opts, &current);
     let (moved, exported) = if held {
@@ -540,12 +541,11 @@ thread_local! {
     static WARM: Cell<(u64, u64)> = const { Cell::new((u64::MAX, 0)) };
 }
 
-/// Whether a D2H on `dev` may keep the GIL ([`d2h_held`]): not on a caller's stream (its
-/// device's setup is not the thread's own), and only once this thread has made a call on
-/// `dev` in [`EPOCH`] `now` (read before the call).
-fn warm(dev: Device, on_callers_stream: bool, now: u64) -> bool {
+/// Whether this thread has made a D2H call on `dev` with its own stream in [`EPOCH`] `now`
+/// (read before the call): only then may one keep the GIL ([`d2h_held`]).
+fn warm(dev: Device, now: u64) -> bool {
     let (epoch, devices) = WARM.get();
-    !on_callers_stream && epoch == now && dev.ordinal() < 64 && devices & (1 << dev.ordinal()) != 0
+    epoch == now && dev.ordinal() < 64 && devices & (1 << dev.ordinal()) != 0
 }
 
 /// Records that this thread has made a D2H call on `dev` with its own stream, which began

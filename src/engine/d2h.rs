@@ -38,13 +38,17 @@ use std::sync::Arc;
 /// their finished batch).
 pub(crate) struct Overlap<'h, B> {
     /// Called on the rebuilt batch once its copies are queued, before the call waits.
-    pub(crate) while_copying: Option<&'h mut dyn FnMut(&B)>,
+    pub(crate) while_copying: WhileCopying<'h, B>,
     /// Called with the part of the call that may block on the device, if it comes to
     /// one: the wait in the driver for the copies into page-locked outputs (no end flag,
     /// or none seen within its spin), a failed call's drain, or the whole copy through
     /// staging slots into pageable outputs. It runs that part, once.
     pub(crate) around_wait: Option<AroundWait<'h>>,
 }
+
+/// The caller's code run on the rebuilt batch of a blocking call into page-locked outputs
+/// once its copies are queued ([`Overlap::while_copying`]).
+pub(crate) type WhileCopying<'h, B> = Option<&'h mut dyn FnMut(&B)>;
 
 impl<B> Overlap<'_, B> {
     /// No caller's code: nothing while the copies run, the wait run as it is.
@@ -113,22 +117,26 @@ pub(crate) fn transfer<B: Batch>(
         picked: &picked,
         layout: &layout,
     };
+    // Without the caller's `around_wait`, the parts that may block run as they are.
+    let mut plain = |part: &mut dyn FnMut()| part();
+    let mut given = overlap.around_wait;
+    let around: AroundWait<'_> = match &mut given {
+        Some(a) => &mut **a,
+        None => &mut plain,
+    };
     // Pageable outputs are finished by host copies after the device copies, so that path
     // completes inside the call in both modes.
     let (rebuilt, pending) = match block {
         Some((block, base)) => {
             let at = (&block, base, flag_at);
-            into_block(batch, &out, &mut call, job, at, (mode, overlap))?
+            let hooks = (mode, overlap.while_copying, around);
+            into_block(batch, &out, &mut call, job, at, hooks)?
         }
         // The copies through staging slots wait for the slots and the copies along the
-        // way: all of it runs inside the caller's `around_wait`, the rebuild (the caller's
-        // `Batch` code) after it.
+        // way: all of it runs inside `around`, the rebuild (the caller's `Batch` code)
+        // after it.
         None => {
-            let copied = || into_region(&out, &mut call, job);
-            let region = match overlap.around_wait {
-                Some(around) => memory::run_around(around, copied)?,
-                None => copied()?,
-            };
+            let region = memory::run_around(around, || into_region(&out, &mut call, job))?;
             (region_rebuilt(batch, &out, region)?, None)
         }
     };
@@ -297,7 +305,7 @@ fn into_block<B: Batch>(
     call: &mut Call,
     mut job: InFlight,
     (block, base, flag_at): (&Arc<PinnedBlock>, usize, Option<usize>),
-    (mode, mut overlap): (Mode, Overlap<'_, B>),
+    (mode, while_copying, around): (Mode, WhileCopying<'_, B>, AroundWait<'_>),
 ) -> Result<(B, Option<Pending>)> {
     let l = out.layout;
     // Marked as being written before any view of it exists: the rebuild below is the
@@ -309,7 +317,7 @@ fn into_block<B: Batch>(
         submit(call, &mut job, l, Dest::Block(block, base))
     };
     if let Err(e) = run {
-        return Err(abort(job, e, out.sources(), &mut overlap.around_wait));
+        return Err(job.abort_around(e, out.sources(), around));
     }
     if let Some(at) = flag_at {
         // Queued now, after every copy, so the device's round trip for it overlaps the
@@ -328,11 +336,11 @@ fn into_block<B: Batch>(
     let ranges = l.offsets.iter().copied().zip(l.sizes.iter().copied());
     let views = match PinnedBuf::views(block, base, ranges) {
         Ok(v) => v,
-        Err(e) => return Err(abort(job, e, out.sources(), &mut overlap.around_wait)),
+        Err(e) => return Err(job.abort_around(e, out.sources(), around)),
     };
     let rebuilt = match rebuild(batch, out, views.map(Storage::Pinned)) {
         Ok(b) => b,
-        Err(e) => return Err(abort(job, e, out.sources(), &mut overlap.around_wait)),
+        Err(e) => return Err(job.abort_around(e, out.sources(), around)),
     };
     super::trace::mark("rebuilt");
     let pending = match mode {
@@ -340,13 +348,10 @@ fn into_block<B: Batch>(
             // The caller's work on the outputs that needs no bytes overlaps the copies. A
             // panic in it unwinds through `job`, whose drop keeps the block until the
             // stream has let go of it.
-            if let Some(f) = overlap.while_copying {
+            if let Some(f) = while_copying {
                 f(&rebuilt);
             }
-            match overlap.around_wait {
-                Some(around) => job.finish_around(out.sources(), around)?,
-                None => job.finish(out.sources())?,
-            }
+            job.finish_around(out.sources(), around)?;
             None
         }
         Mode::Async => Some(completion::detach(
@@ -358,20 +363,6 @@ fn into_block<B: Batch>(
     };
     super::trace::mark("synced");
     Ok((rebuilt, pending))
-}
-
-/// `job` aborted after `err` ([`InFlight::abort`]), its drain inside `around_wait` when
-/// the caller gave one.
-fn abort<S: Send + 'static>(
-    job: InFlight,
-    err: Error,
-    sources: impl FnOnce() -> S,
-    around_wait: &mut Option<AroundWait<'_>>,
-) -> Error {
-    match around_wait.as_deref_mut() {
-        Some(around) => job.abort_around(err, sources, around),
-        None => job.abort(err, sources),
-    }
 }
 
 /// Pageable outputs: the copies through staging slots into a recycled region, waited for
