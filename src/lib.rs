@@ -93,6 +93,7 @@ pub use tensor::Tensor;
 /// # Ok::<(), pinlane::Error>(())
 /// ```
 pub mod observe {
+    pub use crate::driver::end_flags_available;
     pub use crate::engine::{last_trace, last_transfer_stats, trace_next_call, TransferStats};
 }
 

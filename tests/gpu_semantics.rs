@@ -460,7 +460,7 @@ fn d2h_calls_ending_on_their_flag_return_the_latest_bytes() {
         })
         .collect();
     assert!(
-        pinlane::driver::end_flags_available(),
+        pinlane::observe::end_flags_available(),
         "the driver runs end flags (cuStreamWriteValue32_v2)"
     );
     let producer = Stream::new(common::dev()).unwrap();

@@ -164,7 +164,8 @@ fn seconds(timeout: f64) -> PyResult<std::time::Duration> {
     })
 }
 
-/// Bytes held and in use, per pool (see `pinlane::memory_stats`), as a dict.
+/// Bytes held and in use, per pool (see `pinlane::memory_stats`), and the process's
+/// counts of fallbacks and waits, as a dict.
 #[pyfunction]
 fn memory_stats(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
     let s = pinlane::memory_stats();
@@ -189,6 +190,11 @@ fn memory_stats(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
     }
     d.set_item("devices", devs)?;
     d.set_item("background_errors", s.background_errors)?;
+    d.set_item("pageable_fallbacks", s.pageable_fallbacks)?;
+    d.set_item("slot_waits", s.slot_waits)?;
+    d.set_item("retained_bytes", s.retained_bytes)?;
+    // Not memory, but what explains a slow small D2H: the calls then wait in the driver.
+    d.set_item("end_flags", pinlane::observe::end_flags_available())?;
     Ok(d)
 }
 

@@ -76,8 +76,12 @@ def test_memory_stats_and_trim():
     pinlane.trim()
     stats = pinlane.memory_stats()
     assert set(stats) == {"staging", "pinned_outputs", "pageable_outputs", "devices",
-                          "background_errors"}
+                          "background_errors", "pageable_fallbacks", "slot_waits",
+                          "retained_bytes", "end_flags"}
     assert stats["staging"]["in_use_bytes"] == 0
+    assert type(stats["end_flags"]) is bool and type(stats["slot_waits"]) is int
+    if not pinlane.cuda_available():
+        assert stats["end_flags"] is False
 
 
 def test_shutdown_without_a_transfer_and_bad_timeouts():

@@ -209,10 +209,14 @@ fn probe() -> &'static std::result::Result<DriverInfo, String> {
     })
 }
 
-/// Whether blocking D2H calls can end on an end flag in this process (feature
-/// `test-util`): the driver has `cuStreamWriteValue32_v2` and has not failed one. For
-/// tests that must know the flags ran.
-#[cfg(feature = "test-util")]
+/// Whether blocking D2H calls into page-locked outputs can end on an end flag in this
+/// process: the driver has `cuStreamWriteValue32_v2`, and has not failed one (after a
+/// failure every later call waits in the driver, a little slower, and this turns false).
+/// Before the driver is loaded it loads it; without CUDA it is false.
+///
+/// ```
+/// let _on = pinlane::observe::end_flags_available(); // false without CUDA
+/// ```
 pub fn end_flags_available() -> bool {
     flag::available()
 }
