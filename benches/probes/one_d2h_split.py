@@ -65,6 +65,8 @@ def main():
         ("torch as the bench, 4 in turn, pinlane-made", turn(mine, lambda b: _each(b, lambda t: t.cpu()))),
         ("native d2h_one(d)", lambda: _native.d2h_one(d, None)),
         ("native d2h_one(cpu tensor): pass-through", lambda: _native.d2h_one(h, None)),
+        ("native torch_current_stream(d, 0) (session 50)", lambda: _native.torch_current_stream(d, 0)),
+        ("native check_device('cuda:0') (session 50)", lambda: _native.check_device("cuda:0")),
         ("torch d.cpu()", lambda: d.cpu()),
     ]
     for _, fn in ways:

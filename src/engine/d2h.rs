@@ -72,6 +72,7 @@ pub(crate) fn transfer<B: Batch>(
     };
     let ctx = driver::bind(device)?;
     let stream = copy_stream(device, opts)?;
+    super::trace::mark("ordered");
     let rt = crate::runtime::runtime();
     let (picked, small) = small_plan(&all, picked, device, &stream, opts, &rt);
     let mut views: Vec<&DeviceView> = Vec::with_capacity(picked.len());
@@ -319,6 +320,7 @@ fn into_block<B: Batch>(
     if let Err(e) = run {
         return Err(job.abort_around(e, out.sources(), around));
     }
+    super::trace::mark("copies queued");
     if let Some(at) = flag_at {
         // Queued now, after every copy, so the device's round trip for it overlaps the
         // rebuild.
@@ -350,6 +352,7 @@ fn into_block<B: Batch>(
             // stream has let go of it.
             if let Some(f) = while_copying {
                 f(&rebuilt);
+                super::trace::mark("handed over");
             }
             job.finish_around(out.sources(), around)?;
             None
