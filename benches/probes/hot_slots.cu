@@ -15,6 +15,10 @@
 // filled with non-temporal stores and queued as soon as filled, the others with memcpy
 // and queued only once the K windows after them are filled (their lines cooled), so the
 // copy engine's order is not the fill order.
+// With `first` (./hot first), part 6 (session 50) runs the ring with the first K windows
+// filled with non-temporal stores and the rest with memcpy, K taking turns round by
+// round: the copy engine reads the first windows right after their fill (hot lines, ~20
+// GB/s with memcpy), when the fill is not yet ahead.
 // Results: benches/results/issue11_part6.txt (runs 1 to 3); docs/performance.md, issue 11, fourth part.
 #include <cstdio>
 #include <cstdlib>
@@ -67,6 +71,7 @@ static const int NF = 5;
 int main(int argc, char** argv) {
   const bool lag = argc > 1 && strcmp(argv[1], "lag") == 0;
   const bool mix = argc > 1 && strcmp(argv[1], "mix") == 0;
+  const bool first = argc > 1 && strcmp(argv[1], "first") == 0;
   { FILE* f = fopen("/proc/cpuinfo", "r"); char b[8192]; bool d = false; while (f && fgets(b, sizeof b, f)) if (strstr(b, "flags") && strstr(b, " cldemote")) d = true; if (f) fclose(f); printf("cpuinfo lists cldemote: %s\n", d ? "yes" : "no"); }
   const int T = 12, NS = 8;
   const size_t W = 8 << 20, MAXT = 1ull << 30;
@@ -210,6 +215,60 @@ int main(int argc, char** argv) {
     std::vector<char> back(W);
     CK(cudaMemcpy(back.data(), dev + (1ull << 30) - 3 * W, W, cudaMemcpyDeviceToHost));
     printf("verify a late window: %s\n", memcmp(back.data(), src + (1ull << 30) - 3 * W, W) == 0 ? "ok" : "BAD");
+    return 0;
+  }
+
+  if (first) {
+    // Part 6: the first K windows non-temporal, the rest memcpy; K in turn, 6 rounds of
+    // 3 passes each, per size.
+    const int Ks[] = {0, 1, 2, 3, 4, 6, 1000};
+    for (size_t total : {256ull << 20, 1ull << 30}) {
+      const int NW = total / W;
+      std::vector<std::vector<double>> res(7);
+      for (int round = 0; round < 6; round++)
+      for (int ki = 0; ki < 7; ki++)
+      for (int rep = 0; rep < 3; rep++) {
+        const int K = Ks[ki];
+        std::vector<std::atomic<int>> done(NW); for (auto& d : done) d = 0;
+        std::vector<std::atomic<int>> freed(NW); for (int w = 0; w < NW; w++) freed[w] = w < NS ? 1 : 0;
+        std::atomic<bool> go{false};
+        std::vector<std::thread> th;
+        for (int t = 0; t < T; t++) th.emplace_back([&, t] {
+          while (!go.load()) {}
+          size_t part = W / T / 4096 * 4096, lo = t * part, hi = t == T - 1 ? W : lo + part;
+          for (int w = 0; w < NW; w++) {
+            while (!freed[w].load(std::memory_order_acquire)) _mm_pause();
+            (w < K ? copy_nt : copy_plain)(slots[w % NS] + lo, src + (size_t)w * W + lo, hi - lo);
+            done[w].fetch_add(1, std::memory_order_release);
+          }
+        });
+        double s0 = now(); go = true;
+        int next_dma = 0, next_free = NS;
+        while (next_dma < NW) {
+          if (done[next_dma].load(std::memory_order_acquire) == T) {
+            CK(cudaMemcpyAsync(dev + (size_t)next_dma * W, slots[next_dma % NS], W, cudaMemcpyHostToDevice, st));
+            CK(cudaEventRecord(ev[next_dma % NS], st));
+            next_dma++;
+          } else _mm_pause();
+          while (next_free < NW && next_free - NS < next_dma && cudaEventQuery(ev[(next_free - NS) % NS]) == cudaSuccess) {
+            freed[next_free].store(1, std::memory_order_release); next_free++;
+          }
+        }
+        CK(cudaStreamSynchronize(st));
+        double dt = now() - s0;
+        for (auto& x : th) x.join();
+        res[ki].push_back(total / dt / 1e9);
+      }
+      for (int ki = 0; ki < 7; ki++) {
+        auto& r = res[ki];
+        std::sort(r.begin(), r.end());
+        printf("ring, %4zu MiB, %d threads, first %4d windows nt, the rest memcpy: median %.1f GB/s (p25 %.1f p75 %.1f, %zu passes)\n", total >> 20, T, Ks[ki], r[r.size() / 2], r[r.size() / 4], r[r.size() * 3 / 4], r.size());
+      }
+      fflush(stdout);
+    }
+    std::vector<char> back(W);
+    CK(cudaMemcpy(back.data(), dev + (1ull << 30) - W, W, cudaMemcpyDeviceToHost));
+    printf("verify last window: %s\n", memcmp(back.data(), src + (1ull << 30) - W, W) == 0 ? "ok" : "BAD");
     return 0;
   }
 
