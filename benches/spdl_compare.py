@@ -32,14 +32,34 @@ limit's rate in those rounds (the JSON rows' `limit_gbs` and `timing`;
 `pinlane.bench.measure`). With `--rust`, the JSON of `bench-transfer --json` from the same
 session is read to put the Rust figures beside the Python ones (the
 "within 1.1x of Rust" target).
+
+The process's own speed is printed at the start and the end (`host_python_loop_us` in the
+JSON): a pure-Python loop of 20,000 additions, median of 21 runs. Whole processes on one
+GPU machine differ: the loop took 650 to 730 us in some and 1,360 to 1,420 in others
+(session 50, `benches/probes/slow_mode.py`), and the per-tensor rows (1000 x 1 KiB) move
+with it.
 """
 
 import argparse
 import json
+import statistics
+import time
 
 import torch
 
 from pinlane.bench import fastest, limits, measure, rounds_notes, standard_batches, ways
+
+
+def python_loop_us():
+    """Median of 21 runs of a pure-Python loop (no torch, no allocation of note), us."""
+    v = []
+    for _ in range(21):
+        t0 = time.perf_counter()
+        x = 0
+        for i in range(20000):
+            x += i & 7
+        v.append(time.perf_counter() - t0)
+    return statistics.median(v) * 1e6
 
 
 def main():
@@ -50,6 +70,8 @@ def main():
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     dev = torch.device("cuda:0")
+    loop_start = python_loop_us()
+    print(f"this process's speed: a pure-Python loop of 20,000 additions {loop_start:.0f} us")
     h2d_lim, d2h_lim = limits(torch, dev)
     print(f"pinned limit (torch, this process): H2D {h2d_lim:.1f} GB/s, D2H {d2h_lim:.1f} GB/s")
     configs = standard_batches(torch, args.quick)
@@ -84,9 +106,12 @@ def main():
     for line in rounds_notes(rows):
         print(line)
     print("\n(us per batch, median; CPU s/GB in the JSON)")
+    loop_end = python_loop_us()
+    print(f"this process's speed at the end: the same loop {loop_end:.0f} us")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(limits=dict(h2d=h2d_lim, d2h=d2h_lim), rows=rows, table=table), f, indent=1)
+            json.dump(dict(limits=dict(h2d=h2d_lim, d2h=d2h_lim), rows=rows, table=table,
+                           host_python_loop_us=[loop_start, loop_end]), f, indent=1)
         print("wrote", args.json)
     if args.png:
         plot(table, args.png)
