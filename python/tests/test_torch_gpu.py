@@ -169,6 +169,18 @@ def test_d2h_hands_outputs_to_torch_while_the_copies_run_and_to_modes_after(torc
         assert all(b.is_pinned() for b in back)
 
 
+def _why_not_held(batch, fallbacks_before):
+    """What a failed held check reports: the D2H batches that fell back to pageable outputs
+    during the checked calls (the page-locked output pool at its cap), the pools' counters
+    and end flags, and the engine's marks of one more call of ``batch`` (a page-locked call
+    marks "rebuilt", ..., "synced"; the pageable way "synced" before "rebuilt")."""
+    stats = pinlane.memory_stats()
+    pinlane._native.trace_next_call()
+    transfer_tensor_d2h(batch)
+    return {"fallbacks during the calls": stats["pageable_fallbacks"] - fallbacks_before,
+            "stats": stats, "marks": pinlane._native.last_trace()}
+
+
 def test_small_d2h_calls_keep_the_gil_but_to_wait_for_the_stream(torch):
     """Small D2H calls (up to three tensors, after the thread's first on the device) keep
     the GIL but where they wait on the device. With torch's current stream idle, another
@@ -197,6 +209,7 @@ def test_small_d2h_calls_keep_the_gil_but_to_wait_for_the_stream(torch):
         torch.cuda.synchronize(dev)
         for n, xs in batches.items():
             progress = []
+            fb = pinlane.memory_stats()["pageable_fallbacks"]
             for _ in range(21):
                 before = spins[0]
                 back = transfer_tensor_d2h(xs[0] if n == 1 else xs)
@@ -204,8 +217,10 @@ def test_small_d2h_calls_keep_the_gil_but_to_wait_for_the_stream(torch):
             back = [back] if n == 1 else back
             assert [float(b[0]) for b in back] == [float(n + i) for i in range(n)]
             # Held: no progress in most calls (the interpreter may hand the GIL over at
-            # the call's end once a switch interval has passed).
-            assert sorted(progress)[10] == 0, (n, progress)
+            # the call's end once a switch interval has passed). Failed in session 50's
+            # run 9 (three tensors, every call from the third on); the message says why.
+            if sorted(progress)[10] != 0:
+                pytest.fail(f"{n} tensors: {progress}; {_why_not_held(xs[0] if n == 1 else xs, fb)}")
         # The control: on a caller's stream a call is never held, and lets go of the GIL
         # for the whole call; the other thread then runs in most calls. (After the held
         # checks: see test_small_d2h_calls_stay_held_after_calls_on_a_callers_stream.)
@@ -275,14 +290,16 @@ def test_small_d2h_calls_stay_held_after_calls_on_a_callers_stream(torch):
             xs = [torch.full((256,), float(n + i), device=dev) for i in range(n)]
             torch.cuda.synchronize(dev)
             progress = []
+            fb = pinlane.memory_stats()["pageable_fallbacks"]
             for _ in range(21):
                 before = spins[0]
                 transfer_tensor_d2h(xs[0] if n == 1 else xs)
                 progress.append(spins[0] - before)
             # Failed once (session 49, part 10: every call of three let go of the GIL);
-            # not since (session 50: this test and benches/probes/held_after_stream.py).
-            # The stats say whether the flags were off or the outputs pageable.
-            assert sorted(progress)[10] == 0, (n, progress, pinlane.memory_stats())
+            # not in session 50 (this test and benches/probes/held_after_stream.py), where
+            # the other held test failed so once. The message says why.
+            if sorted(progress)[10] != 0:
+                pytest.fail(f"{n} tensors: {progress}; {_why_not_held(xs[0] if n == 1 else xs, fb)}")
             for _ in range(21):
                 transfer_tensor_d2h(xs[0] if n == 1 else xs, device=dev, stream=own)
     finally:
