@@ -34,10 +34,10 @@ session is read to put the Rust figures beside the Python ones (the
 "within 1.1x of Rust" target).
 
 The process's own speed is printed at the start and the end (`host_python_loop_us` in the
-JSON): a pure-Python loop of 20,000 additions, median of 21 runs. Whole processes on one
-GPU machine differ: the loop took 650 to 730 us in some and 1,360 to 1,420 in others
-(session 50, `benches/probes/slow_mode.py`), and the per-tensor rows (1000 x 1 KiB) move
-with it.
+JSON): a pure-Python loop of 20,000 additions, median of 21 runs. Processes on one GPU
+machine differ, and one process over minutes: the loop took 707 to 760 us in some and
+1,345 to 1,629 in others (session 50, `benches/probes/slow_mode.py` and this bench), and
+the per-tensor rows (1000 x 1 KiB) move with it.
 """
 
 import argparse

@@ -78,10 +78,11 @@ pub use runtime::{
 pub use tensor::Tensor;
 
 /// What a call did, for debugging and tuning: the calling thread's last transfer's
-/// [`TransferStats`](observe::TransferStats) (tensors, bytes by route, copies, windows)
-/// and the timed phases of its next call ([`trace_next_call`](observe::trace_next_call),
-/// [`last_trace`](observe::last_trace)). Spans and NVTX ranges are features `tracing` and
-/// `nvtx`.
+/// [`TransferStats`](observe::TransferStats) (tensors, bytes by route, copies, windows),
+/// the timed phases of its next call ([`trace_next_call`](observe::trace_next_call),
+/// [`last_trace`](observe::last_trace)), and whether small D2H calls end on an end flag
+/// ([`end_flags_available`](observe::end_flags_available)). Spans and NVTX ranges are
+/// features `tracing` and `nvtx`.
 ///
 /// ```
 /// use pinlane::observe::last_transfer_stats;
@@ -93,8 +94,9 @@ pub use tensor::Tensor;
 /// # Ok::<(), pinlane::Error>(())
 /// ```
 pub mod observe {
-    pub use crate::driver::end_flags_available;
-    pub use crate::engine::{last_trace, last_transfer_stats, trace_next_call, TransferStats};
+    pub use crate::engine::{
+        end_flags_available, last_trace, last_transfer_stats, trace_next_call, TransferStats,
+    };
 }
 
 /// `#[derive(Batch)]`: see [`Batch`]. Fields are visited in declaration order;

@@ -461,7 +461,7 @@ fn d2h_calls_ending_on_their_flag_return_the_latest_bytes() {
         })
         .collect();
     assert!(
-        pinlane::observe::end_flags_available(),
+        pinlane::observe::end_flags_available(common::dev()),
         "the driver runs end flags (cuStreamWriteValue32_v2)"
     );
     let producer = Stream::new(common::dev()).unwrap();
@@ -535,7 +535,7 @@ fn d2h_overlapping_around_hands_outputs_over_first_and_waits_only_in_its_hook() 
     }
     // Other tests of this binary may keep the copy engines busy meanwhile: some calls, not
     // most, are sure to see their flag in time.
-    if pinlane::observe::end_flags_available() {
+    if pinlane::observe::end_flags_available(common::dev()) {
         assert!(hooked < 200, "the hook ran in every call on an idle stream");
     }
     #[cfg(feature = "test-util")]
@@ -574,8 +574,9 @@ fn d2h_overlapping_around_hands_outputs_over_first_and_waits_only_in_its_hook() 
             "copied before the current stream's work was done"
         );
         assert_eq!(hooks, 1);
+        // Most of the 20 ms (the call reaches the hook after its 50 us spin).
         assert!(
-            in_hook >= Duration::from_millis(10),
+            in_hook >= Duration::from_millis(5),
             "waited {in_hook:?} in the hook"
         );
         producer.synchronize().unwrap();

@@ -1,7 +1,8 @@
 """Probe (session 50): why small D2H calls stopped keeping the GIL after calls on a
 caller's ``stream=`` (session 49, part 10). Replays that order and says, after each
 phase, whether calls were held (another Python thread made no progress in most of them),
-whether end flags are still on (``memory_stats()["end_flags"]``), the pools' counters,
+whether end flags are still on (``memory_stats()["devices"][0]["end_flags"]``; a key of
+its own in session 50's run 1), the pools' counters,
 and one traced call's engine marks:
 
     bash .gpu/with-python python3 benches/probes/held_after_stream.py   # on the GPU machine
@@ -65,7 +66,7 @@ def main():
                 pinlane.transfer_tensor_d2h(xs[0] if n == 1 else xs, device=dev, stream=stream)
             row[f"n{n}_trace"] = [(m, round(u, 1)) for m, u in (_native.last_trace() or [])]
         s = pinlane.memory_stats()
-        row["end_flags"] = s["end_flags"]
+        row["end_flags"] = s["devices"][0]["end_flags"]
         for k in ("pageable_fallbacks", "slot_waits", "retained_bytes", "background_errors"):
             row[k] = s[k]
         for k in ("pinned_outputs", "pageable_outputs", "staging"):

@@ -124,10 +124,11 @@ def memory_stats():
     errors raised on pinlane's own threads (each is raised by the next call on its
     device). Also: ``pageable_fallbacks`` (D2H batches given ordinary memory because the
     page-locked output pool was full), ``slot_waits`` (calls that waited for a staging
-    slot), ``retained_bytes`` (memory kept after failed synchronisations), and
-    ``end_flags``: whether small D2H calls can see their copies end without waiting in the
-    driver (false once the driver refused one; such calls are then slower, and let go of
-    the GIL to wait). Asking before the first transfer fixes no configuration."""
+    slot), ``retained_bytes`` (memory kept after failed synchronisations), and per device
+    pinlane has used (``devices``) its pool's bytes and ``end_flags``: whether small D2H
+    calls see their copies end without waiting in the driver (false once the driver
+    refused one; such calls are then slower, and let go of the GIL to wait). Asking starts
+    nothing and fixes no configuration."""
     return _native.memory_stats()
 
 

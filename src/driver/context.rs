@@ -262,6 +262,12 @@ pub(crate) fn host_memory_mapped(device: usize) -> bool {
     handles(device).is_ok_and(|h| h.host_mapped)
 }
 
+/// [`host_memory_mapped`] for a device whose context pinlane has made already; `false`
+/// otherwise (it makes nothing).
+pub(crate) fn host_memory_mapped_if_made(device: usize) -> bool {
+    made().iter().any(|(d, h)| *d == device && h.host_mapped)
+}
+
 /// Makes `device`'s context, pool and kernel now ([`crate::runtime::Runtime::warm_up`]).
 pub(crate) fn warm_up(device: usize) -> Result<()> {
     handles(device).map(|_| ())

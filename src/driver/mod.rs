@@ -49,7 +49,8 @@ pub(crate) use calls::*;
 pub use context::gather_unavailable_reason;
 pub(crate) use context::{
     apply_pool_release_threshold, bind, device_pool_stats, gather_kernel, host_memory_mapped,
-    pool_release_threshold, set_pool_release_threshold, trim_device_pools, warm_up,
+    host_memory_mapped_if_made, pool_release_threshold, set_pool_release_threshold,
+    trim_device_pools, warm_up,
 };
 pub use error::DriverError;
 pub use event::{Event, RawEvent};
@@ -156,8 +157,7 @@ pub(crate) fn simulated() -> bool {
 }
 
 /// Whether the driver status was computed (after which the device cannot be switched to
-/// the simulator).
-#[cfg(feature = "sim")]
+/// the simulator, and asking [`available`] loads nothing).
 pub(crate) fn probed() -> bool {
     STATUS.get().is_some()
 }
@@ -207,18 +207,6 @@ fn probe() -> &'static std::result::Result<DriverInfo, String> {
             device_count: count as usize,
         })
     })
-}
-
-/// Whether blocking D2H calls into page-locked outputs can end on an end flag in this
-/// process: the driver has `cuStreamWriteValue32_v2`, and has not failed one (after a
-/// failure every later call waits in the driver, a little slower, and this turns false).
-/// Before the driver is loaded it loads it; without CUDA it is false.
-///
-/// ```
-/// let _on = pinlane::observe::end_flags_available(); // false without CUDA
-/// ```
-pub fn end_flags_available() -> bool {
-    flag::available()
 }
 
 /// Free and total memory of `device`, in bytes (`cuMemGetInfo`).

@@ -427,6 +427,28 @@ fn end_flags(rt: &crate::runtime::Runtime, device: usize) -> bool {
     !rt.settings().spin.is_zero() && driver::flag::available() && driver::host_memory_mapped(device)
 }
 
+/// Whether blocking D2H calls from `device` into page-locked outputs end on an end flag
+/// now (see [`transfer_tensor_d2h_overlapping_around`](crate::transfer_tensor_d2h_overlapping_around)):
+/// the driver has `cuStreamWriteValue32_v2` (CUDA 11.7 and later) and has not failed one,
+/// the device maps page-locked memory, and [`Config::spin`](crate::Config::spin) is not
+/// zero. Without them a call waits in the driver, which is as correct and a little slower.
+/// Once the driver fails a write, it is false for the rest of the process.
+///
+/// It sets nothing up: before pinlane's first transfer on `device` (no runtime, no
+/// context made) it is false, and it loads no driver.
+///
+/// ```
+/// // Before any transfer: false, and nothing was started to find out.
+/// assert!(!pinlane::observe::end_flags_available(pinlane::Device::cuda(0)));
+/// ```
+pub fn end_flags_available(device: crate::device::Device) -> bool {
+    let d = device.ordinal();
+    driver::probed()
+        && driver::host_memory_mapped_if_made(d)
+        && crate::runtime::current()
+            .is_some_and(|rt| !rt.settings().spin.is_zero() && driver::flag::available())
+}
+
 /// Tensors up to this size are gathered on the device when there are enough of them.
 const GATHER_MAX_BYTES: usize = 1 << 20;
 

@@ -29,6 +29,7 @@ mod thread_state;
 mod trace;
 
 pub use completion::Transfer;
+pub use d2h::end_flags_available;
 pub use d2h_into::transfer_tensor_d2h_into;
 pub use h2d_into::transfer_tensor_h2d_into;
 pub use h2d_pairs::H2dPairs;
