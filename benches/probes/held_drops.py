@@ -7,8 +7,11 @@ blocks, freed through their DLPack deleters); it failed in some runs with three 
 
 With another thread spinning in Python, for one and three tensors, five rounds of 21:
 the other thread's progress during (a) the call alone, outputs kept; (b) the drop of
-the outputs alone; (c) the call and the drop together, as the test timed them. Per way:
-in how many windows the other thread ran, and the median window (us).
+the outputs alone; (c) the call and the drop together, as the test timed them; and, for
+comparison (added after run 12, not yet run), the drop alone of torch's own outputs:
+(d) of `t.cpu()` (pageable), (e) of page-locked copies (`torch.empty(...,
+pin_memory=True)` filled with `copy_`). Per way: in how many windows the other thread
+ran, and the median window (us).
 """
 
 import statistics
@@ -18,6 +21,12 @@ import time
 import torch
 
 import pinlane
+
+
+def pinned_copy(x):
+    out = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+    out.copy_(x)
+    return out
 
 
 def main():
@@ -54,6 +63,14 @@ def main():
                     back = pinlane.transfer_tensor_d2h(arg)
                     rows["call and drop"].append((spins[0] - b, time.perf_counter() - t0))
                 del back
+                for way, make in (("torch .cpu() drop", lambda x: x.cpu()),
+                                  ("torch pinned drop", pinned_copy)):
+                    kept = [[make(x) for x in xs] for _ in range(21)]
+                    torch.cuda.synchronize(dev)
+                    for _ in range(21):
+                        b, t0 = spins[0], time.perf_counter()
+                        kept.pop()
+                        rows.setdefault(way, []).append((spins[0] - b, time.perf_counter() - t0))
             for way, v in rows.items():
                 ran = sum(p > 0 for p, _ in v)
                 med = statistics.median(d for _, d in v) * 1e6
