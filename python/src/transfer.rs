@@ -480,20 +480,11 @@ pub(crate) fn d2h<'py>(
                 return pinlane::transfer_tensor_d2h(inputs_ref, opts_ref).map(|m| (m, None));
             }
             pinlane::transfer_tensor_d2h_overlapping(inputs_ref, opts_ref, |outs| {
-                Python::attach(|py| {
-                    // SAFETY: the outputs of this very call, while its copies may run. The
-                    // torch tensors made here stay in this function until the call has
-                    // returned: it hands them on only once the call is `Ok`, and drops
-                    // them unread otherwise. No Python code is given them meanwhile: the
-                    // only op run on them is a run's `unbind(0)`, left until after the
-                    // call when a torch function or dispatch mode would see it
-                    // (`export_all_in_flight`'s check). A failure drops what it made here,
-                    // unread, with the thread attached.
-                    let made = unsafe { shared.get().export_all_in_flight(py, outs, min_run) };
-                    made.ok()
-                        .flatten()
-                        .map(|v| v.into_iter().map(Bound::unbind).collect::<Vec<_>>())
-                })
+                // SAFETY: `outs` are the outputs of this very call, while its copies may
+                // run; the torch tensors made of them stay in this function until the call
+                // has returned, which hands them on only once it is `Ok` and drops them
+                // unread otherwise (`hand_over`'s obligation).
+                Python::attach(|py| unsafe { hand_over(py, shared.get(), outs, min_run) })
             })
         })
     }
@@ -580,18 +571,10 @@ fn d2h_held(
     pinlane::transfer_tensor_d2h_overlapping_around(
         inputs,
         opts,
-        |outs| {
-            // SAFETY: as in `d2h`'s handover: the outputs of this very call; the torch
-            // tensors made here are handed on only once the call is `Ok`, and dropped
-            // unread otherwise. No Python code is given them meanwhile; while the GIL is
-            // let go for the wait, another thread could reach them only through the
-            // garbage collector's list of all objects (`gc.get_objects()`), as with the
-            // handover of larger batches.
-            let made = unsafe { torch.export_all_in_flight(py, outs, min_run) };
-            made.ok()
-                .flatten()
-                .map(|v| v.into_iter().map(Bound::unbind).collect::<Vec<_>>())
-        },
+        // SAFETY: as in `d2h`'s handover: `outs` are this very call's outputs, whose
+        // torch tensors are handed on only once the call is `Ok` and dropped unread
+        // otherwise (`hand_over`'s obligation).
+        |outs| unsafe { hand_over(py, torch, outs, min_run) },
         |wait| {
             let wait = Unattached(wait);
             py.detach(move || wait.run());
@@ -601,6 +584,31 @@ fn d2h_held(
 
 /// The torch tensors a D2H call made of its outputs while their copies ran.
 type Handed = Vec<Py<PyAny>>;
+
+/// Torch tensors over `outs`, made while their copies run (`while_copying` of the
+/// engine's overlapping calls); `None` if they could not be made then (the call hands
+/// them over after the copies instead).
+///
+/// # Safety
+/// `outs` are the outputs of the call running this, and its caller hands the returned
+/// tensors to no one before that call has returned `Ok` (it drops them unread
+/// otherwise): [`Torch::export_all_in_flight`]'s obligations. No Python code is given them
+/// meanwhile: the only op run on them is a run's `unbind(0)`, left until after the call
+/// when a torch function or dispatch mode would see it (that function's check). While
+/// the GIL is let go for a wait, another thread could reach them only through the garbage
+/// collector's list of all objects (`gc.get_objects()`).
+unsafe fn hand_over(
+    py: Python<'_>,
+    torch: &Torch,
+    outs: &[Tensor],
+    min_run: usize,
+) -> Option<Handed> {
+    // SAFETY: this function's own obligations, passed on.
+    let made = unsafe { torch.export_all_in_flight(py, outs, min_run) };
+    made.ok()
+        .flatten()
+        .map(|v| v.into_iter().map(Bound::unbind).collect())
+}
 
 /// The engine's wait, run by [`d2h_held`] with the GIL released.
 struct Unattached<'a>(&'a mut dyn FnMut());

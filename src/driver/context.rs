@@ -262,10 +262,10 @@ pub(crate) fn host_memory_mapped(device: usize) -> bool {
     handles(device).is_ok_and(|h| h.host_mapped)
 }
 
-/// [`host_memory_mapped`] for a device whose context pinlane has made already; `false`
-/// otherwise (it makes nothing).
-pub(crate) fn host_memory_mapped_if_made(device: usize) -> bool {
-    made().iter().any(|(d, h)| *d == device && h.host_mapped)
+/// Whether pinlane has made `device`'s context (it makes nothing): after it, asking the
+/// device's handles ([`host_memory_mapped`], say) makes nothing either.
+pub(crate) fn context_made(device: usize) -> bool {
+    made().iter().any(|(d, _)| *d == device)
 }
 
 /// Makes `device`'s context, pool and kernel now ([`crate::runtime::Runtime::warm_up`]).

@@ -443,10 +443,11 @@ fn end_flags(rt: &crate::runtime::Runtime, device: usize) -> bool {
 /// ```
 pub fn end_flags_available(device: crate::device::Device) -> bool {
     let d = device.ordinal();
+    // The engine's own test, asked only once the device's context exists (`end_flags`
+    // would make it otherwise) and with the runtime pinlane has (it would make one).
     driver::probed()
-        && driver::host_memory_mapped_if_made(d)
-        && crate::runtime::current()
-            .is_some_and(|rt| !rt.settings().spin.is_zero() && driver::flag::available())
+        && driver::context_made(d)
+        && crate::runtime::current().is_some_and(|rt| end_flags(&rt, d))
 }
 
 /// Tensors up to this size are gathered on the device when there are enough of them.
