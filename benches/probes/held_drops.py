@@ -10,7 +10,9 @@ the other thread's progress during (a) the call alone, outputs kept; (b) the dro
 the outputs alone; (c) the call and the drop together, as the test timed them; and, for
 comparison (added after run 12, not yet run), the drop alone of torch's own outputs:
 (d) of `t.cpu()` (pageable), (e) of page-locked copies (`torch.empty(...,
-pin_memory=True)` filled with `copy_`). Per way: in how many windows the other thread
+pin_memory=True)` filled with `copy_`); added in session 51: (f) of CPU tensors torch
+imported through DLPack (`torch.from_dlpack(t.cpu().__dlpack__())`), (g) of pinlane's H2D
+outputs (device tensors). Per way: in how many windows the other thread
 ran, and the median window (us).
 """
 
@@ -27,6 +29,12 @@ def pinned_copy(x):
     out = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
     out.copy_(x)
     return out
+
+
+def dlpack_copy(x):
+    # A CPU tensor that torch imported through DLPack (torch's own deleter path, no
+    # pinlane memory): does a DLPack import's drop let go of the GIL by itself?
+    return torch.from_dlpack(x.cpu().__dlpack__())
 
 
 def main():
@@ -64,7 +72,9 @@ def main():
                     rows["call and drop"].append((spins[0] - b, time.perf_counter() - t0))
                 del back
                 for way, make in (("torch .cpu() drop", lambda x: x.cpu()),
-                                  ("torch pinned drop", pinned_copy)):
+                                  ("torch pinned drop", pinned_copy),
+                                  ("torch dlpack drop", dlpack_copy),
+                                  ("pinlane h2d drop", lambda x: pinlane.transfer_tensor_h2d(x.cpu()))):
                     kept = [[make(x) for x in xs] for _ in range(21)]
                     torch.cuda.synchronize(dev)
                     for _ in range(21):

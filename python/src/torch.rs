@@ -43,6 +43,9 @@ struct TorchObjs {
     /// `torch._C._len_torch_function_stack` and `torch._C._len_torch_dispatch_stack`, if
     /// torch has them: whether a mode would see the ops the handover runs.
     mode_stacks: Option<(Py<PyAny>, Py<PyAny>)>,
+    /// `torch._C`, if torch has it: where [`Torch::rows`] finds the guard a run is split
+    /// under.
+    c: Option<Py<PyAny>>,
 }
 
 static TORCH_OBJS: PyOnceLock<TorchObjs> = PyOnceLock::new();
@@ -65,6 +68,7 @@ impl Torch {
                     let d = c.getattr("_len_torch_dispatch_stack").ok()?;
                     Some((f.unbind(), d.unbind()))
                 }),
+                c: torch.getattr("_C").ok().map(Bound::unbind),
             })
         })?;
         match ExchangeApi::from_object(tensor.as_borrowed())? {
@@ -234,8 +238,9 @@ impl Torch {
     /// small tensor costs. Runs are found from the tensors' allocations and byte offsets,
     /// and only the run's first tensor is exported: its tensor keeps the whole allocation
     /// alive (a descriptor per member, made and dropped again, cost 0.2 to 0.3 us a
-    /// tensor). Each output is then a view of the run's tensor (they share a torch
-    /// storage), which keeps every tensor of the run alive.
+    /// tensor). Each output is then a row of the run's tensor, over its storage (not a
+    /// view of it where torch has the guard [`Torch::rows`] uses), which keeps every
+    /// tensor of the run alive.
     pub(crate) fn export_all<'py>(
         &self,
         py: Python<'py>,
@@ -276,6 +281,40 @@ impl Torch {
             || dispatch.bind(py).call0()?.extract::<usize>()? > 0)
     }
 
+    /// `base`'s rows, `base.unbind(0)`, run under torch's
+    /// `_AutoDispatchBelowADInplaceOrView` guard where torch has it (as a `with` block
+    /// would: entered, and left whatever the split gave; looked up in `torch._C` per run, a
+    /// dictionary lookup, so that benches/probes/split_guard_ab.py can time both ways in
+    /// one process by removing the name). Below that guard the split skips
+    /// autograd's view tracking: the rows are plain tensors over the run's storage, not
+    /// views of `base` (`_is_view()` false, each with its own version counter, as
+    /// `t.cpu()`'s outputs), and each costs about 0.17 us less to make and 0.03 us less
+    /// to drop (benches/probes/unbind_ways.py: 1000 rows in 383 to 393 us against 551 to
+    /// 601). Nothing is lost: `base` is this call's own, held by no one else, and rows
+    /// never overlap. They are written in place and made to require grad as any tensor.
+    fn rows<'py>(&self, base: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let py = base.py();
+        let unbind = || base.call_method1(pyo3::intern!(py, "unbind"), (0,));
+        let guard = self.objs.c.as_ref().and_then(|c| {
+            c.bind(py)
+                .getattr(pyo3::intern!(py, "_AutoDispatchBelowADInplaceOrView"))
+                .ok()
+        });
+        let Some(guard) = guard else {
+            return unbind();
+        };
+        let guard = guard.call0()?;
+        guard.call_method0(pyo3::intern!(py, "__enter__"))?;
+        let rows = unbind();
+        let left = guard.call_method1(
+            pyo3::intern!(py, "__exit__"),
+            (py.None(), py.None(), py.None()),
+        );
+        let rows = rows?;
+        left?;
+        Ok(rows)
+    }
+
     /// [`Torch::export_all`]; `in_flight`: see [`Torch::export_all_in_flight`], whose
     /// obligations a caller passing true has.
     fn export_with<'py>(
@@ -312,10 +351,7 @@ impl Torch {
                 let base = self
                     .api
                     .managed_tensor_to_py_object_no_sync(strided(first, len, stride)?, py)?;
-                for v in base
-                    .call_method1(pyo3::intern!(py, "unbind"), (0,))?
-                    .try_iter()?
-                {
+                for v in self.rows(&base)?.try_iter()? {
                     out.push(v?);
                 }
                 i += len;

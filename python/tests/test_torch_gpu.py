@@ -518,6 +518,30 @@ def test_runs_of_small_tensors_round_trip_and_outlive_their_batch(torch):
     assert same(torch, back[2], xs[2]) and same(torch, back[4], xs[4])
 
 
+def test_rows_of_a_run_are_independent_tensors_to_autograd(torch):
+    # The rows of a run are split below autograd's view tracking (session 51), as plain
+    # tensors over the run's storage: like `t.cpu()`'s outputs, writing one in place does
+    # not bump another's version, so a row saved for backward survives a write to its
+    # neighbour (as views of one base, they shared a version counter and backward raised
+    # "modified by an inplace operation"). Both sides: H2D's device rows, D2H's host rows.
+    if not hasattr(torch._C, "_AutoDispatchBelowADInplaceOrView"):
+        pytest.skip("this torch has no _AutoDispatchBelowADInplaceOrView: rows are views")
+    xs = [torch.arange(8, dtype=torch.float32) + 10 * i for i in range(32)]
+    on = transfer_tensor_h2d(xs, num_caches=0)
+    back = transfer_tensor_d2h(on)
+    for outs in (on, back):
+        assert not any(o.requires_grad or o.is_inference() for o in outs)
+        w = torch.ones(8, device=outs[2].device, requires_grad=True)
+        loss = (outs[2] * w).sum()  # saves outs[2] for backward
+        outs[3].add_(1)
+        loss.backward()
+        assert torch.equal(w.grad.cpu(), outs[2].cpu())
+        assert torch.equal(outs[2].cpu(), xs[2]) and torch.equal(outs[3].cpu(), xs[3] + 1)
+        r = outs[5].requires_grad_()
+        (r * 2).sum().backward()
+        assert torch.equal(r.grad.cpu(), torch.full((8,), 2.0))
+
+
 def test_every_device_of_the_machine(torch):
     # One process, every GPU: D2H names its device; H2D goes to cuda:{LOCAL_RANK} (run the
     # suite with LOCAL_RANK=1 on a 2-GPU machine for the other side).
