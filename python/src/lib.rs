@@ -45,7 +45,9 @@ fn unavailable_reason() -> Option<String> {
 /// The device `"cuda"` / `None` names: `cuda:{LOCAL_RANK}`, `cuda:0` when it is unset.
 /// Read on every call, as spdl reads it (the Rust core reads it once per thread).
 pub(crate) fn local_rank_device() -> pinlane::Result<pinlane::Device> {
-    let value = std::env::var_os("LOCAL_RANK").map(|v| v.to_string_lossy().into_owned());
+    let value = std::env::var_os("LOCAL_RANK");
+    // Borrowed unless the value is not UTF-8: no second allocation per call.
+    let value = value.as_deref().map(std::ffi::OsStr::to_string_lossy);
     pinlane::Device::from_local_rank_value(value.as_deref())
 }
 
