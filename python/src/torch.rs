@@ -318,6 +318,15 @@ impl Torch {
         self.export_with(py, ts, min_run, true)
     }
 
+    /// Whether a torch function mode is active on the thread (true when torch does not
+    /// say).
+    fn function_modes_active(&self, py: Python<'_>) -> PyResult<bool> {
+        let Some((function, _)) = &self.objs.mode_stacks else {
+            return Ok(true);
+        };
+        Ok(function.bind(py).call0()?.extract::<usize>()? > 0)
+    }
+
     /// Whether a torch function or dispatch mode is active on the thread (true when torch
     /// does not say).
     fn modes_active(&self, py: Python<'_>) -> PyResult<bool> {
@@ -332,24 +341,36 @@ impl Torch {
     /// `_AutoDispatchBelowADInplaceOrView` guard where torch has it (as a `with` block
     /// would: entered, and left whatever the split gave; looked up in `torch._C` per run, a
     /// dictionary lookup, so that benches/probes/split_guard_ab.py can time both ways in
-    /// one process by removing the name). Below that guard the split skips
-    /// autograd's view tracking: the rows are plain tensors over the run's storage, not
-    /// views of `base` (`_is_view()` false, each with its own version counter, as
-    /// `t.cpu()`'s outputs), and each costs about 0.17 us less to make and 0.03 us less
-    /// to drop (benches/probes/unbind_ways.py: 1000 rows in 383 to 393 us against 551 to
-    /// 601). Nothing is lost: `base` is this call's own, held by no one else, and rows
-    /// never overlap. They are written in place and made to require grad as any tensor.
+    /// one process by removing the name). Below that guard the split skips autograd's view
+    /// tracking: the rows are plain tensors over the run's storage, not views of `base`
+    /// (`_is_view()` false, each with its own version counter, as `t.cpu()`'s outputs), and
+    /// each costs about 0.17 us less to make and 0.03 us less to drop
+    /// (benches/probes/unbind_ways.py: 1000 rows in 383 to 393 us against 551 to 601).
+    /// Nothing is lost by the separate version counters: `base` is this call's own, held by
+    /// no one else, and its rows never overlap (pinlane's tensors are compact, and
+    /// [`run_at`] takes a stride of at least a tensor's bytes). The rows are written in place
+    /// and made to require grad as any tensor.
+    ///
+    /// Not while a torch function mode is active (or torch does not say): its
+    /// `__torch_function__` runs above the dispatcher, so under the guard the ops it runs
+    /// would skip autograd. The rows are then views, as before. (Code the interpreter runs
+    /// inside the split by itself, a garbage collection's finalizers, runs under the guard
+    /// as it does in torch's own Python uses of it: docs/semantics.md.)
     fn rows<'py>(&self, base: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
         let py = base.py();
         let unbind = || base.call_method1(pyo3::intern!(py, "unbind"), (0,));
-        let guard = self.objs.c.as_ref().and_then(|c| {
-            c.bind(py)
-                .getattr(pyo3::intern!(py, "_AutoDispatchBelowADInplaceOrView"))
-                .ok()
-        });
-        let Some(guard) = guard else {
+        let Some(c) = &self.objs.c else {
             return unbind();
         };
+        let Some(guard) = c
+            .bind(py)
+            .getattr_opt(pyo3::intern!(py, "_AutoDispatchBelowADInplaceOrView"))?
+        else {
+            return unbind();
+        };
+        if self.function_modes_active(py)? {
+            return unbind();
+        }
         let guard = guard.call0()?;
         guard.call_method0(pyo3::intern!(py, "__enter__"))?;
         let rows = unbind();

@@ -523,23 +523,57 @@ def test_rows_of_a_run_are_independent_tensors_to_autograd(torch):
     # tensors over the run's storage: like `t.cpu()`'s outputs, writing one in place does
     # not bump another's version, so a row saved for backward survives a write to its
     # neighbour (as views of one base, they shared a version counter and backward raised
-    # "modified by an inplace operation"). Both sides: H2D's device rows, D2H's host rows.
+    # "modified by an inplace operation"). Both sides: H2D's device rows, D2H's host rows;
+    # 32 x 1 KiB (D2H's outputs made after the copies) and 32 x 32 KiB (1 MiB: made while
+    # the copies run).
     if not hasattr(torch._C, "_AutoDispatchBelowADInplaceOrView"):
         pytest.skip("this torch has no _AutoDispatchBelowADInplaceOrView: rows are views")
-    xs = [torch.arange(8, dtype=torch.float32) + 10 * i for i in range(32)]
+    for n in (256, 8192):
+        xs = [torch.arange(n, dtype=torch.float32) + 10 * i for i in range(32)]
+        on = transfer_tensor_h2d(xs, num_caches=0)
+        back = transfer_tensor_d2h(on)
+        for outs in (on, back):
+            # One run: the rows share one storage (else this would test nothing).
+            assert outs[2].untyped_storage().data_ptr() == outs[3].untyped_storage().data_ptr()
+            assert not outs[2]._is_view()
+            assert not any(o.requires_grad or o.is_inference() for o in outs)
+            w = torch.ones(n, device=outs[2].device, requires_grad=True)
+            loss = (outs[2] * w).sum()  # saves outs[2] for backward
+            outs[3].add_(1)
+            loss.backward()
+            assert torch.equal(w.grad.cpu(), outs[2].cpu())
+            assert torch.equal(outs[2].cpu(), xs[2]) and torch.equal(outs[3].cpu(), xs[3] + 1)
+            r = outs[5].requires_grad_()
+            (r * 2).sum().backward()
+            assert torch.equal(r.grad.cpu(), torch.full((n,), 2.0))
+
+
+def test_a_function_mode_sees_autograd_on_while_a_run_is_split(torch):
+    # A torch function mode's __torch_function__ runs above the dispatcher: were the split
+    # under the guard while it is active, the differentiable ops it runs there would skip
+    # autograd. With a function mode active, the rows are split as views, as before.
+    from torch.overrides import TorchFunctionMode
+
+    w = torch.ones(3, requires_grad=True)
+
+    class Records(TorchFunctionMode):
+        made = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if getattr(func, "__name__", None) == "unbind":
+                self.made.append((w * 2).sum())
+            return func(*args, **(kwargs or {}))
+
+    xs = [torch.full((256,), float(i)) for i in range(32)]
     on = transfer_tensor_h2d(xs, num_caches=0)
-    back = transfer_tensor_d2h(on)
-    for outs in (on, back):
-        assert not any(o.requires_grad or o.is_inference() for o in outs)
-        w = torch.ones(8, device=outs[2].device, requires_grad=True)
-        loss = (outs[2] * w).sum()  # saves outs[2] for backward
-        outs[3].add_(1)
-        loss.backward()
-        assert torch.equal(w.grad.cpu(), outs[2].cpu())
-        assert torch.equal(outs[2].cpu(), xs[2]) and torch.equal(outs[3].cpu(), xs[3] + 1)
-        r = outs[5].requires_grad_()
-        (r * 2).sum().backward()
-        assert torch.equal(r.grad.cpu(), torch.full((8,), 2.0))
+    torch.cuda.synchronize()
+    with Records():
+        back = transfer_tensor_d2h(on)
+    assert all(torch.equal(b, x) for b, x in zip(back, xs))
+    assert Records.made, "the split did not run under the mode"
+    assert all(y.requires_grad for y in Records.made)
+    Records.made[0].backward()
+    assert torch.equal(w.grad, torch.full((3,), 2.0))
 
 
 def test_every_device_of_the_machine(torch):
