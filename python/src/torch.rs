@@ -330,11 +330,10 @@ impl Torch {
     /// Whether a torch function or dispatch mode is active on the thread (true when torch
     /// does not say).
     fn modes_active(&self, py: Python<'_>) -> PyResult<bool> {
-        let Some((function, dispatch)) = &self.objs.mode_stacks else {
+        let Some((_, dispatch)) = &self.objs.mode_stacks else {
             return Ok(true);
         };
-        Ok(function.bind(py).call0()?.extract::<usize>()? > 0
-            || dispatch.bind(py).call0()?.extract::<usize>()? > 0)
+        Ok(self.function_modes_active(py)? || dispatch.bind(py).call0()?.extract::<usize>()? > 0)
     }
 
     /// `base`'s rows, `base.unbind(0)`, run under torch's
