@@ -29,7 +29,10 @@ of the two large batches (8 x 32 MiB, 1 GiB: at the link), timed in rounds: ever
 the limit's copy and the batch's bare copies into page-locked memory allocated once
 (printed after the table as the floor) in turn call by call, each way's "x limit" of the
 limit's rate in those rounds (the JSON rows' `limit_gbs` and `timing`;
-`pinlane.bench.measure`). With `--rust`, the JSON of `bench-transfer --json` from the same
+`pinlane.bench.measure`). The two small batches (one 1 KiB tensor, 1000 x 1 KiB) are
+timed in rounds both directions (since session 52): each way a block of calls in turn,
+20 rounds, the order shuffled each round, against the limit measured at the start (the
+rows' `block`; `pinlane.bench.SMALL_BYTES`). With `--rust`, the JSON of `bench-transfer --json` from the same
 session is read to put the Rust figures beside the Python ones (the
 "within 1.1x of Rust" target).
 

@@ -14,13 +14,16 @@ calls are timed (median after warm-up), in one process with the page-locked limi
 measured in it (torch, one 256 MiB copy each way): way by way, except D2H of batches of
 64 MiB or more, timed in rounds (every way, the limit's copy and the batch's bare copies
 into page-locked memory allocated once, in turn call by call, so that all meet the link
-in the same stretch of time). A progress line runs on stderr; the table comes at the end. Without
+in the same stretch of time), and batches under 4 MiB, timed in rounds both directions
+(each way a short block of calls in turn, so that all meet the process's changes of
+speed alike). A progress line runs on stderr; the table comes at the end. Without
 torch or a GPU it says so and exits 0.
 
 The same machinery, more batches and JSON: ``benches/spdl_compare.py`` in the repository.
 """
 
 import argparse
+import itertools
 import random
 import statistics
 import sys
@@ -84,6 +87,18 @@ def timed(reps, fn, cpu=None):
 # against 5.5 to 5.8 and 5.6 to 5.7 way by way in that session's runs B to D.
 LINK_BYTES = 64 << 20
 
+# Batches of fewer bytes than this (one tiny tensor, 1000 x 1 KiB) are timed in rounds
+# both directions: SMALL_ROUNDS rounds after the warm-up ones, each way called a block of
+# `reps // SMALL_ROUNDS` calls in a row per round (its caches warm, as in a user's loop),
+# the ways' order shuffled each round. Their calls take microseconds to milliseconds, and
+# a process's speed drifts over a run by up to 2x (the pure-Python loop's start and end in
+# benches/spdl_compare.py): timed way by way, each in a block of its own, the ratios
+# between ways moved with the stretch each way happened to run in (session 51: pinlane's
+# 1000 x 1 KiB D2H 1.15 to 1.26 ms in five runs, 1.99 to 2.36 in four). In rounds every
+# way meets the same stretches.
+SMALL_BYTES = 4 << 20
+SMALL_ROUNDS = 20
+
 # The reference row of the rounds: the least any way of moving the batch must do.
 FLOOR = "floor: copies into page-locked memory allocated once"
 
@@ -114,15 +129,16 @@ def limits(torch, dev):
     return n / timed(8, up) / 1e9, n / timed(8, down) / 1e9
 
 
-def rounds(calls, seed=0):
-    """Times `calls` ((name, fn, count) each) taking turns call by call: WARMUPS rounds in
-    which every fn is called, then as many rounds as the largest count; a fn with a
-    smaller count is called in rounds spread evenly over those and sits out the others.
-    Each round calls its fns in an order shuffled afresh (by a generator seeded with
-    `seed`), so that no fn always follows the same one. `fn(r)` gets the round's number.
-    Returns name -> (seconds of each timed call, CPU seconds per timed call: the
-    process's, all threads, so work a call leaves running on other threads is counted
-    with the call after it)."""
+def rounds(calls, seed=0, block=1):
+    """Times `calls` ((name, fn, count) each) taking turns: WARMUPS rounds in which every
+    fn is called, then as many rounds as the largest count; a fn with a smaller count is
+    called in rounds spread evenly over those and sits out the others. In each round a fn
+    is called `block` times in a row, each call timed (a turn of calls on warm caches, as
+    a user's loop makes them); the rounds call their fns in an order shuffled afresh (by
+    a generator seeded with `seed`), so that no fn always follows the same one. `fn(r)`
+    gets the round's number. Returns name -> (seconds of each timed call, `count` x
+    `block` of them; CPU seconds per timed call: the process's, all threads, so work a
+    call leaves running on other threads is counted with the call after it)."""
     rng = random.Random(seed)
     most = max(count for _, _, count in calls)
     timed_in = {name: {WARMUPS + i * most // count for i in range(count)} for name, _, count in calls}
@@ -134,13 +150,14 @@ def rounds(calls, seed=0):
         for name, fn, _ in order:
             if r >= WARMUPS and r not in timed_in[name]:
                 continue
-            c0 = time.process_time()
-            t0 = time.perf_counter()
-            fn(r)
-            dt = time.perf_counter() - t0
-            if r >= WARMUPS:
-                times[name].append(dt)
-                cpu[name] += time.process_time() - c0
+            for _ in range(block):
+                c0 = time.process_time()
+                t0 = time.perf_counter()
+                fn(r)
+                dt = time.perf_counter() - t0
+                if r >= WARMUPS:
+                    times[name].append(dt)
+                    cpu[name] += time.process_time() - c0
     return {name: (v, cpu[name] / max(1, len(v))) for name, v in times.items()}
 
 
@@ -204,11 +221,11 @@ def ways(torch, dev, log=print):
     return w
 
 
-def _row(lib, name, direction, nbytes, seconds, cpu_s, limit_gbs, timing, calls, seed=None):
+def _row(lib, name, direction, nbytes, seconds, cpu_s, limit_gbs, timing, calls, seed=None, block=1):
     return dict(lib=lib, batch=name, direction=direction, bytes=nbytes, median_us=seconds * 1e6,
                 gbs=nbytes / seconds / 1e9, fraction_of_limit=nbytes / seconds / 1e9 / limit_gbs,
                 cpu_s_per_gb=cpu_s / (nbytes / 1e9), limit_gbs=limit_gbs, timing=timing, calls=calls,
-                order_seed=seed)
+                order_seed=seed, block=block)
 
 
 def measure(torch, configs, libs, lims, progress=None, dev=None, seed=None):
@@ -219,10 +236,12 @@ def measure(torch, configs, libs, lims, progress=None, dev=None, seed=None):
     LINK_BYTES or more is timed in rounds (`rounds`) with the limit's copy and FLOOR (a
     row of its own, not a way: `fastest` leaves it out), every way reading one device copy
     of the sources (made once for all), and its fraction of the limit is of the limit's
-    rate in those rounds. The rounds' orders are drawn from `seed` (None: a seed drawn
-    now), recorded in their rows. Returns rows: lib, batch, direction, bytes, median_us,
-    gbs, fraction_of_limit, cpu_s_per_gb, limit_gbs, timing ("rounds" or "blocks"), calls
-    (timed calls), order_seed (the rounds' seed, None way by way)."""
+    rate in those rounds; batches under SMALL_BYTES are timed in rounds both directions
+    (`_small_rounds`). The rounds' orders are drawn from `seed` (None: a seed drawn now),
+    recorded in their rows. Returns rows: lib, batch, direction, bytes, median_us, gbs,
+    fraction_of_limit, cpu_s_per_gb, limit_gbs, timing ("rounds" or "blocks"), calls
+    (timed calls), order_seed (the rounds' seed, None way by way), block (calls in a row
+    per round)."""
     if seed is None:
         seed = random.SystemRandom().randrange(1 << 32)
     rows = []
@@ -232,7 +251,9 @@ def measure(torch, configs, libs, lims, progress=None, dev=None, seed=None):
         n = len(sources)
         nbytes = nbytes_of(sources[0])
         in_rounds = dev is not None and nbytes >= LINK_BYTES
+        small = dev is not None and nbytes < SMALL_BYTES
         d2h_ways = []
+        small_ways = []
         for lib, (h2d, d2h) in libs.items():
             k += 1
             if progress:
@@ -245,6 +266,10 @@ def measure(torch, configs, libs, lims, progress=None, dev=None, seed=None):
             back = (d2h or (lambda b: _each(b, lambda t: t.cpu())))(on[0])
             assert same(torch, back, sources[0]), f"{lib} {name}: round trip changed bytes"
             del back
+            if small:
+                small_ways.append((lib, h2d, d2h))
+                del on
+                continue
             directions = [("H2D", lambda r: h2d(sources[r % n]))]
             if d2h is not None:
                 if in_rounds:
@@ -263,7 +288,48 @@ def measure(torch, configs, libs, lims, progress=None, dev=None, seed=None):
                 progress(f"{name}: D2H, every way in rounds")
             rows += _d2h_rounds(torch, dev, name, sources, reps, d2h_ways, seed + k)
             torch.cuda.empty_cache()
+        if small_ways:
+            if progress:
+                progress(f"{name}: every way in rounds")
+            rows += _small_rounds(torch, dev, name, sources, reps, small_ways, lims, seed + k)
+            torch.cuda.empty_cache()
     return rows
+
+
+def _small_rounds(torch, dev, name, sources, reps, small_ways, lims, seed):
+    """The rows of `sources` (a batch under SMALL_BYTES) timed in rounds, H2D then D2H
+    (orders drawn from `seed` and `seed + 1`): each way of `small_ways` ((lib, h2d, d2h or
+    None), their bytes and round trips checked by the caller) called SMALL_ROUNDS times a
+    block of calls, each call reading the next of the sources (H2D) or of one device copy
+    of them made once for all (D2H), as way by way; each way's D2H bytes checked once
+    first. Fractions of the limit are of `lims`, measured at the start."""
+    nbytes = nbytes_of(sources[0])
+    n = len(sources)
+    block = max(1, reps // SMALL_ROUNDS)
+    count = max(1, reps // block)
+
+    def rotating(fn, inputs):
+        turn = itertools.count()
+        return lambda _: fn(inputs[next(turn) % n])
+
+    def rows_of(direction, timed_all, lim, s):
+        return [_row(lib, name, direction, nbytes, statistics.median(v), cpu_s, lim, "rounds", len(v), s, block)
+                for lib, (v, cpu_s) in timed_all.items()]
+
+    up = rounds([(lib, rotating(h2d, sources), count) for lib, h2d, _ in small_ways], seed, block)
+    rows = rows_of("H2D", up, lims[0], seed)
+    shared = [_each(s, lambda t: t.to(dev)) for s in sources]
+    torch.cuda.synchronize()
+    calls = []
+    for lib, _, d2h in small_ways:
+        if d2h is None:
+            continue
+        got = d2h(shared[0])
+        assert same(torch, got, sources[0]), f"{lib} {name}: D2H changed bytes"
+        del got
+        calls.append((lib, rotating(d2h, shared), count))
+    down = rounds(calls, seed + 1, block)
+    return rows + rows_of("D2H", down, lims[1], seed + 1)
 
 
 # In rounds, a way whose second D2H call (the first is its check) takes longer than this
@@ -373,11 +439,16 @@ def table(rows, libs, configs, out=print):
 
 def rounds_notes(rows):
     """A line for each batch and direction timed in rounds: its seed, the limit the rows'
-    fractions are of, and FLOOR's figure."""
-    return [f"{r['batch']} {r['direction']}: every way timed in rounds (order seed {r['order_seed']}), "
-            f"x limit against the limit measured in those rounds ({r['limit_gbs']:.1f} GB/s); "
-            f"{FLOOR}: {r['median_us']:.1f} us, {r['fraction_of_limit']:.3f} of the limit"
-            for r in rows if r["lib"] == FLOOR]
+    fractions are of and FLOOR's figure (the large batches' D2H), or the calls in a row
+    each way made per round (the small batches)."""
+    lines = [f"{r['batch']} {r['direction']}: every way timed in rounds (order seed {r['order_seed']}), "
+             f"x limit against the limit measured in those rounds ({r['limit_gbs']:.1f} GB/s); "
+             f"{FLOOR}: {r['median_us']:.1f} us, {r['fraction_of_limit']:.3f} of the limit"
+             for r in rows if r["lib"] == FLOOR]
+    lines += [f"{r['batch']} {r['direction']}: every way timed in rounds (order seed {r['order_seed']}), "
+              f"{r.get('block', 1)} calls in a row per way per round, {r['calls']} timed calls of pinlane"
+              for r in rows if r["lib"] == "pinlane" and r["timing"] == "rounds" and r["bytes"] < SMALL_BYTES]
+    return lines
 
 
 def main(argv=None):

@@ -80,3 +80,33 @@ def test_rounds_take_turns_and_time_each_call_its_count():
         for prev, n in zip([None] + called, called):
             before[n].add(prev)
     assert all(len(b) >= 2 for n, b in before.items() if n not in ("half", "slow"))
+
+
+def test_rounds_in_blocks_call_each_way_its_block_in_a_row():
+    # The small batches are timed in rounds of blocks: each way `block` calls in a row per
+    # round, each call timed, the ways' order shuffled per round.
+    from pinlane import bench
+
+    w = bench.WARMUPS
+    log = []
+
+    def way(name):
+        return lambda r: log.append((name, r))
+
+    names = ["a", "b", "c", "few"]
+    counts = {"a": 4, "b": 4, "c": 4, "few": 2}
+    out = bench.rounds([(n, way(n), counts[n]) for n in names], seed=3, block=5)
+    assert {n: len(v) for n, (v, _) in out.items()} == {n: 5 * c for n, c in counts.items()}
+    # Calls come in runs of exactly `block` of one way, one run per way and round.
+    runs = []
+    for name, r in log:
+        if runs and runs[-1][0] == (name, r):
+            runs[-1][1] += 1
+        else:
+            runs.append([(name, r), 1])
+    assert all(k == 5 for _, k in runs), runs
+    assert len(runs) == len({key for key, _ in runs}), "a way was called twice in one round"
+    orders = {}
+    for (name, r), _ in runs:
+        orders.setdefault(r, []).append(name)
+    assert len({tuple(o) for r, o in orders.items() if r < w}) >= 2, "the order never changed"
