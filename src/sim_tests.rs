@@ -398,3 +398,41 @@ fn no_end_flag_is_written_after_a_fault() {
     // (the write skipped), so nothing touches the page any more.
     unsafe { driver::host_free(&ctx, page) }.unwrap();
 }
+
+/// `memory::host_page_locked` answers torch's `is_pinned()` question by range: memory
+/// from `cuMemHostAlloc` or a registration, all of one, is page-locked; heap memory, a
+/// range that runs past its allocation or across a registration's end, device memory and
+/// no bytes are not.
+#[test]
+fn host_page_locked_is_true_only_within_one_page_locked_range() {
+    setup();
+    const PAGE: usize = 4096;
+    let dev = Device::cuda(0);
+    let locked = |p: *const u8, n: usize| crate::memory::host_page_locked(p, n, dev).unwrap();
+    let ctx = driver::bind(0).unwrap();
+    let block = driver::host_alloc(&ctx, 2 * PAGE).unwrap();
+    assert!(locked(block, 2 * PAGE), "a whole page-locked allocation");
+    assert!(locked(block.wrapping_add(100), 1), "one byte of it");
+    assert!(!locked(block, 0), "no bytes");
+    assert!(!locked(block.wrapping_add(PAGE), 2 * PAGE), "past its end");
+    let mut heap = vec![0u8; 4 * PAGE];
+    let base = heap.as_mut_ptr();
+    let at = base.wrapping_add((base as usize).next_multiple_of(PAGE) - base as usize);
+    assert!(!locked(at, PAGE), "heap memory is pageable");
+    // SAFETY: a page of `heap`, which outlives the registration (ended below).
+    unsafe { driver::host_register(&ctx, at, PAGE) }.unwrap();
+    assert!(locked(at, PAGE), "a registered page");
+    assert!(!locked(at, 2 * PAGE), "across the registration's end");
+    // SAFETY: registered above; nothing reads it.
+    unsafe { driver::host_unregister(&ctx, at) }.unwrap();
+    assert!(!locked(at, PAGE), "unregistered again");
+    let s = Stream::new(dev).unwrap();
+    let d = driver::device_alloc_async(&ctx, 0, 1024, &s).unwrap();
+    assert!(!locked(d as usize as *const u8, 1024), "device memory");
+    // SAFETY: allocated just above on `s`, not used by anything queued.
+    unsafe { driver::device_free_async(&ctx, d, &s) }.unwrap();
+    s.synchronize().unwrap();
+    drop(heap);
+    // SAFETY: from host_alloc, freed once; nothing uses it.
+    unsafe { driver::host_free(&ctx, block) }.unwrap();
+}

@@ -349,8 +349,9 @@ impl Targets {
         temps: &mut Vec<Bound<'py, PyAny>>,
     ) -> PyResult<Option<Tensor>> {
         if self.h2d && views && !maybe_neg {
-            // The plain case (a small compact CPU tensor) without a managed import.
-            if let Some(t) = torch.host_view(s, DIRECT_MIN_BYTES) {
+            // The plain case (a compact CPU tensor, small or pageable) without a managed
+            // import.
+            if let Some(t) = torch.host_view(s, DIRECT_MIN_BYTES, self.device.map(Device::cuda)) {
                 return Ok(Some(t));
             }
         }

@@ -131,11 +131,31 @@ impl Torch {
     /// runs, read through the exchange API's non-owning view
     /// (`dltensor_from_py_object_no_sync`: nothing is allocated on torch's side and no
     /// deleter runs; the usual import costs ~1 us a tensor more). Only a plain case: a
-    /// compact, non-empty CPU tensor under `below` bytes, of a dtype pinlane has, not
-    /// bool (whose bytes pinlane would check). `None` otherwise: the caller imports it
-    /// the usual way, which handles or reports the rest.
-    pub(crate) fn host_view(&self, t: &Bound<'_, PyAny>, below: usize) -> Option<Tensor> {
-        let (plain, _) = self.plain(t, None, below)?;
+    /// compact, non-empty CPU tensor of a dtype pinlane has, not bool (whose bytes
+    /// pinlane would check), under `below` bytes; or of `below` bytes or more where
+    /// `pageable_on` names a device and the driver says (in its context) that the memory
+    /// is not page-locked ([`pinlane::memory::host_page_locked`]: one driver call per end,
+    /// where torch's `is_pinned()` costs ~1.2 to 1.5 us a tensor). `None` otherwise: the
+    /// caller imports it the usual way, which handles or reports the rest, and reads a
+    /// page-locked one in place.
+    pub(crate) fn host_view(
+        &self,
+        t: &Bound<'_, PyAny>,
+        below: usize,
+        pageable_on: Option<Device>,
+    ) -> Option<Tensor> {
+        let limit = if pageable_on.is_some() {
+            usize::MAX
+        } else {
+            below
+        };
+        let (plain, _) = self.plain(t, None, limit)?;
+        if let Some(dev) = pageable_on {
+            let nbytes = plain.dtype.size() * plain.dims.iter().product::<usize>();
+            if nbytes >= below && pinlane::memory::host_page_locked(plain.ptr, nbytes, dev).ok()? {
+                return None;
+            }
+        }
         // SAFETY: `plain.ptr` is the torch tensor's bytes (`plain_view`: a compact,
         // non-empty CPU tensor of `plain.dims` elements of `plain.dtype`), readable while
         // the tensor keeps its storage; the owner holds the tensor object (not its

@@ -207,15 +207,15 @@ pub(crate) fn h2d<'py>(
     };
     let torch = Torch::of(first)?;
     let target = format!("cuda:{device}");
+    let dev = Device::cuda(device);
     let mut slots = Vec::with_capacity(tensors.len());
     let mut inputs = Vec::with_capacity(tensors.len());
     for t in tensors {
-        slots.push(h2d_slot(&torch, t, maybe_neg, views, &mut inputs)?);
+        slots.push(h2d_slot(&torch, t, dev, maybe_neg, views, &mut inputs)?);
     }
     if inputs.is_empty() {
         return outputs(py, &torch, slots, &[], min_run, &target, &mut || Ok(()));
     }
-    let dev = Device::cuda(device);
     let consumer_stream = match consumer_stream {
         Some(raw) => raw,
         None => torch.current_stream(py, device)?,
@@ -287,6 +287,7 @@ fn only<'py>(out: Vec<Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyAny>> {
 fn h2d_slot<'py>(
     torch: &Torch,
     t: Bound<'py, PyAny>,
+    dev: Device,
     maybe_neg: bool,
     views: bool,
     inputs: &mut Vec<Tensor>,
@@ -304,9 +305,9 @@ fn h2d_slot<'py>(
         return by_torch(t);
     }
     if views && !maybe_neg {
-        // The plain case (a compact CPU tensor staged by pinlane) without a managed
-        // import.
-        if let Some(p) = torch.host_view(&t, DIRECT_MIN_BYTES) {
+        // The plain case (a compact CPU tensor staged by pinlane: small, or pageable as
+        // the driver says) without a managed import.
+        if let Some(p) = torch.host_view(&t, DIRECT_MIN_BYTES, Some(dev)) {
             inputs.push(p);
             return Ok(Slot::Moved(inputs.len() - 1));
         }

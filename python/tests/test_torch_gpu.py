@@ -667,6 +667,34 @@ def test_d2h_reads_plain_cuda_tensors_in_place_as_an_import_would(torch):
     assert h.numel() == (1 << 20) - 1 and bool((h == 7.0).all())
 
 
+def test_large_h2d_sources_are_read_in_place_when_page_locked_and_staged_when_not(torch):
+    # H2D sources of 64 KiB or more: the binding asks the driver (not torch's
+    # `is_pinned()`) whether each is page-locked. A page-locked one (`pin_memory()`, or a
+    # view into such memory at an offset) is copied straight from its memory: the call
+    # leases no staging slot (the engine's "leased" mark); a pageable one goes through
+    # the staging ring. Both arrive byte for byte, alone and together.
+    def moved(batch):
+        pinlane._native.trace_next_call()
+        out = transfer_tensor_h2d(batch)
+        marks = [m for m, _ in pinlane._native.last_trace() or []]
+        for o, t in zip(out, batch):
+            assert same(torch, o, t)
+        return marks
+
+    mib = 1 << 18  # f32 elements in 1 MiB
+    pageable = patterned(torch.float32, (mib,), 1)
+    locked = patterned(torch.float32, (mib,), 2, True)
+    inside = patterned(torch.float32, (3 * mib,), 3, True)[mib + 5:2 * mib + 5]
+    assert locked.is_pinned() and inside.is_pinned() and not pageable.is_pinned()
+    moved([locked])  # warm: the first call may set up the thread's stream
+    for batch in ([locked], [inside], [locked, inside]):
+        marks = moved(batch)
+        assert marks and "leased" not in marks, f"page-locked sources were staged: {marks}"
+    for batch in ([pageable], [locked, pageable]):
+        marks = moved(batch)
+        assert "leased" in marks, f"a pageable source was not staged: {marks}"
+
+
 def test_sub_byte_integer_dtypes_keep_their_dtype(torch):
     # torch exports int1..int7 and uint1..uint7 (one value a byte) as 8-bit integers
     # through DLPack: pinlane leaves them to torch instead of returning (u)int8 tensors.

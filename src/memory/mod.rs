@@ -63,6 +63,7 @@ mod inflight;
 mod limits;
 #[cfg(feature = "weights")]
 mod mapped;
+mod page_locked;
 pub(crate) mod pinned;
 mod producer;
 mod reaper;
@@ -87,6 +88,7 @@ pub(crate) use inflight::{run_around, AroundWait, Detached, InFlight};
 pub use limits::{measure_pinned_limits, PinnedLimits};
 #[cfg(feature = "weights")]
 pub(crate) use mapped::MappedFile;
+pub use page_locked::host_page_locked;
 pub(crate) use pinned::{h2d_batch_async, PinnedBlock, PinnedBuf};
 pub use pinned::{PinnedOutputPool, SHARE_MAX};
 pub use producer::PinnedBufferMut;

@@ -335,8 +335,9 @@ impl Sim {
     /// it does not know): `CU_POINTER_ATTRIBUTE_DEVICE_POINTER`, the address itself for
     /// memory a kernel may read there (device memory; page-locked host memory on a device
     /// that maps it, see [`Memory::kernel_readable`]), else 0; and
-    /// `CU_POINTER_ATTRIBUTE_BUFFER_ID` ([`Memory::buffer_id`]), else 0. Other attributes
-    /// are not modelled: asking for one fails.
+    /// `CU_POINTER_ATTRIBUTE_BUFFER_ID` ([`Memory::buffer_id`]), else 0; and
+    /// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE` ([`Memory::memory_type`], 32-bit), else 0. Other
+    /// attributes are not modelled: asking for one fails.
     pub(crate) unsafe fn cuPointerGetAttributes(
         &self,
         n: c_uint,
@@ -346,6 +347,7 @@ impl Sim {
     ) -> CUresult {
         use sys::CUpointer_attribute::{
             CU_POINTER_ATTRIBUTE_BUFFER_ID, CU_POINTER_ATTRIBUTE_DEVICE_POINTER,
+            CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
         };
         if attrs.is_null() || data.is_null() {
             return CUresult::CUDA_ERROR_INVALID_VALUE;
@@ -357,6 +359,14 @@ impl Sim {
         for k in 0..n as usize {
             // SAFETY: `n` attributes and out-pointers (the contract).
             let (attr, out) = unsafe { (*attrs.add(k), *data.add(k)) };
+            if out.is_null() {
+                return CUresult::CUDA_ERROR_INVALID_VALUE;
+            }
+            if attr == CU_POINTER_ATTRIBUTE_MEMORY_TYPE {
+                // SAFETY: a CUmemorytype is 32-bit; `out` points to one (the contract).
+                unsafe { *out.cast::<u32>() = mem.memory_type(ptr).unwrap_or(0) };
+                continue;
+            }
             let value = if attr == CU_POINTER_ATTRIBUTE_DEVICE_POINTER {
                 if mem.kernel_readable(ptr, 1, self.cfg.host_mapped) {
                     ptr
@@ -368,10 +378,7 @@ impl Sim {
             } else {
                 return CUresult::CUDA_ERROR_INVALID_VALUE;
             };
-            if out.is_null() {
-                return CUresult::CUDA_ERROR_INVALID_VALUE;
-            }
-            // SAFETY: both attributes modelled are 64-bit (a CUdeviceptr, an unsigned long
+            // SAFETY: these two attributes are 64-bit (a CUdeviceptr, an unsigned long
             // long); `out` points to one (the contract).
             unsafe { *out.cast::<u64>() = value };
         }

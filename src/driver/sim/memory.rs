@@ -103,6 +103,25 @@ impl Memory {
         host_mapped && (self.covers(addr, n) || registered)
     }
 
+    /// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE` of the byte at `addr`: `CU_MEMORYTYPE_HOST` (1)
+    /// for a registration or a live page-locked allocation, `CU_MEMORYTYPE_DEVICE` (2)
+    /// for a live device allocation, none for memory the driver does not know.
+    pub(super) fn memory_type(&self, addr: u64) -> Option<u32> {
+        let registered = self
+            .registered
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(&s, &(len, _))| addr - s < len as u64);
+        if registered {
+            return Some(1);
+        }
+        self.live
+            .range(..=addr)
+            .next_back()
+            .filter(|(&s, r)| addr - s < r.len.max(1) as u64)
+            .map(|(_, r)| if r.device.is_some() { 2 } else { 1 })
+    }
+
     /// `CU_POINTER_ATTRIBUTE_BUFFER_ID` of the byte at `addr`: one id per registration and
     /// per live allocation (its start address, registrations marked by the top bit), none
     /// for memory the driver does not know.
