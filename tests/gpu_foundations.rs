@@ -300,3 +300,47 @@ fn imports_are_read_in_place_only_within_one_registration_of_the_driver() {
         assert_eq!(res, sys::CUresult::CUDA_SUCCESS);
     }
 }
+
+/// What the Python package's H2D relies on to tell large pageable sources from
+/// page-locked ones (`pinlane::memory::host_page_locked`), on the real driver: true for
+/// pinlane's page-locked memory (a whole tensor and a range inside it) and for memory
+/// another library page-locked (cudarc's `cuMemAllocHost`), false for heap memory, no
+/// bytes, a range past a page-locked allocation's end and device memory.
+#[test]
+fn the_driver_tells_page_locked_host_memory_from_pageable_memory() {
+    require_gpu!();
+    let _g = config();
+    let dev = common::dev();
+    let locked = |p: *const u8, n: usize| pinlane::memory::host_page_locked(p, n, dev).unwrap();
+    let heap = vec![3u8; 1 << 20];
+    assert!(!locked(heap.as_ptr(), heap.len()), "heap memory");
+    let pinned = Tensor::from_vec(heap.clone(), [1 << 20])
+        .unwrap()
+        .to_pinned_on(dev)
+        .unwrap();
+    let p = pinned.as_bytes().unwrap();
+    assert!(locked(p.as_ptr(), p.len()), "pinlane's page-locked tensor");
+    assert!(
+        locked(p[4097..9000].as_ptr(), 9000 - 4097),
+        "a range inside it"
+    );
+    assert!(!locked(p.as_ptr(), 0), "no bytes");
+    let ctx = cudarc::driver::CudaContext::new(dev.ordinal()).unwrap();
+    ctx.bind_to_thread().unwrap();
+    let mut host: *mut std::ffi::c_void = std::ptr::null_mut();
+    // SAFETY: an out-pointer to a live local; freed below.
+    let res = unsafe { cudarc::driver::sys::cuMemAllocHost_v2(&mut host, 1 << 16) };
+    assert_eq!(res, cudarc::driver::sys::CUresult::CUDA_SUCCESS);
+    let h = host.cast::<u8>().cast_const();
+    assert!(locked(h, 1 << 16), "another library's page-locked memory");
+    assert!(!locked(h, 1 << 17), "past its end");
+    // SAFETY: allocated just above, used by nothing.
+    unsafe { cudarc::driver::sys::cuMemFreeHost(host) };
+    let on_device = transfer_tensor_h2d(&pinned).unwrap();
+    let s = Stream::new(dev).unwrap();
+    let d = on_device.device_ptr(&s).unwrap();
+    assert!(
+        !locked(d.ptr() as usize as *const u8, 1 << 20),
+        "device memory"
+    );
+}
