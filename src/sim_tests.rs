@@ -401,8 +401,8 @@ fn no_end_flag_is_written_after_a_fault() {
 
 /// `memory::host_page_locked` answers torch's `is_pinned()` question by range: memory
 /// from `cuMemHostAlloc` or a registration, all of one, is page-locked; heap memory, a
-/// range that runs past its allocation or across a registration's end, device memory and
-/// no bytes are not.
+/// range that runs past its allocation or across a registration's end (into pageable
+/// memory, or into a second registration beside it), device memory and no bytes are not.
 #[test]
 fn host_page_locked_is_true_only_within_one_page_locked_range() {
     setup();
@@ -423,8 +423,19 @@ fn host_page_locked_is_true_only_within_one_page_locked_range() {
     unsafe { driver::host_register(&ctx, at, PAGE) }.unwrap();
     assert!(locked(at, PAGE), "a registered page");
     assert!(!locked(at, 2 * PAGE), "across the registration's end");
-    // SAFETY: registered above; nothing reads it.
-    unsafe { driver::host_unregister(&ctx, at) }.unwrap();
+    // Two registrations side by side: host memory at both ends, but not one buffer.
+    let next = at.wrapping_add(PAGE);
+    // SAFETY: the page after `at`, inside `heap`, which outlives the registration.
+    unsafe { driver::host_register(&ctx, next, PAGE) }.unwrap();
+    assert!(locked(next, PAGE), "the second page alone");
+    assert!(
+        !locked(at, 2 * PAGE),
+        "across two registrations side by side"
+    );
+    for p in [at, next] {
+        // SAFETY: registered above; nothing reads it.
+        unsafe { driver::host_unregister(&ctx, p) }.unwrap();
+    }
     assert!(!locked(at, PAGE), "unregistered again");
     let s = Stream::new(dev).unwrap();
     let d = driver::device_alloc_async(&ctx, 0, 1024, &s).unwrap();

@@ -15,8 +15,8 @@ us:
 * the native call (`_native.h2d` / `_native.d2h`, told no input is negated);
 * the native call with outputs held past the timer, and their drop alone;
 * H2D: the native call with every source imported the usual way (`views=False`: a
-  managed import and torch's `is_pinned()` per source, the way of sources of 64 KiB or
-  more before session 52's run 4);
+  managed import per source, where the public call reads these sources, under 1 MiB,
+  through torch's non-owning view, as it did before session 52 too);
 * the engine's part of the public call: its trace's last mark (from the engine call's
   start to the copies done), and each phase's median (as `bench-transfer --trace`).
 * H2D only: the same batch from sources made with `torch.empty(...).copy_()` (a second
@@ -64,8 +64,8 @@ def main():
         "H2D public": turn(srcs, pinlane.transfer_tensor_h2d),
         "H2D native": turn(srcs, lambda b: _native.h2d(b, num_caches=4, maybe_neg=False)),
         "H2D native, outputs held": turn(srcs, lambda b: held.append(_native.h2d(b, num_caches=4, maybe_neg=False))),
-        # Every source imported the usual way, and asked torch's `is_pinned()` (the way of
-        # sources of 64 KiB or more before session 52's run 4).
+        # Every source imported the usual way (a managed import each; these sources, under
+        # 1 MiB, are not asked torch's `is_pinned()` either way).
         "H2D native, no views": turn(srcs, lambda b: _native.h2d(b, num_caches=4, maybe_neg=False, views=False)),
         "H2D public, sources torch.empty().copy_()": turn(fresh, pinlane.transfer_tensor_h2d),
         "H2D public, sources rows of one tensor": turn(rows, pinlane.transfer_tensor_h2d),

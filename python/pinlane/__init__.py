@@ -228,11 +228,10 @@ def transfer_tensor_h2d(batch, /, *, num_caches=4):
     * Each output holds the values torch gives its source (``tensor.to(device)`` would
       give the same bits), lazy bits resolved: a negated view (``is_neg()``, such as
       ``z.conj().imag``) arrives negated.
-    * Sources are read in place: page-locked ones (``pin_memory()``) of 64 KiB and more
-      (256 KiB on drivers older than CUDA 12.8) are copied straight from their memory;
-      pageable ones, and smaller page-locked ones, through pinlane's page-locked staging
-      ring, where many small tensors share one copy. The driver says which are
-      page-locked. A non-contiguous or negated tensor is first made a plain contiguous tensor on
+    * Sources are read in place: page-locked ones (``pin_memory()``) of 1 MiB and more
+      are copied straight from their memory; pageable ones, and smaller page-locked ones,
+      through pinlane's page-locked staging ring, where many small tensors share one
+      copy. The driver says which large sources are page-locked. A non-contiguous or negated tensor is first made a plain contiguous tensor on
       the host, and its output is contiguous. While the call runs (it lets go of the
       GIL), no other thread may write, resize or re-point (``resize_``, ``set_``,
       ``.data =``) a tensor of ``batch``: as for torch's own copies, pinlane reads its

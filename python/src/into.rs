@@ -349,9 +349,8 @@ impl Targets {
         temps: &mut Vec<Bound<'py, PyAny>>,
     ) -> PyResult<Option<Tensor>> {
         if self.h2d && views && !maybe_neg {
-            // The plain case (a compact CPU tensor, small or pageable) without a managed
-            // import.
-            if let Some(t) = torch.host_view(s, DIRECT_MIN_BYTES, self.device.map(Device::cuda)) {
+            // The plain case (a small compact CPU tensor) without a managed import.
+            if let Some(t) = torch.host_view(s, DIRECT_MIN_BYTES) {
                 return Ok(Some(t));
             }
         }
@@ -367,7 +366,11 @@ impl Targets {
         }
         let (copy, mut dl) = readable(torch, s, dl, maybe_neg, &mut || Ok(()))?;
         if self.h2d {
-            mark_if_pinned(copy.as_ref().unwrap_or(s), &mut dl, DIRECT_MIN_BYTES)?;
+            match self.device {
+                // The driver says (in the destinations' device's context).
+                Some(d) => torch::mark_if_page_locked(&mut dl, DIRECT_MIN_BYTES, Device::cuda(d)),
+                None => mark_if_pinned(copy.as_ref().unwrap_or(s), &mut dl, DIRECT_MIN_BYTES)?,
+            }
         }
         temps.extend(copy);
         torch::to_pinlane(dl).map(Some)

@@ -131,31 +131,11 @@ impl Torch {
     /// runs, read through the exchange API's non-owning view
     /// (`dltensor_from_py_object_no_sync`: nothing is allocated on torch's side and no
     /// deleter runs; the usual import costs ~1 us a tensor more). Only a plain case: a
-    /// compact, non-empty CPU tensor of a dtype pinlane has, not bool (whose bytes
-    /// pinlane would check), under `below` bytes; or of `below` bytes or more where
-    /// `pageable_on` names a device and the driver says (in its context) that the memory
-    /// is not page-locked ([`pinlane::memory::host_page_locked`]: one driver call per end,
-    /// where torch's `is_pinned()` costs ~1.2 to 1.5 us a tensor). `None` otherwise: the
-    /// caller imports it the usual way, which handles or reports the rest, and reads a
-    /// page-locked one in place.
-    pub(crate) fn host_view(
-        &self,
-        t: &Bound<'_, PyAny>,
-        below: usize,
-        pageable_on: Option<Device>,
-    ) -> Option<Tensor> {
-        let limit = if pageable_on.is_some() {
-            usize::MAX
-        } else {
-            below
-        };
-        let (plain, _) = self.plain(t, None, limit)?;
-        if let Some(dev) = pageable_on {
-            let nbytes = plain.dtype.size() * plain.dims.iter().product::<usize>();
-            if nbytes >= below && pinlane::memory::host_page_locked(plain.ptr, nbytes, dev).ok()? {
-                return None;
-            }
-        }
+    /// compact, non-empty CPU tensor under `below` bytes, of a dtype pinlane has, not
+    /// bool (whose bytes pinlane would check). `None` otherwise: the caller imports it
+    /// the usual way, which handles or reports the rest.
+    pub(crate) fn host_view(&self, t: &Bound<'_, PyAny>, below: usize) -> Option<Tensor> {
+        let (plain, _) = self.plain(t, None, below)?;
         // SAFETY: `plain.ptr` is the torch tensor's bytes (`plain_view`: a compact,
         // non-empty CPU tensor of `plain.dims` elements of `plain.dtype`), readable while
         // the tensor keeps its storage; the owner holds the tensor object (not its
@@ -719,10 +699,39 @@ unsafe fn plain_view(t: &DLTensor, bool_ok: bool, below: usize) -> Option<Plain>
     })
 }
 
+/// Marks a host descriptor `dl` of at least `min_bytes` as page-locked when the driver says
+/// all of it is ([`pinlane::memory::host_page_locked`], asked in `device`'s context: what
+/// torch's `is_pinned()` asks, without its ~1.2 to 1.5 us a tensor), so that pinlane reads
+/// it in place (the device, in the call or after it returns). Smaller ones, and memory the
+/// driver cannot answer for, stay unmarked (staged).
+pub(crate) fn mark_if_page_locked(dl: &mut Managed, min_bytes: usize, device: Device) {
+    let n = nbytes(dl);
+    let t = &header(dl).dl_tensor;
+    let Some(ptr) = usize::try_from(t.byte_offset)
+        .ok()
+        .and_then(|o| (t.data as usize).checked_add(o))
+    else {
+        return;
+    };
+    if n >= min_bytes.max(1)
+        && pinlane::memory::host_page_locked(ptr as *const u8, n, device).unwrap_or(false)
+    {
+        // SAFETY: the driver says all of the memory is page-locked now. Page-locked by
+        // torch's allocator, it stays so while `dl` holds the tensor's storage; by a
+        // registration of pinlane's, the import holds it when it lies inside it, and is
+        // taken as pageable otherwise (one being made or ended, or covering it in part:
+        // `pinned::registered`); by the program's own `cudaHostRegister`, keeping it
+        // registered while pinlane may read it is the program's part (the package's
+        // README says so).
+        unsafe { mark_page_locked(dl) };
+    }
+}
+
 /// Marks a host tensor's descriptor as page-locked, so pinlane copies it directly.
 ///
 /// # Safety
-/// The memory is page-locked and registered with CUDA (torch's `is_pinned()` said so).
+/// The memory is page-locked and registered with CUDA (torch's `is_pinned()` or the
+/// driver said so).
 pub(crate) unsafe fn mark_page_locked(dl: &mut Managed) {
     // SAFETY: `dl` is owned here alone (exclusive borrow); torch's deleter does not read
     // the device field. That the memory is page-locked is the caller's promise.

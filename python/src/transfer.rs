@@ -49,7 +49,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Page-locked sources at least this large are copied straight from their memory; smaller
 /// ones go through the staging ring like pageable ones, where many share one copy (a copy
-/// per tensor costs ~6 us, and asking torch `is_pinned()` ~1 us a tensor).
+/// per tensor costs ~6 us). Only sources this large are asked whether they are
+/// page-locked (of the driver: [`torch::mark_if_page_locked`]).
 const DIRECT_MIN_BYTES: usize = 1 << 20;
 
 /// One input's fate.
@@ -305,9 +306,9 @@ fn h2d_slot<'py>(
         return by_torch(t);
     }
     if views && !maybe_neg {
-        // The plain case (a compact CPU tensor staged by pinlane: small, or pageable as
-        // the driver says) without a managed import.
-        if let Some(p) = torch.host_view(&t, DIRECT_MIN_BYTES, Some(dev)) {
+        // The plain case (a compact CPU tensor staged by pinlane) without a managed
+        // import.
+        if let Some(p) = torch.host_view(&t, DIRECT_MIN_BYTES) {
             inputs.push(p);
             return Ok(Slot::Moved(inputs.len() - 1));
         }
@@ -321,18 +322,10 @@ fn h2d_slot<'py>(
     if !torch.has_dtype(&t, &dl)? {
         return Ok(Slot::Torch(t));
     }
-    // On the host: torch's work there is synchronous, with nothing to wait for first.
-    let (copy, mut dl) = readable(torch, &t, dl, maybe_neg, &mut || Ok(()))?;
-    let src = copy.as_ref().unwrap_or(&t);
-    if torch::nbytes(&dl) >= DIRECT_MIN_BYTES
-        && src
-            .call_method0(intern!(t.py(), "is_pinned"))?
-            .is_truthy()?
-    {
-        // SAFETY: torch says the memory is page-locked (allocated by, or registered
-        // with, CUDA).
-        unsafe { torch::mark_page_locked(&mut dl) };
-    }
+    // On the host: torch's work there is synchronous, with nothing to wait for first. A
+    // contiguous copy made here lives on in `dl` (the import holds its storage).
+    let (_copy, mut dl) = readable(torch, &t, dl, maybe_neg, &mut || Ok(()))?;
+    torch::mark_if_page_locked(&mut dl, DIRECT_MIN_BYTES, dev);
     Ok(match torch::to_pinlane(dl) {
         Ok(p) => {
             inputs.push(p);

@@ -667,19 +667,32 @@ def test_d2h_reads_plain_cuda_tensors_in_place_as_an_import_would(torch):
     assert h.numel() == (1 << 20) - 1 and bool((h == 7.0).all())
 
 
-def test_large_h2d_sources_are_read_in_place_when_page_locked_and_staged_when_not(torch):
-    # H2D sources of 64 KiB or more: the binding asks the driver (not torch's
-    # `is_pinned()`) whether each is page-locked. A page-locked one (`pin_memory()`, or a
-    # view into such memory at an offset) is copied straight from its memory: the call
-    # leases no staging slot (the engine's "leased" mark); a pageable one goes through
-    # the staging ring. Both arrive byte for byte, alone and together.
-    def moved(batch):
+def test_large_h2d_sources_are_read_in_place_when_page_locked_and_staged_when_not(torch, monkeypatch):
+    # H2D sources of 1 MiB or more (`transfer_tensor_h2d`) and of 64 KiB or more
+    # (`copy_into`, `Buffers`): the binding asks the driver, never torch's `is_pinned()`,
+    # whether each is page-locked. A pageable one is read through torch's non-owning view
+    # and staged (the engine's "leased" mark); a page-locked one (`pin_memory()`, or a
+    # view into such memory at an odd offset) is imported and copied straight from its
+    # memory (no staging slot). Every byte arrives.
+    asked = []
+    is_pinned = torch.Tensor.is_pinned
+
+    def counted(self, *a, **k):
+        asked.append(self.data_ptr())
+        return is_pinned(self, *a, **k)
+
+    def traced(call):
         pinlane._native.trace_next_call()
-        out = transfer_tensor_h2d(batch)
-        marks = [m for m, _ in pinlane._native.last_trace() or []]
+        asked.clear()
+        call()
+        return [m for m, _ in pinlane._native.last_trace() or []], len(asked)
+
+    def moved(batch):
+        out = []
+        marks, n = traced(lambda: out.extend(transfer_tensor_h2d(batch)))
         for o, t in zip(out, batch):
             assert same(torch, o, t)
-        return marks
+        return marks, n
 
     mib = 1 << 18  # f32 elements in 1 MiB
     pageable = patterned(torch.float32, (mib,), 1)
@@ -687,12 +700,27 @@ def test_large_h2d_sources_are_read_in_place_when_page_locked_and_staged_when_no
     inside = patterned(torch.float32, (3 * mib,), 3, True)[mib + 5:2 * mib + 5]
     assert locked.is_pinned() and inside.is_pinned() and not pageable.is_pinned()
     moved([locked])  # warm: the first call may set up the thread's stream
+    monkeypatch.setattr(torch.Tensor, "is_pinned", counted)
     for batch in ([locked], [inside], [locked, inside]):
-        marks = moved(batch)
+        marks, n = moved(batch)
         assert marks and "leased" not in marks, f"page-locked sources were staged: {marks}"
+        assert n == 0, f"torch's is_pinned() was asked {n} times"
     for batch in ([pageable], [locked, pageable]):
-        marks = moved(batch)
+        marks, n = moved(batch)
         assert "leased" in marks, f"a pageable source was not staged: {marks}"
+        assert n == 0, f"torch's is_pinned() was asked {n} times"
+    # copy_into's sources: 512 KiB (from 64 KiB on; 256 KiB is where every driver copies
+    # page-locked ones directly).
+    dev = torch.device("cuda", cuda_index(torch))
+    half = mib // 2
+    dst = pinlane.Buffers([torch.empty(half, device=dev)])
+    for src, direct in ((patterned(torch.float32, (half,), 4, True), True),
+                        (patterned(torch.float32, (half,), 5), False)):
+        marks, n = traced(lambda: dst.copy_from([src]))
+        torch.cuda.synchronize(dev)
+        assert same(torch, dst._leaves[0], src)
+        assert ("leased" not in marks) == direct, (direct, marks)
+        assert n == 0, f"torch's is_pinned() was asked {n} times"
 
 
 def test_sub_byte_integer_dtypes_keep_their_dtype(torch):

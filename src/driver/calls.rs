@@ -89,85 +89,88 @@ pub(crate) fn already_registered() -> Result<()> {
 
 /// Whether the `len` bytes of host memory at `p` are page-locked, all in one allocation or
 /// registration: the driver knows the first and the last byte as host memory
-/// (`CU_POINTER_ATTRIBUTE_MEMORY_TYPE`) of one buffer (`CU_POINTER_ATTRIBUTE_BUFFER_ID`).
-/// This is what torch's `Tensor.is_pinned()` asks of the first byte (through the runtime,
-/// after looking for a device with a context, ~1.2 to 1.5 us a call from Python), as one
-/// `cuPointerGetAttributes` call per end. `false` for memory the driver does not know
-/// (pageable), device or managed memory, when the driver fails to answer, and for
-/// `len == 0`.
-pub(crate) fn host_page_locked(_ctx: &ContextGuard, p: *const u8, len: usize) -> bool {
-    // (memory type, buffer id) of the byte at `at`: zeros where the driver has none
-    // (cuPointerGetAttributes answers an unknown address with zeros, not an error).
-    let ask = |at: u64| -> Option<(u32, u64)> {
-        let mut attrs = [
-            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_BUFFER_ID,
-        ];
-        // A CUmemorytype (32-bit) and an unsigned long long.
-        let (mut kind, mut id) = (0u32, 0u64);
-        let mut data: [*mut std::ffi::c_void; 2] =
-            [(&mut kind as *mut u32).cast(), (&mut id as *mut u64).cast()];
-        // SAFETY: two attributes, each with an out-pointer to a live local of its type;
-        // the driver only looks the address up, it reads no memory there; a context is
-        // current.
-        let res = unsafe {
-            super::api::cuPointerGetAttributes(2, attrs.as_mut_ptr(), data.as_mut_ptr(), at)
-        };
-        (res == sys::CUresult::CUDA_SUCCESS).then_some((kind, id))
-    };
+/// (`CU_POINTER_ATTRIBUTE_MEMORY_TYPE`) of one buffer ([`one_buffer_where`]). This is
+/// what torch's `Tensor.is_pinned()` asks of the first byte (through the runtime, after
+/// looking for a device with a context, ~1.2 to 1.5 us a call from Python). `false` for
+/// memory the driver does not know (pageable), device or managed memory, when the driver
+/// fails to answer, and for `len == 0`.
+pub(crate) fn host_page_locked(ctx: &ContextGuard, p: *const u8, len: usize) -> bool {
     let host = sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32;
-    let Some(last_off) = (len as u64).checked_sub(1) else {
-        return false;
-    };
-    let (first, last) = (p as u64, (p as u64).wrapping_add(last_off));
-    let Some((kind, id)) = ask(first) else {
-        return false;
-    };
-    if kind != host || id == 0 {
-        return false;
-    }
-    first == last || ask(last) == Some((host, id))
+    one_buffer_where(
+        ctx,
+        p,
+        len,
+        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+        // A CUmemorytype: 32-bit, in the slot's first four bytes.
+        |_, v| u32::from_ne_bytes([v[0], v[1], v[2], v[3]]) == host,
+    )
 }
 
 /// Whether kernels of the current context may read the `len` bytes of host memory at `p`
 /// at that same address: the driver maps the first and the last byte for the device
 /// there (`CU_POINTER_ATTRIBUTE_DEVICE_POINTER`), and both lie in one allocation or
-/// registration (`CU_POINTER_ATTRIBUTE_BUFFER_ID`), so every byte between them is mapped
-/// too (two registrations side by side, or with a hole between them, are not one). One
-/// `cuPointerGetAttributes` call per end. `false` for memory the driver does not map for
-/// the device (not page-locked, or registered without a device mapping), maps at another
-/// address, or when the driver fails to answer; `false` for `len == 0`.
-pub(crate) fn host_mapped_in_place(_ctx: &ContextGuard, p: *const u8, len: usize) -> bool {
-    // (device pointer, buffer id) of the byte at `at`: 0 for either where the driver has
-    // none (cuPointerGetAttributes answers an unknown address with zeros, not an error).
-    let ask = |at: u64| -> Option<(u64, u64)> {
+/// registration ([`one_buffer_where`]), so every byte between them is mapped too (two
+/// registrations side by side, or with a hole between them, are not one). `false` for
+/// memory the driver does not map for the device (not page-locked, or registered without
+/// a device mapping), maps at another address, or when the driver fails to answer;
+/// `false` for `len == 0`.
+pub(crate) fn host_mapped_in_place(ctx: &ContextGuard, p: *const u8, len: usize) -> bool {
+    one_buffer_where(
+        ctx,
+        p,
+        len,
+        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_POINTER,
+        // A CUdeviceptr: 64-bit.
+        |at, v| u64::from_ne_bytes(v) == at,
+    )
+}
+
+/// Whether the `len` bytes at `p` lie in one allocation or registration the driver knows
+/// (the same `CU_POINTER_ATTRIBUTE_BUFFER_ID`, not 0, at the first and the last byte: every
+/// byte between them is then in it too), with `attr`'s value at each end accepted by
+/// `ok(address, value)`. `value` is the 8-byte slot, zeroed, that the driver wrote the
+/// attribute into (a 32-bit attribute fills its first four bytes). One
+/// `cuPointerGetAttributes` call per end, under the context `_ctx` keeps current. `false` for
+/// `len == 0` and when the driver fails to answer (it answers an address it does not know
+/// with zeros, not an error).
+fn one_buffer_where(
+    _ctx: &ContextGuard,
+    p: *const u8,
+    len: usize,
+    attr: sys::CUpointer_attribute,
+    ok: impl Fn(u64, [u8; 8]) -> bool,
+) -> bool {
+    // (`attr`'s slot, buffer id) of the byte at `at`.
+    let ask = |at: u64| -> Option<([u8; 8], u64)> {
         let mut attrs = [
-            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_POINTER,
+            attr,
             sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_BUFFER_ID,
         ];
-        // Both 64-bit: a CUdeviceptr, and an unsigned long long.
-        let (mut dev, mut id) = (0u64, 0u64);
-        let mut data: [*mut std::ffi::c_void; 2] =
-            [(&mut dev as *mut u64).cast(), (&mut id as *mut u64).cast()];
-        // SAFETY: two attributes, each with an out-pointer to a live local of its type;
-        // the driver only looks the address up, it reads no memory there; a context is
-        // current.
+        let (mut value, mut id) = (0u64, 0u64);
+        let mut data: [*mut std::ffi::c_void; 2] = [
+            (&mut value as *mut u64).cast(),
+            (&mut id as *mut u64).cast(),
+        ];
+        // SAFETY: two attributes, each with an out-pointer to a live, aligned 64-bit local
+        // (room for the widest attribute asked here; the buffer id is an unsigned long
+        // long); the driver only looks the address up, it reads no memory there; a
+        // context is current (`_ctx`).
         let res = unsafe {
             super::api::cuPointerGetAttributes(2, attrs.as_mut_ptr(), data.as_mut_ptr(), at)
         };
-        (res == sys::CUresult::CUDA_SUCCESS).then_some((dev, id))
+        (res == sys::CUresult::CUDA_SUCCESS).then_some((value.to_ne_bytes(), id))
     };
     let Some(last_off) = (len as u64).checked_sub(1) else {
         return false;
     };
     let (first, last) = (p as u64, (p as u64).wrapping_add(last_off));
-    let Some((dev, id)) = ask(first) else {
+    let Some((v, id)) = ask(first) else {
         return false;
     };
-    if dev != first || id == 0 {
+    if id == 0 || !ok(first, v) {
         return false;
     }
-    first == last || ask(last) == Some((last, id))
+    first == last || matches!(ask(last), Some((w, same)) if same == id && ok(last, w))
 }
 
 /// Allocates `nbytes` (> 0) of device memory from pinlane's pool of `device`, ready in
