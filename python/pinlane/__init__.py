@@ -231,11 +231,11 @@ def transfer_tensor_h2d(batch, /, *, num_caches=4):
     * Sources are read in place: page-locked ones (``pin_memory()``) of 1 MiB and more
       are copied straight from their memory; pageable ones, and smaller page-locked ones,
       through pinlane's page-locked staging ring, where many small tensors share one
-      copy. The driver says which large sources are page-locked. A non-contiguous or negated tensor is first made a plain contiguous tensor on
-      the host, and its output is contiguous. While the call runs (it lets go of the
-      GIL), no other thread may write, resize or re-point (``resize_``, ``set_``,
-      ``.data =``) a tensor of ``batch``: as for torch's own copies, pinlane reads its
-      memory in place.
+      copy. The driver says which large sources are page-locked. A non-contiguous or
+      negated tensor is first made a plain contiguous tensor on the host, and its output
+      is contiguous. While the call runs (it lets go of the GIL), no other thread may
+      write, resize or re-point (``resize_``, ``set_``, ``.data =``) a tensor of
+      ``batch``: as for torch's own copies, pinlane reads its memory in place.
     * The call returns once the copies are done; the outputs are ready for work on any
       stream. Their memory is freed, when torch lets them go, in order on torch's current
       stream of the device at the time of the call. If that stream is a

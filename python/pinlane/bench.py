@@ -446,7 +446,7 @@ def rounds_notes(rows):
              f"{FLOOR}: {r['median_us']:.1f} us, {r['fraction_of_limit']:.3f} of the limit"
              for r in rows if r["lib"] == FLOOR]
     lines += [f"{r['batch']} {r['direction']}: every way timed in rounds (order seed {r['order_seed']}), "
-              f"{r.get('block', 1)} call(s) in a row per way per round, {r['calls']} timed calls of pinlane"
+              f"{r['block']} call(s) in a row per way per round, {r['calls']} timed calls of pinlane"
               for r in rows if r["lib"] == "pinlane" and r["timing"] == "rounds" and r["bytes"] < SMALL_BYTES]
     return lines
 

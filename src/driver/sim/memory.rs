@@ -105,21 +105,19 @@ impl Memory {
 
     /// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE` of the byte at `addr`: `CU_MEMORYTYPE_HOST` (1)
     /// for a registration or a live page-locked allocation, `CU_MEMORYTYPE_DEVICE` (2)
-    /// for a live device allocation, none for memory the driver does not know.
+    /// for a live device allocation, none for memory the driver does not know: the buffer
+    /// [`Memory::buffer_id`] finds there.
     pub(super) fn memory_type(&self, addr: u64) -> Option<u32> {
-        let registered = self
-            .registered
-            .range(..=addr)
-            .next_back()
-            .is_some_and(|(&s, &(len, _))| addr - s < len as u64);
-        if registered {
-            return Some(1);
+        let id = self.buffer_id(addr)?;
+        if id & 1 << 63 != 0 {
+            return Some(1); // a registration
         }
-        self.live
-            .range(..=addr)
-            .next_back()
-            .filter(|(&s, r)| addr - s < r.len.max(1) as u64)
-            .map(|(_, r)| if r.device.is_some() { 2 } else { 1 })
+        // Any other id is a live allocation's start address.
+        Some(if self.live.get(&id)?.device.is_some() {
+            2
+        } else {
+            1
+        })
     }
 
     /// `CU_POINTER_ATTRIBUTE_BUFFER_ID` of the byte at `addr`: one id per registration and
