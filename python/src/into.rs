@@ -21,8 +21,8 @@ use pyo3::prelude::*;
 /// Page-locked sources at least this large are read in place by the device (copied
 /// straight from their memory, the engine's threshold where the driver has
 /// `cuMemcpyBatchAsync`, or read by the scatter kernel where the device maps them);
-/// smaller ones are staged, and torch is not asked `is_pinned()` for them (~1 us a
-/// tensor).
+/// smaller ones are staged, and the driver is not asked about them
+/// ([`torch::mark_if_page_locked`]).
 pub(crate) const DIRECT_MIN_BYTES: usize = 64 << 10;
 
 pub(crate) fn bad(k: usize, what: &str) -> PyErr {
@@ -57,31 +57,6 @@ pub(crate) fn check_source_side(
         },
         (false, _) => Err(bad_in(call, k, "the source is not a CUDA tensor")),
     }
-}
-
-/// Marks an H2D source `dl` (of torch tensor `s`) as page-locked when it is at least
-/// `min_bytes` and torch says so, so that pinlane reads it in place (the device, after the
-/// call returns): copies it straight from its memory, or has the scatter kernel read it
-/// where the device maps it. Smaller ones are staged, and torch is not asked. `copy_into`
-/// and `Pairs` pass [`DIRECT_MIN_BYTES`]; `Pairs(..., in_place=True)` 0.
-pub(crate) fn mark_if_pinned(
-    s: &Bound<'_, PyAny>,
-    dl: &mut Managed,
-    min_bytes: usize,
-) -> PyResult<()> {
-    if torch::nbytes(dl) >= min_bytes.max(1)
-        && s.call_method0(intern!(s.py(), "is_pinned"))?.is_truthy()?
-    {
-        // SAFETY: torch says the memory is page-locked now. Page-locked by torch's
-        // allocator, it stays so while `dl` holds the tensor's storage; by a registration
-        // of pinlane's, the import holds it when it lies inside it, and is taken as
-        // pageable otherwise (one being made or ended, or covering it in part:
-        // `pinned::registered`); by the program's own `cudaHostRegister`,
-        // keeping it registered while pinlane may read it is the program's part (the
-        // package's README says so).
-        unsafe { torch::mark_page_locked(dl) };
-    }
-    Ok(())
 }
 
 /// One destination, as imported.
@@ -366,11 +341,14 @@ impl Targets {
         }
         let (copy, mut dl) = readable(torch, s, dl, maybe_neg, &mut || Ok(()))?;
         if self.h2d {
-            match self.device {
-                // The driver says (in the destinations' device's context).
-                Some(d) => torch::mark_if_page_locked(&mut dl, DIRECT_MIN_BYTES, Device::cuda(d)),
-                None => mark_if_pinned(copy.as_ref().unwrap_or(s), &mut dl, DIRECT_MIN_BYTES)?,
-            }
+            // An H2D source has a destination, so the destinations' device: the driver
+            // says, in its context, whether the source is page-locked.
+            let Some(d) = self.device else {
+                return Err(PyRuntimeError::new_err(
+                    "copy_into: internal error: CUDA destinations without a device",
+                ));
+            };
+            torch::mark_if_page_locked(&mut dl, DIRECT_MIN_BYTES, Device::cuda(d));
         }
         temps.extend(copy);
         torch::to_pinlane(dl).map(Some)

@@ -7,7 +7,7 @@
 //! The destinations are a [`Targets`]' (its rules, and its one-writer lock).
 
 use crate::errors::to_py;
-use crate::into::{bad_in, check_source_side, mark_if_pinned, Dst, Targets, DIRECT_MIN_BYTES};
+use crate::into::{bad_in, check_source_side, Dst, Targets, DIRECT_MIN_BYTES};
 use crate::torch::{self, Torch};
 use pinlane::{Device, H2dPairs, Tensor};
 use pyo3::intern;
@@ -155,8 +155,8 @@ impl Pairs {
 
 /// Source `k`, imported to be read in place at every call: on the side `h2d` says (a CUDA
 /// source's device goes to `device`, and must match it), contiguous, without the negation
-/// bit, of a dtype pinlane has; marked page-locked from `pinned_min` bytes on, where torch
-/// says it is.
+/// bit, of a dtype pinlane has; marked page-locked from `pinned_min` bytes on, where the
+/// driver says it is.
 fn import(
     torch: &Torch,
     k: usize,
@@ -197,7 +197,14 @@ fn import(
         ));
     }
     if h2d {
-        mark_if_pinned(s, &mut dl, pinned_min)?;
+        // H2D: `device` is the destinations' (a `Targets` of CUDA tensors has one); the
+        // driver says, in its context, whether the source is page-locked.
+        let Some(d) = *device else {
+            return Err(pyo3::exceptions::PyRuntimeError::new_err(
+                "Pairs: internal error: CUDA destinations without a device",
+            ));
+        };
+        torch::mark_if_page_locked(&mut dl, pinned_min, Device::cuda(d));
     }
     torch::to_pinlane(dl)
 }

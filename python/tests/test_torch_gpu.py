@@ -721,6 +721,19 @@ def test_large_h2d_sources_are_read_in_place_when_page_locked_and_staged_when_no
         assert same(torch, dst._leaves[0], src)
         assert ("leased" not in marks) == direct, (direct, marks)
         assert n == 0, f"torch's is_pinned() was asked {n} times"
+    # Pairs' sources: asked once, when binding; a page-locked one is read in place at
+    # every copy, a pageable one staged (in_place=True page-locks it where it is).
+    for src, in_place, direct in ((patterned(torch.float32, (half,), 6, True), False, True),
+                                  (patterned(torch.float32, (half,), 7), False, False),
+                                  (patterned(torch.float32, (half,), 8), True, True)):
+        asked.clear()
+        pairs = pinlane.Pairs(dst, [src], in_place=in_place)
+        assert len(asked) == 0, f"torch's is_pinned() was asked {len(asked)} times"
+        marks, n = traced(pairs.copy)
+        torch.cuda.synchronize(dev)
+        assert same(torch, dst._leaves[0], src)
+        assert ("leased" not in marks) == direct, (in_place, direct, marks)
+        del pairs
 
 
 def test_sub_byte_integer_dtypes_keep_their_dtype(torch):
@@ -827,15 +840,32 @@ def test_shutdown_gives_memory_back_and_the_next_call_starts_afresh(torch):
 
 def test_one_plain_tensor_takes_the_short_way_with_the_general_results(torch):
     """One plain tensor, alone or in a list or tuple of one, goes to the native half in one
-    positional call (``_plain_one``): the same outputs as the general path gives, in the
+    positional call (``_native.h2d_one``, ``_native.d2h_one``): the same outputs as the general path gives, in the
     same container, for every way of naming the device; a negated tensor and a subclass
     take the general path and arrive as they should."""
     dev = cuda_index(torch)
     t = pattern(torch, torch.float32, (256,), 5)
     transfer_tensor_h2d([t])  # torch and pinlane have now seen the GPU
-    assert pinlane._plain_one(t) is t
+    native = pinlane._native
+    taken = []
+
+    class Counted:
+        # The native half, counting its one-tensor calls.
+        def __getattr__(self, name):
+            if name in ("h2d_one", "d2h_one"):
+                taken.append(name)
+            return getattr(native, name)
+
     for batch in (t, [t], (t,)):
-        assert pinlane._plain_one(batch) is t
+        taken.clear()
+        pinlane._native = Counted()
+        try:
+            d = transfer_tensor_h2d(batch, num_caches=2)
+            h = transfer_tensor_d2h(d)
+        finally:
+            pinlane._native = native
+        assert taken == ["h2d_one", "d2h_one"], taken
+        assert type(h) is type(batch) and same(torch, h if type(h) is type(t) else h[0], t)
         d = transfer_tensor_h2d(batch, num_caches=2)
         one = d if type(batch) is type(t) else d[0]
         assert type(d) is type(batch) and one.is_cuda and one.device.index == dev
@@ -850,10 +880,9 @@ def test_one_plain_tensor_takes_the_short_way_with_the_general_results(torch):
     # Not the short way: each arrives as the general path delivers it.
     z = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
     neg = z.conj().imag
-    assert neg.is_neg() and pinlane._plain_one([neg]) is None
+    assert neg.is_neg()
     assert same(torch, transfer_tensor_h2d([neg])[0], torch.tensor([-2.0, 4.0]))
     p = torch.nn.Parameter(t.clone(), requires_grad=False)
-    assert pinlane._plain_one(p) is None
     assert same(torch, transfer_tensor_h2d(p), t)
     # A device tensor given to H2D, a host one given to D2H: the same objects.
     on = transfer_tensor_h2d(t)

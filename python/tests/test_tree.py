@@ -214,15 +214,40 @@ class SignedLeaf(Leaf):
         return self.neg
 
 
+class _Declined(Exception):
+    """What the stand-in native half raises where a call leaves its short way."""
+
+
+class _ShortWay:
+    """Stands in for ``pinlane._native``: records the tensors its one-tensor entries get
+    and gives each back moved (or as it is, with ``same``); any other entry raises
+    ``_Declined``."""
+
+    def __init__(self, same=False):
+        self.got, self.same = [], same
+
+    def _one(self, t, _arg):
+        self.got.append(t)
+        return t if self.same else ("moved", t)
+
+    h2d_one = d2h_one = _one
+
+    def __getattr__(self, name):
+        raise _Declined(name)
+
+
 @settings(max_examples=300, deadline=None)
-@given(batches)
-@example([SignedLeaf(0)])
-@example((SignedLeaf(0, neg=True),))
-@example(SignedLeaf(1))
-def test_the_calls_plain_tensor_way_takes_exactly_the_plain_single_tensors(batch):
-    """``_plain_one`` (the native half in one call) takes a batch that ``_single`` takes,
-    only where that leaf is of exactly the tensor type and not negated, and nothing
-    before torch and pinlane have seen a GPU (``_Tensor`` unset)."""
+@given(batches, st.booleans())
+@example([SignedLeaf(0)], False)
+@example((SignedLeaf(0),), True)
+@example((SignedLeaf(0, neg=True),), False)
+@example(SignedLeaf(1), False)
+def test_the_calls_plain_tensor_way_takes_exactly_the_plain_single_tensors(batch, same):
+    """Both public calls hand the native half one tensor in one call (``h2d_one``,
+    ``d2h_one``) exactly where ``_single`` takes the batch, that leaf is of exactly the
+    tensor type and not negated, and torch and pinlane have seen a GPU (``_Tensor``
+    set); the result is the batch's container with the output in its place, or the batch
+    itself where the output is the input. Any other batch goes on to the other ways."""
     import pinlane
 
     def signed(b):
@@ -232,19 +257,38 @@ def test_the_calls_plain_tensor_way_takes_exactly_the_plain_single_tensors(batch
         return rebuild(b, Leaf, [x if type(x) is SignedLeaf else SignedLeaf(x.n, neg=x.n % 3 == 0)
                                  for x in flatten(b, Leaf)])
 
+    class Sub(SignedLeaf):
+        pass
+
+    def declined():
+        raise _Declined("general")
+
     batch = signed(batch)
-    seen = pinlane._Tensor  # torch.Tensor where an earlier test used the GPU
+    one = pinlane._single(batch, SignedLeaf)
+    want = one if one is not None and type(one) is SignedLeaf and not one.neg else None
+    calls = (lambda b: pinlane.transfer_tensor_h2d(b, num_caches=2),
+             lambda b: pinlane.transfer_tensor_d2h(b, device="cuda:0"))
+    saved = pinlane._native, pinlane._Tensor, pinlane._torch_with_cuda
     try:
-        pinlane._Tensor = None
-        assert pinlane._plain_one(batch) is None
-        pinlane._Tensor = SignedLeaf
-        one = pinlane._single(batch, SignedLeaf)
-        want = one if one is not None and type(one) is SignedLeaf and not one.neg else None
-        assert pinlane._plain_one(batch) is want
-
-        class Sub(SignedLeaf):
-            pass
-
-        assert pinlane._plain_one([Sub(1)]) is None
+        pinlane._torch_with_cuda = declined
+        for tensor_type in (None, SignedLeaf):
+            for call in calls:
+                for b in (batch, [Sub(1)]):
+                    native = _ShortWay(same)
+                    pinlane._native, pinlane._Tensor = native, tensor_type
+                    taken = want if tensor_type is not None and b is batch else None
+                    if taken is None:
+                        with pytest.raises(_Declined):
+                            call(b)
+                        assert native.got == []
+                        continue
+                    out = call(b)
+                    assert native.got == [taken]
+                    if same:
+                        assert out is b
+                    elif b is taken:
+                        assert out == ("moved", taken)
+                    else:
+                        assert type(out) is type(b) and list(out) == [("moved", taken)]
     finally:
-        pinlane._Tensor = seen
+        pinlane._native, pinlane._Tensor, pinlane._torch_with_cuda = saved
