@@ -15,7 +15,9 @@ call (us):
   flat list), kept;
 * the native list call told no input is negated (`_native.d2h` / `h2d`, `maybe_neg=False`),
   kept: the flat walk and rebuild are the difference;
-* its engine span (the trace's last mark, the same call traced);
+* its engine span (the trace's last mark), and the binding's own phases (`_native.last_split`,
+  from session 53 on: each phase's median, from the previous mark), of the native flat
+  call traced;
 * torch: `unbind(0)` of a [1000, 256] tensor under `torch.no_grad()` (what the outputs'
   tensors cost at the least; the binding's split uses a guard a little cheaper), kept;
   and dropping those 1000 rows;
@@ -94,11 +96,18 @@ def main():
             del rows
             drop_times.append(time.perf_counter() - t0)
 
+        phases = {}
+
         def traced(r):
             _native.trace_next_call()
-            out = native(inputs[r % SETS])
+            out = flat(inputs[r % SETS])
             trace = _native.last_trace() or []
             spans.append(trace[-1][1] if trace else float("nan"))
+            last_split = getattr(_native, "last_split", lambda: None)
+            prev = 0.0
+            for m, us in last_split() or []:
+                phases.setdefault(m, []).append(us - prev)
+                prev = us
             return out
 
         drop_times = []
@@ -107,7 +116,7 @@ def main():
             ("public call, outputs kept", lambda r: public(inputs[r % SETS])),
             ("native flat call, kept", lambda r: flat(inputs[r % SETS])),
             ("native list call (maybe_neg=False), kept", lambda r: native(inputs[r % SETS])),
-            ("the same, traced (engine span below)", traced),
+            ("native flat call traced, kept (phases below)", traced),
             ("torch unbind(0) under no_grad, kept", unbind),
             ("dropping 1000 rows (the del timed inside)", drop_rows),
             ("t.requires_grad of every input", lambda r: [t.requires_grad for t in inputs[r % SETS]]),
@@ -125,6 +134,8 @@ def main():
             med = statistics.median(got[n]) * 1e6
             print(f"  {n:<48} {med:9.1f}")
         print(f"  {'engine span of the traced native call':<48} {statistics.median(spans):9.1f}")
+        for m, v in phases.items():
+            print(f"  {'  binding phase to ' + repr(m):<48} {statistics.median(v):9.1f}")
         print(f"  {'dropping 1000 rows, the del alone':<48} {statistics.median(drop_times) * 1e6:9.1f}")
         spans.clear()
 

@@ -3,6 +3,7 @@
 //! the Python half's walk (`flatten`, `any(map(Tensor.is_neg, ...))`, `rebuild`), which
 //! costs microseconds of interpreter work a call.
 
+use crate::split;
 use crate::transfer::{d2h_plain, h2d_plain};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::intern;
@@ -102,11 +103,15 @@ pub(crate) fn d2h_flat<'py>(
     tensor_type: Bound<'py, PyAny>,
     device: Option<&str>,
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let _split = split::start();
     let Some(parts) = parts(&batch, &tensor_type)? else {
         return Ok(None);
     };
+    split::mark("walked");
     let outs = d2h_plain(py, parts.tensors.clone(), device)?;
-    rebuilt(py, batch, parts, outs).map(Some)
+    let out = rebuilt(py, batch, parts, outs).map(Some);
+    split::mark("rebuilt");
+    out
 }
 
 /// `transfer_tensor_h2d` of a flat batch ([`parts`]) onto cuda:{LOCAL_RANK}: the batch
@@ -120,12 +125,16 @@ pub(crate) fn h2d_flat<'py>(
     tensor_type: Bound<'py, PyAny>,
     num_caches: Bound<'py, PyAny>,
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let _split = split::start();
     let Some(parts) = parts(&batch, &tensor_type)? else {
         return Ok(None);
     };
+    split::mark("walked");
     // Read only now, as the general path reads it only for a batch with tensors (an int
     // of 0 or more, checked by the Python half; past `usize` it is an `OverflowError`).
     let num_caches: usize = num_caches.extract()?;
     let outs = h2d_plain(py, parts.tensors.clone(), num_caches)?;
-    rebuilt(py, batch, parts, outs).map(Some)
+    let out = rebuilt(py, batch, parts, outs).map(Some);
+    split::mark("rebuilt");
+    out
 }

@@ -10,12 +10,15 @@
 //! | [`errors`] | pinlane's errors as the Python exceptions spdl raises |
 //! | [`torch`] | torch tensor <-> pinlane tensor, through the exchange API |
 //! | [`transfer`] | the two calls, with the GIL released while copies run |
+//! | [`flat`] | flat batches walked and rebuilt in the call that moves them |
+//! | [`split`] | the binding's own phases of a call, for the benches |
 //! | [`weights`] | safetensors checkpoints onto the device (`pinlane::weights`) |
 
 mod errors;
 mod flat;
 mod into;
 mod pairs;
+mod split;
 mod torch;
 mod transfer;
 mod weights;
@@ -111,10 +114,11 @@ fn configure(settings: Option<&Bound<'_, pyo3::types::PyDict>>) -> PyResult<()> 
 }
 
 /// Arms pinlane's phase timer for the calling thread's next transfer (for the benches:
-/// where one call's time goes).
+/// where one call's time goes), the engine's and the binding's own ([`last_split`]).
 #[pyfunction]
 fn trace_next_call() {
     pinlane::observe::trace_next_call();
+    split::arm();
 }
 
 /// The phases of the calling thread's last traced call: `[(mark, microseconds from the
@@ -126,6 +130,14 @@ fn last_trace() -> Option<Vec<(&'static str, f64)>> {
             .map(|(n, d)| (n, d.as_secs_f64() * 1e6))
             .collect()
     })
+}
+
+/// The binding's phases of the calling thread's last traced call (its native entry to
+/// its return, the engine's span inside): `[(mark, microseconds from the entry)]`, the
+/// last `"end"`, or `None`.
+#[pyfunction]
+fn last_split() -> Option<Vec<(&'static str, f64)>> {
+    split::last()
 }
 
 /// Gives cached memory back (see `pinlane::trim`).
@@ -214,6 +226,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(trim, m)?)?;
     m.add_function(wrap_pyfunction!(trace_next_call, m)?)?;
     m.add_function(wrap_pyfunction!(last_trace, m)?)?;
+    m.add_function(wrap_pyfunction!(last_split, m)?)?;
     m.add_function(wrap_pyfunction!(shutdown, m)?)?;
     m.add_function(wrap_pyfunction!(settle, m)?)?;
     m.add_function(wrap_pyfunction!(configure, m)?)?;

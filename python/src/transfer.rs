@@ -39,6 +39,7 @@
 //! [`Torch::export_all`]); benches/py_overhead.py sets it high to time the per-tensor way.
 
 use crate::errors::to_py;
+use crate::split;
 use crate::torch::{self, Kind, Managed, Torch};
 use pinlane::{D2hOptions, Device, Event, H2dOptions, RawEvent, RawStream, Stream, Tensor};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -79,6 +80,7 @@ fn outputs<'py>(
     before_torch: BeforeTorch<'_>,
 ) -> PyResult<Vec<Bound<'py, PyAny>>> {
     let exported = torch.export_all(py, moved, min_run)?;
+    split::mark("exported");
     outputs_from(py, slots, exported, target, before_torch)
 }
 
@@ -105,6 +107,7 @@ fn outputs_from<'py>(
             }
         });
     }
+    split::mark("listed");
     Ok(out)
 }
 
@@ -197,6 +200,7 @@ pub(crate) fn h2d<'py>(
     maybe_neg: bool,
     views: bool,
 ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    let _split = split::start();
     let Some(first) = tensors.first() else {
         return Ok(Vec::new());
     };
@@ -214,6 +218,7 @@ pub(crate) fn h2d<'py>(
     for t in tensors {
         slots.push(h2d_slot(&torch, t, dev, maybe_neg, views, &mut inputs)?);
     }
+    split::mark("imported");
     if inputs.is_empty() {
         return outputs(py, &torch, slots, &[], min_run, &target, &mut || Ok(()));
     }
@@ -237,7 +242,9 @@ pub(crate) fn h2d<'py>(
     let moved = py
         .detach(|| pinlane::transfer_tensor_h2d_with(&inputs, &opts))
         .map_err(to_py)?;
+    split::mark("copied");
     drop(inputs);
+    split::mark("inputs dropped");
     outputs(py, &torch, slots, &moved, min_run, &target, &mut || Ok(()))
 }
 
@@ -376,6 +383,7 @@ pub(crate) fn d2h<'py>(
     maybe_neg: bool,
     views: bool,
 ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    let _split = split::start();
     check_device(device)?;
     if stream.is_some() && device.is_none() {
         return Err(to_py(pinlane::Error::StreamWithoutDevice));
@@ -445,6 +453,7 @@ pub(crate) fn d2h<'py>(
             &mut current,
         )?);
     }
+    split::mark("imported");
     let before = &mut || gate.pass(py);
     if inputs.is_empty() {
         return outputs(py, &torch, slots, &[], min_run, "cpu", before);
@@ -483,10 +492,12 @@ pub(crate) fn d2h<'py>(
         })
     }
     .map_err(to_py)?;
+    split::mark("copied");
     if stream.is_none() {
         set_warm(dev, epoch);
     }
     drop(inputs);
+    split::mark("inputs dropped");
     let exported = match exported {
         Some(v) => v.into_iter().map(|o| o.into_bound(py)).collect(),
         // Not handed over while the copies ran (a small batch, a mode that would see the
@@ -494,6 +505,7 @@ pub(crate) fn d2h<'py>(
         // handed over now (a lasting failure is raised here).
         None => torch.export_all(py, &moved, min_run)?,
     };
+    split::mark("exported");
     outputs_from(py, slots, exported, "cpu", before)
 }
 

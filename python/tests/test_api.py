@@ -114,3 +114,25 @@ except RuntimeError as e:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:3] == ["refused True", "refused True", "running True"], out.stdout
+
+
+def test_a_traced_call_records_the_bindings_own_phases_once():
+    # `_native.trace_next_call()` arms the binding's phase timer for the thread's next
+    # call (the benches' split of a call outside the engine). A flat batch of stand-ins is
+    # walked, then refused for its device string: the phases up to there, and "end".
+    from pinlane import _native
+
+    class T:
+        def is_neg(self):
+            return False
+
+    _native.trace_next_call()
+    with pytest.raises(ValueError):
+        _native.d2h_flat([T(), T()], T, "bogus")
+    marks = _native.last_split()
+    assert [m for m, _ in marks] == ["walked", "end"], marks
+    assert 0 <= marks[0][1] <= marks[1][1]
+    # Unarmed, a call leaves the last phases as they were.
+    with pytest.raises(ValueError):
+        _native.d2h_flat([T()], T, "bogus")
+    assert _native.last_split() == marks

@@ -890,6 +890,33 @@ def test_one_plain_tensor_takes_the_short_way_with_the_general_results(torch):
     assert transfer_tensor_h2d([on])[0] is on and transfer_tensor_d2h((t,))[0] is t
 
 
+def test_a_traced_flat_call_records_every_phase_of_the_binding_in_order(torch):
+    """The binding's own phases of a traced flat call (``_native.last_split``, what
+    benches/probes/many_split.py splits): both directions, every phase once, in order,
+    the engine's copies inside "copied"; the nested list call does not end the timing
+    early (its "end" would come before "rebuilt")."""
+    dev = cuda_index(torch)
+    native = pinlane._native
+    host = [pattern(torch, torch.float32, (64,), i) for i in range(3)]
+    on = transfer_tensor_h2d(host)
+    torch.cuda.synchronize()
+    calls = {
+        "h2d": lambda: native.h2d_flat(host, torch.Tensor, 2),
+        "d2h": lambda: native.d2h_flat(on, torch.Tensor, f"cuda:{dev}"),
+    }
+    for name, call in calls.items():
+        native.trace_next_call()
+        out = call()
+        assert all(same(torch, o, h) for o, h in zip(out, host)), name
+        marks = native.last_split()
+        assert [m for m, _ in marks] == ["walked", "imported", "copied", "inputs dropped",
+                                         "exported", "listed", "rebuilt", "end"], (name, marks)
+        times = [t for _, t in marks]
+        assert times == sorted(times), (name, marks)
+        engine = native.last_trace()
+        assert engine and engine[-1][1] <= times[2] - times[1] + 1.0, (name, engine, marks)
+
+
 def test_flat_batches_take_the_native_way_with_the_general_results(torch, monkeypatch):
     """A flat dict, list or tuple of plain tensors is walked and rebuilt in the native
     half, both ways (``_native.d2h_flat``, ``_native.h2d_flat``), and the public calls
