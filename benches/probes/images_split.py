@@ -18,7 +18,9 @@ us:
   managed import per source, where the public call reads these sources, under 1 MiB,
   through torch's non-owning view, as it did before session 52 too);
 * the engine's part of the public call: its trace's last mark (from the engine call's
-  start to the copies done), and each phase's median (as `bench-transfer --trace`).
+  start to the copies done), and each phase's median (as `bench-transfer --trace`);
+  from session 53, the binding's own phases of the same traced calls (`_native.last_split`:
+  each phase's median, from the previous mark).
 * H2D only: the same batch from sources made with `torch.empty(...).copy_()` (a second
   allocator pattern) and from one 9.6 MB tensor's rows (`unbind(0)`), to see whether the
   sources' memory matters.
@@ -76,6 +78,8 @@ def main():
     times = {w: [] for w in ways}
     drops = {w: [] for w in ways if "held" in w}
     marks = {"H2D": [], "D2H": []}
+    splits = {"H2D": [], "D2H": []}
+    last_split = getattr(_native, "last_split", lambda: None)
     rng = random.Random(52)
     for r in range(ROUNDS + 2):
         order = list(ways)
@@ -99,8 +103,11 @@ def main():
             _native.trace_next_call()
             fn()
             m = _native.last_trace()
+            b = last_split()
             if m and r >= 2:
                 marks[direction].append(m)
+            if b and r >= 2:
+                splits[direction].append(b)
     print(f"64 x 3x224x224 u8, one process, ways in rounds ({ROUNDS} rounds x {CALLS} calls), medians, us")
     print("| way | call | drop of the held outputs |")
     print("| --- | ---: | ---: |")
@@ -120,6 +127,14 @@ def main():
         total = statistics.median(m[-1][1] for m in same)
         print(f"{direction} public call's engine part (traced, {len(same)} calls): ends at {total:.1f} us; "
               + ", ".join(phases))
+    for direction, runs in splits.items():
+        if not runs:
+            continue
+        first = runs[0]
+        same = [m for m in runs if [n for n, _ in m] == [n for n, _ in first]]
+        phases = [f"{name} +{statistics.median(m[j][1] - (m[j - 1][1] if j else 0.0) for m in same):.1f}"
+                  for j, (name, _) in enumerate(first)]
+        print(f"{direction} public call's binding phases (traced, {len(same)} calls): " + ", ".join(phases))
 
 
 if __name__ == "__main__":
