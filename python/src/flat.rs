@@ -103,14 +103,16 @@ pub(crate) fn d2h_flat<'py>(
     tensor_type: Bound<'py, PyAny>,
     device: Option<&str>,
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
-    let _split = split::start();
+    let entry = split::start();
     let Some(parts) = parts(&batch, &tensor_type)? else {
+        entry.decline();
         return Ok(None);
     };
     split::mark("walked");
     let outs = d2h_plain(py, parts.tensors.clone(), device)?;
     let out = rebuilt(py, batch, parts, outs).map(Some);
     split::mark("rebuilt");
+    drop(entry);
     out
 }
 
@@ -125,8 +127,9 @@ pub(crate) fn h2d_flat<'py>(
     tensor_type: Bound<'py, PyAny>,
     num_caches: Bound<'py, PyAny>,
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
-    let _split = split::start();
+    let entry = split::start();
     let Some(parts) = parts(&batch, &tensor_type)? else {
+        entry.decline();
         return Ok(None);
     };
     split::mark("walked");
@@ -136,5 +139,6 @@ pub(crate) fn h2d_flat<'py>(
     let outs = h2d_plain(py, parts.tensors.clone(), num_caches)?;
     let out = rebuilt(py, batch, parts, outs).map(Some);
     split::mark("rebuilt");
+    drop(entry);
     out
 }

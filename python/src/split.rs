@@ -41,6 +41,25 @@ pub(crate) fn arm() {
 /// A native entry of a call: ends the timing when the outermost one is dropped.
 pub(crate) struct Entry(bool);
 
+impl Entry {
+    /// The entry turned the call away (a flat entry given a batch that is not flat, which
+    /// the Python half then moves by another entry): nothing is recorded, and the thread
+    /// stays armed for that entry.
+    pub(crate) fn decline(mut self) {
+        if !std::mem::take(&mut self.0) {
+            return;
+        }
+        with(|s| {
+            s.depth = s.depth.saturating_sub(1);
+            if s.depth == 0 {
+                s.start = None;
+                s.marks.clear();
+                s.armed = true;
+            }
+        });
+    }
+}
+
 /// Enters a native entry: the timed call's first when the thread is armed.
 pub(crate) fn start() -> Entry {
     let mut counted = false;

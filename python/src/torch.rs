@@ -730,9 +730,10 @@ pub(crate) fn mark_if_page_locked(dl: &mut Managed, min_bytes: usize, device: De
 /// Marks a host tensor's descriptor as page-locked, so pinlane copies it directly.
 ///
 /// # Safety
-/// The memory is page-locked and registered with CUDA (torch's `is_pinned()` or the
-/// driver said so).
-pub(crate) unsafe fn mark_page_locked(dl: &mut Managed) {
+/// The memory is page-locked and registered with CUDA, and stays so while pinlane may read
+/// it (the driver said so just now: [`mark_if_page_locked`], whose comment says why it
+/// stays).
+unsafe fn mark_page_locked(dl: &mut Managed) {
     // SAFETY: `dl` is owned here alone (exclusive borrow); torch's deleter does not read
     // the device field. That the memory is page-locked is the caller's promise.
     unsafe { (*dl.as_ptr()).dl_tensor.device.device_type = DLDeviceType::CUDAHOST };
