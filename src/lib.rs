@@ -65,8 +65,9 @@ pub use engine::{
     cached_batches, current_stream, set_current_stream, settle, shutdown, transfer_tensor_d2h,
     transfer_tensor_d2h_async, transfer_tensor_d2h_into, transfer_tensor_d2h_overlapping,
     transfer_tensor_d2h_overlapping_around, transfer_tensor_h2d, transfer_tensor_h2d_async,
-    transfer_tensor_h2d_into, transfer_tensor_h2d_with, CurrentStreamGuard, D2hOptions, H2dOptions,
-    H2dPairs, HostOutput, IntoOptions, Prefetcher, Transfer, MAX_NUM_CACHES,
+    transfer_tensor_h2d_into, transfer_tensor_h2d_overlapping, transfer_tensor_h2d_with,
+    CurrentStreamGuard, D2hOptions, H2dOptions, H2dPairs, HostOutput, IntoOptions, Prefetcher,
+    Transfer, MAX_NUM_CACHES,
 };
 pub use error::{CheckpointFault, Error, Result};
 pub use layout::Shape;

@@ -732,14 +732,18 @@ impl Tensor {
     /// binding's tensor objects) in the time the copies take. It never checks, wherever
     /// the tensor came from (an output of a non-blocking call not yet waited for, a clone
     /// kept from a failed call): the caller proves the bytes done before anyone reads them.
+    /// (A device tensor has no such check: for it this is [`Tensor::to_dlpack`], and the
+    /// same obligation holds for an output of
+    /// [`transfer_tensor_h2d_overlapping`](crate::transfer_tensor_h2d_overlapping) handed
+    /// on from its `while_copying`, unchecked either way.)
     ///
     /// # Safety
     /// Nothing reads or writes the bytes through the descriptor (the consumer, or anyone it
     /// hands them to) before the copies that write them are proven done: for an output of
-    /// `transfer_tensor_d2h_overlapping`, before that call returns `Ok`; if it fails, the
-    /// descriptor is dropped (its deleter called) with its bytes unread. pinlane keeps the
-    /// memory allocated while the descriptor lives, and does not recycle it while a copy
-    /// may still write it, either way.
+    /// an overlapping call, before that call returns `Ok`; if it fails, the descriptor is
+    /// dropped (its deleter called) with its bytes unread. pinlane keeps the memory
+    /// allocated while the descriptor lives, and does not recycle it while a copy may
+    /// still write it, either way.
     ///
     /// # Errors
     /// [`Error::DLPack`] for a dimension that does not fit `i64`.

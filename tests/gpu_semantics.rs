@@ -7,8 +7,9 @@ mod common;
 use pinlane::observe::last_transfer_stats;
 use pinlane::{
     cached_batches, set_current_stream, transfer_tensor_d2h,
-    transfer_tensor_d2h_overlapping_around, transfer_tensor_h2d, transfer_tensor_h2d_with,
-    D2hOptions, DType, Error, Event, H2dOptions, HostOutput, Location, Stream, Tensor,
+    transfer_tensor_d2h_overlapping_around, transfer_tensor_h2d, transfer_tensor_h2d_overlapping,
+    transfer_tensor_h2d_with, D2hOptions, DType, Error, Event, H2dOptions, HostOutput, Location,
+    Stream, Tensor,
 };
 use std::cell::RefCell;
 use std::time::{Duration, Instant};
@@ -481,6 +482,52 @@ fn d2h_calls_ending_on_their_flag_return_the_latest_bytes() {
         assert_eq!(&d2h(&up), v, "round {round}, H2D, {} bytes", sizes[k]);
     }
     producer.synchronize().unwrap();
+}
+
+/// `transfer_tensor_h2d_overlapping` on the device (what the Python binding's H2D of 1 MiB
+/// or more uses to hand its outputs to torch while the copies run): `while_copying` runs
+/// once, after every copy is queued (staged windows, a direct page-locked copy) and before
+/// the wait; the outputs and the capsules made of them in it hold the right bytes once
+/// the call returns.
+#[test]
+fn h2d_overlapping_hands_outputs_over_between_the_queued_copies_and_the_wait() {
+    require_gpu!();
+    let src = vec![
+        common::tensor(DType::F32, &[6 << 20], 11), // 24 MiB staged, several windows
+        common::tensor(DType::U8, &[1000], 12),
+        common::tensor(DType::I64, &[1 << 20], 13)
+            .to_pinned()
+            .unwrap(), // 8 MiB direct
+        common::tensor(DType::F16, &[3, 5], 14),
+    ];
+    for round in 0..20 {
+        let mut runs = 0;
+        pinlane::observe::trace_next_call();
+        let (on, capsules) = transfer_tensor_h2d_overlapping(&src, &H2dOptions::default(), |o| {
+            runs += 1;
+            assert!(o.iter().all(Tensor::is_cuda));
+            o.iter().map(|t| t.to_dlpack().unwrap()).collect::<Vec<_>>()
+        })
+        .unwrap();
+        let marks: Vec<&str> = pinlane::observe::last_trace()
+            .unwrap()
+            .into_iter()
+            .map(|(l, _)| l)
+            .collect();
+        let at = |l: &str| marks.iter().position(|m| *m == l);
+        assert_eq!(runs, 1, "round {round}");
+        assert!(
+            at("submitted") < at("handed over") && at("handed over") < at("synced"),
+            "round {round}: {marks:?}"
+        );
+        assert!(at("submitted").is_some(), "round {round}: {marks:?}");
+        assert_eq!(d2h(&on), src, "round {round}");
+        let handed: Vec<Tensor> = capsules
+            .into_iter()
+            .map(|c| Tensor::from_dlpack(c).unwrap())
+            .collect();
+        assert_eq!(d2h(&handed), src, "round {round}: through the capsules");
+    }
 }
 
 /// `transfer_tensor_d2h_overlapping_around` on the device (what the Python binding's small

@@ -27,11 +27,12 @@
 //! waits on the host until the event has completed (a wait the call would make anyway:
 //! it returns only after copies that wait for the same event).
 //!
-//! Copies run with the GIL released. H2D's outputs are made after them, with it held;
-//! D2H's page-locked outputs are made while its copies run (`while_copying` of
-//! `pinlane::transfer_tensor_d2h_overlapping`, the GIL taken back for it) and reach the
-//! caller only once the copies are done, unless a torch function or dispatch mode is
-//! active and a run of outputs is to be split (the mode would see the split): then after.
+//! Copies run with the GIL released. The outputs of a batch of 1 MiB or more are made
+//! while its copies run (`while_copying` of `pinlane::transfer_tensor_h2d_overlapping` and
+//! `transfer_tensor_d2h_overlapping`, the GIL taken back for it) and reach the caller only
+//! once the copies are done, unless a torch function or dispatch mode is active and a run
+//! of outputs is to be split (the mode would see the split): then after, as a smaller
+//! batch's are.
 //! A small D2H of up to three tensors (after a thread's first on the device) keeps the GIL
 //! but where the engine may block on the device ([`d2h_held`]), making its outputs while
 //! the copies run.
@@ -186,9 +187,10 @@ pub(crate) fn check_device(device: Option<&str>) -> PyResult<()> {
 ///
 /// `views`: plain small CPU tensors are read through the exchange API's non-owning view
 /// ([`Torch::host_view`]); false imports every tensor the usual way (for
-/// benches/py_overhead.py, which times both in one process).
+/// benches/py_overhead.py, which times both in one process). `handover`: false makes
+/// every batch's torch tensors after its copies (for benches/probes/h2d_handover_ab.py).
 #[pyfunction]
-#[pyo3(signature = (tensors, *, num_caches, device=None, consumer_stream=None, min_run=torch::MIN_RUN, maybe_neg=true, views=true))]
+#[pyo3(signature = (tensors, *, num_caches, device=None, consumer_stream=None, min_run=torch::MIN_RUN, maybe_neg=true, views=true, handover=true))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn h2d<'py>(
     py: Python<'py>,
@@ -199,6 +201,7 @@ pub(crate) fn h2d<'py>(
     min_run: usize,
     maybe_neg: bool,
     views: bool,
+    handover: bool,
 ) -> PyResult<Vec<Bound<'py, PyAny>>> {
     let _split = split::start();
     let Some(first) = tensors.first() else {
@@ -239,13 +242,32 @@ pub(crate) fn h2d<'py>(
         .device(dev)
         .num_caches(num_caches)
         .consumer_stream(consumer);
-    let moved = py
-        .detach(|| pinlane::transfer_tensor_h2d_with(&inputs, &opts))
+    // A batch of HANDOVER_MIN_BYTES or more is handed to torch while its copies run (the
+    // GIL taken back for it), as D2H's is; a smaller one after them.
+    let overlap =
+        handover && inputs.iter().map(Tensor::nbytes).sum::<usize>() >= HANDOVER_MIN_BYTES;
+    let shared = Attached(&torch);
+    let (inputs_ref, opts_ref) = (&inputs, &opts);
+    let (moved, exported) = py
+        .detach(move || {
+            if !overlap {
+                return pinlane::transfer_tensor_h2d_with(inputs_ref, opts_ref).map(|m| (m, None));
+            }
+            pinlane::transfer_tensor_h2d_overlapping(inputs_ref, opts_ref, |outs| {
+                // SAFETY: `outs` are the outputs of this very call, while its copies may
+                // run; the torch tensors made of them stay in this function until the call
+                // has returned, which hands them on only once it is `Ok` and drops them
+                // unused otherwise (`hand_over`'s obligation).
+                Python::attach(|py| unsafe { hand_over(py, shared.get(), outs, min_run) })
+            })
+        })
         .map_err(to_py)?;
     split::mark("copied");
     drop(inputs);
     split::mark("inputs dropped");
-    outputs(py, &torch, slots, &moved, min_run, &target, &mut || Ok(()))
+    let exported = handed_or_now(py, &torch, exported, &moved, min_run)?;
+    split::mark("exported");
+    outputs_from(py, slots, exported, &target, &mut || Ok(()))
 }
 
 /// [`h2d`] of one tensor known not to be negated, onto cuda:{LOCAL_RANK}: the Python
@@ -276,6 +298,7 @@ pub(crate) fn h2d_plain<'py>(
         None,
         torch::MIN_RUN,
         false,
+        true,
         true,
     )
 }
@@ -498,27 +521,21 @@ pub(crate) fn d2h<'py>(
     }
     drop(inputs);
     split::mark("inputs dropped");
-    let exported = match exported {
-        Some(v) => v.into_iter().map(|o| o.into_bound(py)).collect(),
-        // Not handed over while the copies ran (a small batch, a mode that would see the
-        // split, or a failure of the handover): the copies are done, the outputs are
-        // handed over now (a lasting failure is raised here).
-        None => torch.export_all(py, &moved, min_run)?,
-    };
+    let exported = handed_or_now(py, &torch, exported, &moved, min_run)?;
     split::mark("exported");
     outputs_from(py, slots, exported, "cpu", before)
 }
 
-/// Batches of D2H outputs of at least this many bytes are handed to torch while their
-/// copies run (benches/probes/d2h_handover.py: 64 images, 8 x 32 MiB). Smaller ones are
-/// handed over while the copies run with the GIL kept ([`d2h_held`], up to
-/// [`HELD_MAX_TENSORS`] tensors), or after the wait: the copies end within microseconds of
-/// being queued, and the GIL taken back for the handover would be a second acquisition in
-/// the call (the
+/// Batches of at least this many bytes are handed to torch while their copies run, both
+/// ways (benches/probes/d2h_handover.py: 64 images, 8 x 32 MiB; for H2D,
+/// benches/probes/images_split.py). Smaller D2H ones are handed over while the copies run
+/// with the GIL kept ([`d2h_held`], up to [`HELD_MAX_TENSORS`] tensors), or after the
+/// wait, as smaller H2D ones are: the copies end within microseconds of being queued, and
+/// the GIL taken back for the handover would be a second acquisition in the call (the
 /// interpreter may take a switch interval, 5 ms by default, to hand it over when another
-/// thread holds it) for at most the copies' microseconds. A larger batch pays it too, partly
-/// hidden by its copies: under a busy Python thread no change showed against the package
-/// without the handover (benches/probes/gil_contention.py, docs/semantics.md).
+/// thread holds it) for at most the copies' microseconds. A larger batch pays it too,
+/// partly hidden by its copies: under a busy Python thread no change showed against the
+/// package without the handover (benches/probes/gil_contention.py, docs/semantics.md).
 const HANDOVER_MIN_BYTES: usize = 1 << 20;
 
 /// Batches of at most this many tensors (and under [`HANDOVER_MIN_BYTES`]) move with the
@@ -588,21 +605,38 @@ fn d2h_held(
     )
 }
 
-/// The torch tensors a D2H call made of its outputs while their copies ran.
+/// The torch tensors a call made of its outputs while their copies ran.
 type Handed = Vec<Py<PyAny>>;
 
+/// The torch tensors over `moved`, a finished call's outputs: those `handed` over while
+/// its copies ran, or, where none were (a small batch, a mode that would see a run's
+/// split, or a failure of the handover), made now (a lasting failure is raised here).
+fn handed_or_now<'py>(
+    py: Python<'py>,
+    torch: &Torch,
+    handed: Option<Handed>,
+    moved: &[Tensor],
+    min_run: usize,
+) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    match handed {
+        Some(v) => Ok(v.into_iter().map(|o| o.into_bound(py)).collect()),
+        None => torch.export_all(py, moved, min_run),
+    }
+}
+
 /// Torch tensors over `outs`, made while their copies run (`while_copying` of the
-/// engine's overlapping calls); `None` if they could not be made then (the call hands
-/// them over after the copies instead).
+/// engine's overlapping calls: D2H's page-locked outputs, H2D's device outputs); `None`
+/// if they could not be made then (the call hands them over after the copies instead).
 ///
 /// # Safety
 /// `outs` are the outputs of the call running this, and its caller hands the returned
-/// tensors to no one before that call has returned `Ok` (it drops them unread
+/// tensors to no one before that call has returned `Ok` (it drops them unused
 /// otherwise): [`Torch::export_all_in_flight`]'s obligations. No Python code is given them
-/// meanwhile: the only op run on them is a run's `unbind(0)`, left until after the call
-/// when a torch function or dispatch mode would see it (that function's check). While
-/// the GIL is let go for a wait, another thread could reach them only through the garbage
-/// collector's list of all objects (`gc.get_objects()`).
+/// meanwhile: the only op run on them is a run's `unbind(0)` (no kernel: rows of the
+/// run's tensor, over its storage), left until after the call when a torch function or
+/// dispatch mode would see it (that function's check). While the GIL is let go for a
+/// wait, another thread could reach them only through the garbage collector's list of
+/// all objects (`gc.get_objects()`).
 unsafe fn hand_over(
     py: Python<'_>,
     torch: &Torch,

@@ -169,6 +169,54 @@ def test_d2h_hands_outputs_to_torch_while_the_copies_run_and_to_modes_after(torc
         assert all(b.is_pinned() for b in back)
 
 
+def test_h2d_hands_outputs_to_torch_while_the_copies_run_and_to_modes_after(torch):
+    # H2D as D2H above: a batch of 1 MiB or more is made torch tensors after its copies are
+    # queued and before the call waits for them (the engine's "handed over" mark comes
+    # between "submitted" and "synced"). With a torch function or dispatch mode active, a
+    # run's split (which the mode sees, and may read) comes after the copies. The sources
+    # are page-locked, 20 x 4 MiB copied straight from their memory, so a read during the
+    # copies would see the device memory before them (earlier rounds' values).
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class ReadsDispatch(TorchDispatchMode):
+        seen = None
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is torch.ops.aten.unbind.int:
+                self.seen = [float(t[-1]) for t in out]
+            return out
+
+    class ReadsFunction(TorchFunctionMode):
+        seen = None
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if getattr(func, "__name__", "") == "unbind":
+                self.seen = [float(t[-1]) for t in out]
+            return out
+
+    native = pinlane._native
+    for k, mode in enumerate((None, ReadsDispatch(), None, ReadsFunction(), None)):
+        # An odd tensor first (not in the run), then the run.
+        want = [1000.0 * k + i for i in range(21)]
+        xs = [torch.full((300,), want[0])] + [torch.full((1 << 20,), v) for v in want[1:]]
+        xs = [x.pin_memory() for x in xs]
+        native.trace_next_call()
+        if mode is None:
+            on = transfer_tensor_h2d(xs)
+        else:
+            with mode:
+                on = transfer_tensor_h2d(xs)
+            assert mode.seen == want[1:], type(mode).__name__
+        marks = [m for m, _ in native.last_trace()]
+        assert marks.index("submitted") < marks.index("handed over") < marks.index("synced"), marks
+        assert all(o.is_cuda for o in on)
+        assert [float(o[-1]) for o in on] == want
+        assert all(bool((o.cpu() == v).all()) for o, v in zip(on, want))
+
+
 def _why_not_held(batch, fallbacks_before):
     """What a failed held check reports: the D2H batches that fell back to pageable outputs
     during the checked calls (the page-locked output pool at its cap), the pools' counters

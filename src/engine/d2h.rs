@@ -18,7 +18,7 @@
 //!    outputs, hand the call's owners to the completion thread), rebuild the batch.
 
 use super::completion::{self, Pending, Wake};
-use super::{plan, record_stats, thread_state, Call, Mode};
+use super::{plan, record_stats, thread_state, Call, Mode, WhileCopying};
 use super::{D2hOptions, HostOutput};
 use crate::batch::{self, Batch};
 use crate::config::SmallD2h;
@@ -45,10 +45,6 @@ pub(crate) struct Overlap<'h, B> {
     /// staging slots into pageable outputs. It runs that part, once.
     pub(crate) around_wait: Option<AroundWait<'h>>,
 }
-
-/// The caller's code run on the rebuilt batch of a blocking call into page-locked outputs
-/// once its copies are queued ([`Overlap::while_copying`]).
-pub(crate) type WhileCopying<'h, B> = Option<&'h mut dyn FnMut(&B)>;
 
 impl<B> Overlap<'_, B> {
     /// No caller's code: nothing while the copies run, the wait run as it is.

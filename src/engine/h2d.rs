@@ -31,7 +31,7 @@
 
 use super::completion::{self, Pending, Wake};
 use super::H2dOptions;
-use super::{plan, record_stats, thread_state, Call, Mode};
+use super::{plan, record_stats, thread_state, Call, Mode, WhileCopying};
 use crate::batch::{self, Batch};
 use crate::config::SmallH2d;
 use crate::driver::{self, Stream};
@@ -83,10 +83,14 @@ fn pinned_route(nbytes: usize, mapped: bool, direct_min: usize) -> Route {
     }
 }
 
+/// `while_copying` (blocking calls only) runs on the rebuilt batch once every copy is
+/// queued, before the call waits for them; not on a batch that passes through (its
+/// caller runs it on the finished batch then).
 pub(crate) fn transfer<B: Batch>(
     batch: &B,
     opts: &H2dOptions,
     mode: Mode,
+    while_copying: WhileCopying<'_, B>,
 ) -> Result<(B, Option<Pending>)> {
     let Some(device) = target(opts)? else {
         return Ok((batch::replace_tensors(batch, Vec::new()), None));
@@ -146,6 +150,13 @@ pub(crate) fn transfer<B: Batch>(
     super::trace::mark("submitted");
     let pending = match mode {
         Mode::Blocking => {
+            // The caller's work on the outputs that needs no bytes overlaps the copies. A
+            // panic in it unwinds through `job`, whose drop keeps the buffer (and the
+            // sources the copies read) until the stream has let go of them.
+            if let Some(f) = while_copying {
+                f(&rebuilt);
+                super::trace::mark("handed over");
+            }
             job.finish(keep_sources)?;
             None
         }

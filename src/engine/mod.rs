@@ -103,10 +103,91 @@ pub fn transfer_tensor_h2d<B: Batch>(batch: &B) -> Result<B> {
 /// after draining what was queued. The input is never changed.
 pub fn transfer_tensor_h2d_with<B: Batch>(batch: &B, opts: &H2dOptions) -> Result<B> {
     trace::start("h2d");
-    let r = h2d::transfer(batch, opts, Mode::Blocking).map(|(b, _)| b);
+    let r = h2d::transfer(batch, opts, Mode::Blocking, None).map(|(b, _)| b);
     trace::end();
     r
 }
+
+/// [`transfer_tensor_h2d_with`], calling `while_copying` on the device batch once every
+/// copy is queued and before the call waits for them, so that work on the outputs that
+/// needs no bytes overlaps the copies: a binding handing them to its framework
+/// ([`Tensor::to_dlpack`](crate::Tensor::to_dlpack)), say.
+///
+/// * The outputs' bytes are still being written in it: nothing may read or write them
+///   until the call has returned `Ok` (no kernel, copy or pinlane call on them, here or
+///   through what it hands on). Work queued on them here is not ordered after the copies
+///   and may see stale bytes; pinlane cannot refuse it, as it refuses reads of a D2H
+///   call's page-locked outputs.
+/// * `while_copying` runs once in every successful call; on the finished batch where
+///   nothing is left to overlap (a batch that passes through: no host tensor, or no
+///   CUDA). Its result comes back beside the batch. If the call fails after it ran, its
+///   result is dropped inside the call, on the calling thread; pinlane keeps the outputs'
+///   memory until the copies have let go of it.
+/// * It runs on the calling thread, with the device's context current (pinlane's own
+///   calls bind it again as they need). A panic in it unwinds out of the call, as a panic
+///   of the batch's own [`Batch`] code would: nothing is freed while a copy may still
+///   write it, and the unwinding waits for the stream up to `Config::drop_sync_wait`,
+///   retaining what it cannot prove idle.
+///
+/// ```
+/// use pinlane::{transfer_tensor_h2d_overlapping, H2dOptions, Tensor};
+/// # fn main() -> pinlane::Result<()> {
+/// let b = vec![Tensor::from_vec(vec![1.0f32; 6], [2, 3])?];
+/// let (out, dims) =
+///     transfer_tensor_h2d_overlapping(&b, &H2dOptions::default(), |out| out[0].dims().to_vec())?;
+/// assert_eq!(dims, [2, 3]);
+/// if pinlane::driver::available().is_none() {
+///     assert_eq!(out, b); // no CUDA: returned as is, `while_copying` run on it
+/// }
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+/// As [`transfer_tensor_h2d_with`].
+pub fn transfer_tensor_h2d_overlapping<B: Batch, R>(
+    batch: &B,
+    opts: &H2dOptions,
+    while_copying: impl FnOnce(&B) -> R,
+) -> Result<(B, R)> {
+    let mut while_copying = Some(while_copying);
+    let mut out = None;
+    trace::start("h2d");
+    let mut hook = |b: &B| {
+        if let Some(f) = while_copying.take() {
+            out = Some(f(b));
+        }
+    };
+    let r = h2d::transfer(batch, opts, Mode::Blocking, Some(&mut hook));
+    trace::end();
+    let (b, _) = r?;
+    ran_or_run(b, out, while_copying, "transfer_tensor_h2d_overlapping")
+}
+
+/// The end of an overlapping call: the batch with what `while_copying` made in the call
+/// (`out`), or, where the call did not run it (nothing was left to overlap), with what it
+/// makes of the finished batch now.
+fn ran_or_run<B, R>(
+    b: B,
+    out: Option<R>,
+    while_copying: Option<impl FnOnce(&B) -> R>,
+    op: &'static str,
+) -> Result<(B, R)> {
+    match (out, while_copying) {
+        (Some(out), _) => Ok((b, out)),
+        (None, Some(f)) => {
+            let out = f(&b);
+            Ok((b, out))
+        }
+        (None, None) => Err(Error::Internal {
+            op,
+            reason: "while_copying was taken and gave no result".into(),
+        }),
+    }
+}
+
+/// The caller's code that a blocking call runs on its rebuilt batch once its copies are
+/// queued, before it waits for them (the overlapping calls' `while_copying`).
+type WhileCopying<'h, B> = Option<&'h mut dyn FnMut(&B)>;
 
 /// Whether a call waits for its copies (the spec's calls) or returns once they are
 /// queued, with a [`Transfer`] handle.
@@ -138,7 +219,7 @@ enum Mode {
 /// while the copies run, comes from [`Transfer::wait`] / `.await`.
 pub fn transfer_tensor_h2d_async<B: Batch>(batch: &B, opts: &H2dOptions) -> Result<Transfer<B>> {
     trace::start("h2d_async");
-    let r = h2d::transfer(batch, opts, Mode::Async);
+    let r = h2d::transfer(batch, opts, Mode::Async, None);
     trace::end();
     handle(r)
 }
@@ -322,17 +403,7 @@ pub fn transfer_tensor_d2h_overlapping_around<B: Batch, R>(
     let (b, _) = r?;
     // Not run in the call (pageable outputs, or a batch that passed through): nothing was
     // left to overlap, it runs on the finished batch.
-    match (out, while_copying) {
-        (Some(out), _) => Ok((b, out)),
-        (None, Some(f)) => {
-            let out = f(&b);
-            Ok((b, out))
-        }
-        (None, None) => Err(Error::Internal {
-            op: "transfer_tensor_d2h_overlapping",
-            reason: "while_copying was taken and gave no result".into(),
-        }),
-    }
+    ran_or_run(b, out, while_copying, "transfer_tensor_d2h_overlapping")
 }
 
 /// What the calling thread's last successful transfer did.

@@ -1,0 +1,224 @@
+//! `transfer_tensor_h2d_overlapping` on the simulated device: `while_copying` runs once,
+//! after every copy is queued and before the wait; what it made comes back beside the
+//! batch, or is dropped inside a failed call; a panic in it unwinds without freeing what
+//! the copies still write.
+// The simulated device and the test hooks: `cargo test --features test-util`.
+#![cfg(feature = "test-util")]
+
+mod common;
+
+use pinlane::driver::fault::{self, FaultKind};
+use pinlane::{
+    transfer_tensor_d2h, transfer_tensor_h2d, transfer_tensor_h2d_overlapping, D2hOptions, DType,
+    Error, H2dOptions, Leaf, Tensor, Value,
+};
+use proptest::prelude::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// What `while_copying` made of the outputs: a capsule each, and a tag whose drop is
+/// counted.
+struct HandedOver {
+    capsules: Vec<pinlane::dlpark::versioned::Dlpack>,
+    _tag: Tag,
+}
+
+struct Tag(Arc<AtomicUsize>);
+
+impl Drop for Tag {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn hand_over(outs: &[Tensor], drops: &Arc<AtomicUsize>) -> HandedOver {
+    let capsules = outs
+        .iter()
+        .map(|t| {
+            assert!(t.is_cuda(), "{:?}", t.location());
+            t.to_dlpack().unwrap()
+        })
+        .collect();
+    HandedOver {
+        capsules,
+        _tag: Tag(drops.clone()),
+    }
+}
+
+/// The labels of the calling thread's last traced call.
+fn marks() -> Vec<&'static str> {
+    pinlane::observe::last_trace()
+        .unwrap()
+        .into_iter()
+        .map(|(l, _)| l)
+        .collect()
+}
+
+fn at(marks: &[&str], label: &str) -> usize {
+    marks
+        .iter()
+        .position(|m| *m == label)
+        .unwrap_or_else(|| panic!("no {label:?} in {marks:?}"))
+}
+
+/// Pageable sources (staged through several 64-KiB windows), and page-locked ones
+/// copied directly.
+fn batch() -> Vec<Tensor> {
+    vec![
+        common::tensor(DType::F32, &[300], 1),
+        common::tensor(DType::U8, &[5], 2),
+        common::tensor(DType::F64, &[20_000], 3),
+        common::tensor(DType::I32, &[100_000], 4)
+            .to_pinned()
+            .unwrap(),
+        common::tensor(DType::U8, &[0], 5),
+    ]
+}
+
+#[test]
+fn while_copying_runs_once_between_the_queued_copies_and_the_wait() {
+    common::sim();
+    let b = batch();
+    let drops = Arc::new(AtomicUsize::new(0));
+    for _ in 0..10 {
+        let mut runs = 0;
+        pinlane::observe::trace_next_call();
+        let (on, handed) = transfer_tensor_h2d_overlapping(&b, &H2dOptions::default(), |o| {
+            runs += 1;
+            hand_over(o, &drops)
+        })
+        .unwrap();
+        let m = marks();
+        assert_eq!(runs, 1);
+        assert!(at(&m, "submitted") < at(&m, "handed over"), "{m:?}");
+        assert!(at(&m, "handed over") < at(&m, "synced"), "{m:?}");
+        // The batch and what was handed over hold the sources' bytes once it returns.
+        assert_eq!(transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap(), b);
+        let back: Vec<Tensor> = handed
+            .capsules
+            .into_iter()
+            .map(|c| Tensor::from_dlpack(c).unwrap())
+            .collect();
+        assert_eq!(
+            transfer_tensor_d2h(&back, &D2hOptions::default()).unwrap(),
+            b
+        );
+    }
+    assert_eq!(drops.load(Ordering::SeqCst), 10);
+}
+
+#[test]
+fn where_nothing_moves_while_copying_runs_on_the_finished_batch() {
+    common::sim();
+    let on = transfer_tensor_h2d(&batch()).unwrap();
+    // Already on the device, and no tensor at all: the batch passes through, and
+    // `while_copying` runs once on it, after the call.
+    pinlane::observe::trace_next_call();
+    let (same, n) =
+        transfer_tensor_h2d_overlapping(&on, &H2dOptions::default(), |o| o.len()).unwrap();
+    assert_eq!((&same, n), (&on, 5));
+    assert!(!marks().contains(&"handed over"), "{:?}", marks());
+    let none = Value::List(vec![Value::Leaf(Leaf::Int(7))]);
+    let (same, n) = transfer_tensor_h2d_overlapping(&none, &H2dOptions::default(), |o| {
+        pinlane::batch::tensors(o).len()
+    })
+    .unwrap();
+    assert_eq!((same, n), (none, 0));
+    // Bad options fail before any copy, without running it.
+    let mut runs = 0;
+    let bad = H2dOptions::default().device("cpu");
+    let r = transfer_tensor_h2d_overlapping(&batch(), &bad, |_| runs += 1);
+    assert!(matches!(r, Err(Error::InvalidDevice { .. })), "{r:?}");
+    assert_eq!(runs, 0);
+}
+
+#[test]
+fn a_failed_wait_drops_what_was_handed_over_in_the_call() {
+    common::sim();
+    let b = batch();
+    let drops = Arc::new(AtomicUsize::new(0));
+    fault::inject(FaultKind::StreamSync, 1);
+    let mut runs = 0;
+    let r = transfer_tensor_h2d_overlapping(&b, &H2dOptions::default(), |o| {
+        runs += 1;
+        hand_over(o, &drops)
+    });
+    fault::clear();
+    assert!(
+        matches!(&r, Err(e) if e.to_string().contains("INJECTED_FAULT")),
+        "{:?}",
+        r.as_ref().map(|_| ())
+    );
+    assert_eq!(runs, 1);
+    assert_eq!(
+        drops.load(Ordering::SeqCst),
+        1,
+        "dropped unread, in the call"
+    );
+    // A copy that fails while queueing fails the call before `while_copying`.
+    fault::inject(FaultKind::Copy, 1);
+    let r = transfer_tensor_h2d_overlapping(&b, &H2dOptions::default(), |o| {
+        runs += 1;
+        hand_over(o, &drops)
+    });
+    fault::clear();
+    assert!(r.is_err());
+    assert_eq!((runs, drops.load(Ordering::SeqCst)), (1, 1));
+    // The next calls are right.
+    for _ in 0..3 {
+        let on = transfer_tensor_h2d(&b).unwrap();
+        assert_eq!(transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap(), b);
+    }
+}
+
+#[test]
+fn a_panic_in_while_copying_unwinds_and_frees_nothing_the_copies_still_write() {
+    common::sim();
+    let b = batch();
+    let other = vec![common::tensor(DType::F32, &[60_000], 9)];
+    for _ in 0..5 {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            transfer_tensor_h2d_overlapping(&b, &H2dOptions::default(), |_| {
+                panic!("a panic in while_copying (expected by the test)")
+            })
+        }));
+        assert!(r.is_err(), "the panic unwinds out of the call");
+        // The calls after it are right: the simulator poisons freed device memory, so a
+        // buffer given back while the unwound call's copies still wrote it, and reused
+        // here, would show wrong bytes.
+        for _ in 0..3 {
+            let on = transfer_tensor_h2d(&other).unwrap();
+            assert_eq!(
+                transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap(),
+                other
+            );
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// Any structure: the batch comes back as `transfer_tensor_h2d` gives it, and
+    /// `while_copying` saw that same structure (its tensors on the device where the
+    /// call moved them).
+    #[test]
+    fn the_batch_and_what_while_copying_saw_keep_the_structure(
+        v in common::value(),
+        pin_every in 0usize..4,
+        dev_every in 0usize..5,
+    ) {
+        common::sim();
+        let v = common::mix(&v, pin_every, dev_every);
+        let (on, seen) = transfer_tensor_h2d_overlapping(&v, &H2dOptions::default(), |o| {
+            o.clone()
+        })
+        .unwrap();
+        prop_assert_eq!(&seen, &on);
+        prop_assert!(pinlane::batch::tensors(&on).iter().all(|t| t.is_cuda()));
+        // Back on the host, every tensor and leaf in its place.
+        let back = transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap();
+        let want = transfer_tensor_d2h(&v, &D2hOptions::default()).unwrap();
+        prop_assert_eq!(back, want);
+    }
+}
