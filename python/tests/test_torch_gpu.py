@@ -40,6 +40,14 @@ def cuda_index(torch):
     return pinlane._native.default_device()
 
 
+def sleep_on(torch, dev, cycles):
+    """``torch.cuda._sleep(cycles)`` on the current stream of ``dev``: it runs on torch's
+    current device, which is not pinlane's ``cuda:{LOCAL_RANK}`` under ``LOCAL_RANK=1``
+    (where a bare sleep on cuda:0 delays nothing the test reads)."""
+    with torch.cuda.device(dev):
+        torch.cuda._sleep(cycles)
+
+
 @pytest.mark.parametrize("pinned", [False, True], ids=["pageable", "pinned"])
 @pytest.mark.parametrize("name", DTYPE_NAMES)
 def test_round_trip_of_every_dtype(torch, name, pinned):
@@ -156,7 +164,7 @@ def test_d2h_hands_outputs_to_torch_while_the_copies_run_and_to_modes_after(torc
         xs = [torch.zeros(300, device=dev)] + [torch.zeros(16384, device=dev) for _ in range(20)]
         want = [1000.0 * k + i for i in range(21)]
         torch.cuda.synchronize(dev)
-        torch.cuda._sleep(100_000_000)  # ~50 ms of GPU time before the final values
+        sleep_on(torch, dev, 100_000_000)  # ~50 ms of GPU time before the final values
         for x, v in zip(xs, want):
             x.add_(v)
         if mode is None:
@@ -288,7 +296,7 @@ def test_small_d2h_calls_keep_the_gil_but_to_wait_for_the_stream(torch):
         for n, xs in batches.items():
             progress = []
             for _ in range(21):
-                torch.cuda._sleep(2_000_000)  # ~1 ms on `own`, which the copy waits for
+                sleep_on(torch, dev, 2_000_000)  # ~1 ms on `own`, which the copy waits for
                 before = spins[0]
                 transfer_tensor_d2h(xs[0] if n == 1 else xs, device=dev, stream=own)
                 progress.append(spins[0] - before)
@@ -296,7 +304,7 @@ def test_small_d2h_calls_keep_the_gil_but_to_wait_for_the_stream(torch):
         for n in (1, 2, 3, 4):
             xs = [torch.zeros(256, device=dev) for _ in range(n)]
             torch.cuda.synchronize(dev)
-            torch.cuda._sleep(400_000_000)  # ~0.2 s on torch's current stream
+            sleep_on(torch, dev, 400_000_000)  # ~0.2 s on torch's current stream
             for i, x in enumerate(xs):
                 x.add_(10.0 * n + i)
             t0 = time.perf_counter()
@@ -397,7 +405,7 @@ def test_torch_kernels_read_h2d_outputs_and_memory_is_freed_in_order(torch):
     x = torch.randint(0, 1000, (1 << 22,), generator=torch.Generator().manual_seed(1)).float()
     expected = x.double().sum()  # exact: integers, no NaN
     (g,) = transfer_tensor_h2d([x], num_caches=0)
-    torch.cuda._sleep(200_000_000)  # the read below runs ~0.1 s after the call
+    sleep_on(torch, dev, 200_000_000)  # the read below runs ~0.1 s after the call
     total = g.double().sum()  # queued on torch's current stream
     del g  # freed in order on that stream: not reused before the sum has run
     for i in range(8):  # new batches that would overwrite the memory if reused early

@@ -42,7 +42,9 @@ def test_loads_what_safetensors_loads(torch, tmp_path):
     p = tmp_path / "model.safetensors"
     save_file(want, p)
     loaded = pinlane.load_safetensors(p)
-    _same(torch, loaded, load_file(p), "cuda:0")
+    # The default device is cuda:{LOCAL_RANK}.
+    here = f"cuda:{pinlane._native.default_device()}"
+    _same(torch, loaded, load_file(p), here)
     # The file's order: what safetensors wrote first comes first.
     with open(p, "rb") as f:
         n = int.from_bytes(f.read(8), "little")
@@ -57,17 +59,17 @@ def test_loads_what_safetensors_loads(torch, tmp_path):
     s.synchronize()
     assert total == pytest.approx(sum(float(v.float().sum()) for v in want.values() if v.numel()), rel=1e-5)
     # The device forms, and a subset.
-    for dev in ("cuda", "cuda:0", 0):
-        assert pinlane.load_safetensors(p, dev)["big"].device == torch.device("cuda:0")
+    for dev, on in (("cuda", here), (here, here), ("cuda:0", "cuda:0"), (0, "cuda:0")):
+        assert pinlane.load_safetensors(p, dev)["big"].device == torch.device(on), dev
     sub = pinlane.load_safetensors(str(p), names=["big", "layers.0.mask", "big"])
     assert list(sub) == [k for k in by_offset if k in ("big", "layers.0.mask")]
-    _same(torch, sub, {k: want[k] for k in ("big", "layers.0.mask")}, "cuda:0")
+    _same(torch, sub, {k: want[k] for k in ("big", "layers.0.mask")}, here)
     # A subset by predicate: called with each name, in the file's order.
     asked = []
     layer = pinlane.load_safetensors(p, names=lambda n: asked.append(n) or n.startswith("layers.0."))
     assert asked == by_offset
     assert list(layer) == [k for k in by_offset if k.startswith("layers.0.")]
-    _same(torch, layer, {k: v for k, v in want.items() if k.startswith("layers.0.")}, "cuda:0")
+    _same(torch, layer, {k: v for k, v in want.items() if k.startswith("layers.0.")}, here)
     assert pinlane.load_safetensors(p, names=lambda n: False) == {}
 
 
@@ -85,12 +87,13 @@ def test_sharded_checkpoints_and_directories(torch, tmp_path):
     (tmp_path / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map})
     )
-    _same(torch, pinlane.load_safetensors(tmp_path), want, "cuda:0")
+    here = f"cuda:{pinlane._native.default_device()}"  # cuda:{LOCAL_RANK}
+    _same(torch, pinlane.load_safetensors(tmp_path), want, here)
     _same(
         torch,
         pinlane.load_safetensors(tmp_path / "model.safetensors.index.json"),
         want,
-        "cuda:0",
+        here,
     )
     os.remove(tmp_path / "model-00002-of-00003.safetensors")
     with pytest.raises(ValueError, match="missing"):
