@@ -131,12 +131,10 @@ def test_d2h_waits_for_a_producer_kernel_on_the_current_stream(torch):
         assert torch.all(back == 7), "copied before the producer finished"
 
 
-def test_d2h_hands_outputs_to_torch_while_the_copies_run_and_to_modes_after(torch):
-    # A batch of 1 MiB or more is made torch tensors while its copies run (they reach no
-    # one before the copies are done). Splitting a run of 16 or more same-shape outputs
-    # (`unbind(0)`) is an op a torch function or dispatch mode sees, and may read: with one
-    # active on the thread, the split comes after the copies (the outputs before the run,
-    # made already, are made again then).
+def _modes_reading_unbind(torch):
+    """A torch dispatch mode and a function mode (classes) that read the first value of
+    every output of an ``unbind`` they see into ``seen``: what a mode may do with a run's
+    split, which the handover tests check comes after the copies."""
     from torch.overrides import TorchFunctionMode
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -157,6 +155,17 @@ def test_d2h_hands_outputs_to_torch_while_the_copies_run_and_to_modes_after(torc
             if getattr(func, "__name__", "") == "unbind":
                 self.seen = [float(t[0]) for t in out]
             return out
+
+    return ReadsDispatch, ReadsFunction
+
+
+def test_d2h_hands_outputs_to_torch_while_the_copies_run_and_to_modes_after(torch):
+    # A batch of 1 MiB or more is made torch tensors while its copies run (they reach no
+    # one before the copies are done). Splitting a run of 16 or more same-shape outputs
+    # (`unbind(0)`) is an op a torch function or dispatch mode sees, and may read: with one
+    # active on the thread, the split comes after the copies (the outputs before the run,
+    # made already, are made again then).
+    ReadsDispatch, ReadsFunction = _modes_reading_unbind(torch)
 
     dev = torch.device("cuda", cuda_index(torch))
     for k, mode in enumerate((None, ReadsDispatch(), ReadsFunction(), None)):
@@ -184,26 +193,7 @@ def test_h2d_hands_outputs_to_torch_while_the_copies_run_and_to_modes_after(torc
     # run's split (which the mode sees, and may read) comes after the copies. The sources
     # are page-locked, 20 x 4 MiB copied straight from their memory, so a read during the
     # copies would see the device memory before them (earlier rounds' values).
-    from torch.overrides import TorchFunctionMode
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class ReadsDispatch(TorchDispatchMode):
-        seen = None
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            if func is torch.ops.aten.unbind.int:
-                self.seen = [float(t[-1]) for t in out]
-            return out
-
-    class ReadsFunction(TorchFunctionMode):
-        seen = None
-
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            if getattr(func, "__name__", "") == "unbind":
-                self.seen = [float(t[-1]) for t in out]
-            return out
+    ReadsDispatch, ReadsFunction = _modes_reading_unbind(torch)
 
     native = pinlane._native
     for k, mode in enumerate((None, ReadsDispatch(), None, ReadsFunction(), None)):
@@ -221,7 +211,7 @@ def test_h2d_hands_outputs_to_torch_while_the_copies_run_and_to_modes_after(torc
         marks = [m for m, _ in native.last_trace()]
         assert marks.index("submitted") < marks.index("handed over") < marks.index("synced"), marks
         assert all(o.is_cuda for o in on)
-        assert [float(o[-1]) for o in on] == want
+        assert [float(o[0]) for o in on] == want
         assert all(bool((o.cpu() == v).all()) for o, v in zip(on, want))
 
 
