@@ -207,6 +207,48 @@ fn dropping_an_unfinished_job_does_not_wait_forever() {
     crate::memory::retained::try_release();
 }
 
+/// A job unwound from a caller's panic (the overlapping calls' `while_copying`) on a stream
+/// it cannot prove idle within the drop bound retains the sources it is given too, where
+/// a plain drop has none to keep; both come back once the stream is proven done.
+#[test]
+fn an_unwound_job_past_its_bound_keeps_the_sources_as_well() {
+    setup();
+    let _turn = DROP_WAIT_TESTS.lock().unwrap_or_else(|p| p.into_inner());
+    let s = Stream::new(Device::cuda(0)).unwrap();
+    let ctx = driver::bind(0).unwrap();
+    let a = DeviceAlloc::new_async(&ctx, 0, 4096, &s, s.clone()).unwrap();
+    s.delay_async(Duration::from_millis(1500)).unwrap();
+    crate::memory::retained::set_drop_wait(Duration::from_millis(50));
+    let source = std::sync::Arc::new(());
+    let mut job = InFlight::new(s.clone());
+    job.hold(&a, 4096);
+    drop(a);
+    let t0 = Instant::now();
+    job.unwind(|| source.clone());
+    crate::memory::retained::set_drop_wait(Duration::from_secs(60));
+    assert!(
+        t0.elapsed() < Duration::from_millis(1000),
+        "{:?}",
+        t0.elapsed()
+    );
+    assert_eq!(
+        std::sync::Arc::strong_count(&source),
+        2,
+        "the source is retained"
+    );
+    s.synchronize().unwrap();
+    crate::memory::retained::try_release();
+    assert_eq!(
+        std::sync::Arc::strong_count(&source),
+        1,
+        "and let go once proven done"
+    );
+    // With the stream idle, nothing is retained.
+    let job = InFlight::new(s.clone());
+    job.unwind(|| source.clone());
+    assert_eq!(std::sync::Arc::strong_count(&source), 1);
+}
+
 #[test]
 fn small_output_batches_share_blocks() {
     setup();

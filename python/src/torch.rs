@@ -298,8 +298,9 @@ impl Torch {
         out.ok_or_else(|| PyRuntimeError::new_err("pinlane: outputs left unexported"))
     }
 
-    /// [`Torch::export_all`] of the outputs of a D2H call whose copies may still be
-    /// running: from inside `transfer_tensor_d2h_overlapping`'s `while_copying`. `None`
+    /// [`Torch::export_all`] of the outputs of a call whose copies may still be running:
+    /// from inside the `while_copying` of `transfer_tensor_d2h_overlapping` or
+    /// `transfer_tensor_h2d_overlapping`. `None`
     /// (nothing handed over) where a run would be split while a torch function or
     /// dispatch mode is active on the thread: the mode would see the split's outputs, and
     /// could read their bytes, before the copies are done; the caller then exports them

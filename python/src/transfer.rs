@@ -31,8 +31,8 @@
 //! while its copies run (`while_copying` of `pinlane::transfer_tensor_h2d_overlapping` and
 //! `transfer_tensor_d2h_overlapping`, the GIL taken back for it) and reach the caller only
 //! once the copies are done, unless a torch function or dispatch mode is active and a run
-//! of outputs is to be split (the mode would see the split): then after, as a smaller
-//! batch's are.
+//! of outputs is to be split (the mode would see the split): then after the copies, as a
+//! smaller H2D's are.
 //! A small D2H of up to three tensors (after a thread's first on the device) keeps the GIL
 //! but where the engine may block on the device ([`d2h_held`]), making its outputs while
 //! the copies run.
@@ -636,7 +636,9 @@ fn handed_or_now<'py>(
 /// run's tensor, over its storage), left until after the call when a torch function or
 /// dispatch mode would see it (that function's check). While the GIL is let go for a
 /// wait, another thread could reach them only through the garbage collector's list of
-/// all objects (`gc.get_objects()`).
+/// all objects (`gc.get_objects()`); so could code that a garbage collection runs in the
+/// handover itself (finalizers, `gc.callbacks`), which no code should read them from
+/// either.
 unsafe fn hand_over(
     py: Python<'_>,
     torch: &Torch,
@@ -668,7 +670,7 @@ impl Unattached<'_> {
     }
 }
 
-/// The binding's [`Torch`], lent to the closure that `d2h` runs detached from the
+/// The binding's [`Torch`], lent to the closures that `h2d` and `d2h` run detached from the
 /// interpreter, for its `Python::attach`.
 struct Attached<'a>(&'a Torch);
 

@@ -344,10 +344,14 @@ fn into_block<B: Batch>(
     let pending = match mode {
         Mode::Blocking => {
             // The caller's work on the outputs that needs no bytes overlaps the copies. A
-            // panic in it unwinds through `job`, whose drop keeps the block until the
-            // stream has let go of it.
+            // panic in it is caught until `job` has kept the block, and the device sources
+            // the copies read, for as long as the stream may use them.
             if let Some(f) = while_copying {
-                f(&rebuilt);
+                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&rebuilt)));
+                if let Err(panic) = ran {
+                    job.unwind(out.sources());
+                    std::panic::resume_unwind(panic);
+                }
                 super::trace::mark("handed over");
             }
             job.finish_around(out.sources(), around)?;

@@ -27,7 +27,8 @@
 //!    build the device tensors (views into the buffer) and the rebuilt batch, in one pass;
 //!    every few tensors the pass queues the copy of each window whose fill has finished
 //!    (a non-blocking look), so the copy crosses the link while the batch is rebuilt.
-//!    Then synchronise the stream and hand them out.
+//!    Then (`transfer_tensor_h2d_overlapping`) run the caller's `while_copying` on it once
+//!    every copy is queued, synchronise the stream and hand them out.
 
 use super::completion::{self, Pending, Wake};
 use super::H2dOptions;
@@ -133,8 +134,9 @@ pub(crate) fn transfer<B: Batch>(
     // The output tensors (views into the batch's buffer, which `job` holds too) are made
     // as the batch is rebuilt around them, in one pass, while the copy threads fill the
     // staging windows (or, with nothing staged, while the copies run). They reach the
-    // caller only if the copies succeed; otherwise they are dropped here, and `job` keeps
-    // the buffer until the stream has let go of it.
+    // caller only if the copies succeed (and its `while_copying` before that, under the
+    // contract that nothing uses them until the call returns); otherwise they are dropped
+    // here, and `job` keeps the buffer until the stream has let go of it.
     let rebuild = |alloc: Option<&Arc<DeviceAlloc>>, tick: &mut dyn FnMut()| {
         let outputs = device_outputs(&all, order, &layout, device, alloc)?;
         let rebuilt = super::rebuild_with(batch, &all, order, outputs, tick);
@@ -151,21 +153,31 @@ pub(crate) fn transfer<B: Batch>(
     let pending = match mode {
         Mode::Blocking => {
             // The caller's work on the outputs that needs no bytes overlaps the copies. A
-            // panic in it unwinds through `job`, whose drop keeps the buffer (and the
-            // sources the copies read) until the stream has let go of them.
+            // panic in it is caught until `job` has kept the buffer, and the page-locked
+            // sources the copies read, for as long as the stream may use them.
             if let Some(f) = while_copying {
-                f(&rebuilt);
+                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&rebuilt)));
+                if let Err(panic) = ran {
+                    job.unwind(keep_sources);
+                    std::panic::resume_unwind(panic);
+                }
                 super::trace::mark("handed over");
             }
             job.finish(keep_sources)?;
             None
         }
-        Mode::Async => Some(completion::detach(
-            job,
-            device,
-            keep_sources,
-            Wake::OnStream,
-        )?),
+        Mode::Async => {
+            debug_assert!(
+                while_copying.is_none(),
+                "while_copying is for blocking calls"
+            );
+            Some(completion::detach(
+                job,
+                device,
+                keep_sources,
+                Wake::OnStream,
+            )?)
+        }
     };
     super::trace::mark("synced");
     record_stats(call.stats);

@@ -124,10 +124,10 @@ pub fn transfer_tensor_h2d_with<B: Batch>(batch: &B, opts: &H2dOptions) -> Resul
 ///   result is dropped inside the call, on the calling thread; pinlane keeps the outputs'
 ///   memory until the copies have let go of it.
 /// * It runs on the calling thread, with the device's context current (pinlane's own
-///   calls bind it again as they need). A panic in it unwinds out of the call, as a panic
-///   of the batch's own [`Batch`] code would: nothing is freed while a copy may still
-///   write it, and the unwinding waits for the stream up to `Config::drop_sync_wait`,
-///   retaining what it cannot prove idle.
+///   calls bind it again as they need). A panic in it unwinds out of the call: nothing is
+///   freed while a copy may still use it; the unwinding waits for the stream up to
+///   `Config::drop_sync_wait`, retaining what it cannot prove idle (the outputs' memory
+///   and the sources the copies read).
 ///
 /// ```
 /// use pinlane::{transfer_tensor_h2d_overlapping, H2dOptions, Tensor};
@@ -310,10 +310,10 @@ pub fn transfer_tensor_d2h<B: Batch>(batch: &B, opts: &D2hOptions) -> Result<B> 
 ///   is dropped inside the call, on the calling thread; pinlane keeps the outputs' memory
 ///   until the copies have let go of it.
 /// * It runs on the calling thread, with the device's context current (pinlane's own
-///   calls bind it again as they need). A panic in it unwinds out of the call, as a panic
-///   of the batch's own [`Batch`] code would: nothing is freed while a copy may still
-///   write it, and the unwinding waits for the stream up to `Config::drop_sync_wait`,
-///   retaining what it cannot prove idle.
+///   calls bind it again as they need). A panic in it unwinds out of the call: nothing is
+///   freed while a copy may still use it; the unwinding waits for the stream up to
+///   `Config::drop_sync_wait`, retaining what it cannot prove idle (the outputs' memory
+///   and the sources the copies read).
 ///
 /// ```
 /// use pinlane::{transfer_tensor_d2h_overlapping, D2hOptions, Tensor};

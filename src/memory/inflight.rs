@@ -336,26 +336,49 @@ impl Drop for Detached {
     }
 }
 
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        if self.done {
-            return;
+impl InFlight {
+    /// For a call unwinding from its caller's panic while its copies may run (the
+    /// overlapping calls' `while_copying`, caught there and resumed after this): as the
+    /// drop does, but what cannot be proven idle within the drop bound is retained with
+    /// `sources()` too (clones of the sources the device copies still read), which the
+    /// unwinding caller would otherwise free.
+    pub(crate) fn unwind<S: Send + 'static>(mut self, sources: impl FnOnce() -> S) {
+        if !self.idle_within_drop_wait() {
+            self.retain(sources());
         }
-        // Reached only on an unwind through a call (a user's `Batch::rebuild` that panics
-        // while the copies run): every other path calls finish or abort. So that no lease
-        // goes back to the arena with a copy still running, fills are settled first (the
-        // batch they read is still borrowed then). Bounded: a hung device must not hang
-        // the dropping thread, so the stream is polled through an event for at most the
-        // drop bound (`retained::drop_wait`); if it is not proven idle by then, everything
-        // is retained (never freed early) and the drop returns.
+        self.done = true;
+    }
+
+    /// Settles the fills, then proves the stream idle within the drop bound
+    /// (`retained::drop_wait`, polled through an event: a hung device must not hang the
+    /// thread) and marks what the call holds idle; false if it could not.
+    fn idle_within_drop_wait(&mut self) -> bool {
         self.settle();
         let stream = self.stream.clone();
         match Synced::within(&stream, retained::drop_wait()) {
             Some(proof) => {
                 self.leases.iter_mut().for_each(|l| l.mark_idle(&proof));
                 filled(&mut self.fills, &proof);
+                true
             }
-            None => self.retain(()),
+            None => false,
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        // Reached only on an unwind through a call (a user's `Batch::rebuild` that panics
+        // while the copies run): every other path calls finish, abort or unwind. So that no
+        // lease goes back to the arena with a copy still running, fills are settled first
+        // (the batch they read is still borrowed then); if the stream is not proven idle
+        // within the drop bound, everything held is retained (never freed early) and the
+        // drop returns.
+        if !self.idle_within_drop_wait() {
+            self.retain(());
         }
     }
 }
