@@ -647,9 +647,15 @@ unsafe fn hand_over(
 ) -> Option<Handed> {
     // SAFETY: this function's own obligations, passed on.
     let made = unsafe { torch.export_all_in_flight(py, outs, min_run) };
-    made.ok()
+    let handed: Option<Handed> = made
+        .ok()
         .flatten()
-        .map(|v| v.into_iter().map(Bound::unbind).collect())
+        .map(|v| v.into_iter().map(Bound::unbind).collect());
+    if handed.is_some() {
+        // Only where the tensors were made here (not for a fall-back to after the copies).
+        split::mark("handed over");
+    }
+    handed
 }
 
 /// The engine's wait, run by [`d2h_held`] with the GIL released.

@@ -210,6 +210,10 @@ def test_h2d_hands_outputs_to_torch_while_the_copies_run_and_to_modes_after(torc
             assert mode.seen == want[1:], type(mode).__name__
         marks = [m for m, _ in native.last_trace()]
         assert marks.index("submitted") < marks.index("handed over") < marks.index("synced"), marks
+        # The binding marks "handed over" only where it made the torch tensors in the hook:
+        # with no mode, not with one (those are made after the copies).
+        split = [m for m, _ in native.last_split()]
+        assert ("handed over" in split) == (mode is None), (type(mode).__name__, split)
         assert all(o.is_cuda for o in on)
         assert [float(o[0]) for o in on] == want
         assert all(bool((o.cpu() == v).all()) for o, v in zip(on, want))
@@ -955,6 +959,12 @@ def test_a_traced_flat_call_records_every_phase_of_the_binding_in_order(torch):
         out = call()
         assert all(same(torch, o, h) for o, h in zip(out, host)), name
         marks = native.last_split()
+        names = [m for m, _ in marks]
+        # A small D2H kept holding the GIL makes its torch tensors while its copies run
+        # ("handed over", inside "copied").
+        if "handed over" in names:
+            assert name == "d2h" and names.index("handed over") == 2, (name, marks)
+            marks = marks[:2] + marks[3:]
         assert [m for m, _ in marks] == ["walked", "imported", "copied", "inputs dropped",
                                          "exported", "listed", "rebuilt", "end"], (name, marks)
         times = [t for _, t in marks]
