@@ -178,20 +178,26 @@ fn a_context_guard_refuses_another_devices_call() {
     );
 }
 
+/// A job holding 4 KiB of device memory on a stream that stays busy for 1.5 s (a hung
+/// device, as far as a drop can tell), with the drop bound set to 50 ms (the caller holds
+/// `DROP_WAIT_TESTS` and sets it back).
+fn busy_job() -> (Stream, InFlight) {
+    let s = Stream::new(Device::cuda(0)).unwrap();
+    let ctx = driver::bind(0).unwrap();
+    let a = DeviceAlloc::new_async(&ctx, 0, 4096, &s, s.clone()).unwrap();
+    s.delay_async(Duration::from_millis(1500)).unwrap();
+    crate::memory::retained::set_drop_wait(Duration::from_millis(50));
+    let mut job = InFlight::new(s.clone());
+    job.hold(&a, 4096);
+    (s, job)
+}
+
 #[test]
 fn dropping_an_unfinished_job_does_not_wait_forever() {
     setup();
     // Its retained bytes must not mix with another test's.
     let _turn = DROP_WAIT_TESTS.lock().unwrap_or_else(|p| p.into_inner());
-    let s = Stream::new(Device::cuda(0)).unwrap();
-    let ctx = driver::bind(0).unwrap();
-    let a = DeviceAlloc::new_async(&ctx, 0, 4096, &s, s.clone()).unwrap();
-    // A stream that stays busy (a hung device, as far as the drop can tell).
-    s.delay_async(Duration::from_millis(1500)).unwrap();
-    crate::memory::retained::set_drop_wait(Duration::from_millis(50));
-    let mut job = InFlight::new(s.clone());
-    job.hold(&a, 4096);
-    drop(a);
+    let (s, job) = busy_job();
     let before = crate::memory::retained::retained_bytes();
     let t0 = Instant::now();
     drop(job);
@@ -214,15 +220,8 @@ fn dropping_an_unfinished_job_does_not_wait_forever() {
 fn an_unwound_job_past_its_bound_keeps_the_sources_as_well() {
     setup();
     let _turn = DROP_WAIT_TESTS.lock().unwrap_or_else(|p| p.into_inner());
-    let s = Stream::new(Device::cuda(0)).unwrap();
-    let ctx = driver::bind(0).unwrap();
-    let a = DeviceAlloc::new_async(&ctx, 0, 4096, &s, s.clone()).unwrap();
-    s.delay_async(Duration::from_millis(1500)).unwrap();
-    crate::memory::retained::set_drop_wait(Duration::from_millis(50));
+    let (s, job) = busy_job();
     let source = std::sync::Arc::new(());
-    let mut job = InFlight::new(s.clone());
-    job.hold(&a, 4096);
-    drop(a);
     let t0 = Instant::now();
     job.unwind(|| source.clone());
     crate::memory::retained::set_drop_wait(Duration::from_secs(60));

@@ -707,6 +707,9 @@ unsafe fn plain_view(t: &DLTensor, bool_ok: bool, below: usize) -> Option<Plain>
 /// driver cannot answer for, stay unmarked (staged).
 pub(crate) fn mark_if_page_locked(dl: &mut Managed, min_bytes: usize, device: Device) {
     let n = nbytes(dl);
+    if n < min_bytes.max(1) {
+        return; // staged: the driver is not asked
+    }
     let t = &header(dl).dl_tensor;
     let Some(ptr) = usize::try_from(t.byte_offset)
         .ok()
@@ -714,9 +717,7 @@ pub(crate) fn mark_if_page_locked(dl: &mut Managed, min_bytes: usize, device: De
     else {
         return;
     };
-    if n >= min_bytes.max(1)
-        && pinlane::memory::host_page_locked(ptr as *const u8, n, device).unwrap_or(false)
-    {
+    if pinlane::memory::host_page_locked(ptr as *const u8, n, device).unwrap_or(false) {
         // SAFETY: the driver says all of the memory is page-locked now. Page-locked by
         // torch's allocator, it stays so while `dl` holds the tensor's storage; by a
         // registration of pinlane's, the import holds it when it lies inside it, and is

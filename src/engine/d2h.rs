@@ -343,16 +343,9 @@ fn into_block<B: Batch>(
     super::trace::mark("rebuilt");
     let pending = match mode {
         Mode::Blocking => {
-            // The caller's work on the outputs that needs no bytes overlaps the copies. A
-            // panic in it is caught until `job` has kept the block, and the device sources
-            // the copies read, for as long as the stream may use them.
+            // The caller's work on the outputs that needs no bytes overlaps the copies.
             if let Some(f) = while_copying {
-                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&rebuilt)));
-                if let Err(panic) = ran {
-                    job.unwind(out.sources());
-                    std::panic::resume_unwind(panic);
-                }
-                super::trace::mark("handed over");
+                job = super::run_while_copying(f, &rebuilt, job, out.sources());
             }
             job.finish_around(out.sources(), around)?;
             None

@@ -152,16 +152,9 @@ pub(crate) fn transfer<B: Batch>(
     super::trace::mark("submitted");
     let pending = match mode {
         Mode::Blocking => {
-            // The caller's work on the outputs that needs no bytes overlaps the copies. A
-            // panic in it is caught until `job` has kept the buffer, and the page-locked
-            // sources the copies read, for as long as the stream may use them.
+            // The caller's work on the outputs that needs no bytes overlaps the copies.
             if let Some(f) = while_copying {
-                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&rebuilt)));
-                if let Err(panic) = ran {
-                    job.unwind(keep_sources);
-                    std::panic::resume_unwind(panic);
-                }
-                super::trace::mark("handed over");
+                job = super::run_while_copying(f, &rebuilt, job, keep_sources);
             }
             job.finish(keep_sources)?;
             None

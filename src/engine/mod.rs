@@ -149,45 +149,77 @@ pub fn transfer_tensor_h2d_overlapping<B: Batch, R>(
     opts: &H2dOptions,
     while_copying: impl FnOnce(&B) -> R,
 ) -> Result<(B, R)> {
-    let mut while_copying = Some(while_copying);
-    let mut out = None;
+    let mut once = Once::new(while_copying);
     trace::start("h2d");
-    let mut hook = |b: &B| {
-        if let Some(f) = while_copying.take() {
-            out = Some(f(b));
-        }
-    };
-    let r = h2d::transfer(batch, opts, Mode::Blocking, Some(&mut hook));
+    let r = h2d::transfer(batch, opts, Mode::Blocking, Some(&mut |b| once.run(b)));
     trace::end();
-    let (b, _) = r?;
-    ran_or_run(b, out, while_copying, "transfer_tensor_h2d_overlapping")
+    once.finish(r?.0, "transfer_tensor_h2d_overlapping")
 }
 
-/// The end of an overlapping call: the batch with what `while_copying` made in the call
-/// (`out`), or, where the call did not run it (nothing was left to overlap), with what it
-/// makes of the finished batch now.
-fn ran_or_run<B, R>(
-    b: B,
+/// An overlapping call's `while_copying`: run at most once inside the call ([`Once::run`],
+/// what the call is given as its [`WhileCopying`]), or else on the finished batch
+/// ([`Once::finish`]).
+struct Once<F, R> {
+    f: Option<F>,
     out: Option<R>,
-    while_copying: Option<impl FnOnce(&B) -> R>,
-    op: &'static str,
-) -> Result<(B, R)> {
-    match (out, while_copying) {
-        (Some(out), _) => Ok((b, out)),
-        (None, Some(f)) => {
-            let out = f(&b);
-            Ok((b, out))
+}
+
+impl<F, R> Once<F, R> {
+    fn new(f: F) -> Self {
+        Once {
+            f: Some(f),
+            out: None,
         }
-        (None, None) => Err(Error::Internal {
-            op,
-            reason: "while_copying was taken and gave no result".into(),
-        }),
+    }
+
+    fn run<B>(&mut self, b: &B)
+    where
+        F: FnOnce(&B) -> R,
+    {
+        if let Some(f) = self.f.take() {
+            self.out = Some(f(b));
+        }
+    }
+
+    /// The batch with what `while_copying` made in the call, or, where the call did not
+    /// run it (nothing was left to overlap), with what it makes of the finished batch now.
+    fn finish<B>(mut self, b: B, op: &'static str) -> Result<(B, R)>
+    where
+        F: FnOnce(&B) -> R,
+    {
+        self.run(&b);
+        match self.out {
+            Some(out) => Ok((b, out)),
+            None => Err(Error::Internal {
+                op,
+                reason: "while_copying was taken and gave no result".into(),
+            }),
+        }
     }
 }
 
 /// The caller's code that a blocking call runs on its rebuilt batch once its copies are
 /// queued, before it waits for them (the overlapping calls' `while_copying`).
 type WhileCopying<'h, B> = Option<&'h mut dyn FnMut(&B)>;
+
+/// Runs `while_copying` on `rebuilt` while `job`'s copies may run. A panic in it is caught
+/// until `job` has kept what the copies use, `sources()` included
+/// ([`InFlight::unwind`]: the drop of an unwinding job keeps its memory but has no
+/// sources to keep), then resumed.
+fn run_while_copying<B, S: Send + 'static>(
+    while_copying: &mut dyn FnMut(&B),
+    rebuilt: &B,
+    job: InFlight,
+    sources: impl FnOnce() -> S,
+) -> InFlight {
+    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| while_copying(rebuilt)));
+    if let Err(panic) = ran {
+        job.unwind(sources);
+        std::panic::resume_unwind(panic);
+    }
+    trace::mark("handed over");
+    job
+}
 
 /// Whether a call waits for its copies (the spec's calls) or returns once they are
 /// queued, with a [`Transfer`] handle.
@@ -387,23 +419,17 @@ pub fn transfer_tensor_d2h_overlapping_around<B: Batch, R>(
     while_copying: impl FnOnce(&B) -> R,
     mut around_wait: impl FnMut(&mut dyn FnMut()),
 ) -> Result<(B, R)> {
-    let mut while_copying = Some(while_copying);
-    let mut out = None;
+    let mut once = Once::new(while_copying);
     trace::start("d2h");
     let overlap = d2h::Overlap {
-        while_copying: Some(&mut |b| {
-            if let Some(f) = while_copying.take() {
-                out = Some(f(b));
-            }
-        }),
+        while_copying: Some(&mut |b| once.run(b)),
         around_wait: Some(&mut around_wait),
     };
     let r = d2h::transfer(batch, opts, Mode::Blocking, overlap);
     trace::end();
-    let (b, _) = r?;
     // Not run in the call (pageable outputs, or a batch that passed through): nothing was
     // left to overlap, it runs on the finished batch.
-    ran_or_run(b, out, while_copying, "transfer_tensor_d2h_overlapping")
+    once.finish(r?.0, "transfer_tensor_d2h_overlapping")
 }
 
 /// What the calling thread's last successful transfer did.
