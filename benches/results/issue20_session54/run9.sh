@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Session 54, run 9 (one H200; the read-through mends of 4f1d102: one Once and one run_while_copying for both overlapping calls; the size checked first in mark_if_page_locked):
+cd "$(dirname "$0")/../../.."
+bash .gpu/run-tests > "$OUT/run_tests.txt" 2>&1; echo "run-tests rc=$?" >> "$OUT/run_tests.txt"
+tail -2 "$OUT/run_tests.txt"; grep -E "FAILED|panicked" "$OUT/run_tests.txt" | head
+PINLANE_REQUIRE_GPU=1 timeout 250 bash .gpu/with-python python3 -m pytest -q -p no:cacheprovider python/tests > "$OUT/pytest.txt" 2>&1
+echo "pytest rc=$?" >> "$OUT/pytest.txt"; tail -3 "$OUT/pytest.txt"
