@@ -1,17 +1,20 @@
 """Probe (session 54): H2D from Python with its outputs handed to torch while the copies
 run (`pinlane.transfer_tensor_h2d_overlapping` in the binding, batches of 1 MiB or more)
 against the same call making them after the copies (`_native.h2d(..., handover=False)`),
-in one process:
+in one process. Session 55's run 2 ran it on a build that handed over from 512 KiB (not
+kept: docs/performance.md, session 55), where 1000 x 1 KiB is handed over:
 
     bash .gpu/with-python python3 benches/probes/h2d_handover_ab.py     # on the GPU machine
 
 Batches (sources rotated among 4, as the peers bench makes them): 64 x 3x224x224 u8
-(9.6 MB), 8 x 32 MiB f32, 16 x 64 KiB f32 (1 MiB, the smallest handed over), 1000 x
-1 KiB f32 (just under 1 MiB: not handed over, a control that must not move). The two
-ways take turns round by round (order shuffled per round, CALLS calls each); medians of
-whole calls, us. Then the images both ways while another Python thread keeps the
+(9.6 MB), 8 x 32 MiB f32, 16 x 64 KiB f32 (1 MiB), 1000 x 1 KiB f32 (1000 KiB: under
+1 MiB, a control that must not move; handed over with the 512 KiB build), 500 x 1 KiB f32
+(500 KiB, under both: a control that must not move). The two ways take turns
+round by round (order shuffled per round, CALLS calls each); medians of whole calls, us.
+Then the images and 1000 x 1 KiB both ways while another Python thread keeps the
 interpreter busy (a pure-Python loop: the handover takes the GIL back in the call, a
-second acquisition that such a thread may delay by a switch interval, 5 ms by default).
+second acquisition that such a thread may delay by a switch interval, 5 ms by default),
+and the engine's and the binding's marks of one traced handed-over call of each.
 Every way's result is checked once per batch.
 """
 
@@ -40,6 +43,7 @@ def batches():
         "8 x 32 MiB f32": four(torch.float32, (8 * MiB,), 8),
         "16 x 64 KiB f32": four(torch.float32, (16384,), 16),
         "1000 x 1 KiB f32": four(torch.float32, (256,), 1000),
+        "500 x 1 KiB f32": four(torch.float32, (256,), 500),
     }
 
 
@@ -90,11 +94,14 @@ def main():
         print(f"| {name} | {a:.1f} | {w:.1f} | {w / a:.3f} |")
         sys.stdout.flush()
     # Traced: the engine's marks of one handed-over call (the handover between
-    # "submitted" and "synced").
-    _native.trace_next_call()
-    way(True)(all_srcs["64 x 3x224x224 u8"][0])
-    print("images, handed over, engine marks (us):",
-          ", ".join(f"{n} {t:.1f}" for n, t in _native.last_trace()))
+    # "submitted" and "synced"), and the binding's (from its entry).
+    for name in ("64 x 3x224x224 u8", "1000 x 1 KiB f32"):
+        _native.trace_next_call()
+        way(True)(all_srcs[name][0])
+        print(f"{name}, handover=True, engine marks (us):",
+              ", ".join(f"{n} {t:.1f}" for n, t in _native.last_trace()))
+        print(f"{name}, handover=True, binding marks (us):",
+              ", ".join(f"{n} {t:.1f}" for n, t in _native.last_split()))
     # A busy Python thread.
     stop = threading.Event()
 
@@ -103,16 +110,18 @@ def main():
         while not stop.is_set():
             x += 1
 
-    t = threading.Thread(target=busy, daemon=True)
-    t.start()
-    try:
-        m = rounds(ways, all_srcs["64 x 3x224x224 u8"], rounds=4, calls=5)
-    finally:
-        stop.set()
-        t.join()
-    a, w = m["after the copies"], m["while the copies run"]
-    print(f"images with a busy Python thread (4 rounds x 5 calls): after {a:.0f} us, "
-          f"while {w:.0f} us, while / after {w / a:.3f}")
+    for name in ("64 x 3x224x224 u8", "1000 x 1 KiB f32"):
+        stop.clear()
+        t = threading.Thread(target=busy, daemon=True)
+        t.start()
+        try:
+            m = rounds(ways, all_srcs[name], rounds=4, calls=5)
+        finally:
+            stop.set()
+            t.join()
+        a, w = m["after the copies"], m["while the copies run"]
+        print(f"{name} with a busy Python thread (4 rounds x 5 calls): after {a:.0f} us, "
+              f"while {w:.0f} us, while / after {w / a:.3f}")
 
 
 if __name__ == "__main__":

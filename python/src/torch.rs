@@ -419,9 +419,11 @@ impl Torch {
                 let base = self
                     .api()
                     .managed_tensor_to_py_object_no_sync(strided(first, len, stride)?, py)?;
+                crate::split::mark("run in torch");
                 for v in self.rows(&base)?.try_iter()? {
                     out.push(v?);
                 }
+                crate::split::mark("run split");
                 i += len;
             } else {
                 out.push(self.api().managed_tensor_to_py_object_no_sync(first, py)?);

@@ -645,6 +645,7 @@ unsafe fn hand_over(
     outs: &[Tensor],
     min_run: usize,
 ) -> Option<Handed> {
+    split::mark("hook entered");
     // SAFETY: this function's own obligations, passed on.
     let made = unsafe { torch.export_all_in_flight(py, outs, min_run) };
     let handed: Option<Handed> = made
