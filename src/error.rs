@@ -86,15 +86,19 @@ pub enum Error {
         location: Location,
     },
 
-    /// A page-locked tensor's bytes were asked for (read, exported, or taken by a call as a
-    /// source or destination) while the D2H copies that write them may still be running:
-    /// a tensor a D2H call handed to [`Batch::rebuild`](crate::Batch::rebuild), asked
-    /// inside the rebuild or kept from it and asked before the call returned (or before
-    /// its handle's wait). Also for ever after, if those copies failed (the bytes may be
-    /// partly written). Nothing was read or queued.
+    /// A tensor's bytes were asked for (read, exported, lent, or taken by a call as a
+    /// source or destination) while the copies that write them may still be running: a
+    /// page-locked tensor a D2H call handed to [`Batch::rebuild`](crate::Batch::rebuild),
+    /// asked inside the rebuild or kept from it and asked before the call returned (or
+    /// before its handle's wait); a device tensor an H2D call handed to its rebuild or to
+    /// the `while_copying` of
+    /// [`transfer_tensor_h2d_overlapping`](crate::transfer_tensor_h2d_overlapping), used
+    /// before the call returned (a non-blocking call's: before it returned its handle).
+    /// Also for ever after, if those copies failed (the bytes may be partly written).
+    /// Nothing was read or queued.
     #[error(
-        "{op}: the tensor's bytes are still being written by the D2H call that made it \
-         (read them once that call has returned), or that call failed"
+        "{op}: the tensor's bytes are still being written by the transfer call that made \
+         it (use them once that call has returned), or that call failed"
     )]
     BytesInFlight {
         /// The operation that asked.

@@ -528,10 +528,17 @@ impl Tensor {
     /// has run. The rule in full is on [`DevicePtrGuard`] and in docs/semantics.md.
     ///
     /// # Errors
-    /// [`Error::NotOnDevice`] for a host tensor.
+    /// [`Error::NotOnDevice`] for a host tensor; [`Error::BytesInFlight`] for an output of
+    /// an H2D call whose copies may still write it (inside that call: its batch's rebuild,
+    /// or the `while_copying` of
+    /// [`transfer_tensor_h2d_overlapping`](crate::transfer_tensor_h2d_overlapping)), whose
+    /// use on `stream` would not be ordered after them.
     pub fn device_ptr(&self, stream: &Stream) -> Result<DevicePtrGuard> {
         match &self.storage {
-            Storage::Device(v) => Ok(v.lend(stream)),
+            Storage::Device(v) => {
+                v.usable("device_ptr")?;
+                Ok(v.lend(stream))
+            }
             _ => Err(Error::NotOnDevice {
                 op: "device_ptr",
                 location: self.location(),
@@ -694,7 +701,8 @@ impl Tensor {
     ///
     /// # Errors
     /// [`Error::DLPack`] for a dimension that does not fit `i64`;
-    /// [`Error::BytesInFlight`] for a page-locked tensor a D2H call is still writing.
+    /// [`Error::BytesInFlight`] for a page-locked tensor a D2H call is still writing, or a
+    /// device tensor an H2D call is (see [`Tensor::device_ptr`]).
     ///
     /// ```
     /// use pinlane::Tensor;
@@ -715,7 +723,8 @@ impl Tensor {
     /// work has run.
     ///
     /// # Errors
-    /// [`Error::NotOnDevice`] for a host tensor; [`Error::DLPack`].
+    /// [`Error::NotOnDevice`] for a host tensor; [`Error::DLPack`];
+    /// [`Error::BytesInFlight`] (see [`Tensor::device_ptr`]).
     pub fn to_dlpack_on(&self, stream: &Stream) -> Result<dlpark::versioned::Dlpack> {
         if !self.is_cuda() {
             return Err(Error::NotOnDevice {
@@ -727,15 +736,12 @@ impl Tensor {
     }
 
     /// [`Tensor::to_dlpack`] without its check that no copy may still write the bytes: for
-    /// an output of [`transfer_tensor_d2h_overlapping`](crate::transfer_tensor_d2h_overlapping),
-    /// from inside its `while_copying`, to hand the outputs to another framework (a
-    /// binding's tensor objects) in the time the copies take. It never checks, wherever
-    /// the tensor came from (an output of a non-blocking call not yet waited for, a clone
-    /// kept from a failed call): the caller proves the bytes done before anyone reads them.
-    /// (A device tensor has no such check: for it this is [`Tensor::to_dlpack`], and the
-    /// same obligation holds for an output of
-    /// [`transfer_tensor_h2d_overlapping`](crate::transfer_tensor_h2d_overlapping) handed
-    /// on from its `while_copying`, unchecked either way.)
+    /// an output of [`transfer_tensor_d2h_overlapping`](crate::transfer_tensor_d2h_overlapping)
+    /// or [`transfer_tensor_h2d_overlapping`](crate::transfer_tensor_h2d_overlapping), from
+    /// inside its `while_copying`, to hand the outputs to another framework (a binding's
+    /// tensor objects) in the time the copies take. It never checks, wherever the tensor
+    /// came from (an output of a non-blocking call not yet waited for, a clone kept from a
+    /// failed call): the caller proves the bytes done before anyone reads them.
     ///
     /// # Safety
     /// Nothing reads or writes the bytes through the descriptor (the consumer, or anyone it

@@ -506,7 +506,18 @@ fn h2d_overlapping_hands_outputs_over_between_the_queued_copies_and_the_wait() {
         let (on, capsules) = transfer_tensor_h2d_overlapping(&src, &H2dOptions::default(), |o| {
             runs += 1;
             assert!(o.iter().all(Tensor::is_cuda));
-            o.iter().map(|t| t.to_dlpack().unwrap()).collect::<Vec<_>>()
+            // Uses not ordered after the copies are refused here (session 55); a binding
+            // exports with the unsafe form.
+            let s = pinlane::Stream::legacy(o[0].device().unwrap()).unwrap();
+            assert!(matches!(
+                o[0].device_ptr(&s),
+                Err(Error::BytesInFlight { .. })
+            ));
+            assert!(matches!(o[1].to_dlpack(), Err(Error::BytesInFlight { .. })));
+            o.iter()
+                // SAFETY: the capsules are read only after the call has returned `Ok`.
+                .map(|t| unsafe { t.to_dlpack_in_flight() }.unwrap())
+                .collect::<Vec<_>>()
         })
         .unwrap();
         let marks: Vec<&str> = pinlane::observe::last_trace()

@@ -31,12 +31,22 @@ impl Drop for Tag {
     }
 }
 
+/// Capsules of the outputs, made inside `while_copying` as a binding makes them: the safe
+/// export is refused there (the copies may still write the bytes), the unsafe one is not.
 fn hand_over(outs: &[Tensor], drops: &Arc<AtomicUsize>) -> HandedOver {
     let capsules = outs
         .iter()
         .map(|t| {
             assert!(t.is_cuda(), "{:?}", t.location());
-            t.to_dlpack().unwrap()
+            if t.nbytes() > 0 {
+                assert!(
+                    matches!(t.to_dlpack(), Err(Error::BytesInFlight { op: "to_dlpack" })),
+                    "a safe export inside while_copying"
+                );
+            }
+            // SAFETY: the capsules are read only once the call has returned `Ok` (the
+            // tests convert them after it), and dropped unread when it fails.
+            unsafe { t.to_dlpack_in_flight() }.unwrap()
         })
         .collect();
     HandedOver {
@@ -194,6 +204,161 @@ fn a_panic_in_while_copying_unwinds_and_frees_nothing_the_copies_still_write() {
             );
         }
     }
+}
+
+/// A batch of one host tensor whose rebuild tries what safe code may do with the device
+/// output it is handed, while the H2D copies that write it may still run: lend its
+/// pointer, export it, copy it to the host, copy into it. `earlier` is a device tensor of
+/// another call (not visited): it stays usable.
+struct Uses {
+    src: Tensor,
+    earlier: Tensor,
+    /// Filled by `rebuild`: what each use of the output gave, then whether `earlier`
+    /// could be lent.
+    seen: Vec<Result<(), Error>>,
+}
+
+impl pinlane::Batch for Uses {
+    fn visit<'a>(&'a self, f: &mut dyn FnMut(&'a Tensor)) {
+        f(&self.src);
+    }
+    fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
+        let out = f(&self.src);
+        Uses {
+            src: out.clone(),
+            earlier: self.earlier.clone(),
+            seen: uses(&out, &self.earlier),
+        }
+    }
+}
+
+/// Each use of `out` (an H2D output), then lending `earlier`.
+fn uses(out: &Tensor, earlier: &Tensor) -> Vec<Result<(), Error>> {
+    let s = pinlane::Stream::legacy(pinlane::Device::cuda(0)).unwrap();
+    let one = vec![out.clone()];
+    let zeros = vec![0u8; out.nbytes()];
+    let host = vec![Tensor::from_bytes(out.dtype(), out.dims(), &zeros)
+        .unwrap()
+        .to_pinned()
+        .unwrap()];
+    let opts = pinlane::IntoOptions::default();
+    vec![
+        out.device_ptr(&s).map(drop),
+        out.to_dlpack().map(drop),
+        out.to_dlpack_on(&s).map(drop),
+        transfer_tensor_d2h(&one, &D2hOptions::default()).map(drop),
+        // SAFETY: nothing else touches `host` during the call; the call is refused before
+        // anything is queued (what is tested), and were it not, it would wait for its copy.
+        unsafe { pinlane::transfer_tensor_d2h_into(&one, &host, &opts) },
+        pinlane::transfer_tensor_h2d_into(&host, &one, &opts).map(drop),
+        pinlane::H2dPairs::new(&host, &one).and_then(|p| p.copy(&opts).map(drop)),
+        earlier.device_ptr(&s).map(drop),
+    ]
+}
+
+fn refused_then_usable(seen: &[Result<(), Error>], during: &str) {
+    let ops = [
+        "device_ptr",
+        "to_dlpack",
+        "to_dlpack",
+        "transfer_tensor_d2h",
+        "transfer_tensor_d2h_into",
+        "transfer_tensor_h2d_into",
+        "transfer_tensor_h2d_into",
+    ];
+    assert_eq!(seen.len(), ops.len() + 1);
+    for (r, op) in seen.iter().zip(ops) {
+        assert!(
+            matches!(r, Err(Error::BytesInFlight { op: o }) if *o == op),
+            "{op} {during}: {r:?}"
+        );
+    }
+    assert!(
+        seen[ops.len()].is_ok(),
+        "another call's output {during}: {:?}",
+        seen[ops.len()]
+    );
+}
+
+#[test]
+fn an_h2d_s_outputs_refuse_uses_not_ordered_after_their_copies_until_it_returns() {
+    // Regression (session 55): an H2D call's device outputs exist while the copies into
+    // them run (its batch's rebuild, `while_copying`); a lent pointer, an export, or a
+    // copy from or into them there was not ordered after those copies, and could read
+    // stale bytes. Each is now refused with BytesInFlight, nothing queued, and works
+    // once the call has returned.
+    common::sim();
+    let src = common::tensor(DType::F32, &[20_000], 11);
+    let earlier = transfer_tensor_h2d(&vec![common::tensor(DType::F32, &[10], 12)])
+        .unwrap()
+        .remove(0);
+    let b = Uses {
+        src: src.clone(),
+        earlier: earlier.clone(),
+        seen: Vec::new(),
+    };
+    let out = transfer_tensor_h2d(&b).unwrap();
+    refused_then_usable(&out.seen, "in the rebuild");
+    assert!(out.src.is_cuda());
+    // The call has returned: every use works, and the bytes are the source's.
+    assert!(uses(&out.src, &earlier).iter().all(Result::is_ok));
+    let back = transfer_tensor_d2h(&vec![out.src.clone()], &D2hOptions::default()).unwrap();
+    assert_eq!(back[0], src);
+    // The same inside `while_copying`, and after that call.
+    let one = vec![src.clone()];
+    let (on, seen) =
+        transfer_tensor_h2d_overlapping(&one, &H2dOptions::default(), |o| uses(&o[0], &earlier))
+            .unwrap();
+    refused_then_usable(&seen, "in while_copying");
+    assert!(uses(&on[0], &earlier).iter().all(Result::is_ok));
+    // A non-blocking call's rebuild is gated too. Once it has returned, its outputs are
+    // its handle's: usable on a stream made to wait for the copies (`batch_for`), before
+    // the host knows they are done, and after the wait.
+    let moving = pinlane::transfer_tensor_h2d_async(&b, &H2dOptions::default()).unwrap();
+    let consumer = pinlane::Stream::new(pinlane::Device::cuda(0)).unwrap();
+    let ordered = moving.batch_for(&consumer).unwrap().src.clone();
+    drop(ordered.device_ptr(&consumer).unwrap());
+    let back = transfer_tensor_d2h(
+        &vec![ordered],
+        &D2hOptions::default()
+            .device(pinlane::Device::cuda(0))
+            .stream(consumer),
+    )
+    .unwrap();
+    assert_eq!(back[0], src);
+    let out = moving.wait().unwrap();
+    refused_then_usable(&out.seen, "in a non-blocking call's rebuild");
+    assert!(uses(&out.src, &earlier).iter().all(Result::is_ok));
+}
+
+#[test]
+fn a_failed_h2d_s_outputs_stay_refused() {
+    // Copies never proven done (the wait failed): what a clone kept from the call would
+    // read may be partly written, so its uses stay refused; other calls are unaffected.
+    common::sim();
+    let src = vec![common::tensor(DType::F32, &[5_000], 13)];
+    let mut kept = None;
+    fault::inject(FaultKind::StreamSync, 1);
+    let r = transfer_tensor_h2d_overlapping(&src, &H2dOptions::default(), |o| {
+        kept = Some(o[0].clone());
+    });
+    fault::clear();
+    assert!(r.is_err());
+    let kept = kept.expect("while_copying ran");
+    let s = pinlane::Stream::legacy(pinlane::Device::cuda(0)).unwrap();
+    assert!(matches!(
+        kept.device_ptr(&s),
+        Err(Error::BytesInFlight { op: "device_ptr" })
+    ));
+    assert!(matches!(
+        transfer_tensor_d2h(&vec![kept.clone()], &D2hOptions::default()),
+        Err(Error::BytesInFlight { .. })
+    ));
+    let on = transfer_tensor_h2d(&src).unwrap();
+    assert_eq!(
+        transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap(),
+        src
+    );
 }
 
 proptest! {

@@ -72,9 +72,9 @@ pub trait Batch {
     /// The transfers run this while their copies into the tensors `f` returns may still
     /// run: build the value, and use the tensors once the call has returned. A D2H call's
     /// page-locked outputs refuse reads meanwhile (here, or through a clone kept from
-    /// here): [`Error::BytesInFlight`](crate::Error::BytesInFlight). An H2D call's device
-    /// outputs do not: used here (moved back, exported), they are not ordered after the
-    /// copies into them, and may give stale bytes.
+    /// here): [`Error::BytesInFlight`](crate::Error::BytesInFlight). So do an H2D call's
+    /// device outputs, whose uses here (a lent pointer, an export, a transfer from or into
+    /// them) would not be ordered after the copies into them.
     fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self
     where
         Self: Sized;

@@ -203,6 +203,12 @@ fn target(opts: &D2hOptions, all: &[&Tensor]) -> Result<Option<(usize, Picked)>>
     if p.picked.is_empty() {
         return Ok(None);
     }
+    // An H2D call's output whose copies may still run (in its rebuild or `while_copying`)
+    // is not read: this call's copies are not ordered after those.
+    memory::check_readable(
+        p.picked.iter().map(|&i| all[i].storage()),
+        "transfer_tensor_d2h",
+    )?;
     driver::deferred::surface(device)?;
     Ok(Some((device, p)))
 }

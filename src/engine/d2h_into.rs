@@ -80,8 +80,10 @@ pub(crate) unsafe fn transfer<B: Batch>(src: &B, dst: &B, opts: &IntoOptions) ->
         return Ok(());
     };
     let pairs = checked.pairs;
+    // Destinations a D2H call may still be writing, and sources an H2D call's copies may
+    // still be writing (its outputs, in its rebuild or `while_copying`), are refused.
     crate::memory::check_readable(
-        pairs.iter().map(|p| p.1.storage()),
+        pairs.iter().flat_map(|p| [p.0.storage(), p.1.storage()]),
         "transfer_tensor_d2h_into",
     )?;
     let mut targets = Vec::with_capacity(pairs.len());

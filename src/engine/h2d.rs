@@ -164,6 +164,10 @@ pub(crate) fn transfer<B: Batch>(
                 while_copying.is_none(),
                 "while_copying is for blocking calls"
             );
+            // The outputs were gated during the rebuild; from here they reach the caller
+            // only through the handle, whose wait proves the copies done and whose
+            // `batch_for` orders the caller's stream after them.
+            job.order_device_outputs();
             Some(completion::detach(
                 job,
                 device,
@@ -364,7 +368,10 @@ fn submit<T>(
         }
         let alloc =
             DeviceAlloc::new_async(call.ctx, call.device, l.end, &stream, consumer.clone())?;
-        job.hold(&alloc, l.end);
+        // Marked as being written until the copies are proven done, before any view of
+        // it exists: the outputs (rebuilt, and handed to `while_copying`, while the copies
+        // run) refuse uses not ordered after the copies until then.
+        job.hold_device_output(&alloc);
         super::trace::mark("allocated");
         // Kept before the direct copies are queued: a failure there fails the call, and
         // nothing allocates twice.

@@ -93,7 +93,8 @@ use crate::tensor::{Storage, Tensor};
 /// (structure, placement, dtype or size), [`Error::OverlappingDestinations`],
 /// [`Error::StreamDeviceMismatch`], [`Error::BytesInFlight`] (a page-locked source, or
 /// for [`transfer_tensor_d2h_into`](crate::transfer_tensor_d2h_into) a page-locked
-/// destination, that a D2H call is still writing), [`Error::Deferred`]. While queueing,
+/// destination, that a D2H call is still writing; a device tensor that an H2D call is,
+/// inside that call), [`Error::Deferred`]. While queueing,
 /// the driver's error or [`Error::StagingExhausted`] is the call's (what was queued is
 /// drained first); once queued, a failure of the copies comes from [`Transfer::wait`], or,
 /// if the handle was dropped, from a later call on the device ([`Error::Deferred`]: the
@@ -140,8 +141,10 @@ pub(super) fn run(
     device: usize,
     opts: &IntoOptions,
 ) -> Result<Transfer<()>> {
+    // Sources a D2H call may still be writing, and destinations an H2D call's copies may
+    // still be writing (its outputs, in its rebuild or `while_copying`), are refused.
     memory::check_readable(
-        pairs.iter().map(|p| p.0.storage()),
+        pairs.iter().flat_map(|p| [p.0.storage(), p.1.storage()]),
         "transfer_tensor_h2d_into",
     )?;
     driver::deferred::surface(device)?;

@@ -114,10 +114,12 @@ pub fn transfer_tensor_h2d_with<B: Batch>(batch: &B, opts: &H2dOptions) -> Resul
 /// ([`Tensor::to_dlpack`](crate::Tensor::to_dlpack)), say.
 ///
 /// * The outputs' bytes are still being written in it: nothing may read or write them
-///   until the call has returned `Ok` (no kernel, copy or pinlane call on them, here or
-///   through what it hands on). Work queued on them here is not ordered after the copies
-///   and may see stale bytes; pinlane cannot refuse it, as it refuses reads of a D2H
-///   call's page-locked outputs.
+///   until the call has returned `Ok`. pinlane's own uses of them are refused there with
+///   [`Error::BytesInFlight`](crate::error::Error::BytesInFlight) (lending the pointer,
+///   [`Tensor::to_dlpack`](crate::Tensor::to_dlpack), a transfer from or into them), as
+///   they would not be ordered after the copies; a binding exports them with the unsafe
+///   [`Tensor::to_dlpack_in_flight`](crate::Tensor::to_dlpack_in_flight), and whoever it
+///   hands them to must not use them before the call has returned `Ok`.
 /// * `while_copying` runs once in every successful call; on the finished batch where
 ///   nothing is left to overlap (a batch that passes through: no host tensor, or no
 ///   CUDA). Its result comes back beside the batch. If the call fails after it ran, its
@@ -318,7 +320,9 @@ pub fn transfer_tensor_d2h_async<B: Batch>(batch: &B, opts: &D2hOptions) -> Resu
 /// [`Error::EventDeviceMismatch`](crate::error::Error::EventDeviceMismatch),
 /// [`Error::InvalidLocalRank`](crate::error::Error::InvalidLocalRank),
 /// [`Error::DeviceUnavailable`](crate::error::Error::DeviceUnavailable) for bad options (before any
-/// copy); [`Error::Deferred`](crate::error::Error::Deferred);
+/// copy); [`Error::BytesInFlight`](crate::error::Error::BytesInFlight) for a source that an H2D
+/// call's copies may still be writing (its output, inside that call: before any copy);
+/// [`Error::Deferred`](crate::error::Error::Deferred);
 /// [`Error::StagingExhausted`](crate::error::Error::StagingExhausted); the driver's error
 /// ([`Error::Driver`](crate::error::Error::Driver)) after draining what was queued. The input is never
 /// changed.

@@ -2,6 +2,7 @@
 //! [`DeviceView`]: one tensor in it, and [`DevicePtrGuard`]: a lent pointer whose use on a
 //! stream the free waits for.
 
+use super::filling::{Fill, Filled, Ranges};
 use crate::device::Device;
 use crate::driver::{self, ContextGuard, DevicePtr, Event, Handle, Stream};
 use crate::error::Result;
@@ -26,6 +27,14 @@ pub(crate) struct DeviceAlloc {
     /// One event per stream that used this memory through a lent pointer, re-recorded at
     /// each later use on that stream (stream order makes the newest cover the older ones).
     uses: Mutex<Vec<(Handle<driver::RawStream>, Event)>>,
+    /// Ranges that an H2D call's copies may still be writing (see [`super::filling`]).
+    filling: Ranges,
+}
+
+impl Filled for DeviceAlloc {
+    fn ranges(&self) -> &Ranges {
+        &self.filling
+    }
 }
 
 /// A foreign owner on its way to the retained registry (`Send` is all it needs there).
@@ -55,6 +64,7 @@ impl DeviceAlloc {
             device,
             backing: Backing::Pool { free_on },
             uses: Mutex::new(Vec::new()),
+            filling: Ranges::device(),
         }))
     }
 
@@ -76,11 +86,20 @@ impl DeviceAlloc {
             device,
             backing: Backing::Foreign(Some(owner)),
             uses: Mutex::new(Vec::new()),
+            filling: Ranges::device(),
         })
     }
 
     pub(crate) fn nbytes(&self) -> usize {
         self.nbytes
+    }
+
+    /// Marks `at..at + len` of the allocation as being written by an H2D call's copies,
+    /// until [`Fill::done`]: uses of views that overlap it are refused meanwhile (see
+    /// [`super::filling`]). Call it before any view of the range exists. `None` for an
+    /// empty range.
+    pub(crate) fn start_fill(self: &Arc<Self>, at: usize, len: usize) -> Option<Fill> {
+        Fill::start(self.clone(), at, len)
     }
 
     /// The device address at `offset` (<= nbytes).
@@ -263,6 +282,21 @@ impl DeviceView {
     pub(crate) fn addr(&self, at: usize) -> Option<DevicePtr> {
         debug_assert!(at <= self.nbytes);
         self.alloc.as_ref().map(|_| self.at + at as DevicePtr)
+    }
+
+    /// `Ok` when the view may be used (read, written, lent, exported): no H2D call's
+    /// copies may still be writing it (see [`super::filling`]). One load when no H2D call
+    /// has copies in flight.
+    ///
+    /// # Errors
+    /// [`Error::BytesInFlight`](crate::Error::BytesInFlight) naming `op`.
+    pub(crate) fn usable(&self, op: &'static str) -> Result<()> {
+        match &self.alloc {
+            Some(a) if super::filling::device_any() => {
+                a.filling.check(self.offset, self.nbytes, op)
+            }
+            _ => Ok(()),
+        }
     }
 
     /// `(address, bytes)` of the view, for overlap checks (`(0, 0)` for an empty view).

@@ -72,6 +72,10 @@ pub(crate) fn export(
             (host, b.as_ptr(), None)
         }
         Storage::Device(v) => {
+            // Likewise for an H2D call's output whose copies may still run.
+            if !in_flight {
+                v.usable("to_dlpack")?;
+            }
             let lent = stream.map(|s| v.lend(s));
             let id = i32::try_from(v.device()).map_err(|_| bad("device ordinal too large"))?;
             // An address as DLPack stores it: a pointer-sized value (null for no bytes).

@@ -1,4 +1,5 @@
-//! Which ranges of page-locked blocks a D2H call's copies may still be writing.
+//! Which ranges of page-locked blocks a D2H call's copies, and of device allocations an
+//! H2D call's copies, may still be writing.
 //!
 //! A D2H call into page-locked outputs rebuilds the caller's batch around views of its
 //! output block while the copies into it run (one pass, overlapped with the copies). The
@@ -12,33 +13,70 @@
 //! range whose copies were never proven done (a failed call) stays marked until its
 //! block drops.
 //!
-//! Cost: reads look at one process-wide count of marked ranges ([`FILLING`]) and touch the
-//! block only while some range is marked somewhere; a D2H call marks and clears once.
+//! An H2D call does the same for its batch's device allocation
+//! ([`DeviceAlloc::start_fill`](super::DeviceAlloc::start_fill)): its outputs exist while
+//! the copies into them run (the rebuild, `while_copying` of
+//! `transfer_tensor_h2d_overlapping`), and work on them that is not ordered after those
+//! copies (a lent pointer, a DLPack export, a D2H of them on another stream) would read
+//! stale bytes; those uses are refused meanwhile.
+//!
+//! Cost: reads look at one process-wide count of marked ranges per kind of memory
+//! ([`PINNED`], [`DEVICE`]) and touch the block or allocation only while some range of
+//! that kind is marked somewhere; a call marks and clears once.
 
 use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
-/// Ranges marked in all blocks. Only read-modify-writes change it, so a read that sees 0
-/// (with `Acquire`) has seen every earlier clear (`Release`) and what it proved.
-static FILLING: AtomicUsize = AtomicUsize::new(0);
+/// Ranges marked in all page-locked blocks. Only read-modify-writes change it (and
+/// [`DEVICE`]), so a read that sees 0 (with `Acquire`) has seen every earlier clear
+/// (`Release`) and what it proved.
+static PINNED: AtomicUsize = AtomicUsize::new(0);
 
-/// Whether any range of any block is marked (a read must then ask the block).
-pub(crate) fn any() -> bool {
-    FILLING.load(Ordering::Acquire) != 0
+/// Ranges marked in all device allocations (as [`PINNED`]).
+static DEVICE: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether any range of any page-locked block is marked (a read must then ask the block).
+pub(crate) fn pinned_any() -> bool {
+    PINNED.load(Ordering::Acquire) != 0
 }
 
-/// A block's marked ranges: `(start, len)`, a few at a time (one per D2H call in flight
-/// on the block; small batches share blocks), and how many there are (read without the
-/// lock: a block nobody fills is passed with one load, even while other blocks are
+/// Whether any range of any device allocation is marked (a use must then ask the
+/// allocation).
+pub(crate) fn device_any() -> bool {
+    DEVICE.load(Ordering::Acquire) != 0
+}
+
+/// A block's or an allocation's marked ranges: `(start, len)`, a few at a time (one per
+/// call in flight on it; small D2H batches share blocks), and how many there are (read
+/// without the lock: one nobody fills is passed with one load, even while others are
 /// filled).
-#[derive(Default)]
 pub(crate) struct Ranges {
+    /// The process-wide count of this kind of memory ([`PINNED`] or [`DEVICE`]).
+    all: &'static AtomicUsize,
     count: AtomicUsize,
     list: Mutex<Vec<(usize, usize)>>,
 }
 
 impl Ranges {
+    /// The ranges of a page-locked block.
+    pub(crate) fn pinned() -> Ranges {
+        Ranges::counted_in(&PINNED)
+    }
+
+    /// The ranges of a device allocation.
+    pub(crate) fn device() -> Ranges {
+        Ranges::counted_in(&DEVICE)
+    }
+
+    fn counted_in(all: &'static AtomicUsize) -> Ranges {
+        Ranges {
+            all,
+            count: AtomicUsize::new(0),
+            list: Mutex::new(Vec::new()),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Vec<(usize, usize)>> {
         self.list.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -48,8 +86,11 @@ impl Ranges {
     /// # Errors
     /// [`Error::BytesInFlight`] naming `op`.
     pub(crate) fn check(&self, at: usize, len: usize, op: &'static str) -> Result<()> {
-        // Both counts change by read-modify-writes only (as `FILLING`'s comment says).
-        if len == 0 || !any() || self.count.load(Ordering::Acquire) == 0 {
+        // Both counts change by read-modify-writes only (as `PINNED`'s comment says).
+        if len == 0
+            || self.all.load(Ordering::Acquire) == 0
+            || self.count.load(Ordering::Acquire) == 0
+        {
             return Ok(());
         }
         let end = at.saturating_add(len);
@@ -61,34 +102,82 @@ impl Ranges {
     }
 
     /// Marks `at..at + len` (`len > 0`); call it before any view of the range exists.
-    pub(super) fn mark(&self, at: usize, len: usize) {
+    fn mark(&self, at: usize, len: usize) {
         // Counted before the range is listed, and both before any view exists: whoever
         // is handed a view later sees counts that include this range.
-        FILLING.fetch_add(1, Ordering::AcqRel);
+        self.all.fetch_add(1, Ordering::AcqRel);
         self.count.fetch_add(1, Ordering::AcqRel);
         self.lock().push((at, len));
     }
 
-    /// Clears the mark of `at..at + len`: only `Fill::done` calls it, with the proof that
-    /// the copies that write the range are done.
-    pub(super) fn unmark(&self, at: usize, len: usize) {
+    /// Clears the mark of `at..at + len`: only [`Fill::done`] calls it, with the proof
+    /// that the copies that write the range are done.
+    fn unmark(&self, at: usize, len: usize) {
         let mut list = self.lock();
         if let Some(i) = list.iter().position(|&r| r == (at, len)) {
             list.swap_remove(i);
             drop(list);
             self.count.fetch_sub(1, Ordering::Release);
-            FILLING.fetch_sub(1, Ordering::Release);
+            self.all.fetch_sub(1, Ordering::Release);
         }
     }
 }
 
 impl Drop for Ranges {
-    /// The block is gone (no view of it is left): its marks no longer gate anything.
+    /// The block or allocation is gone (no view of it is left): its marks no longer gate
+    /// anything.
     fn drop(&mut self) {
         let n = *self.count.get_mut();
         if n > 0 {
-            FILLING.fetch_sub(n, Ordering::Release);
+            self.all.fetch_sub(n, Ordering::Release);
         }
+    }
+}
+
+/// Memory with marked [`Ranges`]: a page-locked block, a device allocation.
+pub(crate) trait Filled: Send + Sync + 'static {
+    fn ranges(&self) -> &Ranges;
+}
+
+/// One call's range of a block or allocation, marked from [`Fill::start`] until
+/// [`Fill::done`]. Dropped without `done` (the copies were never proven done), the range
+/// stays marked until the memory drops: its bytes may be partly written.
+pub(crate) struct Fill {
+    memory: Arc<dyn Filled>,
+    at: usize,
+    len: usize,
+}
+
+impl Fill {
+    /// Marks `at..at + len` of `memory` as being written by a call's copies, until
+    /// [`Fill::done`]. Call it before any view of the range exists. `None` for an empty
+    /// range (nothing to gate).
+    pub(crate) fn start(memory: Arc<dyn Filled>, at: usize, len: usize) -> Option<Fill> {
+        if len == 0 {
+            return None;
+        }
+        memory.ranges().mark(at, len);
+        Some(Fill { memory, at, len })
+    }
+
+    /// The copies that write the range are proven done (`proof`): reads of it are
+    /// allowed from now.
+    pub(crate) fn done(self, proof: &super::arena::Synced) {
+        let _ = proof;
+        self.memory.ranges().unmark(self.at, self.len);
+    }
+
+    /// Whether the range is of a device allocation.
+    pub(crate) fn on_device(&self) -> bool {
+        std::ptr::eq(self.memory.ranges().all, &DEVICE)
+    }
+
+    /// The range's uses from now on are ordered after the copies by other means: a
+    /// non-blocking H2D call's outputs, as the call returns, reachable from then on only
+    /// through its handle's wait (after the proof) or `Transfer::batch_for` (on a stream
+    /// made to wait for the copies). Uses of it are allowed from now.
+    pub(crate) fn ordered(self) {
+        self.memory.ranges().unmark(self.at, self.len);
     }
 }
 
@@ -115,7 +204,7 @@ mod tests {
     fn only_views_that_overlap_a_marked_range_are_refused() {
         let b = block();
         let fill = b.start_fill(256, 256).expect("a non-empty range is marked");
-        assert!(any());
+        assert!(pinned_any());
         assert!(read(&b, 0, 256), "just before");
         assert!(read(&b, 512, 512), "just after");
         assert!(read(&b, 300, 0), "an empty view reads nothing");
@@ -135,5 +224,36 @@ mod tests {
         drop(fill);
         assert!(!read(&b, 256, 256));
         assert!(b.start_fill(0, 0).is_none(), "an empty range is not marked");
+    }
+
+    /// Device ranges (an H2D call's outputs), with no memory behind them: only the marks.
+    struct Marks(Ranges);
+
+    impl Filled for Marks {
+        fn ranges(&self) -> &Ranges {
+            &self.0
+        }
+    }
+
+    #[test]
+    fn device_marks_are_counted_apart_and_end_when_ordered() {
+        // (Other tests mark ranges in parallel: the process-wide counts are only checked
+        // to be nonzero while this test holds a mark of that kind.)
+        let m = Arc::new(Marks(Ranges::device()));
+        let fill = Fill::start(m.clone(), 0, 4096).expect("a non-empty range is marked");
+        assert!(fill.on_device());
+        assert!(device_any());
+        assert!(m.0.check(4000, 100, "device_ptr").is_err());
+        assert!(m.0.check(4096, 100, "device_ptr").is_ok(), "just after");
+        fill.ordered();
+        assert!(m.0.check(0, 4096, "device_ptr").is_ok());
+        // Never proven done nor ordered: marked until the memory drops.
+        let kept = Fill::start(m.clone(), 0, 8);
+        drop(kept);
+        assert!(m.0.check(0, 8, "to_dlpack").is_err());
+        let b = block();
+        let pinned = b.start_fill(0, 8).expect("marked");
+        assert!(!pinned.on_device());
+        assert!(pinned_any());
     }
 }

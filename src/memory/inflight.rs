@@ -2,8 +2,8 @@
 //! the stream is proven idle.
 
 use super::arena::Synced;
-use super::pinned::Fill;
-use super::{retained, PinnedBlock, SlotLease};
+use super::filling::Fill;
+use super::{retained, DeviceAlloc, PinnedBlock, SlotLease};
 use crate::driver::{ContextGuard, HostPtr, Stream};
 use crate::error::{Error, Result};
 use std::any::Any;
@@ -120,6 +120,26 @@ impl InFlight {
     pub(crate) fn hold_output(&mut self, block: &Arc<PinnedBlock>, at: usize, len: usize) {
         self.hold(block, len);
         self.fills.extend(block.start_fill(at, len));
+    }
+
+    /// Keeps `alloc` alive (as [`InFlight::hold`]) and marks all of it as being written
+    /// by this call's copies, until they are proven done: call it before any view of it
+    /// exists.
+    pub(crate) fn hold_device_output(&mut self, alloc: &Arc<DeviceAlloc>) {
+        self.hold(alloc, alloc.nbytes());
+        self.fills.extend(alloc.start_fill(0, alloc.nbytes()));
+    }
+
+    /// Ends the marks of [`InFlight::hold_device_output`] without the proof that the
+    /// copies are done ([`Fill::ordered`]): for a non-blocking H2D call as it returns,
+    /// whose outputs are reachable from then on only through its handle (the proven wait,
+    /// or `batch_for` on a stream made to wait for the copies).
+    pub(crate) fn order_device_outputs(&mut self) {
+        let (device, pinned): (Vec<Fill>, Vec<Fill>) = std::mem::take(&mut self.fills)
+            .into_iter()
+            .partition(Fill::on_device);
+        self.fills = pinned;
+        device.into_iter().for_each(Fill::ordered);
     }
 
     fn held_bytes(&self) -> usize {

@@ -11,7 +11,7 @@
 //! | `scatter.rs` | - | nothing of its own: copies into memory the caller owns (device views anywhere, writable host tensors) | - |
 //! | `mapped.rs` | `MappedFile`, `MappedRange` | a checkpoint file mapped read-only (the page cache, read in place) | unmapped when the last tensor over it drops |
 //! | `dlpack.rs` | a DLPack capsule's deleter (imports), a tensor clone (exports) | another framework's tensors, and ours lent to it | the deleter runs when the last view drops |
-//! | `filling.rs` | - | nothing of its own: the ranges of page-locked blocks that D2H copies may still be writing (reads of them are refused) | - |
+//! | `filling.rs` | - | nothing of its own: the ranges of page-locked blocks that D2H copies, and of device allocations that H2D copies, may still be writing (uses of them are refused) | - |
 //! | `inflight.rs` | `InFlight`, `Detached` | nothing of its own: keeps the owners above alive | after the stream is synchronised, or (non-blocking calls) the call's event completes |
 //! | `registration.rs` | the `PinnedBlock`s of `Tensor::register_pinned_many` | host memory of many tensors page-locked in place, buffers that share pages as one range | unregistered when the last view of a range drops |
 //! | `producer.rs` | [`PinnedBufferMut`] | page-locked memory a producer writes, from the [`PinnedOutputPool`] | frozen into a tensor; back to the pool when its last view drops |
@@ -124,9 +124,10 @@ impl Storage {
 
 /// `Ok` when every page-locked tensor of `storages` (the tensors' storages) may be read
 /// (or written): no D2H call's copies may still be writing it (see
-/// [`PinnedBuf::readable`]). One load when no D2H call has copies in flight into
-/// page-locked outputs; a pass over the tensors otherwise. Asked by the calls that take
-/// tensors as sources or destinations, before anything is queued.
+/// [`PinnedBuf::readable`]), and every device tensor may be used: no H2D call's copies may
+/// still be writing it ([`DeviceView::usable`]). One load per kind when no call has copies
+/// in flight into that kind of memory; a pass over the tensors otherwise. Asked by the
+/// calls that take tensors as sources or destinations, before anything is queued.
 ///
 /// # Errors
 /// [`Error::BytesInFlight`](crate::Error::BytesInFlight) naming `op`, for the first such
@@ -135,12 +136,15 @@ pub(crate) fn check_readable<'a>(
     storages: impl IntoIterator<Item = &'a Storage>,
     op: &'static str,
 ) -> crate::error::Result<()> {
-    if !filling::any() {
+    let (pinned, device) = (filling::pinned_any(), filling::device_any());
+    if !pinned && !device {
         return Ok(());
     }
     for s in storages {
-        if let Storage::Pinned(b) = s {
-            b.readable(op)?;
+        match s {
+            Storage::Pinned(b) if pinned => b.readable(op)?,
+            Storage::Device(v) if device => v.usable(op)?,
+            _ => {}
         }
     }
     Ok(())

@@ -2,8 +2,7 @@
 //! [`PinnedBlock`]), the bounded [`PinnedOutputPool`] that D2H outputs come from, and the
 //! registry of pinlane's live registrations of host memory in place.
 
-use super::arena::Synced;
-use super::filling::Ranges;
+use super::filling::{Fill, Filled, Ranges};
 use super::reaper::free_pinned_in_policy;
 use super::{check_range, DeviceAlloc, DeviceView};
 use crate::driver::{self, ContextGuard, HostPtr, Stream};
@@ -28,21 +27,9 @@ pub(crate) struct PinnedBlock {
     filling: Ranges,
 }
 
-/// One call's range of a block, marked from [`PinnedBlock::start_fill`] until
-/// [`Fill::done`]. Dropped without `done` (the copies were never proven done), the range
-/// stays marked until the block drops: its bytes may be partly written.
-pub(crate) struct Fill {
-    block: Arc<PinnedBlock>,
-    at: usize,
-    len: usize,
-}
-
-impl Fill {
-    /// The copies that write the range are proven done (`proof`): reads of it are
-    /// allowed from now.
-    pub(crate) fn done(self, proof: &Synced) {
-        let _ = proof;
-        self.block.filling.unmark(self.at, self.len);
+impl Filled for PinnedBlock {
+    fn ranges(&self) -> &Ranges {
+        &self.filling
     }
 }
 
@@ -87,7 +74,7 @@ impl PinnedBlock {
             ptr: HostPtr(std::ptr::NonNull::<u64>::dangling().as_ptr().cast()),
             len: 0,
             release: Release::Nothing,
-            filling: Ranges::default(),
+            filling: Ranges::pinned(),
         })
     }
 
@@ -96,15 +83,7 @@ impl PinnedBlock {
     /// [`super::filling`]). Call it before any view of the range exists. `None` for an
     /// empty range (nothing to gate).
     pub(crate) fn start_fill(self: &Arc<Self>, at: usize, len: usize) -> Option<Fill> {
-        if len == 0 {
-            return None;
-        }
-        self.filling.mark(at, len);
-        Some(Fill {
-            block: self.clone(),
-            at,
-            len,
-        })
+        Fill::start(self.clone(), at, len)
     }
 
     /// Whether a kernel may read the block at its host address (see [`PinnedBuf::mapped`]):
@@ -161,7 +140,7 @@ impl PinnedBlock {
                 writable,
                 mapped_on: AtomicU64::new(0),
             },
-            filling: Ranges::default(),
+            filling: Ranges::pinned(),
         })
     }
 
@@ -361,7 +340,7 @@ fn alloc_block(
         ptr: HostPtr(ptr),
         len,
         release,
-        filling: Ranges::default(),
+        filling: Ranges::pinned(),
     }))
 }
 
@@ -395,7 +374,7 @@ pub(crate) unsafe fn register(
             device,
             owner: Some(owner),
         },
-        filling: Ranges::default(),
+        filling: Ranges::pinned(),
     });
     record(start, len, &block);
     Ok(block)
@@ -1024,7 +1003,7 @@ impl PinnedOutputPool {
                     pool: self.clone(),
                     device,
                 },
-                filling: Ranges::default(),
+                filling: Ranges::pinned(),
             })));
         }
         match alloc_block(want, device, Some(self)) {
