@@ -361,6 +361,53 @@ fn a_failed_h2d_s_outputs_stay_refused() {
     );
 }
 
+#[test]
+fn while_copying_may_call_pinlane_again_on_the_same_thread() {
+    // What a binding's hook may run by itself (a garbage collection's finalizers): whole
+    // transfers on the calling thread, inside either overlapping call. They use the
+    // thread's streams and state while the outer call's copies are in flight; both the
+    // inner and the outer results are the sources' bytes.
+    common::sim();
+    let outer = batch();
+    let inner = vec![
+        common::tensor(DType::F32, &[40_000], 21),
+        common::tensor(DType::U8, &[7], 22),
+    ];
+    let earlier = transfer_tensor_h2d(&inner).unwrap();
+    for _ in 0..5 {
+        let (on, (up, down)) =
+            transfer_tensor_h2d_overlapping(&outer, &H2dOptions::default(), |_| {
+                let up = transfer_tensor_h2d(&inner).unwrap();
+                let down = transfer_tensor_d2h(&earlier, &D2hOptions::default()).unwrap();
+                (up, down)
+            })
+            .unwrap();
+        assert_eq!(down, inner);
+        assert_eq!(
+            transfer_tensor_d2h(&up, &D2hOptions::default()).unwrap(),
+            inner
+        );
+        assert_eq!(
+            transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap(),
+            outer
+        );
+        let dev_outer = transfer_tensor_h2d(&outer).unwrap();
+        let (back, (up, down)) =
+            pinlane::transfer_tensor_d2h_overlapping(&dev_outer, &D2hOptions::default(), |_| {
+                let up = transfer_tensor_h2d(&inner).unwrap();
+                let down = transfer_tensor_d2h(&earlier, &D2hOptions::default()).unwrap();
+                (up, down)
+            })
+            .unwrap();
+        assert_eq!(back, outer);
+        assert_eq!(down, inner);
+        assert_eq!(
+            transfer_tensor_d2h(&up, &D2hOptions::default()).unwrap(),
+            inner
+        );
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
 

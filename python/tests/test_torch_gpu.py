@@ -238,6 +238,54 @@ def test_h2d_hands_over_from_1_mib_of_small_pageable_sources(torch):
         assert torch.equal(back, torch.stack(xs)), n
 
 
+def test_a_garbage_collection_in_the_handover_may_call_pinlane(torch):
+    # The handover makes torch tensors (Python objects the garbage collector tracks) while
+    # the copies run; a collection it triggers runs the program's `gc.callbacks` there, on
+    # this thread, and those may call pinlane. With the collector set to run at every
+    # allocation, a callback that moves a small batch both ways runs during each call
+    # (counted; the calls allocate Python objects almost only in the handover), and every
+    # result, the callbacks' and the calls', holds the right bytes.
+    import gc
+
+    dev = torch.device("cuda", cuda_index(torch))
+    small = [torch.arange(64, dtype=torch.float32) + i for i in range(3)]
+    seen = []
+
+    def callback(phase, info):
+        if phase != "start" or not armed:
+            return
+        try:
+            on = transfer_tensor_h2d(small)
+            back = transfer_tensor_d2h(on, device=dev)
+            seen.append(all(torch.equal(b, s) for b, s in zip(back, small)))
+        except Exception as e:  # noqa: BLE001 - recorded, and the test fails on it
+            seen.append(e)
+
+    armed = False
+    old = gc.get_threshold()
+    gc.callbacks.append(callback)
+    try:
+        for k in range(4):
+            host = [torch.full((16384,), float(100 * k + i)) for i in range(80)]  # 5 MiB
+            dsrc = [h.to(dev) for h in host]
+            torch.cuda.synchronize(dev)
+            before = len(seen)
+            gc.set_threshold(1)
+            armed = True
+            up = transfer_tensor_h2d(host)
+            down = transfer_tensor_d2h(dsrc, device=dev)
+            armed = False
+            gc.set_threshold(*old)
+            assert len(seen) > before, "no collection ran during the calls"
+            assert all(torch.equal(u.cpu(), h) for u, h in zip(up, host)), k
+            assert all(torch.equal(d, h) for d, h in zip(down, host)), k
+        assert all(x is True for x in seen), [x for x in seen if x is not True][:3]
+    finally:
+        armed = False
+        gc.set_threshold(*old)
+        gc.callbacks.remove(callback)
+
+
 def _why_not_held(batch, fallbacks_before):
     """What a failed held check reports: the D2H batches that fell back to pageable outputs
     during the checked calls (the page-locked output pool at its cap), the pools' counters
