@@ -412,8 +412,9 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
 
     /// Any structure: the batch comes back as `transfer_tensor_h2d` gives it, and
-    /// `while_copying` saw that same structure (its tensors on the device where the
-    /// call moved them).
+    /// `while_copying` saw that same batch (the same device views, not the inputs), in
+    /// which every tensor the call moved refuses an export while a tensor that passed
+    /// through (already on the device) or holds no bytes does not.
     #[test]
     fn the_batch_and_what_while_copying_saw_keep_the_structure(
         v in common::value(),
@@ -422,11 +423,24 @@ proptest! {
     ) {
         common::sim();
         let v = common::mix(&v, pin_every, dev_every);
-        let (on, seen) = transfer_tensor_h2d_overlapping(&v, &H2dOptions::default(), |o| {
-            o.clone()
+        let ins: Vec<bool> = pinlane::batch::tensors(&v).iter().map(|t| t.is_cuda()).collect();
+        let (on, (seen, gated)) = transfer_tensor_h2d_overlapping(&v, &H2dOptions::default(), |o| {
+            let gated: Vec<(bool, bool)> = pinlane::batch::tensors(o)
+                .iter()
+                .zip(&ins)
+                .map(|(t, &was_on)| {
+                    let want = !was_on && t.nbytes() > 0;
+                    (want, matches!(t.to_dlpack(), Err(Error::BytesInFlight { .. })))
+                })
+                .collect();
+            (o.clone(), gated)
         })
         .unwrap();
         prop_assert_eq!(&seen, &on);
+        prop_assert_eq!(gated.len(), ins.len());
+        for (want, refused) in gated {
+            prop_assert_eq!(want, refused);
+        }
         prop_assert!(pinlane::batch::tensors(&on).iter().all(|t| t.is_cuda()));
         // Back on the host, every tensor and leaf in its place.
         let back = transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap();
