@@ -331,6 +331,69 @@ fn an_h2d_s_outputs_refuse_uses_not_ordered_after_their_copies_until_it_returns(
     assert!(uses(&out.src, &earlier).iter().all(Result::is_ok));
 }
 
+/// A batch of one large pageable tensor (several staging windows) whose rebuild keeps a
+/// clone of its output in `kept`.
+struct Keeps {
+    src: Tensor,
+    kept: std::sync::Mutex<Option<Tensor>>,
+}
+
+impl pinlane::Batch for Keeps {
+    fn visit<'a>(&'a self, f: &mut dyn FnMut(&'a Tensor)) {
+        f(&self.src);
+    }
+    fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
+        let out = f(&self.src);
+        *self.kept.lock().unwrap() = Some(out.clone());
+        Keeps {
+            src: out,
+            kept: std::sync::Mutex::new(None),
+        }
+    }
+}
+
+#[test]
+fn a_clone_kept_from_a_rebuild_stays_refused_when_a_later_copy_fails() {
+    // Review finding (session 55): H2D rebuilds while later windows' copies are still
+    // being queued; a copy failing after the rebuild left the drained output unmarked,
+    // though some of its bytes were never copied. It stays refused now.
+    common::sim();
+    let src = common::tensor(DType::F32, &[200_000], 31); // 800 KB: many windows, copies 13 on after the rebuild
+    let s = pinlane::Stream::legacy(pinlane::Device::cuda(0)).unwrap();
+    let mut after_rebuild = 0;
+    for at in 1..40 {
+        let b = Keeps {
+            src: src.clone(),
+            kept: std::sync::Mutex::new(None),
+        };
+        fault::inject(FaultKind::Copy, at);
+        let r = transfer_tensor_h2d(&b);
+        fault::clear();
+        let kept = b.kept.lock().unwrap().take();
+        match (r, kept) {
+            (Err(_), Some(k)) => {
+                after_rebuild += 1;
+                assert!(
+                    matches!(k.device_ptr(&s), Err(Error::BytesInFlight { .. })),
+                    "copy {at} failed after the rebuild: its output must stay refused"
+                );
+            }
+            (Ok(out), _) => {
+                // The fault fell past the call's copies: the bytes are the source's.
+                let back = transfer_tensor_d2h(&vec![out.src], &D2hOptions::default());
+                assert_eq!(back.unwrap()[0], src);
+            }
+            (Err(_), None) => {} // failed before the rebuild
+        }
+    }
+    assert!(after_rebuild > 0, "no copy failed after the rebuild");
+    let on = transfer_tensor_h2d(&vec![src.clone()]).unwrap();
+    assert_eq!(
+        transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap()[0],
+        src
+    );
+}
+
 #[test]
 fn a_failed_h2d_s_outputs_stay_refused() {
     // Copies never proven done (the wait failed): what a clone kept from the call would

@@ -70,7 +70,9 @@ pub trait Batch {
     /// The same value with each tensor replaced by `f(tensor)`, called in visit order.
     ///
     /// The transfers run this while their copies into the tensors `f` returns may still
-    /// run: build the value, and use the tensors once the call has returned. A D2H call's
+    /// run: build the value, and use the tensors once the call has returned (a
+    /// non-blocking call's: once its handle's wait has, or on a stream its `batch_for`
+    /// ordered). A D2H call's
     /// page-locked outputs refuse reads meanwhile (here, or through a clone kept from
     /// here): [`Error::BytesInFlight`](crate::Error::BytesInFlight). So do an H2D call's
     /// device outputs, whose uses here (a lent pointer, an export, a transfer from or into

@@ -97,7 +97,14 @@ pub(crate) fn transfer<B: Batch>(
         return Ok((batch::replace_tensors(batch, Vec::new()), None));
     };
     let all = batch::tensors(batch);
-    memory::check_readable(all.iter().map(|t| t.storage()), "transfer_tensor_h2d")?;
+    // Device tensors pass through unread (an H2D output still in flight too: its clone
+    // stays gated), so only host storages are checked.
+    memory::check_readable(
+        all.iter()
+            .map(|t| t.storage())
+            .filter(|s| !matches!(s, crate::tensor::Storage::Device(_))),
+        "transfer_tensor_h2d",
+    )?;
     let rt = crate::runtime::runtime();
     let src = route(&all, device, &rt);
     let order = &src.order;
@@ -164,10 +171,8 @@ pub(crate) fn transfer<B: Batch>(
                 while_copying.is_none(),
                 "while_copying is for blocking calls"
             );
-            // The outputs were gated during the rebuild; from here they reach the caller
-            // only through the handle, whose wait proves the copies done and whose
-            // `batch_for` orders the caller's stream after them.
-            job.order_device_outputs();
+            // The outputs were gated during the rebuild; `detach` ends that once its
+            // event is recorded (from then on they reach the caller through the handle).
             Some(completion::detach(
                 job,
                 device,

@@ -28,23 +28,28 @@ use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+/// A count on a cache line of its own: H2D calls write [`DEVICE`] on every call, D2H
+/// calls [`PINNED`], and the other kind's checks read theirs.
+#[repr(align(128))]
+struct Count(AtomicUsize);
+
 /// Ranges marked in all page-locked blocks. Only read-modify-writes change it (and
 /// [`DEVICE`]), so a read that sees 0 (with `Acquire`) has seen every earlier clear
-/// (`Release`) and what it proved.
-static PINNED: AtomicUsize = AtomicUsize::new(0);
+/// (`Release`).
+static PINNED: Count = Count(AtomicUsize::new(0));
 
 /// Ranges marked in all device allocations (as [`PINNED`]).
-static DEVICE: AtomicUsize = AtomicUsize::new(0);
+static DEVICE: Count = Count(AtomicUsize::new(0));
 
 /// Whether any range of any page-locked block is marked (a read must then ask the block).
 pub(crate) fn pinned_any() -> bool {
-    PINNED.load(Ordering::Acquire) != 0
+    PINNED.0.load(Ordering::Acquire) != 0
 }
 
 /// Whether any range of any device allocation is marked (a use must then ask the
 /// allocation).
 pub(crate) fn device_any() -> bool {
-    DEVICE.load(Ordering::Acquire) != 0
+    DEVICE.0.load(Ordering::Acquire) != 0
 }
 
 /// A block's or an allocation's marked ranges: `(start, len)`, a few at a time (one per
@@ -61,12 +66,12 @@ pub(crate) struct Ranges {
 impl Ranges {
     /// The ranges of a page-locked block.
     pub(crate) fn pinned() -> Ranges {
-        Ranges::counted_in(&PINNED)
+        Ranges::counted_in(&PINNED.0)
     }
 
     /// The ranges of a device allocation.
     pub(crate) fn device() -> Ranges {
-        Ranges::counted_in(&DEVICE)
+        Ranges::counted_in(&DEVICE.0)
     }
 
     fn counted_in(all: &'static AtomicUsize) -> Ranges {
@@ -111,7 +116,8 @@ impl Ranges {
     }
 
     /// Clears the mark of `at..at + len`: only [`Fill::done`] calls it, with the proof
-    /// that the copies that write the range are done.
+    /// that the copies that write the range are done, and [`Fill::handed_to`], for a
+    /// non-blocking H2D call's output as the call returns.
     fn unmark(&self, at: usize, len: usize) {
         let mut list = self.lock();
         if let Some(i) = list.iter().position(|&r| r == (at, len)) {
@@ -140,8 +146,9 @@ pub(crate) trait Filled: Send + Sync + 'static {
 }
 
 /// One call's range of a block or allocation, marked from [`Fill::start`] until
-/// [`Fill::done`]. Dropped without `done` (the copies were never proven done), the range
-/// stays marked until the memory drops: its bytes may be partly written.
+/// [`Fill::done`] (or [`Fill::handed_to`]). Dropped without either (the copies were never
+/// proven done, or not all were queued), the range stays marked until the memory drops:
+/// its bytes may be partly written.
 pub(crate) struct Fill {
     memory: Arc<dyn Filled>,
     at: usize,
@@ -167,16 +174,17 @@ impl Fill {
         self.memory.ranges().unmark(self.at, self.len);
     }
 
-    /// Whether the range is of a device allocation.
-    pub(crate) fn on_device(&self) -> bool {
-        std::ptr::eq(self.memory.ranges().all, &DEVICE)
+    /// Ends the mark without the proof that the copies are done: a non-blocking H2D
+    /// call's device output, every copy into it queued before `done` was recorded, as the
+    /// call returns. From then on the outputs reach the caller through its handle: the
+    /// wait (after the proof) or `Transfer::batch_for` (a stream made to wait for `done`).
+    /// A clone kept from the call's rebuild is not gated after this (docs/semantics.md).
+    pub(crate) fn handed_to(self, done: &crate::driver::Event) {
+        let _ = done;
+        self.end();
     }
 
-    /// The range's uses from now on are ordered after the copies by other means: a
-    /// non-blocking H2D call's outputs, as the call returns, reachable from then on only
-    /// through its handle's wait (after the proof) or `Transfer::batch_for` (on a stream
-    /// made to wait for the copies). Uses of it are allowed from now.
-    pub(crate) fn ordered(self) {
+    fn end(self) {
         self.memory.ranges().unmark(self.at, self.len);
     }
 }
@@ -241,19 +249,17 @@ mod tests {
         // to be nonzero while this test holds a mark of that kind.)
         let m = Arc::new(Marks(Ranges::device()));
         let fill = Fill::start(m.clone(), 0, 4096).expect("a non-empty range is marked");
-        assert!(fill.on_device());
         assert!(device_any());
         assert!(m.0.check(4000, 100, "device_ptr").is_err());
         assert!(m.0.check(4096, 100, "device_ptr").is_ok(), "just after");
-        fill.ordered();
+        fill.end(); // what `handed_to` does
         assert!(m.0.check(0, 4096, "device_ptr").is_ok());
         // Never proven done nor ordered: marked until the memory drops.
         let kept = Fill::start(m.clone(), 0, 8);
         drop(kept);
         assert!(m.0.check(0, 8, "to_dlpack").is_err());
         let b = block();
-        let pinned = b.start_fill(0, 8).expect("marked");
-        assert!(!pinned.on_device());
+        let _pinned = b.start_fill(0, 8).expect("marked");
         assert!(pinned_any());
     }
 }

@@ -22,6 +22,11 @@ pub(crate) struct InFlight {
     /// The output ranges the copies write, marked until they are proven done (reads of
     /// them are refused until then: see `super::filling`).
     fills: Vec<Fill>,
+    /// An H2D call's device output ([`InFlight::hold_device_output`]): cleared only with
+    /// the proof that every copy into it was queued and is done (`finish`, `unwind`), or
+    /// handed to a non-blocking call's event (`detach`); a call that fails or panics
+    /// before every copy was queued leaves it marked (its bytes may be partly unwritten).
+    device_fill: Option<Fill>,
     /// Set once finish/abort has run, so Drop knows not to synchronise again.
     done: bool,
     /// A queued end flag ([`InFlight::end_flag`]): a word of a held output block the
@@ -37,6 +42,7 @@ impl InFlight {
             leases: Vec::new(),
             held: Vec::new(),
             fills: Vec::new(),
+            device_fill: None,
             done: false,
             end_flag: None,
         }
@@ -83,7 +89,9 @@ impl InFlight {
     /// Synchronises the stream; on success the leases are marked idle and the output
     /// ranges readable, with the proof. A wait in the driver (no end flag, or none seen
     /// within its spin) runs inside `around_wait`, once.
-    fn synchronize(&mut self, around_wait: AroundWait<'_>) -> Result<()> {
+    /// `all_queued`: every copy of the call was queued (its device output, if any, is then
+    /// complete once the stream is proven past them).
+    fn synchronize(&mut self, around_wait: AroundWait<'_>, all_queued: bool) -> Result<()> {
         let flagged = self.end_flag.take().and_then(|(word, spin)| {
             // SAFETY: the word lies in an output block this call holds (`held`), and only
             // the device writes it now (`end_flag` queued the write); if the flag does
@@ -97,6 +105,11 @@ impl InFlight {
         };
         self.leases.iter_mut().for_each(|l| l.mark_idle(&proof));
         filled(&mut self.fills, &proof);
+        if all_queued {
+            if let Some(f) = self.device_fill.take() {
+                f.done(&proof);
+            }
+        }
         if stream_idle {
             // Only the driver's wait covers what others queued on the stream (the flag
             // covers this call's copies, all queued before its write).
@@ -127,19 +140,7 @@ impl InFlight {
     /// exists.
     pub(crate) fn hold_device_output(&mut self, alloc: &Arc<DeviceAlloc>) {
         self.hold(alloc, alloc.nbytes());
-        self.fills.extend(alloc.start_fill(0, alloc.nbytes()));
-    }
-
-    /// Ends the marks of [`InFlight::hold_device_output`] without the proof that the
-    /// copies are done ([`Fill::ordered`]): for a non-blocking H2D call as it returns,
-    /// whose outputs are reachable from then on only through its handle (the proven wait,
-    /// or `batch_for` on a stream made to wait for the copies).
-    pub(crate) fn order_device_outputs(&mut self) {
-        let (device, pinned): (Vec<Fill>, Vec<Fill>) = std::mem::take(&mut self.fills)
-            .into_iter()
-            .partition(Fill::on_device);
-        self.fills = pinned;
-        device.into_iter().for_each(Fill::ordered);
+        self.device_fill = alloc.start_fill(0, alloc.nbytes());
     }
 
     fn held_bytes(&self) -> usize {
@@ -164,7 +165,7 @@ impl InFlight {
         self.settle();
         // `done` only after the wait: a panic in `around_wait` (the caller's code) unwinds
         // with it unset, so the drop proves the stream idle before anything goes.
-        let synced = self.synchronize(around_wait);
+        let synced = self.synchronize(around_wait, true);
         self.done = true;
         match synced {
             Ok(()) => Ok(()),
@@ -189,6 +190,12 @@ impl InFlight {
         self.settle();
         if let Err(e) = done.record(&self.stream) {
             return Err(self.abort(e, sources));
+        }
+        // Every copy is queued before `done`: from here a device output reaches the
+        // caller only through the handle, whose wait proves the copies done and whose
+        // `batch_for` orders the caller's stream after `done`.
+        if let Some(f) = self.device_fill.take() {
+            f.handed_to(done);
         }
         self.done = true;
         let bytes = self.held_bytes();
@@ -222,8 +229,9 @@ impl InFlight {
     ) -> Error {
         self.end_flag = None;
         self.settle();
-        // `done` only after the drain, as in `finish_around`.
-        let drained = self.synchronize(around_wait);
+        // `done` only after the drain, as in `finish_around`. A copy may never have been
+        // queued: a device output stays marked.
+        let drained = self.synchronize(around_wait, false);
         self.done = true;
         if drained.is_err() {
             self.retain(sources());
@@ -363,7 +371,8 @@ impl InFlight {
     /// `sources()` too (clones of the sources the device copies still read), which the
     /// unwinding caller would otherwise free.
     pub(crate) fn unwind<S: Send + 'static>(mut self, sources: impl FnOnce() -> S) {
-        if !self.idle_within_drop_wait() {
+        // `while_copying` runs once every copy is queued.
+        if !self.idle_within_drop_wait(true) {
             self.retain(sources());
         }
         self.done = true;
@@ -371,14 +380,20 @@ impl InFlight {
 
     /// Settles the fills, then proves the stream idle within the drop bound
     /// (`retained::drop_wait`, polled through an event: a hung device must not hang the
-    /// thread) and marks what the call holds idle; false if it could not.
-    fn idle_within_drop_wait(&mut self) -> bool {
+    /// thread) and marks what the call holds idle (a device output only if `all_queued`,
+    /// as in [`InFlight::synchronize`]); false if it could not.
+    fn idle_within_drop_wait(&mut self, all_queued: bool) -> bool {
         self.settle();
         let stream = self.stream.clone();
         match Synced::within(&stream, retained::drop_wait()) {
             Some(proof) => {
                 self.leases.iter_mut().for_each(|l| l.mark_idle(&proof));
                 filled(&mut self.fills, &proof);
+                if all_queued {
+                    if let Some(f) = self.device_fill.take() {
+                        f.done(&proof);
+                    }
+                }
                 true
             }
             None => false,
@@ -397,7 +412,7 @@ impl Drop for InFlight {
         // (the batch they read is still borrowed then); if the stream is not proven idle
         // within the drop bound, everything held is retained (never freed early) and the
         // drop returns.
-        if !self.idle_within_drop_wait() {
+        if !self.idle_within_drop_wait(false) {
             self.retain(());
         }
     }
