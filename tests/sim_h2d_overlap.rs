@@ -16,43 +16,18 @@ use proptest::prelude::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// What `while_copying` made of the outputs: a capsule each, and a tag whose drop is
-/// counted.
-struct HandedOver {
-    capsules: Vec<pinlane::dlpark::versioned::Dlpack>,
-    _tag: Tag,
-}
-
-struct Tag(Arc<AtomicUsize>);
-
-impl Drop for Tag {
-    fn drop(&mut self) {
-        self.0.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
 /// Capsules of the outputs, made inside `while_copying` as a binding makes them: the safe
 /// export is refused there (the copies may still write the bytes), the unsafe one is not.
-fn hand_over(outs: &[Tensor], drops: &Arc<AtomicUsize>) -> HandedOver {
-    let capsules = outs
-        .iter()
-        .map(|t| {
-            assert!(t.is_cuda(), "{:?}", t.location());
-            if t.nbytes() > 0 {
-                assert!(
-                    matches!(t.to_dlpack(), Err(Error::BytesInFlight { op: "to_dlpack" })),
-                    "a safe export inside while_copying"
-                );
-            }
-            // SAFETY: the capsules are read only once the call has returned `Ok` (the
-            // tests convert them after it), and dropped unread when it fails.
-            unsafe { t.to_dlpack_in_flight() }.unwrap()
-        })
-        .collect();
-    HandedOver {
-        capsules,
-        _tag: Tag(drops.clone()),
-    }
+fn hand_over(outs: &[Tensor], drops: &Arc<AtomicUsize>) -> common::HandedOver {
+    common::hand_over(outs, drops, |t| {
+        assert!(t.is_cuda(), "{:?}", t.location());
+        if t.nbytes() > 0 {
+            assert!(
+                matches!(t.to_dlpack(), Err(Error::BytesInFlight { op: "to_dlpack" })),
+                "a safe export inside while_copying"
+            );
+        }
+    })
 }
 
 /// The labels of the calling thread's last traced call.

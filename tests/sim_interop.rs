@@ -707,33 +707,14 @@ fn outputs_of_one_call_lie_at_their_byte_offsets_in_one_allocation() {
     }
 }
 
-/// What `transfer_tensor_d2h_overlapping`'s `while_copying` made of the outputs: a
-/// capsule each (its drops counted through `_tag`).
-struct HandedOver {
-    capsules: Vec<pinlane::dlpark::versioned::Dlpack>,
-    _tag: Counted,
-}
-
-fn hand_over(outs: &[Tensor], drops: &Arc<AtomicUsize>) -> HandedOver {
-    let capsules = outs
-        .iter()
-        .map(|t| {
-            assert_eq!(t.location(), Location::Pinned);
-            // Nothing may read them yet: the copies are proven done after this returns.
-            assert!(matches!(t.as_bytes(), Err(Error::BytesInFlight { .. })));
-            assert!(matches!(t.to_dlpack(), Err(Error::BytesInFlight { .. })));
-            // SAFETY: the capsules are read only once the call has returned `Ok`, and
-            // dropped unread otherwise (the tests below).
-            unsafe { t.to_dlpack_in_flight() }.unwrap()
-        })
-        .collect();
-    HandedOver {
-        capsules,
-        _tag: Counted {
-            bytes: Vec::new(),
-            drops: drops.clone(),
-        },
-    }
+/// Capsules of `transfer_tensor_d2h_overlapping`'s outputs, made in its `while_copying`,
+/// where nothing may read them yet (the copies are proven done after it returns).
+fn hand_over(outs: &[Tensor], drops: &Arc<AtomicUsize>) -> common::HandedOver {
+    common::hand_over(outs, drops, |t| {
+        assert_eq!(t.location(), Location::Pinned);
+        assert!(matches!(t.as_bytes(), Err(Error::BytesInFlight { .. })));
+        assert!(matches!(t.to_dlpack(), Err(Error::BytesInFlight { .. })));
+    })
 }
 
 #[test]

@@ -157,3 +157,40 @@ pub fn sim_with(
 pub fn dev() -> pinlane::Device {
     pinlane::Device::from_local_rank().expect("LOCAL_RANK names a device of this machine")
 }
+
+/// What an overlapping call's `while_copying` made of its outputs, as a binding makes
+/// them: a capsule each (`Tensor::to_dlpack_in_flight`), and a tag whose drop is counted
+/// (dropped unread, in the call, when the call fails).
+pub struct HandedOver {
+    pub capsules: Vec<pinlane::dlpark::versioned::Dlpack>,
+    _tag: DropCounted,
+}
+
+struct DropCounted(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for DropCounted {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// [`HandedOver`] of `outs`, after `check` of each (what may not be read yet, say).
+pub fn hand_over(
+    outs: &[Tensor],
+    drops: &std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    check: impl Fn(&Tensor),
+) -> HandedOver {
+    let capsules = outs
+        .iter()
+        .map(|t| {
+            check(t);
+            // SAFETY: the tests read the capsules only once the call has returned `Ok`,
+            // and a failed call drops them unread.
+            unsafe { t.to_dlpack_in_flight() }.unwrap()
+        })
+        .collect();
+    HandedOver {
+        capsules,
+        _tag: DropCounted(drops.clone()),
+    }
+}
