@@ -93,10 +93,10 @@ pub enum Error {
     /// before its handle's wait); a device tensor an H2D call handed to its rebuild or to
     /// the `while_copying` of
     /// [`transfer_tensor_h2d_overlapping`](crate::transfer_tensor_h2d_overlapping), used
-    /// before the call returned (a non-blocking call's: before it returned its handle).
-    /// Also for ever after, if those copies failed or were not all queued (the bytes may be
-    /// partly written), except for a non-blocking H2D call's outputs, which are not gated
-    /// once it has returned. Nothing was read or queued.
+    /// before the call returned (a non-blocking call's: before it returned its handle; after
+    /// that, only `to_dlpack`, which has no stream to order after the copies, until they
+    /// are done). Also for ever after, if those copies failed or were not all queued (the
+    /// bytes may be partly written). Nothing was read or queued.
     #[error(
         "{op}: the tensor's bytes are still being written by the transfer call that made \
          it (use them once that call has returned), or that call failed"

@@ -6,7 +6,7 @@ use crate::driver::{self, sim, Stream};
 use crate::error::Error;
 use crate::memory::arena::{PinnedArena, Synced};
 use crate::memory::pinned::PinnedOutputPool;
-use crate::memory::{DeviceAlloc, DeviceView, InFlight};
+use crate::memory::{DeviceAlloc, DeviceFill, DeviceView, InFlight};
 use std::time::{Duration, Instant};
 
 pub(crate) fn setup() {
@@ -487,4 +487,64 @@ fn host_page_locked_is_true_only_within_one_page_locked_range() {
     drop(heap);
     // SAFETY: from host_alloc, freed once; nothing uses it.
     unsafe { driver::host_free(&ctx, block) }.unwrap();
+}
+
+#[test]
+fn a_device_output_is_refused_while_filled_and_ordered_after_its_event_once_handed_on() {
+    // An H2D call's batch allocation through the three ends of its mark (memory's
+    // `device_gate`): proven done, ordered after a non-blocking call's event, never.
+    setup();
+    let ctx = driver::bind(0).unwrap();
+    let s = Stream::new(Device::cuda(0)).unwrap();
+    let other = Stream::new(Device::cuda(0)).unwrap();
+    let refused = |r: crate::error::Result<()>| matches!(r, Err(Error::BytesInFlight { .. }));
+    let new_view = || {
+        let a = DeviceAlloc::new_async(&ctx, 0, 4096, &s, s.clone()).unwrap();
+        (DeviceView::new(&a, 0, 4096).unwrap(), a)
+    };
+
+    // Filling: refused with a stream or without; proven done: usable.
+    let (view, alloc) = new_view();
+    let fill = DeviceFill::start(&alloc);
+    assert!(refused(view.usable("to_dlpack")));
+    assert!(refused(view.usable_on(&other, "device_ptr")));
+    fill.done(&Synced::synchronize(&s).unwrap());
+    view.usable("to_dlpack").unwrap();
+    view.usable_on(&other, "device_ptr").unwrap();
+
+    // Ordered after an event that stands behind 300 ms of work: a use on a stream makes it
+    // wait there (work queued on `other` after the use does not complete before the
+    // event), one without a stream is refused until the event has completed, and then
+    // ends the mark.
+    let (view, alloc) = new_view();
+    let fill = DeviceFill::start(&alloc);
+    s.delay_async(Duration::from_millis(300)).unwrap();
+    let done = crate::driver::Event::new(Device::cuda(0)).unwrap();
+    done.record(&s).unwrap();
+    fill.ordered_by(&done);
+    view.usable_on(&other, "device_ptr").unwrap();
+    let after_use = crate::driver::Event::new(Device::cuda(0)).unwrap();
+    after_use.record(&other).unwrap();
+    assert!(!after_use.query().unwrap(), "the use's stream did not wait");
+    assert!(refused(view.usable("to_dlpack")));
+    after_use.synchronize().unwrap();
+    assert!(
+        done.query().unwrap(),
+        "the stream ran past the event before it completed"
+    );
+    view.usable("to_dlpack").unwrap();
+    // The call's completion finds the mark ended: nothing left to undo.
+    fill.done(&Synced::synchronize(&s).unwrap());
+    view.usable_on(&other, "device_ptr").unwrap();
+
+    // Ordered, then never proven done (the completion failed): refused again, for good.
+    let (view, alloc) = new_view();
+    let fill = DeviceFill::start(&alloc);
+    done.record(&s).unwrap();
+    fill.ordered_by(&done);
+    view.usable_on(&other, "device_ptr").unwrap();
+    drop(fill);
+    s.synchronize().unwrap();
+    assert!(refused(view.usable_on(&other, "device_ptr")));
+    assert!(refused(view.usable("to_dlpack")));
 }

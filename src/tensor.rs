@@ -527,16 +527,21 @@ impl Tensor {
     /// drops, the use is recorded, and the memory is not freed or reused before that work
     /// has run. The rule in full is on [`DevicePtrGuard`] and in docs/semantics.md.
     ///
+    /// An output of a non-blocking H2D call that has returned
+    /// ([`transfer_tensor_h2d_async`](crate::transfer_tensor_h2d_async)), lent before its
+    /// copies are done (a clone kept from its rebuild), makes `stream` wait for them first.
+    ///
     /// # Errors
     /// [`Error::NotOnDevice`] for a host tensor; [`Error::BytesInFlight`] for an output of
     /// an H2D call whose copies may still write it (inside that call: its batch's rebuild,
     /// or the `while_copying` of
     /// [`transfer_tensor_h2d_overlapping`](crate::transfer_tensor_h2d_overlapping)), whose
-    /// use on `stream` would not be ordered after them.
+    /// use on `stream` would not be ordered after them, or of a call that failed; the
+    /// driver's error making `stream` wait.
     pub fn device_ptr(&self, stream: &Stream) -> Result<DevicePtrGuard> {
         match &self.storage {
             Storage::Device(v) => {
-                v.usable("device_ptr")?;
+                v.usable_on(stream, "device_ptr")?;
                 Ok(v.lend(stream))
             }
             _ => Err(Error::NotOnDevice {
@@ -702,7 +707,9 @@ impl Tensor {
     /// # Errors
     /// [`Error::DLPack`] for a dimension that does not fit `i64`;
     /// [`Error::BytesInFlight`] for a page-locked tensor a D2H call is still writing, or a
-    /// device tensor an H2D call is (see [`Tensor::device_ptr`]).
+    /// device tensor an H2D call is (see [`Tensor::device_ptr`]; an output of a
+    /// non-blocking H2D call that has returned, until its copies are done: no stream is
+    /// there to order the consumer after them, as `to_dlpack_on` does).
     ///
     /// ```
     /// use pinlane::Tensor;
@@ -720,7 +727,8 @@ impl Tensor {
     /// [`Tensor::to_dlpack`] for a consumer that reads the device tensor on `stream`:
     /// when the consumer calls the deleter (after queueing its work), the use is recorded
     /// on `stream` as by [`Tensor::device_ptr`], so the memory is not freed before that
-    /// work has run.
+    /// work has run. An output of a non-blocking H2D call that has returned, exported
+    /// before its copies are done, makes `stream` wait for them first.
     ///
     /// # Errors
     /// [`Error::NotOnDevice`] for a host tensor; [`Error::DLPack`];

@@ -370,6 +370,47 @@ fn a_clone_kept_from_a_rebuild_stays_refused_when_a_later_copy_fails() {
 }
 
 #[test]
+fn a_clone_kept_from_a_non_blocking_h2d_is_used_after_its_copies() {
+    // Left open in session 55: once a non-blocking H2D call had returned, a clone kept
+    // from its rebuild was no longer gated, and a use of it on another stream before the
+    // copies were done could read stale bytes. Now a use on a stream is queued after the
+    // copies there, and an export without a stream is refused until they are done.
+    common::sim();
+    // 32 MiB from page-locked memory: one direct copy, which the simulated device runs
+    // for milliseconds after the call has returned.
+    let src = common::tensor(DType::U8, &[32 << 20], 41)
+        .to_pinned()
+        .unwrap();
+    let dev = pinlane::Device::cuda(0);
+    let mut refused = 0;
+    for _ in 0..3 {
+        let b = Keeps {
+            src: src.clone(),
+            kept: std::sync::Mutex::new(None),
+        };
+        let moving = pinlane::transfer_tensor_h2d_async(&b, &H2dOptions::default()).unwrap();
+        let kept = b.kept.lock().unwrap().take().expect("rebuilt");
+        match kept.to_dlpack() {
+            Err(Error::BytesInFlight { op: "to_dlpack" }) => refused += 1,
+            r => assert!(r.is_ok(), "{:?}", r.err()),
+        }
+        // On another stream, before the host knows the copies are done: a lent pointer
+        // and a D2H there, which reads the source's bytes.
+        let other = pinlane::Stream::new(dev).unwrap();
+        drop(kept.device_ptr(&other).unwrap());
+        let back = transfer_tensor_d2h(
+            &vec![kept.clone()],
+            &D2hOptions::default().device(dev).stream(other),
+        )
+        .unwrap();
+        assert_eq!(back[0], src);
+        moving.wait().unwrap();
+        assert!(kept.to_dlpack().is_ok(), "once waited for");
+    }
+    assert!(refused > 0, "no export came while the copies ran");
+}
+
+#[test]
 fn a_failed_h2d_s_outputs_stay_refused() {
     // Copies never proven done (the wait failed): what a clone kept from the call would
     // read may be partly written, so its uses stay refused; other calls are unaffected.

@@ -68,6 +68,13 @@ pub(crate) fn transfer<B: Batch>(
     };
     let ctx = driver::bind(device)?;
     let stream = copy_stream(device, opts)?;
+    // An H2D call's output whose copies may still run is refused (in its rebuild or
+    // `while_copying`), or read after them (a non-blocking call's, once it returned).
+    memory::check_usable(
+        picked.picked.iter().map(|&i| all[i].storage()),
+        Some(&stream),
+        "transfer_tensor_d2h",
+    )?;
     super::trace::mark("ordered");
     let rt = crate::runtime::runtime();
     let (picked, small) = small_plan(&all, picked, device, &stream, opts, &rt);
@@ -203,12 +210,6 @@ fn target(opts: &D2hOptions, all: &[&Tensor]) -> Result<Option<(usize, Picked)>>
     if p.picked.is_empty() {
         return Ok(None);
     }
-    // An H2D call's output whose copies may still run (in its rebuild or `while_copying`)
-    // is not read: this call's copies are not ordered after those.
-    memory::check_readable(
-        p.picked.iter().map(|&i| all[i].storage()),
-        "transfer_tensor_d2h",
-    )?;
     driver::deferred::surface(device)?;
     Ok(Some((device, p)))
 }

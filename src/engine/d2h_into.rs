@@ -80,10 +80,12 @@ pub(crate) unsafe fn transfer<B: Batch>(src: &B, dst: &B, opts: &IntoOptions) ->
         return Ok(());
     };
     let pairs = checked.pairs;
-    // Destinations a D2H call may still be writing, and sources an H2D call's copies may
-    // still be writing (its outputs, in its rebuild or `while_copying`), are refused.
-    crate::memory::check_readable(
-        pairs.iter().flat_map(|p| [p.0.storage(), p.1.storage()]),
+    // Destinations a D2H call may still be writing are refused here; the sources, device
+    // tensors, by the D2H below on its copy stream (an H2D call's outputs whose copies may
+    // still run refused, a non-blocking call's read after its copies once it returned).
+    crate::memory::check_usable(
+        pairs.iter().map(|p| p.1.storage()),
+        None,
         "transfer_tensor_d2h_into",
     )?;
     let mut targets = Vec::with_capacity(pairs.len());
@@ -102,7 +104,14 @@ pub(crate) unsafe fn transfer<B: Batch>(src: &B, dst: &B, opts: &IntoOptions) ->
     if let Some(s) = &opts.stream {
         d2h_opts = d2h_opts.stream(s.clone());
     }
-    let (outputs, _) = d2h::transfer(&sources, &d2h_opts, Mode::Blocking, d2h::Overlap::none())?;
+    // Its only `BytesInFlight` is a source's (the outputs are its own): named as this call.
+    let (outputs, _) = d2h::transfer(&sources, &d2h_opts, Mode::Blocking, d2h::Overlap::none())
+        .map_err(|e| match e {
+            Error::BytesInFlight { .. } => Error::BytesInFlight {
+                op: "transfer_tensor_d2h_into",
+            },
+            e => e,
+        })?;
     super::trace::mark("copied");
     let mut writes = Vec::with_capacity(outputs.len());
     for (out, target) in outputs.iter().zip(targets) {

@@ -99,10 +99,11 @@ pub(crate) fn transfer<B: Batch>(
     let all = batch::tensors(batch);
     // Device tensors pass through unread (an H2D output still in flight too: its clone
     // stays gated), so only host storages are checked.
-    memory::check_readable(
+    memory::check_usable(
         all.iter()
             .map(|t| t.storage())
             .filter(|s| !matches!(s, crate::tensor::Storage::Device(_))),
+        None,
         "transfer_tensor_h2d",
     )?;
     let rt = crate::runtime::runtime();

@@ -2,7 +2,7 @@
 //! [`DeviceView`]: one tensor in it, and [`DevicePtrGuard`]: a lent pointer whose use on a
 //! stream the free waits for.
 
-use super::filling::{Fill, Filled, Ranges};
+use super::device_gate::DeviceGate;
 use crate::device::Device;
 use crate::driver::{self, ContextGuard, DevicePtr, Event, Handle, Stream};
 use crate::error::Result;
@@ -27,14 +27,8 @@ pub(crate) struct DeviceAlloc {
     /// One event per stream that used this memory through a lent pointer, re-recorded at
     /// each later use on that stream (stream order makes the newest cover the older ones).
     uses: Mutex<Vec<(Handle<driver::RawStream>, Event)>>,
-    /// Ranges that an H2D call's copies may still be writing (see [`super::filling`]).
-    filling: Ranges,
-}
-
-impl Filled for DeviceAlloc {
-    fn ranges(&self) -> &Ranges {
-        &self.filling
-    }
+    /// Whether an H2D call's copies may still be writing it (see [`super::device_gate`]).
+    gate: DeviceGate,
 }
 
 /// A foreign owner on its way to the retained registry (`Send` is all it needs there).
@@ -64,7 +58,7 @@ impl DeviceAlloc {
             device,
             backing: Backing::Pool { free_on },
             uses: Mutex::new(Vec::new()),
-            filling: Ranges::device(),
+            gate: DeviceGate::new(),
         }))
     }
 
@@ -86,7 +80,7 @@ impl DeviceAlloc {
             device,
             backing: Backing::Foreign(Some(owner)),
             uses: Mutex::new(Vec::new()),
-            filling: Ranges::device(),
+            gate: DeviceGate::new(),
         })
     }
 
@@ -94,12 +88,9 @@ impl DeviceAlloc {
         self.nbytes
     }
 
-    /// Marks `at..at + len` of the allocation as being written by an H2D call's copies,
-    /// until [`Fill::done`]: uses of views that overlap it are refused meanwhile (see
-    /// [`super::filling`]). Call it before any view of the range exists. `None` for an
-    /// empty range.
-    pub(crate) fn start_fill(self: &Arc<Self>, at: usize, len: usize) -> Option<Fill> {
-        Fill::start(self.clone(), at, len)
+    /// Whether an H2D call's copies may still be writing the allocation.
+    pub(super) fn gate(&self) -> &DeviceGate {
+        &self.gate
     }
 
     /// The device address at `offset` (<= nbytes).
@@ -131,6 +122,10 @@ impl DeviceAlloc {
 
 impl Drop for DeviceAlloc {
     fn drop(&mut self) {
+        if self.gate.marked() {
+            // A failed call's mark (never proven done) ends with the memory.
+            super::filling::device_unmarked();
+        }
         let uses = std::mem::take(self.uses.get_mut().unwrap_or_else(|p| p.into_inner()));
         match &mut self.backing {
             Backing::Pool { free_on } => {
@@ -284,18 +279,32 @@ impl DeviceView {
         self.alloc.as_ref().map(|_| self.at + at as DevicePtr)
     }
 
-    /// `Ok` when the view may be used (read, written, lent, exported): no H2D call's
-    /// copies may still be writing it (see [`super::filling`]). One load when no H2D call
-    /// has copies in flight.
+    /// `Ok` when the view may be used now by work that no stream orders (an export
+    /// without a stream): no H2D call's copies may still be writing it (see
+    /// [`super::device_gate`]). One load when no H2D call has copies in flight.
     ///
     /// # Errors
-    /// [`Error::BytesInFlight`](crate::Error::BytesInFlight) naming `op`.
+    /// [`Error::BytesInFlight`](crate::Error::BytesInFlight) naming `op`; the driver's
+    /// error asking whether a non-blocking call's copies are done.
     pub(crate) fn usable(&self, op: &'static str) -> Result<()> {
         match &self.alloc {
-            Some(a) if super::filling::device_any() => {
-                a.filling.check(self.offset, self.nbytes, op)
-            }
-            _ => Ok(()),
+            Some(a) => a.gate.check(op),
+            None => Ok(()),
+        }
+    }
+
+    /// `Ok` when the view may be used by work queued on `stream` from now: no H2D call's
+    /// copies may still be writing it, or those of a non-blocking call that has returned,
+    /// which `stream` is then made to wait for. One load when no H2D call has copies in
+    /// flight.
+    ///
+    /// # Errors
+    /// [`Error::BytesInFlight`](crate::Error::BytesInFlight) naming `op`; the driver's
+    /// error making `stream` wait.
+    pub(crate) fn usable_on(&self, stream: &Stream, op: &'static str) -> Result<()> {
+        match &self.alloc {
+            Some(a) => a.gate.order_on(stream, op),
+            None => Ok(()),
         }
     }
 

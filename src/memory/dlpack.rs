@@ -72,9 +72,12 @@ pub(crate) fn export(
             (host, b.as_ptr(), None)
         }
         Storage::Device(v) => {
-            // Likewise for an H2D call's output whose copies may still run.
-            if !in_flight {
-                v.usable("to_dlpack")?;
+            // Likewise for an H2D call's output whose copies may still run; a consumer on
+            // `stream` waits for a non-blocking call's copies once it has returned.
+            match (in_flight, stream) {
+                (true, _) => {}
+                (false, Some(s)) => v.usable_on(s, "to_dlpack")?,
+                (false, None) => v.usable("to_dlpack")?,
             }
             let lent = stream.map(|s| v.lend(s));
             let id = i32::try_from(v.device()).map_err(|_| bad("device ordinal too large"))?;

@@ -1,29 +1,25 @@
-//! Which ranges of page-locked blocks a D2H call's copies, and of device allocations an
-//! H2D call's copies, may still be writing.
+//! Which ranges of page-locked blocks a D2H call's copies may still be writing, and the
+//! process-wide counts of marked page-locked ranges and device allocations.
 //!
 //! A D2H call into page-locked outputs rebuilds the caller's batch around views of its
 //! output block while the copies into it run (one pass, overlapped with the copies). The
 //! rebuild is the caller's `Batch::rebuild`, safe code that may read a view's bytes, keep
 //! a clone of it, or hand it to another call; without a gate that read would race the
 //! device's writes. So the call marks its range of the block as being filled
-//! ([`PinnedBlock::start_fill`](super::pinned::PinnedBlock::start_fill)) before any view
-//! of it exists, and clears the mark only with the proof that its copies are done
-//! (`InFlight` and `Detached` clear their fills with a `Synced` in hand); every read of a
-//! view's bytes ([`Ranges::check`]) is refused meanwhile with [`Error::BytesInFlight`]. A
-//! range whose copies were never proven done (a failed call) stays marked until its
-//! block drops.
+//! ([`PinnedBlock::start_fill`]) before any view of it exists, and clears the mark only
+//! with the proof that its copies are done (`InFlight` and `Detached` clear their fills
+//! with a `Synced` in hand); every read of a view's bytes ([`Ranges::check`]) is refused
+//! meanwhile with [`Error::BytesInFlight`]. A range whose copies were never proven done (a
+//! failed call) stays marked until its block drops.
 //!
-//! An H2D call does the same for its batch's device allocation
-//! ([`DeviceAlloc::start_fill`](super::DeviceAlloc::start_fill)): its outputs exist while
-//! the copies into them run (the rebuild, `while_copying` of
-//! `transfer_tensor_h2d_overlapping`), and work on them that is not ordered after those
-//! copies (a lent pointer, a DLPack export, a D2H of them on another stream) would read
-//! stale bytes; those uses are refused meanwhile.
+//! An H2D call marks its batch's device allocation likewise (`super::device_gate`): one
+//! mark per allocation, counted in [`DEVICE`].
 //!
-//! Cost: reads look at one process-wide count of marked ranges per kind of memory
-//! ([`PINNED`], [`DEVICE`]) and touch the block or allocation only while some range of
-//! that kind is marked somewhere; a call marks and clears once.
+//! Cost: reads look at one process-wide count per kind of memory ([`PINNED`],
+//! [`DEVICE`]) and touch the block or allocation only while something of that kind is
+//! marked somewhere; a call marks and clears once.
 
+use super::PinnedBlock;
 use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -38,7 +34,7 @@ struct Count(AtomicUsize);
 /// (`Release`).
 static PINNED: Count = Count(AtomicUsize::new(0));
 
-/// Ranges marked in all device allocations (as [`PINNED`]).
+/// Device allocations marked (`super::device_gate`), changed as [`PINNED`].
 static DEVICE: Count = Count(AtomicUsize::new(0));
 
 /// Whether any range of any page-locked block is marked (a read must then ask the block).
@@ -46,19 +42,25 @@ pub(crate) fn pinned_any() -> bool {
     PINNED.0.load(Ordering::Acquire) != 0
 }
 
-/// Whether any range of any device allocation is marked (a use must then ask the
-/// allocation).
+/// Whether any device allocation is marked (a use must then ask the allocation).
 pub(crate) fn device_any() -> bool {
     DEVICE.0.load(Ordering::Acquire) != 0
 }
 
-/// A block's or an allocation's marked ranges: `(start, len)`, a few at a time (one per
-/// call in flight on it; small D2H batches share blocks), and how many there are (read
-/// without the lock: one nobody fills is passed with one load, even while others are
-/// filled).
+/// A device allocation was marked: counted before any view of it exists.
+pub(super) fn device_marked() {
+    DEVICE.0.fetch_add(1, Ordering::AcqRel);
+}
+
+/// A device allocation's mark ended (proven done, or the allocation dropped).
+pub(super) fn device_unmarked() {
+    DEVICE.0.fetch_sub(1, Ordering::Release);
+}
+
+/// A block's marked ranges: `(start, len)`, a few at a time (one per call in flight on
+/// it; small D2H batches share blocks), and how many there are (read without the lock:
+/// a block nobody fills is passed with one load, even while others are filled).
 pub(crate) struct Ranges {
-    /// The process-wide count of this kind of memory ([`PINNED`] or [`DEVICE`]).
-    all: &'static AtomicUsize,
     count: AtomicUsize,
     list: Mutex<Vec<(usize, usize)>>,
 }
@@ -66,17 +68,7 @@ pub(crate) struct Ranges {
 impl Ranges {
     /// The ranges of a page-locked block.
     pub(crate) fn pinned() -> Ranges {
-        Ranges::counted_in(&PINNED.0)
-    }
-
-    /// The ranges of a device allocation.
-    pub(crate) fn device() -> Ranges {
-        Ranges::counted_in(&DEVICE.0)
-    }
-
-    fn counted_in(all: &'static AtomicUsize) -> Ranges {
         Ranges {
-            all,
             count: AtomicUsize::new(0),
             list: Mutex::new(Vec::new()),
         }
@@ -93,7 +85,7 @@ impl Ranges {
     pub(crate) fn check(&self, at: usize, len: usize, op: &'static str) -> Result<()> {
         // Both counts change by read-modify-writes only (as `PINNED`'s comment says).
         if len == 0
-            || self.all.load(Ordering::Acquire) == 0
+            || PINNED.0.load(Ordering::Acquire) == 0
             || self.count.load(Ordering::Acquire) == 0
         {
             return Ok(());
@@ -110,82 +102,60 @@ impl Ranges {
     fn mark(&self, at: usize, len: usize) {
         // Counted before the range is listed, and both before any view exists: whoever
         // is handed a view later sees counts that include this range.
-        self.all.fetch_add(1, Ordering::AcqRel);
+        PINNED.0.fetch_add(1, Ordering::AcqRel);
         self.count.fetch_add(1, Ordering::AcqRel);
         self.lock().push((at, len));
     }
 
     /// Clears the mark of `at..at + len`: only [`Fill::done`] calls it, with the proof
-    /// that the copies that write the range are done, and [`Fill::handed_to`], for a
-    /// non-blocking H2D call's output as the call returns.
+    /// that the copies that write the range are done.
     fn unmark(&self, at: usize, len: usize) {
         let mut list = self.lock();
         if let Some(i) = list.iter().position(|&r| r == (at, len)) {
             list.swap_remove(i);
             drop(list);
             self.count.fetch_sub(1, Ordering::Release);
-            self.all.fetch_sub(1, Ordering::Release);
+            PINNED.0.fetch_sub(1, Ordering::Release);
         }
     }
 }
 
 impl Drop for Ranges {
-    /// The block or allocation is gone (no view of it is left): its marks no longer gate
-    /// anything.
+    /// The block is gone (no view of it is left): its marks no longer gate anything.
     fn drop(&mut self) {
         let n = *self.count.get_mut();
         if n > 0 {
-            self.all.fetch_sub(n, Ordering::Release);
+            PINNED.0.fetch_sub(n, Ordering::Release);
         }
     }
 }
 
-/// Memory with marked [`Ranges`]: a page-locked block, a device allocation.
-pub(crate) trait Filled: Send + Sync + 'static {
-    fn ranges(&self) -> &Ranges;
-}
-
-/// One call's range of a block or allocation, marked from [`Fill::start`] until
-/// [`Fill::done`] (or [`Fill::handed_to`]). Dropped without either (the copies were never
-/// proven done, or not all were queued), the range stays marked until the memory drops:
-/// its bytes may be partly written.
+/// One call's range of a block, marked from [`Fill::start`] until [`Fill::done`].
+/// Dropped without it (the copies were never proven done), the range stays marked until
+/// the block drops: its bytes may be partly written.
 pub(crate) struct Fill {
-    memory: Arc<dyn Filled>,
+    block: Arc<PinnedBlock>,
     at: usize,
     len: usize,
 }
 
 impl Fill {
-    /// Marks `at..at + len` of `memory` as being written by a call's copies, until
+    /// Marks `at..at + len` of `block` as being written by a call's copies, until
     /// [`Fill::done`]. Call it before any view of the range exists. `None` for an empty
     /// range (nothing to gate).
-    pub(crate) fn start(memory: Arc<dyn Filled>, at: usize, len: usize) -> Option<Fill> {
+    pub(crate) fn start(block: Arc<PinnedBlock>, at: usize, len: usize) -> Option<Fill> {
         if len == 0 {
             return None;
         }
-        memory.ranges().mark(at, len);
-        Some(Fill { memory, at, len })
+        block.ranges().mark(at, len);
+        Some(Fill { block, at, len })
     }
 
     /// The copies that write the range are proven done (`proof`): reads of it are
     /// allowed from now.
     pub(crate) fn done(self, proof: &super::arena::Synced) {
         let _ = proof;
-        self.memory.ranges().unmark(self.at, self.len);
-    }
-
-    /// Ends the mark without the proof that the copies are done: a non-blocking H2D
-    /// call's device output, every copy into it queued before `done` was recorded, as the
-    /// call returns. From then on the outputs reach the caller through its handle: the
-    /// wait (after the proof) or `Transfer::batch_for` (a stream made to wait for `done`).
-    /// A clone kept from the call's rebuild is not gated after this (docs/semantics.md).
-    pub(crate) fn handed_to(self, done: &crate::driver::Event) {
-        let _ = done;
-        self.end();
-    }
-
-    fn end(self) {
-        self.memory.ranges().unmark(self.at, self.len);
+        self.block.ranges().unmark(self.at, self.len);
     }
 }
 
@@ -232,34 +202,5 @@ mod tests {
         drop(fill);
         assert!(!read(&b, 256, 256));
         assert!(b.start_fill(0, 0).is_none(), "an empty range is not marked");
-    }
-
-    /// Device ranges (an H2D call's outputs), with no memory behind them: only the marks.
-    struct Marks(Ranges);
-
-    impl Filled for Marks {
-        fn ranges(&self) -> &Ranges {
-            &self.0
-        }
-    }
-
-    #[test]
-    fn device_marks_are_counted_apart_and_end_when_ordered() {
-        // (Other tests mark ranges in parallel: the process-wide counts are only checked
-        // to be nonzero while this test holds a mark of that kind.)
-        let m = Arc::new(Marks(Ranges::device()));
-        let fill = Fill::start(m.clone(), 0, 4096).expect("a non-empty range is marked");
-        assert!(device_any());
-        assert!(m.0.check(4000, 100, "device_ptr").is_err());
-        assert!(m.0.check(4096, 100, "device_ptr").is_ok(), "just after");
-        fill.end(); // what `handed_to` does
-        assert!(m.0.check(0, 4096, "device_ptr").is_ok());
-        // Never proven done nor ordered: marked until the memory drops.
-        let kept = Fill::start(m.clone(), 0, 8);
-        drop(kept);
-        assert!(m.0.check(0, 8, "to_dlpack").is_err());
-        let b = block();
-        let _pinned = b.start_fill(0, 8).expect("marked");
-        assert!(pinned_any());
     }
 }

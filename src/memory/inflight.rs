@@ -3,6 +3,7 @@
 
 use super::arena::Synced;
 use super::filling::Fill;
+use super::DeviceFill;
 use super::{retained, DeviceAlloc, PinnedBlock, SlotLease};
 use crate::driver::{ContextGuard, HostPtr, Stream};
 use crate::error::{Error, Result};
@@ -24,9 +25,10 @@ pub(crate) struct InFlight {
     fills: Vec<Fill>,
     /// An H2D call's device output ([`InFlight::hold_device_output`]): cleared only with
     /// the proof that every copy into it was queued and is done (`finish`, `unwind`), or
-    /// handed to a non-blocking call's event (`detach`); a call that fails or panics
-    /// before every copy was queued leaves it marked (its bytes may be partly unwritten).
-    device_fill: Option<Fill>,
+    /// ordered after a non-blocking call's event and handed to its `Detached` (`detach`);
+    /// a call that fails or panics before every copy was queued leaves it marked (its
+    /// bytes may be partly unwritten).
+    device_fill: Option<DeviceFill>,
     /// Set once finish/abort has run, so Drop knows not to synchronise again.
     done: bool,
     /// A queued end flag ([`InFlight::end_flag`]): a word of a held output block the
@@ -140,7 +142,7 @@ impl InFlight {
     /// exists.
     pub(crate) fn hold_device_output(&mut self, alloc: &Arc<DeviceAlloc>) {
         self.hold(alloc, alloc.nbytes());
-        self.device_fill = alloc.start_fill(0, alloc.nbytes());
+        self.device_fill = Some(DeviceFill::start(alloc));
     }
 
     fn held_bytes(&self) -> usize {
@@ -191,11 +193,11 @@ impl InFlight {
         if let Err(e) = done.record(&self.stream) {
             return Err(self.abort(e, sources));
         }
-        // Every copy is queued before `done`: from here a device output reaches the
-        // caller only through the handle, whose wait proves the copies done and whose
-        // `batch_for` orders the caller's stream after `done`.
-        if let Some(f) = self.device_fill.take() {
-            f.handed_to(done);
+        // Every copy is queued before `done`: from here a use of the device output on a
+        // stream waits for `done` there, and the handle's completion ends the mark.
+        let device_fill = self.device_fill.take();
+        if let Some(f) = &device_fill {
+            f.ordered_by(done);
         }
         self.done = true;
         let bytes = self.held_bytes();
@@ -209,6 +211,7 @@ impl InFlight {
                 bytes,
             )),
             fills: std::mem::take(&mut self.fills),
+            device_fill,
         })
     }
 
@@ -310,6 +313,9 @@ pub(crate) struct Detached {
     /// The output ranges the copies write: readable once the event proves them done;
     /// dropped unproven otherwise (they stay unreadable).
     fills: Vec<Fill>,
+    /// An H2D call's device output, its uses ordered after the event meanwhile: usable
+    /// by all once the event proves the copies done; refused otherwise.
+    device_fill: Option<DeviceFill>,
 }
 
 type Parts = (
@@ -337,6 +343,9 @@ impl Detached {
             return false;
         };
         filled(&mut self.fills, &proof);
+        if let Some(f) = self.device_fill.take() {
+            f.done(&proof);
+        }
         if let Some((mut leases, held, sources, _)) = self.parts.take() {
             leases.iter_mut().for_each(|l| l.mark_idle(&proof));
             drop((leases, held, sources));

@@ -55,6 +55,7 @@
 pub(crate) mod arena;
 mod copier;
 mod device;
+mod device_gate;
 pub(crate) mod dlpack;
 mod filling;
 mod gather;
@@ -78,6 +79,7 @@ pub use copier::CopyPool;
 pub(crate) use copier::{CopyTask, CopyTasks, Packed, Stores};
 pub use device::DevicePtrGuard;
 pub(crate) use device::{DeviceAlloc, DeviceView};
+pub(crate) use device_gate::DeviceFill;
 pub(crate) use gather::{
     available as gather_available, gather_async, h2d_gather_async, h2d_gather_available,
     h2d_gather_pieces,
@@ -124,16 +126,20 @@ impl Storage {
 
 /// `Ok` when every page-locked tensor of `storages` (the tensors' storages) may be read
 /// (or written): no D2H call's copies may still be writing it (see
-/// [`PinnedBuf::readable`]), and every device tensor may be used: no H2D call's copies may
-/// still be writing it ([`DeviceView::usable`]). One load per kind when no call has copies
-/// in flight into that kind of memory; a pass over the tensors otherwise. Asked by the
-/// calls that take tensors as sources or destinations, before anything is queued.
+/// [`PinnedBuf::readable`]), and every device tensor may be used by work queued on `on`
+/// from now (`None`: by work no stream orders): no H2D call's copies may still be writing
+/// it, or those of a non-blocking call that has returned, which `on` is then made to wait
+/// for (without a stream: which must have completed) (see `device_gate`). One load per
+/// kind when no call has copies in flight into that kind of memory; a pass over the
+/// tensors otherwise. Asked by the calls that take tensors as sources or destinations,
+/// before they queue anything on `on`.
 ///
 /// # Errors
 /// [`Error::BytesInFlight`](crate::Error::BytesInFlight) naming `op`, for the first such
-/// tensor.
-pub(crate) fn check_readable<'a>(
+/// tensor; the driver's error making `on` wait.
+pub(crate) fn check_usable<'a>(
     storages: impl IntoIterator<Item = &'a Storage>,
+    on: Option<&crate::driver::Stream>,
     op: &'static str,
 ) -> crate::error::Result<()> {
     let (pinned, device) = (filling::pinned_any(), filling::device_any());
@@ -141,9 +147,10 @@ pub(crate) fn check_readable<'a>(
         return Ok(());
     }
     for s in storages {
-        match s {
-            Storage::Pinned(b) if pinned => b.readable(op)?,
-            Storage::Device(v) if device => v.usable(op)?,
+        match (s, on) {
+            (Storage::Pinned(b), _) if pinned => b.readable(op)?,
+            (Storage::Device(v), Some(stream)) if device => v.usable_on(stream, op)?,
+            (Storage::Device(v), None) if device => v.usable(op)?,
             _ => {}
         }
     }

@@ -2,7 +2,7 @@
 //! [`PinnedBlock`]), the bounded [`PinnedOutputPool`] that D2H outputs come from, and the
 //! registry of pinlane's live registrations of host memory in place.
 
-use super::filling::{Fill, Filled, Ranges};
+use super::filling::{Fill, Ranges};
 use super::reaper::free_pinned_in_policy;
 use super::{check_range, DeviceAlloc, DeviceView};
 use crate::driver::{self, ContextGuard, HostPtr, Stream};
@@ -27,8 +27,9 @@ pub(crate) struct PinnedBlock {
     filling: Ranges,
 }
 
-impl Filled for PinnedBlock {
-    fn ranges(&self) -> &Ranges {
+impl PinnedBlock {
+    /// The ranges D2H calls' copies may still be writing.
+    pub(super) fn ranges(&self) -> &Ranges {
         &self.filling
     }
 }
