@@ -631,7 +631,9 @@ impl Tensor {
 
     /// Queues, on `stream`, a copy of the page-locked `src` over this device tensor's
     /// bytes: for tests that need a producer still writing when a transfer starts.
-    /// Feature `test-util` only: pinlane tensors are otherwise immutable.
+    /// Feature `test-util` only: pinlane tensors are otherwise immutable. Unlike the safe
+    /// uses, it does not ask whether a transfer's copies may still write either tensor
+    /// ([`Error::BytesInFlight`]): its obligations cover that.
     ///
     /// # Safety
     /// 1. `src` stays alive until the copy has finished (synchronise `stream`).
@@ -669,7 +671,8 @@ impl Tensor {
 
     /// Queues, on `stream`, a copy of this device tensor's bytes over the page-locked
     /// `dst`: a reader of the device memory that runs in `stream`'s order, for tests of
-    /// when device memory is freed. Feature `test-util` only.
+    /// when device memory is freed. Feature `test-util` only. Not gated, as
+    /// [`Tensor::overwrite_async`]: the obligations cover the transfers' copies.
     ///
     /// # Safety
     /// 1. `dst` stays alive, and nothing reads it, until the copy has finished.
