@@ -7,7 +7,7 @@ use dlpark::ffi::{DLDataType, DLDataTypeCode, DLDeviceType, DLManagedTensorVersi
 use dlpark::metadata::Dynamic;
 use dlpark::python::consumer::exchange::ExchangeApi;
 use dlpark::DlpackFlags;
-use pinlane::{DType, Device, Tensor};
+use pinlane::{DType, Device, Shape, Tensor};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -667,7 +667,7 @@ unsafe fn view_is_compact(t: &DLTensor) -> bool {
 struct Plain {
     ptr: *const u8,
     dtype: DType,
-    dims: Vec<usize>,
+    dims: Shape,
 }
 
 /// The view `t` (on a device its caller checked) as a [`Plain`] tensor under `below`
@@ -685,15 +685,25 @@ unsafe fn plain_view(t: &DLTensor, bool_ok: bool, below: usize) -> Option<Plain>
         return None;
     }
     let ndim = usize::try_from(t.ndim).ok()?;
-    let dims = if ndim == 0 {
-        Vec::new()
+    let shape: &[i64] = if ndim == 0 {
+        &[]
     } else {
         // SAFETY: the caller's promise (`view_nbytes` read the same values).
-        let shape = unsafe { std::slice::from_raw_parts(t.shape, ndim) };
-        shape
+        unsafe { std::slice::from_raw_parts(t.shape, ndim) }
+    };
+    let dims = if ndim <= Shape::INLINE {
+        // Held inline by the shape: no list allocated (and freed) per tensor.
+        let mut inline = [0; Shape::INLINE];
+        for (to, &d) in inline.iter_mut().zip(shape) {
+            *to = usize::try_from(d).ok()?;
+        }
+        Shape::from(&inline[..ndim])
+    } else {
+        let dims: Vec<usize> = shape
             .iter()
             .map(|&d| usize::try_from(d).ok())
-            .collect::<Option<_>>()?
+            .collect::<Option<_>>()?;
+        Shape::from(dims)
     };
     Some(Plain {
         ptr: ptr as *const u8,

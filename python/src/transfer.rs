@@ -407,10 +407,10 @@ pub(crate) fn d2h<'py>(
     views: bool,
 ) -> PyResult<Vec<Bound<'py, PyAny>>> {
     let _split = split::start();
-    check_device(device)?;
     if stream.is_some() && device.is_none() {
         return Err(to_py(pinlane::Error::StreamWithoutDevice));
     }
+    // Parsed once: a bad string is `check_device`'s error, from the same parse.
     let dev = match device {
         None | Some("cuda") => crate::local_rank_device(),
         Some(s) => s.parse::<Device>(),
