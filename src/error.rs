@@ -99,7 +99,8 @@ pub enum Error {
     /// bytes may be partly written). Nothing was read or queued.
     #[error(
         "{op}: the tensor's bytes are still being written by the transfer call that made \
-         it (use them once that call has returned), or that call failed"
+         it (use them once that call has returned; a non-blocking call's: once its wait has, \
+         or on a stream, as to_dlpack_on does), or that call failed"
     )]
     BytesInFlight {
         /// The operation that asked.

@@ -512,26 +512,37 @@ fn a_device_output_is_refused_while_filled_and_ordered_after_its_event_once_hand
     view.usable("to_dlpack").unwrap();
     view.usable_on(&other, "device_ptr").unwrap();
 
-    // Ordered after an event that stands behind 300 ms of work: a use on a stream makes it
-    // wait there (work queued on `other` after the use does not complete before the
-    // event), one without a stream is refused until the event has completed, and then
-    // ends the mark.
+    // Ordered after an event that stands behind a host function holding the stream until
+    // the test lets it go: a use on another stream makes that stream wait for it (work
+    // queued there after the use does not end while the event stands), one without a
+    // stream is refused until the event has completed, and then ends the mark.
     let (view, alloc) = new_view();
     let fill = DeviceFill::start(&alloc);
-    s.delay_async(Duration::from_millis(300)).unwrap();
+    HELD.store(true, std::sync::atomic::Ordering::SeqCst);
+    s.call_after(hold_while_held).unwrap();
     let done = crate::driver::Event::new(Device::cuda(0)).unwrap();
     done.record(&s).unwrap();
     fill.ordered_by(&done);
     view.usable_on(&other, "device_ptr").unwrap();
     let after_use = crate::driver::Event::new(Device::cuda(0)).unwrap();
     after_use.record(&other).unwrap();
-    assert!(!after_use.query().unwrap(), "the use's stream did not wait");
+    // The calls' check (a D2H's sources, `h2d_into`'s destinations): the batch's event
+    // once for its tensors, waited for by the call's stream.
+    let third = Stream::new(Device::cuda(0)).unwrap();
+    let storage = crate::tensor::Storage::Device(view.clone());
+    let after = crate::memory::check_usable([&storage, &storage], "transfer_tensor_d2h").unwrap();
+    assert_eq!(after.len(), 1);
+    after.order(&third).unwrap();
+    let after_call = crate::driver::Event::new(Device::cuda(0)).unwrap();
+    after_call.record(&third).unwrap();
+    let ended = after_use.done_within(Duration::from_millis(50)).unwrap();
+    let call_ended = after_call.done_within(Duration::from_millis(1)).unwrap();
     assert!(refused(view.usable("to_dlpack")));
+    HELD.store(false, std::sync::atomic::Ordering::SeqCst);
+    assert!(!ended, "the use's stream did not wait for the event");
+    assert!(!call_ended, "the call's stream did not wait for the event");
     after_use.synchronize().unwrap();
-    assert!(
-        done.query().unwrap(),
-        "the stream ran past the event before it completed"
-    );
+    assert!(done.query().unwrap());
     view.usable("to_dlpack").unwrap();
     // The call's completion finds the mark ended: nothing left to undo.
     fill.done(&Synced::synchronize(&s).unwrap());
@@ -547,4 +558,17 @@ fn a_device_output_is_refused_while_filled_and_ordered_after_its_event_once_hand
     s.synchronize().unwrap();
     assert!(refused(view.usable_on(&other, "device_ptr")));
     assert!(refused(view.usable("to_dlpack")));
+}
+
+/// Set while [`hold_while_held`] is to keep its stream from going on.
+static HELD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A stream's host function that returns once [`HELD`] is cleared, or after 10 s.
+fn hold_while_held() {
+    let start = Instant::now();
+    while HELD.load(std::sync::atomic::Ordering::SeqCst)
+        && start.elapsed() < Duration::from_secs(10)
+    {
+        std::thread::sleep(Duration::from_micros(200));
+    }
 }

@@ -529,7 +529,8 @@ impl Tensor {
     ///
     /// An output of a non-blocking H2D call that has returned
     /// ([`transfer_tensor_h2d_async`](crate::transfer_tensor_h2d_async)), lent before its
-    /// copies are done (a clone kept from its rebuild), makes `stream` wait for them first.
+    /// copies are done (from its handle's `batch_for`, or a clone kept from its rebuild),
+    /// makes `stream` wait for them first.
     ///
     /// # Errors
     /// [`Error::NotOnDevice`] for a host tensor; [`Error::BytesInFlight`] for an output of

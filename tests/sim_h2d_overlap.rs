@@ -373,7 +373,7 @@ fn a_clone_kept_from_a_rebuild_stays_refused_when_a_later_copy_fails() {
 fn a_clone_kept_from_a_non_blocking_h2d_is_used_after_its_copies() {
     // Left open in session 55: once a non-blocking H2D call had returned, a clone kept
     // from its rebuild was no longer gated, and a use of it on another stream before the
-    // copies were done could read stale bytes. Now a use on a stream is queued after the
+    // copies were done could read stale bytes. Now each use on a stream is queued after the
     // copies there, and an export without a stream is refused until they are done.
     common::sim();
     // 32 MiB from page-locked memory: one direct copy, which the simulated device runs
@@ -381,31 +381,69 @@ fn a_clone_kept_from_a_non_blocking_h2d_is_used_after_its_copies() {
     let src = common::tensor(DType::U8, &[32 << 20], 41)
         .to_pinned()
         .unwrap();
+    let other_bytes = common::tensor(DType::U8, &[32 << 20], 42)
+        .to_pinned()
+        .unwrap();
     let dev = pinlane::Device::cuda(0);
     let mut refused = 0;
-    for _ in 0..3 {
+    // One call per use, each on a stream of its own: the first use that waits would
+    // otherwise order the next ones.
+    for way in [
+        "device_ptr",
+        "to_dlpack_on",
+        "transfer_tensor_d2h",
+        "h2d_into",
+    ] {
         let b = Keeps {
             src: src.clone(),
             kept: std::sync::Mutex::new(None),
         };
         let moving = pinlane::transfer_tensor_h2d_async(&b, &H2dOptions::default()).unwrap();
+        let done = moving.ready_event().expect("copies in flight").clone();
         let kept = b.kept.lock().unwrap().take().expect("rebuilt");
         match kept.to_dlpack() {
             Err(Error::BytesInFlight { op: "to_dlpack" }) => refused += 1,
             r => assert!(r.is_ok(), "{:?}", r.err()),
         }
-        // On another stream, before the host knows the copies are done: a lent pointer
-        // and a D2H there, which reads the source's bytes.
-        let other = pinlane::Stream::new(dev).unwrap();
-        drop(kept.device_ptr(&other).unwrap());
-        let back = transfer_tensor_d2h(
-            &vec![kept.clone()],
-            &D2hOptions::default().device(dev).stream(other),
-        )
-        .unwrap();
-        assert_eq!(back[0], src);
+        let s = pinlane::Stream::new(dev).unwrap();
+        let after = pinlane::Event::new(dev).unwrap();
+        match way {
+            "device_ptr" => drop(kept.device_ptr(&s).unwrap()),
+            "to_dlpack_on" => drop(kept.to_dlpack_on(&s).unwrap()),
+            "transfer_tensor_d2h" => {
+                let opts = D2hOptions::default().device(dev).stream(s.clone());
+                let back = transfer_tensor_d2h(&vec![kept.clone()], &opts).unwrap();
+                assert_eq!(back[0], src);
+            }
+            _ => {
+                let opts = pinlane::IntoOptions::default().stream(s.clone());
+                let into = pinlane::transfer_tensor_h2d_into(
+                    &vec![other_bytes.clone()],
+                    &vec![kept.clone()],
+                    &opts,
+                );
+                into.unwrap().wait().unwrap();
+            }
+        }
+        // Work queued on `s` after the use ends only after the call's copies. (For the
+        // two transfers this holds on the simulated device even unordered: its copies
+        // take one memory lock in turn. The lib test `sim_tests::a_device_output_...`
+        // shows their check making a stream wait.)
+        after.record(&s).unwrap();
+        after.synchronize().unwrap();
+        assert!(
+            done.query().unwrap(),
+            "{way} was not ordered after the copies"
+        );
         moving.wait().unwrap();
-        assert!(kept.to_dlpack().is_ok(), "once waited for");
+        assert!(kept.to_dlpack().is_ok(), "{way}: once waited for");
+        let last = if way == "h2d_into" {
+            &other_bytes
+        } else {
+            &src
+        };
+        let back = transfer_tensor_d2h(&vec![kept], &D2hOptions::default()).unwrap();
+        assert_eq!(&back[0], last, "{way}");
     }
     assert!(refused > 0, "no export came while the copies ran");
 }

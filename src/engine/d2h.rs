@@ -63,18 +63,12 @@ pub(crate) fn transfer<B: Batch>(
     overlap: Overlap<'_, B>,
 ) -> Result<(B, Option<Pending>)> {
     let all = batch::tensors(batch);
-    let Some((device, picked)) = target(opts, &all)? else {
+    let Some((device, picked, after)) = target(opts, &all)? else {
         return Ok((batch::replace_tensors(batch, Vec::new()), None));
     };
     let ctx = driver::bind(device)?;
     let stream = copy_stream(device, opts)?;
-    // An H2D call's output whose copies may still run is refused (in its rebuild or
-    // `while_copying`), or read after them (a non-blocking call's, once it returned).
-    memory::check_usable(
-        picked.picked.iter().map(|&i| all[i].storage()),
-        Some(&stream),
-        "transfer_tensor_d2h",
-    )?;
+    after.order(&stream)?;
     super::trace::mark("ordered");
     let rt = crate::runtime::runtime();
     let (picked, small) = small_plan(&all, picked, device, &stream, opts, &rt);
@@ -159,10 +153,13 @@ struct Picked {
     small_first: bool,
 }
 
-/// The device the call copies from and the tensors it moves, after the checks that come
-/// before any copy; `None` when the batch passes through (no tensor on that device, or no
-/// CUDA).
-fn target(opts: &D2hOptions, all: &[&Tensor]) -> Result<Option<(usize, Picked)>> {
+/// The device the call copies from, the tensors it moves, and the events its copy stream
+/// must wait for before it reads them, after the checks that come before any copy; `None`
+/// when the batch passes through (no tensor on that device, or no CUDA).
+fn target(
+    opts: &D2hOptions,
+    all: &[&Tensor],
+) -> Result<Option<(usize, Picked, memory::UsesAfter)>> {
     // Checks that need no driver come first, so bad options are errors everywhere.
     let spec = opts.device.as_ref().unwrap_or(&DeviceSpec::LocalRank);
     spec.check()?;
@@ -210,8 +207,15 @@ fn target(opts: &D2hOptions, all: &[&Tensor]) -> Result<Option<(usize, Picked)>>
     if p.picked.is_empty() {
         return Ok(None);
     }
+    // An H2D call's output whose copies may still run unordered is refused (in its
+    // rebuild or `while_copying`); a non-blocking call's, once it returned, is read after
+    // its copies (the copy stream waits for them).
+    let after = memory::check_usable(
+        p.picked.iter().map(|&i| all[i].storage()),
+        "transfer_tensor_d2h",
+    )?;
     driver::deferred::surface(device)?;
-    Ok(Some((device, p)))
+    Ok(Some((device, p, after)))
 }
 
 /// The stream the copies go on (the thread's, or the caller's), made to wait for the

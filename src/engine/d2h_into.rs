@@ -80,14 +80,15 @@ pub(crate) unsafe fn transfer<B: Batch>(src: &B, dst: &B, opts: &IntoOptions) ->
         return Ok(());
     };
     let pairs = checked.pairs;
-    // Destinations a D2H call may still be writing are refused here; the sources, device
-    // tensors, by the D2H below on its copy stream (an H2D call's outputs whose copies may
-    // still run refused, a non-blocking call's read after its copies once it returned).
-    crate::memory::check_usable(
-        pairs.iter().map(|p| p.1.storage()),
-        None,
+    // Destinations a D2H call may still be writing, and sources an H2D call's copies may
+    // still be writing unordered (its outputs, in its rebuild or `while_copying`), are
+    // refused. A non-blocking H2D call's outputs, once it returned, are read after its
+    // copies: the D2H below orders its stream after them (its own check).
+    let ordered_by_the_d2h = crate::memory::check_usable(
+        pairs.iter().flat_map(|p| [p.0.storage(), p.1.storage()]),
         "transfer_tensor_d2h_into",
     )?;
+    drop(ordered_by_the_d2h);
     let mut targets = Vec::with_capacity(pairs.len());
     for (_, d) in &pairs {
         targets.push(HostDst::of(d).ok_or_else(|| Error::Internal {
@@ -104,7 +105,8 @@ pub(crate) unsafe fn transfer<B: Batch>(src: &B, dst: &B, opts: &IntoOptions) ->
     if let Some(s) = &opts.stream {
         d2h_opts = d2h_opts.stream(s.clone());
     }
-    // Its only `BytesInFlight` is a source's (the outputs are its own): named as this call.
+    // Its only `BytesInFlight` is a source's (the outputs are its own), refused since the
+    // check above (a non-blocking call whose completion failed): named as this call.
     let (outputs, _) = d2h::transfer(&sources, &d2h_opts, Mode::Blocking, d2h::Overlap::none())
         .map_err(|e| match e {
             Error::BytesInFlight { .. } => Error::BytesInFlight {

@@ -98,14 +98,8 @@ pub(crate) fn transfer<B: Batch>(
     };
     let all = batch::tensors(batch);
     // Device tensors pass through unread (an H2D output still in flight too: its clone
-    // stays gated), so only host storages are checked.
-    memory::check_usable(
-        all.iter()
-            .map(|t| t.storage())
-            .filter(|s| !matches!(s, crate::tensor::Storage::Device(_))),
-        None,
-        "transfer_tensor_h2d",
-    )?;
+    // stays gated), so only page-locked storages are checked.
+    memory::check_readable(all.iter().map(|t| t.storage()), "transfer_tensor_h2d")?;
     let rt = crate::runtime::runtime();
     let src = route(&all, device, &rt);
     let order = &src.order;
@@ -172,8 +166,9 @@ pub(crate) fn transfer<B: Batch>(
                 while_copying.is_none(),
                 "while_copying is for blocking calls"
             );
-            // The outputs were gated during the rebuild; `detach` ends that once its
-            // event is recorded (from then on they reach the caller through the handle).
+            // The outputs were refused during the rebuild; once `detach` has recorded its
+            // event, their uses are ordered after it until the completion proves the
+            // copies done (`memory::DeviceFill::ordered_by`).
             Some(completion::detach(
                 job,
                 device,

@@ -141,16 +141,17 @@ pub(super) fn run(
     device: usize,
     opts: &IntoOptions,
 ) -> Result<Transfer<()>> {
-    driver::deferred::surface(device)?;
-    let stream = stream_for(opts, device)?;
     // Sources a D2H call may still be writing, and destinations an H2D call's copies may
-    // still be writing (its outputs, in its rebuild or `while_copying`), are refused; a
-    // non-blocking H2D call's outputs, once it returned, are written after its copies.
-    memory::check_usable(
+    // still be writing unordered (its outputs, in its rebuild or `while_copying`), are
+    // refused; a non-blocking H2D call's outputs, once it returned, are written after its
+    // copies.
+    let after = memory::check_usable(
         pairs.iter().flat_map(|p| [p.0.storage(), p.1.storage()]),
-        Some(&stream),
         "transfer_tensor_h2d_into",
     )?;
+    driver::deferred::surface(device)?;
+    let stream = stream_for(opts, device)?;
+    after.order(&stream)?;
     let views: Vec<&DeviceView> = pairs
         .iter()
         .map(|p| device_view(p.1))

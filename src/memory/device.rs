@@ -293,6 +293,20 @@ impl DeviceView {
         }
     }
 
+    /// What a use of the view must wait for: nothing (`Ok(None)`), or the returned event
+    /// (an output of a non-blocking H2D call that has returned, its copies maybe not done);
+    /// refused while an H2D call's copies may still write it unordered (see
+    /// [`super::device_gate`]). One load when no H2D call has copies in flight.
+    ///
+    /// # Errors
+    /// [`Error::BytesInFlight`](crate::Error::BytesInFlight) naming `op`.
+    pub(crate) fn pending_use(&self, op: &'static str) -> Result<Option<Event>> {
+        match &self.alloc {
+            Some(a) => a.gate().pending(op),
+            None => Ok(None),
+        }
+    }
+
     /// `Ok` when the view may be used by work queued on `stream` from now: no H2D call's
     /// copies may still be writing it, or those of a non-blocking call that has returned,
     /// which `stream` is then made to wait for. One load when no H2D call has copies in

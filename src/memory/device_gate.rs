@@ -62,7 +62,7 @@ impl DeviceGate {
 
     /// Whether a use may go on now (`Ok(None)`), after the returned event (`Ok(Some)`),
     /// or not at all.
-    fn pending(&self, op: &'static str) -> Result<Option<Event>> {
+    pub(super) fn pending(&self, op: &'static str) -> Result<Option<Event>> {
         // The process-wide count first: one load while no allocation is marked.
         if !filling::device_any() {
             return Ok(None);

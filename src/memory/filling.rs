@@ -54,7 +54,8 @@ pub(super) fn device_marked() {
 
 /// A device allocation's mark ended (proven done, or the allocation dropped).
 pub(super) fn device_unmarked() {
-    DEVICE.0.fetch_sub(1, Ordering::Release);
+    let before = DEVICE.0.fetch_sub(1, Ordering::Release);
+    debug_assert!(before > 0, "a device mark ended twice");
 }
 
 /// A block's marked ranges: `(start, len)`, a few at a time (one per call in flight on

@@ -126,35 +126,85 @@ impl Storage {
 
 /// `Ok` when every page-locked tensor of `storages` (the tensors' storages) may be read
 /// (or written): no D2H call's copies may still be writing it (see
-/// [`PinnedBuf::readable`]), and every device tensor may be used by work queued on `on`
-/// from now (`None`: by work no stream orders): no H2D call's copies may still be writing
-/// it, or those of a non-blocking call that has returned, which `on` is then made to wait
-/// for (without a stream: which must have completed) (see `device_gate`). One load per
-/// kind when no call has copies in flight into that kind of memory; a pass over the
-/// tensors otherwise. Asked by the calls that take tensors as sources or destinations,
-/// before they queue anything on `on`.
+/// [`PinnedBuf::readable`]). Device tensors are not looked at: for calls whose device
+/// tensors pass through unread, or are checked by [`check_usable`]. One load when no D2H
+/// call has copies in flight; a pass over the tensors otherwise.
 ///
 /// # Errors
 /// [`Error::BytesInFlight`](crate::Error::BytesInFlight) naming `op`, for the first such
-/// tensor; the driver's error making `on` wait.
-pub(crate) fn check_usable<'a>(
+/// tensor.
+pub(crate) fn check_readable<'a>(
     storages: impl IntoIterator<Item = &'a Storage>,
-    on: Option<&crate::driver::Stream>,
     op: &'static str,
 ) -> crate::error::Result<()> {
-    let (pinned, device) = (filling::pinned_any(), filling::device_any());
-    if !pinned && !device {
+    if !filling::pinned_any() {
         return Ok(());
     }
     for s in storages {
-        match (s, on) {
-            (Storage::Pinned(b), _) if pinned => b.readable(op)?,
-            (Storage::Device(v), Some(stream)) if device => v.usable_on(stream, op)?,
-            (Storage::Device(v), None) if device => v.usable(op)?,
-            _ => {}
+        if let Storage::Pinned(b) = s {
+            b.readable(op)?;
         }
     }
     Ok(())
+}
+
+/// [`check_readable`], and every device tensor of `storages` may be used: no H2D call's
+/// copies may still be writing it unordered (see `device_gate`). The events of those a
+/// non-blocking H2D call's copies may still write (its outputs, once it has returned) come
+/// back, each once: [`UsesAfter::order`] makes the call's stream wait for them before it
+/// queues anything that uses the tensors. Nothing is queued here, so a refused call leaves
+/// nothing behind. One load per kind when no call has copies in flight into that kind of
+/// memory; a pass over the tensors otherwise. Asked by the calls that take device tensors
+/// as sources or destinations, before anything is queued.
+///
+/// # Errors
+/// [`Error::BytesInFlight`](crate::Error::BytesInFlight) naming `op`, for the first such
+/// tensor.
+pub(crate) fn check_usable<'a>(
+    storages: impl IntoIterator<Item = &'a Storage>,
+    op: &'static str,
+) -> crate::error::Result<UsesAfter> {
+    let (pinned, device) = (filling::pinned_any(), filling::device_any());
+    let mut after = UsesAfter(Vec::new());
+    if !pinned && !device {
+        return Ok(after);
+    }
+    for s in storages {
+        match s {
+            Storage::Pinned(b) if pinned => b.readable(op)?,
+            Storage::Device(v) if device => {
+                // A batch's tensors share their allocation, and so its event: kept once.
+                if let Some(e) = v.pending_use(op)? {
+                    if !after.0.iter().any(|k| k.as_raw() == e.as_raw()) {
+                        after.0.push(e);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(after)
+}
+
+/// The events that a call's uses of its device tensors must be ordered after (see
+/// [`check_usable`]); usually none.
+#[must_use = "the call's stream must wait for these events before it uses the tensors"]
+pub(crate) struct UsesAfter(Vec<crate::driver::Event>);
+
+impl UsesAfter {
+    /// Makes `stream` wait for each event (on the device: the host does not wait).
+    ///
+    /// # Errors
+    /// The driver's error.
+    pub(crate) fn order(self, stream: &crate::driver::Stream) -> crate::error::Result<()> {
+        self.0.iter().try_for_each(|e| e.wait_on(stream))
+    }
+
+    /// How many events a stream will wait for.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
 }
 
 /// Device offsets of a batch are aligned to this many bytes (cudaMalloc's own alignment),
