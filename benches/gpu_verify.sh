@@ -1,27 +1,46 @@
 #!/bin/bash
-# The GPU checks a run makes after the last change to the CUDA path, on the GPU machine
-# (after ../shared/gpu/pack), logs into directory $1: the shipped test binaries, every
-# test binary with PINLANE_REQUIRE_GPU=1 (.gpu/run-tests), the Python suite with torch,
-# and compute-sanitizer (memcheck --leak-check full on gpu_semantics, gpu_roundtrip and
-# gpu_into; initcheck on gpu_roundtrip; synccheck on gpu_into). Prints each one's closing
-# line. Run from the project root: bash benches/gpu_verify.sh "$OUT"
-out=${1:?usage: gpu_verify.sh LOG_DIR}
+# The GPU checks a session makes after its last change to the CUDA path, on the GPU
+# machine, in parts that each fit one carry (64 MiB): logs into directory $2, five files
+# at most (the device tool brings back eight). Prints each check's closing line.
+#
+#   tests    every test binary with PINLANE_REQUIRE_GPU=1 (.gpu/run-tests) and the Python
+#            suite with torch. Carry .gpu after ../shared/gpu/pack, with .gpu/bin and
+#            .gpu/whl moved aside (.gpu/tests and .gpu/pywheels are what it needs).
+#   shipped  the shipped test binaries (the build users get), then compute-sanitizer:
+#            memcheck with the leak check on gpu_foundations (driver API errors not
+#            reported: it provokes them), gpu_semantics, gpu_roundtrip and gpu_into;
+#            initcheck on gpu_roundtrip; synccheck on gpu_into. Carry .gpu after
+#            `bash tests/pack-shipped`, alone.
+#   all      both (needs every part of .gpu: larger than one carry; for a machine with
+#            the binaries already there).
+#
+# Run from the project root: bash benches/gpu_verify.sh tests "$OUT"
+part=${1:?usage: gpu_verify.sh tests|shipped|all LOG_DIR}
+out=${2:?usage: gpu_verify.sh tests|shipped|all LOG_DIR}
 mkdir -p "$out"
-nvidia-smi --query-gpu=name,pci.bus_id,driver_version --format=csv,noheader > "$out/gpu.txt"
-nproc >> "$out/gpu.txt"
-bash .gpu/run-shipped > "$out/shipped.log" 2>&1
-echo "shipped rc=$? $(tail -1 "$out/shipped.log")"
-bash .gpu/run-tests > "$out/rust.log" 2>&1
-echo "tests rc=$? $(tail -1 "$out/rust.log")"
-grep -E "FAILED|panicked" "$out/rust.log" | head -5
-PINLANE_REQUIRE_GPU=1 timeout 200 bash .gpu/with-python python3 -m pytest -q -s -p no:cacheprovider python/tests > "$out/py.log" 2>&1
-echo "pytest rc=$? $(tail -1 "$out/py.log")"
-grep -E "FAILED|Error" "$out/py.log" | head -8
-for t in "gpu_semantics memcheck --leak-check full" "gpu_roundtrip memcheck --leak-check full" \
-         "gpu_into memcheck --leak-check full" "gpu_roundtrip initcheck" "gpu_into synccheck"; do
-  set -- $t; b=$1; shift; tool=$1
-  f=$(ls .gpu/shipped/ | grep "^$b" | head -1)
-  log="$out/san_${b}_$tool.log"
-  PINLANE_REQUIRE_GPU=1 timeout 100 /usr/local/cuda/bin/compute-sanitizer --tool "$@" ".gpu/shipped/$f" > "$log" 2>&1
-  echo "$b $tool: rc=$? $(grep -E 'ERROR SUMMARY' "$log" | tail -1) $(grep -E '^test result' "$log" | tail -1 | cut -c1-40)"
-done
+{ nvidia-smi --query-gpu=name,pci.bus_id,driver_version --format=csv,noheader; nproc; } >> "$out/gpu.txt"
+if [ "$part" = tests ] || [ "$part" = all ]; then
+  bash .gpu/run-tests > "$out/tests.log" 2>&1
+  echo "run-tests rc=$? $(grep -E '^test binaries' "$out/tests.log" | tail -1)"
+  grep -E "FAILED|panicked" "$out/tests.log" | head -5
+  PINLANE_REQUIRE_GPU=1 timeout 250 bash .gpu/with-python python3 -m pytest -q -p no:cacheprovider python/tests > "$out/pytest.log" 2>&1
+  echo "pytest rc=$? $(tail -1 "$out/pytest.log")"
+  grep -E "FAILED|Error" "$out/pytest.log" | head -8
+fi
+if [ "$part" = shipped ] || [ "$part" = all ]; then
+  bash .gpu/run-shipped > "$out/shipped.log" 2>&1
+  echo "run-shipped rc=$? $(grep -E '^shipped test binaries' "$out/shipped.log" | tail -1)"
+  grep -E "FAILED|panicked" "$out/shipped.log" | head -5
+  for t in "gpu_foundations memcheck --leak-check full --report-api-errors no" \
+           "gpu_semantics memcheck --leak-check full" "gpu_roundtrip memcheck --leak-check full" \
+           "gpu_into memcheck --leak-check full" "gpu_roundtrip initcheck" "gpu_into synccheck"; do
+    set -- $t; b=$1; shift
+    f=$(ls .gpu/shipped/ | grep "^$b" | head -1)
+    echo "=== $b $*" >> "$out/sanitizer.log"
+    PINLANE_REQUIRE_GPU=1 timeout 150 /usr/local/cuda/bin/compute-sanitizer --tool "$@" ".gpu/shipped/$f" > "$out/one.log" 2>&1
+    rc=$?
+    cat "$out/one.log" >> "$out/sanitizer.log"
+    echo "$b $*: rc=$rc $(grep -E 'ERROR SUMMARY' "$out/one.log" | tail -1) $(grep -E '^test result' "$out/one.log" | tail -1 | cut -c1-60)"
+    rm -f "$out/one.log"
+  done
+fi
