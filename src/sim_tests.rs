@@ -518,7 +518,7 @@ fn a_device_output_is_refused_while_filled_and_ordered_after_its_event_once_hand
     // stream is refused until the event has completed, and then ends the mark.
     let (view, alloc) = new_view();
     let fill = DeviceFill::start(&alloc);
-    HELD.store(true, std::sync::atomic::Ordering::SeqCst);
+    let held = Held::new();
     s.call_after(hold_while_held).unwrap();
     let done = crate::driver::Event::new(Device::cuda(0)).unwrap();
     done.record(&s).unwrap();
@@ -538,7 +538,7 @@ fn a_device_output_is_refused_while_filled_and_ordered_after_its_event_once_hand
     let ended = after_use.done_within(Duration::from_millis(50)).unwrap();
     let call_ended = after_call.done_within(Duration::from_millis(1)).unwrap();
     assert!(refused(view.usable("to_dlpack")));
-    HELD.store(false, std::sync::atomic::Ordering::SeqCst);
+    drop(held);
     assert!(!ended, "the use's stream did not wait for the event");
     assert!(!call_ended, "the call's stream did not wait for the event");
     after_use.synchronize().unwrap();
@@ -562,6 +562,23 @@ fn a_device_output_is_refused_while_filled_and_ordered_after_its_event_once_hand
 
 /// Set while [`hold_while_held`] is to keep its stream from going on.
 static HELD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Sets [`HELD`] until dropped (also when a failed assertion unwinds, so that the held
+/// stream does not keep other tests' waits for the device for 10 s).
+struct Held;
+
+impl Held {
+    fn new() -> Held {
+        HELD.store(true, std::sync::atomic::Ordering::SeqCst);
+        Held
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        HELD.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
 
 /// A stream's host function that returns once [`HELD`] is cleared, or after 10 s.
 fn hold_while_held() {

@@ -693,8 +693,8 @@ impl<B> Transfer<B> {
     /// made to wait for them on the device (the host does not wait). Only for batches
     /// whose moved tensors are on the device (an H2D transfer): host outputs cannot be
     /// read before the copies are done, so a D2H transfer's batch comes from
-    /// [`Transfer::wait`]. Until the copies are proven done, the batch's device tensors
-    /// (and clones of them) stay ordered after them: a use on another stream
+    /// [`Transfer::wait`]. Until the copies are proven done, the batch's outputs (and
+    /// clones of them) stay ordered after them: a use on another stream
     /// ([`Tensor::device_ptr`](crate::Tensor::device_ptr),
     /// [`Tensor::to_dlpack_on`](crate::Tensor::to_dlpack_on), a transfer) makes that
     /// stream wait too, and [`Tensor::to_dlpack`](crate::Tensor::to_dlpack), which has no

@@ -200,8 +200,8 @@ impl UsesAfter {
         self.0.iter().try_for_each(|e| e.wait_on(stream))
     }
 
-    /// How many events a stream will wait for.
-    #[cfg(test)]
+    /// How many events a stream will wait for (for `crate::sim_tests`).
+    #[cfg(all(test, feature = "test-util"))]
     pub(crate) fn len(&self) -> usize {
         self.0.len()
     }
