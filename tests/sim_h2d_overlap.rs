@@ -425,10 +425,10 @@ fn a_clone_kept_from_a_non_blocking_h2d_is_used_after_its_copies() {
                 into.unwrap().wait().unwrap();
             }
         }
-        // Work queued on `s` after the use ends only after the call's copies. (For the
-        // two transfers this holds on the simulated device even unordered: its copies
-        // take one memory lock in turn. The lib test `sim_tests::a_device_output_...`
-        // shows their check making a stream wait.)
+        // Work queued on `s` after the use ends only after the call's copies. (An
+        // unordered `h2d_into` would pass here too: its copy runs beside the call's, a
+        // piece at a time, and lands last. The lib test `sim_tests::a_device_output_...`
+        // shows the calls' check making their stream wait.)
         after.record(&s).unwrap();
         after.synchronize().unwrap();
         assert!(

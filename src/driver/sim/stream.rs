@@ -3,6 +3,10 @@
 
 use super::*;
 
+/// The bytes a simulated copy moves under one hold of the memory lock (see `Op::Copy` in
+/// [`Sim::run`]).
+const COPY_PIECE: usize = 64 << 10;
+
 /// One queued operation of a simulated stream.
 pub(super) enum Op {
     /// Copy `n` bytes; `dev_dst`/`dev_src` say which side must be simulated device memory.
@@ -154,24 +158,46 @@ impl Sim {
                 dev_dst,
                 dev_src,
             } => {
-                let mem = lock(&self.mem);
-                if (dev_dst && !mem.covers(dst, n)) || (dev_src && !mem.covers(src, n)) {
-                    return Err(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
+                // In pieces, the memory lock taken for each, with other threads let in
+                // between: copies on different streams overlap, as a device's do, so a
+                // copy that is not ordered after another's writes reads some of the old
+                // bytes (a missing wait shows in the bytes, not only in timing).
+                let mut off = 0;
+                loop {
+                    let len = (n - off).min(COPY_PIECE);
+                    let (d, s) = (dst + off as u64, src + off as u64);
+                    {
+                        let mem = lock(&self.mem);
+                        if (dev_dst && !mem.covers(d, len)) || (dev_src && !mem.covers(s, len)) {
+                            return Err(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
+                        }
+                        // SAFETY: device sides are inside simulated regions (checked
+                        // above), which the memory lock keeps allocated during the piece;
+                        // host sides are page-locked memory that the caller of the async
+                        // copy keeps alive until the copy completes (the driver call's
+                        // contract). Distinct regions; the piece lies inside both ranges.
+                        unsafe { std::ptr::copy_nonoverlapping(s as *const u8, d as *mut u8, len) };
+                    }
+                    off += len;
+                    if off >= n {
+                        break;
+                    }
+                    std::thread::yield_now();
                 }
-                // SAFETY: device sides are inside simulated regions (checked above), which
-                // the memory lock keeps allocated during the copy; host sides are
-                // page-locked memory that the caller of the async copy keeps alive until
-                // the copy completes (the driver call's contract). Distinct regions.
-                unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, n) };
                 // Only copies that move bytes count, so the corruption always happens.
                 if n > 0 {
                     let k = self.copies.fetch_add(1, Ordering::Relaxed) + 1;
                     if self.cfg.corrupt_copy == Some(k) {
+                        let mem = lock(&self.mem);
+                        let mid = dst + (n / 2) as u64;
+                        if dev_dst && !mem.covers(mid, 1) {
+                            return Err(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
+                        }
                         // SAFETY: `dst + n / 2` lies inside the `n` bytes just written
-                        // (n > 0): simulated device memory checked above, or page-locked
+                        // (n > 0): simulated device memory checked just now, or page-locked
                         // host memory the copy's caller keeps alive and lets the copy
-                        // write; the memory lock is still held, so nothing frees it.
-                        unsafe { *(dst as *mut u8).add(n / 2) ^= 0xFF };
+                        // write; the memory lock is held, so nothing frees it.
+                        unsafe { *(mid as *mut u8) ^= 0xFF };
                     }
                 }
                 Ok(())
