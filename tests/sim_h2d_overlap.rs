@@ -369,6 +369,33 @@ fn a_clone_kept_from_a_rebuild_stays_refused_when_a_later_copy_fails() {
     );
 }
 
+/// A batch of a large page-locked tensor and a small pageable one, whose rebuild keeps a
+/// clone of the small one's output: H2D queues the large one's direct copy first and the
+/// small one's staged copy after it, so the kept output is written last, milliseconds
+/// after a non-blocking call has returned.
+struct KeepsSmall {
+    large: Tensor,
+    small: Tensor,
+    kept: std::sync::Mutex<Option<Tensor>>,
+}
+
+impl pinlane::Batch for KeepsSmall {
+    fn visit<'a>(&'a self, f: &mut dyn FnMut(&'a Tensor)) {
+        f(&self.large);
+        f(&self.small);
+    }
+    fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
+        let large = f(&self.large);
+        let small = f(&self.small);
+        *self.kept.lock().unwrap() = Some(small.clone());
+        KeepsSmall {
+            large,
+            small,
+            kept: std::sync::Mutex::new(None),
+        }
+    }
+}
+
 #[test]
 fn a_clone_kept_from_a_non_blocking_h2d_is_used_after_its_copies() {
     // Left open in session 55: once a non-blocking H2D call had returned, a clone kept
@@ -376,14 +403,13 @@ fn a_clone_kept_from_a_non_blocking_h2d_is_used_after_its_copies() {
     // copies were done could read stale bytes. Now each use on a stream is queued after the
     // copies there, and an export without a stream is refused until they are done.
     common::sim();
-    // 32 MiB from page-locked memory: one direct copy, which the simulated device runs
-    // for milliseconds after the call has returned.
-    let src = common::tensor(DType::U8, &[32 << 20], 41)
+    // 32 MiB from page-locked memory (one direct copy, which the simulated device runs
+    // for milliseconds after the call has returned), then 64 KiB through a staging slot.
+    let large = common::tensor(DType::U8, &[32 << 20], 41)
         .to_pinned()
         .unwrap();
-    let other_bytes = common::tensor(DType::U8, &[32 << 20], 42)
-        .to_pinned()
-        .unwrap();
+    let small = common::tensor(DType::U8, &[64 << 10], 43);
+    let other_bytes = common::tensor(DType::U8, &[64 << 10], 42);
     let dev = pinlane::Device::cuda(0);
     let mut refused = 0;
     // One call per use, each on a stream of its own: the first use that waits would
@@ -394,8 +420,9 @@ fn a_clone_kept_from_a_non_blocking_h2d_is_used_after_its_copies() {
         "transfer_tensor_d2h",
         "h2d_into",
     ] {
-        let b = Keeps {
-            src: src.clone(),
+        let b = KeepsSmall {
+            large: large.clone(),
+            small: small.clone(),
             kept: std::sync::Mutex::new(None),
         };
         let moving = pinlane::transfer_tensor_h2d_async(&b, &H2dOptions::default()).unwrap();
@@ -411,11 +438,13 @@ fn a_clone_kept_from_a_non_blocking_h2d_is_used_after_its_copies() {
             "device_ptr" => drop(kept.device_ptr(&s).unwrap()),
             "to_dlpack_on" => drop(kept.to_dlpack_on(&s).unwrap()),
             "transfer_tensor_d2h" => {
+                // Unordered, it would read the output before the call's copy wrote it.
                 let opts = D2hOptions::default().device(dev).stream(s.clone());
                 let back = transfer_tensor_d2h(&vec![kept.clone()], &opts).unwrap();
-                assert_eq!(back[0], src);
+                assert_eq!(back[0], small, "the D2H read before the call's copy");
             }
             _ => {
+                // Unordered, the call's copy would land after it, over its bytes.
                 let opts = pinlane::IntoOptions::default().stream(s.clone());
                 let into = pinlane::transfer_tensor_h2d_into(
                     &vec![other_bytes.clone()],
@@ -425,25 +454,23 @@ fn a_clone_kept_from_a_non_blocking_h2d_is_used_after_its_copies() {
                 into.unwrap().wait().unwrap();
             }
         }
-        // Work queued on `s` after the use ends only after the call's copies. (An
-        // unordered `h2d_into` would pass here too: its copy runs beside the call's, a
-        // piece at a time, and lands last. The lib test `sim_tests::a_device_output_...`
-        // shows the calls' check making their stream wait.)
+        // Work queued on `s` after the use ends only after the call's copies.
         after.record(&s).unwrap();
         after.synchronize().unwrap();
         assert!(
             done.query().unwrap(),
             "{way} was not ordered after the copies"
         );
-        moving.wait().unwrap();
+        let out = moving.wait().unwrap();
         assert!(kept.to_dlpack().is_ok(), "{way}: once waited for");
         let last = if way == "h2d_into" {
             &other_bytes
         } else {
-            &src
+            &small
         };
-        let back = transfer_tensor_d2h(&vec![kept], &D2hOptions::default()).unwrap();
+        let back = transfer_tensor_d2h(&vec![kept, out.large], &D2hOptions::default()).unwrap();
         assert_eq!(&back[0], last, "{way}");
+        assert_eq!(back[1], large, "{way}");
     }
     assert!(refused > 0, "no export came while the copies ran");
 }
