@@ -591,4 +591,64 @@ proptest! {
         let want = transfer_tensor_d2h(&v, &D2hOptions::default()).unwrap();
         prop_assert_eq!(back, want);
     }
+
+    /// Any structure through a non-blocking call, behind a large page-locked tensor (whose
+    /// direct copy the call queues first, so the rest is written milliseconds after it
+    /// returns): clones of every output kept from its rebuild, moved back by a D2H on
+    /// another stream as soon as the call returns, hold the sources' bytes in visit order.
+    #[test]
+    fn clones_kept_from_a_non_blocking_call_read_the_sources_on_another_stream(
+        v in common::value(),
+        pin_every in 0usize..4,
+        dev_every in 0usize..5,
+    ) {
+        common::sim();
+        let v = common::mix(&v, pin_every, dev_every);
+        let lead = common::tensor(DType::U8, &[8 << 20], 51).to_pinned().unwrap();
+        let b = KeepsAll {
+            lead: lead.clone(),
+            inner: v.clone(),
+            kept: std::sync::Mutex::new(Vec::new()),
+        };
+        let moving = pinlane::transfer_tensor_h2d_async(&b, &H2dOptions::default()).unwrap();
+        let kept = std::mem::take(&mut *b.kept.lock().unwrap());
+        let dev = pinlane::Device::cuda(0);
+        let opts = D2hOptions::default().device(dev).stream(pinlane::Stream::new(dev).unwrap());
+        let back = transfer_tensor_d2h(&kept, &opts).unwrap();
+        let mut sources = vec![lead];
+        sources.extend(pinlane::batch::tensors(&v).into_iter().cloned());
+        let want = transfer_tensor_d2h(&sources, &D2hOptions::default()).unwrap();
+        prop_assert_eq!(back, want);
+        moving.wait().unwrap();
+    }
+}
+
+/// `lead`, then `inner`'s tensors: a batch whose rebuild keeps a clone of every output,
+/// in visit order, in the batch it rebuilds.
+struct KeepsAll<B> {
+    lead: Tensor,
+    inner: B,
+    kept: std::sync::Mutex<Vec<Tensor>>,
+}
+
+impl<B: pinlane::Batch> pinlane::Batch for KeepsAll<B> {
+    fn visit<'a>(&'a self, f: &mut dyn FnMut(&'a Tensor)) {
+        f(&self.lead);
+        self.inner.visit(f);
+    }
+    fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
+        let lead = f(&self.lead);
+        let mut kept = vec![lead.clone()];
+        let inner = self.inner.rebuild(&mut |t| {
+            let out = f(t);
+            kept.push(out.clone());
+            out
+        });
+        *self.kept.lock().unwrap() = kept;
+        KeepsAll {
+            lead,
+            inner,
+            kept: std::sync::Mutex::new(Vec::new()),
+        }
+    }
 }
