@@ -12,9 +12,9 @@
 //! * every operation starts after a seeded random delay (up to [`SimConfig::max_delay`]),
 //!   so a missing wait or a too-early read shows up as wrong data rather than passing by
 //!   luck;
-//! * copies on different streams overlap: each moves 64 KiB at a time under the memory
-//!   lock and lets other threads in between, so a copy not ordered after another's writes
-//!   reads some of the old bytes;
+//! * copies and the gather kernel on different streams overlap: each moves 64 KiB at a
+//!   time under the memory lock and lets other threads in between, so work not ordered
+//!   after another's writes reads some of the old bytes;
 //! * memory freed in stream order is filled with a poison byte ([`POISON_FREED`]) when the
 //!   free executes, and kept (quarantined) for a while, so a use after free reads or
 //!   writes poison instead of someone else's memory; new device memory starts as

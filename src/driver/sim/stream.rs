@@ -3,8 +3,8 @@
 
 use super::*;
 
-/// The bytes a simulated copy moves under one hold of the memory lock (see `Op::Copy` in
-/// [`Sim::run`]).
+/// The bytes a simulated copy (or the gather kernel) moves under one hold of the memory
+/// lock before other threads are let in (see `Op::Copy` in [`Sim::run`]).
 const COPY_PIECE: usize = 64 << 10;
 
 /// One queued operation of a simulated stream.
@@ -245,7 +245,7 @@ impl Sim {
                 Ok(())
             }
             Op::Gather { pieces, dst } => {
-                let mem = lock(&self.mem);
+                let mut mem = lock(&self.mem);
                 let host_mapped = self.cfg.host_mapped;
                 let descs = match pieces {
                     Pieces::Inline(v) => v,
@@ -268,16 +268,27 @@ impl Sim {
                             .collect()
                     }
                 };
+                // As copies do: other threads are let in after every COPY_PIECE bytes, so
+                // the kernel's reads and writes overlap other streams' work.
+                let mut since = 0;
                 for [src, off, len, zeros] in descs {
                     let (len, zeros) = (len as usize, zeros as usize);
+                    if since >= COPY_PIECE {
+                        drop(mem);
+                        std::thread::yield_now();
+                        mem = lock(&self.mem);
+                        since = 0;
+                    }
+                    since += len + zeros;
                     let to = dst.wrapping_add(off);
                     if !mem.kernel_readable(src, len, host_mapped)
                         || !mem.is_device(to, len.saturating_add(zeros))
                     {
                         return Err(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
                     }
-                    // SAFETY: both ranges are inside simulated regions (checked above),
-                    // kept allocated by the lock; the kernel's contract makes them disjoint.
+                    // SAFETY: both ranges are inside simulated regions (checked just
+                    // above, under the lock held now), kept allocated by the lock; the
+                    // kernel's contract makes them disjoint.
                     unsafe {
                         std::ptr::copy_nonoverlapping(src as *const u8, to as *mut u8, len);
                         std::ptr::write_bytes((to as *mut u8).add(len), 0, zeros);
