@@ -306,24 +306,40 @@ fn an_h2d_s_outputs_refuse_uses_not_ordered_after_their_copies_until_it_returns(
     assert!(uses(&out.src, &earlier).iter().all(Result::is_ok));
 }
 
-/// A batch of one large pageable tensor (several staging windows) whose rebuild keeps a
-/// clone of its output in `kept`.
-struct Keeps {
-    src: Tensor,
-    kept: std::sync::Mutex<Option<Tensor>>,
+/// `inner` as a batch whose rebuild keeps a clone of every output, in visit order (in
+/// the batch it rebuilds: [`KeepsAll::take`] has them after the call's rebuild).
+struct KeepsAll<B> {
+    inner: B,
+    kept: std::sync::Mutex<Vec<Tensor>>,
 }
 
-impl pinlane::Batch for Keeps {
+impl<B> KeepsAll<B> {
+    fn new(inner: B) -> Self {
+        KeepsAll {
+            inner,
+            kept: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The clones the rebuild kept (none if it did not run).
+    fn take(&self) -> Vec<Tensor> {
+        std::mem::take(&mut *self.kept.lock().unwrap())
+    }
+}
+
+impl<B: pinlane::Batch> pinlane::Batch for KeepsAll<B> {
     fn visit<'a>(&'a self, f: &mut dyn FnMut(&'a Tensor)) {
-        f(&self.src);
+        self.inner.visit(f);
     }
     fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
-        let out = f(&self.src);
-        *self.kept.lock().unwrap() = Some(out.clone());
-        Keeps {
-            src: out,
-            kept: std::sync::Mutex::new(None),
-        }
+        let mut kept = Vec::new();
+        let inner = self.inner.rebuild(&mut |t| {
+            let out = f(t);
+            kept.push(out.clone());
+            out
+        });
+        *self.kept.lock().unwrap() = kept;
+        KeepsAll::new(inner)
     }
 }
 
@@ -337,14 +353,12 @@ fn a_clone_kept_from_a_rebuild_stays_refused_when_a_later_copy_fails() {
     let s = pinlane::Stream::legacy(pinlane::Device::cuda(0)).unwrap();
     let mut after_rebuild = 0;
     for at in 1..40 {
-        let b = Keeps {
-            src: src.clone(),
-            kept: std::sync::Mutex::new(None),
-        };
+        // One large pageable tensor: several staging windows.
+        let b = KeepsAll::new(src.clone());
         fault::inject(FaultKind::Copy, at);
         let r = transfer_tensor_h2d(&b);
         fault::clear();
-        let kept = b.kept.lock().unwrap().take();
+        let kept = b.take().pop();
         match (r, kept) {
             (Err(_), Some(k)) => {
                 after_rebuild += 1;
@@ -355,7 +369,7 @@ fn a_clone_kept_from_a_rebuild_stays_refused_when_a_later_copy_fails() {
             }
             (Ok(out), _) => {
                 // The fault fell past the call's copies: the bytes are the source's.
-                let back = transfer_tensor_d2h(&vec![out.src], &D2hOptions::default());
+                let back = transfer_tensor_d2h(&vec![out.inner], &D2hOptions::default());
                 assert_eq!(back.unwrap()[0], src);
             }
             (Err(_), None) => {} // failed before the rebuild
@@ -369,33 +383,6 @@ fn a_clone_kept_from_a_rebuild_stays_refused_when_a_later_copy_fails() {
     );
 }
 
-/// A batch of a large page-locked tensor and a small pageable one, whose rebuild keeps a
-/// clone of the small one's output: H2D queues the large one's direct copy first and the
-/// small one's staged copy after it, so the kept output is written last, milliseconds
-/// after a non-blocking call has returned.
-struct KeepsSmall {
-    large: Tensor,
-    small: Tensor,
-    kept: std::sync::Mutex<Option<Tensor>>,
-}
-
-impl pinlane::Batch for KeepsSmall {
-    fn visit<'a>(&'a self, f: &mut dyn FnMut(&'a Tensor)) {
-        f(&self.large);
-        f(&self.small);
-    }
-    fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
-        let large = f(&self.large);
-        let small = f(&self.small);
-        *self.kept.lock().unwrap() = Some(small.clone());
-        KeepsSmall {
-            large,
-            small,
-            kept: std::sync::Mutex::new(None),
-        }
-    }
-}
-
 #[test]
 fn a_clone_kept_from_a_non_blocking_h2d_is_used_after_its_copies() {
     // Left open in session 55: once a non-blocking H2D call had returned, a clone kept
@@ -404,7 +391,9 @@ fn a_clone_kept_from_a_non_blocking_h2d_is_used_after_its_copies() {
     // copies there, and an export without a stream is refused until they are done.
     common::sim();
     // 32 MiB from page-locked memory (one direct copy, which the simulated device runs
-    // for milliseconds after the call has returned), then 64 KiB through a staging slot.
+    // for milliseconds after the call has returned), then 64 KiB through a staging slot:
+    // H2D queues the direct copy first, so the small output, whose clone is used, is
+    // written last.
     let large = common::tensor(DType::U8, &[32 << 20], 41)
         .to_pinned()
         .unwrap();
@@ -420,14 +409,10 @@ fn a_clone_kept_from_a_non_blocking_h2d_is_used_after_its_copies() {
         "transfer_tensor_d2h",
         "h2d_into",
     ] {
-        let b = KeepsSmall {
-            large: large.clone(),
-            small: small.clone(),
-            kept: std::sync::Mutex::new(None),
-        };
+        let b = KeepsAll::new((large.clone(), small.clone()));
         let moving = pinlane::transfer_tensor_h2d_async(&b, &H2dOptions::default()).unwrap();
         let done = moving.ready_event().expect("copies in flight").clone();
-        let kept = b.kept.lock().unwrap().take().expect("rebuilt");
+        let kept = b.take().pop().expect("rebuilt");
         match kept.to_dlpack() {
             Err(Error::BytesInFlight { op: "to_dlpack" }) => refused += 1,
             r => assert!(r.is_ok(), "{:?}", r.err()),
@@ -468,7 +453,7 @@ fn a_clone_kept_from_a_non_blocking_h2d_is_used_after_its_copies() {
         } else {
             &small
         };
-        let back = transfer_tensor_d2h(&vec![kept, out.large], &D2hOptions::default()).unwrap();
+        let back = transfer_tensor_d2h(&vec![kept, out.inner.0], &D2hOptions::default()).unwrap();
         assert_eq!(&back[0], last, "{way}");
         assert_eq!(back[1], large, "{way}");
     }
@@ -605,50 +590,15 @@ proptest! {
         common::sim();
         let v = common::mix(&v, pin_every, dev_every);
         let lead = common::tensor(DType::U8, &[8 << 20], 51).to_pinned().unwrap();
-        let b = KeepsAll {
-            lead: lead.clone(),
-            inner: v.clone(),
-            kept: std::sync::Mutex::new(Vec::new()),
-        };
+        let b = KeepsAll::new((lead, v));
         let moving = pinlane::transfer_tensor_h2d_async(&b, &H2dOptions::default()).unwrap();
-        let kept = std::mem::take(&mut *b.kept.lock().unwrap());
+        let kept = b.take();
         let dev = pinlane::Device::cuda(0);
         let opts = D2hOptions::default().device(dev).stream(pinlane::Stream::new(dev).unwrap());
         let back = transfer_tensor_d2h(&kept, &opts).unwrap();
-        let mut sources = vec![lead];
-        sources.extend(pinlane::batch::tensors(&v).into_iter().cloned());
+        let sources: Vec<Tensor> = pinlane::batch::tensors(&b.inner).into_iter().cloned().collect();
         let want = transfer_tensor_d2h(&sources, &D2hOptions::default()).unwrap();
         prop_assert_eq!(back, want);
         moving.wait().unwrap();
-    }
-}
-
-/// `lead`, then `inner`'s tensors: a batch whose rebuild keeps a clone of every output,
-/// in visit order, in the batch it rebuilds.
-struct KeepsAll<B> {
-    lead: Tensor,
-    inner: B,
-    kept: std::sync::Mutex<Vec<Tensor>>,
-}
-
-impl<B: pinlane::Batch> pinlane::Batch for KeepsAll<B> {
-    fn visit<'a>(&'a self, f: &mut dyn FnMut(&'a Tensor)) {
-        f(&self.lead);
-        self.inner.visit(f);
-    }
-    fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
-        let lead = f(&self.lead);
-        let mut kept = vec![lead.clone()];
-        let inner = self.inner.rebuild(&mut |t| {
-            let out = f(t);
-            kept.push(out.clone());
-            out
-        });
-        *self.kept.lock().unwrap() = kept;
-        KeepsAll {
-            lead,
-            inner,
-            kept: std::sync::Mutex::new(Vec::new()),
-        }
     }
 }
