@@ -124,7 +124,7 @@ impl Drop for DeviceAlloc {
     fn drop(&mut self) {
         if self.gate.marked() {
             // A failed call's mark (never proven done) ends with the memory.
-            super::filling::device_unmarked();
+            super::device_gate::count_end();
         }
         let uses = std::mem::take(self.uses.get_mut().unwrap_or_else(|p| p.into_inner()));
         match &mut self.backing {
@@ -302,7 +302,7 @@ impl DeviceView {
     /// [`Error::BytesInFlight`](crate::Error::BytesInFlight) naming `op`.
     pub(crate) fn pending_use(&self, op: &'static str) -> Result<Option<Event>> {
         match &self.alloc {
-            Some(a) => a.gate().pending(op),
+            Some(a) => a.gate.pending(op),
             None => Ok(None),
         }
     }

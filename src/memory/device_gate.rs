@@ -19,17 +19,38 @@
 //!   done: its bytes may be partly unwritten, and a clone kept from it stays refused until
 //!   the allocation drops (an ordered mark whose completion fails goes back to filling).
 //!
-//! Cost: a use reads the process-wide count of marked allocations (`filling::DEVICE`)
+//! Cost: a use reads the process-wide count of marked allocations ([`MARKED`])
 //! and looks at the allocation only while some allocation is marked. A blocking call
 //! marks and ends once, two atomic swaps and two counts; only a non-blocking call's
 //! ordered mark takes the lock (to keep and then drop the event).
 
 use super::arena::Synced;
-use super::{filling, DeviceAlloc};
+use super::filling::Count;
+use super::DeviceAlloc;
 use crate::driver::{Event, Stream};
 use crate::error::{Error, Result};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Device allocations marked in the process. Only read-modify-writes change it, so a read
+/// that sees 0 (with `Acquire`) has seen every earlier end of a mark (`Release`).
+static MARKED: Count = Count(AtomicUsize::new(0));
+
+/// Whether any device allocation is marked (a use must then ask the allocation).
+pub(super) fn any() -> bool {
+    MARKED.0.load(Ordering::Acquire) != 0
+}
+
+/// A device allocation was marked: counted before any view of it exists.
+fn count_mark() {
+    MARKED.0.fetch_add(1, Ordering::AcqRel);
+}
+
+/// A device allocation's mark ended (proven done, or the allocation dropped).
+pub(super) fn count_end() {
+    let before = MARKED.0.fetch_sub(1, Ordering::Release);
+    debug_assert!(before > 0, "a device mark ended twice");
+}
 
 /// No copy may still write the allocation (never marked, or proven done).
 const CLEAR: u8 = 0;
@@ -64,7 +85,7 @@ impl DeviceGate {
     /// or not at all.
     pub(super) fn pending(&self, op: &'static str) -> Result<Option<Event>> {
         // The process-wide count first: one load while no allocation is marked.
-        if !filling::device_any() {
+        if !any() {
             return Ok(None);
         }
         match self.state.load(Ordering::Acquire) {
@@ -117,7 +138,7 @@ impl DeviceGate {
             self.state
                 .compare_exchange(ORDERED, CLEAR, Ordering::AcqRel, Ordering::Acquire);
         if ended.is_ok() {
-            filling::device_unmarked();
+            count_end();
             self.drop_event();
         }
     }
@@ -149,9 +170,9 @@ impl DeviceFill {
     pub(crate) fn start(alloc: &Arc<DeviceAlloc>) -> DeviceFill {
         // Counted before the mark, both before any view exists: whoever is handed a view
         // sees the count and the mark.
-        filling::device_marked();
+        count_mark();
         if alloc.gate().state.swap(FILLING, Ordering::AcqRel) != CLEAR {
-            filling::device_unmarked(); // marked already (not a new allocation): one count
+            count_end(); // marked already (not a new allocation): one count
         }
         DeviceFill {
             alloc: alloc.clone(),
@@ -182,9 +203,9 @@ impl DeviceFill {
         let gate = self.alloc.gate();
         match gate.state.swap(CLEAR, Ordering::AcqRel) {
             CLEAR => {} // an ordered mark a use saw completed ended it
-            FILLING => filling::device_unmarked(),
+            FILLING => count_end(),
             _ => {
-                filling::device_unmarked();
+                count_end();
                 gate.drop_event();
             }
         }

@@ -1,5 +1,4 @@
-//! Which ranges of page-locked blocks a D2H call's copies may still be writing, and the
-//! process-wide counts of marked page-locked ranges and device allocations.
+//! Which ranges of page-locked blocks a D2H call's copies may still be writing.
 //!
 //! A D2H call into page-locked outputs rebuilds the caller's batch around views of its
 //! output block while the copies into it run (one pass, overlapped with the copies). The
@@ -12,50 +11,29 @@
 //! meanwhile with [`Error::BytesInFlight`]. A range whose copies were never proven done (a
 //! failed call) stays marked until its block drops.
 //!
-//! An H2D call marks its batch's device allocation likewise (`super::device_gate`): one
-//! mark per allocation, counted in [`DEVICE`].
+//! An H2D call marks its batch's device allocation likewise (`super::device_gate`, with
+//! its own count).
 //!
-//! Cost: reads look at one process-wide count per kind of memory ([`PINNED`],
-//! [`DEVICE`]) and touch the block or allocation only while something of that kind is
-//! marked somewhere; a call marks and clears once.
+//! Cost: reads look at one process-wide count of marked ranges ([`PINNED`]) and touch the
+//! block only while some range is marked somewhere; a D2H call marks and clears once.
 
 use super::PinnedBlock;
 use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-/// A count on a cache line of its own: H2D calls write [`DEVICE`] on every call, D2H
-/// calls [`PINNED`], and the other kind's checks read theirs.
+/// A process-wide count on a cache line of its own: D2H calls write [`PINNED`] on every
+/// call, H2D calls `device_gate`'s count, and the other kind's checks read theirs.
 #[repr(align(128))]
-struct Count(AtomicUsize);
+pub(super) struct Count(pub(super) AtomicUsize);
 
-/// Ranges marked in all page-locked blocks. Only read-modify-writes change it (and
-/// [`DEVICE`]), so a read that sees 0 (with `Acquire`) has seen every earlier clear
-/// (`Release`).
+/// Ranges marked in all page-locked blocks. Only read-modify-writes change it, so a read
+/// that sees 0 (with `Acquire`) has seen every earlier clear (`Release`).
 static PINNED: Count = Count(AtomicUsize::new(0));
-
-/// Device allocations marked (`super::device_gate`), changed as [`PINNED`].
-static DEVICE: Count = Count(AtomicUsize::new(0));
 
 /// Whether any range of any page-locked block is marked (a read must then ask the block).
 pub(crate) fn pinned_any() -> bool {
     PINNED.0.load(Ordering::Acquire) != 0
-}
-
-/// Whether any device allocation is marked (a use must then ask the allocation).
-pub(crate) fn device_any() -> bool {
-    DEVICE.0.load(Ordering::Acquire) != 0
-}
-
-/// A device allocation was marked: counted before any view of it exists.
-pub(super) fn device_marked() {
-    DEVICE.0.fetch_add(1, Ordering::AcqRel);
-}
-
-/// A device allocation's mark ended (proven done, or the allocation dropped).
-pub(super) fn device_unmarked() {
-    let before = DEVICE.0.fetch_sub(1, Ordering::Release);
-    debug_assert!(before > 0, "a device mark ended twice");
 }
 
 /// A block's marked ranges: `(start, len)`, a few at a time (one per call in flight on

@@ -11,7 +11,8 @@
 //! | `scatter.rs` | - | nothing of its own: copies into memory the caller owns (device views anywhere, writable host tensors) | - |
 //! | `mapped.rs` | `MappedFile`, `MappedRange` | a checkpoint file mapped read-only (the page cache, read in place) | unmapped when the last tensor over it drops |
 //! | `dlpack.rs` | a DLPack capsule's deleter (imports), a tensor clone (exports) | another framework's tensors, and ours lent to it | the deleter runs when the last view drops |
-//! | `filling.rs` | - | nothing of its own: the ranges of page-locked blocks that D2H copies, and of device allocations that H2D copies, may still be writing (uses of them are refused) | - |
+//! | `filling.rs` | - | nothing of its own: the ranges of page-locked blocks that D2H copies may still be writing (reads of them are refused) | - |
+//! | `device_gate.rs` | - | nothing of its own: whether H2D copies may still write a device allocation (uses refused, or ordered after a non-blocking call's event) | - |
 //! | `inflight.rs` | `InFlight`, `Detached` | nothing of its own: keeps the owners above alive | after the stream is synchronised, or (non-blocking calls) the call's event completes |
 //! | `registration.rs` | the `PinnedBlock`s of `Tensor::register_pinned_many` | host memory of many tensors page-locked in place, buffers that share pages as one range | unregistered when the last view of a range drops |
 //! | `producer.rs` | [`PinnedBufferMut`] | page-locked memory a producer writes, from the [`PinnedOutputPool`] | frozen into a tensor; back to the pool when its last view drops |
@@ -164,7 +165,7 @@ pub(crate) fn check_usable<'a>(
     storages: impl IntoIterator<Item = &'a Storage>,
     op: &'static str,
 ) -> crate::error::Result<UsesAfter> {
-    let (pinned, device) = (filling::pinned_any(), filling::device_any());
+    let (pinned, device) = (filling::pinned_any(), device_gate::any());
     let mut after = UsesAfter(Vec::new());
     if !pinned && !device {
         return Ok(after);
