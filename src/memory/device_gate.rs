@@ -70,7 +70,7 @@ pub(crate) struct DeviceGate {
 }
 
 impl DeviceGate {
-    pub(crate) fn new() -> DeviceGate {
+    pub(super) fn new() -> DeviceGate {
         DeviceGate {
             state: AtomicU8::new(CLEAR),
             after: Mutex::new(None),
@@ -109,7 +109,7 @@ impl DeviceGate {
     ///
     /// # Errors
     /// [`Error::BytesInFlight`] naming `op`; the driver's error asking the event.
-    pub(crate) fn check(&self, op: &'static str) -> Result<()> {
+    pub(super) fn check(&self, op: &'static str) -> Result<()> {
         let Some(after) = self.pending(op)? else {
             return Ok(());
         };
@@ -125,7 +125,7 @@ impl DeviceGate {
     ///
     /// # Errors
     /// [`Error::BytesInFlight`] naming `op`; the driver's error making `stream` wait.
-    pub(crate) fn order_on(&self, stream: &Stream, op: &'static str) -> Result<()> {
+    pub(super) fn order_on(&self, stream: &Stream, op: &'static str) -> Result<()> {
         match self.pending(op)? {
             Some(after) => after.wait_on(stream),
             None => Ok(()),
@@ -150,7 +150,7 @@ impl DeviceGate {
     }
 
     /// Whether the allocation is marked: for its drop, which ends the mark in the count.
-    pub(crate) fn marked(&mut self) -> bool {
+    pub(super) fn marked(&mut self) -> bool {
         *self.state.get_mut() != CLEAR
     }
 }
