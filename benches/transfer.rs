@@ -1,7 +1,10 @@
 //! `cargo bench --bench transfer [-- --json PATH] [--quick] [--trace] [--only NAME]`:
 //! PERFORMANCE.md's batches through pinlane both ways, on the GPU machine. `--trace`
 //! prints each phase's median time over 21 traced calls; `--only` keeps the batches whose
-//! name contains NAME.
+//! name contains NAME. `--simulated` (built with feature `sim`) runs on pinlane's
+//! simulated device with no delays, on any machine: its host-side phases (the walk, the
+//! checks, the rebuild) run the same code as on a GPU; its copies and its limit say
+//! nothing about one.
 //!
 //! For each configuration: one checked round trip (every byte compared), a warm-up, then
 //! the median of timed whole calls (sources rotated among several copies for small
@@ -29,6 +32,19 @@ fn cpu_seconds() -> f64 {
     let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
     // utime and stime are fields 14 and 15 (1-based) = 11 and 12 here; 100 ticks a second.
     (ticks(11) + ticks(12)) / 100.0
+}
+
+/// The calling thread's minor page faults and its voluntary and involuntary context
+/// switches so far (getrusage, RUSAGE_THREAD); zeros where it fails.
+fn thread_usage() -> (i64, i64, i64) {
+    // SAFETY: an all-zero `rusage` is a valid value (integers and timevals), and
+    // getrusage writes only into the struct it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `u` is a live, writable `rusage`.
+    if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut u) } != 0 {
+        return (0, 0, 0);
+    }
+    (u.ru_minflt, u.ru_nvcsw, u.ru_nivcsw)
 }
 
 fn pattern(n: usize, seed: u64) -> Vec<u8> {
@@ -163,6 +179,26 @@ fn bytes_of(b: &Batch) -> usize {
     pinlane::batch::tensors(b).iter().map(|t| t.nbytes()).sum()
 }
 
+/// Turns the simulated device on (no delays, host memory mapped as on the H200), or
+/// stops the run when the bench was built without it.
+fn simulate() {
+    #[cfg(feature = "sim")]
+    {
+        use pinlane::driver::sim;
+        let config = sim::SimConfig::seeded(1).max_delay(Duration::ZERO);
+        if let Err(e) = sim::enable(config) {
+            eprintln!("simulated device: {e}");
+            std::process::exit(2);
+        }
+        println!("SIMULATED device: host-side phases only; copies and limits say nothing about a GPU");
+    }
+    #[cfg(not(feature = "sim"))]
+    {
+        eprintln!("--simulated needs the bench built with feature `sim`");
+        std::process::exit(2);
+    }
+}
+
 fn main() {
     // PINLANE_* variables tune this run (the sweeps set them); a bad value stops it.
     if let Err(e) = pinlane::Config::from_env().and_then(pinlane::Config::install) {
@@ -177,6 +213,9 @@ fn main() {
         .position(|a| a == "--json")
         .and_then(|i| args.get(i + 1))
         .cloned();
+    if args.iter().any(|a| a == "--simulated") {
+        simulate();
+    }
     let Some(info) = pinlane::driver::available() else {
         println!(
             "no CUDA ({}): nothing to measure",
@@ -248,14 +287,21 @@ fn main() {
                         .sum()
                 };
                 let mut grew = Vec::new();
+                // The calling thread's page faults and context switches per call (its
+                // outputs' drop included).
+                let (mut faults, mut switches) = (Vec::new(), Vec::new());
                 for r in 0..21 {
                     let before = reserved();
+                    let u0 = thread_usage();
                     pinlane::observe::trace_next_call();
                     f(r);
+                    let u1 = thread_usage();
                     runs.extend(pinlane::observe::last_trace());
                     if reserved() > before {
                         grew.push(r);
                     }
+                    faults.push(u1.0 - u0.0);
+                    switches.push((u1.1 - u0.1, u1.2 - u0.2));
                 }
                 let Some(first) = runs.first().cloned() else {
                     return;
@@ -297,6 +343,10 @@ fn main() {
                     "trace {} {call}: allocations over 200 us: [{}]; calls that grew a device pool: {grew:?}",
                     c.name,
                     slow_alloc.join(", ")
+                );
+                eprintln!(
+                    "trace {} {call}: the calling thread's minor page faults per call {faults:?}; context switches (voluntary, involuntary) {switches:?}",
+                    c.name
                 );
                 if let Some(slow) = runs.iter().max_by_key(|r| total(r)) {
                     let mut phases: Vec<(usize, &str, f64)> = (0..slow.len())
