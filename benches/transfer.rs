@@ -190,7 +190,9 @@ fn simulate() {
             eprintln!("simulated device: {e}");
             std::process::exit(2);
         }
-        println!("SIMULATED device: host-side phases only; copies and limits say nothing about a GPU");
+        println!(
+            "SIMULATED device: host-side phases only; copies and limits say nothing about a GPU"
+        );
     }
     #[cfg(not(feature = "sim"))]
     {
