@@ -165,6 +165,17 @@ pub enum Error {
         stream_device: Device,
     },
 
+    /// [`Event::record`](crate::Event::record) of a transfer's own event
+    /// ([`Transfer::ready_event`](crate::Transfer::ready_event), or a clone of it): it marks
+    /// the end of that transfer's copies, which pinlane waits for before it lets go of
+    /// their buffers and orders the transfer's outputs after, so only pinlane records it.
+    /// Wait on it (`Event::wait_on`), or record an event of your own.
+    #[error("{op}: the event marks a transfer's copies (Transfer::ready_event) and only pinlane records it; record an event of your own")]
+    SealedEvent {
+        /// The operation refused.
+        op: &'static str,
+    },
+
     /// Memory handed to pinlane by another owner (a host owner, a device pointer, a
     /// DLPack tensor) that pinlane cannot use as a tensor, and why.
     #[error("external memory: {reason}")]

@@ -219,6 +219,51 @@ fn the_ready_event_orders_a_consumer_stream_without_the_host() {
     assert_eq!(t.wait().unwrap(), b);
 }
 
+/// A transfer's ready event is pinlane's: a caller's record (of it or of a clone) would
+/// move the point pinlane waits for before it lets go of the copies' buffers, so it is
+/// refused; waiting on it works. Once nobody else holds it, the event serves later calls,
+/// which record it again.
+#[test]
+fn a_transfers_ready_event_is_not_recorded_by_the_caller() {
+    common::sim();
+    let _turn = serial();
+    let b = batch(41);
+    let on = transfer_tensor_h2d(&b).unwrap();
+    let other = Stream::new(Device::cuda(0)).unwrap();
+    let slow = Stream::new(Device::cuda(0)).unwrap();
+    let _current = set_current_stream(&slow);
+    slow.delay_async(Duration::from_millis(20)).unwrap();
+    let up = h2d(&b);
+    let down = d2h(&on);
+    for t in [&up, &down] {
+        let ev = t.ready_event().expect("copies in flight");
+        assert!(matches!(ev.record(&other), Err(Error::SealedEvent { .. })));
+        assert!(matches!(
+            ev.clone().record(&other),
+            Err(Error::SealedEvent { .. })
+        ));
+        ev.wait_on(&other).unwrap();
+    }
+    let kept = down.ready_event().unwrap().clone();
+    up.wait().unwrap();
+    assert_eq!(down.wait().unwrap(), b);
+    // Still pinlane's while a clone of it lives, after its handle is gone.
+    assert!(matches!(
+        kept.record(&other),
+        Err(Error::SealedEvent { .. })
+    ));
+    drop(kept);
+    // Each of these calls records a spare event (the one before's, recycled once done).
+    for _ in 0..4 {
+        assert_eq!(d2h(&on).wait().unwrap(), b);
+    }
+    // An event of the caller's own records as before.
+    pinlane::Event::new(Device::cuda(0))
+        .unwrap()
+        .record(&other)
+        .unwrap();
+}
+
 #[test]
 fn pass_throughs_and_pageable_outputs_are_ready_at_once() {
     common::sim();

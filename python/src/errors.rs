@@ -19,6 +19,7 @@ pub(crate) fn to_py(e: Error) -> PyErr {
         | Error::StreamWithoutDevice
         | Error::StreamDeviceMismatch { .. }
         | Error::EventDeviceMismatch { .. }
+        | Error::SealedEvent { .. }
         | Error::ForeignStream { .. }
         | Error::InvalidOption { .. }
         | Error::InvalidConfig { .. }

@@ -4,7 +4,7 @@ use super::{bind, check, Handle, Stream};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// A raw CUDA event handle (`CUevent`), as the driver API and other libraries give it.
@@ -39,6 +39,9 @@ struct EventInner {
     /// recording is known done without asking the driver again ([`Event::completed`]).
     records: AtomicU64,
     seen_done: AtomicU64,
+    /// Set while the event marks a transfer's copies and may be in a caller's hands
+    /// ([`Event::seal`]): [`Event::record`] then refuses.
+    sealed: AtomicBool,
 }
 
 impl EventInner {
@@ -49,6 +52,7 @@ impl EventInner {
             owned,
             records: AtomicU64::new(0),
             seen_done: AtomicU64::new(0),
+            sealed: AtomicBool::new(false),
         }
     }
 }
@@ -117,6 +121,22 @@ impl Event {
         self.inner.owned && Arc::strong_count(&self.inner) == 1
     }
 
+    /// Makes [`Event::record`] refuse, on this handle and every clone of it: for an event
+    /// recorded after a transfer's copies and handed out with it. pinlane waits for that
+    /// event before it lets go of the copies' buffers, and the transfer's ordered outputs'
+    /// uses wait for it on the device, so a caller's record (which moves it to another
+    /// point of another stream) could free a buffer a copy still touches.
+    pub(crate) fn seal(&self) {
+        self.inner.sealed.store(true, Ordering::Release);
+    }
+
+    /// Lets [`Event::record`] record again: only for a [`reusable`](Event::reusable)
+    /// event, whose last handle pinlane holds.
+    pub(crate) fn unseal(&self) {
+        debug_assert!(self.reusable());
+        self.inner.sealed.store(false, Ordering::Release);
+    }
+
     /// Errors unless `stream` is on this event's device.
     fn same_device(&self, op: &'static str, stream: &Stream) -> Result<()> {
         if stream.index() == self.inner.device {
@@ -132,9 +152,16 @@ impl Event {
     /// Records the event at the current end of `stream`'s queue.
     ///
     /// # Errors
+    /// [`Error::SealedEvent`] for a transfer's own event
+    /// ([`Transfer::ready_event`](crate::Transfer::ready_event)) or a clone of it,
     /// [`Error::EventStreamMismatch`] for a stream of another device, or the driver's
     /// error.
     pub fn record(&self, stream: &Stream) -> Result<()> {
+        if self.inner.sealed.load(Ordering::Acquire) {
+            return Err(Error::SealedEvent {
+                op: "Event::record",
+            });
+        }
         self.same_device("Event::record", stream)?;
         super::fault_point(super::FaultKindTag::EventRecord, "cuEventRecord")?;
         let _ctx = bind(self.inner.device)?;

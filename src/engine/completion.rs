@@ -241,6 +241,9 @@ pub(crate) fn detach<S: Send + 'static>(
         Err(e) => return Err(job.abort(e, sources)),
     };
     let owners = job.detach(&done, sources)?;
+    // Recorded after the copies; from here on it may reach the caller (`ready_event`), who
+    // must not record it again.
+    done.seal();
     super::trace::mark("event recorded");
     let lazy = match wake {
         Wake::OnStream => {
@@ -273,6 +276,8 @@ fn recycle(done: Event) {
     if !done.reusable() {
         return;
     }
+    // The last handle: no caller holds it any more.
+    done.unseal();
     let refused = {
         let mut q = lock(&COMPLETER.queues);
         if q.spare.len() < SPARE_EVENTS && !q.stop {
@@ -684,7 +689,10 @@ impl<B> Transfer<B> {
     }
 
     /// An event recorded after the transfer's copies, on its device; `None` when nothing
-    /// is in flight. A stream that waits on it runs after the copies.
+    /// is in flight. A stream that waits on it ([`Event::wait_on`]) runs after the copies.
+    /// It is pinlane's: its [`Event::record`] (and a clone's) is refused with
+    /// [`Error::SealedEvent`], since pinlane waits for it before it lets go of the copies'
+    /// buffers and orders the outputs' uses after it.
     pub fn ready_event(&self) -> Option<&Event> {
         self.pending.as_ref().map(|p| &p.done)
     }
