@@ -262,6 +262,9 @@ impl Tensor {
     /// 3. Nothing writes it while the tensor lives, except work ordered before each
     ///    transfer that reads it (the caller's current stream, or a producer event).
     ///
+    /// pinlane writes it only when it is named as a destination of a copy into existing
+    /// tensors (`transfer_tensor_h2d_into`, `H2dPairs`).
+    ///
     /// # Errors
     /// [`Error::NoCuda`], [`Error::DeviceUnavailable`]; [`Error::ShapeOverflow`];
     /// [`Error::External`] for a null or misaligned pointer. On error `owner` is
@@ -293,8 +296,9 @@ impl Tensor {
         } else {
             check_foreign_addr("device pointer", ptr, nbytes, dtype)?;
             // SAFETY: obligations 1 and 2 are the caller's, passed on unchanged.
-            let alloc =
-                unsafe { DeviceAlloc::foreign(ptr, nbytes, device.ordinal(), Box::new(owner)) };
+            let alloc = unsafe {
+                DeviceAlloc::foreign(ptr, nbytes, device.ordinal(), Box::new(owner), true)
+            };
             DeviceView::whole(&alloc)
         };
         Ok(Tensor::from_parts(
@@ -808,7 +812,8 @@ impl Tensor {
     /// runs exactly once: when the last tensor over the memory is gone, or right away if
     /// the import fails. A `kDLCUDA` tensor is [external device
     /// memory](Tensor::from_device_ptr): order the work that produces it before a transfer
-    /// reads it, as for any device tensor.
+    /// reads it, as for any device tensor. Copies into existing tensors refuse such an
+    /// import as a destination ([`Error::IntoMismatch`]): nobody writes it.
     ///
     /// # Errors
     /// [`Error::DLPack`] for writable memory (neither flag set), an unsupported device
@@ -820,7 +825,8 @@ impl Tensor {
     }
 
     /// [`Tensor::from_dlpack`] for memory its producer could still write (no `READ_ONLY`
-    /// or `IS_COPIED` flag: a PyTorch tensor's, say).
+    /// or `IS_COPIED` flag: a PyTorch tensor's, say). Unless flagged `READ_ONLY`, copies
+    /// into existing tensors may write it when it is named as their destination.
     ///
     /// # Safety
     /// 1. Nothing writes the memory while a tensor over it lives, except, for device

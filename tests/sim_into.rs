@@ -148,7 +148,44 @@ fn bad_pairs_are_refused_and_nothing_is_written() {
         matches!(&e, Error::OverlappingDestinations { first, second } if first == "[0]" && second == "[1]"),
         "{e}"
     );
+    // A read-only DLPack import of a destination (its producer said nobody writes it),
+    // through both calls that write device tensors.
+    let read_only = vec![
+        dst[0].clone(),
+        Tensor::from_dlpack(dst[1].to_dlpack().unwrap()).unwrap(),
+    ];
+    let e = refuse(&src, &read_only).unwrap();
+    assert!(
+        matches!(&e, Error::IntoMismatch { at, reason } if at == "[1]" && reason.contains("may not write")),
+        "{e}"
+    );
+    let e = pinlane::H2dPairs::new(&src, &read_only).err().unwrap();
+    assert!(e.to_string().contains("may not write"), "{e}");
     assert_eq!(untouched(), Ok(()));
+}
+
+/// Device destinations pinlane may write: its own memory, and another owner's taken as
+/// writable (`from_device_ptr`, a capsule not flagged read-only imported with the unsafe
+/// `from_dlpack_writable`); the bytes arrive.
+#[test]
+fn h2d_into_writable_imports() {
+    use pinlane::dlpark::versioned::Dlpack;
+    use pinlane::dlpark::DlpackFlags;
+    common::sim();
+    let src = vec![common::tensor(DType::F32, &[64], 21)];
+    let (dst, buf, ranges) = destinations(&src, 0);
+    let raw = dst[0].to_dlpack().unwrap().into_raw();
+    // SAFETY: `raw` is the capsule just made, owned here alone: its flags made writable,
+    // as a producer that lets consumers write hands it.
+    unsafe { (*raw).flags = DlpackFlags::empty() };
+    // SAFETY: a valid capsule, ownership taken back; nothing but this test's copies
+    // writes the memory while the import lives.
+    let writable = unsafe { Tensor::from_dlpack_writable(Dlpack::from_raw(raw).unwrap()) }.unwrap();
+    transfer_tensor_h2d_into(&src, &vec![writable], &IntoOptions::default())
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(check_buffer(&buf, &src, &ranges), Ok(()));
 }
 
 /// D2H into page-locked destinations: the bytes arrive, and memory a Rust value owns is

@@ -211,6 +211,14 @@ fn check_pair(src: &Tensor, dst: &Tensor, way: Way, device: &mut Option<usize>) 
             dst.nbytes()
         ));
     }
+    if way == Way::H2d && dst.nbytes() > 0 && !dst.storage().device_writable() {
+        return Some(
+            "pinlane may not write the destination's memory: a read-only DLPack import \
+             (Tensor::from_dlpack); copy into device memory pinlane allocated, or memory \
+             imported writable (Tensor::from_device_ptr, Tensor::from_dlpack_writable)"
+                .into(),
+        );
+    }
     if way == Way::D2h && dst.nbytes() > 0 && dst.storage().host_write_ptr().is_none() {
         return Some(
             "pinlane may not write the destination's memory: memory a Rust value owns \

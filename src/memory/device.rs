@@ -37,8 +37,12 @@ struct ForeignOwner(#[allow(dead_code)] Box<dyn Send + Sync>);
 enum Backing {
     /// pinlane's pool; freed in order on this stream.
     Pool { free_on: Stream },
-    /// Another library's memory; released by dropping the owner.
-    Foreign(Option<Box<dyn Send + Sync>>),
+    /// Another library's memory; released by dropping the owner. `writable`: copies
+    /// into existing tensors may write it (the importer took it as writable).
+    Foreign {
+        owner: Option<Box<dyn Send + Sync>>,
+        writable: bool,
+    },
 }
 
 impl DeviceAlloc {
@@ -62,7 +66,8 @@ impl DeviceAlloc {
         }))
     }
 
-    /// `nbytes` of another owner's device memory at `ptr`, on `device`.
+    /// `nbytes` of another owner's device memory at `ptr`, on `device`. `writable`:
+    /// copies into existing tensors (`transfer_tensor_h2d_into`, `H2dPairs`) may write it.
     ///
     /// # Safety
     /// `ptr..ptr+nbytes` is device memory of `device` (usable from its primary context)
@@ -73,12 +78,16 @@ impl DeviceAlloc {
         nbytes: usize,
         device: usize,
         owner: Box<dyn Send + Sync>,
+        writable: bool,
     ) -> Arc<DeviceAlloc> {
         Arc::new(DeviceAlloc {
             ptr,
             nbytes,
             device,
-            backing: Backing::Foreign(Some(owner)),
+            backing: Backing::Foreign {
+                owner: Some(owner),
+                writable,
+            },
             uses: Mutex::new(Vec::new()),
             gate: DeviceGate::new(),
         })
@@ -86,6 +95,15 @@ impl DeviceAlloc {
 
     pub(crate) fn nbytes(&self) -> usize {
         self.nbytes
+    }
+
+    /// Whether copies into existing tensors may write it: pinlane's own memory, or another
+    /// owner's taken as writable (never a read-only DLPack import).
+    fn writable(&self) -> bool {
+        match &self.backing {
+            Backing::Pool { .. } => true,
+            Backing::Foreign { writable, .. } => *writable,
+        }
     }
 
     /// Whether an H2D call's copies may still be writing the allocation.
@@ -145,7 +163,7 @@ impl Drop for DeviceAlloc {
                     driver::deferred::record(self.device, e);
                 }
             }
-            Backing::Foreign(owner) => {
+            Backing::Foreign { owner, .. } => {
                 // Each lent use is waited for on the host, within the drop bound in all. No
                 // clock is read where there is none (a batch's inputs, dropped a thousand
                 // at a time).
@@ -271,6 +289,12 @@ impl DeviceView {
 
     pub(crate) fn nbytes(&self) -> usize {
         self.nbytes
+    }
+
+    /// Whether copies into existing tensors may write the view (an empty one: nothing to
+    /// write).
+    pub(crate) fn writable(&self) -> bool {
+        self.alloc.as_ref().is_none_or(|a| a.writable())
     }
 
     /// The address at `at` (<= nbytes) bytes into the view; `None` for an empty view.

@@ -177,9 +177,10 @@ pub(crate) fn import<M: ManagedTensorBase>(
         }
         (dtype, shape, nbytes, t.device(), addr)
     };
-    // Whether copies into existing tensors (`transfer_tensor_d2h_into`) may write this
-    // memory: only when the importer took it as writable (the unsafe imports) and the
-    // producer did not flag it read-only.
+    // Whether copies into existing tensors (`transfer_tensor_d2h_into` on the host,
+    // `transfer_tensor_h2d_into` and `H2dPairs` on the device) may write this memory: only
+    // when the importer took it as writable (the unsafe imports) and the producer did not
+    // flag it read-only.
     let writable = writes == Writes::Promised && !dl.flags().intersects(DlpackFlags::READ_ONLY);
     let owner: Box<dyn Send + Sync> = Box::new(dl.into_deleter());
     let storage = match device.device_type {
@@ -230,7 +231,7 @@ pub(crate) fn import<M: ManagedTensorBase>(
                 // SAFETY: a valid DLPack CUDA tensor's `nbytes` at `addr` are device memory
                 // of `ordinal` (usable from its primary context, as every CUDA runtime
                 // allocation is) until its deleter runs, which dropping `owner` does.
-                let alloc = unsafe { DeviceAlloc::foreign(addr, nbytes, ordinal, owner) };
+                let alloc = unsafe { DeviceAlloc::foreign(addr, nbytes, ordinal, owner, writable) };
                 Storage::Device(DeviceView::whole(&alloc))
             }
         }

@@ -123,6 +123,16 @@ impl Storage {
             Storage::Device(_) => None,
         }
     }
+
+    /// Whether copies into existing tensors may write a device tensor's memory: pinlane's
+    /// own, or another owner's taken as writable (`Tensor::from_device_ptr`, the unsafe
+    /// DLPack imports of memory not flagged read-only); `false` for host memory.
+    pub(crate) fn device_writable(&self) -> bool {
+        match self {
+            Storage::Device(v) => v.writable(),
+            Storage::Host(_) | Storage::Pinned(_) => false,
+        }
+    }
 }
 
 /// `Ok` when every page-locked tensor of `storages` (the tensors' storages) may be read
