@@ -246,6 +246,24 @@ fn a_lent_pointer_delays_the_free_until_its_use_has_run() {
     ));
 }
 
+/// Lent-pointer uses are kept per stream, not per stream handle: the legacy streams of
+/// two devices share one handle, and a tensor lent on both records a use on each (before,
+/// the second lend found the first's entry and failed to record its event there).
+#[test]
+fn a_pointer_lent_on_two_devices_legacy_streams_records_a_use_on_each() {
+    common::sim();
+    // Freed on a stream of its own, so that no legacy stream is the one it is freed on
+    // (a use there needs no record).
+    let opts = H2dOptions::default()
+        .device(D0)
+        .consumer_stream(Stream::new(D0).unwrap());
+    let on = transfer_tensor_h2d_with(&vec![common::tensor(DType::U8, &[4096], 3)], &opts).unwrap();
+    for d in [D0, D1, D0, D1] {
+        let guard = on[0].device_ptr(&Stream::legacy(d).unwrap()).unwrap();
+        assert_eq!(guard.finish(), Ok(()), "lent on {d}'s legacy stream");
+    }
+}
+
 #[test]
 fn borrowed_streams_and_events_are_used_and_never_destroyed() {
     common::sim();

@@ -4,7 +4,7 @@
 
 use super::device_gate::DeviceGate;
 use crate::device::Device;
-use crate::driver::{self, ContextGuard, DevicePtr, Event, Handle, Stream};
+use crate::driver::{self, ContextGuard, DevicePtr, Event, Stream};
 use crate::error::Result;
 use std::sync::{Arc, Mutex};
 
@@ -26,7 +26,11 @@ pub(crate) struct DeviceAlloc {
     backing: Backing,
     /// One event per stream that used this memory through a lent pointer, re-recorded at
     /// each later use on that stream (stream order makes the newest cover the older ones).
-    uses: Mutex<Vec<(Handle<driver::RawStream>, Event)>>,
+    /// The stream itself is kept, not its handle: legacy streams of different devices
+    /// share one handle, and a destroyed stream's handle may come back for a new stream
+    /// (whose later point would not cover the old one's uses); kept here, a stream
+    /// pinlane made is not destroyed before the memory is released.
+    uses: Mutex<Vec<(Stream, Event)>>,
     /// Whether an H2D call's copies may still be writing it (see [`super::device_gate`]).
     gate: DeviceGate,
 }
@@ -127,13 +131,12 @@ impl DeviceAlloc {
             }
         }
         let mut uses = self.uses.lock().unwrap_or_else(|p| p.into_inner());
-        let raw = Handle(stream.as_raw());
-        if let Some((_, ev)) = uses.iter().find(|(s, _)| *s == raw) {
+        if let Some((_, ev)) = uses.iter().find(|(s, _)| s.same_as(stream)) {
             return ev.record(stream);
         }
         let ev = Event::new(stream.device())?;
         ev.record(stream)?;
-        uses.push((raw, ev));
+        uses.push((stream.clone(), ev));
         Ok(())
     }
 }
