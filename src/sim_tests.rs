@@ -6,7 +6,7 @@ use crate::driver::{self, sim, Stream};
 use crate::error::Error;
 use crate::memory::arena::{PinnedArena, Synced};
 use crate::memory::pinned::PinnedOutputPool;
-use crate::memory::{DeviceAlloc, DeviceFill, DeviceView, InFlight};
+use crate::memory::{DeviceAlloc, DeviceFill, DeviceReads, DeviceView, InFlight};
 use std::time::{Duration, Instant};
 
 pub(crate) fn setup() {
@@ -487,6 +487,51 @@ fn host_page_locked_is_true_only_within_one_page_locked_range() {
     drop(heap);
     // SAFETY: from host_alloc, freed once; nothing uses it.
     unsafe { driver::host_free(&ctx, block) }.unwrap();
+}
+
+#[test]
+fn a_device_allocation_read_by_a_pending_d2h_is_written_after_its_event() {
+    // Memory's `device_reads`: the marks a non-blocking D2H call leaves on the allocations
+    // it reads, what a copy into them waits for, and the marks' ends.
+    setup();
+    let ctx = driver::bind(0).unwrap();
+    let s = Stream::new(Device::cuda(0)).unwrap();
+    let alloc = |n| DeviceAlloc::new_async(&ctx, 0, n, &s, s.clone()).unwrap();
+    let (a, b) = (alloc(4096), alloc(4096));
+    let v1 = DeviceView::new(&a, 0, 1024).unwrap();
+    let v2 = DeviceView::new(&a, 1024, 1024).unwrap();
+    let w = DeviceView::new(&b, 0, 16).unwrap();
+    let empty = DeviceView::empty(0);
+    let waits = |views: &[&DeviceView]| {
+        let storages: Vec<_> = views
+            .iter()
+            .map(|v| crate::tensor::Storage::Device((*v).clone()))
+            .collect();
+        crate::memory::reads_before_write(&storages).len()
+    };
+    let event = || {
+        let e = crate::driver::Event::new(Device::cuda(0)).unwrap();
+        e.record(&s).unwrap();
+        e
+    };
+    assert_eq!(waits(&[&v1, &w]), 0);
+    // One call reading both allocations (an empty view has none): its event once.
+    let mut first = DeviceReads::of(&[&v1, &empty, &v2, &w, &v1]);
+    first.ordered_by(&event());
+    assert_eq!(waits(&[&v1, &v2, &w]), 1);
+    // A second call reading `b` only.
+    let mut second = DeviceReads::of(&[&w]);
+    second.ordered_by(&event());
+    assert_eq!((waits(&[&w]), waits(&[&v2]), waits(&[&v1, &w])), (2, 1, 2));
+    // Proven done: its marks end, the other's stay.
+    first.done();
+    assert_eq!((waits(&[&v1, &v2]), waits(&[&w])), (0, 1));
+    // Never proven done: the mark stays with the allocation.
+    drop(second);
+    assert_eq!(waits(&[&w]), 1);
+    // Marked but never ordered (the call failed before its event): nothing to wait for.
+    drop(DeviceReads::of(&[&v1]));
+    assert_eq!(waits(&[&v1]), 0);
 }
 
 #[test]

@@ -12,8 +12,8 @@ use pinlane::driver::fault::{self, FaultKind};
 use pinlane::memory::retained::retained_bytes;
 use pinlane::{
     memory_stats, set_current_stream, transfer_tensor_d2h, transfer_tensor_d2h_async,
-    transfer_tensor_h2d, transfer_tensor_h2d_async, D2hOptions, DType, Device, Error, H2dOptions,
-    HostOutput, Stream, Tensor, Transfer, Value,
+    transfer_tensor_h2d, transfer_tensor_h2d_async, transfer_tensor_h2d_into, D2hOptions, DType,
+    Device, Error, H2dOptions, H2dPairs, HostOutput, IntoOptions, Stream, Tensor, Transfer, Value,
 };
 use proptest::prelude::*;
 use std::future::Future;
@@ -262,6 +262,51 @@ fn a_transfers_ready_event_is_not_recorded_by_the_caller() {
         .unwrap()
         .record(&other)
         .unwrap();
+}
+
+/// A copy into existing tensors queued on another stream while a non-blocking D2H still
+/// reads its destination is written after those reads (its stream waits for the D2H's
+/// event): the D2H returns the bytes from before, by both calls that write device
+/// tensors. The D2H waits behind 20 ms of work on the current stream; the copy's stream
+/// is idle.
+#[test]
+fn a_copy_into_a_pending_d2h_s_source_waits_for_its_reads() {
+    common::sim();
+    let _turn = serial();
+    let dev = Device::cuda(0);
+    let old = vec![common::tensor(DType::U8, &[4 << 20], 51)];
+    let new = vec![common::tensor(DType::U8, &[4 << 20], 52)];
+    let other = Stream::new(dev).unwrap();
+    let opts = IntoOptions::default().stream(other.clone());
+    for pairs in [false, true] {
+        let on = transfer_tensor_h2d(&old).unwrap();
+        let slow = Stream::new(dev).unwrap();
+        let _current = set_current_stream(&slow);
+        slow.delay_async(Duration::from_millis(20)).unwrap();
+        let pending = d2h(&on);
+        if pairs {
+            H2dPairs::new(&new, &on)
+                .unwrap()
+                .copy(&opts)
+                .unwrap()
+                .wait()
+                .unwrap();
+        } else {
+            transfer_tensor_h2d_into(&new, &on, &opts)
+                .unwrap()
+                .wait()
+                .unwrap();
+        }
+        assert!(
+            pending.wait().unwrap() == old,
+            "pairs {pairs}: the D2H read the new bytes"
+        );
+        // And the copy arrived.
+        assert_eq!(
+            transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap(),
+            new
+        );
+    }
 }
 
 #[test]

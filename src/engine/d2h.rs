@@ -361,12 +361,17 @@ fn into_block<B: Batch>(
             job.finish_around(out.sources(), around)?;
             None
         }
-        Mode::Async => Some(completion::detach(
-            job,
-            call.device,
-            out.sources(),
-            Wake::OnStream,
-        )?),
+        Mode::Async => {
+            // Copies into the sources queued after this returns wait for these copies.
+            job.read_device(l.views);
+            let sources = out.sources();
+            Some(completion::detach(
+                job,
+                call.device,
+                sources,
+                Wake::OnStream,
+            )?)
+        }
     };
     super::trace::mark("synced");
     Ok((rebuilt, pending))

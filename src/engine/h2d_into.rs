@@ -149,9 +149,13 @@ pub(super) fn run(
         pairs.iter().flat_map(|p| [p.0.storage(), p.1.storage()]),
         "transfer_tensor_h2d_into",
     )?;
+    // Destinations a non-blocking D2H call's copies may still read are written after
+    // them.
+    let reads = memory::reads_before_write(pairs.iter().map(|p| p.1.storage()));
     driver::deferred::surface(device)?;
     let stream = stream_for(opts, device)?;
     after.order(&stream)?;
+    reads.order(&stream)?;
     let views: Vec<&DeviceView> = pairs
         .iter()
         .map(|p| device_view(p.1))

@@ -3,6 +3,7 @@
 //! stream the free waits for.
 
 use super::device_gate::DeviceGate;
+use super::device_reads::Reads;
 use crate::device::Device;
 use crate::driver::{self, ContextGuard, DevicePtr, Event, Stream};
 use crate::error::Result;
@@ -33,6 +34,9 @@ pub(crate) struct DeviceAlloc {
     uses: Mutex<Vec<(Stream, Event)>>,
     /// Whether an H2D call's copies may still be writing it (see [`super::device_gate`]).
     gate: DeviceGate,
+    /// The non-blocking D2H calls whose copies may still read it (see
+    /// [`super::device_reads`]).
+    reads: Reads,
 }
 
 /// A foreign owner on its way to the retained registry (`Send` is all it needs there).
@@ -67,6 +71,7 @@ impl DeviceAlloc {
             backing: Backing::Pool { free_on },
             uses: Mutex::new(Vec::new()),
             gate: DeviceGate::new(),
+            reads: Reads::default(),
         }))
     }
 
@@ -94,6 +99,7 @@ impl DeviceAlloc {
             },
             uses: Mutex::new(Vec::new()),
             gate: DeviceGate::new(),
+            reads: Reads::default(),
         })
     }
 
@@ -113,6 +119,11 @@ impl DeviceAlloc {
     /// Whether an H2D call's copies may still be writing the allocation.
     pub(super) fn gate(&self) -> &DeviceGate {
         &self.gate
+    }
+
+    /// The non-blocking D2H calls that may still read the allocation.
+    pub(super) fn reads(&self) -> &Reads {
+        &self.reads
     }
 
     /// The device address at `offset` (<= nbytes).
@@ -143,6 +154,7 @@ impl DeviceAlloc {
 
 impl Drop for DeviceAlloc {
     fn drop(&mut self) {
+        self.reads.dropped();
         if self.gate.marked() {
             // A failed call's mark (never proven done) ends with the memory.
             super::device_gate::count_end();
@@ -292,6 +304,11 @@ impl DeviceView {
 
     pub(crate) fn nbytes(&self) -> usize {
         self.nbytes
+    }
+
+    /// The allocation the view is in (`None` for an empty view).
+    pub(super) fn alloc(&self) -> Option<&Arc<DeviceAlloc>> {
+        self.alloc.as_ref()
     }
 
     /// Whether copies into existing tensors may write the view (an empty one: nothing to

@@ -3,8 +3,8 @@
 
 use super::arena::Synced;
 use super::filling::Fill;
-use super::DeviceFill;
 use super::{retained, DeviceAlloc, PinnedBlock, SlotLease};
+use super::{DeviceFill, DeviceReads, DeviceView};
 use crate::driver::{ContextGuard, HostPtr, Stream};
 use crate::error::{Error, Result};
 use std::any::Any;
@@ -29,6 +29,10 @@ pub(crate) struct InFlight {
     /// a call that fails or panics before every copy was queued leaves it marked (its
     /// bytes may be partly unwritten).
     device_fill: Option<DeviceFill>,
+    /// The device allocations a non-blocking D2H call's copies read
+    /// ([`InFlight::read_device`]): marked with its event by `detach`, the marks ended
+    /// by its `Detached` once the copies are proven done.
+    device_reads: Option<DeviceReads>,
     /// Set once finish/abort has run, so Drop knows not to synchronise again.
     done: bool,
     /// A queued end flag ([`InFlight::end_flag`]): a word of a held output block the
@@ -45,6 +49,7 @@ impl InFlight {
             held: Vec::new(),
             fills: Vec::new(),
             device_fill: None,
+            device_reads: None,
             done: false,
             end_flag: None,
         }
@@ -145,6 +150,13 @@ impl InFlight {
         self.device_fill = Some(DeviceFill::start(alloc));
     }
 
+    /// For a call that will return before its copies are done (`detach`): `views` are
+    /// read by them, so copies into their memory wait for the call's event until the
+    /// copies are proven done (see `super::device_reads`).
+    pub(crate) fn read_device(&mut self, views: &[&DeviceView]) {
+        self.device_reads = Some(DeviceReads::of(views));
+    }
+
     fn held_bytes(&self) -> usize {
         self.leases.iter().map(SlotLease::len).sum::<usize>()
             + self.held.iter().map(|h| h.1).sum::<usize>()
@@ -199,6 +211,10 @@ impl InFlight {
         if let Some(f) = &device_fill {
             f.ordered_by(done);
         }
+        let mut device_reads = self.device_reads.take();
+        if let Some(r) = &mut device_reads {
+            r.ordered_by(done);
+        }
         self.done = true;
         let bytes = self.held_bytes();
         let sources: Box<dyn Any + Send> = Box::new(sources());
@@ -212,6 +228,7 @@ impl InFlight {
             )),
             fills: std::mem::take(&mut self.fills),
             device_fill,
+            device_reads,
         })
     }
 
@@ -316,6 +333,10 @@ pub(crate) struct Detached {
     /// An H2D call's device output, its uses ordered after the event meanwhile: usable
     /// by all once the event proves the copies done; refused otherwise.
     device_fill: Option<DeviceFill>,
+    /// A non-blocking D2H call's device sources, copies into them ordered after the
+    /// event meanwhile: the marks end once the event proves the copies done; they stay
+    /// otherwise.
+    device_reads: Option<DeviceReads>,
 }
 
 type Parts = (
@@ -345,6 +366,9 @@ impl Detached {
         filled(&mut self.fills, &proof);
         if let Some(f) = self.device_fill.take() {
             f.done(&proof);
+        }
+        if let Some(r) = self.device_reads.take() {
+            r.done();
         }
         if let Some((mut leases, held, sources, _)) = self.parts.take() {
             leases.iter_mut().for_each(|l| l.mark_idle(&proof));

@@ -13,6 +13,7 @@
 //! | `dlpack.rs` | a DLPack capsule's deleter (imports), a tensor clone (exports) | another framework's tensors, and ours lent to it | the deleter runs when the last view drops |
 //! | `filling.rs` | - | nothing of its own: the ranges of page-locked blocks that D2H copies may still be writing (reads of them are refused) | - |
 //! | `device_gate.rs` | - | nothing of its own: whether H2D copies may still write a device allocation (uses refused, or ordered after a non-blocking call's event) | - |
+//! | `device_reads.rs` | - | nothing of its own: which device allocations non-blocking D2H copies may still read (copies into them wait for those calls' events) | - |
 //! | `inflight.rs` | `InFlight`, `Detached` | nothing of its own: keeps the owners above alive | after the stream is synchronised, or (non-blocking calls) the call's event completes |
 //! | `registration.rs` | the `PinnedBlock`s of `Tensor::register_pinned_many` | host memory of many tensors page-locked in place, buffers that share pages as one range | unregistered when the last view of a range drops |
 //! | `producer.rs` | [`PinnedBufferMut`] | page-locked memory a producer writes, from the [`PinnedOutputPool`] | frozen into a tensor; back to the pool when its last view drops |
@@ -57,6 +58,7 @@ pub(crate) mod arena;
 mod copier;
 mod device;
 mod device_gate;
+mod device_reads;
 pub(crate) mod dlpack;
 mod filling;
 mod gather;
@@ -81,6 +83,7 @@ pub(crate) use copier::{CopyTask, CopyTasks, Packed, Stores};
 pub use device::DevicePtrGuard;
 pub(crate) use device::{DeviceAlloc, DeviceView};
 pub(crate) use device_gate::DeviceFill;
+pub(crate) use device_reads::{reads_before_write, DeviceReads};
 pub(crate) use gather::{
     available as gather_available, gather_async, h2d_gather_async, h2d_gather_available,
     h2d_gather_pieces,

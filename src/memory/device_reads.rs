@@ -1,0 +1,135 @@
+//! Device allocations that a non-blocking D2H call's copies may still read, and how a
+//! copy into them is ordered after those reads.
+//!
+//! `transfer_tensor_d2h_async` returns once its copies are queued on pinlane's stream;
+//! they read the batch's device tensors until its handle's event completes. A copy into
+//! existing tensors (`transfer_tensor_h2d_into`, `H2dPairs`) on another stream, queued
+//! meanwhile with one of those tensors as its destination, could write it first: the D2H
+//! would return the new bytes, or a mix. So the call's handle marks each allocation it
+//! reads with its event ([`DeviceReads::ordered_by`], once the event is recorded after
+//! every copy), a copy into one first makes its stream wait for the events there
+//! ([`reads_before_write`]: on the device, no host wait), and the call's completion ends
+//! the marks ([`DeviceReads::done`]). A completion that cannot be proven leaves them: a
+//! later copy into the memory still waits for the event.
+//!
+//! Blocking D2H calls mark nothing: their copies are done when they return. Cost: a copy
+//! into existing tensors reads the process-wide count of marked allocations ([`READ`])
+//! and looks at its destinations' allocations only while some allocation is marked; a
+//! non-blocking D2H call finds its sources' distinct allocations (a sort of their
+//! addresses) and takes each one's lock twice.
+
+use super::filling::Count;
+use super::{DeviceAlloc, DeviceView, Storage, UsesAfter};
+use crate::driver::Event;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Device allocations with a read mark in the process. Only read-modify-writes change
+/// it, so a read that sees 0 (with `Acquire`) has seen every earlier end (`Release`).
+static READ: Count = Count(AtomicUsize::new(0));
+
+/// The events of the non-blocking D2H calls that may still read one allocation.
+#[derive(Default)]
+pub(super) struct Reads(Mutex<Vec<Event>>);
+
+impl Reads {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Event>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A call whose copies read the allocation until `done` completes.
+    fn add(&self, done: &Event) {
+        let mut v = self.lock();
+        if v.is_empty() {
+            READ.0.fetch_add(1, Ordering::AcqRel);
+        }
+        v.push(done.clone());
+    }
+
+    /// That call's copies are proven done.
+    fn end(&self, done: &Event) {
+        let mut v = self.lock();
+        let before = v.len();
+        v.retain(|e| e.as_raw() != done.as_raw());
+        if before > 0 && v.is_empty() {
+            READ.0.fetch_sub(1, Ordering::Release);
+        }
+    }
+
+    /// Adds the events not in `out` yet.
+    fn events_into(&self, out: &mut Vec<Event>) {
+        for e in self.lock().iter() {
+            if !out.iter().any(|k| k.as_raw() == e.as_raw()) {
+                out.push(e.clone());
+            }
+        }
+    }
+
+    /// The allocation is released with marks left (their calls never proven done).
+    pub(super) fn dropped(&mut self) {
+        let v = self.0.get_mut().unwrap_or_else(|p| p.into_inner());
+        if !v.is_empty() {
+            READ.0.fetch_sub(1, Ordering::Release);
+        }
+    }
+}
+
+/// The distinct allocations one non-blocking D2H call reads, marked with its event once
+/// it is recorded after every copy.
+pub(crate) struct DeviceReads {
+    allocs: Vec<Arc<DeviceAlloc>>,
+    done: Option<Event>,
+}
+
+impl DeviceReads {
+    /// The allocations of `views` (empty views have none), each once.
+    pub(crate) fn of(views: &[&DeviceView]) -> DeviceReads {
+        let mut allocs: Vec<Arc<DeviceAlloc>> =
+            views.iter().filter_map(|v| v.alloc().cloned()).collect();
+        // A batch's tensors usually share one allocation: consecutive ones first, then
+        // the rest by address.
+        allocs.dedup_by(|a, b| Arc::ptr_eq(a, b));
+        if allocs.len() > 1 {
+            allocs.sort_unstable_by_key(|a| Arc::as_ptr(a) as usize);
+            allocs.dedup_by(|a, b| Arc::ptr_eq(a, b));
+        }
+        DeviceReads { allocs, done: None }
+    }
+
+    /// Every copy that reads the allocations is queued before `done`: a copy into them
+    /// waits for it from now on.
+    pub(crate) fn ordered_by(&mut self, done: &Event) {
+        for a in &self.allocs {
+            a.reads().add(done);
+        }
+        self.done = Some(done.clone());
+    }
+
+    /// The copies are proven done: the marks end. (Dropped without this, an unproven
+    /// call's marks stay until their allocations are released.)
+    pub(crate) fn done(mut self) {
+        if let Some(done) = self.done.take() {
+            for a in &self.allocs {
+                a.reads().end(&done);
+            }
+        }
+    }
+}
+
+/// The events that copies writing `storages` (destinations of a copy into existing
+/// tensors) must wait for: those of non-blocking D2H calls that may still read them. One
+/// load while no allocation is marked.
+pub(crate) fn reads_before_write<'a>(storages: impl IntoIterator<Item = &'a Storage>) -> UsesAfter {
+    let mut after = Vec::new();
+    if READ.0.load(Ordering::Acquire) == 0 {
+        return UsesAfter(after);
+    }
+    for s in storages {
+        if let Storage::Device(v) = s {
+            if let Some(a) = v.alloc() {
+                a.reads().events_into(&mut after);
+            }
+        }
+    }
+    UsesAfter(after)
+}
