@@ -230,10 +230,11 @@ pub enum Error {
     /// User code that pinlane ran on one of its own threads (an owner's `Drop` or a
     /// DLPack deleter run when a non-blocking call's copies completed, a waker) panicked.
     /// The thread caught the panic and went on; the error is kept for the next call on
-    /// the device (see [`crate::driver::deferred`]).
+    /// the device (see [`crate::driver::deferred`]). On the prefetcher's worker (a
+    /// batch's `Batch` code or drop), it is that batch's item instead.
     #[error("user code panicked on pinlane's {thread} thread ({what}): {message}")]
     Panicked {
-        /// The thread: `"completion"`.
+        /// The thread: `"completion"`, `"prefetch"`.
         thread: &'static str,
         /// What pinlane was running: `"releasing a completed transfer's owners"`.
         what: &'static str,

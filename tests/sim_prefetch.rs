@@ -142,6 +142,42 @@ fn a_panicking_source_ends_the_stream_with_an_error() {
     }
 }
 
+/// A batch whose own `Batch` code panics on the worker (here its `rebuild`, which the
+/// transfer runs) is an error in its place, and the next batches still come (before,
+/// the worker died and the stream ended as if the source had).
+#[test]
+fn a_batch_that_panics_while_moved_is_an_error_in_its_place() {
+    sim();
+    struct Fragile(Vec<Tensor>, bool);
+    impl pinlane::Batch for Fragile {
+        fn visit<'a>(&'a self, f: &mut dyn FnMut(&'a Tensor)) {
+            self.0.visit(f)
+        }
+        fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
+            assert!(!self.1, "a broken batch");
+            Fragile(self.0.rebuild(f), false)
+        }
+    }
+    let src = (0..4).map(|i| Fragile(batch(i), i == 1));
+    let out: Vec<_> = Prefetcher::new(src, 2, H2dOptions::default())
+        .unwrap()
+        .collect();
+    assert_eq!(out.len(), 4);
+    match &out[1] {
+        Err(Error::Panicked {
+            thread, message, ..
+        }) => {
+            assert_eq!(*thread, "prefetch");
+            assert!(message.contains("a broken batch"), "{message}");
+        }
+        Err(e) => panic!("expected the batch's panic, got {e:?}"),
+        Ok(_) => panic!("expected the batch's panic, got a batch"),
+    }
+    for i in [0, 2, 3] {
+        assert_eq!(back(&out[i].as_ref().unwrap().0), batch(i), "batch {i}");
+    }
+}
+
 #[test]
 fn dropping_it_early_stops_the_worker() {
     sim();

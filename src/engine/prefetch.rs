@@ -76,7 +76,12 @@ impl<B: Batch + Send + 'static> Prefetcher<B> {
             let stop = stop.clone();
             std::thread::Builder::new()
                 .name("pinlane-prefetch".into())
-                .spawn(move || work(iter, &opts, &tx, &stop))
+                .spawn(move || {
+                    // Errors raised where no call returns them (owners' drops, the cache
+                    // ring's at exit) go to the device's next call on any thread.
+                    crate::driver::deferred::mark_background_thread();
+                    work(iter, &opts, &tx, &stop)
+                })
                 .map_err(|e| Error::Worker {
                     reason: format!("cannot start the worker thread: {e}"),
                 })?
@@ -113,7 +118,22 @@ fn work<B: Batch, I: Iterator<Item = B>>(
         if stop.load(Ordering::Acquire) {
             return;
         }
-        if tx.send(transfer_tensor_h2d_with(&batch, opts)).is_err() {
+        // The batch's own code runs here too (its `Batch::visit` and `rebuild`, its drop
+        // and its tensors' owners'): a panic there is that batch's error, in its place,
+        // not the silent end of the stream that the worker's death would look like.
+        let moved = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let r = transfer_tensor_h2d_with(&batch, opts);
+            drop(batch);
+            r
+        }));
+        let item = moved.unwrap_or_else(|panic| {
+            Err(Error::Panicked {
+                thread: "prefetch",
+                what: "moving a batch (its Batch::visit or rebuild, or its drop)",
+                message: crate::error::panic_message(&*panic),
+            })
+        });
+        if tx.send(item).is_err() {
             return; // the consumer is gone
         }
     }
