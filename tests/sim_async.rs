@@ -431,4 +431,15 @@ fn wait_timeout_bounds_the_wait_and_keeps_the_handle() {
         pending.wait_timeout(Duration::ZERO),
         Some(Err(Error::InvalidOption { .. }))
     ));
+    // `Duration::MAX` as "no bound" (before, adding it to the clock panicked), here and
+    // in `settle`.
+    let mut pending = {
+        let _current = set_current_stream(&slow);
+        slow.delay_async(Duration::from_millis(20)).unwrap();
+        d2h(&on)
+    };
+    let got = pending.wait_timeout(Duration::MAX).expect("no bound");
+    assert_eq!(got.unwrap(), b);
+    let _later = d2h(&on);
+    pinlane::settle(Duration::MAX).unwrap();
 }

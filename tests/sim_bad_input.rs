@@ -434,3 +434,19 @@ fn a_clone_kept_from_a_non_blocking_d2h_reads_only_once_its_copies_are_done() {
     assert_eq!(kept.as_bytes().unwrap(), src.as_bytes().unwrap());
     assert_eq!(out.t.as_bytes().unwrap(), src.as_bytes().unwrap());
 }
+
+/// `measure_pinned_limits` with nothing to time is an error, not a panic (before, a
+/// median of no copies indexed an empty list).
+#[test]
+fn measuring_no_copies_is_an_error() {
+    common::sim();
+    let dev = pinlane::Device::cuda(0);
+    for (nbytes, reps) in [(1 << 20, 0), (0, 3)] {
+        assert!(matches!(
+            pinlane::memory::measure_pinned_limits(dev, nbytes, reps),
+            Err(Error::InvalidOption { .. })
+        ));
+    }
+    let ok = pinlane::memory::measure_pinned_limits(dev, 1 << 16, 1).unwrap();
+    assert!(ok.h2d > 0.0 && ok.d2h > 0.0 && ok.both > 0.0);
+}

@@ -244,7 +244,7 @@ impl Event {
     /// The driver's error from `cuEventQuery`.
     pub(crate) fn done_within(&self, limit: std::time::Duration) -> Result<bool> {
         let start = std::time::Instant::now();
-        let deadline = start + limit;
+        let deadline = super::deadline_after(limit);
         let mut nap = std::time::Duration::from_micros(20);
         loop {
             if self.query()? {

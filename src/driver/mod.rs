@@ -137,6 +137,14 @@ pub fn unavailable_reason() -> Option<&'static str> {
 }
 
 /// [`available`], or an [`Error::NoCuda`] naming `op`.
+/// When a wait of `limit` from now ends: `limit` capped at about 35,000 years, so that a
+/// caller's `Duration::MAX` ("no bound") cannot overflow the clock (`Instant + Duration`
+/// panics past its range).
+pub(crate) fn deadline_after(limit: std::time::Duration) -> std::time::Instant {
+    const FOREVER: std::time::Duration = std::time::Duration::from_secs(1 << 40);
+    std::time::Instant::now() + limit.min(FOREVER)
+}
+
 pub(crate) fn require(op: &'static str) -> Result<&'static DriverInfo> {
     probe().as_ref().map_err(|reason| Error::NoCuda {
         op,

@@ -506,7 +506,7 @@ fn complete(mut job: Job, r: Result<()>) {
 /// handles woken) and the completion thread to exit; says whether both happened. A call
 /// made meanwhile starts a new thread. For [`Runtime::shutdown`](crate::runtime::Runtime::shutdown).
 pub(crate) fn quiesce(limit: std::time::Duration) -> bool {
-    let deadline = std::time::Instant::now() + limit;
+    let deadline = crate::driver::deadline_after(limit);
     let mut q = lock(&COMPLETER.queues);
     q.stop = true;
     COMPLETER.cv.notify_all();
@@ -545,7 +545,23 @@ impl Drop for Supervisor {
             q.started = false;
             std::mem::take(&mut q.by_stream)
         };
-        drop(jobs);
+        // Each job's drop wakes its handle's waker (user code): one at a time, each
+        // caught, since a panic escaping a drop while this thread unwinds would abort the
+        // process; what one raises is recorded for the device's next call.
+        for job in jobs.into_values().flatten() {
+            let device = job.done.index();
+            if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(job)))
+            {
+                crate::driver::deferred::record(
+                    device,
+                    Error::Panicked {
+                        thread: "completion",
+                        what: "waking a handle as the completion thread ended",
+                        message: crate::error::panic_message(&*panic),
+                    },
+                );
+            }
+        }
     }
 }
 
@@ -775,7 +791,7 @@ impl<B> Transfer<B> {
     pub fn wait_timeout(&mut self, limit: std::time::Duration) -> Option<Result<B>> {
         if let Some(p) = &self.pending {
             p.arm();
-            let deadline = std::time::Instant::now() + limit;
+            let deadline = crate::driver::deadline_after(limit);
             let mut s = lock(&p.shared.status);
             let sleepers = &p.shared.sleepers;
             sleepers.fetch_add(1, Ordering::Relaxed);

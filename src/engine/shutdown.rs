@@ -55,7 +55,7 @@ impl Runtime {
     /// [`Config::install`]: crate::config::Config::install
     pub fn shutdown(&self, timeout: Duration) -> Result<()> {
         let started = Instant::now();
-        let deadline = started + timeout;
+        let deadline = crate::driver::deadline_after(timeout);
         let left = || deadline.saturating_duration_since(Instant::now());
         runtime::retire(self);
         let mut unfinished = Vec::new();
@@ -98,7 +98,7 @@ pub fn shutdown(timeout: Duration) -> Result<()> {
         return rt.shutdown(timeout);
     }
     let started = Instant::now();
-    let deadline = started + timeout;
+    let deadline = crate::driver::deadline_after(timeout);
     let left = || deadline.saturating_duration_since(Instant::now());
     let done = completion::quiesce(left()) & memory::quiesce_frees(left());
     if !done {
@@ -132,7 +132,7 @@ pub fn shutdown(timeout: Duration) -> Result<()> {
 /// holds stays held until it completes.
 pub fn settle(timeout: Duration) -> Result<()> {
     let started = Instant::now();
-    if settle_by(started + timeout) {
+    if settle_by(crate::driver::deadline_after(timeout)) {
         return Ok(());
     }
     Err(Error::ShutdownIncomplete {

@@ -370,7 +370,7 @@ impl CopyPool {
             self.stopping.store(true, Ordering::SeqCst);
             self.work_ready.notify_all();
         }
-        let deadline = std::time::Instant::now() + limit;
+        let deadline = crate::driver::deadline_after(limit);
         let mut workers = self.workers.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             workers.retain(|h| !h.is_finished());

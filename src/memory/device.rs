@@ -183,7 +183,7 @@ impl Drop for DeviceAlloc {
                 // clock is read where there is none (a batch's inputs, dropped a thousand
                 // at a time).
                 if !uses.is_empty() {
-                    let deadline = std::time::Instant::now() + super::retained::drop_wait();
+                    let deadline = driver::deadline_after(super::retained::drop_wait());
                     for (k, (_, ev)) in uses.iter().enumerate() {
                         let left = deadline.saturating_duration_since(std::time::Instant::now());
                         match ev.done_within(left) {

@@ -2,7 +2,7 @@
 //! yardstick benchmarks (pinlane's, and a user's own) print their figures against.
 
 use crate::driver::{self, Event, Stream};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use std::time::Instant;
 
 /// Copy rates between page-locked host memory and `device`, in GB/s (1e9 bytes/s): the
@@ -23,13 +23,23 @@ pub struct PinnedLimits {
 /// of page-locked memory each way and one device buffer each way.
 ///
 /// # Errors
-/// [`crate::error::Error::NoCuda`], or the driver's error from an allocation, copy or
-/// synchronisation.
+/// [`Error::InvalidOption`] for `nbytes` or `reps` of 0; [`Error::NoCuda`], or the
+/// driver's error from an allocation, copy or synchronisation (the buffers are then
+/// freed once both streams are found idle within
+/// [`Config::drop_sync_wait`](crate::config::Config::drop_sync_wait), or never).
 pub fn measure_pinned_limits(
     device: crate::device::Device,
     nbytes: usize,
     reps: usize,
 ) -> Result<PinnedLimits> {
+    for (name, v) in [("nbytes", nbytes), ("reps", reps)] {
+        if v == 0 {
+            return Err(Error::InvalidOption {
+                name,
+                reason: "measure_pinned_limits needs at least one byte and one timed copy".into(),
+            });
+        }
+    }
     driver::require("measure_pinned_limits")?;
     let (dev, device) = (device, device.ordinal());
     let ctx = driver::bind(device)?;
@@ -56,7 +66,8 @@ pub fn measure_pinned_limits(
     };
     let up = || -> Result<()> {
         // SAFETY: every buffer is owned by this function and outlives the closure, which
-        // synchronises the stream before returning: no copy is left running.
+        // synchronises the stream before returning; on an error before that, the buffers
+        // are not freed until both streams are found idle (below).
         unsafe { host_up.h2d_async(&ctx, &dev_up, 0, &a) }?;
         a.synchronize()
     };
@@ -75,9 +86,21 @@ pub fn measure_pinned_limits(
         done.synchronize()
     };
     let gbs = |bytes: usize, s: f64| bytes as f64 / s / 1e9;
-    Ok(PinnedLimits {
-        h2d: gbs(nbytes, time(&up)?),
-        d2h: gbs(nbytes, time(&down)?),
-        both: gbs(2 * nbytes, time(&both)?),
-    })
+    let measured = (|| {
+        Ok(PinnedLimits {
+            h2d: gbs(nbytes, time(&up)?),
+            d2h: gbs(nbytes, time(&down)?),
+            both: gbs(2 * nbytes, time(&both)?),
+        })
+    })();
+    if measured.is_err() {
+        // A copy may still run on either stream: the buffers are freed (on return) only
+        // once both are found idle within the drop bound; otherwise they are never
+        // freed (a failing device; which stream still reads them is not known).
+        let wait = super::retained::drop_wait();
+        if !(a.idle_within(wait) & b.idle_within(wait)) {
+            std::mem::forget((host_up, host_down, down_view, dev_up, dev_down));
+        }
+    }
+    measured
 }

@@ -177,9 +177,13 @@ fn release_completed(done: impl Fn(&Event) -> bool) {
     drop(released); // outside the lock: drops call the driver
 }
 
-/// Tries to synchronise every stream with retained owners and releases those that
-/// succeed. Returns the bytes still retained.
+/// Waits for every stream and event with retained owners, for at most
+/// [`Config::drop_sync_wait`](crate::config::Config::drop_sync_wait) in all (polling:
+/// a hung device does not hold the caller past it), and releases those found done.
+/// Returns the bytes still retained.
 pub fn try_release() -> usize {
+    let deadline = crate::driver::deadline_after(drop_wait());
+    let left = || deadline.saturating_duration_since(std::time::Instant::now());
     let streams: Vec<Stream> = lock()
         .iter()
         .filter_map(|e| match &e.proof {
@@ -188,7 +192,7 @@ pub fn try_release() -> usize {
         })
         .collect();
     for s in streams {
-        if s.synchronize().is_ok() {
+        if s.idle_within(left()) {
             release_proven(&s);
         }
     }
@@ -203,7 +207,7 @@ pub fn try_release() -> usize {
         .flatten()
         .collect();
     for e in &events {
-        let _ = e.synchronize();
+        let _ = e.done_within(left());
     }
     release_completed(|e| e.query() == Ok(true));
     retained_bytes()
