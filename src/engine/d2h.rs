@@ -364,11 +364,10 @@ fn into_block<B: Batch>(
         Mode::Async => {
             // Copies into the sources queued after this returns wait for these copies.
             job.read_device(l.views);
-            let sources = out.sources();
             Some(completion::detach(
                 job,
                 call.device,
-                sources,
+                out.sources(),
                 Wake::OnStream,
             )?)
         }

@@ -57,12 +57,8 @@ impl Reads {
     }
 
     /// Adds the events not in `out` yet.
-    fn events_into(&self, out: &mut Vec<Event>) {
-        for e in self.lock().iter() {
-            if !out.iter().any(|k| k.as_raw() == e.as_raw()) {
-                out.push(e.clone());
-            }
-        }
+    fn events_into(&self, out: &mut UsesAfter) {
+        self.lock().iter().for_each(|e| out.add(e));
     }
 
     /// The allocation is released with marks left (their calls never proven done).
@@ -120,9 +116,9 @@ impl DeviceReads {
 /// tensors) must wait for: those of non-blocking D2H calls that may still read them. One
 /// load while no allocation is marked.
 pub(crate) fn reads_before_write<'a>(storages: impl IntoIterator<Item = &'a Storage>) -> UsesAfter {
-    let mut after = Vec::new();
+    let mut after = UsesAfter(Vec::new());
     if READ.0.load(Ordering::Acquire) == 0 {
-        return UsesAfter(after);
+        return after;
     }
     for s in storages {
         if let Storage::Device(v) = s {
@@ -131,5 +127,5 @@ pub(crate) fn reads_before_write<'a>(storages: impl IntoIterator<Item = &'a Stor
             }
         }
     }
-    UsesAfter(after)
+    after
 }

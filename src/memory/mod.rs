@@ -189,9 +189,7 @@ pub(crate) fn check_usable<'a>(
             Storage::Device(v) if device => {
                 // A batch's tensors share their allocation, and so its event: kept once.
                 if let Some(e) = v.pending_use(op)? {
-                    if !after.0.iter().any(|k| k.as_raw() == e.as_raw()) {
-                        after.0.push(e);
-                    }
+                    after.add(&e);
                 }
             }
             _ => {}
@@ -206,6 +204,13 @@ pub(crate) fn check_usable<'a>(
 pub(crate) struct UsesAfter(Vec<crate::driver::Event>);
 
 impl UsesAfter {
+    /// Keeps `e`, once (a batch's tensors share their allocation, and so its events).
+    fn add(&mut self, e: &crate::driver::Event) {
+        if !self.0.iter().any(|k| k.as_raw() == e.as_raw()) {
+            self.0.push(e.clone());
+        }
+    }
+
     /// Makes `stream` wait for each event (on the device: the host does not wait).
     ///
     /// # Errors
