@@ -381,16 +381,19 @@ fn enqueue(owners: Detached, done: Event, lazy: bool) -> Result<Pending> {
         {
             Ok(_) => q.started = true,
             Err(e) => {
-                // No thread: complete right here, blocking, as the blocking call would.
+                // No thread to prove the copies done: the call fails, and what they use is
+                // retained (released by a later call once their stream is found idle), as
+                // for any completion not proven. No wait here: the driver's would have no
+                // bound.
                 let job = q.by_stream.get_mut(&k).and_then(VecDeque::pop_back);
                 drop(q);
-                if let Some(job) = job {
-                    let r = job.done.synchronize();
-                    complete(job, r);
-                }
-                return Err(Error::Worker {
+                let e = Error::Worker {
                     reason: format!("cannot start the completion thread: {e}"),
-                });
+                };
+                if let Some(job) = job {
+                    complete(job, Err(e.clone()));
+                }
+                return Err(e);
             }
         }
     }

@@ -144,6 +144,11 @@ impl<B> Iterator for Prefetcher<B> {
 
     /// The next device batch, waiting (asleep) for the worker if it is not moved yet;
     /// `None` after the source's last batch.
+    ///
+    /// The wait is as long as the source takes to give the batch (pinlane cannot bound
+    /// the caller's iterator) plus its transfer, a blocking call on the worker: with
+    /// [`Config::sync_wait`](crate::config::Config::sync_wait) set, a device that does not
+    /// finish the copies in time is an `Err` in the batch's place, not a hang.
     fn next(&mut self) -> Option<Result<B>> {
         self.rx.as_ref()?.recv().ok()
     }

@@ -628,6 +628,10 @@ impl Ticket {
                 std::hint::spin_loop();
             }
         }
+        // Bounded without a deadline: every piece left was taken by a thread that is
+        // copying it now (`work` takes an index only to copy it), and a piece is a plain
+        // memory copy of at most a window's bytes, with no lock, driver call or user code
+        // in it, counted done as it ends.
         let mut g = job.lock.lock().unwrap_or_else(|e| e.into_inner());
         while job.done.load(Ordering::Acquire) < n {
             g = job.finished.wait(g).unwrap_or_else(|e| e.into_inner());
