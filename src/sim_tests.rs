@@ -494,6 +494,8 @@ fn a_device_allocation_read_by_a_pending_d2h_is_written_after_its_event() {
     // Memory's `device_reads`: the marks a non-blocking D2H call leaves on the allocations
     // it reads, what a copy into them waits for, and the marks' ends.
     setup();
+    // It retains an entry: not while another test counts the retained bytes.
+    let _turn = DROP_WAIT_TESTS.lock().unwrap_or_else(|p| p.into_inner());
     let ctx = driver::bind(0).unwrap();
     let s = Stream::new(Device::cuda(0)).unwrap();
     let alloc = |n| DeviceAlloc::new_async(&ctx, 0, n, &s, s.clone()).unwrap();
@@ -532,6 +534,17 @@ fn a_device_allocation_read_by_a_pending_d2h_is_written_after_its_event() {
     // Marked but never ordered (the call failed before its event): nothing to wait for.
     drop(DeviceReads::of(&[&v1]));
     assert_eq!(waits(&[&v1]), 0);
+    // Not proven when its handle completed: the marks go with what the copies use to the
+    // retained registry, and end when a later synchronisation of the stream releases it
+    // (the stream is held busy meanwhile, so no other test's release finds it idle).
+    let mut third = DeviceReads::of(&[&v2]);
+    third.ordered_by(&event());
+    s.delay_async(Duration::from_millis(200)).unwrap();
+    crate::memory::retained::retain(s.clone(), Box::new(third.until_released()), 1);
+    assert_eq!(waits(&[&v2]), 1);
+    s.synchronize().unwrap();
+    crate::memory::retained::release_proven(&s, crate::memory::retained::position());
+    assert_eq!(waits(&[&v2]), 0, "released with its entry");
 }
 
 #[test]
@@ -633,4 +646,35 @@ fn hold_while_held() {
     {
         std::thread::sleep(Duration::from_micros(200));
     }
+}
+
+/// A synchronisation proves unused only what was retained on its stream before it began:
+/// an entry another thread retains on the same stream during the wait may hold copies
+/// queued after the wait began (the review of session 57 found every entry released).
+#[test]
+fn a_synchronisation_releases_only_what_was_retained_before_it_began() {
+    use crate::memory::retained;
+    use std::sync::Arc;
+    setup();
+    let _turn = DROP_WAIT_TESTS.lock().unwrap_or_else(|p| p.into_inner());
+    let s = Stream::new(Device::cuda(0)).unwrap();
+    let (early, late) = (Arc::new(()), Arc::new(()));
+    retained::retain(s.clone(), Box::new(early.clone()), 1);
+    let before = retained::position();
+    // Retained while the wait below runs.
+    retained::retain(s.clone(), Box::new(late.clone()), 1);
+    s.synchronize().unwrap();
+    retained::release_proven(&s, before);
+    assert_eq!(
+        Arc::strong_count(&early),
+        1,
+        "retained before the wait: released"
+    );
+    assert_eq!(
+        Arc::strong_count(&late),
+        2,
+        "retained during the wait: kept"
+    );
+    retained::release_proven(&s, retained::position());
+    assert_eq!(Arc::strong_count(&late), 1);
 }

@@ -301,6 +301,13 @@ fn borrowed_streams_and_events_are_used_and_never_destroyed() {
         assert!(unsafe { Stream::from_raw(std::ptr::null_mut(), D1) }
             .unwrap()
             .is_legacy());
+        // The per-thread default stream is another stream on each thread: refused.
+        // SAFETY: refused before use.
+        let per_thread = unsafe { Stream::from_raw(2usize as pinlane::RawStream, D1) };
+        assert!(matches!(
+            per_thread,
+            Err(Error::InvalidOption { name: "stream", .. })
+        ));
         // Events and streams of different devices: a typed error.
         assert!(matches!(
             e.record(&Stream::legacy(D0).unwrap()),

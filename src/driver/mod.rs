@@ -136,7 +136,6 @@ pub fn unavailable_reason() -> Option<&'static str> {
     probe().as_ref().err().map(String::as_str)
 }
 
-/// [`available`], or an [`Error::NoCuda`] naming `op`.
 /// When a wait of `limit` from now ends: `limit` capped at about 35,000 years, so that a
 /// caller's `Duration::MAX` ("no bound") cannot overflow the clock (`Instant + Duration`
 /// panics past its range).
@@ -145,6 +144,7 @@ pub(crate) fn deadline_after(limit: std::time::Duration) -> std::time::Instant {
     std::time::Instant::now() + limit.min(FOREVER)
 }
 
+/// [`available`], or an [`Error::NoCuda`] naming `op`.
 pub(crate) fn require(op: &'static str) -> Result<&'static DriverInfo> {
     probe().as_ref().map_err(|reason| Error::NoCuda {
         op,

@@ -98,15 +98,30 @@ impl Stream {
     ///
     /// # Safety
     /// 1. `raw` is a stream of `device`'s **primary context** (the context the CUDA runtime,
-    ///    PyTorch and cudarc use), or null / `CU_STREAM_LEGACY` / `CU_STREAM_PER_THREAD`.
+    ///    PyTorch and cudarc use), or null / `CU_STREAM_LEGACY`.
     /// 2. It stays alive (not destroyed) until the returned `Stream`, every clone of it,
     ///    and every pinlane object that holds one (output tensors whose consumer stream it
-    ///    is, the cache ring) are dropped, and the work pinlane queued on it has run.
+    ///    is, the cache ring, device memory lent on it with `device_ptr(&s)` or
+    ///    `to_dlpack_on(&s)`, which keeps it until that memory is released) are dropped, and
+    ///    the work pinlane queued on it has run. Two live `Stream`s of one handle are taken
+    ///    as one stream, so a handle destroyed too early and reused for a new stream would
+    ///    merge the two.
     ///
     /// # Errors
     /// [`Error::NoCuda`], [`Error::DeviceUnavailable`]; [`Error::ForeignStream`] when
-    /// the driver reports that `raw` belongs to another context.
+    /// the driver reports that `raw` belongs to another context; [`Error::InvalidOption`]
+    /// for `CU_STREAM_PER_THREAD` (0x2), which names a different stream on every thread
+    /// that uses it, where a `Stream` is one stream wherever it is used (pinlane keys the
+    /// uses it waits for, and the memory it keeps, by the stream).
     pub unsafe fn from_raw(raw: RawStream, device: Device) -> Result<Stream> {
+        if raw as usize == PER_THREAD {
+            return Err(Error::InvalidOption {
+                name: "stream",
+                reason: "CU_STREAM_PER_THREAD names another stream on each thread; pass \
+                         the stream's own handle, or null for the legacy default stream"
+                    .into(),
+            });
+        }
         super::require("Stream::from_raw")?;
         let ordinal = device.ordinal();
         let ctx = bind(ordinal)?;
@@ -267,15 +282,18 @@ impl std::fmt::Debug for Stream {
     }
 }
 
+/// `CU_STREAM_PER_THREAD`, the driver's sentinel for the calling thread's default stream.
+const PER_THREAD: usize = 2;
+
 fn legacy_handle() -> sys::CUstream {
     // CU_STREAM_LEGACY is the documented sentinel value 0x1.
     1usize as sys::CUstream
 }
 
-/// Whether `raw` is one of the driver's sentinel streams (legacy 0x1, per-thread 0x2),
+/// Whether `raw` is one of the driver's sentinel streams (legacy 0x1; per-thread 0x2, refused),
 /// which belong to whichever context is current rather than to one context.
 fn is_special(raw: sys::CUstream) -> bool {
-    matches!(raw as usize, 1 | 2)
+    matches!(raw as usize, 1 | PER_THREAD)
 }
 
 impl Drop for StreamInner {

@@ -273,11 +273,7 @@ fn spare_event(device: usize) -> Result<Event> {
 /// room, and no [`quiesce`] has begun; else it is destroyed here, outside the queues'
 /// lock (destroying it enters the driver).
 fn recycle(done: Event) {
-    if !done.reusable() {
-        return;
-    }
-    // The last handle: no caller holds it any more.
-    done.unseal();
+    let Some(done) = reusable(done) else { return };
     let refused = {
         let mut q = lock(&COMPLETER.queues);
         if q.spare.len() < SPARE_EVENTS && !q.stop {
@@ -288,6 +284,17 @@ fn recycle(done: Event) {
         }
     };
     drop(refused);
+}
+
+/// `done`, unsealed for pinlane's next call, if no other handle holds it (a caller's
+/// clone of a ready event stays sealed, so it can never record it).
+fn reusable(done: Event) -> Option<Event> {
+    if !done.reusable() {
+        return None;
+    }
+    // The last handle: no caller holds it any more.
+    done.unseal();
+    Some(done)
 }
 
 /// Releases, on the calling thread, what its own oldest calls on stream `key` used, for
@@ -381,17 +388,20 @@ fn enqueue(owners: Detached, done: Event, lazy: bool) -> Result<Pending> {
         {
             Ok(_) => q.started = true,
             Err(e) => {
-                // No thread to prove the copies done: the call fails, and what they use is
-                // retained (released by a later call once their stream is found idle), as
-                // for any completion not proven. No wait here: the driver's would have no
-                // bound.
+                // No thread: the call fails, its copies drained first as a failed blocking
+                // call's are, within the drop bound; past it, what they use is retained
+                // (released by a later call once their stream is found idle).
                 let job = q.by_stream.get_mut(&k).and_then(VecDeque::pop_back);
                 drop(q);
                 let e = Error::Worker {
                     reason: format!("cannot start the completion thread: {e}"),
                 };
                 if let Some(job) = job {
-                    complete(job, Err(e.clone()));
+                    let waited = job.done.done_within(crate::memory::retained::drop_wait());
+                    complete(
+                        job,
+                        waited.and_then(|done| if done { Ok(()) } else { Err(e.clone()) }),
+                    );
                 }
                 return Err(e);
             }
@@ -881,6 +891,23 @@ mod tests {
 
     fn spare() -> usize {
         lock(&COMPLETER.queues).spare.len()
+    }
+
+    /// A call's sealed event is unsealed for the next call once no caller holds it, and
+    /// not while one does.
+    #[test]
+    fn a_sealed_event_is_recorded_again_once_its_last_handle_is_pinlanes() {
+        crate::sim_tests::setup();
+        let s = crate::driver::Stream::new(crate::device::Device::cuda(0)).unwrap();
+        let sealed = |e: &Event| matches!(e.record(&s), Err(Error::SealedEvent { .. }));
+        let e = Event::new(crate::device::Device::cuda(0)).unwrap();
+        e.seal();
+        assert!(sealed(&e));
+        let kept = e.clone();
+        assert!(reusable(e).is_none(), "a caller holds a clone");
+        assert!(sealed(&kept), "the caller's clone stays sealed");
+        let again = reusable(kept).expect("the last handle");
+        again.record(&s).unwrap();
     }
 
     /// Shutdown's quiesce destroys the spare events, and none is kept while it holds (a

@@ -96,7 +96,10 @@ use crate::tensor::{Storage, Tensor};
 /// destination, that a D2H call is still writing; a device tensor that an H2D call is,
 /// inside that call), [`Error::Deferred`]. While queueing,
 /// the driver's error or [`Error::StagingExhausted`] is the call's (what was queued is
-/// drained first); once queued, a failure of the copies comes from [`Transfer::wait`], or,
+/// drained first), and so is [`Error::Worker`] when pinlane's completion thread cannot
+/// start (the copies drained within
+/// [`Config::drop_sync_wait`](crate::config::Config::drop_sync_wait), retained past it:
+/// they may still write the destinations then); once queued, a failure of the copies comes from [`Transfer::wait`], or,
 /// if the handle was dropped, from a later call on the device ([`Error::Deferred`]: the
 /// next one of the thread that dropped it, if the failure was known by then, else the next
 /// one on any thread). Destinations may then be partly written; the copy did not succeed.

@@ -9,8 +9,10 @@
 //! reads with its event ([`DeviceReads::ordered_by`], once the event is recorded after
 //! every copy), a copy into one first makes its stream wait for the events there
 //! ([`reads_before_write`]: on the device, no host wait), and the call's completion ends
-//! the marks ([`DeviceReads::done`]). A completion that cannot be proven leaves them: a
-//! later copy into the memory still waits for the event.
+//! the marks ([`DeviceReads::done`]). A completion that cannot be proven keeps them with
+//! what its copies use in the retained registry, until a later synchronisation of the
+//! stream proves those copies done: a copy into the memory meanwhile still waits for the
+//! event.
 //!
 //! Blocking D2H calls mark nothing: their copies are done when they return. Cost: a copy
 //! into existing tensors reads the process-wide count of marked allocations ([`READ`])
@@ -101,14 +103,38 @@ impl DeviceReads {
         self.done = Some(done.clone());
     }
 
-    /// The copies are proven done: the marks end. (Dropped without this, an unproven
-    /// call's marks stay until their allocations are released.)
+    /// The copies are proven done: the marks end. (Dropped without this or
+    /// [`DeviceReads::until_released`], an unproven call's marks stay until their
+    /// allocations are released.)
     pub(crate) fn done(mut self) {
+        self.end();
+    }
+
+    fn end(&mut self) {
         if let Some(done) = self.done.take() {
             for a in &self.allocs {
                 a.reads().end(&done);
             }
         }
+    }
+
+    /// The call's completion was not proven: its owners go to the retained registry, and
+    /// the marks with them, to end when the entry is released (a later synchronisation of
+    /// the stream, which proves the copies done), not stay (with the process-wide count
+    /// above 0, and every copy into existing tensors asking its destinations) until the
+    /// allocations are freed.
+    pub(crate) fn until_released(self) -> ReadsUntilReleased {
+        ReadsUntilReleased(self)
+    }
+}
+
+/// [`DeviceReads`] kept in a retained entry: the marks end when it drops, which the
+/// registry does only once the copies are proven done.
+pub(crate) struct ReadsUntilReleased(DeviceReads);
+
+impl Drop for ReadsUntilReleased {
+    fn drop(&mut self) {
+        self.0.end();
     }
 }
 

@@ -99,6 +99,7 @@ impl InFlight {
     /// `all_queued`: every copy of the call was queued (its device output, if any, is then
     /// complete once the stream is proven past them).
     fn synchronize(&mut self, around_wait: AroundWait<'_>, all_queued: bool) -> Result<()> {
+        let before = retained::position();
         let flagged = self.end_flag.take().and_then(|(word, spin)| {
             // SAFETY: the word lies in an output block this call holds (`held`), and only
             // the device writes it now (`end_flag` queued the write); if the flag does
@@ -120,7 +121,7 @@ impl InFlight {
         if stream_idle {
             // Only the driver's wait covers what others queued on the stream (the flag
             // covers this call's copies, all queued before its write).
-            retained::release_proven(&self.stream);
+            retained::release_proven(&self.stream, before);
         }
         Ok(())
     }
@@ -334,8 +335,8 @@ pub(crate) struct Detached {
     /// by all once the event proves the copies done; refused otherwise.
     device_fill: Option<DeviceFill>,
     /// A non-blocking D2H call's device sources, copies into them ordered after the
-    /// event meanwhile: the marks end once the event proves the copies done; they stay
-    /// otherwise.
+    /// event meanwhile: the marks end once the event proves the copies done; otherwise
+    /// they are retained with the parts, and end when those are released.
     device_reads: Option<DeviceReads>,
 }
 
@@ -385,7 +386,8 @@ impl Detached {
 
     fn retain_parts(&mut self) {
         if let Some((leases, held, sources, bytes)) = self.parts.take() {
-            let keep = Box::new((leases, held, sources));
+            let reads = self.device_reads.take().map(DeviceReads::until_released);
+            let keep = Box::new((leases, held, sources, reads));
             retained::retain(self.stream.clone(), keep, bytes);
         }
     }

@@ -20,6 +20,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 struct Entry {
+    /// Its place among the entries pushed (see [`position`]).
+    seq: u64,
     proof: Proof,
     _keep: Box<dyn Any + Send>,
     bytes: usize,
@@ -34,9 +36,23 @@ enum Proof {
 }
 
 impl Entry {
-    fn on(&self, stream: &Stream) -> bool {
-        matches!(&self.proof, Proof::Stream(s) if s.same_as(stream))
+    /// Proven unused by a synchronisation of `stream` that began at `position` `before`.
+    fn proven_by(&self, stream: &Stream, before: u64) -> bool {
+        self.seq < before && matches!(&self.proof, Proof::Stream(s) if s.same_as(stream))
     }
+}
+
+/// Entries pushed so far; an entry's `seq` is the count before its push.
+static PUSHED: AtomicU64 = AtomicU64::new(0);
+
+/// The registry's position now, read before a synchronisation begins: the wait proves
+/// unused the entries pushed before it (their copies were queued before they were
+/// pushed), and only those. An entry another thread pushes during the wait, on a stream
+/// the two share, may hold copies queued after the wait began.
+pub(crate) fn position() -> u64 {
+    // Acquire: sees every push counted before this value (the counts are one release
+    // sequence), and so the queuing of their copies.
+    PUSHED.load(Ordering::Acquire)
 }
 
 /// The bound on a wait inside a `Drop` of the memory layer: set by the runtime from
@@ -113,21 +129,25 @@ pub(crate) fn retain_until(events: Vec<Event>, keep: Box<dyn Any + Send>, bytes:
 fn push(proof: Proof, keep: Box<dyn Any + Send>, bytes: usize) {
     let mut entries = lock();
     BYTES.fetch_add(bytes, Ordering::Relaxed);
+    let seq = PUSHED.fetch_add(1, Ordering::AcqRel);
     entries.push(Entry {
+        seq,
         proof,
         _keep: keep,
         bytes,
     });
 }
 
-/// Releases the entries of `stream`: the caller has just synchronised it successfully.
-pub(crate) fn release_proven(stream: &Stream) {
+/// Releases the entries of `stream` pushed before `before` ([`position`], read before
+/// the wait): the caller has just synchronised it successfully.
+pub(crate) fn release_proven(stream: &Stream, before: u64) {
     if retained_bytes() == 0 {
         return;
     }
     let released: Vec<Entry> = {
         let mut entries = lock();
-        let (gone, kept): (Vec<_>, Vec<_>) = entries.drain(..).partition(|e| e.on(stream));
+        let (gone, kept): (Vec<_>, Vec<_>) =
+            entries.drain(..).partition(|e| e.proven_by(stream, before));
         *entries = kept;
         let bytes: usize = gone.iter().map(|e| e.bytes).sum();
         BYTES.fetch_sub(bytes, Ordering::Relaxed);
@@ -154,8 +174,9 @@ pub(crate) fn release_finished(limit: std::time::Duration) {
         }
     }
     for s in streams {
+        let before = position();
         if s.idle_within(limit) {
-            release_proven(&s);
+            release_proven(&s, before);
         }
     }
     release_completed(|e| e.query() == Ok(true));
@@ -192,8 +213,9 @@ pub fn try_release() -> usize {
         })
         .collect();
     for s in streams {
+        let before = position();
         if s.idle_within(left()) {
-            release_proven(&s);
+            release_proven(&s, before);
         }
     }
     // The events are waited for outside the lock (a wait may be long, and every retain
