@@ -658,12 +658,14 @@ fn a_synchronisation_releases_only_what_was_retained_before_it_began() {
     setup();
     let _turn = DROP_WAIT_TESTS.lock().unwrap_or_else(|p| p.into_inner());
     let s = Stream::new(Device::cuda(0)).unwrap();
+    // Held busy throughout, so that no other test's release finds the stream idle and
+    // takes the entries first; `release_proven` is told of a wait that began at `before`.
+    s.delay_async(Duration::from_millis(500)).unwrap();
     let (early, late) = (Arc::new(()), Arc::new(()));
     retained::retain(s.clone(), Box::new(early.clone()), 1);
     let before = retained::position();
-    // Retained while the wait below runs.
+    // Retained while that wait runs.
     retained::retain(s.clone(), Box::new(late.clone()), 1);
-    s.synchronize().unwrap();
     retained::release_proven(&s, before);
     assert_eq!(
         Arc::strong_count(&early),
@@ -675,6 +677,7 @@ fn a_synchronisation_releases_only_what_was_retained_before_it_began() {
         2,
         "retained during the wait: kept"
     );
+    s.synchronize().unwrap();
     retained::release_proven(&s, retained::position());
     assert_eq!(Arc::strong_count(&late), 1);
 }

@@ -117,8 +117,9 @@ impl Stream {
         if raw as usize == PER_THREAD {
             return Err(Error::InvalidOption {
                 name: "stream",
-                reason: "CU_STREAM_PER_THREAD names another stream on each thread; pass \
-                         the stream's own handle, or null for the legacy default stream"
+                reason: "CU_STREAM_PER_THREAD (0x2) names another stream on each thread; \
+                         pass a stream's own handle (a torch.cuda.Stream's, a cudarc \
+                         stream's), or null for the legacy default stream"
                     .into(),
             });
         }
