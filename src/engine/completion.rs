@@ -397,11 +397,15 @@ fn enqueue(owners: Detached, done: Event, lazy: bool) -> Result<Pending> {
                     reason: format!("cannot start the completion thread: {e}"),
                 };
                 if let Some(job) = job {
+                    let device = job.done.index();
                     let waited = job.done.done_within(crate::memory::retained::drop_wait());
-                    complete(
-                        job,
-                        waited.and_then(|done| if done { Ok(()) } else { Err(e.clone()) }),
-                    );
+                    if let Err(drain) = &waited {
+                        // The call returns why it failed; the device's error goes to its
+                        // next call, as any error no call can return.
+                        crate::driver::deferred::record(device, drain.clone());
+                    }
+                    let r = waited.and_then(|done| if done { Ok(()) } else { Err(e.clone()) });
+                    complete(job, r);
                 }
                 return Err(e);
             }
