@@ -127,7 +127,9 @@ impl Stream {
         let ordinal = device.ordinal();
         let ctx = bind(ordinal)?;
         let raw = if raw.is_null() { legacy_handle() } else { raw };
-        if !is_special(raw) {
+        // The legacy stream's sentinel belongs to whichever context is current, not to one
+        // context: only a real handle is asked for its context.
+        if raw != legacy_handle() {
             // SAFETY: obligation 1: a live stream handle; the device's context is current.
             let owner = unsafe { super::stream_context(&ctx, raw) }?;
             if owner != super::context::handles(ordinal)?.ctx.0 {
@@ -289,12 +291,6 @@ const PER_THREAD: usize = 2;
 fn legacy_handle() -> sys::CUstream {
     // CU_STREAM_LEGACY is the documented sentinel value 0x1.
     1usize as sys::CUstream
-}
-
-/// Whether `raw` is one of the driver's sentinel streams (legacy 0x1; per-thread 0x2, refused),
-/// which belong to whichever context is current rather than to one context.
-fn is_special(raw: sys::CUstream) -> bool {
-    matches!(raw as usize, 1 | PER_THREAD)
 }
 
 impl Drop for StreamInner {

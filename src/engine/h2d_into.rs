@@ -99,8 +99,8 @@ use crate::tensor::{Storage, Tensor};
 /// drained first), and so is [`Error::Worker`] when pinlane's completion thread cannot
 /// start (the copies drained within
 /// [`Config::drop_sync_wait`](crate::config::Config::drop_sync_wait), retained past it:
-/// they may still write the destinations then); once queued, a failure of the copies comes from [`Transfer::wait`], or,
-/// if the handle was dropped, from a later call on the device ([`Error::Deferred`]: the
+/// they may still write the destinations then); once queued, a failure of the copies
+/// comes from [`Transfer::wait`], or, if the handle was dropped, from a later call on the device ([`Error::Deferred`]: the
 /// next one of the thread that dropped it, if the failure was known by then, else the next
 /// one on any thread). Destinations may then be partly written; the copy did not succeed.
 pub fn transfer_tensor_h2d_into<B: Batch>(
