@@ -74,17 +74,29 @@ impl Batch for Value {
     fn visit<'a>(&'a self, f: &mut dyn FnMut(&'a Tensor)) {
         match self {
             Value::Tensor(t) => f(t),
-            Value::List(v) | Value::Tuple(v) => v.iter().for_each(|x| x.visit(f)),
-            Value::Map(m) => m.values().for_each(|x| x.visit(f)),
+            // A tensor item is visited here, not through a call per item: a batch of many
+            // small tensors is mostly such items.
+            Value::List(v) | Value::Tuple(v) => v.iter().for_each(|x| match x {
+                Value::Tensor(t) => f(t),
+                x => x.visit(f),
+            }),
+            Value::Map(m) => m.values().for_each(|x| match x {
+                Value::Tensor(t) => f(t),
+                x => x.visit(f),
+            }),
             Value::Leaf(_) => {}
         }
     }
     fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
         match self {
             Value::Tensor(t) => Value::Tensor(f(t)),
-            Value::List(v) => Value::List(v.iter().map(|x| x.rebuild(f)).collect()),
-            Value::Tuple(v) => Value::Tuple(v.iter().map(|x| x.rebuild(f)).collect()),
-            Value::Map(m) => Value::Map(m.iter().map(|(k, x)| (k.clone(), x.rebuild(f))).collect()),
+            Value::List(v) => Value::List(rebuild_items(v, f)),
+            Value::Tuple(v) => Value::Tuple(rebuild_items(v, f)),
+            Value::Map(m) => Value::Map(
+                m.iter()
+                    .map(|(k, x)| (k.clone(), rebuild_item(x, f)))
+                    .collect(),
+            ),
             Value::Leaf(l) => Value::Leaf(l.clone()),
         }
     }
@@ -102,6 +114,19 @@ impl Batch for Value {
             Value::Leaf(_) => {}
         }
     }
+}
+
+/// `x` rebuilt, a tensor here rather than through a call (see `visit`).
+fn rebuild_item(x: &Value, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Value {
+    match x {
+        Value::Tensor(t) => Value::Tensor(f(t)),
+        x => x.rebuild(f),
+    }
+}
+
+/// The items of a list or tuple, rebuilt.
+fn rebuild_items(v: &[Value], f: &mut dyn FnMut(&Tensor) -> Tensor) -> Vec<Value> {
+    v.iter().map(|x| rebuild_item(x, f)).collect()
 }
 
 impl From<Tensor> for Value {
