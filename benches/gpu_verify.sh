@@ -5,19 +5,26 @@
 #
 #   tests    every test binary with PINLANE_REQUIRE_GPU=1 (.gpu/run-tests) and the Python
 #            suite with torch. Carry .gpu after ../shared/gpu/pack, with .gpu/bin and
-#            .gpu/whl moved aside (.gpu/tests and .gpu/pywheels are what it needs).
+#            .gpu/whl moved aside (.gpu/tests and .gpu/pywheels are what it needs), or
+#            folded (benches/gpu_fold.sh).
 #   shipped  the shipped test binaries (the build users get), then compute-sanitizer:
 #            memcheck with the leak check on gpu_foundations (driver API errors not
 #            reported: it provokes them), gpu_semantics, gpu_roundtrip and gpu_into;
 #            initcheck on gpu_roundtrip; synccheck on gpu_into. Carry .gpu after
 #            `bash tests/pack-shipped`, alone.
-#   all      both (needs every part of .gpu: larger than one carry; for a machine with
-#            the binaries already there).
+#   all      both (needs every part of .gpu: larger than one carry unless folded by
+#            benches/gpu_fold.sh, which makes the test binaries xz archives).
 #
+# Folded test binaries (.gpu/tests.tar.xz, .gpu/shipped.tar.xz) are unfolded first.
 # Run from the project root: bash benches/gpu_verify.sh tests "$OUT"
 part=${1:?usage: gpu_verify.sh tests|shipped|all LOG_DIR}
 out=${2:?usage: gpu_verify.sh tests|shipped|all LOG_DIR}
 mkdir -p "$out"
+for d in tests shipped; do
+  if [ ! -d ".gpu/$d" ] && [ -f ".gpu/$d.tar.xz" ]; then
+    python3 -c "import sys, tarfile; kw = {'filter': 'tar'} if hasattr(tarfile, 'tar_filter') else {}; tarfile.open(sys.argv[1]).extractall('.gpu', **kw)" ".gpu/$d.tar.xz"
+  fi
+done
 { nvidia-smi --query-gpu=name,pci.bus_id,driver_version --format=csv,noheader; nproc; } >> "$out/gpu.txt"
 if [ "$part" = tests ] || [ "$part" = all ]; then
   bash .gpu/run-tests > "$out/tests.log" 2>&1
