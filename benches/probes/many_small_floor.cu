@@ -33,33 +33,12 @@
 #include <immintrin.h>
 #include <thread>
 #include <vector>
-
-#define CK(x)                                                                  \
-  do {                                                                         \
-    CUresult r = (x);                                                          \
-    if (r != CUDA_SUCCESS) {                                                   \
-      const char* s = nullptr;                                                 \
-      cuGetErrorString(r, &s);                                                 \
-      printf("ERR %s line %d: %s\n", #x, __LINE__, s ? s : "?");              \
-      exit(1);                                                                 \
-    }                                                                          \
-  } while (0)
+#include "probe.h"
 
 static const int N = 1000, BYTES = 1024, SETS = 4, PIECE = 16;
 
-static void row(const char* name, const std::function<void()>& f) {
-  const int warm = 200, reps = 2000;
-  for (int i = 0; i < warm; i++) f();
-  std::vector<double> v(reps);
-  for (int i = 0; i < reps; i++) {
-    auto t0 = std::chrono::steady_clock::now();
-    f();
-    v[i] = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-  }
-  std::sort(v.begin(), v.end());
-  printf("%-66s median %6.2f us  p10 %6.2f us\n", name, v[reps / 2], v[reps / 10]);
-  fflush(stdout);
-}
+// A row of this probe: 2000 timed calls after 200 warm-up ones (probe.h's `row`).
+static void row2k(const char* name, const std::function<void()>& f) { row(name, f, 200, 2000, 66); }
 
 // How a source is stored into the slot: memcpy (ordinary stores), or AVX streaming
 // stores, as pinlane fills staged regions under 32 MiB (the copy engine reads a slot just
@@ -194,11 +173,11 @@ int main() {
     CK(cuStreamSynchronize(st));
   };
 
-  row("copy alone: 1 MB slot -> device, synchronised", [&] {
+  row2k("copy alone: 1 MB slot -> device, synchronised", [&] {
     CK(cuMemcpyHtoDAsync(fixed, slot, total, st));
     CK(cuStreamSynchronize(st));
   });
-  row("allocation + copy + free, synchronised (no fill)", [&] {
+  row2k("allocation + copy + free, synchronised (no fill)", [&] {
     CUdeviceptr d;
     CK(cuMemAllocAsync(&d, total, st));
     CK(cuMemcpyHtoDAsync(d, slot, total, st));
@@ -210,11 +189,11 @@ int main() {
     g_nt = nt;
     const char* how = nt ? "streaming stores" : "memcpy";
     snprintf(label, sizeof label, "fill alone, caller only, %s", how);
-    row(label, [&] { fill1(next_set(), 0, N); });
+    row2k(label, [&] { fill1(next_set(), 0, N); });
     snprintf(label, sizeof label, "whole call, caller fills, one window, %s", how);
-    row(label, [&] { whole(nullptr, 1); });
+    row2k(label, [&] { whole(nullptr, 1); });
     snprintf(label, sizeof label, "whole call, caller fills, two windows, %s", how);
-    row(label, [&] { whole(nullptr, 2); });
+    row2k(label, [&] { whole(nullptr, 2); });
   }
   for (int t : {1, 3, 7, 11}) {
     if (t + 1 > (int)std::thread::hardware_concurrency()) continue;  // spinning needs a core each
@@ -223,11 +202,11 @@ int main() {
       g_nt = nt;
       const char* how = nt ? "streaming" : "memcpy";
       snprintf(label, sizeof label, "fill alone, %d hot workers + caller, %s", t, how);
-      row(label, [&] { pool.fill(next_set(), slot, 0, N); });
+      row2k(label, [&] { pool.fill(next_set(), slot, 0, N); });
       snprintf(label, sizeof label, "whole call, %d hot workers + caller, one window, %s", t, how);
-      row(label, [&] { whole(&pool, 1); });
+      row2k(label, [&] { whole(&pool, 1); });
       snprintf(label, sizeof label, "whole call, %d hot workers + caller, two windows, %s", t, how);
-      row(label, [&] { whole(&pool, 2); });
+      row2k(label, [&] { whole(&pool, 2); });
     }
   }
   // Every byte of the last call's device copy, against its sources.

@@ -13,30 +13,7 @@
 #include <cstring>
 #include <functional>
 #include <vector>
-
-#define CK(x)                                                                  \
-  do {                                                                         \
-    CUresult r = (x);                                                          \
-    if (r != CUDA_SUCCESS) {                                                   \
-      const char* s = nullptr;                                                 \
-      cuGetErrorString(r, &s);                                                 \
-      printf("ERR %s line %d: %s\n", #x, __LINE__, s ? s : "?");              \
-      exit(1);                                                                 \
-    }                                                                          \
-  } while (0)
-
-static void row(const char* name, const std::function<void()>& f) {
-  const int warm = 300, reps = 3000;
-  for (int i = 0; i < warm; i++) f();
-  std::vector<double> v(reps);
-  for (int i = 0; i < reps; i++) {
-    auto t0 = std::chrono::steady_clock::now();
-    f();
-    v[i] = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-  }
-  std::sort(v.begin(), v.end());
-  printf("%-72s median %6.2f us  p10 %6.2f us\n", name, v[reps / 2], v[reps / 10]);
-}
+#include "probe.h"
 
 int main(int argc, char** argv) {
   size_t n = argc > 1 ? strtoull(argv[1], nullptr, 10) : 1024;

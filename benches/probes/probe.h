@@ -1,0 +1,38 @@
+// What the driver-API probes share (not project code): a driver call checked, and one row
+// of timings. Included by the probes next to it; nvcc finds it beside the .cu file.
+#pragma once
+#include <cuda.h>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <vector>
+
+// A driver call that must succeed: prints the call, line and error, then exits.
+#define CK(x)                                                                  \
+  do {                                                                         \
+    CUresult r = (x);                                                          \
+    if (r != CUDA_SUCCESS) {                                                   \
+      const char* s = nullptr;                                                 \
+      cuGetErrorString(r, &s);                                                 \
+      printf("ERR %s line %d: %s\n", #x, __LINE__, s ? s : "?");              \
+      exit(1);                                                                 \
+    }                                                                          \
+  } while (0)
+
+// Times `f`: `warm` untimed calls, then `reps` timed ones; prints the median and the 10th
+// percentile, in microseconds, after `name` padded to `width` columns.
+static void row(const char* name, const std::function<void()>& f, int warm = 300,
+                int reps = 3000, int width = 72) {
+  for (int i = 0; i < warm; i++) f();
+  std::vector<double> v(reps);
+  for (int i = 0; i < reps; i++) {
+    auto t0 = std::chrono::steady_clock::now();
+    f();
+    v[i] = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  }
+  std::sort(v.begin(), v.end());
+  printf("%-*s median %6.2f us  p10 %6.2f us\n", width, name, v[reps / 2], v[reps / 10]);
+  fflush(stdout);
+}
