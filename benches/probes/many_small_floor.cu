@@ -117,12 +117,7 @@ struct Pool {
 };
 
 int main() {
-  CK(cuInit(0));
-  CUdevice dev;
-  CK(cuDeviceGet(&dev, 0));
-  CUcontext ctx;
-  CK(cuDevicePrimaryCtxRetain(&ctx, dev));
-  CK(cuCtxSetCurrent(ctx));
+  CUdevice dev = primary_device0();
   char name[128];
   CK(cuDeviceGetName(name, sizeof name, dev));
   printf("%s, %u host threads\n", name, std::thread::hardware_concurrency());

@@ -21,6 +21,17 @@
     }                                                                          \
   } while (0)
 
+// Device 0 with its primary context current on this thread (the context pinlane uses).
+static CUdevice primary_device0() {
+  CK(cuInit(0));
+  CUdevice dev;
+  CK(cuDeviceGet(&dev, 0));
+  CUcontext ctx;
+  CK(cuDevicePrimaryCtxRetain(&ctx, dev));
+  CK(cuCtxSetCurrent(ctx));
+  return dev;
+}
+
 // Times `f`: `warm` untimed calls, then `reps` timed ones; prints the median and the 10th
 // percentile, in microseconds, after `name` padded to `width` columns.
 static void row(const char* name, const std::function<void()>& f, int warm = 300,

@@ -17,12 +17,7 @@
 
 int main(int argc, char** argv) {
   size_t n = argc > 1 ? strtoull(argv[1], nullptr, 10) : 1024;
-  CK(cuInit(0));
-  CUdevice dev;
-  CK(cuDeviceGet(&dev, 0));
-  CUcontext ctx;
-  CK(cuDevicePrimaryCtxRetain(&ctx, dev));
-  CK(cuCtxSetCurrent(ctx));
+  CUdevice dev = primary_device0();
   CUstream s, other;
   CK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
   CK(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));

@@ -49,12 +49,7 @@ __global__ void k_copy_flag(const uint4* src, uint4* dst, size_t n16, volatile u
 int main(int argc, char** argv) {
   size_t n = argc > 1 ? strtoull(argv[1], nullptr, 10) : 1024;
   n = (n + 15) / 16 * 16;
-  CK(cuInit(0));
-  CUdevice dev;
-  CK(cuDeviceGet(&dev, 0));
-  CUcontext ctx;
-  CK(cuDevicePrimaryCtxRetain(&ctx, dev));
-  CK(cuCtxSetCurrent(ctx));
+  CUdevice dev = primary_device0();
   unsigned int flags = 0;
   int active = 0;
   CK(cuDevicePrimaryCtxGetState(dev, &flags, &active));
