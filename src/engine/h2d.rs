@@ -2,10 +2,7 @@
 //!
 //! One batch, one device allocation, one synchronisation:
 //!
-//! 1. Walk the batch: as it goes, its leading pageable tensors (those before any other
-//!    kind) are handed to the copy threads, 128 at a time, to be copied into the slot
-//!    of the first staging window, where step 4 will want them ([`Lead`]); then gather
-//!    the batch's host tensors. Pageable ones are laid out back to back at the
+//! 1. Gather the batch's host tensors. Pageable ones are laid out back to back at the
 //!    front of the batch's device buffer (the *staged region*), then the *mapped* ones:
 //!    at least 4 page-locked tensors under 4 MiB, in memory pinlane page-locked, which a
 //!    kernel reads straight from host memory ([`SmallH2d::Kernel`]); then the other
@@ -21,8 +18,7 @@
 //! 4. The staged region is cut into windows (at most one staging slot each, smaller for
 //!    small batches and for the first windows of large ones, so the first copy starts
 //!    early): the copy threads copy the pieces of the pageable tensors that fall in a
-//!    window into a slot (the slot has the window's exact layout, padding included; the
-//!    first window's fill starts after the lead's bytes), then
+//!    window into a slot (the slot has the window's exact layout, padding included), then
 //!    one copy moves the whole window. The calling thread polls ([`Pump`]): each filled
 //!    window's copy is queued at once, in order, and a window's fill starts as soon as
 //!    its slot's previous copy has finished; meanwhile it copies pieces itself. Many
@@ -35,7 +31,6 @@
 //!    every copy is queued, synchronise the stream and hand them out.
 
 use super::completion::{self, Pending, Wake};
-use super::lead::{Lead, LeadFill};
 use super::H2dOptions;
 use super::{plan, record_stats, thread_state, Call, Mode, WhileCopying};
 use crate::batch::{self, Batch};
@@ -101,19 +96,11 @@ pub(crate) fn transfer<B: Batch>(
     let Some(device) = target(opts)? else {
         return Ok((batch::replace_tensors(batch, Vec::new()), None));
     };
-    let rt = crate::runtime::runtime();
-    let ctx = driver::bind(device)?;
-    // The walk; the copy threads start on its leading pageable tensors meanwhile.
-    let mut all = Vec::new();
-    let mut lead = Lead::new(&rt, &ctx);
-    batch.visit(&mut |t| {
-        all.push(t);
-        lead.see(&all);
-    });
-    let lead = lead.finish()?;
+    let all = batch::tensors(batch);
     // Device tensors pass through unread (an H2D output still in flight too: its clone
-    // stays gated), so only page-locked storages are checked (the lead has none).
+    // stays gated), so only page-locked storages are checked.
     memory::check_readable(all.iter().map(|t| t.storage()), "transfer_tensor_h2d")?;
+    let rt = crate::runtime::runtime();
     let src = route(&all, device, &rt);
     let order = &src.order;
     if order.is_empty() {
@@ -127,6 +114,7 @@ pub(crate) fn transfer<B: Batch>(
 
     super::trace::mark("gathered");
     let stream = thread_state::h2d_stream(device)?;
+    let ctx = driver::bind(device)?;
     let consumer = consumer_stream(opts, device)?;
     let sizes: Vec<usize> = order.iter().map(|&i| all[i].nbytes()).collect();
     let (offsets, end) = plan::pack(sizes.iter().copied(), DEVICE_ALIGN)?;
@@ -135,7 +123,6 @@ pub(crate) fn transfer<B: Batch>(
         .len()
         .checked_sub(1)
         .map_or(0, |last| offsets[last] + sizes[last]);
-    check_lead(lead.as_ref(), order, &offsets, &sizes)?;
 
     super::trace::mark("planned");
     let mut job = InFlight::new(stream);
@@ -158,7 +145,7 @@ pub(crate) fn transfer<B: Batch>(
         super::trace::mark("rebuilt");
         rebuilt
     };
-    let run = submit(&mut call, &consumer, &mut job, &src, &layout, lead, rebuild);
+    let run = submit(&mut call, &consumer, &mut job, &src, &layout, rebuild);
     let keep_sources = || super::device_read_sources(order.iter().map(|&i| all[i]));
     let (alloc, rebuilt) = match run {
         Ok(r) => r,
@@ -196,29 +183,6 @@ pub(crate) fn transfer<B: Batch>(
         thread_state::cache_batch(device, a, opts.num_caches)?;
     }
     Ok((rebuilt, pending))
-}
-
-/// Checks that the lead's tensors are the batch's first staged ones, where the layout puts
-/// them (its places were worked out while the batch was walked; `route` and `plan::pack`
-/// made the layout's since).
-fn check_lead(
-    lead: Option<&LeadFill>,
-    order: &[usize],
-    offsets: &[usize],
-    sizes: &[usize],
-) -> Result<()> {
-    let Some(k) = lead.map(|f| f.tensors).filter(|&k| k > 0) else {
-        return Ok(());
-    };
-    let end = lead.map_or(0, |f| f.end);
-    let placed = order.get(k - 1) == Some(&(k - 1)) && offsets[k - 1] + sizes[k - 1] == end;
-    if placed {
-        return Ok(());
-    }
-    Err(Error::Internal {
-        op: "transfer_tensor_h2d",
-        reason: format!("the lead's {k} tensors (to byte {end}) are not the layout's first"),
-    })
 }
 
 /// The stream whose order frees the batch's device memory: the caller's consumer stream,
@@ -378,14 +342,12 @@ pub(super) struct Layout<'a> {
 /// direct copies and the kernel when nothing is staged; with `None` when all host tensors
 /// are empty and there is nothing to copy). Returns the batch's allocation and what
 /// `meanwhile` made.
-#[allow(clippy::too_many_arguments)]
 fn submit<T>(
     call: &mut Call,
     consumer: &Stream,
     job: &mut InFlight,
     src: &Routed,
     l: &Layout,
-    lead: Option<LeadFill>,
     meanwhile: impl FnOnce(Option<&Arc<DeviceAlloc>>, &mut dyn FnMut()) -> Result<T>,
 ) -> Result<(Option<Arc<DeviceAlloc>>, T)> {
     if l.end == 0 {
@@ -395,26 +357,6 @@ fn submit<T>(
     // The mapped sources follow the staged ones in `offsets` and `sizes`, the direct ones
     // follow those.
     let (n_staged, n_mapped) = (src.staged.len(), src.mapped.len());
-    // The lead's slot is the first window's: the first slot, or the second where the
-    // kernel's descriptors take the first (another slot, if one is free without waiting:
-    // else the lead's own, whose first window is then filled again from its start).
-    let lead_end = match lead {
-        Some(f) if n_mapped > 0 => match call.rt.arena.lease(call.ctx, false)? {
-            Some(first) => {
-                job.leases.extend([first, f.lease]);
-                f.end
-            }
-            None => {
-                job.leases.push(f.lease);
-                0
-            }
-        },
-        Some(f) => {
-            job.leases.push(f.lease);
-            f.end
-        }
-        None => 0,
-    };
     // The batch's buffer, and the direct copies into it. Where the staged region is one
     // window and nothing else (no kernel, no direct copies) needs the buffer, it is made
     // once that window's fill has started, so that the driver allocates while the copy
@@ -481,7 +423,7 @@ fn submit<T>(
         job,
         &src.staged,
         l,
-        (first_window_slot, lead_end),
+        first_window_slot,
         |call, job| allocate(call, job).map(|_| ()),
         |tick| meanwhile(Some(made_buffer()?), tick),
         drain,
@@ -531,8 +473,7 @@ fn queue_direct(
 
 /// The staged region (`l.staged_end` bytes: the `staged` sources at the layout's offsets)
 /// through the staging slots, window by window ([`Pump`]), the first window in slot
-/// `first.0`, whose bytes before `first.1` are being filled already (a [`Lead`]'s: 0
-/// when none were); `drain` queues the device's reads of a filled slot (the window's copy to
+/// `first_slot`; `drain` queues the device's reads of a filled slot (the window's copy to
 /// its place); calls `started`, then `meanwhile`, once every window's fill has started,
 /// and returns what `meanwhile` made. `meanwhile`'s tick queues the windows filled by
 /// then, in order, without waiting: call it every microsecond or so, so that no filled
@@ -543,7 +484,7 @@ pub(super) fn run_windows<T, M>(
     job: &mut InFlight,
     staged: &[&[u8]],
     l: &Layout,
-    (first_slot, lead_end): (usize, usize),
+    first_slot: usize,
     started: impl FnOnce(&mut Call, &mut InFlight) -> Result<()>,
     meanwhile: impl FnOnce(&mut dyn FnMut()) -> Result<M>,
     mut drain: impl FnMut(&mut Call, &mut InFlight, usize, plan::Window) -> Result<T>,
@@ -571,14 +512,13 @@ pub(super) fn run_windows<T, M>(
         nslots,
         queued: 0,
         started: 0,
-        lead_end,
         patience: super::patience::Patience::new(rt.settings().slot_wait),
     };
-    let fill = |job: &mut InFlight, k: usize, w: plan::Window, from: usize| {
+    let fill = |job: &mut InFlight, k: usize, w: plan::Window| {
         // SAFETY: the sources borrow the caller's batch, alive for this whole call; the
         // lease settles its fill before the call ends (InFlight::finish/abort settle
         // every lease, and so does dropping one).
-        unsafe { job.leases[k].fill_window_rest(&packed, w.start, w.len, from, &rt.copy, stores) }
+        unsafe { job.leases[k].fill_window_start(&packed, w.start, w.len, &rt.copy, stores) }
     };
     let mut queue =
         |job: &mut InFlight, k: usize, w: plan::Window| drain(call, job, k, w).map(|_| ());
@@ -611,8 +551,7 @@ pub(super) fn run_windows<T, M>(
 
 /// The staging windows of one call in flight. Window `w` uses slot
 /// `(w + first_slot) % nslots`; windows before `queued` have their copy queued, those from
-/// `queued` to `started` are filling; the first window's bytes before `lead_end` were
-/// being filled before the pump started. Turns without progress back off and, after
+/// `queued` to `started` are filling. Turns without progress back off and, after
 /// [`Config::slot_wait`](crate::config::Config::slot_wait) of them, fail (a hung device).
 struct Pump<'a> {
     windows: &'a [plan::Window],
@@ -620,7 +559,6 @@ struct Pump<'a> {
     nslots: usize,
     queued: usize,
     started: usize,
-    lead_end: usize,
     patience: super::patience::Patience,
 }
 
@@ -636,7 +574,7 @@ impl Pump<'_> {
     fn advance(
         &mut self,
         job: &mut InFlight,
-        fill: &impl Fn(&mut InFlight, usize, plan::Window, usize) -> Result<()>,
+        fill: &impl Fn(&mut InFlight, usize, plan::Window) -> Result<()>,
         queue: &mut impl FnMut(&mut InFlight, usize, plan::Window) -> Result<()>,
     ) -> Result<bool> {
         let mut progress = false;
@@ -649,13 +587,7 @@ impl Pump<'_> {
             && self.started - self.queued < self.nslots
             && job.leases[self.slot(self.started)].idle_now()?
         {
-            let from = if self.started == 0 { self.lead_end } else { 0 };
-            fill(
-                job,
-                self.slot(self.started),
-                self.windows[self.started],
-                from,
-            )?;
+            fill(job, self.slot(self.started), self.windows[self.started])?;
             super::trace::mark("fill started");
             self.started += 1;
             progress = true;
@@ -673,7 +605,7 @@ impl Pump<'_> {
     fn turn(
         &mut self,
         job: &mut InFlight,
-        fill: &impl Fn(&mut InFlight, usize, plan::Window, usize) -> Result<()>,
+        fill: &impl Fn(&mut InFlight, usize, plan::Window) -> Result<()>,
         queue: &mut impl FnMut(&mut InFlight, usize, plan::Window) -> Result<()>,
     ) -> Result<()> {
         if self.advance(job, fill, queue)? {

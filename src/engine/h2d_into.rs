@@ -454,7 +454,7 @@ fn windows(call: &mut Call, job: &mut InFlight, plan: &Plan, stream: &Stream) ->
         job,
         &plan.staged,
         &layout,
-        (0, 0),
+        0,
         |_, _| Ok(()),
         |_| Ok(()),
         drain,

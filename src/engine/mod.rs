@@ -9,7 +9,6 @@
 //! | `patience.rs` | how polling loops back off, and when they give up |
 //! | `thread_state.rs` | per-thread streams, the cache ring, the current stream |
 //! | `h2d.rs`, `d2h.rs` | the two directions |
-//! | `lead.rs` | an H2D batch's leading pageable tensors, staged while the batch is still walked |
 //! | `into.rs`, `h2d_into.rs`, `d2h_into.rs`, `h2d_pairs.rs` | copies into tensors the caller owns: their options and checks; each direction's call and work; [`H2dPairs`], pairs checked once |
 //! | `prefetch.rs` | [`Prefetcher`]: batches moved ahead on a worker thread |
 //! | `shutdown.rs` | [`Runtime::shutdown`](crate::runtime::Runtime::shutdown): memory back, threads stopped |
@@ -21,7 +20,6 @@ mod h2d;
 mod h2d_into;
 mod h2d_pairs;
 mod into;
-mod lead;
 mod options;
 mod patience;
 mod plan;

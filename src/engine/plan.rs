@@ -110,14 +110,6 @@ fn partition(n: usize, pred: impl Fn(usize) -> bool) -> usize {
 /// The first window is never smaller than this (nor larger than a full one).
 const RAMP_MIN: usize = 1 << 20;
 
-/// The bytes at the front of a staged region, with slots of `slot` bytes, that are in its
-/// first window whatever the region's size: what may be filled before the batch's walk
-/// has ended and its windows are known (the first window of [`windows`] with
-/// [`window_size`] is at least this long, or the whole region).
-pub(crate) fn lead_bytes(slot: usize) -> usize {
-    RAMP_MIN.min(slot)
-}
-
 /// The size of the first window: an eighth of a full one, at least [`RAMP_MIN`].
 fn first_window(window: usize) -> usize {
     (window / 8).max(RAMP_MIN).min(window).max(1)
@@ -261,17 +253,6 @@ mod tests {
             }
             prop_assert_eq!(next_start, end);
             prop_assert_eq!(covered, sizes);
-        }
-
-        #[test]
-        fn the_first_window_holds_the_lead(
-            end in 1usize..(1 << 34),
-            slot_shift in 12u32..30,
-        ) {
-            let slot = 1usize << slot_shift;
-            let first = windows(end, window_size(end, slot)).next().unwrap();
-            prop_assert_eq!(first.start, 0);
-            prop_assert!(first.len >= lead_bytes(slot).min(end), "{:?}", first);
         }
 
         #[test]

@@ -347,14 +347,10 @@ pub(crate) struct SlotLease {
     /// `Some` until drop.
     slab: Option<Slab>,
     arena: Arc<PinnedArena>,
-    /// The host copies filling the slot, started by [`SlotLease::fill_start`],
-    /// [`SlotLease::fill_window_start`], [`SlotLease::fill_ahead`] or
-    /// [`SlotLease::fill_window_rest`] and not yet waited for. Every other use of the slot
-    /// waits for them first.
-    filling: Vec<Ticket>,
-    /// The end of the slot's bytes that `filling` may write: a fill started beside them
-    /// (`fill_ahead`, `fill_window_rest`) writes only after it.
-    filled_to: usize,
+    /// The host copies filling the slot, when started with [`SlotLease::fill_start`] or
+    /// [`SlotLease::fill_window_start`] and not yet waited for. Every other use of the slot
+    /// waits for it first.
+    filling: Option<Ticket>,
 }
 
 /// Proof that the copies a call queued on a stream have finished: made only by
@@ -426,8 +422,7 @@ impl SlotLease {
         SlotLease {
             slab: Some(slab),
             arena: arena.clone(),
-            filling: Vec::new(),
-            filled_to: 0,
+            filling: None,
         }
     }
 
@@ -478,26 +473,27 @@ impl SlotLease {
         Ok(true)
     }
 
-    /// Whether the host copies filling the slot are finished (true when none were
-    /// started).
+    /// Whether the host copies started by [`SlotLease::fill_start`] or
+    /// [`SlotLease::fill_window_start`] are finished (true when none were started).
     pub(crate) fn fill_done(&self) -> bool {
-        self.filling.iter().all(Ticket::is_done)
+        self.filling.as_ref().is_none_or(Ticket::is_done)
     }
 
-    /// Takes part in the fills of the slot: copies their pieces that no copy thread has
-    /// taken yet.
+    /// Takes part in the fill started by [`SlotLease::fill_start`] or
+    /// [`SlotLease::fill_window_start`]: copies its pieces that no copy thread has taken
+    /// yet.
     pub(crate) fn help_fill(&self) {
-        for t in &self.filling {
+        if let Some(t) = &self.filling {
             t.help();
         }
     }
 
-    /// Waits for the host copies filling the slot.
+    /// Waits for host copies into the slot started by [`SlotLease::fill_start`] or
+    /// [`SlotLease::fill_window_start`].
     pub(crate) fn settle(&mut self) {
-        for t in self.filling.drain(..) {
+        if let Some(t) = self.filling.take() {
             t.wait();
         }
-        self.filled_to = 0;
     }
 
     /// The slot's bytes; waits first for the copies that last used it (device and host).
@@ -549,63 +545,8 @@ impl SlotLease {
         // it waits for the ticket first (settle), so nothing else touches those bytes until
         // the copies are done; the sources stay valid that long by the caller's contract,
         // and cannot overlap the slot, which is exclusively ours.
-        self.filling.push(unsafe { copy.submit(tasks, stores) });
-        self.filled_to = end;
+        self.filling = Some(unsafe { copy.submit(tasks, stores) });
         Ok(())
-    }
-
-    /// Starts copying `(slot offset, bytes)` pieces into the slot on the copy threads,
-    /// however few bytes they are ([`CopyPool::submit_away`]), beside the fills already
-    /// started, and returns without waiting for them: for a caller filling the slot ahead
-    /// of its window while it does other work. Only while the device is done with the slot
-    /// (asked without blocking): `Ok(false)` when it is not, and nothing was started.
-    /// Pieces must be sorted by offset, must not overlap, and must lie after the bytes the
-    /// fills already started write.
-    ///
-    /// # Errors
-    /// [`Error::Internal`](crate::error::Error::Internal) for a piece outside the slot, out
-    /// of order, or among bytes already being filled; the driver's error for the slot's
-    /// last copy.
-    ///
-    /// # Safety
-    /// Every piece's bytes stay alive and unchanged until the slot is next settled, used
-    /// by a fill that is not one of these, or dropped.
-    pub(crate) unsafe fn fill_ahead<'a>(
-        &mut self,
-        pieces: impl Iterator<Item = (usize, &'a [u8])>,
-        copy: &Arc<CopyPool>,
-        stores: Stores,
-    ) -> Result<bool> {
-        if !self.idle_now()? {
-            return Ok(false);
-        }
-        let mut end = if self.filling.is_empty() {
-            0
-        } else {
-            self.filled_to
-        };
-        let slab = self.slab();
-        let (base, len) = (slab.ptr.0, slab.len);
-        let mut tasks = CopyTasks::with_capacity(pieces.size_hint().1.unwrap_or(0).min(len));
-        for (at, src) in pieces {
-            check_range("slot fill", at, src.len(), len)?;
-            check_range("slot fill order", end, 0, at)?;
-            end = at + src.len();
-            tasks.push(CopyTask {
-                src: src.as_ptr(),
-                dst: base.wrapping_add(at),
-                len: src.len(),
-            });
-        }
-        // SAFETY: every destination is inside the slot (checked above), after the bytes
-        // the running fills write and not overlapping another (sorted, checked above); the
-        // device is done with the slot (asked above) and only this lease's own later uses,
-        // which settle these copies first, queue device work on it; the slot is this
-        // lease's alone, and the sources stay valid until then by the caller's contract.
-        self.filling
-            .push(unsafe { copy.submit_away(tasks, stores) });
-        self.filled_to = end;
-        Ok(true)
     }
 
     /// Starts filling the slot with bytes `start..start + len` of the `packed` layout (in
@@ -639,64 +580,7 @@ impl SlotLease {
         // nothing else touches those bytes until the copies are done; the sources stay
         // valid that long by the caller's contract, and cannot overlap the slot, which is
         // exclusively ours.
-        self.filling
-            .push(unsafe { copy.submit_window(packed, start, len, dst, stores) });
-        self.filled_to = len;
-        Ok(())
-    }
-
-    /// [`SlotLease::fill_window_start`] for a slot whose bytes before `from` are being
-    /// filled already ([`SlotLease::fill_ahead`], with the same layout): starts filling
-    /// the window's bytes from `from` on, beside that fill, which it does not wait for.
-    /// With `from` 0, `fill_window_start` itself.
-    ///
-    /// # Errors
-    /// As [`SlotLease::fill_window_start`]; [`Error::Internal`](crate::error::Error::Internal)
-    /// also when `from` is past `len`, or before the end of the bytes being filled, or when
-    /// the device may still read the slot.
-    ///
-    /// # Safety
-    /// As [`SlotLease::fill_window_start`].
-    pub(crate) unsafe fn fill_window_rest(
-        &mut self,
-        packed: &Arc<Packed>,
-        start: usize,
-        len: usize,
-        from: usize,
-        copy: &Arc<CopyPool>,
-        stores: Stores,
-    ) -> Result<()> {
-        if from == 0 {
-            // SAFETY: the caller's contract.
-            return unsafe { self.fill_window_start(packed, start, len, copy, stores) };
-        }
-        check_range("slot fill window", start, len, usize::MAX)?;
-        let host_busy = !self.filling.is_empty() && self.filled_to > from;
-        let device_busy = self.slab().busy;
-        if device_busy || host_busy {
-            return Err(crate::error::Error::Internal {
-                op: "slot fill",
-                reason: format!(
-                    "the rest of a window from byte {from} of a slot still in use \
-                     (device: {device_busy}, host fill to byte {})",
-                    self.filled_to
-                ),
-            });
-        }
-        let slab = self.slab();
-        check_range("slot fill", 0, len, slab.len)?;
-        check_range("slot fill rest", from, 0, len)?;
-        let dst = slab.ptr.0.wrapping_add(from);
-        // SAFETY: `dst..dst + (len - from)` is inside the slot (`from <= len <= slot`,
-        // checked above) and after the bytes the running fills write (checked above); the
-        // device is done with the slot (not busy: nothing was queued on it since it was
-        // last seen idle), the slot is this lease's alone, and every use of it waits for
-        // the tickets first (settle); the sources stay valid that long by the caller's
-        // contract. Byte `start + from` of the layout lands at `dst`, so every byte lands
-        // where `fill_window_start` would put it.
-        self.filling
-            .push(unsafe { copy.submit_window(packed, start + from, len - from, dst, stores) });
-        self.filled_to = len;
+        self.filling = Some(unsafe { copy.submit_window(packed, start, len, dst, stores) });
         Ok(())
     }
 

@@ -459,41 +459,12 @@ impl CopyPool {
     /// `src..src+len` is readable and unchanged, `dst..dst+len` is writable, the two do
     /// not overlap, and nothing else reads or writes `dst..dst+len`.
     pub(crate) unsafe fn submit(self: &Arc<Self>, tasks: CopyTasks, stores: Stores) -> Ticket {
-        // SAFETY: the caller's contract.
-        unsafe { self.submit_from(tasks, stores, self.parallel_min) }
-    }
-
-    /// [`CopyPool::submit`], handed to the copy threads whatever its size (still copied
-    /// right here when the pool has no other thread, or is stopping): for a caller that
-    /// has other work to do meanwhile, such as walking the rest of its batch.
-    ///
-    /// # Safety
-    /// As for [`CopyPool::submit`].
-    pub(crate) unsafe fn submit_away(self: &Arc<Self>, tasks: CopyTasks, stores: Stores) -> Ticket {
-        // SAFETY: the caller's contract.
-        unsafe { self.submit_from(tasks, stores, 0) }
-    }
-
-    /// [`CopyPool::submit`], in parallel from `parallel_min` bytes.
-    ///
-    /// # Safety
-    /// As for [`CopyPool::submit`].
-    unsafe fn submit_from(
-        self: &Arc<Self>,
-        tasks: CopyTasks,
-        stores: Stores,
-        parallel_min: usize,
-    ) -> Ticket {
         let CopyTasks {
             tasks,
             total,
             largest,
         } = tasks;
-        if total < parallel_min
-            || total == 0
-            || self.threads == 1
-            || self.stopping.load(Ordering::Relaxed)
-        {
+        if total < self.parallel_min || self.threads == 1 || self.stopping.load(Ordering::Relaxed) {
             // SAFETY: the caller's contract, for each task.
             unsafe { copy_all(&tasks, stores) };
             store_fence();
