@@ -18,8 +18,7 @@
 //! A staging window's fill is a job of its own kind ([`CopyPool::submit_window`]): its
 //! pieces are byte ranges of the window, and each thread finds the sources of the piece
 //! it draws in the batch's [`Packed`] layout (a binary search), so the submitting thread
-//! makes no list of a thousand small tensors' pieces before the copying can start; its
-//! pieces are at least [`WINDOW_PIECE_MIN`], larger than other jobs' (measured faster).
+//! makes no list of a thousand small tensors' pieces before the copying can start.
 //!
 //! The pieces point into memory the caller borrows. A [`Ticket`] waits for its job when
 //! waited or dropped, so a worker never touches that memory after the ticket is gone; a
@@ -71,21 +70,6 @@ fn piece_size(total: usize, threads: usize) -> usize {
     PIECE
         .min(total.div_ceil(threads.max(1) * PIECES_PER_THREAD))
         .max(PIECE_MIN)
-}
-
-/// Smallest piece of a staging window's fill ([`CopyPool::submit_window`]): there, fewer
-/// and larger pieces than [`piece_size`]'s fill faster. A window of 1000 sources of 1 KiB
-/// is 8 pieces, not 48: the Rust bench's 1000 x 1 KiB pageable H2D took 78.0 / 75.2 /
-/// 70.2 us against 87.5 / 77.4 / 75.1 on the H200, three rounds of the builds in turn,
-/// the images' rows unchanged (session 61, docs/performance.md). Where the calling
-/// thread drains slots with the workers (D2H into pageable outputs) the small pieces
-/// stay: there they are faster (session 35).
-const WINDOW_PIECE_MIN: usize = 128 << 10;
-
-/// The size of a staging window's fill's pieces: [`piece_size`], at least
-/// [`WINDOW_PIECE_MIN`].
-fn window_piece_size(len: usize, threads: usize) -> usize {
-    piece_size(len, threads).max(WINDOW_PIECE_MIN)
 }
 
 /// One copy: `len` bytes from `src` to `dst`.
@@ -549,7 +533,7 @@ impl CopyPool {
             len,
             dst,
             piece: if parallel {
-                window_piece_size(len, self.threads)
+                piece_size(len, self.threads)
             } else {
                 len.max(1)
             },
@@ -1032,13 +1016,6 @@ mod tests {
         assert_eq!(piece_size(1 << 30, 12), PIECE);
         assert_eq!(piece_size(8 << 20, 16), 128 << 10);
         assert_eq!(piece_size(0, 0), PIECE_MIN);
-        // A staging window's fill: 1000 x 1 KiB in 8 pieces; larger windows as other jobs.
-        assert_eq!(
-            1_024_000_usize.div_ceil(window_piece_size(1_024_000, 12)),
-            8
-        );
-        assert_eq!(window_piece_size(8 << 20, 16), 128 << 10);
-        assert_eq!(window_piece_size(32 << 20, 16), 512 << 10);
         // A real job: 1000 tasks of 1 KiB on the tests' 4 threads make 16 pieces (15 of
         // 63 tasks, the last of 55), where one per thread made 4.
         let n = if cfg!(miri) { 100 } else { 1000 };
