@@ -8,6 +8,7 @@
 
 mod common;
 
+use pinlane::driver::fault::{self, FaultKind};
 use pinlane::driver::sim::{page_locked_bytes, SimConfig};
 use pinlane::{
     memory_stats, transfer_tensor_d2h, transfer_tensor_d2h_async, transfer_tensor_h2d_async,
@@ -162,4 +163,48 @@ fn shutdown_gives_everything_back_and_the_next_call_starts_afresh() {
     assert!(rt.is_shut_down());
     assert_eq!(rt.memory_stats().staging, Default::default());
     assert_eq!(page_locked_bytes(), Some(0));
+
+    // 6. The completion thread cannot start (no thread runs after the shutdown above, so
+    //    the next non-blocking call starts it): that call fails with a typed error once
+    //    its copies are drained, and loses nothing; the next one starts the thread.
+    let host = batch(6);
+    let dev = transfer_tensor_h2d_with(&host, &H2dOptions::default()).unwrap();
+    for d2h in [false, true] {
+        fault::inject(FaultKind::ThreadStart, 1);
+        let r = if d2h {
+            transfer_tensor_d2h_async(&dev, &D2hOptions::default()).map(drop)
+        } else {
+            transfer_tensor_h2d_async(&host, &H2dOptions::default()).map(drop)
+        };
+        assert!(matches!(r, Err(Error::Worker { .. })), "d2h {d2h}: {r:?}");
+        assert!(!fault::armed(), "the start was tried");
+        // Drained before the error: what its copies used is released, not retained.
+        let s = memory_stats();
+        assert_eq!(
+            (s.retained_owners, s.retained_bytes),
+            (0, 0),
+            "d2h {d2h}: {s:?}"
+        );
+        if linux {
+            let t = pinlane_threads();
+            assert!(!t.iter().any(|n| n == "pinlane-complet"), "{t:?}");
+        }
+    }
+    // Nothing of the failed calls is left for the device's next call to report.
+    assert_eq!(
+        transfer_tensor_d2h(&dev, &D2hOptions::default()).unwrap(),
+        host
+    );
+    let back = transfer_tensor_d2h_async(&dev, &D2hOptions::default())
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(back, host);
+    drop((dev, back));
+    pinlane::shutdown(Duration::from_secs(10)).unwrap();
+    assert_eq!(
+        page_locked_bytes(),
+        Some(0),
+        "page-locked memory left by the calls that could not start the thread"
+    );
 }

@@ -24,6 +24,9 @@ pub enum FaultKind {
     /// `cuStreamWriteValue32`: queuing an end flag's write (the call then waits in the
     /// driver instead).
     FlagWrite,
+    /// Starting pinlane's completion thread (the first non-blocking call's, or the first
+    /// after a shutdown), which then fails as `std::thread::Builder::spawn` can.
+    ThreadStart,
 }
 
 thread_local! {

@@ -250,6 +250,7 @@ pub(crate) fn fault_point(
             FaultKindTag::EventRecord => fault::FaultKind::EventRecord,
             FaultKindTag::StreamSync => fault::FaultKind::StreamSync,
             FaultKindTag::FlagWrite => fault::FaultKind::FlagWrite,
+            FaultKindTag::ThreadStart => fault::FaultKind::ThreadStart,
         };
         fault::hit(k, op)?;
     }
@@ -265,6 +266,7 @@ pub(crate) enum FaultKindTag {
     EventRecord,
     StreamSync,
     FlagWrite,
+    ThreadStart,
 }
 
 /// Checks a device index against the device count.

@@ -382,11 +382,19 @@ fn enqueue(owners: Detached, done: Event, lazy: bool) -> Result<Pending> {
     q.by_stream.entry(k).or_default().push_back(job);
     if !q.started {
         q.stop = false;
-        match std::thread::Builder::new()
-            .name("pinlane-complete".into())
-            .spawn(run)
-        {
-            Ok(_) => q.started = true,
+        let spawned = match crate::driver::fault_point(
+            crate::driver::FaultKindTag::ThreadStart,
+            "start the completion thread",
+        ) {
+            // A test's injected fault (feature `test-util`): the start fails.
+            Err(e) => Err(std::io::Error::other(e.to_string())),
+            Ok(()) => std::thread::Builder::new()
+                .name("pinlane-complete".into())
+                .spawn(run)
+                .map(drop),
+        };
+        match spawned {
+            Ok(()) => q.started = true,
             Err(e) => {
                 // No thread: the call fails, its copies drained first as a failed blocking
                 // call's are, within the drop bound; past it, what they use is retained
