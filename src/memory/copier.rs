@@ -35,7 +35,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, TryLockError};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 /// Largest piece of a job: small enough to spread a 32 MiB window over 16 threads, large
 /// enough that handing out a piece (one atomic add) is noise next to copying it.
@@ -406,18 +406,7 @@ impl CopyPool {
         let mut spin_until = None;
         loop {
             if self.queued.load(Ordering::Relaxed) > 0 {
-                // Never blocks on the lock: a job's arrival sends every spinning worker here
-                // at once, and workers that slept on a contended lock would be woken one at
-                // a time, each behind the previous one's wake-up (the futex mutex's
-                // contended path), starting late on the job they came for.
-                let mut q = match self.queue.try_lock() {
-                    Ok(q) => q,
-                    Err(TryLockError::Poisoned(e)) => e.into_inner(),
-                    Err(TryLockError::WouldBlock) => {
-                        std::hint::spin_loop();
-                        continue;
-                    }
-                };
+                let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
                 while q.front().is_some_and(|j| j.exhausted()) {
                     q.pop_front();
                     self.queued.fetch_sub(1, Ordering::Relaxed);
