@@ -192,6 +192,22 @@ _cuda_seen = False
 _Tensor = None
 
 
+def _forget_cuda_in_child():
+    """Runs in a child just forked: it cannot use the CUDA state, streams and copy threads
+    it inherits (the driver's state does not survive a fork, and a lock a thread of the
+    parent held stays held). Forgetting that CUDA was seen closes the short ways and sends
+    the child's next call through ``_torch_with_cuda``, where ``torch.cuda.init()`` raises
+    torch's own error for a forked subprocess (torch was initialised in the parent
+    whenever the flag was set), as a torch call there would."""
+    global _cuda_seen, _Tensor
+    _cuda_seen = False
+    _Tensor = None
+
+
+if hasattr(os, "register_at_fork"):  # POSIX; the wheels are Linux's
+    os.register_at_fork(after_in_child=_forget_cuda_in_child)
+
+
 def _torch_with_cuda():
     """torch, if the caller loaded it and both torch and pinlane see a GPU; else None."""
     global _cuda_seen, _Tensor
@@ -241,10 +257,15 @@ def transfer_tensor_h2d(batch, /, *, num_caches=4):
       stream of the device at the time of the call. If that stream is a
       ``torch.cuda.ExternalStream``, keep it alive until those outputs are freed (torch
       asks the same of an external stream for as long as its work uses memory).
+      ``out.record_stream(s)`` does nothing to them (torch skips memory its allocator did
+      not make): to use them on another stream ``s``, make it torch's current stream for
+      the call, or keep them referenced until ``s`` is done with them.
     * The thread keeps its last ``num_caches`` batches' device memory referenced.
-    * A tensor that requires grad, whose dtype pinlane lacks (complex, float8, ...), or
-      that torch does not export (sparse and other layouts) is moved by torch
-      (``tensor.to(device)``, keeping autograd, on torch's current stream).
+    * A tensor that requires grad, of a subclass whose class torch's ops keep
+      (torchvision's ``tv_tensors``; not ``nn.Parameter``), whose dtype pinlane lacks
+      (complex, float8, ...), or that torch does not export (sparse and other layouts) is
+      moved by torch (``tensor.to(device)``, keeping autograd, class and metadata, on
+      torch's current stream).
     * No CUDA (or torch not loaded): the batch is returned as is.
 
     Raises:
@@ -370,11 +391,12 @@ def transfer_tensor_d2h(batch, /, *, device=None, stream=None, producer_event=No
       within 50 us, a failed call's drain, the page-locked pool at its cap): under
       another busy Python thread it then waits for no switch interval.
     * A non-contiguous or negated tensor is first made a plain contiguous tensor on the
-      device, on torch's current stream; a tensor that requires grad, whose dtype
-      pinlane lacks (complex, float8, ...), or that torch does not export is moved by
-      torch (``tensor.to("cpu")``, keeping autograd). With ``producer_event``, this
-      torch-side work starts only once the event has completed (the call waits for it on
-      the host first).
+      device, on torch's current stream; a tensor that requires grad, of a subclass whose
+      class torch's ops keep (not ``nn.Parameter``), whose dtype pinlane lacks (complex,
+      float8, ...), or that torch does not export is moved by torch
+      (``tensor.to("cpu")``, keeping autograd, class and metadata). With
+      ``producer_event``, this torch-side work starts only once the event has completed
+      (the call waits for it on the host first).
     * No CUDA (or torch not loaded): the batch is returned as is.
 
     Raises:

@@ -70,6 +70,9 @@ struct TorchObjs {
     /// `torch._C`, if torch has it: where [`Torch::rows`] finds the guard a run is split
     /// under.
     c: Option<Py<PyAny>>,
+    /// `torch._C._disabled_torch_function_impl`, if torch has it: the `__torch_function__`
+    /// of subclasses whose results torch makes plain tensors (`nn.Parameter`).
+    disabled_torch_function: Option<Py<PyAny>>,
 }
 
 static TORCH_OBJS: PyOnceLock<TorchObjs> = PyOnceLock::new();
@@ -93,6 +96,11 @@ impl Torch {
                     Some((f.unbind(), d.unbind()))
                 }),
                 c: torch.getattr("_C").ok().map(Bound::unbind),
+                disabled_torch_function: torch
+                    .getattr("_C")
+                    .and_then(|c| c.getattr("_disabled_torch_function_impl"))
+                    .ok()
+                    .map(Bound::unbind),
                 tensor_type: torch.getattr("Tensor")?.unbind(),
             })
         })?;
@@ -215,6 +223,27 @@ impl Torch {
             return None;
         }
         Some((plain, stream))
+    }
+
+    /// Whether `t` is of a subclass of `torch.Tensor` whose results torch's own ops give
+    /// its class (and whatever the class's `__torch_function__` carries over: torchvision's
+    /// `tv_tensors` keep their format and canvas size through `.to()`): every subclass but
+    /// those that disable `__torch_function__`, as `nn.Parameter` does (its `.to()` gives a
+    /// plain tensor, as pinlane's outputs are). Such a tensor is moved by torch's
+    /// `.to(...)`, so that its output keeps its class and metadata; pinlane's outputs are
+    /// plain tensors. Only a comparison of the type for a plain `torch.Tensor`.
+    pub(crate) fn keeps_subclass(&self, t: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let py = t.py();
+        let ty = t.get_type();
+        if ty.is(self.objs.tensor_type.bind(py)) {
+            return Ok(false);
+        }
+        let Some(disabled) = &self.objs.disabled_torch_function else {
+            // No way to tell a disabled one: every subclass goes to torch.
+            return Ok(true);
+        };
+        let tf = ty.getattr(pyo3::intern!(py, "__torch_function__"))?;
+        Ok(!tf.is(disabled.bind(py)))
     }
 
     /// Whether a tensor that exports as an 8-bit integer is torch's `int8` or `uint8`

@@ -5,9 +5,10 @@
 //! * the same object, for a tensor the call does not move (a device tensor given to H2D;
 //!   a host tensor, or one on another device, given to D2H);
 //! * torch's own `tensor.to(...)` of it, for a tensor pinlane leaves to torch: one that
-//!   requires grad (so autograd keeps its history, as spdl does), one whose dtype pinlane
-//!   lacks (complex, float8, ...), or one that torch will not export or pinlane cannot
-//!   hold (sparse and other layouts).
+//!   requires grad (so autograd keeps its history, as spdl does), one of a subclass whose
+//!   class torch's `.to()` keeps (torchvision's `tv_tensors`, `as_subclass` ones: not
+//!   `nn.Parameter`), one whose dtype pinlane lacks (complex, float8, ...), or one that
+//!   torch will not export or pinlane cannot hold (sparse and other layouts).
 //!
 //! What pinlane delivers is a tensor's values with the bits torch's own copy gives.
 //! Torch may hold values lazily: a view with the negation bit (`is_neg()`, e.g.
@@ -323,16 +324,17 @@ fn h2d_slot<'py>(
     views: bool,
     inputs: &mut Vec<Tensor>,
 ) -> PyResult<Slot<'py>> {
-    // Torch moves what is on the host and either requires grad (keeping autograd) or
-    // will not be exported (a sparse or other non-strided tensor); the rest of those
-    // stays as it is.
+    // Torch moves what is on the host and either requires grad (keeping autograd), is of
+    // a subclass whose class torch's `.to()` keeps ([`Torch::keeps_subclass`]), or will
+    // not be exported (a sparse or other non-strided tensor); the rest of those stays as
+    // it is.
     let by_torch = |t: Bound<'py, PyAny>| -> PyResult<Slot<'py>> {
         Ok(match torch_device(&t)?.0.as_str() {
             "cpu" => Slot::Torch(t),
             _ => Slot::Same(t),
         })
     };
-    if requires_grad(&t)? {
+    if requires_grad(&t)? || torch.keeps_subclass(&t)? {
         return by_torch(t);
     }
     if views && !maybe_neg {
@@ -734,7 +736,8 @@ fn d2h_slot<'py>(
     current: &mut Option<usize>,
 ) -> PyResult<Slot<'py>> {
     // Torch moves what is on `dev` and either requires grad (spdl copies these one by
-    // one on the current stream, keeping autograd) or will not be exported (a sparse or
+    // one on the current stream, keeping autograd), is of a subclass whose class torch's
+    // `.to()` keeps ([`Torch::keeps_subclass`]), or will not be exported (a sparse or
     // other non-strided tensor); the rest of those stays as it is.
     let by_torch = |t: Bound<'py, PyAny>| -> PyResult<Slot<'py>> {
         Ok(match torch_device(&t)? {
@@ -742,7 +745,7 @@ fn d2h_slot<'py>(
             _ => Slot::Same(t),
         })
     };
-    if requires_grad(&t)? {
+    if requires_grad(&t)? || torch.keeps_subclass(&t)? {
         return by_torch(t);
     }
     if views && !maybe_neg {

@@ -1141,3 +1141,98 @@ def test_flat_batches_take_the_native_way_with_the_general_results(torch, monkey
     with pytest.raises(ValueError):
         d2h_flat(on, T, "cpu")
     assert h2d_flat({"x": 1}, T, 2**64) is None
+
+
+def test_tensor_subclasses_arrive_with_the_class_and_metadata_torch_gives_them(torch):
+    """A tensor of a subclass whose class torch's ``.to()`` keeps (as torchvision's
+    ``tv_tensors`` do, with their metadata) is moved by torch, both ways, so its output has
+    the class and the metadata ``.to()`` gives it; an ``nn.Parameter`` (``__torch_function__``
+    disabled) arrives as the plain tensor its ``.to()`` gives, moved by pinlane. Plain
+    tensors beside them are unchanged. Before session 62 every subclass came back a plain
+    ``torch.Tensor`` (this test failed on its first ``type`` check)."""
+    from pinlane._tree import flatten
+
+    dev = cuda_index(torch)
+    target = f"cuda:{dev}"
+
+    class Tagged(torch.Tensor):
+        # As torchvision's tv_tensors: an op's result keeps the class and the tag.
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            out = super().__torch_function__(func, types, args, kwargs or {})
+            if isinstance(out, Tagged) and args and isinstance(args[0], Tagged):
+                out.tag = args[0].tag
+            return out
+
+    class Sub(torch.Tensor):
+        pass
+
+    host = pattern(torch, torch.float32, (64,), 11)
+    plain = pattern(torch, torch.int32, (3, 5), 12)
+    tagged = host.as_subclass(Tagged)
+    tagged.tag = "boxes"
+    sub = plain.as_subclass(Sub)
+    frozen = torch.nn.Parameter(host.clone(), requires_grad=False)
+    assert type(tagged.to(target)) is Tagged and tagged.to(target).tag == "boxes"
+    assert type(frozen.to(target)) is torch.Tensor
+
+    def check(got, src, before, device):
+        # `got`: the call's output of `before`, whose values are `src`'s.
+        want = before.to(device)
+        assert type(got) is type(want), (type(got), type(want))
+        assert getattr(got, "tag", None) == getattr(want, "tag", None)
+        assert got.device == want.device and same(torch, got, src)
+
+    batches = [tagged, [tagged], (sub,), {"b": tagged, "x": plain}, {"o": [sub, plain, frozen]},
+               [tagged, sub, frozen, plain]]
+    for batch in batches:
+        on = transfer_tensor_h2d(batch)
+        assert type(on) is type(batch)
+        srcs, outs = flatten(batch, torch.Tensor), flatten(on, torch.Tensor)
+        assert len(srcs) == len(outs)
+        for got, src in zip(outs, srcs):
+            check(got, src, src, target)
+        back = transfer_tensor_d2h(on)
+        for got, src, mid in zip(flatten(back, torch.Tensor), srcs, outs):
+            check(got, src, mid, "cpu")
+            # What pinlane moved is in its page-locked outputs; torch's .to("cpu") is not.
+            assert got.is_pinned() == (type(mid) is torch.Tensor)
+
+
+def test_a_forked_child_gets_torchs_error_not_the_parents_cuda(torch):
+    """A child forked from a process that moved tensors with pinlane cannot use the CUDA
+    state, streams and threads it inherits: its first call raises torch's own error for a
+    forked subprocess (``RuntimeError``, "Cannot re-initialize CUDA in forked
+    subprocess"), for a plain tensor (the short way) and a flat batch alike, instead of
+    reaching the parent's driver state (an error or a hang, by chance). The child reports
+    by its exit status; a child that hangs is killed and fails the test."""
+    t = pattern(torch, torch.float32, (256,), 13)
+    on = transfer_tensor_h2d(t)  # torch and pinlane have seen the GPU: the short ways open
+    assert transfer_tensor_d2h(on).is_pinned()
+    pid = os.fork()
+    if pid == 0:  # the child: nothing but these calls, then os._exit
+        code = 0
+        for call in (lambda: transfer_tensor_h2d(t), lambda: transfer_tensor_h2d({"a": t}),
+                     lambda: transfer_tensor_d2h(on)):
+            try:
+                call()
+                code |= 1  # no error: the parent's CUDA was used
+            except RuntimeError as e:
+                if "forked subprocess" not in str(e):
+                    code |= 2
+            except BaseException:  # noqa: BLE001 - any other error fails the test too
+                code |= 4
+        os._exit(code)
+    deadline = time.monotonic() + 60
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung in a pinlane call")
+        time.sleep(0.01)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    # The parent is unaffected.
+    assert same(torch, transfer_tensor_d2h(transfer_tensor_h2d(t)), t)
