@@ -200,6 +200,21 @@ pub enum Error {
         reason: String,
     },
 
+    /// A call that would use CUDA in a child process forked after pinlane set CUDA up in
+    /// its parent. The driver's state and pinlane's threads do not survive `fork`, so the
+    /// child cannot use them (as torch says "Cannot re-initialize CUDA in forked
+    /// subprocess"): start worker processes with the `spawn` method, or set CUDA up only
+    /// after the fork. Refused before any driver call or lock.
+    #[error(
+        "{op}: this process was forked after CUDA was set up in its parent, whose CUDA state a \
+         forked child cannot use (start workers with the 'spawn' method, or use CUDA only \
+         after the fork)"
+    )]
+    ForkedChild {
+        /// The call that was refused.
+        op: &'static str,
+    },
+
     /// A thread pinlane runs work on could not start (a [`Prefetcher`](crate::engine::Prefetcher)'s
     /// worker, the non-blocking calls' completion thread), or a prefetcher's source
     /// iterator panicked.

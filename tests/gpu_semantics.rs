@@ -640,3 +640,24 @@ fn d2h_overlapping_around_hands_outputs_over_first_and_waits_only_in_its_hook() 
         producer.synchronize().unwrap();
     }
 }
+
+#[test]
+fn a_forked_child_is_refused_and_the_parent_goes_on() {
+    // A child forked after CUDA was set up cannot use the parent's driver state or
+    // pinlane's threads: each call that would fails with `Error::ForkedChild` (as torch
+    // raises "Cannot re-initialize CUDA in forked subprocess"), instead of a driver error
+    // or a hang; the parent goes on. Without the guard the simulated device's child hangs
+    // (tests/sim_fork.rs).
+    require_gpu!();
+    let host = vec![
+        common::tensor(DType::F32, &[256], 1),
+        common::tensor(DType::U8, &[3 << 20], 2),
+    ];
+    let on_device = transfer_tensor_h2d(&host).unwrap();
+    let status = common::in_forked_child(|| {
+        common::refusals_in_forked_child(&host, &on_device, common::dev())
+    });
+    assert_eq!(status, 0, "the child's wrong answers, as a bit mask");
+    assert_eq!(d2h(&transfer_tensor_h2d(&host).unwrap()), host);
+    assert_eq!(d2h(&on_device), host);
+}

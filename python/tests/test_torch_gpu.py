@@ -1199,28 +1199,42 @@ def test_tensor_subclasses_arrive_with_the_class_and_metadata_torch_gives_them(t
             assert got.is_pinned() == (type(mid) is torch.Tensor)
 
 
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_a_forked_child_gets_torchs_error_not_the_parents_cuda(torch):
     """A child forked from a process that moved tensors with pinlane cannot use the CUDA
     state, streams and threads it inherits: its first call raises torch's own error for a
     forked subprocess (``RuntimeError``, "Cannot re-initialize CUDA in forked
     subprocess"), for a plain tensor (the short way) and a flat batch alike, instead of
-    reaching the parent's driver state (an error or a hang, by chance). The child reports
-    by its exit status; a child that hangs is killed and fails the test."""
+    reaching the parent's driver state (an error or a hang, by chance). Objects made in the
+    parent (``Buffers``), whose calls go to the native half directly, get a
+    ``RuntimeError`` that says so too (pinlane's "... was forked after CUDA was set up",
+    or torch's, if torch is asked for its stream first and refuses).
+    The child reports by its exit status; a child that hangs is killed and fails the
+    test."""
     t = pattern(torch, torch.float32, (256,), 13)
     on = transfer_tensor_h2d(t)  # torch and pinlane have seen the GPU: the short ways open
     assert transfer_tensor_d2h(on).is_pinned()
+    bufs = pinlane.Buffers([torch.empty_like(on)])
+    bufs.copy_from([t])
     pid = os.fork()
     if pid == 0:  # the child: nothing but these calls, then os._exit
         code = 0
-        for call in (lambda: transfer_tensor_h2d(t), lambda: transfer_tensor_h2d({"a": t}),
-                     lambda: transfer_tensor_d2h(on)):
+        calls = [
+            (lambda: transfer_tensor_h2d(t), "forked subprocess"),
+            (lambda: transfer_tensor_h2d({"a": t}), "forked subprocess"),
+            (lambda: transfer_tensor_d2h(on), "forked subprocess"),
+            (lambda: bufs.copy_from([t]), "forked"),  # pinlane's error, or torch's if it asks first
+        ]
+        for call, says in calls:
             try:
                 call()
                 code |= 1  # no error: the parent's CUDA was used
             except RuntimeError as e:
-                if "forked subprocess" not in str(e):
+                if says not in str(e):
+                    print(f"forked child: {e}", flush=True)
                     code |= 2
-            except BaseException:  # noqa: BLE001 - any other error fails the test too
+            except BaseException as e:  # noqa: BLE001 - any other error fails the test too
+                print(f"forked child: {e!r}", flush=True)
                 code |= 4
         os._exit(code)
     deadline = time.monotonic() + 60
@@ -1236,3 +1250,4 @@ def test_a_forked_child_gets_torchs_error_not_the_parents_cuda(torch):
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
     # The parent is unaffected.
     assert same(torch, transfer_tensor_d2h(transfer_tensor_h2d(t)), t)
+    bufs.copy_from([t])

@@ -311,6 +311,7 @@ fn set_release_threshold(pool: sys::CUmemoryPool) -> Result<()> {
 
 /// Makes `device`'s primary context current until the guard drops.
 pub(crate) fn bind(device: usize) -> Result<ContextGuard> {
+    super::fork::check("CUDA context")?;
     push(handles(device)?.ctx, device)
 }
 

@@ -21,6 +21,7 @@
 //! | `flag.rs` | end flags: `cuStreamWriteValue32`, looked up by hand (CUDA 11.7+), and the spin on its word |
 //! | `kernels.rs` | the committed PTX kernels, loaded once per device, and their launches |
 //! | `deferred.rs` | errors raised in `Drop`, kept for the next call |
+//! | `fork.rs` | a child forked after CUDA was set up: refused with [`Error::ForkedChild`] |
 //! | `fault.rs` | fault injection, feature `test-util` only |
 
 mod api;
@@ -34,6 +35,7 @@ mod event;
 #[cfg(feature = "test-util")]
 pub mod fault;
 pub(crate) mod flag;
+pub(crate) mod fork;
 mod guard;
 mod kernels;
 #[cfg(feature = "nvtx")]
@@ -146,6 +148,7 @@ pub(crate) fn deadline_after(limit: std::time::Duration) -> std::time::Instant {
 
 /// [`available`], or an [`Error::NoCuda`] naming `op`.
 pub(crate) fn require(op: &'static str) -> Result<&'static DriverInfo> {
+    fork::check(op)?;
     probe().as_ref().map_err(|reason| Error::NoCuda {
         op,
         reason: reason.clone(),
@@ -172,48 +175,58 @@ pub(crate) fn probed() -> bool {
 
 fn probe() -> &'static std::result::Result<DriverInfo, String> {
     STATUS.get_or_init(|| {
-        #[cfg(feature = "sim")]
-        {
-            let simulated = sim::active();
-            api::select(simulated.is_some());
-            if let Some(s) = simulated {
-                return Ok(DriverInfo {
-                    version: 0,
-                    device_count: s.devices(),
-                });
-            }
+        let status = set_up();
+        if status.is_ok() {
+            // From here on the process has driver state a forked child cannot use.
+            fork::watch();
         }
-        // SAFETY: is_culib_present only tries to dlopen the library names; no symbol is
-        // called.
-        if !unsafe { sys::is_culib_present() } {
-            return Err("libcuda could not be loaded".into());
+        status
+    })
+}
+
+/// The driver's status, computed once by [`probe`].
+fn set_up() -> std::result::Result<DriverInfo, String> {
+    #[cfg(feature = "sim")]
+    {
+        let simulated = sim::active();
+        api::select(simulated.is_some());
+        if let Some(s) = simulated {
+            return Ok(DriverInfo {
+                version: 0,
+                device_count: s.devices(),
+            });
         }
-        // SAFETY: the library is present (checked above), so culib() returns it instead
-        // of panicking; `get` only resolves a symbol, it calls nothing.
-        let lib = unsafe { sys::culib() };
-        for name in REQUIRED_SYMBOLS {
-            // SAFETY: resolving a symbol's address; the pointer is never called here.
-            if unsafe { lib.get::<*const ()>(name.as_bytes()) }.is_err() {
-                return Err(format!("the driver lacks {name} (too old?)"));
-            }
+    }
+    // SAFETY: is_culib_present only tries to dlopen the library names; no symbol is
+    // called.
+    if !unsafe { sys::is_culib_present() } {
+        return Err("libcuda could not be loaded".into());
+    }
+    // SAFETY: the library is present (checked above), so culib() returns it instead
+    // of panicking; `get` only resolves a symbol, it calls nothing.
+    let lib = unsafe { sys::culib() };
+    for name in REQUIRED_SYMBOLS {
+        // SAFETY: resolving a symbol's address; the pointer is never called here.
+        if unsafe { lib.get::<*const ()>(name.as_bytes()) }.is_err() {
+            return Err(format!("the driver lacks {name} (too old?)"));
         }
-        // SAFETY: every symbol called below was resolved above; cuInit takes flags 0.
-        unsafe { check("cuInit", api::cuInit(0)) }.map_err(|e| e.to_string())?;
-        let mut version = 0;
-        // SAFETY: out-pointer to a live local.
-        unsafe { check("cuDriverGetVersion", api::cuDriverGetVersion(&mut version)) }
-            .map_err(|e| e.to_string())?;
-        let mut count = 0;
-        // SAFETY: out-pointer to a live local; cuInit succeeded.
-        unsafe { check("cuDeviceGetCount", api::cuDeviceGetCount(&mut count)) }
-            .map_err(|e| e.to_string())?;
-        if count <= 0 {
-            return Err("the driver sees no CUDA device".into());
-        }
-        Ok(DriverInfo {
-            version,
-            device_count: count as usize,
-        })
+    }
+    // SAFETY: every symbol called below was resolved above; cuInit takes flags 0.
+    unsafe { check("cuInit", api::cuInit(0)) }.map_err(|e| e.to_string())?;
+    let mut version = 0;
+    // SAFETY: out-pointer to a live local.
+    unsafe { check("cuDriverGetVersion", api::cuDriverGetVersion(&mut version)) }
+        .map_err(|e| e.to_string())?;
+    let mut count = 0;
+    // SAFETY: out-pointer to a live local; cuInit succeeded.
+    unsafe { check("cuDeviceGetCount", api::cuDeviceGetCount(&mut count)) }
+        .map_err(|e| e.to_string())?;
+    if count <= 0 {
+        return Err("the driver sees no CUDA device".into());
+    }
+    Ok(DriverInfo {
+        version,
+        device_count: count as usize,
     })
 }
 

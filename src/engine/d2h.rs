@@ -207,6 +207,9 @@ fn target(
     if p.picked.is_empty() {
         return Ok(None);
     }
+    // Something to copy from the device: not in a child forked after CUDA was set up, and
+    // refused before any lock a parent's thread held.
+    driver::fork::check("transfer_tensor_d2h")?;
     // An H2D call's output whose copies may still run unordered is refused (in its
     // rebuild or `while_copying`); a non-blocking call's, once it returned, is read after
     // its copies (the copy stream waits for them).

@@ -232,6 +232,7 @@ fn device_outputs<'a>(
 fn target(opts: &H2dOptions) -> Result<Option<usize>> {
     opts.device.check()?; // a string that names no device is an error on every machine
     opts.check()?; // before any copy: a bad option must not lose a finished transfer
+    driver::fork::check("transfer_tensor_h2d")?; // in a forked child: before any lock
     let Some(info) = driver::available() else {
         return Ok(None);
     };

@@ -144,6 +144,9 @@ pub(super) fn run(
     device: usize,
     opts: &IntoOptions,
 ) -> Result<Transfer<()>> {
+    // Not in a child forked after CUDA was set up: refused before any lock a parent's
+    // thread held.
+    driver::fork::check("transfer_tensor_h2d_into")?;
     // Sources a D2H call may still be writing, and destinations an H2D call's copies may
     // still be writing unordered (its outputs, in its rebuild or `while_copying`), are
     // refused; a non-blocking H2D call's outputs, once it returned, are written after its

@@ -194,3 +194,90 @@ pub fn hand_over(
         _tag: DropCounted(drops.clone()),
     }
 }
+
+/// Runs `child` in a child process forked from this one and returns its exit status:
+/// `child`'s return value, or 101 if it panicked. The child runs nothing but `child` and
+/// leaves with `_exit` (none of the harness's code, no exit handlers); a child that has
+/// not ended within 60 s is killed, and that fails the calling test.
+pub fn in_forked_child(child: impl FnOnce() -> i32) -> i32 {
+    use std::time::{Duration, Instant};
+    // SAFETY: fork has no precondition. The child runs only `child`, under catch_unwind
+    // (a panic must not unwind into its copy of the harness), then _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(child)).unwrap_or(101);
+        // SAFETY: ends the child at once, running no harness code and no exit handler.
+        unsafe { libc::_exit(code) }
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut status = 0;
+        // SAFETY: waits for this process's own child; the status goes to a live local.
+        let done = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if done == pid {
+            assert!(
+                libc::WIFEXITED(status),
+                "the child was ended by a signal ({status})"
+            );
+            return libc::WEXITSTATUS(status);
+        }
+        assert_eq!(done, 0, "waitpid failed");
+        if Instant::now() > deadline {
+            // SAFETY: signals and reaps this process's own child.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            panic!("the forked child did not end within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// What a child forked after CUDA was set up gets from pinlane (run by
+/// [`in_forked_child`]), as a bit mask of what went wrong, 0 when all is right: each call
+/// that would use the parent's CUDA state (an H2D of `host`, a D2H of `on_device`, a copy
+/// of `host` into `on_device`, a new stream on `device`, page-locking a host tensor) fails
+/// with `Error::ForkedChild` naming it, and a D2H of host tensors (nothing to copy)
+/// passes them through.
+pub fn refusals_in_forked_child(
+    host: &[Tensor],
+    on_device: &[Tensor],
+    device: pinlane::Device,
+) -> i32 {
+    use pinlane::Error;
+    let (host, on_device) = (host.to_vec(), on_device.to_vec());
+    let refused = |r: pinlane::Result<()>, call: &str| {
+        matches!(r, Err(Error::ForkedChild { op }) if op == call) || {
+            eprintln!("forked child: {call}: {r:?}");
+            false
+        }
+    };
+    let mut wrong = 0;
+    let checks = [
+        refused(
+            pinlane::transfer_tensor_h2d(&host).map(drop),
+            "transfer_tensor_h2d",
+        ),
+        refused(
+            pinlane::transfer_tensor_d2h(&on_device, &Default::default()).map(drop),
+            "transfer_tensor_d2h",
+        ),
+        refused(
+            pinlane::transfer_tensor_h2d_into(&host, &on_device, &pinlane::IntoOptions::default())
+                .map(drop),
+            "transfer_tensor_h2d_into",
+        ),
+        matches!(pinlane::Stream::new(device), Err(Error::ForkedChild { .. })),
+        matches!(host[0].to_pinned(), Err(Error::ForkedChild { .. })),
+        pinlane::transfer_tensor_d2h(&host, &Default::default())
+            .is_ok_and(|b| b.len() == host.len()),
+    ];
+    for (i, ok) in checks.into_iter().enumerate() {
+        if !ok {
+            wrong |= 1 << i;
+        }
+    }
+    wrong
+}

@@ -1,0 +1,53 @@
+//! A child forked after pinlane set up CUDA: told so, instead of reaching state it cannot use.
+//!
+//! The driver's state (contexts, streams, pools, page-locked mappings) does not survive a
+//! `fork`, and neither do pinlane's threads: a lock one of them held at the fork stays
+//! held in the child. CUDA's answer is that a child must not use what its parent set up;
+//! torch raises "Cannot re-initialize CUDA in forked subprocess". pinlane does the same:
+//! once the driver is set up ([`watch`], from the driver's probe), a `pthread_atfork`
+//! handler marks every child, and the calls that would use the parent's state
+//! ([`check`]: the transfer calls' first step, [`require`](super::require),
+//! [`bind`](super::bind)) return [`Error::ForkedChild`] there before they take a lock or
+//! touch the driver. A child forked before pinlane set up CUDA is not marked: it sets up
+//! its own. The parent is never affected.
+//!
+//! The cost on the hot path is one relaxed atomic load per check.
+
+use crate::error::{Error, Result};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Once;
+
+/// Set in a child forked after [`watch`] ran (by the handler, in the child only).
+static FORKED: AtomicBool = AtomicBool::new(false);
+
+/// Registers the handler once.
+static WATCH: Once = Once::new();
+
+extern "C" fn in_child() {
+    // Async-signal-safe: one atomic store.
+    FORKED.store(true, Ordering::Relaxed);
+}
+
+/// Marks every child forked from now on (the driver's state is about to exist). Called
+/// once CUDA (or the simulated device) is set up; later calls do nothing.
+pub(crate) fn watch() {
+    WATCH.call_once(|| {
+        // SAFETY: `in_child` is an `extern "C" fn()` that lives as long as the process (a
+        // static function) and only stores to an atomic, which is async-signal-safe as
+        // a handler run in the child of a multi-threaded process must be. The other two
+        // handlers are none.
+        // It fails only without memory for the handler: then children are not marked and
+        // get the driver's own errors, as they did before this module.
+        let _ = unsafe { libc::pthread_atfork(None, None, Some(in_child)) };
+    });
+}
+
+/// `Err(Error::ForkedChild)` in a child forked after pinlane set up CUDA; `op` names the
+/// call that was refused.
+#[inline]
+pub(crate) fn check(op: &'static str) -> Result<()> {
+    if FORKED.load(Ordering::Relaxed) {
+        return Err(Error::ForkedChild { op });
+    }
+    Ok(())
+}
