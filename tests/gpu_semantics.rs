@@ -654,9 +654,11 @@ fn a_forked_child_is_refused_and_the_parent_goes_on() {
         common::tensor(DType::U8, &[3 << 20], 2),
     ];
     let on_device = transfer_tensor_h2d(&host).unwrap();
-    let status = common::in_forked_child(|| {
-        common::refusals_in_forked_child(&host, &on_device, common::dev())
-    });
+    // Asked here: the child is refused `Device::from_local_rank` too (it checks the index
+    // with the driver).
+    let dev = common::dev();
+    let status =
+        common::in_forked_child(|| common::refusals_in_forked_child(&host, &on_device, dev));
     assert_eq!(status, 0, "the child's wrong answers, as a bit mask");
     assert_eq!(d2h(&transfer_tensor_h2d(&host).unwrap()), host);
     assert_eq!(d2h(&on_device), host);
