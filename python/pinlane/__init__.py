@@ -463,7 +463,10 @@ def copy_into(dst, src, /, *, stream=None):
       device; destinations must not overlap.
     * Destinations are written in place: each must be contiguous (a non-contiguous one is
       a ``ValueError``, not a silent copy into a temporary). A strided source is made
-      contiguous first, where it lives.
+      contiguous first, where it lives (a CUDA one on the stream the copies run on).
+      Autograd sees the destinations written, as after ``copy_``: their version counters
+      are bumped, so a tensor saved for a backward pass and overwritten since is torch's
+      error at backward.
     * Order: the copies run on ``stream`` (a ``torch.cuda.Stream`` of the CUDA side's
       device) or, by default, on torch's current stream there: after the work queued on
       it before the call, and before the work queued after (a graph replay, a kernel
@@ -530,6 +533,11 @@ class Buffers:
         self._keyset = frozenset(self._keys) if self._keys is not None else None
         self._h2d = bool(leaves) and leaves[0].is_cuda
         self._native = _native.Targets(leaves, h2d=self._h2d)
+        # What pinlane writes, autograd must see written, as after torch's copy_: a tensor
+        # saved for a backward pass and overwritten since is then an error at backward,
+        # not a wrong gradient. Inference tensors have no version to bump.
+        self._written = [t for t in leaves if not t.is_inference()]
+        self._bump = torch.autograd.graph.increment_version if self._written else None
 
     def _sources(self, src):
         """``src``'s tensors, paired with the destinations (``pair``'s rules)."""
@@ -559,9 +567,17 @@ class Buffers:
         if not srcs:
             return
         s = None if stream is None else _stream_arg(torch, stream)
-        left = self._native.copy_from(
-            srcs, stream=s, maybe_neg=any(map(torch.Tensor.is_neg, srcs))
-        )
+        maybe_neg = any(map(torch.Tensor.is_neg, srcs))
+        if s is None or self._h2d:
+            left = self._native.copy_from(srcs, stream=s, maybe_neg=maybe_neg)
+        else:
+            # CUDA sources copied on `stream`: the contiguous copies torch makes of strided
+            # or negated ones are made on it too (its context makes it current), so they
+            # read the sources after the work queued there, as the copies themselves do.
+            with torch.cuda.stream(stream):
+                left = self._native.copy_from(srcs, stream=s, maybe_neg=maybe_neg)
+        if self._bump is not None:
+            self._bump(self._written)
         if left:
             ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
             # D2H returns with the bytes there: torch's copy waits too (non_blocking=False).
@@ -633,6 +649,7 @@ class Pairs:
         bufs = dst if isinstance(dst, Buffers) else Buffers(dst)
         self._torch = bufs._torch
         self._native = _native.Pairs(bufs._native, bufs._sources(src), in_place=bool(in_place))
+        self._written, self._bump = bufs._written, bufs._bump
 
     def __len__(self):
         return len(self._native)
@@ -643,3 +660,5 @@ class Pairs:
         see ``copy_into``."""
         s = None if stream is None else _stream_arg(self._torch, stream)
         self._native.copy(stream=s)
+        if self._bump is not None:
+            self._bump(self._written)
