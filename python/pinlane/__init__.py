@@ -463,7 +463,9 @@ def copy_into(dst, src, /, *, stream=None):
       device; destinations must not overlap.
     * Destinations are written in place: each must be contiguous (a non-contiguous one is
       a ``ValueError``, not a silent copy into a temporary). A strided source is made
-      contiguous first, where it lives (a CUDA one on the stream the copies run on).
+      contiguous first, where it lives: a CUDA one on torch's current stream, at the
+      call, so with ``stream`` given, a strided or negated CUDA source must not be written
+      by work still queued on ``stream`` only (make it contiguous there yourself).
       Autograd sees the destinations written, as after ``copy_``: their version counters
       are bumped, so a tensor saved for a backward pass and overwritten since is torch's
       error at backward.
@@ -567,15 +569,9 @@ class Buffers:
         if not srcs:
             return
         s = None if stream is None else _stream_arg(torch, stream)
-        maybe_neg = any(map(torch.Tensor.is_neg, srcs))
-        if s is None or self._h2d:
-            left = self._native.copy_from(srcs, stream=s, maybe_neg=maybe_neg)
-        else:
-            # CUDA sources copied on `stream`: the contiguous copies torch makes of strided
-            # or negated ones are made on it too (its context makes it current), so they
-            # read the sources after the work queued there, as the copies themselves do.
-            with torch.cuda.stream(stream):
-                left = self._native.copy_from(srcs, stream=s, maybe_neg=maybe_neg)
+        left = self._native.copy_from(
+            srcs, stream=s, maybe_neg=any(map(torch.Tensor.is_neg, srcs))
+        )
         if self._bump is not None:
             self._bump(self._written)
         if left:

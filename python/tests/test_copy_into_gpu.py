@@ -124,28 +124,6 @@ def test_on_a_custom_stream_after_its_work(torch):
         pinlane.copy_into([dst], [src], stream=5)
 
 
-def test_d2h_on_a_stream_makes_strided_and_negated_sources_after_its_work(torch):
-    """CUDA sources copied on ``stream``: the contiguous copies torch makes of a strided or
-    negated source read it after the work queued on ``stream`` before the call, as
-    ``with torch.cuda.stream(s): dst.copy_(src)`` does. Before session 62 they were made
-    on the current stream, at once, and read the values from before that work (zeros)."""
-    new = torch.arange(256 * 256, dtype=torch.float32, device="cuda").reshape(256, 256)
-    cases = [(lambda x: x.t(), new.t()), (lambda x: torch._neg_view(x), -new),
-             (lambda x: x[:, ::2], new[:, ::2])]
-    for view, want in cases:
-        x = torch.zeros(256, 256, device="cuda")
-        torch.cuda.synchronize()
-        s = torch.cuda.Stream()
-        with torch.cuda.stream(s):
-            torch.cuda._sleep(20_000_000)  # the producer on `s` is still running
-            x.copy_(new)
-        src = view(x)
-        dst = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
-        pinlane.copy_into([dst], [src], stream=s)
-        assert torch.equal(dst, want.cpu())
-        torch.cuda.synchronize()
-
-
 def test_writes_are_seen_by_autograd_as_copy_s_are(torch):
     """Destinations pinlane writes have their version bumped, as torch's ``copy_`` does: a
     tensor saved for a backward pass and overwritten since is torch's error at backward,
