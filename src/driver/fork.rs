@@ -6,10 +6,11 @@
 //! torch raises "Cannot re-initialize CUDA in forked subprocess". pinlane does the same:
 //! once the driver is set up ([`watch`], from the driver's probe), a `pthread_atfork`
 //! handler marks every child, and the calls that would use the parent's state
-//! ([`check`]: the transfer calls' first step, [`require`](super::require),
-//! [`bind`](super::bind)) return [`Error::ForkedChild`] there before they take a lock or
-//! touch the driver. A child forked before pinlane set up CUDA is not marked: it sets up
-//! its own. The parent is never affected.
+//! ([`check`]: the transfer calls before their first lock, [`require`](super::require),
+//! [`bind`](super::bind)) return [`Error::ForkedChild`] there before they touch the
+//! driver. `transfer_tensor_d2h_into` is refused inside the D2H call it makes, after its
+//! pairs' checks, which take locks. A child forked before pinlane set up CUDA is not
+//! marked: it sets up its own. The parent is never affected.
 //!
 //! The cost on the hot path is one relaxed atomic load per check.
 
