@@ -204,8 +204,8 @@ pub enum Error {
     /// its parent. The driver's state and pinlane's threads do not survive `fork`, so the
     /// child cannot use them (as torch says "Cannot re-initialize CUDA in forked
     /// subprocess"): start worker processes with the `spawn` method, or set CUDA up only
-    /// after the fork. Refused before any driver call, and before any lock but for
-    /// `transfer_tensor_d2h_into`'s checks of its pairs.
+    /// after the fork. Refused before any driver call or lock (the copies into existing
+    /// tensors once their pairs are matched, which takes no lock).
     #[error(
         "{op}: this process was forked after CUDA was set up in its parent, whose CUDA state a \
          forked child cannot use (start workers with the 'spawn' method, or use CUDA only \

@@ -657,9 +657,25 @@ fn a_forked_child_is_refused_and_the_parent_goes_on() {
     // Asked here: the child is refused `Device::from_local_rank` too (it checks the index
     // with the driver).
     let dev = common::dev();
-    let status =
-        common::in_forked_child(|| common::refusals_in_forked_child(&host, &on_device, dev));
+    let targets: Vec<Tensor> = host.iter().map(|t| t.to_pinned_on(dev).unwrap()).collect();
+    let status = common::in_forked_child(|| {
+        common::refusals_in_forked_child(&host, &on_device, &targets, dev)
+    });
     assert_eq!(status, 0, "the child's wrong answers, as a bit mask");
     assert_eq!(d2h(&transfer_tensor_h2d(&host).unwrap()), host);
     assert_eq!(d2h(&on_device), host);
+
+    // Waiting in the child on what the parent started is told at once (it waited for
+    // ever before session 63: the threads that end those waits are the parent's).
+    let pending = pinlane::transfer_tensor_d2h_async(&on_device, &Default::default()).unwrap();
+    let batches = vec![host.clone(); 3];
+    let prefetcher =
+        pinlane::Prefetcher::new(batches, 1, pinlane::H2dOptions::default().device(dev)).unwrap();
+    assert!(!pinlane::memory_stats().devices.is_empty());
+    let status =
+        common::in_forked_child(move || common::waits_in_forked_child(pending, prefetcher));
+    assert_eq!(
+        status, 0,
+        "the child's wrong answers about waits, as a bit mask"
+    );
 }

@@ -7,7 +7,10 @@
 
 mod common;
 
-use pinlane::{transfer_tensor_d2h, transfer_tensor_h2d, DType, Device, Error, Tensor};
+use pinlane::{
+    transfer_tensor_d2h, transfer_tensor_d2h_async, transfer_tensor_h2d, DType, Device, Error,
+    H2dOptions, Prefetcher, Tensor,
+};
 
 #[test]
 fn a_forked_child_is_refused_and_the_parent_goes_on() {
@@ -17,8 +20,12 @@ fn a_forked_child_is_refused_and_the_parent_goes_on() {
         common::tensor(DType::U8, &[100_000], 2),
     ];
     let on_device = transfer_tensor_h2d(&host).unwrap();
+    let targets: Vec<Tensor> = host
+        .iter()
+        .map(|t| t.to_pinned_on(Device::cuda(0)).unwrap())
+        .collect();
     let status = common::in_forked_child(|| {
-        common::refusals_in_forked_child(&host, &on_device, Device::cuda(0))
+        common::refusals_in_forked_child(&host, &on_device, &targets, Device::cuda(0))
     });
     assert_eq!(status, 0, "the child's wrong answers, as a bit mask");
 
@@ -28,4 +35,23 @@ fn a_forked_child_is_refused_and_the_parent_goes_on() {
     assert_eq!(common::fingerprint(&back), common::fingerprint(&host));
     let text = Error::ForkedChild { op: "x" }.to_string();
     assert!(text.contains("forked") && text.contains("spawn"), "{text}");
+}
+
+#[test]
+fn a_forked_child_waiting_on_its_parents_work_is_told_at_once() {
+    common::sim();
+    let host: Vec<Tensor> = vec![common::tensor(DType::F32, &[1024], 3)];
+    let on_device = transfer_tensor_h2d(&host).unwrap();
+    let pending = transfer_tensor_d2h_async(&on_device, &Default::default()).unwrap();
+    let batches = vec![host.clone(); 3];
+    let prefetcher = Prefetcher::new(batches, 1, H2dOptions::default()).unwrap();
+    assert!(
+        !pinlane::memory_stats().devices.is_empty(),
+        "the parent's device pool is listed (else the child's check below proves nothing)"
+    );
+    // The child gets the parent's handle and prefetcher (the parent keeps its own: a
+    // fork copies the process).
+    let status =
+        common::in_forked_child(move || common::waits_in_forked_child(pending, prefetcher));
+    assert_eq!(status, 0, "the child's wrong answers, as a bit mask");
 }

@@ -8,8 +8,8 @@
 //! handler marks every child, and the calls that would use the parent's state
 //! ([`check`]: the transfer calls before their first lock, [`require`](super::require),
 //! [`bind`](super::bind)) return [`Error::ForkedChild`] there before they touch the
-//! driver. `transfer_tensor_d2h_into` is refused inside the D2H call it makes, after its
-//! pairs' checks, which take locks. A child forked before pinlane set up CUDA is not
+//! driver; so do waits that only the parent's threads could end (a non-blocking call's
+//! handle, a prefetcher), at once. A child forked before pinlane set up CUDA is not
 //! marked: it sets up its own. The parent is never affected.
 //!
 //! The cost on the hot path is one relaxed atomic load per check.

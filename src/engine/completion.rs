@@ -723,6 +723,10 @@ impl<B> Transfer<B> {
     /// once. For a copy into existing tensors, the first call also asks to be told when
     /// the copies end (as waiting does), so that asking again soon after sees them done.
     pub fn is_ready(&self) -> bool {
+        // In a forked child: `wait` returns `Error::ForkedChild` at once.
+        if crate::driver::fork::check("Transfer::is_ready").is_err() {
+            return true;
+        }
         self.pending.as_ref().is_none_or(|p| {
             p.arm();
             !p.shared.is_pending()
@@ -765,6 +769,7 @@ impl<B> Transfer<B> {
             return Err(taken());
         };
         if let Some(p) = &self.pending {
+            crate::driver::fork::check("Transfer::batch_for")?;
             if crate::batch::tensors(batch).iter().any(|t| !t.is_cuda()) {
                 return Err(Error::NotOnDevice {
                     op: "Transfer::batch_for",
@@ -782,8 +787,11 @@ impl<B> Transfer<B> {
     /// # Errors
     /// The error that made the copies fail, with the blocking calls' rules: nothing the
     /// copies used is freed before they are proven done (it is retained instead).
+    /// [`Error::ForkedChild`] in a child process forked after the call (the thread that
+    /// would end the wait is not there), at once.
     pub fn wait(mut self) -> Result<B> {
         if let Some(p) = &self.pending {
+            crate::driver::fork::check("Transfer::wait")?;
             p.arm();
             let mut s = lock(&p.shared.status);
             p.shared.sleepers.fetch_add(1, Ordering::Relaxed);
@@ -815,6 +823,9 @@ impl<B> Transfer<B> {
     /// ```
     pub fn wait_timeout(&mut self, limit: std::time::Duration) -> Option<Result<B>> {
         if let Some(p) = &self.pending {
+            if let Err(e) = crate::driver::fork::check("Transfer::wait") {
+                return Some(Err(e));
+            }
             p.arm();
             let deadline = crate::driver::deadline_after(limit);
             let mut s = lock(&p.shared.status);
@@ -874,6 +885,9 @@ impl<B> Future for Transfer<B> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<B>> {
         if let Some(p) = &self.pending {
+            if let Err(e) = crate::driver::fork::check("Transfer::wait") {
+                return Poll::Ready(Err(e));
+            }
             p.arm();
             let mut s = lock(&p.shared.status);
             if let Status::Pending(w) = &mut *s {

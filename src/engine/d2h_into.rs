@@ -79,6 +79,8 @@ pub(crate) unsafe fn transfer<B: Batch>(src: &B, dst: &B, opts: &IntoOptions) ->
     let (Some(device), false) = (checked.device, checked.pairs.is_empty()) else {
         return Ok(());
     };
+    // Before the checks below take locks a parent's thread may have held at the fork.
+    crate::driver::fork::check("transfer_tensor_d2h_into")?;
     let pairs = checked.pairs;
     // Destinations a D2H call may still be writing, and sources an H2D call's copies may
     // still be writing unordered (its outputs, in its rebuild or `while_copying`), are

@@ -149,8 +149,18 @@ impl<B> Iterator for Prefetcher<B> {
     /// the caller's iterator) plus its transfer, a blocking call on the worker: with
     /// [`Config::sync_wait`](crate::config::Config::sync_wait) set, a device that does not
     /// finish the copies in time is an `Err` in the batch's place, not a hang.
+    ///
+    /// In a child process forked after the prefetcher was made, the worker is not there:
+    /// the first call is an [`Error::ForkedChild`], and the iterator ends.
     fn next(&mut self) -> Option<Result<B>> {
-        self.rx.as_ref()?.recv().ok()
+        let rx = self.rx.as_ref()?;
+        if let Err(e) = crate::driver::fork::check("Prefetcher::next") {
+            // The batches waiting in the channel are the parent's (device memory, page-
+            // locked blocks): left alone, not dropped in the child.
+            std::mem::forget(self.rx.take());
+            return Some(Err(e));
+        }
+        rx.recv().ok()
     }
 }
 
@@ -160,6 +170,13 @@ impl<B> Drop for Prefetcher<B> {
     /// the source's `next()` (which pinlane cannot interrupt) is then left to exit on its
     /// own when that returns, and the drop returns.
     fn drop(&mut self) {
+        if crate::driver::fork::check("Prefetcher::drop").is_err() {
+            // A forked child: the worker is the parent's (not here to stop or wait for),
+            // and so are the batches in the channel.
+            std::mem::forget(self.rx.take());
+            std::mem::forget(self.worker.take());
+            return;
+        }
         self.stop.store(true, Ordering::Release);
         // Dropping the receiver fails the worker's pending send, and drops the batches
         // waiting in the channel.

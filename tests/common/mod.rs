@@ -251,19 +251,68 @@ fn child_says(line: &str) {
     let _ = writeln!(std::io::stderr(), "forked child: {line}");
 }
 
+/// What a child forked after CUDA was set up gets when it waits on what its parent
+/// started (run by [`in_forked_child`]), as a bit mask of what went wrong, 0 when all is
+/// right: `pending` (a non-blocking call's handle) says it is ready, and its waits
+/// (bounded and not) fail at once with `Error::ForkedChild`; `prefetcher`'s next batch
+/// is that error, then the iterator ends; `memory_stats` lists no device pool (it would
+/// ask the driver); dropping the prefetcher does not wait for its worker. Each of these
+/// waited for ever, or for its bound, before session 63.
+pub fn waits_in_forked_child(
+    mut pending: pinlane::Transfer<Vec<Tensor>>,
+    mut prefetcher: pinlane::Prefetcher<Vec<Tensor>>,
+) -> i32 {
+    use pinlane::Error;
+    use std::time::{Duration, Instant};
+    let start = Instant::now();
+    let forked = |r: &pinlane::Result<Vec<Tensor>>, call: &str| {
+        matches!(r, Err(Error::ForkedChild { op }) if *op == call) || {
+            child_says(&format!("{call}: {:?}", r.as_ref().map(Vec::len)));
+            false
+        }
+    };
+    let checks = [
+        pending.is_ready(),
+        pending
+            .wait_timeout(Duration::from_secs(30))
+            .is_some_and(|r| forked(&r, "Transfer::wait")),
+        forked(&pending.wait(), "Transfer::wait"),
+        prefetcher
+            .next()
+            .is_some_and(|r| forked(&r, "Prefetcher::next")),
+        prefetcher.next().is_none(),
+        pinlane::memory_stats().devices.is_empty(),
+        {
+            drop(prefetcher);
+            start.elapsed() < Duration::from_secs(5)
+        },
+    ];
+    let mut wrong = 0;
+    for (i, ok) in checks.into_iter().enumerate() {
+        if !ok {
+            child_says(&format!("check {i} is wrong"));
+            wrong |= 1 << i;
+        }
+    }
+    wrong
+}
+
 /// What a child forked after CUDA was set up gets from pinlane (run by
 /// [`in_forked_child`]), as a bit mask of what went wrong, 0 when all is right: each call
 /// that would use the parent's CUDA state (an H2D of `host`, a D2H of `on_device`, a copy
-/// of `host` into `on_device`, a new stream on `device`, page-locking a host tensor) fails
+/// of `host` into `on_device`, a copy of `on_device` into `targets` (page-locked tensors
+/// the parent made, of `host`'s shapes), a new stream on `device`, page-locking a host
+/// tensor) fails
 /// with `Error::ForkedChild` naming it, and a D2H of host tensors (nothing to copy)
 /// passes them through.
 pub fn refusals_in_forked_child(
     host: &[Tensor],
     on_device: &[Tensor],
+    targets: &[Tensor],
     device: pinlane::Device,
 ) -> i32 {
     use pinlane::Error;
-    let (host, on_device) = (host.to_vec(), on_device.to_vec());
+    let (host, on_device, targets) = (host.to_vec(), on_device.to_vec(), targets.to_vec());
     let refused = |r: pinlane::Result<()>, call: &str| {
         matches!(r, Err(Error::ForkedChild { op }) if op == call) || {
             child_says(&format!("{call}: {r:?}"));
@@ -284,6 +333,17 @@ pub fn refusals_in_forked_child(
             pinlane::transfer_tensor_h2d_into(&host, &on_device, &pinlane::IntoOptions::default())
                 .map(drop),
             "transfer_tensor_h2d_into",
+        ),
+        refused(
+            // SAFETY: the destinations are this function's own, touched by nothing else.
+            unsafe {
+                pinlane::transfer_tensor_d2h_into(
+                    &on_device,
+                    &targets,
+                    &pinlane::IntoOptions::default(),
+                )
+            },
+            "transfer_tensor_d2h_into",
         ),
         refused(pinlane::Stream::new(device).map(drop), "Stream::new"),
         refused(host[0].to_pinned_on(device).map(drop), "to_pinned"),
