@@ -462,10 +462,9 @@ def copy_into(dst, src, /, *, stream=None):
       has the same dtype and number of bytes (shapes may differ). The CUDA side is on one
       device; destinations must not overlap.
     * Destinations are written in place: each must be contiguous (a non-contiguous one is
-      a ``ValueError``, not a silent copy into a temporary). A strided source is made
-      contiguous first, where it lives: a CUDA one on torch's current stream, at the
-      call, so with ``stream`` given, a strided or negated CUDA source must not be written
-      by work still queued on ``stream`` only (make it contiguous there yourself).
+      a ``ValueError``, not a silent copy into a temporary). A strided or negated
+      source is made contiguous first, where it lives: a CUDA one on the stream the
+      copies run on, after the work queued there (and on torch's current stream).
       Autograd sees the destinations written, as after ``copy_``: their version counters
       are bumped, so a tensor saved for a backward pass and overwritten since is torch's
       error at backward.
@@ -493,6 +492,11 @@ def copy_into(dst, src, /, *, stream=None):
             CUDA.
     """
     Buffers(dst).copy_from(src, stream=stream)
+
+
+def _needs_a_copy(torch, srcs, maybe_neg):
+    """Whether a CUDA source of ``srcs`` is one torch must make contiguous first."""
+    return maybe_neg or not all(map(torch.Tensor.is_contiguous, srcs))
 
 
 class Buffers:
@@ -569,9 +573,25 @@ class Buffers:
         if not srcs:
             return
         s = None if stream is None else _stream_arg(torch, stream)
-        left = self._native.copy_from(
-            srcs, stream=s, maybe_neg=any(map(torch.Tensor.is_neg, srcs))
-        )
+        maybe_neg = any(map(torch.Tensor.is_neg, srcs))
+        try:
+            if s is not None and not self._h2d and _needs_a_copy(torch, srcs, maybe_neg):
+                # A strided or negated CUDA source is made contiguous by torch on its
+                # current stream: made so on ``stream`` instead, after the work queued
+                # there, and ``stream`` first waits for the current one (where the
+                # sources were made), as the copies would have.
+                current = torch.cuda.current_stream(stream.device)
+                with torch.cuda.stream(stream):
+                    stream.wait_stream(current)
+                    left = self._native.copy_from(srcs, stream=s, maybe_neg=maybe_neg)
+            else:
+                left = self._native.copy_from(srcs, stream=s, maybe_neg=maybe_neg)
+        except (RuntimeError, MemoryError):
+            # A copy failed: the destinations may be partly written (a refusal, nothing
+            # written, is a ValueError or TypeError).
+            if self._bump is not None:
+                self._bump(self._written)
+            raise
         if self._bump is not None:
             self._bump(self._written)
         if left:
@@ -655,6 +675,12 @@ class Pairs:
         ``torch.cuda.Stream`` of the CUDA side's device) or torch's current stream there:
         see ``copy_into``."""
         s = None if stream is None else _stream_arg(self._torch, stream)
-        self._native.copy(stream=s)
+        try:
+            self._native.copy(stream=s)
+        except (RuntimeError, MemoryError):
+            # A copy failed: the destinations may be partly written.
+            if self._bump is not None:
+                self._bump(self._written)
+            raise
         if self._bump is not None:
             self._bump(self._written)

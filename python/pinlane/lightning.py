@@ -17,11 +17,19 @@ or write the three lines yourself::
 
 pinlane moves to ``cuda:{LOCAL_RANK}``, the device Lightning gives each process under its
 launchers and ``torchrun``; the mixin hands any other device to Lightning's own hook.
-Batches are the containers ``transfer_tensor_h2d`` walks (lists, tuples, namedtuples,
-dicts, dataclasses) of torch tensors; other objects in them come back as they are, so a
-batch of objects that move themselves with ``.to()`` needs Lightning's hook. Importing this
-module needs neither Lightning nor torch.
+pinlane walks lists, tuples, namedtuples, dicts and dataclasses of torch tensors; other
+objects come back as they are. The mixin looks at the batch first and hands it to
+Lightning's hook, which moves more, when it holds what pinlane would leave behind: an
+object that moves itself with ``.to()`` (a Hugging Face ``BatchEncoding``, a custom
+batch class), a mapping that is not a ``dict``, or a tensor on a device other than the CPU
+and the target (another GPU). So the mixin's result is always what Lightning's hook gives,
+moved faster where it can be. The three lines above skip that look: use them only for
+batches of plain containers. Importing this module needs neither Lightning nor torch.
 """
+
+import dataclasses
+from collections.abc import Mapping
+from itertools import repeat
 
 from . import _native, transfer_tensor_h2d
 
@@ -31,12 +39,52 @@ __all__ = ["PinlaneTransfer"]
 class PinlaneTransfer:
     """A ``LightningModule`` mixin whose ``transfer_batch_to_device`` moves batches with
     ``pinlane.transfer_tensor_h2d`` when the target is pinlane's device
-    (``cuda:{LOCAL_RANK}``), and with the next class's hook otherwise."""
+    (``cuda:{LOCAL_RANK}``) and pinlane moves all that Lightning's hook would, and with
+    the next class's hook otherwise (see the module's text)."""
 
     #: ``num_caches`` of each move: the last batches whose device memory the thread keeps.
     pinlane_num_caches = 4
 
     def transfer_batch_to_device(self, batch, device, dataloader_idx):
-        if device.type == "cuda" and (device.index is None or device.index == _native.default_device()):
-            return transfer_tensor_h2d(batch, num_caches=self.pinlane_num_caches)
+        if device.type == "cuda":
+            index = device.index
+            if index is None:  # Lightning's hook moves to torch's current device then
+                import torch
+
+                index = torch.cuda.current_device()
+            if index == _native.default_device() and _pinlane_moves_all(batch, index):
+                return transfer_tensor_h2d(batch, num_caches=self.pinlane_num_caches)
         return super().transfer_batch_to_device(batch, device, dataloader_idx)
+
+
+def _pinlane_moves_all(batch, index):
+    """Whether pinlane's H2D of ``batch`` to ``cuda:{index}`` moves everything Lightning's
+    hook would: no object that moves itself with ``.to()`` but is not a tensor, no
+    mapping that is not a ``dict``, no tensor on a device other than the CPU and
+    ``cuda:{index}`` (pinlane passes a CUDA tensor through; Lightning moves it)."""
+    import torch
+
+    T = torch.Tensor
+    if type(batch) is dict:  # a training batch: a flat dict of tensors, without the walk
+        values = batch.values()
+        if all(map(isinstance, values, repeat(T))):
+            return all(map(_here, values, repeat(index)))
+    return _walk(batch, T, index)
+
+
+def _here(t, index):
+    return t.is_cpu or t.is_cuda and t.get_device() == index
+
+
+def _walk(obj, T, index):
+    if isinstance(obj, T):
+        return _here(obj, index)
+    if isinstance(obj, (list, tuple)):
+        return all(_walk(x, T, index) for x in obj)
+    if isinstance(obj, dict):
+        return all(_walk(x, T, index) for x in obj.values())
+    if isinstance(obj, Mapping):
+        return False
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return all(_walk(getattr(obj, f.name), T, index) for f in dataclasses.fields(obj))
+    return not callable(getattr(obj, "to", None))

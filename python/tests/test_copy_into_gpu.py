@@ -124,6 +124,32 @@ def test_on_a_custom_stream_after_its_work(torch):
         pinlane.copy_into([dst], [src], stream=5)
 
 
+@pytest.mark.parametrize("producer", ["stream", "current"])
+def test_d2h_on_a_stream_makes_strided_and_negated_sources_after_their_producer(torch, producer):
+    """CUDA sources copied on ``stream``: the contiguous copies torch makes of a strided or
+    negated source read it after the work queued before the call, on ``stream`` and on
+    torch's current stream (where the copies wait too), as ``with torch.cuda.stream(s):
+    dst.copy_(src)`` after ``s.wait_stream(current)`` does. Before session 63 they were
+    made on the current stream at once, and read zeros written before ``stream``'s work
+    (session 62 made them on ``stream`` alone, and read zeros before the current stream's
+    work)."""
+    new = torch.arange(256 * 256, dtype=torch.float32, device="cuda").reshape(256, 256)
+    cases = [(lambda x: x.t(), new.t()), (lambda x: torch._neg_view(x), -new),
+             (lambda x: x[:, ::2], new[:, ::2])]
+    for view, want in cases:
+        x = torch.zeros(256, 256, device="cuda")
+        torch.cuda.synchronize()
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s if producer == "stream" else torch.cuda.current_stream()):
+            torch.cuda._sleep(20_000_000)  # the producer is still running at the call
+            x.copy_(new)
+        src = view(x)
+        dst = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
+        pinlane.copy_into([dst], [src], stream=s)
+        assert torch.equal(dst, want.cpu())
+        torch.cuda.synchronize()
+
+
 def test_writes_are_seen_by_autograd_as_copy_s_are(torch):
     """Destinations pinlane writes have their version bumped, as torch's ``copy_`` does: a
     tensor saved for a backward pass and overwritten since is torch's error at backward,

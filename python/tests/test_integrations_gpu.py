@@ -29,6 +29,82 @@ def test_lightning_trains_identically_with_pinlanes_hook(torch):
     assert "identical losses: True; identical weights: True" in out
 
 
+def test_lightning_mixin_gives_what_lightnings_hook_gives(torch, monkeypatch):
+    """The mixin moves a batch with pinlane only when pinlane moves all that Lightning's
+    hook would; a batch holding an object that moves itself with ``.to()`` (a Hugging
+    Face ``BatchEncoding`` is a ``UserDict`` with ``.to``), a mapping that is not a dict,
+    or a tensor on another GPU goes to Lightning's hook. Before session 63 those came
+    back unmoved (the tensor on another GPU stayed there)."""
+    try:
+        import lightning.pytorch as pl
+    except ImportError:
+        try:
+            import pytorch_lightning as pl
+        except ImportError:
+            pytest.skip("Lightning is not installed")
+    import collections
+    import types
+
+    import pinlane.lightning as pll
+
+    class Encoding(collections.UserDict):  # as transformers' BatchEncoding
+        def to(self, device):
+            return Encoding({k: v.to(device) for k, v in self.data.items()})
+
+    class Plain(pll.PinlaneTransfer, pl.LightningModule):
+        pass
+
+    calls = []
+    real = pll.transfer_tensor_h2d
+    monkeypatch.setattr(pll, "transfer_tensor_h2d", lambda b, **k: calls.append(1) or real(b, **k))
+    idx = pinlane._native.default_device()
+    target = torch.device("cuda", idx)
+    x = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    batches = {
+        "flat dict": ({"x": x, "y": x + 1}, True),
+        "nested": ([{"x": x}, (x * 2, "text", 3)], True),
+        "already there": ({"x": x.to(target), "y": x}, True),
+        "BatchEncoding": (Encoding(input_ids=x, mask=x > 3), False),
+        "inside a list": ([Encoding(a=x), x], False),
+        "a mapping": (types.MappingProxyType({"x": x}), False),
+    }
+    if torch.cuda.device_count() > 1:
+        other = torch.device("cuda", 1 - idx if idx < 2 else 0)
+        batches["another GPU"] = ({"x": x.to(other), "y": x}, False)
+    module = Plain()
+    for name, (batch, by_pinlane) in batches.items():
+        for device in (target, torch.device("cuda")):
+            if device.index is None and torch.cuda.current_device() != idx:
+                continue
+            calls.clear()
+            got = module.transfer_batch_to_device(batch, device, 0)
+            want = pl.LightningModule.transfer_batch_to_device(module, batch, device, 0)
+            assert bool(calls) == by_pinlane, (name, device)
+            _same(got, want, name)
+
+
+def _same(got, want, name):
+    """``got`` is ``want``: the same types and structure, tensors equal on the same
+    device."""
+    import collections.abc
+
+    import torch
+
+    assert type(got) is type(want), (name, type(got), type(want))
+    if isinstance(want, torch.Tensor):
+        assert got.device == want.device and torch.equal(got, want), name
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want), name
+        for a, b in zip(got, want):
+            _same(a, b, name)
+    elif isinstance(want, collections.abc.Mapping):
+        assert list(got) == list(want), name
+        for k in want:
+            _same(got[k], want[k], name)
+    else:
+        assert got == want, name
+
+
 def _has(module):
     try:
         __import__(module)
