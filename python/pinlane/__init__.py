@@ -595,6 +595,17 @@ class Buffers:
         if self._bump is not None:
             self._bump(self._written)
         if left:
+            if stream is not None:
+                # Checked natively when pinlane copies a pair; here for torch's alone
+                # (nothing written yet then): torch's copy would run on the device's own
+                # current stream, unordered with `stream`.
+                k = left[0]
+                on = (self._leaves[k] if self._h2d else srcs[k]).device
+                if on != stream.device:
+                    raise ValueError(
+                        f"copy_into: the stream is on {stream.device}, the copies' CUDA side "
+                        f"on {on}"
+                    )
             ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
             # D2H returns with the bytes there: torch's copy waits too (non_blocking=False).
             with ctx, torch.no_grad():

@@ -70,9 +70,10 @@ struct TorchObjs {
     /// `torch._C`, if torch has it: where [`Torch::rows`] finds the guard a run is split
     /// under.
     c: Option<Py<PyAny>>,
-    /// `torch._C._disabled_torch_function_impl`, if torch has it: the `__torch_function__`
-    /// of subclasses whose results torch makes plain tensors (`nn.Parameter`).
-    disabled_torch_function: Option<Py<PyAny>>,
+    /// `torch._C._disabled_torch_function_impl` and `_disabled_torch_dispatch_impl`, if
+    /// torch has them: the `__torch_function__` and `__torch_dispatch__` of subclasses
+    /// whose results torch makes plain tensors (`nn.Parameter`).
+    disabled: Option<(Py<PyAny>, Py<PyAny>)>,
 }
 
 static TORCH_OBJS: PyOnceLock<TorchObjs> = PyOnceLock::new();
@@ -86,21 +87,22 @@ impl Torch {
         let py = tensor.py();
         let objs = TORCH_OBJS.get_or_try_init(py, || -> PyResult<TorchObjs> {
             let torch = py.import("torch")?;
+            let c = torch.getattr("_C").ok();
             Ok(TorchObjs {
                 int8: torch.getattr("int8")?.unbind(),
                 uint8: torch.getattr("uint8")?.unbind(),
                 current_work_stream: current_work_stream_fn(&torch.getattr("Tensor")?),
-                mode_stacks: torch.getattr("_C").ok().and_then(|c| {
+                mode_stacks: c.as_ref().and_then(|c| {
                     let f = c.getattr("_len_torch_function_stack").ok()?;
                     let d = c.getattr("_len_torch_dispatch_stack").ok()?;
                     Some((f.unbind(), d.unbind()))
                 }),
-                c: torch.getattr("_C").ok().map(Bound::unbind),
-                disabled_torch_function: torch
-                    .getattr("_C")
-                    .and_then(|c| c.getattr("_disabled_torch_function_impl"))
-                    .ok()
-                    .map(Bound::unbind),
+                disabled: c.as_ref().and_then(|c| {
+                    let f = c.getattr("_disabled_torch_function_impl").ok()?;
+                    let d = c.getattr("_disabled_torch_dispatch_impl").ok()?;
+                    Some((f.unbind(), d.unbind()))
+                }),
+                c: c.map(Bound::unbind),
                 tensor_type: torch.getattr("Tensor")?.unbind(),
             })
         })?;
@@ -228,8 +230,10 @@ impl Torch {
     /// Whether `t` is of a subclass of `torch.Tensor` whose results torch's own ops give
     /// its class (and whatever the class's `__torch_function__` carries over: torchvision's
     /// `tv_tensors` keep their format and canvas size through `.to()`): every subclass but
-    /// those that disable `__torch_function__`, as `nn.Parameter` does (its `.to()` gives a
-    /// plain tensor, as pinlane's outputs are). Such a tensor is moved by torch's
+    /// those that disable both `__torch_function__` and `__torch_dispatch__`, as
+    /// `nn.Parameter` does (its `.to()` gives a plain tensor, as pinlane's outputs are; a
+    /// subclass whose `__torch_dispatch__` rewraps results keeps its class through `.to()`
+    /// even with `__torch_function__` disabled). Such a tensor is moved by torch's
     /// `.to(...)`, so that its output keeps its class and metadata; pinlane's outputs are
     /// plain tensors. Only a comparison of the type for a plain `torch.Tensor`.
     pub(crate) fn keeps_subclass(&self, t: &Bound<'_, PyAny>) -> PyResult<bool> {
@@ -238,12 +242,16 @@ impl Torch {
         if ty.is(self.objs.tensor_type.bind(py)) {
             return Ok(false);
         }
-        let Some(disabled) = &self.objs.disabled_torch_function else {
+        let Some((function, dispatch)) = &self.objs.disabled else {
             // No way to tell a disabled one: every subclass goes to torch.
             return Ok(true);
         };
         let tf = ty.getattr(pyo3::intern!(py, "__torch_function__"))?;
-        Ok(!tf.is(disabled.bind(py)))
+        if !tf.is(function.bind(py)) {
+            return Ok(true);
+        }
+        let td = ty.getattr(pyo3::intern!(py, "__torch_dispatch__"))?;
+        Ok(!td.is(dispatch.bind(py)))
     }
 
     /// Whether a tensor that exports as an 8-bit integer is torch's `int8` or `uint8`

@@ -194,6 +194,15 @@ def test_strided_sources_and_torch_dtypes(torch):
         pinlane.copy_into(dst, {"t": src["t"], "c": torch.randn(5, dtype=torch.complex128)})
     with pytest.raises(ValueError, match="dtypes differ"):
         pinlane.copy_into({"t": dst["t"]}, {"t": torch.zeros(10, 10, dtype=torch.complex64)})
+    if torch.cuda.device_count() > 1:
+        # A stream of another device is refused for torch's pairs alone too (session 63:
+        # torch copied them unordered with it), nothing written.
+        other = torch.cuda.Stream(device=(dst["c"].device.index + 1) % torch.cuda.device_count())
+        before = dst["c"].clone()
+        for way in ({"c": dst["c"]}, {"c": src["c"] * 2}), ({"c": back["c"]}, {"c": dst["c"]}):
+            with pytest.raises(ValueError, match="stream"):
+                pinlane.copy_into(*way, stream=other)
+        assert torch.equal(dst["c"], before) and torch.equal(back["c"], src["c"])
 
 
 def test_bad_input_is_refused_and_nothing_written(torch):

@@ -1167,14 +1167,29 @@ def test_tensor_subclasses_arrive_with_the_class_and_metadata_torch_gives_them(t
     class Sub(torch.Tensor):
         pass
 
+    class Rewrapped(torch.Tensor):
+        # `__torch_function__` disabled, as nn.Parameter's, but a `__torch_dispatch__`
+        # that gives results the class: `.to()` keeps it (session 63: pinlane moved these
+        # as plain tensors, checking `__torch_function__` alone).
+        __torch_function__ = torch._C._disabled_torch_function_impl
+
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if type(out) is torch.Tensor:
+                return torch.Tensor._make_subclass(cls, out)
+            return out
+
     host = pattern(torch, torch.float32, (64,), 11)
     plain = pattern(torch, torch.int32, (3, 5), 12)
     tagged = host.as_subclass(Tagged)
     tagged.tag = "boxes"
     sub = plain.as_subclass(Sub)
     frozen = torch.nn.Parameter(host.clone(), requires_grad=False)
+    rewrapped = torch.Tensor._make_subclass(Rewrapped, pattern(torch, torch.int16, (9,), 14))
     assert type(tagged.to(target)) is Tagged and tagged.to(target).tag == "boxes"
     assert type(frozen.to(target)) is torch.Tensor
+    assert type(rewrapped.to(target)) is Rewrapped
 
     def check(got, src, before, device):
         # `got`: the call's output of `before`, whose values are `src`'s.
@@ -1184,7 +1199,7 @@ def test_tensor_subclasses_arrive_with_the_class_and_metadata_torch_gives_them(t
         assert got.device == want.device and same(torch, got, src)
 
     batches = [tagged, [tagged], (sub,), {"b": tagged, "x": plain}, {"o": [sub, plain, frozen]},
-               [tagged, sub, frozen, plain]]
+               [tagged, sub, frozen, plain], [rewrapped, plain], rewrapped]
     for batch in batches:
         on = transfer_tensor_h2d(batch)
         assert type(on) is type(batch)
