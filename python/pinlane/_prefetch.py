@@ -27,7 +27,10 @@ def prefetch(batches, *, depth=1, num_caches=4):
       same structure and semantics, in the source's order.
     * The outputs' memory is freed in order on the stream that was torch's current stream
       of the device when ``prefetch`` was called (the worker makes it its own current
-      stream), so use the batches there, as with the blocking call.
+      stream), so use the batches there, as with the blocking call. The worker also runs
+      under the grad and inference modes the caller had then (a tensor that requires grad
+      is moved by torch's ``.to()``, which records autograd only where grad is on, as on
+      the caller's thread).
     * An exception from the source or from a transfer is raised by the ``next()`` that
       would have returned that batch; the batches before it come first.
     * At most ``depth`` moved batches wait in the queue, plus the ``num_caches`` most
@@ -67,16 +70,23 @@ def _put(q, stop, item):
     return False
 
 
-def _work(source, stream, q, stop, num_caches):
+def _work(source, stream, modes, q, stop, num_caches):
     """The worker. It holds the queue and the stop flag, not the `Prefetcher`, so an
-    iterator the caller drops without `close()` is collected, and its `__del__` stops it."""
+    iterator the caller drops without `close()` is collected, and its `__del__` stops it.
+    `modes`: the caller's (grad enabled, inference mode), or None without torch."""
+    import contextlib
+
     from . import transfer_tensor_h2d
 
     try:
         torch = sys.modules.get("torch")
-        ctx = torch.cuda.stream(stream) if stream is not None else None
-        if ctx is not None:
-            ctx.__enter__()
+        ctx = contextlib.ExitStack()
+        if stream is not None:
+            ctx.enter_context(torch.cuda.stream(stream))
+        if modes is not None:
+            ctx.enter_context(torch.inference_mode(modes[1]))
+            ctx.enter_context(torch.set_grad_enabled(modes[0]))
+        ctx.__enter__()
         try:
             for batch in source:
                 if stop.is_set():
@@ -84,8 +94,7 @@ def _work(source, stream, q, stop, num_caches):
                 if not _put(q, stop, transfer_tensor_h2d(batch, num_caches=num_caches)):
                     return
         finally:
-            if ctx is not None:
-                ctx.__exit__(None, None, None)
+            ctx.__exit__(None, None, None)
     except BaseException as e:  # noqa: BLE001 - handed to the consumer, raised there
         _put(q, stop, _Failure(e))
         return
@@ -105,11 +114,12 @@ class Prefetcher:
         # The consumer's current stream, made the worker's: the outputs are freed in order
         # there, as a blocking call on this thread would free them.
         stream = torch.cuda.current_stream(_native.default_device()) if torch else None
+        modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled()) if torch else None
         self._queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._finished = False
         self._thread = threading.Thread(
-            target=_work, args=(source, stream, self._queue, self._stop, num_caches),
+            target=_work, args=(source, stream, modes, self._queue, self._stop, num_caches),
             name="pinlane-prefetch-py", daemon=True,
         )
         self._thread.start()

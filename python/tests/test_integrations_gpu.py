@@ -149,6 +149,27 @@ def test_prefetch_moves_torch_batches_in_order_and_frees_on_the_callers_stream(t
     assert [s.item() for s in sums] == [t["x"].double().sum().item() for t in host]
 
 
+def test_prefetch_moves_under_the_callers_grad_and_inference_modes(torch):
+    """The worker thread runs under the grad and inference modes the caller had when it
+    called ``prefetch``, so a batch comes out as ``transfer_tensor_h2d`` on the caller's
+    thread gives it (a tensor that requires grad, moved by torch's ``.to()``, records
+    autograd only where grad is on). Before session 63 the worker ran with torch's
+    defaults: under ``no_grad`` its outputs had a ``grad_fn``."""
+    w = torch.ones(4, requires_grad=True)
+    plain = torch.arange(8.0)
+    for mode in (torch.no_grad, torch.inference_mode, torch.enable_grad):
+        with mode():
+            want = pinlane.transfer_tensor_h2d({"w": w, "p": plain})
+            got = list(pinlane.prefetch([{"w": w, "p": plain}]))[0]
+        for k in want:
+            a, b = got[k], want[k]
+            assert (a.requires_grad, a.grad_fn is None, a.is_inference()) == (
+                b.requires_grad, b.grad_fn is None, b.is_inference()), (mode.__name__, k)
+            assert torch.equal(a.detach().cpu(), b.detach().cpu())
+    with torch.no_grad():
+        assert pinlane.transfer_tensor_h2d({"w": w})["w"].grad_fn is None  # what the test needs
+
+
 def test_bench_runs_one_small_batch(torch):
     out = run(["-m", "pinlane.bench", "--batch", "4x256:float32", "--quick"])
     assert "| 4 x 256 float32 | H2D |" in out and "| 4 x 256 float32 | D2H |" in out
