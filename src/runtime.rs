@@ -332,8 +332,13 @@ impl Runtime {
         driver::warm_up(device.ordinal())
     }
 
-    /// A snapshot of the memory pinlane holds.
+    /// A snapshot of the memory pinlane holds; all zeros in a child process forked after
+    /// pinlane set CUDA up (the pools are the parent's, and their locks may be held by
+    /// the parent's threads for ever there).
     pub fn memory_stats(&self) -> MemoryStats {
+        if crate::driver::fork::marked() {
+            return MemoryStats::default();
+        }
         MemoryStats {
             staging: self.arena.stats(),
             pinned_outputs: self.outputs.stats(),
@@ -391,7 +396,8 @@ pub struct MemoryStats {
     pub background_errors: usize,
 }
 
-/// [`Runtime::memory_stats`] of the process's runtime. Before the runtime exists (no
+/// [`Runtime::memory_stats`] of the process's runtime (all zeros in a forked child, as
+/// there). Before the runtime exists (no
 /// transfer yet, no [`Config::install`]) it installs nothing: the pools are empty, and
 /// only the process-wide counts and device pools made already are reported.
 ///
@@ -400,6 +406,9 @@ pub struct MemoryStats {
 /// assert!(s.staging.in_use_bytes <= s.staging.held_bytes);
 /// ```
 pub fn memory_stats() -> MemoryStats {
+    if crate::driver::fork::marked() {
+        return MemoryStats::default();
+    }
     match current() {
         Some(rt) => rt.memory_stats(),
         None => MemoryStats {

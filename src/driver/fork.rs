@@ -4,8 +4,8 @@
 //! `fork`, and neither do pinlane's threads: a lock one of them held at the fork stays
 //! held in the child. CUDA's answer is that a child must not use what its parent set up;
 //! torch raises "Cannot re-initialize CUDA in forked subprocess". pinlane does the same:
-//! once the driver is set up ([`watch`], from the driver's probe), a `pthread_atfork`
-//! handler marks every child, and the calls that would use the parent's state
+//! from the start of the driver's set-up ([`watch`], from the driver's probe; a set-up
+//! that fails takes it back), a `pthread_atfork` handler marks every child, and the calls that would use the parent's state
 //! ([`check`]: the transfer calls before their first lock, [`require`](super::require),
 //! [`bind`](super::bind)) return [`Error::ForkedChild`] there before they touch the
 //! driver; so do waits that only the parent's threads could end (a non-blocking call's
@@ -21,17 +21,25 @@ use std::sync::Once;
 /// Set in a child forked after [`watch`] ran (by the handler, in the child only).
 static FORKED: AtomicBool = AtomicBool::new(false);
 
+/// Whether a child forked now is marked: from [`watch`] (as the driver's set-up starts)
+/// until [`unwatch`] (a set-up that failed, leaving no state).
+static ARMED: AtomicBool = AtomicBool::new(false);
+
 /// Registers the handler once.
 static WATCH: Once = Once::new();
 
 extern "C" fn in_child() {
-    // Async-signal-safe: one atomic store.
-    FORKED.store(true, Ordering::Relaxed);
+    // Async-signal-safe: one atomic load and one store.
+    if ARMED.load(Ordering::Relaxed) {
+        FORKED.store(true, Ordering::Relaxed);
+    }
 }
 
 /// Marks every child forked from now on (the driver's state is about to exist). Called
-/// once CUDA (or the simulated device) is set up; later calls do nothing.
+/// as the driver's set-up starts, so that a child forked while it runs (another thread
+/// inside `cuInit`, the set-up's lock held) is marked too.
 pub(crate) fn watch() {
+    ARMED.store(true, Ordering::SeqCst);
     WATCH.call_once(|| {
         // SAFETY: `in_child` is an `extern "C" fn()` that lives as long as the process (a
         // static function) and only stores to an atomic, which is async-signal-safe as
@@ -41,6 +49,17 @@ pub(crate) fn watch() {
         // get the driver's own errors, as they did before this module.
         let _ = unsafe { libc::pthread_atfork(None, None, Some(in_child)) };
     });
+}
+
+/// Children forked from now on are not marked: the set-up [`watch`] announced failed and
+/// left no driver state (a child sets up its own, or fails as its parent did).
+pub(crate) fn unwatch() {
+    ARMED.store(false, Ordering::SeqCst);
+}
+
+/// Whether this process is a child marked at its fork.
+pub(crate) fn marked() -> bool {
+    FORKED.load(Ordering::Relaxed)
 }
 
 /// `Err(Error::ForkedChild)` in a child forked after pinlane set up CUDA; `op` names the

@@ -174,11 +174,22 @@ pub(crate) fn probed() -> bool {
 }
 
 fn probe() -> &'static std::result::Result<DriverInfo, String> {
+    if fork::marked() {
+        if let Some(status) = STATUS.get() {
+            return status;
+        }
+        // Forked while the parent's set-up ran: `STATUS` stays mid-initialisation here
+        // for ever (the thread running it is the parent's), so it is not waited on.
+        static MIDWAY: OnceLock<std::result::Result<DriverInfo, String>> = OnceLock::new();
+        return MIDWAY
+            .get_or_init(|| Err("this process was forked while its parent set CUDA up".into()));
+    }
     STATUS.get_or_init(|| {
+        // From here on the process may have driver state a forked child cannot use.
+        fork::watch();
         let status = set_up();
-        if status.is_ok() {
-            // From here on the process has driver state a forked child cannot use.
-            fork::watch();
+        if status.is_err() {
+            fork::unwatch();
         }
         status
     })

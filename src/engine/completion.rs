@@ -788,10 +788,15 @@ impl<B> Transfer<B> {
     /// The error that made the copies fail, with the blocking calls' rules: nothing the
     /// copies used is freed before they are proven done (it is retained instead).
     /// [`Error::ForkedChild`] in a child process forked after the call (the thread that
-    /// would end the wait is not there), at once.
+    /// would end the wait is not there), at once; the handle is then forgotten, not
+    /// dropped (its batch and completion state are the parent's, and dropping them could
+    /// wait for a lock a parent's thread held at the fork).
     pub fn wait(mut self) -> Result<B> {
         if let Some(p) = &self.pending {
-            crate::driver::fork::check("Transfer::wait")?;
+            if let Err(e) = crate::driver::fork::check("Transfer::wait") {
+                std::mem::forget(self);
+                return Err(e);
+            }
             p.arm();
             let mut s = lock(&p.shared.status);
             p.shared.sleepers.fetch_add(1, Ordering::Relaxed);

@@ -255,8 +255,9 @@ fn child_says(line: &str) {
 /// started (run by [`in_forked_child`]), as a bit mask of what went wrong, 0 when all is
 /// right: `pending` (a non-blocking call's handle) says it is ready, and its waits
 /// (bounded and not) fail at once with `Error::ForkedChild`; `prefetcher`'s next batch
-/// is that error, then the iterator ends; `memory_stats` lists no device pool (it would
-/// ask the driver); dropping the prefetcher does not wait for its worker. Each of these
+/// is that error, then the iterator ends; `memory_stats` is all zeros (it would take the
+/// parent's pool locks and ask the driver); dropping the prefetcher does not wait for its
+/// worker. None of these takes a lock a parent's thread may have held at the fork. Each of these
 /// waited for ever, or for its bound, before session 63.
 pub fn waits_in_forked_child(
     mut pending: pinlane::Transfer<Vec<Tensor>>,
@@ -281,7 +282,7 @@ pub fn waits_in_forked_child(
             .next()
             .is_some_and(|r| forked(&r, "Prefetcher::next")),
         prefetcher.next().is_none(),
-        pinlane::memory_stats().devices.is_empty(),
+        pinlane::memory_stats() == pinlane::MemoryStats::default(),
         {
             drop(prefetcher);
             start.elapsed() < Duration::from_secs(5)
