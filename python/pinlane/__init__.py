@@ -539,6 +539,8 @@ class Buffers:
         self._keyset = frozenset(self._keys) if self._keys is not None else None
         self._h2d = bool(leaves) and leaves[0].is_cuda
         self._native = _native.Targets(leaves, h2d=self._h2d)
+        # The pairs torch copies (dtypes pinlane lacks): their devices are checked here.
+        self._torch_pairs = self._native.torch_pairs
         # What pinlane writes, autograd must see written, as after torch's copy_: a tensor
         # saved for a backward pass and overwritten since is then an error at backward,
         # not a wrong gradient. Inference tensors have no version to bump.
@@ -573,6 +575,8 @@ class Buffers:
         if not srcs:
             return
         s = None if stream is None else _stream_arg(torch, stream)
+        if s is not None and self._torch_pairs:
+            self._check_torch_pairs(srcs, stream)
         maybe_neg = any(map(torch.Tensor.is_neg, srcs))
         try:
             if s is not None and not self._h2d and _needs_a_copy(torch, srcs, maybe_neg):
@@ -595,22 +599,29 @@ class Buffers:
         if self._bump is not None:
             self._bump(self._written)
         if left:
-            if stream is not None:
-                # Checked natively when pinlane copies a pair; here for torch's alone
-                # (nothing written yet then): torch's copy would run on the device's own
-                # current stream, unordered with `stream`.
-                k = left[0]
-                on = (self._leaves[k] if self._h2d else srcs[k]).device
-                if on != stream.device:
-                    raise ValueError(
-                        f"copy_into: the stream is on {stream.device}, the copies' CUDA side "
-                        f"on {on}"
-                    )
+            if stream is not None and not self._h2d:
+                # As pinlane's copies do: after the current stream's work too (where the
+                # sources were made), not only after `stream`'s.
+                stream.wait_stream(torch.cuda.current_stream(stream.device))
             ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
             # D2H returns with the bytes there: torch's copy waits too (non_blocking=False).
             with ctx, torch.no_grad():
                 for i in left:
                     self._leaves[i].copy_(srcs[i], non_blocking=self._h2d)
+
+
+    def _check_torch_pairs(self, srcs, stream):
+        """The pairs torch copies must have their CUDA side on ``stream``'s device, as
+        pinlane's own pairs are checked natively (torch's copy would otherwise run on the
+        other device's current stream, unordered with ``stream``): checked before anything
+        is written."""
+        for k in self._torch_pairs:
+            t = self._leaves[k] if self._h2d else srcs[k]
+            if t.is_cuda and t.device != stream.device:
+                raise ValueError(
+                    f"copy_into: pair {k}: the stream is on {stream.device}, the pair's CUDA "
+                    f"side on {t.device}"
+                )
 
 
 class Pairs:

@@ -80,21 +80,17 @@ def _work(source, stream, modes, q, stop, num_caches):
 
     try:
         torch = sys.modules.get("torch")
-        ctx = contextlib.ExitStack()
-        if stream is not None:
-            ctx.enter_context(torch.cuda.stream(stream))
-        if modes is not None:
-            ctx.enter_context(torch.inference_mode(modes[1]))
-            ctx.enter_context(torch.set_grad_enabled(modes[0]))
-        ctx.__enter__()
-        try:
+        with contextlib.ExitStack() as ctx:
+            if stream is not None:
+                ctx.enter_context(torch.cuda.stream(stream))
+            if modes is not None:
+                ctx.enter_context(torch.inference_mode(modes[1]))
+                ctx.enter_context(torch.set_grad_enabled(modes[0]))
             for batch in source:
                 if stop.is_set():
                     return
                 if not _put(q, stop, transfer_tensor_h2d(batch, num_caches=num_caches)):
                     return
-        finally:
-            ctx.__exit__(None, None, None)
     except BaseException as e:  # noqa: BLE001 - handed to the consumer, raised there
         _put(q, stop, _Failure(e))
         return

@@ -19,16 +19,18 @@ pinlane moves to ``cuda:{LOCAL_RANK}``, the device Lightning gives each process 
 launchers and ``torchrun``; the mixin hands any other device to Lightning's own hook.
 pinlane walks lists, tuples, namedtuples, dicts and dataclasses of torch tensors; other
 objects come back as they are. The mixin looks at the batch first and hands it to
-Lightning's hook, which moves more, when it holds what pinlane would leave behind: an
-object that moves itself with ``.to()`` (a Hugging Face ``BatchEncoding``, a custom
-batch class), a mapping that is not a ``dict``, or a tensor on a device other than the CPU
-and the target (another GPU). So the mixin's result is always what Lightning's hook gives,
-moved faster where it can be. The three lines above skip that look: use them only for
+Lightning's hook when pinlane would give something else: when it holds an object whose
+class moves itself with ``.to()`` (a Hugging Face ``BatchEncoding``, a custom batch class,
+also one that is a list, dict or dataclass), a mapping that is not a ``dict``, a sequence
+that is not a ``list`` or ``tuple`` (a ``UserList``, a ``deque``), a dataclass with a
+field outside ``__init__`` (Lightning leaves those unmoved), or a tensor on a device other
+than the CPU and the target (another GPU). So the mixin's result is what Lightning's hook
+gives, moved faster where it can be. The three lines above skip that look: use them only for
 batches of plain containers. Importing this module needs neither Lightning nor torch.
 """
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from itertools import repeat
 
 from . import _native, transfer_tensor_h2d
@@ -58,10 +60,12 @@ class PinlaneTransfer:
 
 
 def _pinlane_moves_all(batch, index):
-    """Whether pinlane's H2D of ``batch`` to ``cuda:{index}`` moves everything Lightning's
-    hook would: no object that moves itself with ``.to()`` but is not a tensor, no
-    mapping that is not a ``dict``, no tensor on a device other than the CPU and
-    ``cuda:{index}`` (pinlane passes a CUDA tensor through; Lightning moves it)."""
+    """Whether pinlane's H2D of ``batch`` to ``cuda:{index}`` gives what Lightning's hook
+    would: no object whose class moves itself with ``.to()`` but is not a tensor (a
+    container of such a class included), no mapping that is not a ``dict`` and no
+    sequence that is not a ``list`` or ``tuple``, no dataclass with a field outside
+    ``__init__``, no tensor on a device other than the CPU and ``cuda:{index}`` (pinlane
+    passes a CUDA tensor through; Lightning moves it)."""
     import torch
 
     T = torch.Tensor
@@ -77,14 +81,22 @@ def _here(t, index):
 
 
 def _walk(obj, T, index):
+    # In Lightning's order: a tensor, then anything whose class has a callable `.to` (a
+    # custom batch class moves itself, whatever container it also is), then containers.
     if isinstance(obj, T):
         return _here(obj, index)
+    if callable(getattr(type(obj), "to", None)):
+        return False
     if isinstance(obj, (list, tuple)):
         return all(_walk(x, T, index) for x in obj)
     if isinstance(obj, dict):
         return all(_walk(x, T, index) for x in obj.values())
     if isinstance(obj, Mapping):
         return False
+    if isinstance(obj, Sequence) and not isinstance(obj, (str, bytes)):
+        return False  # a UserList, a deque...: Lightning walks them, pinlane does not
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return all(_walk(getattr(obj, f.name), T, index) for f in dataclasses.fields(obj))
-    return not callable(getattr(obj, "to", None))
+        fields = dataclasses.fields(obj)
+        # Lightning leaves fields with init=False as they are; pinlane moves them.
+        return all(f.init for f in fields) and all(_walk(getattr(obj, f.name), T, index) for f in fields)
+    return True

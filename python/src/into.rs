@@ -109,6 +109,13 @@ impl Targets {
         self.outs.len()
     }
 
+    /// The indices of the pairs torch copies (destinations of a dtype pinlane lacks).
+    #[getter]
+    fn torch_pairs(&self) -> Vec<usize> {
+        let torch = |(k, d): (usize, &Dst)| matches!(d, Dst::Torch { .. }).then_some(k);
+        self.outs.iter().enumerate().filter_map(torch).collect()
+    }
+
     /// Copies `srcs[i]` into destination `i` for every `i`. `stream`: `(raw handle,
     /// device)` of a `torch.cuda.Stream` the copies are ordered on; `None`: torch's
     /// current stream of the CUDA side's device. H2D returns once the copies are queued

@@ -30,11 +30,13 @@ def test_lightning_trains_identically_with_pinlanes_hook(torch):
 
 
 def test_lightning_mixin_gives_what_lightnings_hook_gives(torch, monkeypatch):
-    """The mixin moves a batch with pinlane only when pinlane moves all that Lightning's
-    hook would; a batch holding an object that moves itself with ``.to()`` (a Hugging
-    Face ``BatchEncoding`` is a ``UserDict`` with ``.to``), a mapping that is not a dict,
-    or a tensor on another GPU goes to Lightning's hook. Before session 63 those came
-    back unmoved (the tensor on another GPU stayed there)."""
+    """The mixin moves a batch with pinlane only when pinlane gives what Lightning's hook
+    gives; a batch holding an object whose class moves itself with ``.to()`` (a Hugging
+    Face ``BatchEncoding`` is a ``UserDict`` with ``.to``; a dataclass or list subclass
+    with ``.to``), a mapping that is not a dict, a ``UserList``, a dataclass with a field
+    outside ``__init__``, or a tensor on another GPU goes to Lightning's hook. Before
+    session 63 those came back unmoved or moved otherwise (the tensor on another GPU
+    stayed there)."""
     try:
         import lightning.pytorch as pl
     except ImportError:
@@ -43,6 +45,7 @@ def test_lightning_mixin_gives_what_lightnings_hook_gives(torch, monkeypatch):
         except ImportError:
             pytest.skip("Lightning is not installed")
     import collections
+    import dataclasses
     import types
 
     import pinlane.lightning as pll
@@ -50,6 +53,28 @@ def test_lightning_mixin_gives_what_lightnings_hook_gives(torch, monkeypatch):
     class Encoding(collections.UserDict):  # as transformers' BatchEncoding
         def to(self, device):
             return Encoding({k: v.to(device) for k, v in self.data.items()})
+
+    @dataclasses.dataclass
+    class Moves:  # a batch class that moves itself (and says so)
+        x: torch.Tensor
+        via_to: bool = False
+
+        def to(self, device, **kwargs):
+            return Moves(self.x.to(device, **kwargs), via_to=True)
+
+    class Listed(list):  # a list that moves itself
+        def to(self, device, **kwargs):
+            out = Listed(t.to(device, **kwargs) for t in self)
+            out.via_to = True
+            return out
+
+    @dataclasses.dataclass
+    class Held:  # Lightning leaves a field outside __init__ as it is
+        x: torch.Tensor
+        cache: torch.Tensor = dataclasses.field(init=False)
+
+        def __post_init__(self):
+            self.cache = self.x * 2
 
     class Plain(pll.PinlaneTransfer, pl.LightningModule):
         pass
@@ -67,6 +92,11 @@ def test_lightning_mixin_gives_what_lightnings_hook_gives(torch, monkeypatch):
         "BatchEncoding": (Encoding(input_ids=x, mask=x > 3), False),
         "inside a list": ([Encoding(a=x), x], False),
         "a mapping": (types.MappingProxyType({"x": x}), False),
+        "a dataclass with .to": ({"m": Moves(x)}, False),
+        "a list with .to": (Listed([x, x + 1]), False),
+        "a UserList": (collections.UserList([x]), False),
+        "a field outside __init__": (Held(x), False),
+        "a plain dataclass": ({"p": _plain_dataclass(x)}, True),
     }
     if torch.cuda.device_count() > 1:
         other = torch.device("cuda", 1 - idx if idx < 2 else 0)
@@ -83,24 +113,40 @@ def test_lightning_mixin_gives_what_lightnings_hook_gives(torch, monkeypatch):
             _same(got, want, name)
 
 
+def _plain_dataclass(x):
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Plain:
+        x: object
+        label: str = "a"
+
+    return Plain(x)
+
+
 def _same(got, want, name):
-    """``got`` is ``want``: the same types and structure, tensors equal on the same
-    device."""
+    """``got`` is ``want``: the same types and structure (and ``via_to`` marks), tensors
+    equal on the same device."""
     import collections.abc
+    import dataclasses
 
     import torch
 
     assert type(got) is type(want), (name, type(got), type(want))
+    assert getattr(got, "via_to", None) == getattr(want, "via_to", None), name
     if isinstance(want, torch.Tensor):
         assert got.device == want.device and torch.equal(got, want), name
-    elif isinstance(want, (list, tuple)):
-        assert len(got) == len(want), name
-        for a, b in zip(got, want):
-            _same(a, b, name)
+    elif dataclasses.is_dataclass(want):
+        for f in dataclasses.fields(want):
+            _same(getattr(got, f.name), getattr(want, f.name), name)
     elif isinstance(want, collections.abc.Mapping):
         assert list(got) == list(want), name
         for k in want:
             _same(got[k], want[k], name)
+    elif isinstance(want, collections.abc.Sequence) and not isinstance(want, str):
+        assert len(got) == len(want), name
+        for a, b in zip(got, want):
+            _same(a, b, name)
     else:
         assert got == want, name
 
