@@ -150,6 +150,24 @@ def test_d2h_on_a_stream_makes_strided_and_negated_sources_after_their_producer(
         torch.cuda.synchronize()
 
 
+def test_d2h_on_a_stream_copies_torchs_pairs_after_the_current_streams_work(torch):
+    """A pair torch copies (complex here) on ``stream`` waits for torch's current stream,
+    where its source was made, as pinlane's own pairs do: before session 63 it waited
+    for ``stream`` alone and read zeros written before the current stream's work."""
+    new = torch.randn(1 << 16, dtype=torch.complex64, device="cuda")
+    x = torch.zeros_like(new)
+    ints = torch.arange(1 << 16, dtype=torch.int32, device="cuda")
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    torch.cuda._sleep(20_000_000)  # on the current stream: the producer is still running
+    x.copy_(new)
+    dst = {"c": torch.empty(x.shape, dtype=x.dtype, pin_memory=True),
+           "i": torch.empty(ints.shape, dtype=ints.dtype, pin_memory=True)}
+    pinlane.copy_into(dst, {"c": x, "i": ints}, stream=s)
+    assert torch.equal(dst["c"], new.cpu()) and torch.equal(dst["i"], ints.cpu())
+    torch.cuda.synchronize()
+
+
 def test_writes_are_seen_by_autograd_as_copy_s_are(torch):
     """Destinations pinlane writes have their version bumped, as torch's ``copy_`` does: a
     tensor saved for a backward pass and overwritten since is torch's error at backward,
