@@ -202,6 +202,7 @@ fn set_up() -> std::result::Result<DriverInfo, String> {
         let simulated = sim::active();
         api::select(simulated.is_some());
         if let Some(s) = simulated {
+            std::thread::sleep(s.set_up_delay());
             return Ok(DriverInfo {
                 version: 0,
                 device_count: s.devices(),

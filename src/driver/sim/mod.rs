@@ -78,6 +78,9 @@ pub struct SimConfig {
     /// silent corruption, for proving that a round-trip check finds one
     /// ([`verify::round_trip`](crate::verify::round_trip)).
     pub corrupt_copy: Option<u64>,
+    /// How long setting the simulated driver up takes, as `cuInit` may (default zero):
+    /// for tests of what other threads, or a process forked meanwhile, see.
+    pub set_up_delay: Duration,
 }
 
 impl Default for SimConfig {
@@ -89,6 +92,7 @@ impl Default for SimConfig {
             memory_per_device: 4 << 30,
             host_mapped: true,
             corrupt_copy: None,
+            set_up_delay: Duration::ZERO,
         }
     }
 }
@@ -129,6 +133,12 @@ impl SimConfig {
     /// Sets [`SimConfig::corrupt_copy`]: the `n`-th copy gets one byte flipped.
     pub fn corrupt_copy(mut self, n: u64) -> SimConfig {
         self.corrupt_copy = Some(n);
+        self
+    }
+
+    /// Sets [`SimConfig::set_up_delay`].
+    pub fn set_up_delay(mut self, d: Duration) -> SimConfig {
+        self.set_up_delay = d;
         self
     }
 }
@@ -177,6 +187,13 @@ pub fn is_enabled() -> bool {
 
 pub(crate) fn active() -> Option<&'static Sim> {
     SIM.get()
+}
+
+impl Sim {
+    /// [`SimConfig::set_up_delay`].
+    pub(crate) fn set_up_delay(&self) -> Duration {
+        self.cfg.set_up_delay
+    }
 }
 
 /// The simulated device (all of its devices).
