@@ -494,6 +494,22 @@ def copy_into(dst, src, /, *, stream=None):
     Buffers(dst).copy_from(src, stream=stream)
 
 
+def _copied(dst, copy, *args, **kwargs):
+    """``copy(*args, **kwargs)``, then the version counters of ``dst``'s destinations
+    bumped (a ``Buffers`` or ``Pairs``: ``_bump`` and ``_written``), as torch's ``copy_``
+    bumps them; also when the copy failed, since the destinations may be partly written
+    then (a refusal, with nothing written, is a ``ValueError`` or ``TypeError``)."""
+    try:
+        out = copy(*args, **kwargs)
+    except (RuntimeError, MemoryError):
+        if dst._bump is not None:
+            dst._bump(dst._written)
+        raise
+    if dst._bump is not None:
+        dst._bump(dst._written)
+    return out
+
+
 def _needs_a_copy(torch, srcs, maybe_neg):
     """Whether a CUDA source of ``srcs`` is one torch must make contiguous first."""
     return maybe_neg or not all(map(torch.Tensor.is_contiguous, srcs))
@@ -578,37 +594,25 @@ class Buffers:
         if s is not None and self._torch_pairs:
             self._check_torch_pairs(srcs, stream)
         maybe_neg = any(map(torch.Tensor.is_neg, srcs))
-        try:
-            if s is not None and not self._h2d and _needs_a_copy(torch, srcs, maybe_neg):
-                # A strided or negated CUDA source is made contiguous by torch on its
-                # current stream: made so on ``stream`` instead, after the work queued
-                # there, and ``stream`` first waits for the current one (where the
-                # sources were made), as the copies would have.
-                current = torch.cuda.current_stream(stream.device)
-                with torch.cuda.stream(stream):
-                    stream.wait_stream(current)
-                    left = self._native.copy_from(srcs, stream=s, maybe_neg=maybe_neg)
-            else:
-                left = self._native.copy_from(srcs, stream=s, maybe_neg=maybe_neg)
-        except (RuntimeError, MemoryError):
-            # A copy failed: the destinations may be partly written (a refusal, nothing
-            # written, is a ValueError or TypeError).
-            if self._bump is not None:
-                self._bump(self._written)
-            raise
-        if self._bump is not None:
-            self._bump(self._written)
-        if left:
-            if stream is not None and not self._h2d:
-                # As pinlane's copies do: after the current stream's work too (where the
-                # sources were made), not only after `stream`'s.
+        ctx = contextlib.nullcontext()
+        if s is not None and not self._h2d:
+            # Work torch does on `stream` for a D2H (its pairs' copies; the contiguous
+            # copies of strided or negated sources, which it would otherwise make on its
+            # current stream at once, before `stream`'s work) must also come after the
+            # current stream's, where the sources were made, as pinlane's copies do.
+            copies = _needs_a_copy(torch, srcs, maybe_neg)
+            if copies or self._torch_pairs:
                 stream.wait_stream(torch.cuda.current_stream(stream.device))
+            if copies:
+                ctx = torch.cuda.stream(stream)
+        with ctx:
+            left = _copied(self, self._native.copy_from, srcs, stream=s, maybe_neg=maybe_neg)
+        if left:
             ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
             # D2H returns with the bytes there: torch's copy waits too (non_blocking=False).
             with ctx, torch.no_grad():
                 for i in left:
                     self._leaves[i].copy_(srcs[i], non_blocking=self._h2d)
-
 
     def _check_torch_pairs(self, srcs, stream):
         """The pairs torch copies must have their CUDA side on ``stream``'s device, as
@@ -697,12 +701,4 @@ class Pairs:
         ``torch.cuda.Stream`` of the CUDA side's device) or torch's current stream there:
         see ``copy_into``."""
         s = None if stream is None else _stream_arg(self._torch, stream)
-        try:
-            self._native.copy(stream=s)
-        except (RuntimeError, MemoryError):
-            # A copy failed: the destinations may be partly written.
-            if self._bump is not None:
-                self._bump(self._written)
-            raise
-        if self._bump is not None:
-            self._bump(self._written)
+        _copied(self, self._native.copy, stream=s)

@@ -5,10 +5,10 @@
 //! held in the child. CUDA's answer is that a child must not use what its parent set up;
 //! torch raises "Cannot re-initialize CUDA in forked subprocess". pinlane does the same:
 //! from the start of the driver's set-up ([`watch`], from the driver's probe; a set-up
-//! that fails takes it back), a `pthread_atfork` handler marks every child, and the calls that would use the parent's state
-//! ([`check`]: the transfer calls before their first lock, [`require`](super::require),
-//! [`bind`](super::bind)) return [`Error::ForkedChild`] there before they touch the
-//! driver; so do waits that only the parent's threads could end (a non-blocking call's
+//! that fails takes it back), a `pthread_atfork` handler marks every child, and the calls
+//! that would use the parent's state ([`check`]: the transfer calls before their first
+//! lock, [`require`](super::require), [`bind`](super::bind)) return
+//! [`Error::ForkedChild`] there before they touch the driver; so do waits that only the parent's threads could end (a non-blocking call's
 //! handle, a prefetcher), at once. A child forked before pinlane set up CUDA is not
 //! marked: it sets up its own. The parent is never affected.
 //!
@@ -42,8 +42,8 @@ pub(crate) fn watch() {
     ARMED.store(true, Ordering::SeqCst);
     WATCH.call_once(|| {
         // SAFETY: `in_child` is an `extern "C" fn()` that lives as long as the process (a
-        // static function) and only stores to an atomic, which is async-signal-safe as
-        // a handler run in the child of a multi-threaded process must be. The other two
+        // static function) and only loads and stores atomics, which is async-signal-safe
+        // as a handler run in the child of a multi-threaded process must be. The other two
         // handlers are none.
         // It fails only without memory for the handler: then children are not marked and
         // get the driver's own errors, as they did before this module.
@@ -58,6 +58,7 @@ pub(crate) fn unwatch() {
 }
 
 /// Whether this process is a child marked at its fork.
+#[inline]
 pub(crate) fn marked() -> bool {
     FORKED.load(Ordering::Relaxed)
 }
@@ -66,7 +67,7 @@ pub(crate) fn marked() -> bool {
 /// call that was refused.
 #[inline]
 pub(crate) fn check(op: &'static str) -> Result<()> {
-    if FORKED.load(Ordering::Relaxed) {
+    if marked() {
         return Err(Error::ForkedChild { op });
     }
     Ok(())

@@ -170,7 +170,7 @@ impl<B> Drop for Prefetcher<B> {
     /// the source's `next()` (which pinlane cannot interrupt) is then left to exit on its
     /// own when that returns, and the drop returns.
     fn drop(&mut self) {
-        if crate::driver::fork::check("Prefetcher::drop").is_err() {
+        if crate::driver::fork::marked() {
             // A forked child: the worker is the parent's (not here to stop or wait for),
             // and so are the batches in the channel.
             std::mem::forget(self.rx.take());
