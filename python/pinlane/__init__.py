@@ -481,7 +481,8 @@ def copy_into(dst, src, /, *, stream=None):
     * CUDA to CPU returns once the bytes are in the destinations (it waits for the
       stream); nothing else may touch the destinations during the call.
     * A pair whose dtype pinlane lacks (complex, float8, ...) is copied by torch
-      (``d.copy_(s, non_blocking=True)`` on the same stream).
+      (``d.copy_(s, non_blocking=True)`` on the same stream), after pinlane's pairs; its
+      destination is checked as the others are (contiguous, overlapping no other).
 
     Raises:
         ValueError: the structures differ, a pair's dtypes or sizes differ, a tensor is

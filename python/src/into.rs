@@ -98,9 +98,19 @@ impl Targets {
             return Ok(t);
         };
         let torch = Torch::of(first)?;
+        // Every destination's bytes (`(start, len)`), for the overlap check of the pairs
+        // torch copies, which the engine does not see.
+        let mut ranges = Vec::with_capacity(dsts.len());
         for (k, d) in dsts.iter().enumerate() {
-            let out = t.import_dst(&torch, k, d)?;
+            let out = t.import_dst(&torch, k, d, &mut ranges)?;
             t.outs.push(out);
+        }
+        if t.outs.iter().any(|d| matches!(d, Dst::Torch { .. })) {
+            // The engine checks pinlane's own pairs at each copy; a destination torch
+            // writes is checked here, against all the others, once.
+            if let Some((a, b)) = first_overlap(ranges) {
+                return Err(bad(b, &format!("the destination overlaps pair {a}'s")));
+            }
         }
         Ok(t)
     }
@@ -276,8 +286,15 @@ impl Targets {
         }
     }
 
-    /// Destination `k`: `None` for one whose dtype pinlane lacks (torch copies it).
-    fn import_dst(&mut self, torch: &Torch, k: usize, d: &Bound<'_, PyAny>) -> PyResult<Dst> {
+    /// Destination `k`: `None` for one whose dtype pinlane lacks (torch copies it). Its
+    /// bytes go to `ranges` as `(start address, length, k)`.
+    fn import_dst(
+        &mut self,
+        torch: &Torch,
+        k: usize,
+        d: &Bound<'_, PyAny>,
+        ranges: &mut Vec<(usize, usize, usize)>,
+    ) -> PyResult<Dst> {
         let (dl, _) = torch
             .import(d)
             .map_err(|e| bad(k, &format!("torch does not export the destination ({e})")))?;
@@ -295,19 +312,24 @@ impl Targets {
             (false, Kind::Host) => {}
             (false, _) => return Err(bad(k, "the destination is not a CPU tensor")),
         }
-        if !torch.has_dtype(d, &dl)? {
-            let py = d.py();
-            return Ok(Dst::Torch {
-                dtype: d.getattr(intern!(py, "dtype"))?.unbind(),
-                nbytes: d.getattr(intern!(py, "nbytes"))?.extract()?,
-            });
-        }
+        // Every destination is contiguous, also one torch copies (the rule copy_into
+        // documents; its bytes are then one range, checked for overlap).
         if !torch::is_compact(&dl) {
             return Err(bad(
                 k,
                 "the destination is not contiguous (a copy would leave it unchanged): \
                  pass a contiguous tensor, or use dst.copy_(src)",
             ));
+        }
+        if let Some(at) = torch::address(&dl) {
+            ranges.push((at, torch::nbytes(&dl), k));
+        }
+        if !torch.has_dtype(d, &dl)? {
+            let py = d.py();
+            return Ok(Dst::Torch {
+                dtype: d.getattr(intern!(py, "dtype"))?.unbind(),
+                nbytes: d.getattr(intern!(py, "nbytes"))?.extract()?,
+            });
         }
         if d.call_method0(intern!(d.py(), "is_neg"))?.is_truthy()? {
             return Err(bad(k, "the destination has the negation bit (is_neg())"));
@@ -360,4 +382,25 @@ impl Targets {
         temps.extend(copy);
         torch::to_pinlane(dl).map(Some)
     }
+}
+
+/// The first two destinations of `ranges` (`(start, len, pair)`, sorted here; empty ones
+/// never overlap) whose bytes overlap, as `(earlier pair, later pair)`.
+fn first_overlap(mut ranges: Vec<(usize, usize, usize)>) -> Option<(usize, usize)> {
+    ranges.retain(|r| r.1 > 0);
+    ranges.sort_unstable();
+    // The range reaching furthest so far: one starting below its end overlaps it.
+    let mut reach: Option<(usize, usize)> = None;
+    for &(start, len, k) in ranges.iter() {
+        if let Some((end, j)) = reach {
+            if start < end {
+                return Some((j.min(k), j.max(k)));
+            }
+        }
+        let end = start.saturating_add(len);
+        if reach.is_none_or(|(e, _)| end > e) {
+            reach = Some((end, k));
+        }
+    }
+    None
 }

@@ -662,6 +662,15 @@ unsafe fn view_nbytes(t: &DLTensor) -> usize {
         .unwrap_or(0)
 }
 
+/// The address of the tensor's first byte (its data pointer and byte offset; `None` if
+/// that overflows).
+pub(crate) fn address(dl: &Managed) -> Option<usize> {
+    let t = &header(dl).dl_tensor;
+    usize::try_from(t.byte_offset)
+        .ok()
+        .and_then(|o| (t.data as usize).checked_add(o))
+}
+
 /// Whether the tensor is laid out compact and row-major (what pinlane tensors are).
 /// Dimensions of size 1 may have any stride; a tensor with no elements is compact.
 pub(crate) fn is_compact(dl: &Managed) -> bool {
@@ -759,11 +768,7 @@ pub(crate) fn mark_if_page_locked(dl: &mut Managed, min_bytes: usize, device: De
     if n < min_bytes.max(1) {
         return; // staged: the driver is not asked
     }
-    let t = &header(dl).dl_tensor;
-    let Some(ptr) = usize::try_from(t.byte_offset)
-        .ok()
-        .and_then(|o| (t.data as usize).checked_add(o))
-    else {
+    let Some(ptr) = address(dl) else {
         return;
     };
     if pinlane::memory::host_page_locked(ptr as *const u8, n, device).unwrap_or(false) {

@@ -223,6 +223,41 @@ def test_strided_sources_and_torch_dtypes(torch):
         assert torch.equal(dst["c"], before) and torch.equal(back["c"], src["c"])
 
 
+def test_destinations_torch_copies_are_checked_as_pinlanes_are(torch):
+    """A pair torch copies (complex here) has its destination checked as pinlane's own are
+    (session 64: it was not, and an overlap was written in an order nobody promised):
+    contiguous, and overlapping no other destination, both ways, refused before anything
+    is written; adjacent destinations in one buffer are copied right."""
+    for dev, other in (("cuda", "cpu"), ("cpu", "cuda")):
+        buf = torch.zeros(4096, dtype=torch.uint8, device=dev)
+        c = buf[:1024].view(torch.complex64)
+        f = buf[512:1536].view(torch.float32)  # overlaps c
+        c2 = buf[2048:3072].view(torch.complex64)
+        c3 = buf[2560:3584].view(torch.complex64)  # overlaps c2
+        cases = [
+            ([c, f], "pair 1: the destination overlaps pair 0"),
+            ([f, c], "pair 1: the destination overlaps pair 0"),
+            ([c2, c3], "pair 1: the destination overlaps pair 0"),
+            ([f, c2, c3[:8]], "pair 2: the destination overlaps pair 1"),
+            ([c, c2[::2]], "pair 1: the destination is not contiguous"),
+        ]
+        for dst, msg in cases:
+            src = [torch.ones_like(t, device=other) for t in dst]
+            with pytest.raises(ValueError, match=msg):
+                pinlane.copy_into(dst, src)
+            with pytest.raises(ValueError, match=msg):
+                pinlane.Buffers(dst)
+        torch.cuda.synchronize()
+        assert int(buf.count_nonzero()) == 0, dev
+        # Side by side in one buffer: each written, nothing else.
+        f2 = buf[1024:2048].view(torch.float32)
+        src = [torch.randn(128, dtype=torch.complex64, device=other), torch.rand(256, device=other)]
+        pinlane.copy_into([c, f2], src)
+        torch.cuda.synchronize()
+        assert torch.equal(c.cpu(), src[0].cpu()) and torch.equal(f2.cpu(), src[1].cpu()), dev
+        assert int(buf[2048:].count_nonzero()) == 0, dev
+
+
 def test_bad_input_is_refused_and_nothing_written(torch):
     buf = torch.zeros(4096, dtype=torch.uint8, device="cuda")
     a = buf[:1024].view(torch.int32)
