@@ -12,6 +12,7 @@ torch loaded there is no torch tensor to move, and without CUDA a batch comes ba
 
 import atexit
 import contextlib
+import operator
 import os
 import sys
 from itertools import repeat
@@ -262,7 +263,8 @@ def transfer_tensor_h2d(batch, /, *, num_caches=4):
       the call, or keep them referenced until ``s`` is done with them.
     * The thread keeps its last ``num_caches`` batches' device memory referenced.
     * A tensor that requires grad, of a subclass whose class torch's ops keep
-      (torchvision's ``tv_tensors``; not ``nn.Parameter``), whose dtype pinlane lacks
+      (torchvision's ``tv_tensors``; not ``nn.Parameter``) or that has a ``.to`` of its
+      own (a ``Parameter`` subclass that quantizes as it moves), whose dtype pinlane lacks
       (complex, float8, ...), or that torch does not export (sparse and other layouts) is
       moved by torch (``tensor.to(device)``, keeping autograd, class and metadata, on
       torch's current stream).
@@ -392,7 +394,8 @@ def transfer_tensor_d2h(batch, /, *, device=None, stream=None, producer_event=No
       another busy Python thread it then waits for no switch interval.
     * A non-contiguous or negated tensor is first made a plain contiguous tensor on the
       device, on torch's current stream; a tensor that requires grad, of a subclass whose
-      class torch's ops keep (not ``nn.Parameter``), whose dtype pinlane lacks (complex,
+      class torch's ops keep (not ``nn.Parameter``) or that has a ``.to`` of its own, whose
+      dtype pinlane lacks (complex,
       float8, ...), or that torch does not export is moved by torch
       (``tensor.to("cpu")``, keeping autograd, class and metadata). With
       ``producer_event``, this torch-side work starts only once the event has completed
@@ -467,7 +470,10 @@ def copy_into(dst, src, /, *, stream=None):
       copies run on, after the work queued there (and on torch's current stream).
       Autograd sees the destinations written, as after ``copy_``: their version counters
       are bumped, so a tensor saved for a backward pass and overwritten since is torch's
-      error at backward.
+      error at backward. Under grad mode, a pair whose source or destination requires
+      grad is copied by torch (``d.copy_(s)``), which records it for autograd, and a
+      destination that is a leaf requiring grad is a ``ValueError`` (``copy_`` refuses to
+      write one in place); under ``torch.no_grad()`` pinlane copies them all.
     * Order: the copies run on ``stream`` (a ``torch.cuda.Stream`` of the CUDA side's
       device) or, by default, on torch's current stream there: after the work queued on
       it before the call, and before the work queued after (a graph replay, a kernel
@@ -481,13 +487,18 @@ def copy_into(dst, src, /, *, stream=None):
     * CUDA to CPU returns once the bytes are in the destinations (it waits for the
       stream); nothing else may touch the destinations during the call.
     * A pair whose dtype pinlane lacks (complex, float8, ...) is copied by torch
-      (``d.copy_(s, non_blocking=True)`` on the same stream), after pinlane's pairs; its
-      destination is checked as the others are (contiguous, overlapping no other).
+      (``d.copy_(s, non_blocking=True)`` on the same stream), after pinlane's pairs; it is
+      checked as the others are, before anything is written (each side where it must be,
+      the destination contiguous and overlapping no other). Its page-locked CPU source is
+      read by the device after the call returns, as with ``copy_(non_blocking=True)``, and
+      torch does not keep it for that: keep it (in particular one of pinlane's D2H
+      outputs, whose memory pinlane reuses) until the stream has passed the copies.
 
     Raises:
         ValueError: the structures differ, a pair's dtypes or sizes differ, a tensor is
-            on the wrong side (both on the CPU, say), a destination is not contiguous or
-            overlaps another, or ``stream`` is on another device (nothing is written then).
+            on the wrong side (both on the CPU, say), a destination is not contiguous,
+            overlaps another or (under grad mode) is a leaf that requires grad, or
+            ``stream`` is on another device (nothing is written then).
         TypeError: ``stream`` is not a ``torch.cuda.Stream``.
         RuntimeError: a copy failed (destinations may be partly written) or there is no
             CUDA.
@@ -556,7 +567,7 @@ class Buffers:
         self._keyset = frozenset(self._keys) if self._keys is not None else None
         self._h2d = bool(leaves) and leaves[0].is_cuda
         self._native = _native.Targets(leaves, h2d=self._h2d)
-        # The pairs torch copies (dtypes pinlane lacks): their devices are checked here.
+        # The pairs torch copies (dtypes pinlane lacks).
         self._torch_pairs = self._native.torch_pairs
         # What pinlane writes, autograd must see written, as after torch's copy_: a tensor
         # saved for a backward pass and overwritten since is then an error at backward,
@@ -580,7 +591,10 @@ class Buffers:
             if s is not None and len(s) == len(self._leaves) and all(map(isinstance, s, repeat(T))):
                 return s
         dsts, srcs = pair(d, src, T)
-        if len(dsts) != len(self._leaves):
+        # Paired through the destinations' container as it is now: its tensors must still
+        # be the ones taken at construction, in their order (a nested dict whose keys were
+        # reordered since would otherwise pair each source with another's destination).
+        if len(dsts) != len(self._leaves) or not all(map(operator.is_, dsts, self._leaves)):
             raise ValueError("copy_into: the destinations' container changed since Buffers was made")
         return srcs
 
@@ -592,10 +606,10 @@ class Buffers:
         if not srcs:
             return
         s = None if stream is None else _stream_arg(torch, stream)
-        if s is not None and self._torch_pairs:
-            self._check_torch_pairs(srcs, stream)
         maybe_neg = any(map(torch.Tensor.is_neg, srcs))
+        grad = torch.is_grad_enabled()
         ctx = contextlib.nullcontext()
+        waited = False
         if s is not None and not self._h2d:
             # Work torch does on `stream` for a D2H (its pairs' copies; the contiguous
             # copies of strided or negated sources, which it would otherwise make on its
@@ -604,29 +618,24 @@ class Buffers:
             copies = _needs_a_copy(torch, srcs, maybe_neg)
             if copies or self._torch_pairs:
                 stream.wait_stream(torch.cuda.current_stream(stream.device))
+                waited = True
             if copies:
                 ctx = torch.cuda.stream(stream)
         with ctx:
-            left = _copied(self, self._native.copy_from, srcs, stream=s, maybe_neg=maybe_neg)
+            # The native half checks every pair (torch's too) before anything is written.
+            left = _copied(
+                self, self._native.copy_from, srcs, stream=s, maybe_neg=maybe_neg, grad=grad
+            )
         if left:
+            if s is not None and not self._h2d and not waited:
+                # Pairs left to torch for autograd's sake: as above.
+                stream.wait_stream(torch.cuda.current_stream(stream.device))
             ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
-            # D2H returns with the bytes there: torch's copy waits too (non_blocking=False).
-            with ctx, torch.no_grad():
+            # Under the caller's grad mode, as copy_ records (or refuses) them. D2H returns
+            # with the bytes there: torch's copy waits too (non_blocking=False).
+            with ctx:
                 for i in left:
                     self._leaves[i].copy_(srcs[i], non_blocking=self._h2d)
-
-    def _check_torch_pairs(self, srcs, stream):
-        """The pairs torch copies must have their CUDA side on ``stream``'s device, as
-        pinlane's own pairs are checked natively (torch's copy would otherwise run on the
-        other device's current stream, unordered with ``stream``): checked before anything
-        is written."""
-        for k in self._torch_pairs:
-            t = self._leaves[k] if self._h2d else srcs[k]
-            if t.is_cuda and t.device != stream.device:
-                raise ValueError(
-                    f"copy_into: pair {k}: the stream is on {stream.device}, the pair's CUDA "
-                    f"side on {t.device}"
-                )
 
 
 class Pairs:
@@ -651,8 +660,11 @@ class Pairs:
     * each source is read in place at every ``copy``: it must be contiguous and without
       the negation bit, and of a dtype pinlane copies (else ``ValueError``; for complex,
       float8 ... use ``Buffers.copy_from``, which leaves those pairs to torch);
-    * destinations that overlap are a ``ValueError`` when a CPU-to-CUDA ``Pairs`` is
-      made (CUDA to CPU: at ``copy``, as ``copy_into`` finds them);
+    * a pair whose source or destination required grad when the ``Pairs`` was made is
+      copied only under ``torch.no_grad()`` (else ``ValueError``: ``copy_`` would record
+      it for autograd, which ``Pairs`` cannot; ``Buffers.copy_from`` leaves it to torch);
+    * destinations that overlap are a ``ValueError`` when the ``Pairs`` (or the
+      ``Buffers`` it is made from) is made;
     * both sides are taken as they are now: a container changed later, or a tensor
       replaced or re-pointed (``set_``, ``.data =``), is not followed; writes into the
       tensors' memory are. No tensor of either side may be resized (``resize_``,
@@ -702,4 +714,4 @@ class Pairs:
         ``torch.cuda.Stream`` of the CUDA side's device) or torch's current stream there:
         see ``copy_into``."""
         s = None if stream is None else _stream_arg(self._torch, stream)
-        _copied(self, self._native.copy, stream=s)
+        _copied(self, self._native.copy, stream=s, grad=self._torch.is_grad_enabled())

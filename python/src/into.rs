@@ -12,7 +12,7 @@
 
 use crate::errors::to_py;
 use crate::torch::{self, Kind, Managed, Torch};
-use crate::transfer::readable;
+use crate::transfer::{readable, requires_grad, torch_device};
 use pinlane::{Device, H2dPairs, IntoOptions, RawStream, Stream, Tensor};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::intern;
@@ -68,11 +68,22 @@ pub(crate) enum Dst {
     Torch { dtype: Py<PyAny>, nbytes: usize },
 }
 
+/// What autograd says of a destination, taken when it is imported: whether it requires
+/// grad, and is a leaf (torch's `copy_` refuses to write one in place under grad mode).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Grad {
+    No,
+    Yes,
+    Leaf,
+}
+
 /// Destinations imported once, written by every [`Targets::copy_from`].
 #[pyclass(module = "pinlane._native", frozen)]
 pub(crate) struct Targets {
     /// Each destination.
     pub(crate) outs: Vec<Dst>,
+    /// Each destination's [`Grad`].
+    pub(crate) grads: Vec<Grad>,
     /// Held by a `copy_from` while it runs: one writer at a time (D2H's contract), a
     /// second thread's call is an error rather than a wait (the first releases the GIL,
     /// and a wait holding it would never end).
@@ -90,6 +101,7 @@ impl Targets {
     fn new(dsts: Vec<Bound<'_, PyAny>>, h2d: bool) -> PyResult<Targets> {
         let mut t = Targets {
             outs: Vec::with_capacity(dsts.len()),
+            grads: Vec::with_capacity(dsts.len()),
             busy: std::sync::Mutex::new(()),
             h2d,
             device: None,
@@ -98,19 +110,28 @@ impl Targets {
             return Ok(t);
         };
         let torch = Torch::of(first)?;
-        // Every destination's bytes (`(start, len)`), for the overlap check of the pairs
-        // torch copies, which the engine does not see.
+        // Every destination's bytes (`(start, len, pair)`), for the overlap check below.
         let mut ranges = Vec::with_capacity(dsts.len());
         for (k, d) in dsts.iter().enumerate() {
-            let out = t.import_dst(&torch, k, d, &mut ranges)?;
+            let grad = match requires_grad(d)? {
+                false => Grad::No,
+                true if d.getattr(intern!(d.py(), "is_leaf"))?.is_truthy()? => Grad::Leaf,
+                true => Grad::Yes,
+            };
+            // Imported through a detached view when it requires grad (the same memory;
+            // torch's DLPack export refuses a tensor that requires grad).
+            let out = match grad {
+                Grad::No => t.import_dst(&torch, k, d, &mut ranges)?,
+                _ => t.import_dst(&torch, k, &detached(d)?, &mut ranges)?,
+            };
             t.outs.push(out);
+            t.grads.push(grad);
         }
-        if t.outs.iter().any(|d| matches!(d, Dst::Torch { .. })) {
-            // The engine checks pinlane's own pairs at each copy; a destination torch
-            // writes is checked here, against all the others, once.
-            if let Some((a, b)) = first_overlap(ranges) {
-                return Err(bad(b, &format!("the destination overlaps pair {a}'s")));
-            }
+        // Checked once, here, for every destination: the engine checks those it writes at
+        // each copy, but not those torch writes (dtypes pinlane lacks; pairs autograd
+        // records, which only a copy's grad mode tells).
+        if let Some((a, b)) = first_overlap(ranges) {
+            return Err(bad(b, &format!("the destination overlaps pair {a}'s")));
         }
         Ok(t)
     }
@@ -133,8 +154,12 @@ impl Targets {
     /// the pairs left to torch.
     /// `maybe_neg`: whether any source may have the negation bit (see `readable`).
     /// `views`: as `h2d`'s (false: every source imported the usual way, for
-    /// benches/py_overhead.py).
-    #[pyo3(signature = (srcs, *, stream=None, maybe_neg=true, views=true))]
+    /// benches/py_overhead.py). `grad`: whether torch's grad mode is on: then a pair whose
+    /// source or destination requires grad is left to torch too (its `copy_` records it
+    /// for autograd), and a destination that is a leaf requiring grad is refused (torch's
+    /// `copy_` refuses to write it in place), before anything is written.
+    #[pyo3(signature = (srcs, *, stream=None, maybe_neg=true, views=true, grad=false))]
+    #[allow(clippy::too_many_arguments)]
     fn copy_from<'py>(
         &self,
         py: Python<'py>,
@@ -142,6 +167,7 @@ impl Targets {
         stream: Option<(usize, usize)>,
         maybe_neg: bool,
         views: bool,
+        grad: bool,
     ) -> PyResult<Vec<usize>> {
         if srcs.len() != self.outs.len() {
             return Err(PyValueError::new_err(format!(
@@ -166,11 +192,42 @@ impl Targets {
         let mut device = self.device;
         let mut d2h_current = None;
         for (k, (s, out)) in srcs.iter().zip(&self.outs).enumerate() {
+            let autograd = grad && (self.grads[k] != Grad::No || requires_grad(s)?);
+            if autograd && self.grads[k] == Grad::Leaf {
+                return Err(bad(
+                    k,
+                    "the destination is a leaf tensor that requires grad: torch's copy_ \
+                     refuses to write it in place; copy under torch.no_grad()",
+                ));
+            }
             let out = match out {
-                Dst::Pinlane(t) => t,
+                Dst::Pinlane(t) if !autograd => t,
+                Dst::Pinlane(t) => {
+                    // Autograd records this pair: torch copies it (copy_), checked here
+                    // first, before anything is queued, as pinlane's pairs are (through
+                    // a detached view: torch exports no tensor that requires grad).
+                    let plain = detached(s)?;
+                    let (dl, _) = torch
+                        .import(&plain)
+                        .map_err(|e| bad(k, &format!("torch does not export the source ({e})")))?;
+                    check_source_side("copy_into", k, self.h2d, &dl, &mut device)?;
+                    let same = torch.has_dtype(&plain, &dl)?
+                        && torch::dtype(&dl) == Some(t.dtype())
+                        && torch::nbytes(&dl) == t.nbytes();
+                    if !same {
+                        return Err(bad(
+                            k,
+                            "the source's dtype or size is not the destination's",
+                        ));
+                    }
+                    to_torch.push(k);
+                    continue;
+                }
                 Dst::Torch { dtype, nbytes } => {
                     // Checked here, before anything is queued, as pinlane's pairs are:
-                    // torch's copy_ would convert or broadcast instead.
+                    // torch's copy_ would convert, broadcast or copy within one side
+                    // instead.
+                    self.check_torch_source(k, s, &mut device)?;
                     let same_dtype = s.getattr(intern!(py, "dtype"))?.is(dtype.bind(py));
                     if !same_dtype
                         || s.getattr(intern!(py, "nbytes"))?.extract::<usize>()? != *nbytes
@@ -203,6 +260,15 @@ impl Targets {
             };
             ins.push(src);
             outs.push(out.clone());
+        }
+        // The stream's device, checked for every pair (also when torch copies them all).
+        if let (Some((_, on)), Some(d)) = (stream, device) {
+            if on != d {
+                return Err(to_py(pinlane::Error::StreamDeviceMismatch {
+                    stream_device: Device::cuda(on),
+                    device: Device::cuda(d),
+                }));
+            }
         }
         let Some(device) = device.filter(|_| !ins.is_empty()) else {
             return Ok(to_torch);
@@ -283,6 +349,30 @@ impl Targets {
                 unsafe { pinlane::transfer_tensor_d2h_into(ins, outs, &opts) }
             })
             .map_err(to_py)
+        }
+    }
+
+    /// Checks that source `k` of a pair torch copies is on the side the copy reads (a CPU
+    /// tensor for H2D; for D2H a CUDA tensor of the device the others are on, which goes
+    /// to `device`), as [`check_source_side`] checks pinlane's: read from `s.device`
+    /// (torch may not export its dtype).
+    fn check_torch_source(
+        &self,
+        k: usize,
+        s: &Bound<'_, PyAny>,
+        device: &mut Option<usize>,
+    ) -> PyResult<()> {
+        match (self.h2d, torch_device(s)?) {
+            (true, (ty, _)) if ty == "cpu" => Ok(()),
+            (true, _) => Err(bad(k, "the source is not a CPU tensor")),
+            (false, (ty, Some(n))) if ty == "cuda" => match *device.get_or_insert(n) {
+                other if other != n => Err(bad(
+                    k,
+                    &format!("on cuda:{n}, another source on cuda:{other}"),
+                )),
+                _ => Ok(()),
+            },
+            (false, _) => Err(bad(k, "the source is not a CUDA tensor")),
         }
     }
 
@@ -382,6 +472,11 @@ impl Targets {
         temps.extend(copy);
         torch::to_pinlane(dl).map(Some)
     }
+}
+
+/// `t.detach()`: a view of the same memory that does not require grad.
+pub(crate) fn detached<'py>(t: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    t.call_method0(intern!(t.py(), "detach"))
 }
 
 /// The first two destinations of `ranges` (`(start, len, pair)`, sorted here; empty ones

@@ -7,8 +7,9 @@
 //! The destinations are a [`Targets`]' (its rules, and its one-writer lock).
 
 use crate::errors::to_py;
-use crate::into::{bad_in, check_source_side, Dst, Targets, DIRECT_MIN_BYTES};
+use crate::into::{bad_in, check_source_side, detached, Dst, Grad, Targets, DIRECT_MIN_BYTES};
 use crate::torch::{self, Torch};
+use crate::transfer::requires_grad;
 use pinlane::{Device, H2dPairs, Tensor};
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -27,6 +28,10 @@ pub(crate) struct Pairs {
     device: usize,
     /// H2D: the same pairs, paired and checked once by the engine.
     bound: Option<H2dPairs>,
+    /// The first pair whose source or destination required grad when bound: a copy under
+    /// grad mode is refused (torch's `copy_` would record it for autograd, or refuse a
+    /// leaf), as it cannot be left to torch here.
+    grad_pair: Option<usize>,
 }
 
 #[pymethods]
@@ -67,7 +72,21 @@ impl Pairs {
         let torch = Torch::of(first)?;
         let mut device = t.device;
         let (mut ins, mut outs) = (Vec::with_capacity(srcs.len()), Vec::new());
+        let mut grad_pair = None;
         for (k, (s, d)) in srcs.iter().zip(&t.outs).enumerate() {
+            let src_grad = requires_grad(s)?;
+            if grad_pair.is_none() && (t.grads[k] != Grad::No || src_grad) {
+                grad_pair = Some(k);
+            }
+            // Read through a detached view when it requires grad (the same memory; torch's
+            // DLPack export refuses a tensor that requires grad).
+            let detached_src;
+            let s = if src_grad {
+                detached_src = detached(s)?;
+                &detached_src
+            } else {
+                s
+            };
             let Dst::Pinlane(d) = d else {
                 return Err(bad_in(
                     "Pairs",
@@ -122,6 +141,7 @@ impl Pairs {
             outs,
             first: first.clone().unbind(),
             device,
+            grad_pair,
         })
     }
 
@@ -133,9 +153,19 @@ impl Pairs {
     /// (`(raw handle, device)` of a `torch.cuda.Stream`) or torch's current stream of the
     /// CUDA side's device. H2D returns once the copies are queued; D2H once the bytes are
     /// in the destinations (the copies wait for torch's current stream, where the sources
-    /// are written).
-    #[pyo3(signature = (*, stream=None))]
-    fn copy(&self, py: Python<'_>, stream: Option<(usize, usize)>) -> PyResult<()> {
+    /// are written). `grad`: whether torch's grad mode is on (a pair that requires grad is
+    /// then refused, nothing written).
+    #[pyo3(signature = (*, stream=None, grad=false))]
+    fn copy(&self, py: Python<'_>, stream: Option<(usize, usize)>, grad: bool) -> PyResult<()> {
+        if let Some(k) = self.grad_pair.filter(|_| grad) {
+            return Err(bad_in(
+                "Pairs",
+                k,
+                "the source or the destination requires grad: under grad mode torch's \
+                 copy_ would record the copy for autograd (or refuse a leaf), which Pairs \
+                 cannot; copy under torch.no_grad(), or use Buffers.copy_from",
+            ));
+        }
         let targets = self.targets.get();
         let _busy = targets.writer()?;
         let torch = Torch::of(self.first.bind(py))?;

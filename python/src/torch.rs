@@ -74,6 +74,9 @@ struct TorchObjs {
     /// torch has them: the `__torch_function__` and `__torch_dispatch__` of subclasses
     /// whose results torch makes plain tensors (`nn.Parameter`).
     disabled: Option<(Py<PyAny>, Py<PyAny>)>,
+    /// `torch.Tensor.to`: a subclass whose class has another `.to` (bitsandbytes'
+    /// `Params4bit` quantizes as it moves) is moved by calling it.
+    tensor_to: Py<PyAny>,
 }
 
 static TORCH_OBJS: PyOnceLock<TorchObjs> = PyOnceLock::new();
@@ -103,6 +106,7 @@ impl Torch {
                     Some((f.unbind(), d.unbind()))
                 }),
                 c: c.map(Bound::unbind),
+                tensor_to: torch.getattr("Tensor")?.getattr("to")?.unbind(),
                 tensor_type: torch.getattr("Tensor")?.unbind(),
             })
         })?;
@@ -233,9 +237,11 @@ impl Torch {
     /// those that disable both `__torch_function__` and `__torch_dispatch__`, as
     /// `nn.Parameter` does (its `.to()` gives a plain tensor, as pinlane's outputs are; a
     /// subclass whose `__torch_dispatch__` rewraps results keeps its class through `.to()`
-    /// even with `__torch_function__` disabled). Such a tensor is moved by torch's
-    /// `.to(...)`, so that its output keeps its class and metadata; pinlane's outputs are
-    /// plain tensors. Only a comparison of the type for a plain `torch.Tensor`.
+    /// even with `__torch_function__` disabled), and those whose class has a `.to` of its
+    /// own (a `Parameter` subclass that quantizes as it moves, as bitsandbytes' do). Such
+    /// a tensor is moved by its `.to(...)`, so that its output keeps its class, metadata
+    /// and what the class's `.to` makes of it; pinlane's outputs are plain tensors. Only a
+    /// comparison of the type for a plain `torch.Tensor`.
     pub(crate) fn keeps_subclass(&self, t: &Bound<'_, PyAny>) -> PyResult<bool> {
         let py = t.py();
         let ty = t.get_type();
@@ -251,7 +257,11 @@ impl Torch {
             return Ok(true);
         }
         let td = ty.getattr(pyo3::intern!(py, "__torch_dispatch__"))?;
-        Ok(!td.is(dispatch.bind(py)))
+        if !td.is(dispatch.bind(py)) {
+            return Ok(true);
+        }
+        let to = ty.getattr(pyo3::intern!(py, "to"))?;
+        Ok(!to.is(self.objs.tensor_to.bind(py)))
     }
 
     /// Whether a tensor that exports as an 8-bit integer is torch's `int8` or `uint8`
@@ -633,7 +643,13 @@ pub(crate) fn kind(dl: &Managed) -> Kind {
 /// Whether pinlane has the descriptor's dtype: bool, (u)int 8 to 64, float 16/32/64,
 /// bfloat16 (see [`Torch::has_dtype`] for what the descriptor does not say).
 fn supported_dtype(dl: &Managed) -> bool {
-    DType::from_dlpack(header(dl).dl_tensor.dtype).is_some()
+    dtype(dl).is_some()
+}
+
+/// The descriptor's dtype as pinlane names it (`None`: one pinlane lacks). An 8-bit
+/// integer may be one of torch's sub-byte ones: [`Torch::has_dtype`] tells.
+pub(crate) fn dtype(dl: &Managed) -> Option<DType> {
+    DType::from_dlpack(header(dl).dl_tensor.dtype)
 }
 
 /// The tensor's size in bytes (0 when it does not fit `usize`: pinlane's import reports

@@ -113,13 +113,13 @@ fn outputs_from<'py>(
     Ok(out)
 }
 
-fn requires_grad(t: &Bound<'_, PyAny>) -> PyResult<bool> {
+pub(crate) fn requires_grad(t: &Bound<'_, PyAny>) -> PyResult<bool> {
     t.getattr(intern!(t.py(), "requires_grad"))?.is_truthy()
 }
 
 /// `t.device` as torch names it: its type (`"cpu"`, `"cuda"`, ...) and index. Asked only
 /// of tensors the exchange API refuses, to decide whether the call moves them.
-fn torch_device(t: &Bound<'_, PyAny>) -> PyResult<(String, Option<usize>)> {
+pub(crate) fn torch_device(t: &Bound<'_, PyAny>) -> PyResult<(String, Option<usize>)> {
     let py = t.py();
     let d = t.getattr(intern!(py, "device"))?;
     Ok((

@@ -258,6 +258,78 @@ def test_destinations_torch_copies_are_checked_as_pinlanes_are(torch):
         assert int(buf[2048:].count_nonzero()) == 0, dev
 
 
+def test_autograd_and_torch_pairs_as_copy_gives_them(torch):
+    """Session 64 (a review's findings, each wrong before its fix): under grad mode a pair
+    whose source requires grad is copied by torch, so the destination gets ``copy_``'s
+    graph and gradients reach the source (before: written by pinlane, the graph lost); a
+    destination that is a leaf requiring grad is refused, nothing written (before: written
+    in place where ``copy_`` refuses); under ``no_grad`` pinlane copies them all. A pair
+    torch copies (complex) has its source's side checked (before: a CUDA source of an H2D
+    was copied device to device, unordered with ``stream``). A nested ``Buffers`` whose
+    dict was reordered since is refused (before: each source went to the other's
+    destination)."""
+    dev = "cuda"
+    w = torch.ones(4, requires_grad=True)
+    wc = torch.ones(4, device=dev, requires_grad=True)
+    for src, dst, leaf in ((w * 2, torch.zeros(4, device=dev), w), (wc * 2, torch.zeros(4), wc)):
+        plain_dst = torch.zeros_like(dst)
+        pinlane.copy_into([plain_dst, dst], [torch.full((4,), 5.0, device=src.device), src])
+        torch.cuda.synchronize()
+        assert dst.requires_grad and type(dst.grad_fn).__name__.startswith("Copy"), dst.grad_fn
+        assert torch.equal(dst.detach().cpu(), torch.full((4,), 2.0))
+        assert torch.equal(plain_dst.cpu(), torch.full((4,), 5.0)) and not plain_dst.requires_grad
+        (dst * 3).sum().backward()
+        assert torch.equal(leaf.grad.cpu(), torch.full((4,), 6.0))
+        leaf.grad = None
+        with torch.no_grad():
+            again = torch.zeros_like(dst)
+            pinlane.copy_into([again], [src])
+        torch.cuda.synchronize()
+        assert not again.requires_grad and torch.equal(again.cpu(), torch.full((4,), 2.0))
+    # A D2H pair left to torch on a stream: it waits for the current stream too.
+    s = torch.cuda.Stream()
+    src = wc * 0
+    torch.cuda._sleep(20_000_000)
+    src.add_(3)  # queued after the sleep, on the current stream
+    dst = torch.zeros(4)
+    pinlane.copy_into([dst], [src], stream=s)
+    assert torch.equal(dst.detach(), torch.full((4,), 3.0)) and dst.requires_grad
+    # A leaf destination that requires grad: refused under grad mode, nothing written.
+    lf = torch.zeros(4, device=dev, requires_grad=True)
+    other = torch.zeros(4, device=dev)
+    with pytest.raises(ValueError, match="leaf tensor that requires grad"):
+        pinlane.copy_into([other, lf], [torch.ones(4), torch.ones(4)])
+    with pytest.raises(ValueError, match="requires grad"):
+        pinlane.Pairs([lf], [torch.ones(4)]).copy()
+    torch.cuda.synchronize()
+    assert int(other.count_nonzero()) == 0 and int(lf.detach().count_nonzero()) == 0
+    with torch.no_grad():
+        pinlane.copy_into([lf], [torch.ones(4)])
+        torch.cuda.synchronize()
+        assert torch.equal(lf.detach().cpu(), torch.ones(4))
+        pinlane.Pairs([lf], [torch.full((4,), 2.0)]).copy()
+    torch.cuda.synchronize()
+    assert torch.equal(lf.detach().cpu(), torch.full((4,), 2.0))
+    # Pairs torch copies: each side where it must be, nothing written otherwise.
+    c = torch.zeros(8, dtype=torch.complex64, device=dev)
+    ch = torch.zeros(8, dtype=torch.complex64)
+    with pytest.raises(ValueError, match="not a CPU tensor"):
+        pinlane.copy_into([c], [torch.ones(8, dtype=torch.complex64, device=dev)], stream=s)
+    with pytest.raises(ValueError, match="not a CUDA tensor"):
+        pinlane.copy_into([ch], [torch.ones(8, dtype=torch.complex64)])
+    torch.cuda.synchronize()
+    assert int(c.count_nonzero()) == 0 and int(ch.count_nonzero()) == 0
+    # A nested Buffers whose destinations' dict was reordered: refused, nothing written.
+    a, b = torch.zeros(4, device=dev), torch.zeros(4, device=dev)
+    nested = {"x": {"a": a, "b": b}}
+    bufs = pinlane.Buffers(nested)
+    nested["x"] = {"b": b, "a": a}
+    with pytest.raises(ValueError, match="changed since"):
+        bufs.copy_from({"x": {"a": torch.ones(4), "b": torch.full((4,), 2.0)}})
+    torch.cuda.synchronize()
+    assert int(a.count_nonzero()) == 0 and int(b.count_nonzero()) == 0
+
+
 def test_bad_input_is_refused_and_nothing_written(torch):
     buf = torch.zeros(4096, dtype=torch.uint8, device="cuda")
     a = buf[:1024].view(torch.int32)

@@ -1147,7 +1147,8 @@ def test_tensor_subclasses_arrive_with_the_class_and_metadata_torch_gives_them(t
     """A tensor of a subclass whose class torch's ``.to()`` keeps (as torchvision's
     ``tv_tensors`` do, with their metadata) is moved by torch, both ways, so its output has
     the class and the metadata ``.to()`` gives it; an ``nn.Parameter`` (``__torch_function__``
-    disabled) arrives as the plain tensor its ``.to()`` gives, moved by pinlane. Plain
+    disabled) arrives as the plain tensor its ``.to()`` gives, moved by pinlane, and a
+    Parameter subclass with a ``.to`` of its own as that ``.to`` makes it. Plain
     tensors beside them are unchanged. Before session 62 every subclass came back a plain
     ``torch.Tensor`` (this test failed on its first ``type`` check)."""
     from pinlane._tree import flatten
@@ -1181,6 +1182,15 @@ def test_tensor_subclasses_arrive_with_the_class_and_metadata_torch_gives_them(t
                 return torch.Tensor._make_subclass(cls, out)
             return out
 
+    class Packed(torch.nn.Parameter):
+        # A Parameter subclass with a `.to` of its own, as bitsandbytes' quantizing ones
+        # have: torch's `.to()` is its `.to` (session 64: pinlane moved these as plain
+        # tensors, the class's `.to` never called).
+        def to(self, *args, **kwargs):
+            out = Packed(torch.Tensor.to(self, *args, **kwargs), requires_grad=False)
+            out.tag = "packed"
+            return out
+
     host = pattern(torch, torch.float32, (64,), 11)
     plain = pattern(torch, torch.int32, (3, 5), 12)
     tagged = host.as_subclass(Tagged)
@@ -1191,6 +1201,8 @@ def test_tensor_subclasses_arrive_with_the_class_and_metadata_torch_gives_them(t
     assert type(tagged.to(target)) is Tagged and tagged.to(target).tag == "boxes"
     assert type(frozen.to(target)) is torch.Tensor
     assert type(rewrapped.to(target)) is Rewrapped
+    packed = Packed(pattern(torch, torch.float16, (7,), 15), requires_grad=False)
+    assert type(packed.to(target)) is Packed and packed.to(target).tag == "packed"
 
     def check(got, src, before, device):
         # `got`: the call's output of `before`, whose values are `src`'s.
@@ -1200,7 +1212,8 @@ def test_tensor_subclasses_arrive_with_the_class_and_metadata_torch_gives_them(t
         assert got.device == want.device and same(torch, got, src)
 
     batches = [tagged, [tagged], (sub,), {"b": tagged, "x": plain}, {"o": [sub, plain, frozen]},
-               [tagged, sub, frozen, plain], [rewrapped, plain], rewrapped]
+               [tagged, sub, frozen, plain], [rewrapped, plain], rewrapped, [packed, plain],
+               packed]
     for batch in batches:
         on = transfer_tensor_h2d(batch)
         assert type(on) is type(batch)
