@@ -49,30 +49,6 @@ fn current_stream_orders_the_copy() {
 }
 
 #[test]
-fn an_idle_current_stream_is_asked_instead_of_waited_for() {
-    common::sim();
-    let (_initial, fin, on, producer) = setup(40);
-    let queries = || pinlane::driver::sim::activity().unwrap().stream_queries;
-    let _cur = set_current_stream(&producer);
-    // Busy: the query says so, and the copy waits for the overwrite (an event).
-    let before = queries();
-    assert_eq!(
-        transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap(),
-        fin
-    );
-    assert!(queries() > before);
-    // Idle: everything queued on it has run, so the copy needs no ordering (session 64:
-    // one query instead of an event's record and wait), and reads the same bytes.
-    producer.synchronize().unwrap();
-    let before = queries();
-    assert_eq!(
-        transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap(),
-        fin
-    );
-    assert_eq!(queries(), before + 1);
-}
-
-#[test]
 fn without_a_wait_the_copy_sees_old_values() {
     common::sim();
     let (initial, fin, on, producer) = setup(30);

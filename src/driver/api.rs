@@ -91,7 +91,6 @@ route! {
     fn cuStreamCreate(s: *mut sys::CUstream, flags: c_uint);
     fn cuStreamDestroy_v2(s: sys::CUstream);
     fn cuStreamSynchronize(s: sys::CUstream);
-    fn cuStreamQuery(s: sys::CUstream);
     fn cuStreamGetCtx(s: sys::CUstream, ctx: *mut sys::CUcontext);
     fn cuStreamWaitEvent(s: sys::CUstream, e: sys::CUevent, flags: c_uint);
     fn cuLaunchHostFunc(s: sys::CUstream, f: sys::CUhostFn, user: *mut c_void);

@@ -210,21 +210,6 @@ impl Stream {
         (self.inner.device, self.inner.raw.0 as usize)
     }
 
-    /// Whether the stream has run everything queued on it so far (`cuStreamQuery`): then
-    /// work queued elsewhere later needs no ordering after it. `false` while work is
-    /// pending, and on any error (the caller then orders by an event, whose calls report
-    /// it).
-    pub(crate) fn is_idle(&self) -> bool {
-        let Ok(_ctx) = bind(self.inner.device) else {
-            return false;
-        };
-        // SAFETY: a live stream handle (this `Stream` holds it; a borrowed one's owner
-        // keeps it alive, `Stream::from_raw`'s contract) or the legacy stream's sentinel,
-        // with its device's context current.
-        let res = unsafe { super::api::cuStreamQuery(self.raw()) };
-        res == sys::CUresult::CUDA_SUCCESS
-    }
-
     /// Whether every piece of work queued on the stream so far finishes within `limit`:
     /// an event recorded now is polled (sleeping between queries, never blocking in the
     /// driver). `false` on any error, or when the time runs out.

@@ -230,9 +230,7 @@ fn copy_stream(device: usize, opts: &D2hOptions) -> Result<Stream> {
         None => thread_state::d2h_stream(device)?,
     };
     let current = thread_state::current_stream(crate::device::Device::cuda(device))?;
-    // An idle current stream has run all that was queued on it: nothing to wait for (the
-    // query costs less than the event's record and wait; session 64).
-    if !current.same_as(&stream) && !current.is_idle() {
+    if !current.same_as(&stream) {
         let ready = thread_state::ready_event(device)?;
         ready.record(&current)?;
         ready.wait_on(&stream)?;

@@ -157,21 +157,6 @@ impl Sim {
         p.error.take().unwrap_or(OK)
     }
 
-    /// `cuStreamQuery`: success once the stream has run everything queued on it; its
-    /// pending error (left for a synchronisation to take, as the real device's stays)
-    /// otherwise, or not ready.
-    pub(crate) unsafe fn cuStreamQuery(&'static self, s: sys::CUstream) -> CUresult {
-        lock(&self.seen).stream_queries += 1;
-        // SAFETY: the handle is valid (contract).
-        let st = unsafe { self.stream(s) };
-        let p = lock(&st.state.progress);
-        match p.error {
-            Some(e) => e,
-            None if p.done < p.submitted => CUresult::CUDA_ERROR_NOT_READY,
-            None => OK,
-        }
-    }
-
     /// `cuStreamWriteValue32_v2` (flags 0: the default write, after a memory barrier): the
     /// word is written when the stream reaches it, unless an earlier operation of the
     /// stream failed (the real device runs nothing after such a fault).

@@ -236,8 +236,6 @@ pub struct Activity {
     pub inline_launches: [usize; 3],
     /// Calls of `cuStreamSynchronize`.
     pub stream_syncs: usize,
-    /// Calls of `cuStreamQuery`.
-    pub stream_queries: usize,
     /// End flags' writes queued (`cuStreamWriteValue32`).
     pub flag_writes: usize,
     /// Handles (as addresses) passed to `cuStreamDestroy` and `cuEventDestroy`, with how
