@@ -63,7 +63,7 @@ pub enum SmallH2d {
 /// | [`device_pool_release_bytes`](Config::device_pool_release_bytes) | `u64::MAX` (keep all) | `PINLANE_DEVICE_POOL_RELEASE_BYTES` | [`Runtime::set_device_pool_release_bytes`](crate::runtime::Runtime::set_device_pool_release_bytes) |
 /// | [`copy_threads`](Config::copy_threads) | 3/4 of the cores, at most 12 | `PINLANE_COPY_THREADS` | no |
 /// | [`parallel_min`](Config::parallel_min) | 256 KiB | `PINLANE_PARALLEL_MIN` | no |
-/// | [`spin`](Config::spin) | 50 µs | `PINLANE_SPIN_US` | no |
+/// | [`spin`](Config::spin) | 50 µs (at most 1 s) | `PINLANE_SPIN_US` | no |
 /// | [`fill_stores`](Config::fill_stores) | `auto` | `PINLANE_FILL_STORES` (`auto`, `cached`, `streaming`) | no |
 /// | [`drain_stores`](Config::drain_stores) | `auto` | `PINLANE_DRAIN_STORES` | no |
 /// | [`streaming_stores`](Config::streaming_stores) | `true` | `PINLANE_NT_COPY` (`0` or `1`) | no |
@@ -110,7 +110,9 @@ pub struct Config {
     /// thread waiting for the copy threads' last pieces of its job spins before sleeping,
     /// and how long a blocking D2H call into page-locked outputs spins on its end flag (a
     /// word of page-locked memory its stream sets after the copies) before it waits in
-    /// the driver. Zero turns end flags off.
+    /// the driver. Zero turns end flags off. At most [`Config::MAX_SPIN`]: a spin is a
+    /// wait, and every wait is bounded (a stream that failed before its end flag never
+    /// sets it).
     pub spin: Duration,
     /// Stores used to fill staging slots (H2D).
     pub fill_stores: CopyStores,
@@ -276,6 +278,7 @@ impl Config {
                 // The variables of durations carry their unit.
                 let variable = match name {
                     "sync_wait" => "PINLANE_SYNC_WAIT_MS".to_string(),
+                    "spin" => "PINLANE_SPIN_US".to_string(),
                     _ => format!("PINLANE_{}", name.to_uppercase()),
                 };
                 let value = var(&variable).unwrap_or_default();
@@ -313,8 +316,16 @@ impl Config {
         if self.sync_wait == Some(Duration::ZERO) {
             return bad("sync_wait", "must be more than 0 ms (or none)");
         }
+        if self.spin > Config::MAX_SPIN {
+            return bad("spin", "must be at most 1 s (1000000 us)");
+        }
         Ok(())
     }
+
+    /// The longest [`Config::spin`] allowed: 1 s, 20,000 times the default. A longer spin
+    /// would keep a core busy as long on every idle copy thread, and a blocking D2H whose
+    /// stream failed before its end flag spins it out before it asks the driver.
+    pub const MAX_SPIN: Duration = Duration::from_secs(1);
 
     // `Config::install` lives in runtime.rs, with the runtime it makes: this module only
     // describes settings.
@@ -474,6 +485,7 @@ mod tests {
             ("PINLANE_SPIN_US", "1.5"),
             ("PINLANE_SYNC_WAIT_MS", "soon"),
             ("PINLANE_SYNC_WAIT_MS", "0"), // parses, but no call could finish in 0 ms
+            ("PINLANE_SPIN_US", "1000001"), // a spin is a wait: bounded (session 64)
         ] {
             match Config::from_vars(vars(&[(name, value)])) {
                 Err(Error::InvalidConfig {
@@ -492,6 +504,12 @@ mod tests {
         assert!(matches!(
             Config::from_vars(vars(&[("PINLANE_COPY_THREADS", "0")])),
             Err(Error::InvalidConfig { .. })
+        ));
+        // The longest spin is allowed; one longer is refused by the builder's check too.
+        assert!(Config::new().spin(Config::MAX_SPIN).validate().is_ok());
+        assert!(matches!(
+            Config::new().spin(Duration::MAX).validate(),
+            Err(Error::InvalidOption { name: "spin", .. })
         ));
     }
 }

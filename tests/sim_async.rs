@@ -443,3 +443,41 @@ fn wait_timeout_bounds_the_wait_and_keeps_the_handle() {
     let _later = d2h(&on);
     pinlane::settle(Duration::MAX).unwrap();
 }
+
+/// A page-locked source whose last owner is the call (the caller dropped it after the
+/// call) is freed when the copies are done; `cuMemFreeHost` waits for all the device's
+/// work, so freed on the completion thread, before it ends the handle, the handle's wait
+/// waited for another stream's work too. Freed on the free thread (session 64, a review's
+/// finding), the wait ends with the call's own copies. Shown to fail without the change:
+/// the wait took the other stream's 600 ms.
+#[test]
+fn a_source_the_call_owns_last_is_freed_off_the_completion_thread() {
+    common::sim();
+    let _turn = serial();
+    let dev = Device::cuda(0);
+    let host = common::tensor(DType::U8, &[1 << 20], 64);
+    let busy = Stream::new(dev).unwrap();
+    // Warm: the thread's streams and the completion thread set up.
+    let warm = vec![host.to_pinned().unwrap()];
+    transfer_tensor_h2d_async(&warm, &H2dOptions::default())
+        .unwrap()
+        .wait()
+        .unwrap();
+    drop(warm);
+    let batch = vec![host.to_pinned().unwrap()];
+    busy.delay_async(Duration::from_millis(600)).unwrap();
+    let t0 = std::time::Instant::now();
+    let handle = transfer_tensor_h2d_async(&batch, &H2dOptions::default()).unwrap();
+    drop(batch); // the call's own clone of the source is its last owner now
+    let out = handle.wait().unwrap();
+    let waited = t0.elapsed();
+    assert!(
+        waited < Duration::from_millis(400),
+        "the wait took {waited:?}: it waited for the other stream's work"
+    );
+    assert_eq!(
+        transfer_tensor_d2h(&out, &D2hOptions::default()).unwrap(),
+        vec![host]
+    );
+    busy.synchronize().unwrap();
+}

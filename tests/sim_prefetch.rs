@@ -178,6 +178,42 @@ fn a_batch_that_panics_while_moved_is_an_error_in_its_place() {
     }
 }
 
+/// A source whose drop panics (on the worker, once the source has ended): an error after
+/// the batches, not the silent end of the stream it was before (session 64, a review's
+/// finding; shown to fail without the worker's outer catch: 3 items, no error).
+#[test]
+fn a_source_that_panics_when_dropped_ends_the_stream_with_an_error() {
+    sim();
+    struct Brittle(std::ops::Range<usize>);
+    impl Iterator for Brittle {
+        type Item = Vec<Tensor>;
+        fn next(&mut self) -> Option<Vec<Tensor>> {
+            self.0.next().map(batch)
+        }
+    }
+    impl Drop for Brittle {
+        fn drop(&mut self) {
+            panic!("the decoder's pool broke on close");
+        }
+    }
+    let out: Vec<_> = Prefetcher::new(Brittle(0..3), 2, H2dOptions::default())
+        .unwrap()
+        .collect();
+    assert_eq!(out.len(), 4, "three batches and the error");
+    for (i, b) in out[..3].iter().enumerate() {
+        assert_eq!(back(b.as_ref().unwrap()), batch(i), "batch {i}");
+    }
+    match &out[3] {
+        Err(Error::Panicked {
+            thread, message, ..
+        }) => {
+            assert_eq!(*thread, "prefetch");
+            assert!(message.contains("broke on close"), "{message}");
+        }
+        other => panic!("expected the drop's panic, got {other:?}"),
+    }
+}
+
 #[test]
 fn dropping_it_early_stops_the_worker() {
     sim();

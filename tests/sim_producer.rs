@@ -109,6 +109,12 @@ fn the_pool_is_bounded_and_bad_shapes_are_errors() {
         other => panic!("expected PinnedPoolFull, got {other:?}"),
     }
     let b = PinnedBufferMut::<f32>::new(1000, D0).unwrap();
+    // A size whose block rounds up past `usize`, while the pool holds bytes (`b`'s): the
+    // pool is full for it, not an overflow (session 64: a panic in debug builds).
+    match PinnedBufferMut::<f32>::new(usize::MAX / 4, D0) {
+        Err(Error::PinnedPoolFull { requested, .. }) => assert_eq!(requested, usize::MAX / 4 * 4),
+        other => panic!("expected PinnedPoolFull, got {other:?}"),
+    }
     assert!(matches!(
         b.freeze([7, 7]),
         Err(Error::ShapeMismatch {

@@ -329,7 +329,12 @@ pub(crate) fn reap(key: (usize, usize)) {
             job
         };
         match job {
-            Some(job) => complete(job, Ok(())),
+            Some(job) => {
+                // Pinlane's own release, on a transfer's path: a page-locked block freed
+                // here goes to the reaper thread (`memory::reaper`).
+                let _own = crate::memory::reaper::releasing();
+                complete(job, Ok(()));
+            }
             None => return, // the completion thread took it
         }
     }
@@ -689,6 +694,20 @@ pub struct Transfer<B> {
 
 // The handle never pins its batch: moving it is always fine.
 impl<B> Unpin for Transfer<B> {}
+
+impl<B> Drop for Transfer<B> {
+    /// In a child process forked after the call, the handle's batch and completion state
+    /// are the parent's: they are forgotten, not dropped, since their drops could wait for
+    /// a lock a parent's thread held at the fork (as [`Transfer::wait`] forgets the handle
+    /// there; session 64: after `wait_timeout` or `.await` gave `Error::ForkedChild`, the
+    /// handle was still dropped).
+    fn drop(&mut self) {
+        if crate::driver::fork::marked() {
+            std::mem::forget(self.pending.take());
+            std::mem::forget(self.batch.take());
+        }
+    }
+}
 
 impl<B> Transfer<B> {
     /// A transfer with nothing in flight (a pass-through, no CUDA, or a path that

@@ -80,7 +80,15 @@ impl<B: Batch + Send + 'static> Prefetcher<B> {
                     // Errors raised where no call returns them (owners' drops, the cache
                     // ring's at exit) go to the device's next call on any thread.
                     crate::driver::deferred::mark_background_thread();
-                    work(iter, &opts, &tx, &stop)
+                    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        work(iter, &opts, &tx, &stop)
+                    }));
+                    if let Err(panic) = run {
+                        // User code `work` runs outside its own catches: the source's
+                        // drop, a batch dropped unmoved or unsent (session 64: the panic
+                        // went unreported).
+                        report(&opts, &tx, &*panic);
+                    }
                 })
                 .map_err(|e| Error::Worker {
                     reason: format!("cannot start the worker thread: {e}"),
@@ -91,6 +99,24 @@ impl<B: Batch + Send + 'static> Prefetcher<B> {
             stop,
             worker: Some(worker),
         })
+    }
+}
+
+/// A panic on the worker outside a batch's move (the source's drop, a batch dropped
+/// unmoved or unsent): an error after the batches already sent, if the consumer still
+/// listens, else kept for the device's next call.
+fn report<B>(opts: &H2dOptions, tx: &SyncSender<Result<B>>, panic: &(dyn std::any::Any + Send)) {
+    let e = Error::Panicked {
+        thread: "prefetch",
+        what: "dropping the source or a batch it gave",
+        message: crate::error::panic_message(panic),
+    };
+    if let Err(mpsc::SendError(Err(e))) = tx.send(Err(e)) {
+        let device =
+            crate::driver::available().and_then(|info| opts.device.resolve(info.device_count).ok());
+        if let Some(d) = device {
+            crate::driver::deferred::record(d.ordinal(), e);
+        }
     }
 }
 
@@ -182,7 +208,9 @@ impl<B> Drop for Prefetcher<B> {
         // waiting in the channel.
         drop(self.rx.take());
         let Some(w) = self.worker.take() else { return };
-        let limit = crate::runtime::runtime().settings().drop_sync_wait;
+        // The process's setting, read without the runtime (after a `shutdown`, asking
+        // for it would set a new one up, inside a drop).
+        let limit = crate::memory::retained::drop_wait();
         let mut patience = super::patience::Patience::new(limit);
         while !w.is_finished() {
             if patience.pause().is_err() {

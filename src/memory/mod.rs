@@ -70,7 +70,7 @@ mod mapped;
 mod page_locked;
 pub(crate) mod pinned;
 mod producer;
-mod reaper;
+pub(crate) mod reaper;
 mod registration;
 pub mod retained;
 pub(crate) mod scatter;

@@ -966,15 +966,17 @@ impl PinnedOutputPool {
             match best {
                 Some(i) => Some(st.free.swap_remove(i)),
                 None => {
-                    // Free unused blocks until the new one fits under the cap.
+                    // Free unused blocks until the new one fits under the cap (a size
+                    // past `usize` never fits: session 64, it overflowed).
                     let max = self.max_bytes();
-                    while st.held + want > max {
+                    let over = |held: usize| held.checked_add(want).is_none_or(|n| n > max);
+                    while over(st.held) {
                         let Some(b) = st.free.pop() else { break };
                         st.held -= b.1;
                         st.blocks -= 1;
                         to_free.push(b);
                     }
-                    if st.held + want > max {
+                    if over(st.held) {
                         // Give the unused blocks back rather than freeing them for nothing.
                         for b in to_free.drain(..) {
                             st.held += b.1;

@@ -11,12 +11,18 @@
 //! waiting for the device, ran during the next transfers and halved their speed) - unless
 //! the program asked for bounded waits ([`Config::sync_wait`](crate::config::Config::sync_wait)):
 //! then they come here as well, and the caller never waits for the device
-//! ([`free_pinned_in_policy`]).
+//! ([`free_pinned_in_policy`]). Such a last drop made by pinlane itself comes here too:
+//! on one of its own threads (the completion thread, which drops a non-blocking call's
+//! owners: a page-locked source the caller let go of during the call), or while it
+//! releases what earlier calls kept, on a transfer's path ([`releasing`]; session 64:
+//! before, the completion thread waited there for other streams' work, and the handle's
+//! wait with it).
 //!
 //! The memory handed over is no longer used by anything (its copies were proven
 //! complete); it simply stays allocated a little longer.
 
 use crate::driver::{self, HostPtr};
+use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Mutex;
@@ -35,6 +41,34 @@ struct Reaper {
 static REAPER: Mutex<Option<Reaper>> = Mutex::new(None);
 /// Frees that failed on the reaper thread (nobody to return them to).
 static FAILED: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// How many [`Releasing`] guards the thread holds.
+    static RELEASING: Cell<u32> = const { Cell::new(0) };
+}
+
+/// While it lives, the calling thread is releasing what pinlane kept for earlier calls,
+/// on a transfer's path: a page-locked block whose last owner goes then is freed on the
+/// reaper thread (see the module docs).
+pub(crate) struct Releasing(());
+
+/// Marks the calling thread as releasing what pinlane kept until the guard drops.
+pub(crate) fn releasing() -> Releasing {
+    let _ = RELEASING.try_with(|r| r.set(r.get().saturating_add(1)));
+    Releasing(())
+}
+
+impl Drop for Releasing {
+    fn drop(&mut self) {
+        let _ = RELEASING.try_with(|r| r.set(r.get().saturating_sub(1)));
+    }
+}
+
+/// Whether a free made now is pinlane's own, not the caller's: on one of pinlane's
+/// threads, or inside a [`Releasing`] guard.
+fn pinlanes_own_free() -> bool {
+    driver::deferred::is_background_thread() || RELEASING.try_with(Cell::get).unwrap_or(0) > 0
+}
 
 /// Frees `ptr` (page-locked, allocated under `device`'s context) on the reaper thread.
 ///
@@ -108,8 +142,9 @@ unsafe fn free_pinned(ptr: HostPtr<u8>, device: usize) -> crate::error::Result<(
 /// Frees a block the caller gives up directly (a dropped `to_pinned` tensor, a trim):
 /// here, waiting for the device, when the program set no bound on waits; on the reaper
 /// thread when it did ([`Config::sync_wait`](crate::config::Config::sync_wait)), so the
-/// caller does not wait for other work on the device. An error from a free done there is
-/// counted ([`failed`]) instead of returned.
+/// caller does not wait for other work on the device, and when the drop is pinlane's own
+/// (on its threads, or inside [`releasing`]). An error from a free done there is counted
+/// ([`failed`]) instead of returned.
 ///
 /// # Safety
 /// As [`free_pinned_later`].
@@ -117,7 +152,7 @@ pub(crate) unsafe fn free_pinned_in_policy(
     ptr: HostPtr<u8>,
     device: usize,
 ) -> crate::error::Result<()> {
-    if super::retained::sync_wait().is_some() {
+    if super::retained::sync_wait().is_some() || pinlanes_own_free() {
         // SAFETY: the caller's obligations.
         unsafe { free_pinned_later(ptr, device) };
         Ok(())

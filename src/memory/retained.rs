@@ -153,7 +153,9 @@ pub(crate) fn release_proven(stream: &Stream, before: u64) {
         BYTES.fetch_sub(bytes, Ordering::Relaxed);
         gone
     };
-    // Dropped outside the lock: drops call the driver.
+    // Dropped outside the lock: drops call the driver. Pinlane's own release: a
+    // page-locked block freed here goes to the reaper thread.
+    let _own = super::reaper::releasing();
     drop(released);
 }
 
@@ -195,6 +197,7 @@ fn release_completed(done: impl Fn(&Event) -> bool) {
         BYTES.fetch_sub(gone.iter().map(|e| e.bytes).sum(), Ordering::Relaxed);
         gone
     };
+    let _own = super::reaper::releasing(); // pinlane's own release (see release_proven)
     drop(released); // outside the lock: drops call the driver
 }
 
