@@ -472,8 +472,9 @@ def copy_into(dst, src, /, *, stream=None):
       are bumped, so a tensor saved for a backward pass and overwritten since is torch's
       error at backward. Under grad mode, a pair whose source or destination requires
       grad is copied by torch (``d.copy_(s)``), which records it for autograd, and a
-      destination that is a leaf requiring grad is a ``ValueError`` (``copy_`` refuses to
-      write one in place); under ``torch.no_grad()`` pinlane copies them all.
+      destination that is a leaf requiring grad, or a view of one, is a ``ValueError``
+      (``copy_`` refuses to write one in place); under ``torch.no_grad()`` pinlane copies
+      them all, and it writes inference tensors as they are.
     * Order: the copies run on ``stream`` (a ``torch.cuda.Stream`` of the CUDA side's
       device) or, by default, on torch's current stream there: after the work queued on
       it before the call, and before the work queued after (a graph replay, a kernel
@@ -539,9 +540,11 @@ class Buffers:
             inputs.copy_from(batch)                 # each step: as copy_into(static, batch)
             graph.replay()
 
-    ``dst``'s structure and tensors are taken as they are now: a container changed later,
-    or a tensor re-pointed (``set_``, ``.data =``), is not followed (pinlane keeps
-    writing the memory it imported, which it keeps alive). A destination must not be
+    ``dst``'s structure and tensors are taken as they are now: a tensor re-pointed
+    (``set_``, ``.data =``) is not followed (pinlane keeps writing the memory it imported,
+    which it keeps alive), nor is a flat list, tuple or dict changed later (sources pair by
+    the positions or keys taken now); a nested ``dst`` is walked at each call to pair the
+    sources, and one whose tensors were moved or replaced since is a ``ValueError``. A destination must not be
     resized (``resize_``, ``untyped_storage().resize_``) while the ``Buffers`` exist:
     torch frees the old memory when it grows a storage, and pinlane would write freed
     memory (the rule CUDA graphs have for their static inputs). The rules are
@@ -567,8 +570,10 @@ class Buffers:
         self._keyset = frozenset(self._keys) if self._keys is not None else None
         self._h2d = bool(leaves) and leaves[0].is_cuda
         self._native = _native.Targets(leaves, h2d=self._h2d)
-        # The pairs torch copies (dtypes pinlane lacks).
+        # The pairs torch copies (dtypes pinlane lacks), and those of them whose destination
+        # is an inference tensor, which torch writes only under inference mode.
         self._torch_pairs = self._native.torch_pairs
+        self._torch_inference = [k for k in self._torch_pairs if leaves[k].is_inference()]
         # What pinlane writes, autograd must see written, as after torch's copy_: a tensor
         # saved for a backward pass and overwritten since is then an error at backward,
         # not a wrong gradient. Inference tensors have no version to bump.
@@ -606,6 +611,14 @@ class Buffers:
         if not srcs:
             return
         s = None if stream is None else _stream_arg(torch, stream)
+        if self._torch_inference and not torch.is_inference_mode_enabled():
+            # Refused before anything is written, as torch's copy_ would refuse it after
+            # pinlane's pairs were.
+            raise ValueError(
+                f"copy_into: pair {self._torch_inference[0]}: the destination is an inference "
+                "tensor of a dtype pinlane lacks, which torch's copy_ writes only under "
+                "torch.inference_mode()"
+            )
         maybe_neg = any(map(torch.Tensor.is_neg, srcs))
         grad = torch.is_grad_enabled()
         ctx = contextlib.nullcontext()
@@ -631,11 +644,14 @@ class Buffers:
                 # Pairs left to torch for autograd's sake: as above.
                 stream.wait_stream(torch.cuda.current_stream(stream.device))
             ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
-            # Under the caller's grad mode, as copy_ records (or refuses) them. D2H returns
-            # with the bytes there: torch's copy waits too (non_blocking=False).
+            # Under the caller's grad mode, as copy_ records them. D2H returns with the bytes
+            # there: torch's copy waits too (non_blocking=False). The source is reshaped to
+            # the destination's shape (the same elements, checked natively; pinlane copies
+            # bytes in order where shapes differ, and copy_ would not broadcast them).
             with ctx:
                 for i in left:
-                    self._leaves[i].copy_(srcs[i], non_blocking=self._h2d)
+                    d = self._leaves[i]
+                    d.copy_(srcs[i].reshape(d.shape), non_blocking=self._h2d)
 
 
 class Pairs:
@@ -660,9 +676,9 @@ class Pairs:
     * each source is read in place at every ``copy``: it must be contiguous and without
       the negation bit, and of a dtype pinlane copies (else ``ValueError``; for complex,
       float8 ... use ``Buffers.copy_from``, which leaves those pairs to torch);
-    * a pair whose source or destination required grad when the ``Pairs`` was made is
-      copied only under ``torch.no_grad()`` (else ``ValueError``: ``copy_`` would record
-      it for autograd, which ``Pairs`` cannot; ``Buffers.copy_from`` leaves it to torch);
+    * a pair whose source or destination requires grad is copied only under
+      ``torch.no_grad()`` (else ``ValueError``, nothing written: ``copy_`` would record it
+      for autograd, which ``Pairs`` cannot; ``Buffers.copy_from`` leaves it to torch);
     * destinations that overlap are a ``ValueError`` when the ``Pairs`` (or the
       ``Buffers`` it is made from) is made;
     * both sides are taken as they are now: a container changed later, or a tensor

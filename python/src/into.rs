@@ -68,12 +68,15 @@ pub(crate) enum Dst {
     Torch { dtype: Py<PyAny>, nbytes: usize },
 }
 
-/// What autograd says of a destination, taken when it is imported: whether it requires
-/// grad, and is a leaf (torch's `copy_` refuses to write one in place under grad mode).
+/// What autograd makes of writing a destination in place under grad mode, asked at each
+/// copy (a destination may gain a graph or `requires_grad_()` after it was imported).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Grad {
+    /// Nothing to record: pinlane writes it.
     No,
+    /// Its graph must record the copy: torch's `copy_` writes it.
     Yes,
+    /// A leaf that requires grad, or a view of one: torch's `copy_` refuses it.
     Leaf,
 }
 
@@ -82,8 +85,10 @@ pub(crate) enum Grad {
 pub(crate) struct Targets {
     /// Each destination.
     pub(crate) outs: Vec<Dst>,
-    /// Each destination's [`Grad`].
-    pub(crate) grads: Vec<Grad>,
+    /// Each destination as given, for what autograd says of it at each copy.
+    dsts: Vec<Py<PyAny>>,
+    /// Whether each is an inference tensor (no autograd state: pinlane writes it).
+    inference: Vec<bool>,
     /// Held by a `copy_from` while it runs: one writer at a time (D2H's contract), a
     /// second thread's call is an error rather than a wait (the first releases the GIL,
     /// and a wait holding it would never end).
@@ -101,7 +106,8 @@ impl Targets {
     fn new(dsts: Vec<Bound<'_, PyAny>>, h2d: bool) -> PyResult<Targets> {
         let mut t = Targets {
             outs: Vec::with_capacity(dsts.len()),
-            grads: Vec::with_capacity(dsts.len()),
+            dsts: Vec::with_capacity(dsts.len()),
+            inference: Vec::with_capacity(dsts.len()),
             busy: std::sync::Mutex::new(()),
             h2d,
             device: None,
@@ -113,19 +119,19 @@ impl Targets {
         // Every destination's bytes (`(start, len, pair)`), for the overlap check below.
         let mut ranges = Vec::with_capacity(dsts.len());
         for (k, d) in dsts.iter().enumerate() {
-            let grad = match requires_grad(d)? {
-                false => Grad::No,
-                true if d.getattr(intern!(d.py(), "is_leaf"))?.is_truthy()? => Grad::Leaf,
-                true => Grad::Yes,
-            };
-            // Imported through a detached view when it requires grad (the same memory;
-            // torch's DLPack export refuses a tensor that requires grad).
-            let out = match grad {
-                Grad::No => t.import_dst(&torch, k, d, &mut ranges)?,
-                _ => t.import_dst(&torch, k, &detached(d)?, &mut ranges)?,
+            // Imported through a detached view when it requires grad: the same memory,
+            // without relying on the exchange API to export such a tensor (torch's
+            // `__dlpack__` refuses one; its C export does not, today).
+            let out = match requires_grad(d)? {
+                false => t.import_dst(&torch, k, d, &mut ranges)?,
+                true => t.import_dst(&torch, k, &detached(d)?, &mut ranges)?,
             };
             t.outs.push(out);
-            t.grads.push(grad);
+            t.inference.push(
+                d.call_method0(intern!(d.py(), "is_inference"))?
+                    .is_truthy()?,
+            );
+            t.dsts.push(d.clone().unbind());
         }
         // Checked once, here, for every destination: the engine checks those it writes at
         // each copy, but not those torch writes (dtypes pinlane lacks; pairs autograd
@@ -192,20 +198,18 @@ impl Targets {
         let mut device = self.device;
         let mut d2h_current = None;
         for (k, (s, out)) in srcs.iter().zip(&self.outs).enumerate() {
-            let autograd = grad && (self.grads[k] != Grad::No || requires_grad(s)?);
-            if autograd && self.grads[k] == Grad::Leaf {
-                return Err(bad(
-                    k,
-                    "the destination is a leaf tensor that requires grad: torch's copy_ \
-                     refuses to write it in place; copy under torch.no_grad()",
-                ));
-            }
+            let autograd = grad
+                && match self.grad(py, k)? {
+                    Grad::Leaf => return Err(leaf_refused("copy_into", k)),
+                    Grad::Yes => true,
+                    Grad::No => !self.is_inference(k) && requires_grad(s)?,
+                };
             let out = match out {
                 Dst::Pinlane(t) if !autograd => t,
                 Dst::Pinlane(t) => {
                     // Autograd records this pair: torch copies it (copy_), checked here
                     // first, before anything is queued, as pinlane's pairs are (through
-                    // a detached view: torch exports no tensor that requires grad).
+                    // a detached view, as the destinations are imported).
                     let plain = detached(s)?;
                     let (dl, _) = torch
                         .import(&plain)
@@ -352,6 +356,34 @@ impl Targets {
         }
     }
 
+    /// Whether destination `k` is an inference tensor.
+    pub(crate) fn is_inference(&self, k: usize) -> bool {
+        self.inference.get(k).copied().unwrap_or(false)
+    }
+
+    /// What autograd makes of writing destination `k` in place under grad mode, asked now
+    /// (see [`Grad`]). An inference tensor has no autograd state: [`Grad::No`].
+    pub(crate) fn grad(&self, py: Python<'_>, k: usize) -> PyResult<Grad> {
+        let Some(d) = self.dsts.get(k).map(|d| d.bind(py)) else {
+            return Ok(Grad::No);
+        };
+        if self.is_inference(k) || !requires_grad(d)? {
+            return Ok(Grad::No);
+        }
+        let leaf = |t: &Bound<'_, PyAny>| -> PyResult<bool> {
+            t.getattr(intern!(py, "is_leaf"))?.is_truthy()
+        };
+        if leaf(d)? {
+            return Ok(Grad::Leaf);
+        }
+        // A view of a leaf that requires grad: copy_ refuses it as it refuses the leaf.
+        let base = d.getattr(intern!(py, "_base"))?;
+        if !base.is_none() && requires_grad(&base)? && leaf(&base)? {
+            return Ok(Grad::Leaf);
+        }
+        Ok(Grad::Yes)
+    }
+
     /// Checks that source `k` of a pair torch copies is on the side the copy reads (a CPU
     /// tensor for H2D; for D2H a CUDA tensor of the device the others are on, which goes
     /// to `device`), as [`check_source_side`] checks pinlane's: read from `s.device`
@@ -472,6 +504,17 @@ impl Targets {
         temps.extend(copy);
         torch::to_pinlane(dl).map(Some)
     }
+}
+
+/// The refusal of `call`'s pair `k` under grad mode, whose destination is a leaf that
+/// requires grad (or a view of one).
+pub(crate) fn leaf_refused(call: &str, k: usize) -> PyErr {
+    bad_in(
+        call,
+        k,
+        "the destination is a leaf tensor that requires grad (or a view of one): torch's \
+         copy_ refuses to write it in place; copy under torch.no_grad()",
+    )
 }
 
 /// `t.detach()`: a view of the same memory that does not require grad.

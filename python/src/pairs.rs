@@ -7,7 +7,9 @@
 //! The destinations are a [`Targets`]' (its rules, and its one-writer lock).
 
 use crate::errors::to_py;
-use crate::into::{bad_in, check_source_side, detached, Dst, Grad, Targets, DIRECT_MIN_BYTES};
+use crate::into::{
+    bad_in, check_source_side, detached, leaf_refused, Dst, Grad, Targets, DIRECT_MIN_BYTES,
+};
 use crate::torch::{self, Torch};
 use crate::transfer::requires_grad;
 use pinlane::{Device, H2dPairs, Tensor};
@@ -28,10 +30,10 @@ pub(crate) struct Pairs {
     device: usize,
     /// H2D: the same pairs, paired and checked once by the engine.
     bound: Option<H2dPairs>,
-    /// The first pair whose source or destination required grad when bound: a copy under
-    /// grad mode is refused (torch's `copy_` would record it for autograd, or refuse a
-    /// leaf), as it cannot be left to torch here.
-    grad_pair: Option<usize>,
+    /// The sources as given, for what autograd says of them at each copy under grad
+    /// mode: a pair autograd would record (or torch refuse) is refused, as it cannot be
+    /// left to torch here.
+    srcs: Vec<Py<PyAny>>,
 }
 
 #[pymethods]
@@ -72,16 +74,11 @@ impl Pairs {
         let torch = Torch::of(first)?;
         let mut device = t.device;
         let (mut ins, mut outs) = (Vec::with_capacity(srcs.len()), Vec::new());
-        let mut grad_pair = None;
         for (k, (s, d)) in srcs.iter().zip(&t.outs).enumerate() {
-            let src_grad = requires_grad(s)?;
-            if grad_pair.is_none() && (t.grads[k] != Grad::No || src_grad) {
-                grad_pair = Some(k);
-            }
-            // Read through a detached view when it requires grad (the same memory; torch's
-            // DLPack export refuses a tensor that requires grad).
+            // Read through a detached view when it requires grad (the same memory, as
+            // `Targets` imports its destinations).
             let detached_src;
-            let s = if src_grad {
+            let s = if requires_grad(s)? {
                 detached_src = detached(s)?;
                 &detached_src
             } else {
@@ -141,7 +138,7 @@ impl Pairs {
             outs,
             first: first.clone().unbind(),
             device,
-            grad_pair,
+            srcs: srcs.iter().map(|s| s.clone().unbind()).collect(),
         })
     }
 
@@ -157,16 +154,25 @@ impl Pairs {
     /// then refused, nothing written).
     #[pyo3(signature = (*, stream=None, grad=false))]
     fn copy(&self, py: Python<'_>, stream: Option<(usize, usize)>, grad: bool) -> PyResult<()> {
-        if let Some(k) = self.grad_pair.filter(|_| grad) {
-            return Err(bad_in(
-                "Pairs",
-                k,
-                "the source or the destination requires grad: under grad mode torch's \
-                 copy_ would record the copy for autograd (or refuse a leaf), which Pairs \
-                 cannot; copy under torch.no_grad(), or use Buffers.copy_from",
-            ));
-        }
         let targets = self.targets.get();
+        if grad {
+            for (k, s) in self.srcs.iter().enumerate() {
+                let refused = match targets.grad(py, k)? {
+                    Grad::Leaf => return Err(leaf_refused("Pairs", k)),
+                    Grad::Yes => true,
+                    Grad::No => !targets.is_inference(k) && requires_grad(s.bind(py))?,
+                };
+                if refused {
+                    return Err(bad_in(
+                        "Pairs",
+                        k,
+                        "the source or the destination requires grad: under grad mode \
+                         torch's copy_ would record the copy for autograd, which Pairs \
+                         cannot; copy under torch.no_grad(), or use Buffers.copy_from",
+                    ));
+                }
+            }
+        }
         let _busy = targets.writer()?;
         let torch = Torch::of(self.first.bind(py))?;
         let bound = self.bound.as_ref();

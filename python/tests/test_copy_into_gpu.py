@@ -294,6 +294,30 @@ def test_autograd_and_torch_pairs_as_copy_gives_them(torch):
     dst = torch.zeros(4)
     pinlane.copy_into([dst], [src], stream=s)
     assert torch.equal(dst.detach(), torch.full((4,), 3.0)) and dst.requires_grad
+    # A Buffers destination that gained a graph at one step: the next step's copy replaces
+    # it as copy_ does (pinlane wrote the bytes and left the old graph before the review's
+    # mend, so a backward pass reached the first step's source).
+    wb = torch.ones(4, requires_grad=True)
+    held = torch.zeros(4, device=dev)
+    bufs = pinlane.Buffers([held])
+    bufs.copy_from([wb * 2])
+    assert held.grad_fn is not None
+    bufs.copy_from([torch.full((4,), 7.0)])
+    torch.cuda.synchronize()
+    assert torch.equal(held.detach().cpu(), torch.full((4,), 7.0))
+    (held * 3).sum().backward()
+    assert wb.grad is None or int(wb.grad.count_nonzero()) == 0, wb.grad
+    # A source of another shape (the same elements) left to torch: reshaped, not broadcast.
+    square = torch.zeros(2, 2, device=dev)
+    pinlane.copy_into([square], [w * 2])
+    torch.cuda.synchronize()
+    assert square.requires_grad and torch.equal(square.detach().cpu(), torch.full((2, 2), 2.0))
+    # An inference tensor has no graph: pinlane writes it, whatever the source.
+    with torch.inference_mode():
+        inf = torch.zeros(4, device=dev)
+    pinlane.copy_into([inf], [w * 2])
+    torch.cuda.synchronize()
+    assert torch.equal(inf.cpu(), torch.full((4,), 2.0))
     # A leaf destination that requires grad: refused under grad mode, nothing written.
     lf = torch.zeros(4, device=dev, requires_grad=True)
     other = torch.zeros(4, device=dev)
@@ -301,8 +325,18 @@ def test_autograd_and_torch_pairs_as_copy_gives_them(torch):
         pinlane.copy_into([other, lf], [torch.ones(4), torch.ones(4)])
     with pytest.raises(ValueError, match="requires grad"):
         pinlane.Pairs([lf], [torch.ones(4)]).copy()
+    # A view of such a leaf, and a destination made to require grad after the Buffers
+    # were: refused the same way (asked at each copy).
+    with pytest.raises(ValueError, match="leaf tensor that requires grad"):
+        pinlane.copy_into([lf[:2]], [torch.ones(2)])
+    later = torch.zeros(4, device=dev)
+    late = pinlane.Buffers([later])
+    later.requires_grad_()
+    with pytest.raises(ValueError, match="leaf tensor that requires grad"):
+        late.copy_from([torch.ones(4)])
     torch.cuda.synchronize()
     assert int(other.count_nonzero()) == 0 and int(lf.detach().count_nonzero()) == 0
+    assert int(later.detach().count_nonzero()) == 0
     with torch.no_grad():
         pinlane.copy_into([lf], [torch.ones(4)])
         torch.cuda.synchronize()
@@ -317,8 +351,16 @@ def test_autograd_and_torch_pairs_as_copy_gives_them(torch):
         pinlane.copy_into([c], [torch.ones(8, dtype=torch.complex64, device=dev)], stream=s)
     with pytest.raises(ValueError, match="not a CUDA tensor"):
         pinlane.copy_into([ch], [torch.ones(8, dtype=torch.complex64)])
+    # An inference tensor torch would write outside inference mode: refused before
+    # pinlane's own pair beside it is written (torch's copy_ refused it after, before).
+    with torch.inference_mode():
+        ci = torch.zeros(8, dtype=torch.complex64, device=dev)
+    beside = torch.zeros(4, device=dev)
+    with pytest.raises(ValueError, match="inference"):
+        pinlane.copy_into([beside, ci], [torch.ones(4), torch.ones(8, dtype=torch.complex64)])
     torch.cuda.synchronize()
     assert int(c.count_nonzero()) == 0 and int(ch.count_nonzero()) == 0
+    assert int(beside.count_nonzero()) == 0
     # A nested Buffers whose destinations' dict was reordered: refused, nothing written.
     a, b = torch.zeros(4, device=dev), torch.zeros(4, device=dev)
     nested = {"x": {"a": a, "b": b}}

@@ -702,7 +702,9 @@ impl<B> Drop for Transfer<B> {
     /// there; session 64: after `wait_timeout` or `.await` gave `Error::ForkedChild`, the
     /// handle was still dropped).
     fn drop(&mut self) {
-        if crate::driver::fork::marked() {
+        // A handle with copies in flight can only be the parent's (a child's calls are
+        // refused before they queue any); a ready one may be the child's own.
+        if self.pending.is_some() && crate::driver::fork::marked() {
             std::mem::forget(self.pending.take());
             std::mem::forget(self.batch.take());
         }
