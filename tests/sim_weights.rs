@@ -365,6 +365,9 @@ fn bad_indexes_are_typed_errors() {
     use CheckpointFault as F;
     fails("{", F::Index);
     fails(r#"{"metadata":{}}"#, F::Index);
+    // An index that names no tensor: broken or half-written, not a model without weights
+    // (session 64: it opened as an empty checkpoint).
+    assert!(fails(r#"{"weight_map":{}}"#, F::Index).contains("names no tensor"));
     assert!(fails(&good.replace("00002-of", "00009-of"), F::Index).contains("missing"));
     fails(&good.replace(r#""a":"#, r#""zz":"#), F::Tensor);
     // Shards named by absolute paths, climbing out, or spelled with `.`.
@@ -577,6 +580,47 @@ fn a_stream_stops_at_its_first_error_and_may_be_dropped_part_way() {
         if let Err(e) = check(&all, &specs) {
             panic!("after a dropped stream: {e}");
         }
+        std::fs::remove_dir_all(&dir).unwrap();
+    })
+    .join()
+    .unwrap();
+}
+
+/// A file written in place after `open` (a re-save of the same model) is refused by the
+/// next load and read, with nothing handed out, and loads right once opened again. Before
+/// (session 64, a review's finding), the load returned the new bytes read as the old
+/// header said, as `Ok`.
+#[test]
+fn a_file_written_since_it_was_opened_is_refused() {
+    common::sim();
+    let _serial = serial();
+    std::thread::spawn(|| {
+        let specs = sample();
+        let (dir, p) = written("changed", &specs);
+        let ckpt = Checkpoint::open(&p).unwrap();
+        check(&ckpt.load(&LoadOptions::default()).unwrap(), &specs).unwrap();
+        // The same layout, other values (bool bytes stay 0 or 1).
+        let mut other = specs.clone();
+        for s in &mut other {
+            for b in &mut s.bytes {
+                *b = if s.dtype == "BOOL" {
+                    1 - *b
+                } else {
+                    b.wrapping_add(1)
+                };
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20)); // a later modification time
+        write(&p, &other);
+        let changed = |e: Error| {
+            matches!(&e, Error::Checkpoint { fault: CheckpointFault::Io, reason, .. }
+                if reason.contains("changed since"))
+                || panic!("expected the file changed, got {e}")
+        };
+        assert!(changed(ckpt.load(&LoadOptions::default()).unwrap_err()));
+        assert!(changed(ckpt.read("a").unwrap_err()));
+        let fresh = Checkpoint::open(&p).unwrap();
+        check(&fresh.load(&LoadOptions::default()).unwrap(), &other).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
     })
     .join()

@@ -27,6 +27,39 @@ use std::sync::Arc;
 /// 89; benches/results/issue22_weights/run_C).
 pub(crate) struct MappedFile {
     map: memmap2::Mmap,
+    /// The file, kept open: [`MappedFile::changed`] asks it again.
+    file: File,
+    /// What the file was when mapped.
+    stamp: Stamp,
+}
+
+/// What identifies a file's contents cheaply: its length and its modification and change
+/// times (a write in place moves them; a file replaced by a rename leaves the mapped one,
+/// and so its bytes, as they were).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Stamp {
+    len: u64,
+    modified: Option<std::time::SystemTime>,
+    /// The inode's change time (seconds, nanoseconds), where the platform has one.
+    changed: (i64, i64),
+}
+
+impl Stamp {
+    fn of(file: &File) -> std::io::Result<Stamp> {
+        let m = file.metadata()?;
+        #[cfg(unix)]
+        let changed = {
+            use std::os::unix::fs::MetadataExt;
+            (m.ctime(), m.ctime_nsec())
+        };
+        #[cfg(not(unix))]
+        let changed = (0, 0);
+        Ok(Stamp {
+            len: m.len(),
+            modified: m.modified().ok(),
+            changed,
+        })
+    }
 }
 
 impl MappedFile {
@@ -38,13 +71,22 @@ impl MappedFile {
     /// `safetensors` crate, torch's `mmap=True`); the public docs say so.
     pub(crate) fn open(path: &Path) -> std::io::Result<Arc<MappedFile>> {
         let file = File::open(path)?;
+        let stamp = Stamp::of(&file)?;
         // SAFETY: memmap2's contract is that nothing modifies the file while it is mapped.
         // pinlane never writes it (the mapping is read-only) and only copies bytes out of
         // it; a change by another process is the documented limit above (changed bytes,
         // or SIGBUS after truncation), as for any mapped-file loader, not undefined
         // behaviour pinlane introduces on its own. (An empty file maps to no bytes.)
         let map = unsafe { memmap2::Mmap::map(&file) }?;
-        Ok(Arc::new(MappedFile { map }))
+        Ok(Arc::new(MappedFile { map, file, stamp }))
+    }
+
+    /// Whether the file was written (or its length changed) since it was mapped, as far
+    /// as its length and times tell (one `fstat`); `true` when they cannot be read. The
+    /// bytes a changed file's mapping shows are no longer those its header was checked
+    /// against.
+    pub(crate) fn changed(&self) -> bool {
+        Stamp::of(&self.file).map_or(true, |now| now != self.stamp)
     }
 
     /// The file's bytes.
@@ -116,7 +158,9 @@ mod tests {
         assert!(!m.range(66, 8).unwrap().is_aligned(4));
         assert!(m.range(usize::MAX, 2).is_none());
         assert_eq!(m.range(10_000, 0).unwrap().as_ref(), &[] as &[u8]);
+        assert!(!m.changed());
         std::fs::write(&p, b"").unwrap();
+        assert!(m.changed(), "written in place since it was mapped");
         assert!(MappedFile::open(&p).unwrap().bytes().is_empty());
         assert!(MappedFile::open(&dir.join("missing")).is_err());
         std::fs::remove_dir_all(&dir).unwrap();

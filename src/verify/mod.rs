@@ -177,8 +177,20 @@ impl RoundTrip {
     ///
     /// # Errors
     /// No CUDA driver (nor the simulated device); a device that is not there or does not
-    /// parse (`LOCAL_RANK` included).
+    /// parse (`LOCAL_RANK` included); no route (an empty list of calls, sources or
+    /// outputs: a check that moves nothing must not pass).
     pub fn routes(&self) -> Result<Vec<Route>, crate::error::Error> {
+        let empty = [
+            ("calls", self.calls.is_empty()),
+            ("sources", self.sources.is_empty()),
+            ("outputs", self.outputs.is_empty()),
+        ];
+        if let Some((name, _)) = empty.into_iter().find(|(_, e)| *e) {
+            return Err(crate::error::Error::InvalidOption {
+                name,
+                reason: "an empty list leaves no route to check".into(),
+            });
+        }
         let info = crate::driver::require("verify::round_trip")?;
         let device = self.device.resolve(info.device_count)?;
         let mut out = Vec::new();
@@ -284,5 +296,6 @@ fn one_route<B: Batch>(
             .ok_or_else(|| timeout(route))?
             .map_err(fail)?,
     };
+    report::all_in_outputs(&back, route)?;
     report::compare(batch, &back, route)
 }

@@ -48,8 +48,9 @@ pub enum VerifyError {
         /// Where it is.
         location: Location,
     },
-    /// No route could start: no device (no CUDA driver and not the simulated one), or a
-    /// device that is not there.
+    /// No route could start: no device (no CUDA driver and not the simulated one), a
+    /// device that is not there, or no route chosen (an empty list of calls, sources or
+    /// outputs).
     #[error("round trip: {0}")]
     Setup(#[source] Error),
 }
@@ -90,6 +91,14 @@ pub enum MismatchKind {
         /// Where it is.
         location: Location,
     },
+    /// Back in other memory than the route's outputs (a page-locked output pool with no
+    /// room gives ordinary memory instead: the route's own path did not run).
+    NotInOutputs {
+        /// The route's outputs' memory.
+        expected: Location,
+        /// Where it came back.
+        found: Location,
+    },
     /// Another dtype.
     DType {
         /// Given.
@@ -129,6 +138,12 @@ impl fmt::Display for MismatchKind {
             MismatchKind::NotMoved { location } => {
                 write!(f, "on {location} after the H2D, not on the device")
             }
+            MismatchKind::NotInOutputs { expected, found } => write!(
+                f,
+                "came back in {found} memory, not in the route's {expected} outputs (the \
+                 route's own path did not run: raise the page-locked output pool's cap, \
+                 Config::pinned_output_bytes, or verify a smaller batch)"
+            ),
             MismatchKind::DType { expected, found } => {
                 write!(f, "dtype {found}, sent as {expected}")
             }
@@ -212,6 +227,31 @@ pub(super) fn all_on_device<B: Batch>(on: &B, route: Route) -> Result<(), Verify
                 path,
                 kind: MismatchKind::NotMoved {
                     location: t.location(),
+                },
+            },
+        }),
+        None => Ok(()),
+    }
+}
+
+/// After the D2H: every tensor with bytes is in the memory `route.output` names, so the
+/// route's own path ran (an error naming the first that is not).
+pub(super) fn all_in_outputs<B: Batch>(back: &B, route: Route) -> Result<(), VerifyError> {
+    let want = match route.output {
+        crate::engine::HostOutput::Pinned => Location::Pinned,
+        crate::engine::HostOutput::Pageable => Location::Host,
+    };
+    match tensors_with_paths(back)
+        .into_iter()
+        .find(|(_, t)| t.nbytes() > 0 && t.location() != want)
+    {
+        Some((path, t)) => Err(VerifyError::Mismatch {
+            route,
+            mismatch: Mismatch {
+                path,
+                kind: MismatchKind::NotInOutputs {
+                    expected: want,
+                    found: t.location(),
                 },
             },
         }),

@@ -40,6 +40,7 @@ pub struct Checkpoint {
 }
 
 /// One file of a checkpoint, mapped.
+#[derive(Clone)]
 pub(super) struct Shard {
     pub(super) path: PathBuf,
     pub(super) map: Arc<MappedFile>,
@@ -157,6 +158,16 @@ impl Checkpoint {
         self.by_name.get(name).copied()
     }
 
+    /// `Ok` if shard `shard`'s file is as it was when the checkpoint was opened (its
+    /// header was checked then): else [`CheckpointFault::Io`], since a file written in
+    /// place since would be read at the old offsets, as the old dtypes and shapes.
+    pub(super) fn unchanged(&self, shard: usize) -> Result<()> {
+        match self.shards.get(shard) {
+            Some(s) => file_unchanged(s),
+            None => Ok(()),
+        }
+    }
+
     /// The error for a name the checkpoint does not hold.
     pub(super) fn missing(&self, name: &str) -> Error {
         fault(
@@ -179,6 +190,11 @@ impl Checkpoint {
             .get("weight_map")
             .and_then(|m| m.as_object())
             .ok_or_else(|| fail("no \"weight_map\" object".into()))?;
+        if map.is_empty() {
+            // A broken or half-written index, not a model without weights (session 64:
+            // it loaded as an empty checkpoint).
+            return Err(fail("its \"weight_map\" names no tensor".into()));
+        }
         let dir = index.parent().unwrap_or(Path::new("."));
         let mut wanted: Vec<(&str, &str)> = Vec::with_capacity(map.len());
         for (name, file) in map {
@@ -286,6 +302,21 @@ impl Checkpoint {
             by_name,
         })
     }
+}
+
+/// `Ok` if `shard`'s file is as it was when mapped (see [`Checkpoint::unchanged`]).
+pub(super) fn file_unchanged(shard: &Shard) -> Result<()> {
+    if shard.map.changed() {
+        return Err(fault(
+            &shard.path,
+            None,
+            CheckpointFault::Io,
+            "the file changed since the checkpoint was opened (its header was checked \
+             then): open it again"
+                .into(),
+        ));
+    }
+    Ok(())
 }
 
 /// pinlane's dtype for a file's, if it has one.

@@ -2,7 +2,7 @@
 //! [`LoadOptions::group_bytes`], each one `transfer_tensor_h2d_async` of host tensors over
 //! the mapped files, the next group staged while the previous one's last copies run.
 
-use super::checkpoint::{dtype_of, fault, Checkpoint};
+use super::checkpoint::{dtype_of, fault, file_unchanged, Checkpoint, Shard};
 use crate::device::DeviceSpec;
 use crate::driver::Stream;
 use crate::engine::{transfer_tensor_h2d_async, H2dOptions, Transfer};
@@ -113,6 +113,9 @@ pub struct Loading {
     ready: VecDeque<(String, Tensor)>,
     opts: H2dOptions,
     done: bool,
+    /// The files the load reads: each checked unchanged after a group lands, before its
+    /// tensors are handed out.
+    files: Vec<Shard>,
 }
 
 impl Iterator for Loading {
@@ -179,6 +182,9 @@ impl Loading {
     fn land(&mut self) -> Result<()> {
         if let Some(m) = self.moving.take() {
             let ts = wait(m.transfer)?;
+            // A file written since the load began: these bytes may be the new ones, read
+            // as the old header said (session 64: handed out as they were).
+            self.files.iter().try_for_each(file_unchanged)?;
             self.ready.extend(m.names.into_iter().zip(ts));
         }
         Ok(())
@@ -228,7 +234,9 @@ impl Checkpoint {
     /// group's copies are queued before then.
     ///
     /// # Errors
-    /// Before anything is copied: [`Error::Checkpoint`] for a name in
+    /// Before anything is copied: [`Error::Checkpoint`] for a file written since the
+    /// checkpoint was opened ([`CheckpointFault::Io`]; also after a group's copies, for
+    /// one written during the load), for a name in
     /// [`LoadOptions::names`] the checkpoint does not hold
     /// ([`CheckpointFault::Tensor`]), a chosen tensor of a dtype pinlane lacks
     /// ([`CheckpointFault::UnsupportedDtype`]) or of bytes its dtype forbids
@@ -243,12 +251,18 @@ impl Checkpoint {
             });
         }
         let chosen = self.chosen(opts.names.as_deref())?;
+        let mut shards_used = vec![false; self.shards.len()];
+        for &k in &chosen {
+            shards_used[self.entries[k].shard] = true;
+        }
+        // Files written since they were opened are refused before anything is read.
+        for (i, _) in shards_used.iter().enumerate().filter(|(_, u)| **u) {
+            self.unchanged(i)?;
+        }
         let mut groups = VecDeque::new();
         let mut g = Group::default();
-        let mut shards_used = vec![false; self.shards.len()];
         for k in chosen {
             let e = &self.entries[k];
-            shards_used[e.shard] = true;
             let t = self.host_tensor(k, false)?;
             if g.bytes > 0 && g.bytes + e.nbytes > opts.group_bytes {
                 groups.push_back(std::mem::take(&mut g));
@@ -262,10 +276,12 @@ impl Checkpoint {
         }
         // Ask the kernel to read the files ahead (a file already in the page cache costs
         // a fraction of a millisecond here).
-        for (s, used) in self.shards.iter().zip(shards_used) {
-            if used {
-                s.map.will_need();
-            }
+        let files: Vec<Shard> = (self.shards.iter().zip(shards_used))
+            .filter(|&(_, used)| used)
+            .map(|(s, _)| s.clone())
+            .collect();
+        for s in &files {
+            s.map.will_need();
         }
         Ok(Loading {
             groups,
@@ -273,6 +289,7 @@ impl Checkpoint {
             ready: VecDeque::new(),
             opts: opts.h2d(),
             done: false,
+            files,
         })
     }
 
@@ -282,10 +299,16 @@ impl Checkpoint {
     /// # Errors
     /// [`Error::Checkpoint`]: no tensor of this name ([`CheckpointFault::Tensor`]), a
     /// dtype pinlane lacks ([`CheckpointFault::UnsupportedDtype`]), bytes its dtype
-    /// forbids ([`CheckpointFault::Values`]).
+    /// forbids ([`CheckpointFault::Values`]), its file written since the checkpoint was
+    /// opened ([`CheckpointFault::Io`]).
     pub fn read(&self, name: &str) -> Result<Tensor> {
         let k = self.index_of(name).ok_or_else(|| self.missing(name))?;
-        self.host_tensor(k, true)
+        let shard = self.entries[k].shard;
+        self.unchanged(shard)?;
+        let t = self.host_tensor(k, true)?;
+        // Written while it was copied: the copy may mix old and new bytes.
+        self.unchanged(shard)?;
+        Ok(t)
     }
 
     /// Entry `k` as a host tensor: over the mapped file, or (`copy`, or when the file

@@ -43,7 +43,12 @@
 //!   error naming it ([`CheckpointFault::UnsupportedDtype`](crate::CheckpointFault::UnsupportedDtype)):
 //!   leave them out with [`LoadOptions::names`].
 //! * **The files** must not be truncated while a load reads them: as for every loader
-//!   that maps files, that makes the read fault (`SIGBUS`).
+//!   that maps files, that makes the read fault (`SIGBUS`). A file written in place after
+//!   [`Checkpoint::open`] (a model saved again over it) is refused by the next load or
+//!   read ([`CheckpointFault::Io`](crate::CheckpointFault::Io): open it again), and a load
+//!   checks its files after each group's copies, before handing that group out, so one
+//!   written while it runs is an error too (its length and times tell, by `fstat`; a file
+//!   replaced by a rename leaves the mapped one, and its bytes, as they were).
 
 mod checkpoint;
 mod load;
