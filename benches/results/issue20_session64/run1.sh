@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Session 64, run 1 (written for the next session with a GPU: none was lent after session
-# 64's first minutes, so it has not run). Measures the D2H idle-stream query of branch
+# Session 64, run 1 (written for the next session with a GPU: none was lent in session
+# 64, so it has not run). Measures the D2H idle-stream query of branch
 # idea/d2h-idle-query (457b6f9, taken back off main until measured): cherry-pick it, run
 # ../shared/gpu/pack --peers (and tests/pack-shipped, benches/gpu_fold.sh), then build
 # the "old" artifacts into .gpu/extra from the same tree with the query's condition taken
