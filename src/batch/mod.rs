@@ -83,12 +83,19 @@ pub trait Batch {
 
     /// Calls `f` on every tensor, in visit order, with where it sits: `path` (what leads
     /// to `self`) followed by the steps inside `self`. For reports that name a tensor
-    /// ([`verify::round_trip`](crate::verify::round_trip)); the transfers do not use it.
+    /// ([`verify::round_trip`](crate::verify::round_trip)), and for the copies into
+    /// existing tensors ([`transfer_tensor_h2d_into`](crate::transfer_tensor_h2d_into),
+    /// [`transfer_tensor_d2h_into`](crate::transfer_tensor_d2h_into),
+    /// [`H2dPairs`](crate::H2dPairs)), which pair each source with the destination at the
+    /// same path; the transfers do not use it.
     ///
     /// The std containers, [`Value`] and `#[derive(Batch)]` name their fields, positions
     /// and keys (maps other than [`Value::Map`] number their entries: their keys may have
     /// no text form). The default, for implementations that do not override it, numbers
-    /// the tensors `visit` gives ([`Step::Nth`]).
+    /// the tensors `visit` gives ([`Step::Nth`]): a hand-written implementation whose
+    /// tensors are not always there (an `Option` field) should override it to name its
+    /// fields, as the derive does, or a source and a destination with their tensors in
+    /// different fields pair by position, one field's tensor copied into the other's.
     ///
     /// ```
     /// use pinlane::batch::Path;

@@ -174,7 +174,7 @@ pub(super) fn run(
     .then(|| driver::gather_kernel(device))
     .flatten();
     let ctx = driver::bind(device)?;
-    let plan = route(&ctx, pairs, &views, kernel.is_some(), rt.arena.slot_bytes());
+    let plan = route(&ctx, pairs, &views, kernel.is_some(), rt.arena.slot_bytes())?;
     // The copy threads will fill the slot: wake them now (as a transfer does).
     if plan.staged_bytes >= rt.copy.parallel_min() {
         rt.copy.prewake();
@@ -258,13 +258,17 @@ struct Plan<'a> {
 /// anyway (something small goes by the kernel too) or four or more such sources would
 /// share it: then they take no copy submission of their own. The rest of the page-locked
 /// sources from the threshold on are copied directly, the smaller ones staged.
+///
+/// # Errors
+/// The staged sources' layout overflows (sizes no live tensors can have: their
+/// destinations do not overlap), before anything is queued.
 fn route<'a>(
     ctx: &driver::ContextGuard,
     pairs: &[(&'a Tensor, &'a Tensor)],
     views: &[&'a DeviceView],
     kernel: bool,
     slot: usize,
-) -> Plan<'a> {
+) -> Result<Plan<'a>> {
     let direct_min = if memory::batch_copy_available() {
         h2d::BATCHED_DIRECT_MIN_BYTES
     } else {
@@ -316,11 +320,9 @@ fn route<'a>(
     p.sizes = p.staged.iter().map(|b| b.len()).collect();
     p.staged_bytes = p.sizes.iter().sum();
     // 256-byte aligned, as a batch's buffer: the kernel reads 16 bytes at a time.
-    let Ok((offsets, end)) = plan::pack(p.sizes.iter().copied(), memory::DEVICE_ALIGN) else {
-        // Sizes of live tensors cannot overflow together; should they, no one slot.
-        p.direct.append(&mut p.mapped);
-        return p;
-    };
+    // Sizes of live tensors cannot overflow together; should they, an error (session 64:
+    // the staged sources were left out and the call returned `Ok`).
+    let (offsets, end) = plan::pack(p.sizes.iter().copied(), memory::DEVICE_ALIGN)?;
     (p.offsets, p.staged_end) = (offsets, end);
     p.one_slot =
         kernel && scatter::descriptors_at(p.staged_end, p.scatter().descriptors(), slot).is_some();
@@ -328,7 +330,7 @@ fn route<'a>(
         // No launch: the small page-locked sources are copied directly too.
         p.direct.append(&mut p.mapped);
     }
-    p
+    Ok(p)
 }
 
 impl Plan<'_> {
