@@ -167,7 +167,10 @@ impl RoundTrip {
     }
 
     /// The longest a non-blocking call is waited for (default 60 s); past it the route
-    /// fails with [`VerifyError::Timeout`].
+    /// fails with [`VerifyError::Timeout`]. The blocking calls wait as the transfers do:
+    /// bounded by [`Config::sync_wait`](crate::Config::sync_wait) when it is set (a CI
+    /// job that must end on a hung device sets it), for as long as the device takes
+    /// otherwise.
     pub fn wait(mut self, limit: Duration) -> Self {
         self.wait = limit;
         self
