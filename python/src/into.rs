@@ -34,17 +34,17 @@ pub(crate) fn bad_in(call: &str, k: usize, what: &str) -> PyErr {
     PyValueError::new_err(format!("{call}: pair {k}: {what}"))
 }
 
-/// Checks that source `k` (imported as `dl`) is on the side the copy reads: a CPU tensor
+/// Checks that source `k`, of kind `kind`, is on the side the copy reads: a CPU tensor
 /// for H2D, or for D2H a CUDA tensor of the device the others are on (the first one's
 /// goes to `device`). `call` names the call in the error.
 pub(crate) fn check_source_side(
     call: &str,
     k: usize,
     h2d: bool,
-    dl: &Managed,
+    kind: Kind,
     device: &mut Option<usize>,
 ) -> PyResult<()> {
-    match (h2d, torch::kind(dl)) {
+    match (h2d, kind) {
         (true, Kind::Host) => Ok(()),
         (true, _) => Err(bad_in(call, k, "the source is not a CPU tensor")),
         (false, Kind::Cuda(n)) => match *device.get_or_insert(n) {
@@ -71,7 +71,7 @@ pub(crate) enum Dst {
 /// What autograd makes of writing a destination in place under grad mode, asked at each
 /// copy (a destination may gain a graph or `requires_grad_()` after it was imported).
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Grad {
+enum Grad {
     /// Nothing to record: pinlane writes it.
     No,
     /// Its graph must record the copy: torch's `copy_` writes it.
@@ -116,7 +116,8 @@ impl Targets {
             return Ok(t);
         };
         let torch = Torch::of(first)?;
-        // Every destination's bytes (`(start, len, pair)`), for the overlap check below.
+        // Every destination's bytes (`(start, len)`, pair `k` at `k`), for the overlap
+        // check below.
         let mut ranges = Vec::with_capacity(dsts.len());
         for (k, d) in dsts.iter().enumerate() {
             // Imported through a detached view when it requires grad: the same memory,
@@ -136,7 +137,7 @@ impl Targets {
         // Checked once, here, for every destination: the engine checks those it writes at
         // each copy, but not those torch writes (dtypes pinlane lacks; pairs autograd
         // records, which only a copy's grad mode tells).
-        if let Some((a, b)) = first_overlap(ranges) {
+        if let Some((a, b)) = pinlane::memory::first_overlap(&ranges) {
             return Err(bad(b, &format!("the destination overlaps pair {a}'s")));
         }
         Ok(t)
@@ -198,12 +199,7 @@ impl Targets {
         let mut device = self.device;
         let mut d2h_current = None;
         for (k, (s, out)) in srcs.iter().zip(&self.outs).enumerate() {
-            let autograd = grad
-                && match self.grad(py, k)? {
-                    Grad::Leaf => return Err(leaf_refused("copy_into", k)),
-                    Grad::Yes => true,
-                    Grad::No => !self.is_inference(k) && requires_grad(s)?,
-                };
+            let autograd = grad && self.autograd_records(py, "copy_into", k, s)?;
             let out = match out {
                 Dst::Pinlane(t) if !autograd => t,
                 Dst::Pinlane(t) => {
@@ -214,7 +210,7 @@ impl Targets {
                     let (dl, _) = torch
                         .import(&plain)
                         .map_err(|e| bad(k, &format!("torch does not export the source ({e})")))?;
-                    check_source_side("copy_into", k, self.h2d, &dl, &mut device)?;
+                    check_source_side("copy_into", k, self.h2d, torch::kind(&dl), &mut device)?;
                     let same = torch.has_dtype(&plain, &dl)?
                         && torch::dtype(&dl) == Some(t.dtype())
                         && torch::nbytes(&dl) == t.nbytes();
@@ -231,7 +227,9 @@ impl Targets {
                     // Checked here, before anything is queued, as pinlane's pairs are:
                     // torch's copy_ would convert, broadcast or copy within one side
                     // instead.
-                    self.check_torch_source(k, s, &mut device)?;
+                    // Its side from `s.device` (torch may not export its dtype).
+                    let kind = torch::kind_of_device(&torch_device(s)?);
+                    check_source_side("copy_into", k, self.h2d, kind, &mut device)?;
                     let same_dtype = s.getattr(intern!(py, "dtype"))?.is(dtype.bind(py));
                     if !same_dtype
                         || s.getattr(intern!(py, "nbytes"))?.extract::<usize>()? != *nbytes
@@ -356,14 +354,38 @@ impl Targets {
         }
     }
 
+    /// Whether, under grad mode, autograd records the copy of `src` into destination `k`
+    /// (torch's `copy_` must make it), asked now: the destination requires grad, or the
+    /// source does and the destination is not an inference tensor (which has no autograd
+    /// state). A destination that is a leaf requiring grad, or a view of one, is `call`'s
+    /// refusal of pair `k`, as `copy_` refuses it.
+    pub(crate) fn autograd_records(
+        &self,
+        py: Python<'_>,
+        call: &str,
+        k: usize,
+        src: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
+        match self.grad(py, k)? {
+            Grad::Leaf => Err(bad_in(
+                call,
+                k,
+                "the destination is a leaf tensor that requires grad (or a view of one): \
+                 torch's copy_ refuses to write it in place; copy under torch.no_grad()",
+            )),
+            Grad::Yes => Ok(true),
+            Grad::No => Ok(!self.is_inference(k) && requires_grad(src)?),
+        }
+    }
+
     /// Whether destination `k` is an inference tensor.
-    pub(crate) fn is_inference(&self, k: usize) -> bool {
+    fn is_inference(&self, k: usize) -> bool {
         self.inference.get(k).copied().unwrap_or(false)
     }
 
     /// What autograd makes of writing destination `k` in place under grad mode, asked now
     /// (see [`Grad`]). An inference tensor has no autograd state: [`Grad::No`].
-    pub(crate) fn grad(&self, py: Python<'_>, k: usize) -> PyResult<Grad> {
+    fn grad(&self, py: Python<'_>, k: usize) -> PyResult<Grad> {
         let Some(d) = self.dsts.get(k).map(|d| d.bind(py)) else {
             return Ok(Grad::No);
         };
@@ -384,38 +406,14 @@ impl Targets {
         Ok(Grad::Yes)
     }
 
-    /// Checks that source `k` of a pair torch copies is on the side the copy reads (a CPU
-    /// tensor for H2D; for D2H a CUDA tensor of the device the others are on, which goes
-    /// to `device`), as [`check_source_side`] checks pinlane's: read from `s.device`
-    /// (torch may not export its dtype).
-    fn check_torch_source(
-        &self,
-        k: usize,
-        s: &Bound<'_, PyAny>,
-        device: &mut Option<usize>,
-    ) -> PyResult<()> {
-        match (self.h2d, torch_device(s)?) {
-            (true, (ty, _)) if ty == "cpu" => Ok(()),
-            (true, _) => Err(bad(k, "the source is not a CPU tensor")),
-            (false, (ty, Some(n))) if ty == "cuda" => match *device.get_or_insert(n) {
-                other if other != n => Err(bad(
-                    k,
-                    &format!("on cuda:{n}, another source on cuda:{other}"),
-                )),
-                _ => Ok(()),
-            },
-            (false, _) => Err(bad(k, "the source is not a CUDA tensor")),
-        }
-    }
-
     /// Destination `k`: `None` for one whose dtype pinlane lacks (torch copies it). Its
-    /// bytes go to `ranges` as `(start address, length, k)`.
+    /// bytes are pushed to `ranges` as `(start address, length)`.
     fn import_dst(
         &mut self,
         torch: &Torch,
         k: usize,
         d: &Bound<'_, PyAny>,
-        ranges: &mut Vec<(usize, usize, usize)>,
+        ranges: &mut Vec<(u64, usize)>,
     ) -> PyResult<Dst> {
         let (dl, _) = torch
             .import(d)
@@ -443,9 +441,11 @@ impl Targets {
                  pass a contiguous tensor, or use dst.copy_(src)",
             ));
         }
-        if let Some(at) = torch::address(&dl) {
-            ranges.push((at, torch::nbytes(&dl), k));
-        }
+        // (An address past `usize` cannot be; as an empty range it overlaps nothing.)
+        ranges.push(match torch::address(&dl) {
+            Some(at) => (at as u64, torch::nbytes(&dl)),
+            None => (0, 0),
+        });
         if !torch.has_dtype(d, &dl)? {
             let py = d.py();
             return Ok(Dst::Torch {
@@ -483,7 +483,7 @@ impl Targets {
         let (dl, work): (Managed, _) = torch
             .import(s)
             .map_err(|e| bad(k, &format!("torch does not export the source ({e})")))?;
-        check_source_side("copy_into", k, self.h2d, &dl, device)?;
+        check_source_side("copy_into", k, self.h2d, torch::kind(&dl), device)?;
         if !self.h2d {
             current.get_or_insert(work as usize);
         }
@@ -506,39 +506,7 @@ impl Targets {
     }
 }
 
-/// The refusal of `call`'s pair `k` under grad mode, whose destination is a leaf that
-/// requires grad (or a view of one).
-pub(crate) fn leaf_refused(call: &str, k: usize) -> PyErr {
-    bad_in(
-        call,
-        k,
-        "the destination is a leaf tensor that requires grad (or a view of one): torch's \
-         copy_ refuses to write it in place; copy under torch.no_grad()",
-    )
-}
-
 /// `t.detach()`: a view of the same memory that does not require grad.
 pub(crate) fn detached<'py>(t: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
     t.call_method0(intern!(t.py(), "detach"))
-}
-
-/// The first two destinations of `ranges` (`(start, len, pair)`, sorted here; empty ones
-/// never overlap) whose bytes overlap, as `(earlier pair, later pair)`.
-fn first_overlap(mut ranges: Vec<(usize, usize, usize)>) -> Option<(usize, usize)> {
-    ranges.retain(|r| r.1 > 0);
-    ranges.sort_unstable();
-    // The range reaching furthest so far: one starting below its end overlaps it.
-    let mut reach: Option<(usize, usize)> = None;
-    for &(start, len, k) in ranges.iter() {
-        if let Some((end, j)) = reach {
-            if start < end {
-                return Some((j.min(k), j.max(k)));
-            }
-        }
-        let end = start.saturating_add(len);
-        if reach.is_none_or(|(e, _)| end > e) {
-            reach = Some((end, k));
-        }
-    }
-    None
 }

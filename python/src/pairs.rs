@@ -7,9 +7,7 @@
 //! The destinations are a [`Targets`]' (its rules, and its one-writer lock).
 
 use crate::errors::to_py;
-use crate::into::{
-    bad_in, check_source_side, detached, leaf_refused, Dst, Grad, Targets, DIRECT_MIN_BYTES,
-};
+use crate::into::{bad_in, check_source_side, detached, Dst, Targets, DIRECT_MIN_BYTES};
 use crate::torch::{self, Torch};
 use crate::transfer::requires_grad;
 use pinlane::{Device, H2dPairs, Tensor};
@@ -157,12 +155,7 @@ impl Pairs {
         let targets = self.targets.get();
         if grad {
             for (k, s) in self.srcs.iter().enumerate() {
-                let refused = match targets.grad(py, k)? {
-                    Grad::Leaf => return Err(leaf_refused("Pairs", k)),
-                    Grad::Yes => true,
-                    Grad::No => !targets.is_inference(k) && requires_grad(s.bind(py))?,
-                };
-                if refused {
+                if targets.autograd_records(py, "Pairs", k, s.bind(py))? {
                     return Err(bad_in(
                         "Pairs",
                         k,
@@ -208,7 +201,7 @@ fn import(
             &format!("torch does not export the source ({e})"),
         )
     })?;
-    check_source_side("Pairs", k, h2d, &dl, device)?;
+    check_source_side("Pairs", k, h2d, torch::kind(&dl), device)?;
     if !torch.has_dtype(s, &dl)? {
         return Err(bad_in(
             "Pairs",

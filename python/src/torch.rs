@@ -18,6 +18,7 @@ use std::ffi::c_void;
 pub(crate) type Managed = dlpark::versioned::Dlpack;
 
 /// What an imported tensor is, for the two calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Kind {
     /// Host memory: `kDLCPU` (torch says `kDLCPU` for page-locked tensors too).
     Host,
@@ -636,6 +637,16 @@ pub(crate) fn kind(dl: &Managed) -> Kind {
     match d.device_type {
         DLDeviceType::CPU | DLDeviceType::CUDAHOST => Kind::Host,
         DLDeviceType::CUDA => usize::try_from(d.device_id).map_or(Kind::Other, Kind::Cuda),
+        _ => Kind::Other,
+    }
+}
+
+/// Where a tensor lives, as torch's `t.device` names it (`(type, index)`): for a tensor
+/// that is not exported.
+pub(crate) fn kind_of_device((ty, index): &(String, Option<usize>)) -> Kind {
+    match (ty.as_str(), index) {
+        ("cpu", _) => Kind::Host,
+        ("cuda", Some(n)) => Kind::Cuda(*n),
         _ => Kind::Other,
     }
 }

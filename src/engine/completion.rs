@@ -814,10 +814,8 @@ impl<B> Transfer<B> {
     /// wait for a lock a parent's thread held at the fork).
     pub fn wait(mut self) -> Result<B> {
         if let Some(p) = &self.pending {
-            if let Err(e) = crate::driver::fork::check("Transfer::wait") {
-                std::mem::forget(self);
-                return Err(e);
-            }
+            // (The handle's drop then forgets what it holds: see `Drop for Transfer`.)
+            crate::driver::fork::check("Transfer::wait")?;
             p.arm();
             let mut s = lock(&p.shared.status);
             p.shared.sleepers.fetch_add(1, Ordering::Relaxed);

@@ -67,6 +67,7 @@ mod inflight;
 mod limits;
 #[cfg(feature = "weights")]
 mod mapped;
+mod overlap;
 mod page_locked;
 pub(crate) mod pinned;
 mod producer;
@@ -94,6 +95,7 @@ pub(crate) use inflight::{run_around, AroundWait, Detached, InFlight};
 pub use limits::{measure_pinned_limits, PinnedLimits};
 #[cfg(feature = "weights")]
 pub(crate) use mapped::MappedFile;
+pub use overlap::first_overlap;
 pub use page_locked::host_page_locked;
 pub(crate) use pinned::{h2d_batch_async, PinnedBlock, PinnedBuf};
 pub use pinned::{PinnedOutputPool, SHARE_MAX};

@@ -158,16 +158,6 @@ impl Checkpoint {
         self.by_name.get(name).copied()
     }
 
-    /// `Ok` if shard `shard`'s file is as it was when the checkpoint was opened (its
-    /// header was checked then): else [`CheckpointFault::Io`], since a file written in
-    /// place since would be read at the old offsets, as the old dtypes and shapes.
-    pub(super) fn unchanged(&self, shard: usize) -> Result<()> {
-        match self.shards.get(shard) {
-            Some(s) => file_unchanged(s),
-            None => Ok(()),
-        }
-    }
-
     /// The error for a name the checkpoint does not hold.
     pub(super) fn missing(&self, name: &str) -> Error {
         fault(
@@ -304,19 +294,23 @@ impl Checkpoint {
     }
 }
 
-/// `Ok` if `shard`'s file is as it was when mapped (see [`Checkpoint::unchanged`]).
-pub(super) fn file_unchanged(shard: &Shard) -> Result<()> {
-    if shard.map.changed() {
-        return Err(fault(
-            &shard.path,
-            None,
-            CheckpointFault::Io,
-            "the file changed since the checkpoint was opened (its header was checked \
-             then): open it again"
-                .into(),
-        ));
+impl Shard {
+    /// `Ok` if the file is as it was when the checkpoint was opened (its header was
+    /// checked then): else [`CheckpointFault::Io`], since a file written in place since
+    /// would be read at the old offsets, as the old dtypes and shapes.
+    pub(super) fn unchanged(&self) -> Result<()> {
+        if self.map.changed() {
+            return Err(fault(
+                &self.path,
+                None,
+                CheckpointFault::Io,
+                "the file changed since the checkpoint was opened (its header was checked \
+                 then): open it again"
+                    .into(),
+            ));
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 /// pinlane's dtype for a file's, if it has one.

@@ -2,7 +2,7 @@
 //! [`LoadOptions::group_bytes`], each one `transfer_tensor_h2d_async` of host tensors over
 //! the mapped files, the next group staged while the previous one's last copies run.
 
-use super::checkpoint::{dtype_of, fault, file_unchanged, Checkpoint, Shard};
+use super::checkpoint::{dtype_of, fault, Checkpoint, Shard};
 use crate::device::DeviceSpec;
 use crate::driver::Stream;
 use crate::engine::{transfer_tensor_h2d_async, H2dOptions, Transfer};
@@ -184,7 +184,7 @@ impl Loading {
             let ts = wait(m.transfer)?;
             // A file written since the load began: these bytes may be the new ones, read
             // as the old header said (session 64: handed out as they were).
-            self.files.iter().try_for_each(file_unchanged)?;
+            self.files.iter().try_for_each(Shard::unchanged)?;
             self.ready.extend(m.names.into_iter().zip(ts));
         }
         Ok(())
@@ -255,10 +255,12 @@ impl Checkpoint {
         for &k in &chosen {
             shards_used[self.entries[k].shard] = true;
         }
+        let files: Vec<Shard> = (self.shards.iter().zip(shards_used))
+            .filter(|&(_, used)| used)
+            .map(|(s, _)| s.clone())
+            .collect();
         // Files written since they were opened are refused before anything is read.
-        for (i, _) in shards_used.iter().enumerate().filter(|(_, u)| **u) {
-            self.unchanged(i)?;
-        }
+        files.iter().try_for_each(Shard::unchanged)?;
         let mut groups = VecDeque::new();
         let mut g = Group::default();
         for k in chosen {
@@ -276,10 +278,6 @@ impl Checkpoint {
         }
         // Ask the kernel to read the files ahead (a file already in the page cache costs
         // a fraction of a millisecond here).
-        let files: Vec<Shard> = (self.shards.iter().zip(shards_used))
-            .filter(|&(_, used)| used)
-            .map(|(s, _)| s.clone())
-            .collect();
         for s in &files {
             s.map.will_need();
         }
@@ -303,11 +301,11 @@ impl Checkpoint {
     /// opened ([`CheckpointFault::Io`]).
     pub fn read(&self, name: &str) -> Result<Tensor> {
         let k = self.index_of(name).ok_or_else(|| self.missing(name))?;
-        let shard = self.entries[k].shard;
-        self.unchanged(shard)?;
+        let shard = &self.shards[self.entries[k].shard];
+        shard.unchanged()?;
         let t = self.host_tensor(k, true)?;
         // Written while it was copied: the copy may mix old and new bytes.
-        self.unchanged(shard)?;
+        shard.unchanged()?;
         Ok(t)
     }
 
