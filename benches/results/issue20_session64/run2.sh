@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# Session 64, run 2 (written for the next session with a GPU: none was lent in session
-# 64, so it has not run). Carry .gpu after `../shared/gpu/pack --peers`,
-# `bash tests/pack-shipped`, `bash benches/gpu_fold.sh`, with .gpu/extra/wheel63 holding
+# Session 64, run 2 (ran at the session's end, when loans resumed). Carry .gpu after
+# `../shared/gpu/pack --peers`, `bash tests/pack-shipped`, `bash benches/gpu_fold.sh`, with .gpu/extra/wheel63 holding
 # the wheel of b7efecc (session 63's final code: `git checkout b7efecc -- python/src
 # python/pinlane && python3 -m pip wheel --no-deps -w .gpu/extra/wheel63 ./python && git
 # checkout HEAD -- python/src python/pinlane`). The GPU checks on the final code

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Session 64, run 3 (loans resumed at the session's end): run1.sh's measurement the other
-# way round. Carry .gpu: the pack of main (ff103cc, "main": the D2H orders by an event at
+# Session 64, run 3 (loans resumed at the session's end): the D2H idle-stream query
+# measured against main. Carry .gpu: the pack of main (ff103cc, "main": the D2H orders by an event at
 # every call) and .gpu/extra with the Rust bench and the wheel of main with 457b6f9
 # cherry-picked ("idea": an idle current stream is asked, not waited for). The probe
 # benches/probes/order_query.cu; the one-tensor rows of the Rust bench, main and idea in
