@@ -323,6 +323,24 @@ pub enum Error {
         device: Device,
     },
 
+    /// A call was given a stream, or ran with a current stream, on which a CUDA graph
+    /// capture is running (or was, and failed). pinlane's calls cannot be captured: their
+    /// copies would be recorded into the graph instead of run, read their sources when the
+    /// graph is replayed rather than when the call is made, and pinlane's own bookkeeping
+    /// would wait on events that a capture never records. Found before anything is queued:
+    /// nothing was copied or written. Make the call before the capture begins or after it
+    /// ends (a graph's static inputs are filled outside it, before each replay).
+    #[error(
+        "{call}: a CUDA graph capture is running on the stream of {device}; pinlane's calls \
+         cannot be captured: call it outside the capture"
+    )]
+    StreamCapturing {
+        /// The call.
+        call: &'static str,
+        /// The stream's device.
+        device: Device,
+    },
+
     /// A copy path that cannot run on the legacy default stream was given it.
     #[error("{op}: the legacy default stream cannot be used here")]
     LegacyStream {

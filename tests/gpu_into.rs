@@ -126,3 +126,76 @@ fn page_locked_sources_are_read_in_place_as_the_driver_maps_them() {
         }
     }
 }
+
+/// A stream a CUDA graph capture is running on is refused by the calls that would queue
+/// work on it or record an event on it (a caller's copy stream, a current stream, a
+/// consumer stream), and the capture ends with none of pinlane's work in its graph; after
+/// it, the same calls run on that stream.
+#[test]
+fn a_capturing_stream_is_refused_and_its_graph_stays_empty() {
+    require_gpu!();
+    use cudarc::driver::sys;
+    use pinlane::{
+        set_current_stream, transfer_tensor_d2h, transfer_tensor_h2d_with, D2hOptions, Error,
+        H2dOptions, Stream,
+    };
+    let dev = common::dev();
+    let s = Stream::new(dev).unwrap();
+    let host = common::tensor(DType::F32, &[1 << 14], 40);
+    let pinned = host.to_pinned().unwrap();
+    let dst = transfer_tensor_h2d(&common::tensor(DType::F32, &[1 << 14], 41)).unwrap();
+    let on_s = IntoOptions::default().stream(s.clone());
+    let on_stream = D2hOptions::default().device(dev).stream(s.clone());
+    // SAFETY: a live stream pinlane made, of the device's primary context.
+    let begun = unsafe {
+        sys::cuStreamBeginCapture_v2(
+            s.as_raw(),
+            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        )
+    };
+    assert_eq!(begun, sys::CUresult::CUDA_SUCCESS);
+    let answers = [
+        (
+            "h2d into, page-locked",
+            transfer_tensor_h2d_into(&pinned, &dst, &on_s).map(drop),
+        ),
+        (
+            "h2d into, pageable",
+            transfer_tensor_h2d_into(&host, &dst, &on_s).map(drop),
+        ),
+        ("d2h on it", transfer_tensor_d2h(&dst, &on_stream).map(drop)),
+        (
+            "h2d, consumer",
+            transfer_tensor_h2d_with(&host, &H2dOptions::default().consumer_stream(s.clone()))
+                .map(drop),
+        ),
+        ("d2h after it", {
+            let _current = set_current_stream(&s);
+            transfer_tensor_d2h(&dst, &D2hOptions::default()).map(drop)
+        }),
+    ];
+    let mut graph: sys::CUgraph = std::ptr::null_mut();
+    let mut nodes = usize::MAX;
+    // SAFETY: the capture begun above, on the same live stream; `graph` and `nodes` are
+    // live out-pointers, and the graph is destroyed once counted.
+    let (ended, counted) = unsafe {
+        let ended = sys::cuStreamEndCapture(s.as_raw(), &mut graph);
+        let counted = sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut nodes);
+        sys::cuGraphDestroy(graph);
+        (ended, counted)
+    };
+    for (what, r) in answers {
+        assert!(
+            matches!(r, Err(Error::StreamCapturing { .. })),
+            "{what}: {r:?}"
+        );
+    }
+    assert_eq!(ended, sys::CUresult::CUDA_SUCCESS, "the capture was broken");
+    assert_eq!(counted, sys::CUresult::CUDA_SUCCESS);
+    assert_eq!(nodes, 0, "pinlane's work was captured");
+    transfer_tensor_h2d_into(&pinned, &dst, &on_s)
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(transfer_tensor_d2h(&dst, &on_stream).unwrap(), host);
+}

@@ -87,3 +87,78 @@ fn a_filled_window_is_queued_while_the_batch_is_rebuilt() {
     );
     assert_eq!(transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap(), b);
 }
+
+/// A stream a CUDA graph capture is running on is refused by every call that would queue
+/// work on it or record an event on it, before anything is queued there and before any
+/// destination is written; once the capture has ended, the same calls run. (Without the
+/// check, each call queues on the stream: `captured_ops` counts it.)
+#[test]
+fn a_capturing_stream_is_refused_before_anything_is_queued() {
+    use pinlane::driver::sim::{captured_ops, set_capturing};
+    use pinlane::{
+        transfer_tensor_d2h_into, transfer_tensor_h2d_into, transfer_tensor_h2d_with, Error,
+        H2dOptions, H2dPairs, IntoOptions,
+    };
+    common::sim();
+    let dev = common::dev();
+    let s = Stream::new(dev).unwrap();
+    let host = common::tensor(DType::F32, &[4096], 30);
+    let pinned = host.to_pinned().unwrap();
+    let before = common::tensor(DType::F32, &[4096], 31);
+    let dst = transfer_tensor_h2d(&before).unwrap();
+    let out = common::tensor(DType::F32, &[4096], 32).to_pinned().unwrap();
+    let on_s = IntoOptions::default().stream(s.clone());
+    assert!(set_capturing(&s, true));
+    let refused = |what: &str, r: pinlane::Result<()>| match r {
+        Err(Error::StreamCapturing { device, .. }) => assert_eq!(device, dev, "{what}"),
+        other => panic!("{what}: {other:?}"),
+    };
+    for (what, src) in [("pageable", &host), ("page-locked", &pinned)] {
+        let r = transfer_tensor_h2d_into(src, &dst, &on_s).map(drop);
+        refused(what, r);
+    }
+    let pairs = H2dPairs::new(&pinned, &dst).unwrap();
+    refused("pairs", pairs.copy(&on_s).map(drop));
+    let consumer = H2dOptions::default().consumer_stream(s.clone());
+    refused("h2d", transfer_tensor_h2d_with(&host, &consumer).map(drop));
+    let on_stream = D2hOptions::default().device(dev).stream(s.clone());
+    refused("d2h on it", transfer_tensor_d2h(&dst, &on_stream).map(drop));
+    {
+        let _current = set_current_stream(&s);
+        refused(
+            "d2h after it",
+            transfer_tensor_d2h(&dst, &D2hOptions::default()).map(drop),
+        );
+        // SAFETY: nothing else reads or writes `out` during the call.
+        let r = unsafe { transfer_tensor_d2h_into(&dst, &out, &IntoOptions::default()) };
+        refused("d2h into, after it", r.map(drop));
+        refused(
+            "h2d into, on it",
+            transfer_tensor_h2d_into(&pinned, &dst, &IntoOptions::default()).map(drop),
+        );
+    }
+    assert_eq!(
+        captured_ops(&s),
+        Some(0),
+        "something was queued on the capturing stream"
+    );
+    // Nothing was written: the destination still holds its bytes.
+    assert_eq!(
+        transfer_tensor_d2h(&dst, &D2hOptions::default()).unwrap(),
+        before
+    );
+    // The capture over, the same calls run, in the stream's order.
+    assert!(set_capturing(&s, false));
+    transfer_tensor_h2d_into(&pinned, &dst, &on_s)
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(transfer_tensor_d2h(&dst, &on_stream).unwrap(), host);
+    let _current = set_current_stream(&s);
+    assert_eq!(
+        transfer_tensor_d2h(&dst, &D2hOptions::default()).unwrap(),
+        host
+    );
+    // The legacy stream is never captured, so it is never asked.
+    assert!(!set_capturing(&Stream::legacy(dev).unwrap(), true));
+}

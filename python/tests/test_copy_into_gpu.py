@@ -100,6 +100,41 @@ def test_feeds_a_captured_graph_step_after_step(torch, way):
         torch.testing.assert_close(out, eager, rtol=0, atol=0, msg=f"step {step}")
 
 
+@pytest.mark.parametrize(
+    "way",
+    ["copy_into pageable", "copy_into pinned", "Buffers pinned", "Pairs pinned", "d2h", "h2d"],
+)
+def test_calls_inside_a_graph_capture_are_refused(torch, way):
+    """A call made while torch captures a CUDA graph is refused at the call, with nothing
+    queued (before: the page-locked copies were captured, and the next pinlane call
+    raised "an earlier release failed"; the others broke the capture), and calls made
+    after the capture run as before."""
+    n = 1 << 14  # 64 KiB of float32: read in place from page-locked memory
+    src = torch.ones(n, pin_memory=way != "copy_into pageable")
+    static = torch.zeros(n, device="cuda")
+    inputs = pinlane.Buffers([static])
+    pairs = pinlane.Pairs([static], [src])
+    pinlane.copy_into([static], [src])  # warm: the thread's streams and pools set up
+    torch.cuda.synchronize()
+    calls = {
+        "copy_into": lambda: pinlane.copy_into([static], [src]),
+        "Buffers": lambda: inputs.copy_from([src]),
+        "Pairs": pairs.copy,
+        "d2h": lambda: pinlane.transfer_tensor_d2h(static),
+        "h2d": lambda: pinlane.transfer_tensor_h2d(src),
+    }
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="CUDA graph capture is running"):
+        with torch.cuda.graph(graph):
+            calls[way.split()[0]]()
+    torch.cuda.synchronize()
+    src.fill_(3.0)
+    pinlane.copy_into([static], [src])
+    torch.cuda.synchronize()
+    assert torch.equal(static.cpu(), src), way
+    assert torch.equal(pinlane.transfer_tensor_d2h(static), src), way
+
+
 def test_d2h_into_cpu_tensors(torch):
     src = {k: v.cuda() for k, v in _inputs(torch, 3).items()}
     dst = {k: torch.empty(v.shape, dtype=v.dtype, pin_memory=(k != "scale")) for k, v in src.items()}

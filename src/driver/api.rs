@@ -93,6 +93,7 @@ route! {
     fn cuStreamSynchronize(s: sys::CUstream);
     fn cuStreamGetCtx(s: sys::CUstream, ctx: *mut sys::CUcontext);
     fn cuStreamWaitEvent(s: sys::CUstream, e: sys::CUevent, flags: c_uint);
+    fn cuStreamIsCapturing(s: sys::CUstream, status: *mut sys::CUstreamCaptureStatus);
     fn cuLaunchHostFunc(s: sys::CUstream, f: sys::CUhostFn, user: *mut c_void);
     fn cuEventCreate(e: *mut sys::CUevent, flags: c_uint);
     fn cuEventDestroy_v2(e: sys::CUevent);

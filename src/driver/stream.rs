@@ -195,6 +195,36 @@ impl Stream {
         }
     }
 
+    /// Refuses a stream a CUDA graph capture is running on (or was, and failed): work
+    /// pinlane queued on it would be recorded into the caller's graph instead of run, and
+    /// pinlane's bookkeeping (the events it waits on, the memory it keeps until they
+    /// pass) would wait on events that never pass. The legacy stream is never captured
+    /// (capture refuses it), so it is not asked: no driver call on that path.
+    ///
+    /// # Errors
+    /// [`Error::StreamCapturing`]; the driver's error from `cuStreamIsCapturing`.
+    pub(crate) fn refuse_capturing(&self, call: &'static str) -> Result<()> {
+        if self.is_legacy() {
+            return Ok(());
+        }
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: the stream is alive (we hold it; a borrowed one under `from_raw`'s
+        // contract) and `status` is a live out-pointer. The query needs no current context.
+        unsafe {
+            check(
+                "cuStreamIsCapturing",
+                super::api::cuStreamIsCapturing(self.raw(), &mut status),
+            )
+        }?;
+        match status {
+            sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => Ok(()),
+            _ => Err(Error::StreamCapturing {
+                call,
+                device: Device::cuda(self.inner.device),
+            }),
+        }
+    }
+
     /// Whether two handles name the same stream.
     pub fn same_as(&self, other: &Stream) -> bool {
         self.inner.raw == other.inner.raw && self.inner.device == other.inner.device

@@ -222,15 +222,22 @@ fn target(
 }
 
 /// The stream the copies go on (the thread's, or the caller's), made to wait for the
-/// caller's current stream and for the producer event if one was given. The caller has
-/// the device's context bound.
+/// caller's current stream and for the producer event if one was given; neither of the
+/// caller's streams may be capturing a CUDA graph. The caller has the device's context
+/// bound.
 fn copy_stream(device: usize, opts: &D2hOptions) -> Result<Stream> {
     let stream = match &opts.stream {
-        Some(s) => s.clone(),
+        Some(s) => {
+            s.refuse_capturing("transfer_tensor_d2h")?;
+            s.clone()
+        }
         None => thread_state::d2h_stream(device)?,
     };
     let current = thread_state::current_stream(crate::device::Device::cuda(device))?;
     if !current.same_as(&stream) {
+        // Before the record: an event recorded on a capturing stream would pull the copy
+        // stream into the caller's graph.
+        current.refuse_capturing("transfer_tensor_d2h")?;
         let ready = thread_state::ready_event(device)?;
         ready.record(&current)?;
         ready.wait_on(&stream)?;

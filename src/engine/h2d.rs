@@ -185,11 +185,17 @@ pub(crate) fn transfer<B: Batch>(
     Ok((rebuilt, pending))
 }
 
-/// The stream whose order frees the batch's device memory: the caller's consumer stream,
-/// or the legacy stream.
+/// The stream whose order frees the batch's device memory: the caller's consumer stream
+/// (refused while a CUDA graph capture runs on it), or the legacy stream.
 fn consumer_stream(opts: &H2dOptions, device: usize) -> Result<Stream> {
     match &opts.consumer_stream {
-        Some(s) => Ok(s.clone()),
+        Some(s) => {
+            // Its device memory is freed in its order (a free queued there during a
+            // capture would be a node of the caller's graph), and a non-blocking call
+            // orders it after the copies.
+            s.refuse_capturing("transfer_tensor_h2d")?;
+            Ok(s.clone())
+        }
         None => Stream::legacy(crate::device::Device::cuda(device)),
     }
 }

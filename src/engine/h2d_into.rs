@@ -94,7 +94,8 @@ use crate::tensor::{Storage, Tensor};
 /// [`Error::StreamDeviceMismatch`], [`Error::BytesInFlight`] (a page-locked source, or
 /// for [`transfer_tensor_d2h_into`](crate::transfer_tensor_d2h_into) a page-locked
 /// destination, that a D2H call is still writing; a device tensor that an H2D call is,
-/// inside that call), [`Error::Deferred`]. While queueing,
+/// inside that call), [`Error::Deferred`], [`Error::StreamCapturing`] (the copies'
+/// stream is capturing a CUDA graph). While queueing,
 /// the driver's error or [`Error::StagingExhausted`] is the call's (what was queued is
 /// drained first), and so is [`Error::Worker`] when pinlane's completion thread cannot
 /// start (the copies drained within
@@ -206,7 +207,8 @@ pub(super) fn run(
     Ok(Transfer::pending((), pending))
 }
 
-/// The stream the copies go on: the caller's, or the thread's current one of `device`.
+/// The stream the copies go on: the caller's, or the thread's current one of `device`;
+/// not one a CUDA graph capture is running on.
 fn stream_for(opts: &IntoOptions, device: usize) -> Result<Stream> {
     let s = match &opts.stream {
         Some(s) => s.clone(),
@@ -218,6 +220,9 @@ fn stream_for(opts: &IntoOptions, device: usize) -> Result<Stream> {
             device: crate::device::Device::cuda(device),
         });
     }
+    // The copies go on it: during a capture they would be recorded into the caller's
+    // graph, and the completion's event would never pass.
+    s.refuse_capturing("transfer_tensor_h2d_into")?;
     Ok(s)
 }
 

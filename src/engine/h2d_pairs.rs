@@ -71,7 +71,8 @@ impl H2dPairs {
     /// Those of `transfer_tensor_h2d_into` that do not depend on the batches alone:
     /// [`Error::StreamDeviceMismatch`](crate::Error::StreamDeviceMismatch),
     /// [`Error::BytesInFlight`](crate::Error::BytesInFlight),
-    /// [`Error::Deferred`](crate::Error::Deferred), the driver's, and
+    /// [`Error::Deferred`](crate::Error::Deferred),
+    /// [`Error::StreamCapturing`](crate::Error::StreamCapturing), the driver's, and
     /// [`Error::StagingExhausted`](crate::Error::StagingExhausted).
     pub fn copy(&self, opts: &IntoOptions) -> Result<Transfer<()>> {
         super::trace::start("h2d_into");

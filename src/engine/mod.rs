@@ -97,6 +97,8 @@ pub fn transfer_tensor_h2d<B: Batch>(batch: &B) -> Result<B> {
 /// [`Error::InvalidOption`](crate::error::Error::InvalidOption) for bad options (before any copy);
 /// [`Error::BytesInFlight`](crate::error::Error::BytesInFlight) for a page-locked source a D2H call
 /// is still writing (before any copy);
+/// [`Error::StreamCapturing`](crate::error::Error::StreamCapturing) for a consumer stream a CUDA
+/// graph capture runs on (before any copy);
 /// [`Error::Deferred`](crate::error::Error::Deferred) for an earlier release failure of this thread on
 /// the device; [`Error::StagingExhausted`](crate::error::Error::StagingExhausted); the driver's error
 /// ([`Error::Driver`](crate::error::Error::Driver)) if a copy, allocation or synchronisation fails,
@@ -322,6 +324,8 @@ pub fn transfer_tensor_d2h_async<B: Batch>(batch: &B, opts: &D2hOptions) -> Resu
 /// [`Error::DeviceUnavailable`](crate::error::Error::DeviceUnavailable) for bad options (before any
 /// copy); [`Error::BytesInFlight`](crate::error::Error::BytesInFlight) for a source that an H2D
 /// call's copies may still be writing (its output, inside that call: before any copy);
+/// [`Error::StreamCapturing`](crate::error::Error::StreamCapturing) when a CUDA graph capture runs
+/// on the copy stream given or on the current stream (before any copy);
 /// [`Error::Deferred`](crate::error::Error::Deferred);
 /// [`Error::StagingExhausted`](crate::error::Error::StagingExhausted); the driver's error
 /// ([`Error::Driver`](crate::error::Error::Driver)) after draining what was queued. The input is never

@@ -191,6 +191,25 @@ impl Sim {
         Self::submit(&st, Op::Wait(ev, g))
     }
 
+    pub(crate) unsafe fn cuStreamIsCapturing(
+        &'static self,
+        s: sys::CUstream,
+        status: *mut sys::CUstreamCaptureStatus,
+    ) -> CUresult {
+        // SAFETY: the handle is valid (contract).
+        let st = unsafe { self.stream(s) };
+        let on = st.capturing.load(Ordering::Relaxed);
+        // SAFETY: out-pointer per the driver contract.
+        unsafe {
+            *status = if on {
+                sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE
+            } else {
+                sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+            }
+        };
+        OK
+    }
+
     #[cfg_attr(not(feature = "test-util"), allow(dead_code))]
     pub(crate) unsafe fn cuLaunchHostFunc(
         &'static self,

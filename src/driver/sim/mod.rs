@@ -278,6 +278,39 @@ pub fn registered_bytes() -> Option<usize> {
     active().map(|s| lock(&s.mem).registered.values().map(|&(n, _)| n).sum())
 }
 
+/// Makes `stream` (one pinlane or the caller made with `cuStreamCreate`, not the legacy
+/// stream) look as if a CUDA graph capture were running on it (`on`) or not: the
+/// simulated `cuStreamIsCapturing` answers so, and what is queued on it meanwhile is
+/// counted ([`captured_ops`]). The operations still run: the simulator records no graph.
+/// Returns false (nothing changed) when the simulator is not enabled or `stream` is the
+/// legacy stream.
+pub fn set_capturing(stream: &crate::driver::Stream, on: bool) -> bool {
+    match sim_stream(stream) {
+        Some(st) => {
+            st.capturing.store(on, std::sync::atomic::Ordering::Relaxed);
+            true
+        }
+        None => false,
+    }
+}
+
+/// How many operations were queued on `stream` while [`set_capturing`] had it capturing
+/// (`None` when the simulator is not enabled or `stream` is the legacy stream).
+pub fn captured_ops(stream: &crate::driver::Stream) -> Option<u64> {
+    sim_stream(stream).map(|st| st.captured.load(std::sync::atomic::Ordering::Relaxed))
+}
+
+fn sim_stream(stream: &crate::driver::Stream) -> Option<Arc<stream::SimStream>> {
+    let sim = active()?;
+    if stream.is_legacy() {
+        return None;
+    }
+    // SAFETY: a non-legacy `Stream` holds a handle from `cuStreamCreate` (pinlane's own,
+    // alive while `stream` is) or one its maker keeps alive (`Stream::from_raw`'s
+    // contract); under the simulator both are simulated streams.
+    Some(unsafe { sim.stream(stream.raw()) })
+}
+
 thread_local! {
     /// The simulated context stack: device indices.
     static CTX: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };

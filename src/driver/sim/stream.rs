@@ -78,6 +78,11 @@ pub(crate) struct SimStream {
     pub(super) tx: Mutex<mpsc::Sender<Op>>,
     pub(super) state: Arc<StreamState>,
     pub(super) device: usize,
+    /// The stream is "capturing" (a CUDA graph capture, as [`set_capturing`] says):
+    /// `cuStreamIsCapturing` answers so, and each operation queued counts in `captured`.
+    pub(super) capturing: std::sync::atomic::AtomicBool,
+    /// Operations queued while `capturing` (still run: the count is what a test checks).
+    pub(super) captured: AtomicU64,
 }
 
 /// A simulated event: recorded generations and the last one a stream passed.
@@ -145,6 +150,8 @@ impl Sim {
             tx: Mutex::new(tx),
             state,
             device,
+            capturing: std::sync::atomic::AtomicBool::new(false),
+            captured: AtomicU64::new(0),
         })
     }
 
@@ -329,6 +336,9 @@ impl Sim {
     }
 
     pub(super) fn submit(s: &SimStream, op: Op) -> CUresult {
+        if s.capturing.load(Ordering::Relaxed) {
+            s.captured.fetch_add(1, Ordering::Relaxed);
+        }
         let mut p = lock(&s.state.progress);
         let sent = lock(&s.tx).send(op).is_ok();
         if !sent {
