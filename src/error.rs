@@ -225,6 +225,22 @@ pub enum Error {
         reason: String,
     },
 
+    /// [`Transfer::wait`](crate::Transfer::wait) or `wait_timeout` was called, for a call
+    /// whose copies are not known done, on pinlane's completion thread (from a waker, or a
+    /// `Drop` or DLPack deleter that thread runs as it releases a finished call). That
+    /// thread is the one that ends such waits, so the wait would never end (or always
+    /// time out). Refused at once; the handle's call still completes: `wait` drops the
+    /// handle (what its copies use is released once they are done), `wait_timeout` keeps
+    /// it. Poll the handle as a `Future` there instead, or wait on another thread.
+    #[error(
+        "{op} on pinlane's completion thread (from a waker or a drop it runs), the thread \
+         that ends the wait: refused instead of waiting for ever"
+    )]
+    WaitOnCompletionThread {
+        /// The wait.
+        op: &'static str,
+    },
+
     /// A [`Batch`](crate::batch::Batch) implementation whose `rebuild` does not hand over the
     /// tensors its `visit` gave, one by one and in the same order (a hand-written
     /// implementation that skips, adds or reorders a tensor). No batch is returned: its

@@ -481,3 +481,66 @@ fn a_source_the_call_owns_last_is_freed_off_the_completion_thread() {
     );
     busy.synchronize().unwrap();
 }
+
+/// A waker that calls `wait` on another handle runs on the completion thread, the
+/// thread that would end that wait: it is refused at once (before, the completion thread
+/// waited on itself for ever, and every later non-blocking call with it), and both calls
+/// still complete.
+#[test]
+fn a_wait_on_the_completion_thread_is_refused_not_a_deadlock() {
+    common::sim();
+    let _turn = serial();
+    let dev = Device::cuda(0);
+    let b = batch(21);
+    let on = transfer_tensor_h2d(&b).unwrap();
+    let (long, short) = (Stream::new(dev).unwrap(), Stream::new(dev).unwrap());
+    long.delay_async(Duration::from_millis(1500)).unwrap();
+    short.delay_async(Duration::from_millis(50)).unwrap();
+    let on_stream = |s: &Stream| {
+        transfer_tensor_d2h_async(&on, &D2hOptions::default().device(dev).stream(s.clone()))
+            .unwrap()
+    };
+    let (slow, fast) = (on_stream(&long), on_stream(&short));
+    // `fast`'s waker waits for `slow`, on whichever thread wakes it.
+    struct WaitsForAnother {
+        other: Mutex<Option<Transfer<Vec<Tensor>>>>,
+        said: Mutex<std::sync::mpsc::Sender<(bool, Result<(), Error>)>>,
+    }
+    impl Wake for WaitsForAnother {
+        fn wake(self: Arc<Self>) {
+            let other = self.other.lock().unwrap().take();
+            if let Some(other) = other {
+                let on_ours = std::thread::current().name() == Some("pinlane-complete");
+                let r = other.wait().map(drop);
+                let _ = self.said.lock().unwrap().send((on_ours, r));
+            }
+        }
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waker = Waker::from(Arc::new(WaitsForAnother {
+        other: Mutex::new(Some(slow)),
+        said: Mutex::new(tx),
+    }));
+    let mut fast = std::pin::pin!(fast);
+    assert!(fast
+        .as_mut()
+        .poll(&mut Context::from_waker(&waker))
+        .is_pending());
+    let (on_ours, r) = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the waker's wait did not end: the completion thread waits on itself");
+    assert!(on_ours, "the waker did not run on the completion thread");
+    assert!(
+        matches!(
+            r,
+            Err(Error::WaitOnCompletionThread {
+                op: "Transfer::wait"
+            })
+        ),
+        "{r:?}"
+    );
+    // The completion thread goes on: `fast` completes, and so does a later call.
+    assert_eq!(block_on(fast).0.unwrap(), b);
+    assert_eq!(d2h(&on).wait().unwrap(), b);
+    long.synchronize().unwrap();
+}

@@ -595,9 +595,29 @@ impl Drop for Supervisor {
     }
 }
 
+thread_local! {
+    /// Set on the completion thread: a blocking wait there for a call still pending would
+    /// wait for the thread that ends it ([`refuse_own_wait`]).
+    static ON_COMPLETION_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Refuses a blocking wait for a pending call on the completion thread (from a waker or a
+/// `Drop` it runs): that thread is the one that would end the wait, so it would wait for
+/// ever (`wait`) or always to its limit (`wait_timeout`).
+fn refuse_own_wait(op: &'static str) -> Result<()> {
+    if ON_COMPLETION_THREAD
+        .try_with(std::cell::Cell::get)
+        .unwrap_or(false)
+    {
+        return Err(Error::WaitOnCompletionThread { op });
+    }
+    Ok(())
+}
+
 /// The completion thread.
 fn run() {
     crate::driver::deferred::mark_background_thread();
+    let _ = ON_COMPLETION_THREAD.try_with(|c| c.set(true));
     let supervisor = Supervisor;
     let mut q = lock(&COMPLETER.queues);
     loop {
@@ -812,10 +832,17 @@ impl<B> Transfer<B> {
     /// would end the wait is not there), at once; the handle is then forgotten, not
     /// dropped (its batch and completion state are the parent's, and dropping them could
     /// wait for a lock a parent's thread held at the fork).
+    /// [`Error::WaitOnCompletionThread`] when called on pinlane's completion thread (from
+    /// a waker, or a drop that thread runs) before the copies are known done, at once:
+    /// that thread is the one that would end the wait.
     pub fn wait(mut self) -> Result<B> {
         if let Some(p) = &self.pending {
             // (The handle's drop then forgets what it holds: see `Drop for Transfer`.)
             crate::driver::fork::check("Transfer::wait")?;
+            if p.shared.is_pending() {
+                // (Dropped unfinished: the completion thread finishes it later.)
+                refuse_own_wait("Transfer::wait")?;
+            }
             p.arm();
             let mut s = lock(&p.shared.status);
             p.shared.sleepers.fetch_add(1, Ordering::Relaxed);
@@ -830,7 +857,10 @@ impl<B> Transfer<B> {
     /// Waits (asleep) at most `limit` for the copies: `Some` with what
     /// [`wait`](Transfer::wait) returns once they are done, `None` if they are not done
     /// by then. After `None` the handle is as before (wait again, or drop it: pinlane keeps
-    /// what the copies use until they finish); after `Some` its batch is taken.
+    /// what the copies use until they finish); after `Some` its batch is taken, except
+    /// after `Some(Err(Error::WaitOnCompletionThread))`: called on pinlane's completion
+    /// thread before the copies are known done, it refuses at once and keeps the handle
+    /// as it was (that thread is the one that would end the wait).
     ///
     /// ```
     /// # fn main() -> pinlane::Result<()> {
@@ -849,6 +879,11 @@ impl<B> Transfer<B> {
         if let Some(p) = &self.pending {
             if let Err(e) = crate::driver::fork::check("Transfer::wait") {
                 return Some(Err(e));
+            }
+            if p.shared.is_pending() {
+                if let Err(e) = refuse_own_wait("Transfer::wait_timeout") {
+                    return Some(Err(e));
+                }
             }
             p.arm();
             let deadline = crate::driver::deadline_after(limit);
