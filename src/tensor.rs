@@ -542,10 +542,13 @@ impl Tensor {
     /// or the `while_copying` of
     /// [`transfer_tensor_h2d_overlapping`](crate::transfer_tensor_h2d_overlapping)), whose
     /// use on `stream` would not be ordered after them, or of a call that failed; the
-    /// driver's error making `stream` wait.
+    /// driver's error making `stream` wait; [`Error::ForkedChild`] in a child process
+    /// forked after CUDA was set up.
     pub fn device_ptr(&self, stream: &Stream) -> Result<DevicePtrGuard> {
         match &self.storage {
             Storage::Device(v) => {
+                // Not in a child forked after CUDA was set up: before the gate's lock.
+                crate::driver::fork::check("device_ptr")?;
                 v.usable_on(stream, "device_ptr")?;
                 Ok(v.lend(stream))
             }
@@ -740,7 +743,8 @@ impl Tensor {
     ///
     /// # Errors
     /// [`Error::NotOnDevice`] for a host tensor; [`Error::DLPack`];
-    /// [`Error::BytesInFlight`] (see [`Tensor::device_ptr`]).
+    /// [`Error::BytesInFlight`] (see [`Tensor::device_ptr`]); [`Error::ForkedChild`] in a
+    /// child process forked after CUDA was set up.
     pub fn to_dlpack_on(&self, stream: &Stream) -> Result<dlpark::versioned::Dlpack> {
         if !self.is_cuda() {
             return Err(Error::NotOnDevice {
@@ -778,6 +782,16 @@ impl Tensor {
         stream: Option<&Stream>,
         in_flight: bool,
     ) -> Result<dlpark::versioned::Dlpack> {
+        if self.is_cuda() {
+            // A device tensor's export asks its gate and lends its memory: not in a child
+            // forked after CUDA was set up (before any lock). A host tensor's needs no
+            // driver.
+            crate::driver::fork::check(if stream.is_some() {
+                "to_dlpack_on"
+            } else {
+                "to_dlpack"
+            })?;
+        }
         // The capsule keeps a clone of the tensor: its memory stays alive until the
         // consumer calls the deleter.
         let keep = Box::new(self.clone());

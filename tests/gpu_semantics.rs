@@ -658,8 +658,9 @@ fn a_forked_child_is_refused_and_the_parent_goes_on() {
     // with the driver).
     let dev = common::dev();
     let targets: Vec<Tensor> = host.iter().map(|t| t.to_pinned_on(dev).unwrap()).collect();
+    let stream = pinlane::Stream::new(dev).unwrap();
     let status = common::in_forked_child(|| {
-        common::refusals_in_forked_child(&host, &on_device, &targets, dev)
+        common::refusals_in_forked_child(&host, &on_device, &targets, dev, &stream)
     });
     assert_eq!(status, 0, "the child's wrong answers, as a bit mask");
     assert_eq!(d2h(&transfer_tensor_h2d(&host).unwrap()), host);

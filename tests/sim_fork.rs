@@ -24,8 +24,9 @@ fn a_forked_child_is_refused_and_the_parent_goes_on() {
         .iter()
         .map(|t| t.to_pinned_on(Device::cuda(0)).unwrap())
         .collect();
+    let stream = pinlane::Stream::new(Device::cuda(0)).unwrap();
     let status = common::in_forked_child(|| {
-        common::refusals_in_forked_child(&host, &on_device, &targets, Device::cuda(0))
+        common::refusals_in_forked_child(&host, &on_device, &targets, Device::cuda(0), &stream)
     });
     assert_eq!(status, 0, "the child's wrong answers, as a bit mask");
 

@@ -302,7 +302,9 @@ pub fn waits_in_forked_child(
 /// [`in_forked_child`]), as a bit mask of what went wrong, 0 when all is right: each call
 /// that would use the parent's CUDA state (an H2D of `host`, a D2H of `on_device`, a copy
 /// of `host` into `on_device`, a copy of `on_device` into `targets` (page-locked tensors
-/// the parent made, of `host`'s shapes), a new stream on `device`, page-locking a host
+/// the parent made, of `host`'s shapes), a new stream on `device`, lending or exporting a
+/// device tensor (`device_ptr` and `to_dlpack_on` on `stream`, a stream of `device` the
+/// parent made; `to_dlpack`), page-locking a host
 /// tensor) fails
 /// with `Error::ForkedChild` naming it, and a D2H of host tensors (nothing to copy)
 /// passes them through.
@@ -311,6 +313,7 @@ pub fn refusals_in_forked_child(
     on_device: &[Tensor],
     targets: &[Tensor],
     device: pinlane::Device,
+    stream: &pinlane::Stream,
 ) -> i32 {
     use pinlane::Error;
     let (host, on_device, targets) = (host.to_vec(), on_device.to_vec(), targets.to_vec());
@@ -347,6 +350,9 @@ pub fn refusals_in_forked_child(
             "transfer_tensor_d2h_into",
         ),
         refused(pinlane::Stream::new(device).map(drop), "Stream::new"),
+        refused(on_device[0].device_ptr(stream).map(drop), "device_ptr"),
+        refused(on_device[0].to_dlpack().map(drop), "to_dlpack"),
+        refused(on_device[0].to_dlpack_on(stream).map(drop), "to_dlpack_on"),
         refused(host[0].to_pinned_on(device).map(drop), "to_pinned"),
         pinlane::transfer_tensor_d2h(&host, &Default::default())
             .is_ok_and(|b| b.len() == host.len()),
