@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Session 65, run 1. Carry .gpu after `../shared/gpu/pack --peers`, `bash tests/pack-shipped`,
 # `bash benches/gpu_fold.sh`, with .gpu/extra/wheel64 holding the wheel of 2e74cb1
-# (session 64's final code, built from a worktree). The GPU checks on 71beaf6 (the capture
-# refusal, and a wait refused on the completion thread: benches/gpu_verify.sh all), the
+# (session 64's final code, built from a worktree). The GPU checks on 4d003c8 (the capture
+# refusal, a wait refused on the completion thread, lending refused in a forked child:
+# benches/gpu_verify.sh all), the
 # new Python capture test against 2e74cb1's wheel (each way should fail there), benches/probes/capture_probe.py (calls made while
 # torch captures a CUDA graph) and benches/probes/capture_query.cu (the check's cost).
 cd "$(dirname "$0")/../../.." || exit 1
