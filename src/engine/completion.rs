@@ -601,14 +601,16 @@ thread_local! {
     static ON_COMPLETION_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// Refuses a blocking wait for a pending call on the completion thread (from a waker or a
-/// `Drop` it runs): that thread is the one that would end the wait, so it would wait for
-/// ever (`wait`) or always to its limit (`wait_timeout`).
-fn refuse_own_wait(op: &'static str) -> Result<()> {
-    if ON_COMPLETION_THREAD
+/// Refuses a blocking wait for a call still pending (`shared`) on the completion thread
+/// (from a waker or a `Drop` it runs): that thread is the one that would end the wait,
+/// so it would wait for ever (`wait`) or always to its limit (`wait_timeout`). The
+/// thread is asked first (a thread-local read): other threads never take the status
+/// lock for it.
+fn refuse_own_wait(shared: &Shared, op: &'static str) -> Result<()> {
+    let on_it = ON_COMPLETION_THREAD
         .try_with(std::cell::Cell::get)
-        .unwrap_or(false)
-    {
+        .unwrap_or(false);
+    if on_it && shared.is_pending() {
         return Err(Error::WaitOnCompletionThread { op });
     }
     Ok(())
@@ -839,10 +841,9 @@ impl<B> Transfer<B> {
         if let Some(p) = &self.pending {
             // (The handle's drop then forgets what it holds: see `Drop for Transfer`.)
             crate::driver::fork::check("Transfer::wait")?;
-            if p.shared.is_pending() {
-                // (Dropped unfinished: the completion thread finishes it later.)
-                refuse_own_wait("Transfer::wait")?;
-            }
+            // (Refused, the handle is dropped unfinished: the completion thread finishes
+            // the call later.)
+            refuse_own_wait(&p.shared, "Transfer::wait")?;
             p.arm();
             let mut s = lock(&p.shared.status);
             p.shared.sleepers.fetch_add(1, Ordering::Relaxed);
@@ -880,10 +881,8 @@ impl<B> Transfer<B> {
             if let Err(e) = crate::driver::fork::check("Transfer::wait") {
                 return Some(Err(e));
             }
-            if p.shared.is_pending() {
-                if let Err(e) = refuse_own_wait("Transfer::wait_timeout") {
-                    return Some(Err(e));
-                }
+            if let Err(e) = refuse_own_wait(&p.shared, "Transfer::wait_timeout") {
+                return Some(Err(e));
             }
             p.arm();
             let deadline = crate::driver::deadline_after(limit);
