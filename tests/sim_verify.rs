@@ -118,3 +118,77 @@ fn a_device_batch_is_refused_with_its_path() {
         r => panic!("{r:?}"),
     }
 }
+
+/// A HashMap made with room for many entries lists them in another order than the maps
+/// the transfers rebuild (sized for what they hold): the checker pairs entries by key,
+/// and the round trip passes every way.
+#[test]
+fn a_hash_map_listed_in_another_order_comes_back_exact() {
+    common::sim();
+    let mut m = std::collections::HashMap::with_capacity(4096);
+    for k in 0..48u32 {
+        m.insert(k * 7919, common::tensor(DType::F32, &[16], u64::from(k)));
+    }
+    let rebuilt = m.rebuild(&mut |t| t.clone());
+    assert_ne!(
+        m.keys().collect::<Vec<_>>(),
+        rebuilt.keys().collect::<Vec<_>>(),
+        "the premise: the rebuilt map lists its keys in another order"
+    );
+    round_trip(&m, &RoundTrip::default()).unwrap();
+}
+
+/// A deliberately wrong `Batch` over a map: rebuild renames the key "b" to "c" (the
+/// order, and so every path, unchanged). Paths number a map's entries; the checker must
+/// compare the keys.
+#[derive(Clone, Debug)]
+struct Renamed(std::collections::BTreeMap<String, Tensor>);
+
+impl Batch for Renamed {
+    fn visit<'x>(&'x self, f: &mut dyn FnMut(&'x Tensor)) {
+        self.0.visit(f)
+    }
+    fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
+        let mut m = self.0.rebuild(f);
+        if let Some(t) = m.remove("b") {
+            m.insert("c".into(), t); // the bug
+        }
+        Renamed(m)
+    }
+    fn visit_paths<'x>(
+        &'x self,
+        path: &mut pinlane::batch::Path,
+        f: &mut dyn FnMut(&pinlane::batch::Path, &'x Tensor),
+    ) {
+        self.0.visit_paths(path, f)
+    }
+    fn keys_differ(
+        &self,
+        other: &Self,
+        path: &mut pinlane::batch::Path,
+    ) -> Option<pinlane::batch::Path> {
+        self.0.keys_differ(&other.0, path)
+    }
+}
+
+#[test]
+fn a_rebuild_that_renames_a_key_is_named() {
+    common::sim();
+    let map = ["a", "b"]
+        .iter()
+        .enumerate()
+        .map(|(i, k)| (k.to_string(), common::tensor(DType::U8, &[8], i as u64)))
+        .collect();
+    let batch = (common::tensor(DType::F32, &[4], 9), Renamed(map));
+    let err = round_trip(&batch, &RoundTrip::default()).expect_err("the renamed key is found");
+    let VerifyError::Mismatch { mismatch, .. } = &err else {
+        panic!("{err}");
+    };
+    assert_eq!(mismatch.path.to_string(), "1");
+    assert_eq!(mismatch.kind, MismatchKind::Keys, "{err}");
+    assert!(
+        err.to_string()
+            .contains("1: the map there came back with other keys"),
+        "{err}"
+    );
+}

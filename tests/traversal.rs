@@ -366,3 +366,109 @@ mod props {
         }
     }
 }
+
+/// Maps inside derived types, for `keys_differ`: a struct field, a tuple struct's
+/// field, an enum variant's field, under a Vec.
+#[derive(Batch, Clone, Debug)]
+struct Keyed {
+    first: Tensor,
+    maps: Vec<BTreeMap<String, Tensor>>,
+    by_id: HashMap<u32, Tensor>,
+    #[batch(skip)]
+    note: String,
+}
+
+#[derive(Batch, Clone, Debug)]
+struct Wrapped(Tensor, BTreeMap<u8, Tensor>);
+
+#[derive(Batch, Clone, Debug)]
+enum PlainOrMapped {
+    Plain(Tensor),
+    Mapped { inner: Wrapped },
+}
+
+fn btree(keys: &[&str]) -> BTreeMap<String, Tensor> {
+    keys.iter().map(|k| (k.to_string(), t(1))).collect()
+}
+
+#[test]
+fn keys_differ_names_the_first_map_with_other_keys() {
+    let at = |a: &dyn Fn() -> Option<Path>| a().map(|p| p.to_string());
+    let base = Keyed {
+        first: t(0),
+        maps: vec![btree(&["a", "b"]), btree(&["x"])],
+        by_id: (0..4u32).map(|k| (k, t(2))).collect(),
+        note: "n".into(),
+    };
+    // The same keys everywhere (a skipped field may differ: it is not structure).
+    let mut same = base.clone();
+    same.note = "other".into();
+    assert_eq!(at(&|| base.keys_differ(&same, &mut Path::default())), None);
+    // A BTreeMap with as many entries and another key: the same paths, so only the keys
+    // tell them apart.
+    let mut other = base.clone();
+    other.maps[1] = btree(&["y"]);
+    assert_eq!(
+        tensors_with_paths(&base)
+            .iter()
+            .map(|(p, _)| p.to_string())
+            .collect::<Vec<_>>(),
+        tensors_with_paths(&other)
+            .iter()
+            .map(|(p, _)| p.to_string())
+            .collect::<Vec<_>>(),
+    );
+    assert_eq!(
+        at(&|| base.keys_differ(&other, &mut Path::default())),
+        Some("maps[1]".into())
+    );
+    // A HashMap with a key swapped for another.
+    let mut other = base.clone();
+    other.by_id.remove(&3);
+    other.by_id.insert(9, t(2));
+    assert_eq!(
+        at(&|| base.keys_differ(&other, &mut Path::default())),
+        Some("by_id".into())
+    );
+    // Tuple structs and enum variants, named as their paths name them.
+    let w = |k: u8| Wrapped(t(0), [(k, t(1))].into_iter().collect());
+    assert_eq!(
+        at(&|| w(1).keys_differ(&w(2), &mut Path::default())),
+        Some("1".into())
+    );
+    let e = |k: u8| PlainOrMapped::Mapped { inner: w(k) };
+    assert_eq!(
+        at(&|| e(1).keys_differ(&e(2), &mut Path::default())),
+        Some("Mapped.inner.1".into())
+    );
+    assert_eq!(at(&|| e(1).keys_differ(&e(1), &mut Path::default())), None);
+    // Other variants: their paths differ already; nothing to pair below.
+    assert_eq!(
+        at(&|| e(1).keys_differ(&PlainOrMapped::Plain(t(0)), &mut Path::default())),
+        None
+    );
+}
+
+/// A HashMap's entries are named by their keys' hashes: the map a rebuild makes (sized
+/// for what it holds) lists them in another order than one made with room for more, and
+/// the same key keeps its path.
+#[test]
+fn hash_map_paths_follow_keys_not_positions() {
+    let mut m = HashMap::with_capacity(4096);
+    for k in 0..64u32 {
+        m.insert(k * 7919, Tensor::scalar(k));
+    }
+    let r = m.rebuild(&mut |x| x.clone());
+    let keys = |m: &HashMap<u32, Tensor>| m.keys().copied().collect::<Vec<_>>();
+    assert_ne!(keys(&m), keys(&r), "the premise: another order");
+    let by_path = |m: &HashMap<u32, Tensor>| {
+        let mut v: Vec<(Path, u32)> = tensors_with_paths(m)
+            .into_iter()
+            .map(|(p, t)| (p, t.to_vec::<u32>().unwrap()[0]))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(by_path(&m), by_path(&r));
+    assert_eq!(pinlane::verify::first_difference(&m, &r), None);
+}

@@ -1,7 +1,8 @@
 //! `#[derive(Batch)]` for pinlane: structs (named, tuple, unit) and enums.
 //!
 //! Every field is visited and rebuilt through its own `Batch` impl, in declaration order
-//! (and its tensors' paths named after it, `field` or `0`, `Variant.field` in enums);
+//! (and its tensors' paths named after it, `field` or `0`, `Variant.field` in enums;
+//! `keys_differ` asks every field's own);
 //! a field marked `#[batch(skip)]` is cloned unchanged (its type needs `Clone`, not
 //! `Batch`). Each type parameter gets a `Batch` bound. Re-exported by `pinlane` behind its
 //! default `derive` feature; use it as `pinlane::Batch`.
@@ -111,6 +112,33 @@ fn visit_paths_body(fields: &[FieldInfo], by_ref: bool) -> Tokens {
     quote!(#(#calls)*)
 }
 
+/// `keys_differ` of the fields, each under its name (or position), paired with the same
+/// field of the other value (`others`: how to reach each there); the first `Some`.
+fn keys_differ_body(fields: &[FieldInfo], others: &[Tokens], by_ref: bool) -> Tokens {
+    let calls = fields
+        .iter()
+        .zip(others)
+        .enumerate()
+        .filter(|(_, (f, _))| !f.skip)
+        .map(|(i, (f, o))| {
+            let a = &f.access;
+            let (r, ro) = if by_ref {
+                (quote!(&#a), quote!(&#o))
+            } else {
+                (quote!(#a), quote!(#o))
+            };
+            let name = f
+                .name
+                .as_ref()
+                .map_or_else(|| i.to_string(), |n| n.unraw().to_string());
+            quote!(.or_else(|| __path.with(
+                ::pinlane::batch::Step::Field(::std::borrow::Cow::Borrowed(#name)),
+                |__p| ::pinlane::Batch::keys_differ(#r, #ro, __p),
+            )))
+        });
+    quote!(::core::option::Option::None #(#calls)*)
+}
+
 /// The constructor's field list, each field rebuilt or cloned.
 fn rebuild_fields(fields: &[FieldInfo], shape: &Fields, by_ref: bool) -> Tokens {
     let vals = fields.iter().map(|f| {
@@ -142,21 +170,55 @@ fn variant_pattern(fields: &[FieldInfo], shape: &Fields) -> Tokens {
     }
 }
 
+/// The other value's bindings for a variant's fields (`__other{i}`), and the pattern
+/// binding them.
+fn other_pattern(fields: &[FieldInfo], shape: &Fields) -> (Vec<Tokens>, Tokens) {
+    let binds: Vec<Tokens> = (0..fields.len())
+        .map(|i| {
+            let id = format_ident!("__other{}", i);
+            quote!(#id)
+        })
+        .collect();
+    let pat = match shape {
+        Fields::Named(_) => {
+            let names = fields.iter().map(|f| f.name.as_ref());
+            quote!({ #(#names: #binds),* })
+        }
+        Fields::Unnamed(_) => quote!(( #(#binds),* )),
+        Fields::Unit => quote!(),
+    };
+    (binds, pat)
+}
+
 fn expand(input: DeriveInput) -> syn::Result<Tokens> {
     let name = &input.ident;
     let mut skipped_types = Vec::new();
-    let (visit, rebuild, paths) = match &input.data {
+    let (visit, rebuild, paths, keys) = match &input.data {
         Data::Struct(s) => {
             let fields = fields_of(&s.fields, false, &mut skipped_types)?;
             let v = visit_body(&fields, true);
             let r = rebuild_fields(&fields, &s.fields, true);
             let p = visit_paths_body(&fields, true);
-            (v, quote!(#name #r), p)
+            let others: Vec<Tokens> = s
+                .fields
+                .iter()
+                .enumerate()
+                .map(|(i, f)| match &f.ident {
+                    Some(id) => quote!(__other.#id),
+                    None => {
+                        let idx = syn::Index::from(i);
+                        quote!(__other.#idx)
+                    }
+                })
+                .collect();
+            let k = keys_differ_body(&fields, &others, true);
+            (v, quote!(#name #r), p, k)
         }
         Data::Enum(e) => {
             let mut visit_arms = Vec::new();
             let mut rebuild_arms = Vec::new();
             let mut path_arms = Vec::new();
+            let mut key_arms = Vec::new();
             for var in &e.variants {
                 if let Some(a) = var.attrs.iter().find(|a| a.path().is_ident("batch")) {
                     return Err(syn::Error::new_spanned(
@@ -173,6 +235,14 @@ fn expand(input: DeriveInput) -> syn::Result<Tokens> {
                 rebuild_arms.push(quote!(#name::#vname #pat => #name::#vname #r));
                 let p = visit_paths_body(&fields, false);
                 let vstr = vname.unraw().to_string();
+                let (others, other_pat) = other_pattern(&fields, &var.fields);
+                let k = keys_differ_body(&fields, &others, false);
+                key_arms.push(quote!((#name::#vname #pat, #name::#vname #other_pat) => {
+                    __path.with(
+                        ::pinlane::batch::Step::Field(::std::borrow::Cow::Borrowed(#vstr)),
+                        |__path| #k,
+                    )
+                }));
                 path_arms.push(quote!(#name::#vname #pat => {
                     __path.with(
                         ::pinlane::batch::Step::Field(::std::borrow::Cow::Borrowed(#vstr)),
@@ -185,12 +255,17 @@ fn expand(input: DeriveInput) -> syn::Result<Tokens> {
                     quote!(match *self {}),
                     quote!(match *self {}),
                     quote!(match *self {}),
+                    quote!(match *self {}),
                 )
             } else {
+                // Other variants: their paths differ (each is named), so nothing to pair.
+                let rest =
+                    (e.variants.len() > 1).then(|| quote!(_ => ::core::option::Option::None,));
                 (
                     quote!(match self { #(#visit_arms)* }),
                     quote!(match self { #(#rebuild_arms,)* }),
                     quote!(match self { #(#path_arms)* }),
+                    quote!(match (self, __other) { #(#key_arms)* #rest }),
                 )
             }
         }
@@ -232,6 +307,14 @@ fn expand(input: DeriveInput) -> syn::Result<Tokens> {
                 __f: &mut dyn FnMut(&::pinlane::batch::Path, &#lt ::pinlane::Tensor),
             ) {
                 #paths
+            }
+            #[allow(unused_variables)]
+            fn keys_differ(
+                &self,
+                __other: &Self,
+                __path: &mut ::pinlane::batch::Path,
+            ) -> ::core::option::Option<::pinlane::batch::Path> {
+                #keys
             }
         }
     })

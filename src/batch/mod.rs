@@ -113,6 +113,42 @@ pub trait Batch {
             n += 1;
         });
     }
+
+    /// Where `self` and `other` first hold maps with different keys: the path of the first
+    /// `BTreeMap` or `HashMap` (from `path` down, in visit order) whose keys are not the
+    /// same set as `other`'s there; `None` when every such map matches. Paths number a map's
+    /// entries rather than name its keys (which may have no text form), so this is how
+    /// [`transfer_tensor_h2d_into`](crate::transfer_tensor_h2d_into) and the other copies
+    /// into existing tensors, and [`verify::round_trip`](crate::verify::round_trip), tell a
+    /// source `{"a", "b"}` from a destination `{"b", "c"}`: the same paths, other keys.
+    /// Where the two differ otherwise (other variants, lengths), it looks no further down
+    /// there: their paths differ.
+    ///
+    /// The default answers `None`, right for a type that holds no map. The std containers
+    /// and `#[derive(Batch)]` look into every field; a hand-written implementation holding
+    /// a map should forward to it.
+    ///
+    /// ```
+    /// use pinlane::batch::Path;
+    /// use pinlane::{Batch, Tensor};
+    /// use std::collections::BTreeMap;
+    ///
+    /// let map = |keys: [&str; 2]| -> BTreeMap<String, Tensor> {
+    ///     keys.iter().map(|k| (k.to_string(), Tensor::scalar(0u8))).collect()
+    /// };
+    /// let a = (Tensor::scalar(1u8), map(["a", "b"]));
+    /// let b = (Tensor::scalar(1u8), map(["b", "c"]));
+    /// assert_eq!(a.keys_differ(&a.clone(), &mut Path::default()), None);
+    /// let at = a.keys_differ(&b, &mut Path::default()).unwrap();
+    /// assert_eq!(at.to_string(), "1");
+    /// ```
+    fn keys_differ(&self, other: &Self, path: &mut Path) -> Option<Path>
+    where
+        Self: Sized,
+    {
+        let _ = (other, path);
+        None
+    }
 }
 
 /// Every tensor of `batch` with its [`Path`], in visit order.

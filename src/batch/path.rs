@@ -4,7 +4,7 @@ use std::borrow::Cow;
 use std::fmt;
 
 /// One step from a batch's root towards a tensor.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[non_exhaustive]
 pub enum Step {
     /// A named field of a struct (or a tuple's position, `0`, `1`, ...), or an enum variant.
@@ -17,10 +17,15 @@ pub enum Step {
     /// `BTreeMap`, whose keys may have no text form), or the `n`-th tensor of a type whose
     /// `Batch` implementation gives no paths, in visit order.
     Nth(usize),
-    /// The `n`-th entry of a container whose order is its own (a `HashMap`): two such
-    /// containers holding the same keys may list them in different orders, so positions
-    /// do not pair them (copies into existing tensors refuse them). Shown as `#n`.
-    Unordered(usize),
+    /// The entry of a container whose order is its own (a `HashMap`), named by its key's
+    /// hash under the map's own hasher. Two such maps holding the same keys may list them
+    /// in different orders (a map rebuilt by a transfer is sized for what it holds, the
+    /// original perhaps for more), so positions would pair one key's tensor with
+    /// another's; the hash names the same key in a map rebuilt from this one, which keeps
+    /// its hasher ([`verify`](crate::verify) pairs them by it). Two maps built apart have
+    /// hashers of their own, so copies into existing tensors refuse them. Two keys of one
+    /// map with the same 64-bit hash would share a name. Shown as `{#` and 16 hex digits `}`.
+    Unordered(u64),
 }
 
 /// The steps from a batch's root to one of its tensors, shown as Rust would reach it:
@@ -35,7 +40,7 @@ pub enum Step {
 /// assert_eq!(p.to_string(), "images[3]");
 /// assert_eq!(Path::default().to_string(), "(the batch itself)");
 /// ```
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Path(Vec<Step>);
 
 impl Path {
@@ -74,7 +79,8 @@ impl fmt::Display for Path {
                 Step::Field(name) => write!(f, ".{name}")?,
                 Step::Index(n) => write!(f, "[{n}]")?,
                 Step::Key(k) => write!(f, "[{k:?}]")?,
-                Step::Nth(n) | Step::Unordered(n) => write!(f, "#{n}")?,
+                Step::Nth(n) => write!(f, "#{n}")?,
+                Step::Unordered(h) => write!(f, "{{#{h:016x}}}")?,
             }
         }
         Ok(())
@@ -94,6 +100,8 @@ mod tests {
         p.push(Step::Field("0".into()));
         p.push(Step::Nth(1));
         assert_eq!(p.to_string(), r#"meta["a b"][2].0#1"#);
+        let shown = p.with(Step::Unordered(0xab), |p| p.to_string());
+        assert_eq!(shown, r#"meta["a b"][2].0#1{#00000000000000ab}"#);
         assert_eq!(p.pop(), Some(Step::Nth(1)));
         assert_eq!(p.steps().len(), 4);
         let shown = p.with(Step::Index(9), |p| p.to_string());

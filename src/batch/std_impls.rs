@@ -32,6 +32,17 @@ pub(super) fn visit_items<'a, T: Batch + 'a>(
     }
 }
 
+/// [`Batch::keys_differ`] of paired items, the `i`-th under `step(i)`.
+pub(super) fn items_keys_differ<'a, T: Batch + 'a>(
+    pairs: impl Iterator<Item = (&'a T, &'a T)>,
+    step: fn(usize) -> Step,
+    path: &mut Path,
+) -> Option<Path> {
+    pairs
+        .enumerate()
+        .find_map(|(i, (x, y))| path.with(step(i), |p| x.keys_differ(y, p)))
+}
+
 crate::impl_leaf!(
     (),
     bool,
@@ -69,6 +80,9 @@ impl<T: Batch> Batch for Vec<T> {
     fn visit_paths<'a>(&'a self, path: &mut Path, f: &mut dyn FnMut(&Path, &'a Tensor)) {
         visit_items(self.iter(), Step::Index, path, f)
     }
+    fn keys_differ(&self, other: &Self, path: &mut Path) -> Option<Path> {
+        items_keys_differ(self.iter().zip(other), Step::Index, path)
+    }
 }
 
 impl<T: Batch, const N: usize> Batch for [T; N] {
@@ -81,6 +95,9 @@ impl<T: Batch, const N: usize> Batch for [T; N] {
     }
     fn visit_paths<'a>(&'a self, path: &mut Path, f: &mut dyn FnMut(&Path, &'a Tensor)) {
         visit_items(self.iter(), Step::Index, path, f)
+    }
+    fn keys_differ(&self, other: &Self, path: &mut Path) -> Option<Path> {
+        items_keys_differ(self.iter().zip(other), Step::Index, path)
     }
 }
 
@@ -98,6 +115,12 @@ impl<T: Batch> Batch for Option<T> {
             x.visit_paths(path, f)
         }
     }
+    fn keys_differ(&self, other: &Self, path: &mut Path) -> Option<Path> {
+        match (self, other) {
+            (Some(x), Some(y)) => x.keys_differ(y, path),
+            _ => None,
+        }
+    }
 }
 
 impl<T: Batch> Batch for Box<T> {
@@ -109,6 +132,9 @@ impl<T: Batch> Batch for Box<T> {
     }
     fn visit_paths<'a>(&'a self, path: &mut Path, f: &mut dyn FnMut(&Path, &'a Tensor)) {
         (**self).visit_paths(path, f)
+    }
+    fn keys_differ(&self, other: &Self, path: &mut Path) -> Option<Path> {
+        (**self).keys_differ(other, path)
     }
 }
 
@@ -122,11 +148,16 @@ impl<T: Batch> Batch for Arc<T> {
     fn visit_paths<'a>(&'a self, path: &mut Path, f: &mut dyn FnMut(&Path, &'a Tensor)) {
         (**self).visit_paths(path, f)
     }
+    fn keys_differ(&self, other: &Self, path: &mut Path) -> Option<Path> {
+        (**self).keys_differ(other, path)
+    }
 }
 
-/// Keys are kept (cloned). Visit and rebuild both iterate `self`, which is unchanged in
-/// between, so they see the entries in the same order even though a `HashMap`'s order is
-/// unspecified.
+/// Keys are kept (cloned), and the hasher (cloned). Visit and rebuild both iterate `self`,
+/// which is unchanged in between, so they see the entries in the same order even though
+/// a `HashMap`'s order is unspecified; the rebuilt map may list them in another order
+/// (it is sized for what it holds), which is why paths name its entries by their keys'
+/// hashes ([`Step::Unordered`]).
 impl<K: Clone + Eq + Hash, V: Batch, S: BuildHasher + Clone> Batch for HashMap<K, V, S> {
     fn visit<'a>(&'a self, f: &mut dyn FnMut(&'a Tensor)) {
         self.values().for_each(|v| v.visit(f))
@@ -139,7 +170,19 @@ impl<K: Clone + Eq + Hash, V: Batch, S: BuildHasher + Clone> Batch for HashMap<K
         out
     }
     fn visit_paths<'a>(&'a self, path: &mut Path, f: &mut dyn FnMut(&Path, &'a Tensor)) {
-        visit_items(self.values(), Step::Unordered, path, f)
+        for (k, v) in self {
+            let step = Step::Unordered(self.hasher().hash_one(k));
+            path.with(step, |p| v.visit_paths(p, f));
+        }
+    }
+    fn keys_differ(&self, other: &Self, path: &mut Path) -> Option<Path> {
+        if self.len() != other.len() || !self.keys().all(|k| other.contains_key(k)) {
+            return Some(path.clone());
+        }
+        self.iter().find_map(|(k, v)| {
+            let step = Step::Unordered(self.hasher().hash_one(k));
+            path.with(step, |p| v.keys_differ(&other[k], p))
+        })
     }
 }
 
@@ -155,6 +198,12 @@ impl<K: Clone + Ord, V: Batch> Batch for BTreeMap<K, V> {
     fn visit_paths<'a>(&'a self, path: &mut Path, f: &mut dyn FnMut(&Path, &'a Tensor)) {
         visit_items(self.values(), Step::Nth, path, f)
     }
+    fn keys_differ(&self, other: &Self, path: &mut Path) -> Option<Path> {
+        if !self.keys().eq(other.keys()) {
+            return Some(path.clone());
+        }
+        items_keys_differ(self.values().zip(other.values()), Step::Nth, path)
+    }
 }
 
 macro_rules! tuple_batch {
@@ -169,6 +218,11 @@ macro_rules! tuple_batch {
             }
             fn visit_paths<'a>(&'a self, path: &mut Path, f: &mut dyn FnMut(&Path, &'a Tensor)) {
                 $(path.with(Step::Field(stringify!($idx).into()), |p| self.$idx.visit_paths(p, f));)+
+            }
+            fn keys_differ(&self, other: &Self, path: &mut Path) -> Option<Path> {
+                None$(.or_else(|| {
+                    path.with(Step::Field(stringify!($idx).into()), |p| self.$idx.keys_differ(&other.$idx, p))
+                }))+
             }
         }
     };

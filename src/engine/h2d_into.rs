@@ -64,8 +64,8 @@ use crate::tensor::{Storage, Tensor};
 ///   change at once.
 /// * `HashMap` batches are refused ([`Error::IntoMismatch`]): two maps holding the same
 ///   keys iterate in orders of their own. A `BTreeMap` pairs by key order, so both must
-///   hold the same keys (its keys are not compared: use [`Value::Map`](crate::Value::Map),
-///   whose keys are, when they may differ).
+///   hold the same keys: a source map whose keys differ from its destination's is
+///   refused at the map ([`Error::IntoMismatch`], by [`Batch::keys_differ`]).
 ///
 /// The rules for the destinations' memory while the copies run, and on failure, are in
 /// `docs/semantics.md` ("Copies into existing tensors").

@@ -150,6 +150,16 @@ pub(super) fn pair_up<'a, B: Batch>(src: &'a B, dst: &'a B, way: Way) -> Result<
             reason: format!("the source there is at {src_at}: the structures differ"),
         });
     }
+    // The same paths, but a map's entries are numbered, not named: the keys too.
+    if let Some(at) = src.keys_differ(dst, &mut Path::default()) {
+        return Err(Error::IntoMismatch {
+            at: at.to_string(),
+            reason: "the source's map there holds other keys than the destination's: \
+                     its entries would pair by position, one key's tensor copied into \
+                     another's"
+                .into(),
+        });
+    }
     let mut pairs = Vec::with_capacity(s.len());
     let mut device = None;
     for (k, (&a, &b)) in s.iter().zip(&d).enumerate() {
@@ -329,6 +339,29 @@ mod tests {
         // A BTreeMap pairs by key order: the first mismatch is the placement.
         let b: std::collections::BTreeMap<String, Tensor> = m.into_iter().collect();
         let e = pair_up(&b, &b, Way::H2d).err().unwrap();
+        assert!(e.to_string().contains("not on a CUDA device"), "{e}");
+    }
+
+    /// Two BTreeMaps with as many entries have the same paths (entries are numbered), so
+    /// only their keys tell a source `{a, b}` from a destination `{b, c}`: refused at the
+    /// map, before any pair is looked at (the first pair's is a host destination, which
+    /// would be refused too, later).
+    #[test]
+    fn maps_with_other_keys_are_refused_at_the_map() {
+        let map = |keys: &[&str]| -> std::collections::BTreeMap<String, Tensor> {
+            keys.iter()
+                .map(|k| (k.to_string(), host(vec![1; 8])))
+                .collect()
+        };
+        let src = (host(vec![0; 4]), vec![map(&["a", "b"])]);
+        let dst = (host(vec![0; 4]), vec![map(&["b", "c"])]);
+        let e = pair_up(&src, &dst, Way::H2d).err().unwrap();
+        assert!(
+            matches!(&e, Error::IntoMismatch { at, reason } if at == "1[0]" && reason.contains("other keys")),
+            "{e}"
+        );
+        // The same keys go on to the pairs' own checks.
+        let e = pair_up(&src, &src.clone(), Way::H2d).err().unwrap();
         assert!(e.to_string().contains("not on a CUDA device"), "{e}");
     }
 }

@@ -1,7 +1,7 @@
 //! What [`round_trip`](super::round_trip) reports, and the comparison that finds it.
 
 use super::Route;
-use crate::batch::{tensors_with_paths, Batch, Path};
+use crate::batch::{tensors_with_paths, Batch, Path, Step};
 use crate::dtype::DType;
 use crate::error::Error;
 use crate::location::Location;
@@ -81,6 +81,9 @@ pub enum MismatchKind {
         /// In the batch back.
         found: usize,
     },
+    /// A map (a `BTreeMap` or `HashMap`, whose entries paths number rather than name)
+    /// came back with other keys; the path is the map's.
+    Keys,
     /// The tensor at this position of the visit order sits elsewhere.
     Place {
         /// Where it came back.
@@ -134,6 +137,7 @@ impl fmt::Display for MismatchKind {
             MismatchKind::Count { expected, found } => {
                 write!(f, "{found} tensors came back, {expected} were sent")
             }
+            MismatchKind::Keys => write!(f, "the map there came back with other keys"),
             MismatchKind::Place { found } => write!(f, "came back at {found}"),
             MismatchKind::NotMoved { location } => {
                 write!(f, "on {location} after the H2D, not on the device")
@@ -267,11 +271,14 @@ pub(super) fn compare<B: Batch>(sent: &B, back: &B, route: Route) -> Result<(), 
     }
 }
 
-/// The first difference between two host batches: structure, then each tensor in visit
-/// order (dtype, shape, bytes).
+/// The first difference between two host batches: structure (the number of tensors, a
+/// map's keys), then each tensor in visit order (place, dtype, shape, bytes). A
+/// `HashMap`'s entries are paired by key, not by position (a map rebuilt by a transfer may
+/// list the same keys in another order): with one in the batch, the tensors are compared
+/// in path order.
 pub fn first_difference<B: Batch>(sent: &B, back: &B) -> Option<Mismatch> {
-    let a = tensors_with_paths(sent);
-    let b = tensors_with_paths(back);
+    let mut a = tensors_with_paths(sent);
+    let mut b = tensors_with_paths(back);
     if a.len() != b.len() {
         return Some(Mismatch {
             path: Path::default(),
@@ -280,6 +287,22 @@ pub fn first_difference<B: Batch>(sent: &B, back: &B) -> Option<Mismatch> {
                 found: b.len(),
             },
         });
+    }
+    if let Some(path) = sent.keys_differ(back, &mut Path::default()) {
+        return Some(Mismatch {
+            path,
+            kind: MismatchKind::Keys,
+        });
+    }
+    let unordered =
+        |(p, _): &(Path, &Tensor)| p.steps().iter().any(|s| matches!(s, Step::Unordered(_)));
+    if a.iter().any(unordered) {
+        // Entries named by their keys' hashes (Step::Unordered): both lists in path
+        // order, so that the same key pairs whatever order each map lists its entries in.
+        // Paths are unique (but for two keys of one map with the same 64-bit hash, which
+        // the stable sort leaves in visit order).
+        a.sort_by(|x, y| x.0.cmp(&y.0));
+        b.sort_by(|x, y| x.0.cmp(&y.0));
     }
     a.into_iter()
         .zip(b)
