@@ -263,10 +263,14 @@ pub enum Error {
     /// DLPack deleter run when a non-blocking call's copies completed, a waker) panicked.
     /// The thread caught the panic and went on; the error is kept for the next call on
     /// the device (see [`crate::driver::deferred`]). On the prefetcher's worker (a
-    /// batch's `Batch` code or drop), it is that batch's item instead.
-    #[error("user code panicked on pinlane's {thread} thread ({what}): {message}")]
+    /// batch's `Batch` code or drop), it is that batch's item instead. Also an owner's
+    /// drop that pinlane ran for another call while it released what failed calls had
+    /// retained ([`crate::memory::retained`]), on whichever thread released it: the
+    /// call that released it goes on.
+    #[error("user code panicked on {} ({what}): {message}", shown_thread(thread))]
     Panicked {
-        /// The thread: `"completion"`, `"prefetch"`.
+        /// The thread: `"completion"`, `"prefetch"`, `"background"` (another of
+        /// pinlane's threads), `"caller"` (the calling thread, inside another call).
         thread: &'static str,
         /// What pinlane was running: `"releasing a completed transfer's owners"`.
         what: &'static str,
@@ -504,6 +508,14 @@ impl Error {
             Error::Driver { error, .. } => Some(*error),
             _ => None,
         }
+    }
+}
+
+/// How [`Error::Panicked`] names its thread.
+fn shown_thread(thread: &str) -> String {
+    match thread {
+        "caller" => "the calling thread, inside another call".into(),
+        t => format!("pinlane's {t} thread"),
     }
 }
 

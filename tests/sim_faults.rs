@@ -202,3 +202,119 @@ fn h2d_into_fault_sweep() {
     .join()
     .unwrap();
 }
+
+/// An owner whose drop panics (user code pinlane may run while it releases retained
+/// owners), and counts its drops.
+struct PanicsOnDrop(Vec<u8>, std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl AsRef<[u8]> for PanicsOnDrop {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl Drop for PanicsOnDrop {
+    fn drop(&mut self) {
+        self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        panic!("the owner's drop panicked");
+    }
+}
+
+/// Makes a copy into existing tensors of `src` fail with its drain failing too (the
+/// done event's record, then the drain's synchronisation), so that what it keeps is
+/// retained; returns the call's error.
+fn into_call_retained(src: &Vec<Tensor>, dst: &Vec<Tensor>) -> Error {
+    fault::inject(FaultKind::EventRecord, 1);
+    fault::inject(FaultKind::StreamSync, 1);
+    let r = pinlane::transfer_tensor_h2d_into(src, dst, &pinlane::IntoOptions::default())
+        .and_then(|t| t.wait());
+    assert!(!fault::armed(), "both faults fired");
+    fault::clear();
+    r.unwrap_err()
+}
+
+/// A copy into existing tensors from page-locked sources only, copied straight from
+/// them (no staging slot), keeps nothing pinlane counts in bytes: when its drain fails,
+/// its destinations and sources are retained in a group of 0 bytes. Releasing must not
+/// skip such a group: before session 66 every release looked at the retained bytes
+/// alone, so with none counted it kept the group (and the caller's page-locked memory)
+/// for ever.
+#[test]
+fn a_retained_group_holding_no_counted_bytes_is_released() {
+    common::sim();
+    let _turn = serial();
+    std::thread::spawn(|| {
+        use pinlane::memory::retained::{retained_count, try_release};
+        let src = vec![common::tensor(DType::U8, &[1 << 20], 3)
+            .to_pinned()
+            .unwrap()];
+        let (dst, _buf, _) = common::into::destinations(&src, 0);
+        let (count, bytes) = (retained_count(), retained_bytes());
+        let e = into_call_retained(&src, &dst);
+        assert!(injected(&e), "{e}");
+        assert_eq!(
+            retained_count(),
+            count + 1,
+            "the call's owners are retained"
+        );
+        assert_eq!(retained_bytes(), bytes, "in a group of no counted bytes");
+        try_release();
+        assert_eq!(retained_count(), count, "and released once proven done");
+        // The next copy lands.
+        pinlane::transfer_tensor_h2d_into(&src, &dst, &pinlane::IntoOptions::default())
+            .unwrap()
+            .wait()
+            .unwrap();
+        let back = transfer_tensor_d2h(&dst, &D2hOptions::default()).unwrap();
+        assert_eq!(back, src);
+    })
+    .join()
+    .unwrap();
+}
+
+/// Releasing retained owners runs other calls' owners' drops (user code) on the thread
+/// that releases them: a panic there is caught, recorded for the next call on the
+/// device, and the release goes on, instead of unwinding into the call that released
+/// them.
+#[test]
+fn a_panicking_drop_among_retained_owners_is_caught_and_reported() {
+    common::sim();
+    let _turn = serial();
+    std::thread::spawn(|| {
+        use pinlane::memory::retained::{retained_count, try_release};
+        let drops = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let owner = PanicsOnDrop(vec![7u8; 1 << 20], drops.clone());
+        let src = vec![Tensor::from_owner(owner, DType::U8, [1 << 20])
+            .unwrap()
+            .register_pinned(pinlane::Device::cuda(0))
+            .unwrap()];
+        let (dst, _buf, _) = common::into::destinations(&src, 0);
+        let count = retained_count();
+        let e = into_call_retained(&src, &dst);
+        assert!(injected(&e), "{e}");
+        assert_eq!(retained_count(), count + 1);
+        drop(src); // the retained group holds the last clone of the source
+        assert_eq!(drops.load(std::sync::atomic::Ordering::SeqCst), 0);
+        let released = std::panic::catch_unwind(|| {
+            try_release();
+        });
+        assert!(released.is_ok(), "the owner's panic escaped the release");
+        assert_eq!(
+            drops.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "the owner dropped"
+        );
+        assert_eq!(retained_count(), count, "released");
+        // Reported to the next call on the device, on this thread.
+        let e = transfer_tensor_h2d(&vec![Tensor::scalar(1u8)]).unwrap_err();
+        assert!(
+            e.to_string().contains("the owner's drop panicked")
+                && e.to_string().contains("the calling thread"),
+            "{e}"
+        );
+        // And the call after it works.
+        transfer_tensor_h2d(&vec![Tensor::scalar(1u8)]).unwrap();
+    })
+    .join()
+    .unwrap();
+}

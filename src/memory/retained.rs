@@ -95,15 +95,22 @@ pub(crate) fn sync_wait() -> Option<Duration> {
 }
 
 static ENTRIES: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
+/// The number of ENTRIES. Written under the ENTRIES lock; read without it as the fast
+/// "nothing retained" check (an entry may count no bytes: a copy into existing tensors
+/// from page-locked sources keeps only clones of the caller's tensors).
+static COUNT: AtomicUsize = AtomicUsize::new(0);
 /// Sum of `bytes` over ENTRIES. Written under the ENTRIES lock; read without it (Relaxed)
-/// as a fast "nothing retained" check and a statistic.
+/// as a statistic.
 static BYTES: AtomicUsize = AtomicUsize::new(0);
 
 fn lock() -> std::sync::MutexGuard<'static, Vec<Entry>> {
     ENTRIES.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Bytes held because their copies could not be proven complete.
+/// Bytes held because their copies could not be proven complete: the staging slots and
+/// the buffers of pinlane's own that the retained owners hold. Clones of the caller's
+/// tensors they keep (the sources, a copy's destinations) are not counted: an owner group
+/// may hold no counted bytes at all ([`retained_count`] counts the groups).
 ///
 /// ```
 /// assert_eq!(pinlane::memory::retained::retained_bytes(), 0);
@@ -112,9 +119,16 @@ pub fn retained_bytes() -> usize {
     BYTES.load(Ordering::Relaxed)
 }
 
-/// Number of retained groups (one per failed drain).
+/// Number of retained groups (one per failed drain, or per drop that outlived its bound).
 pub fn retained_count() -> usize {
-    lock().len()
+    COUNT.load(Ordering::Acquire)
+}
+
+/// Whether nothing is retained (the fast path of every release).
+fn nothing_retained() -> bool {
+    // Acquire, read after `position()`: sees every push that position counts (a push
+    // adds to COUNT before it takes its place).
+    COUNT.load(Ordering::Acquire) == 0
 }
 
 pub(crate) fn retain(stream: Stream, keep: Box<dyn Any + Send>, bytes: usize) {
@@ -129,6 +143,7 @@ pub(crate) fn retain_until(events: Vec<Event>, keep: Box<dyn Any + Send>, bytes:
 fn push(proof: Proof, keep: Box<dyn Any + Send>, bytes: usize) {
     let mut entries = lock();
     BYTES.fetch_add(bytes, Ordering::Relaxed);
+    COUNT.fetch_add(1, Ordering::Relaxed);
     let seq = PUSHED.fetch_add(1, Ordering::AcqRel);
     entries.push(Entry {
         seq,
@@ -141,22 +156,52 @@ fn push(proof: Proof, keep: Box<dyn Any + Send>, bytes: usize) {
 /// Releases the entries of `stream` pushed before `before` ([`position`], read before
 /// the wait): the caller has just synchronised it successfully.
 pub(crate) fn release_proven(stream: &Stream, before: u64) {
-    if retained_bytes() == 0 {
+    if nothing_retained() {
         return;
     }
-    let released: Vec<Entry> = {
-        let mut entries = lock();
-        let (gone, kept): (Vec<_>, Vec<_>) =
-            entries.drain(..).partition(|e| e.proven_by(stream, before));
-        *entries = kept;
-        let bytes: usize = gone.iter().map(|e| e.bytes).sum();
-        BYTES.fetch_sub(bytes, Ordering::Relaxed);
-        gone
-    };
-    // Dropped outside the lock: drops call the driver. Pinlane's own release: a
-    // page-locked block freed here goes to the reaper thread.
+    let released = take(|e| e.proven_by(stream, before));
+    drop_released(released);
+}
+
+/// Takes the entries that pass `gone` out of the registry, counts adjusted.
+fn take(gone: impl Fn(&Entry) -> bool) -> Vec<Entry> {
+    let mut entries = lock();
+    let (out, kept): (Vec<_>, Vec<_>) = entries.drain(..).partition(|e| gone(e));
+    *entries = kept;
+    BYTES.fetch_sub(out.iter().map(|e| e.bytes).sum(), Ordering::Relaxed);
+    COUNT.fetch_sub(out.len(), Ordering::Release);
+    out
+}
+
+/// Drops released entries, outside the registry's lock (drops call the driver), as
+/// pinlane's own release (a page-locked block freed here goes to the reaper thread).
+/// They hold clones of other calls' tensors, whose owners' drops and DLPack deleters are
+/// user code: each entry is dropped alone under `catch_unwind` (a panic would otherwise
+/// unwind into whichever call released it, and a second one abort the process), and a
+/// panic is recorded for the next call on the entry's device.
+fn drop_released(released: Vec<Entry>) {
     let _own = super::reaper::releasing();
-    drop(released);
+    for e in released {
+        let device = match &e.proof {
+            Proof::Stream(s) => s.index(),
+            Proof::Events(evs) => evs.first().map_or(0, Event::index),
+        };
+        if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(e))) {
+            let thread = if crate::driver::deferred::is_background_thread() {
+                "background"
+            } else {
+                "caller"
+            };
+            crate::driver::deferred::record(
+                device,
+                crate::error::Error::Panicked {
+                    thread,
+                    what: "releasing owners retained after a failed synchronisation",
+                    message: crate::error::panic_message(&*panic),
+                },
+            );
+        }
+    }
 }
 
 /// Releases, without blocking, the entries whose stream has finished all the work queued
@@ -164,7 +209,7 @@ pub(crate) fn release_proven(stream: &Stream, before: u64) {
 /// for a staging slot does, since a blocking synchronisation could wait forever on a
 /// hung device.
 pub(crate) fn release_finished(limit: std::time::Duration) {
-    if retained_bytes() == 0 {
+    if nothing_retained() {
         return;
     }
     let mut streams: Vec<Stream> = Vec::new();
@@ -187,24 +232,18 @@ pub(crate) fn release_finished(limit: std::time::Duration) {
 /// Releases the event-proven entries whose events all pass `done`, which runs under the
 /// registry's lock and so must not block (an event query, not a wait).
 fn release_completed(done: impl Fn(&Event) -> bool) {
-    let released: Vec<Entry> = {
-        let mut entries = lock();
-        let (gone, kept): (Vec<_>, Vec<_>) = entries.drain(..).partition(|e| match &e.proof {
-            Proof::Events(evs) => evs.iter().all(&done),
-            Proof::Stream(_) => false,
-        });
-        *entries = kept;
-        BYTES.fetch_sub(gone.iter().map(|e| e.bytes).sum(), Ordering::Relaxed);
-        gone
-    };
-    let _own = super::reaper::releasing(); // pinlane's own release (see release_proven)
-    drop(released); // outside the lock: drops call the driver
+    let released = take(|e| match &e.proof {
+        Proof::Events(evs) => evs.iter().all(&done),
+        Proof::Stream(_) => false,
+    });
+    drop_released(released);
 }
 
 /// Waits for every stream and event with retained owners, for at most
 /// [`Config::drop_sync_wait`](crate::config::Config::drop_sync_wait) in all (polling:
 /// a hung device does not hold the caller past it), and releases those found done.
-/// Returns the bytes still retained.
+/// Returns the bytes still retained (groups holding none of pinlane's bytes may remain:
+/// [`retained_count`]).
 pub fn try_release() -> usize {
     let deadline = crate::driver::deadline_after(drop_wait());
     let left = || deadline.saturating_duration_since(std::time::Instant::now());

@@ -1,0 +1,74 @@
+// Probe (not project code, session 66): does cuMemHostUnregister wait for work queued on
+// other streams, as cuMemFreeHost does? pinlane unregisters a registered block
+// (Tensor::register_pinned, the in-place registration of small sources) inline, on
+// whichever thread drops its last view: the completion thread, or a transfer releasing
+// what earlier calls kept. If the driver waited for the whole device there, a busy
+// stream of someone else's would stall them (cuMemFreeHost does: see src/memory/reaper.rs).
+// Build and run on the GPU machine:
+//   nvcc -O3 -arch=sm_90 -o unregister_wait unregister_wait.cu -lcuda && ./unregister_wait
+// Each row: one call timed while another stream runs ~500 ms of work (a host function
+// that sleeps, or a kernel that spins), against the same call on an idle device.
+#include <cuda.h>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+#include "probe.h"
+
+__global__ void spin(long long cycles) {
+  long long t0 = clock64();
+  while (clock64() - t0 < cycles) {
+  }
+}
+
+static void CUDA_CB sleep_500ms(void*) { std::this_thread::sleep_for(std::chrono::milliseconds(500)); }
+
+static double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int main() {
+  CUdevice dev = primary_device0();
+  int khz = 0;
+  CK(cuDeviceGetAttribute(&khz, CU_DEVICE_ATTRIBUTE_CLOCK_RATE, dev));
+  CUstream busy;
+  CK(cuStreamCreate(&busy, CU_STREAM_NON_BLOCKING));
+  const size_t n = 1 << 20;
+  // The runtime API's kernel launch needs the runtime's context: the primary one, current.
+  auto load = [&](const char* how) {
+    if (how[0] == 'h') {
+      CK(cuLaunchHostFunc(busy, sleep_500ms, nullptr));
+    } else {
+      spin<<<1, 1, 0, busy>>>((long long)khz * 500);  // ~500 ms at the base clock
+    }
+  };
+  const char* loads[] = {"idle", "host function", "kernel"};
+  for (const char* how : loads) {
+    for (int rep = 0; rep < 2; rep++) {
+      void* p = aligned_alloc(4096, n);
+      CK(cuMemHostRegister(p, n, CU_MEMHOSTREGISTER_PORTABLE));
+      void* h = nullptr;
+      CK(cuMemHostAlloc(&h, n, CU_MEMHOSTALLOC_PORTABLE));
+      if (how[0] != 'i') load(how);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the work has started
+      auto t0 = std::chrono::steady_clock::now();
+      CK(cuMemHostUnregister(p));
+      double unreg = ms_since(t0);
+      auto t1 = std::chrono::steady_clock::now();
+      void* q = aligned_alloc(4096, n);
+      CK(cuMemHostRegister(q, n, CU_MEMHOSTREGISTER_PORTABLE));
+      double reg = ms_since(t1);
+      auto t2 = std::chrono::steady_clock::now();
+      CK(cuMemFreeHost(h));
+      double freed = ms_since(t2);
+      CK(cuStreamSynchronize(busy));
+      CK(cuMemHostUnregister(q));
+      free(p);
+      free(q);
+      printf("%-14s rep %d: cuMemHostUnregister %8.3f ms, cuMemHostRegister %8.3f ms, "
+             "cuMemFreeHost (after them) %8.3f ms\n",
+             how, rep, unreg, reg, freed);
+      fflush(stdout);
+    }
+  }
+  return 0;
+}
