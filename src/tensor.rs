@@ -322,6 +322,13 @@ impl Tensor {
     /// Register whole buffers, each once: registering memory that overlaps a
     /// registration still alive is the driver's error.
     ///
+    /// Ending the registration (`cuMemHostUnregister`) waits for all work queued on the
+    /// device, as freeing page-locked memory does: when the caller drops the last clone,
+    /// its thread waits (unless [`Config::sync_wait`](crate::Config::sync_wait) is set);
+    /// when pinlane does (a non-blocking call that held the last clone), pinlane's free
+    /// thread ends it, a little later: registering the same memory again before then is
+    /// the driver's error above.
+    ///
     /// # Errors
     /// [`Error::NotOnHost`] for a device tensor; [`Error::NoCuda`],
     /// [`Error::DeviceUnavailable`]; the driver's error (`cuMemHostRegister`).

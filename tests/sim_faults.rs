@@ -203,15 +203,14 @@ fn h2d_into_fault_sweep() {
     .unwrap();
 }
 
-/// An owner whose drop panics (user code pinlane may run while it releases retained
-/// owners), and counts its drops.
-struct PanicsOnDrop(Vec<u8>, std::sync::Arc<std::sync::atomic::AtomicUsize>);
-
-impl AsRef<[u8]> for PanicsOnDrop {
-    fn as_ref(&self) -> &[u8] {
-        &self.0
-    }
-}
+/// The owner of a destination's device memory whose drop panics (user code pinlane runs
+/// when it releases retained owners), counting its drops; it keeps the static buffer the
+/// memory belongs to.
+struct PanicsOnDrop(
+    #[allow(dead_code)] // held: it keeps the memory allocated
+    Tensor,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+);
 
 impl Drop for PanicsOnDrop {
     fn drop(&mut self) {
@@ -282,28 +281,36 @@ fn a_panicking_drop_among_retained_owners_is_caught_and_reported() {
     let _turn = serial();
     std::thread::spawn(|| {
         use pinlane::memory::retained::{retained_count, try_release};
-        let drops = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let owner = PanicsOnDrop(vec![7u8; 1 << 20], drops.clone());
-        let src = vec![Tensor::from_owner(owner, DType::U8, [1 << 20])
-            .unwrap()
-            .register_pinned(pinlane::Device::cuda(0))
+        use std::sync::atomic::Ordering::SeqCst;
+        let src = vec![common::tensor(DType::U8, &[1 << 20], 3)
+            .to_pinned()
             .unwrap()];
-        let (dst, _buf, _) = common::into::destinations(&src, 0);
+        let (views, buf, _) = common::into::destinations(&src, 0);
+        // The destination again, over the same memory, owned by an owner that panics.
+        let drops = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let stream = pinlane::Stream::legacy(pinlane::Device::cuda(0)).unwrap();
+        let guard = views[0].device_ptr(&stream).unwrap();
+        let ptr = guard.ptr();
+        guard.finish().unwrap();
+        let owner = PanicsOnDrop(buf.clone(), drops.clone());
+        // SAFETY: `ptr..+1 MiB` is `views[0]`'s memory inside `buf`, which the owner keeps
+        // allocated; only this test's copies write it.
+        let dst = vec![unsafe {
+            Tensor::from_device_ptr(ptr, pinlane::Device::cuda(0), DType::U8, [1 << 20], owner)
+        }
+        .unwrap()];
+        drop(views);
         let count = retained_count();
         let e = into_call_retained(&src, &dst);
         assert!(injected(&e), "{e}");
         assert_eq!(retained_count(), count + 1);
-        drop(src); // the retained group holds the last clone of the source
-        assert_eq!(drops.load(std::sync::atomic::Ordering::SeqCst), 0);
+        drop(dst); // the retained group holds the last clone of the destination
+        assert_eq!(drops.load(SeqCst), 0);
         let released = std::panic::catch_unwind(|| {
             try_release();
         });
         assert!(released.is_ok(), "the owner's panic escaped the release");
-        assert_eq!(
-            drops.load(std::sync::atomic::Ordering::SeqCst),
-            1,
-            "the owner dropped"
-        );
+        assert_eq!(drops.load(SeqCst), 1, "the owner dropped");
         assert_eq!(retained_count(), count, "released");
         // Reported to the next call on the device, on this thread.
         let e = transfer_tensor_h2d(&vec![Tensor::scalar(1u8)]).unwrap_err();

@@ -273,30 +273,13 @@ impl Drop for PinnedBlock {
         match &mut self.release {
             Release::Nothing | Release::Foreign { .. } => {} // the owner drops with `self`
             Release::Registered { device, owner } => {
-                let device = *device;
-                let ptr = self.ptr.0;
-                // No reader takes the block from the registry any more (its weak
-                // reference no longer upgrades once it is dropping); its entry stays until
-                // the driver has ended the registration, so that nothing reads the memory
-                // in place through it meanwhile (`PinnedBlock::foreign_mapped`).
-                let r = driver::bind(device).and_then(|ctx| {
-                    // SAFETY: registered by `register` and not since unregistered; copies
-                    // that read it were proven complete before any tensor over it could
-                    // drop (memory module invariant).
-                    unsafe { driver::host_unregister(&ctx, ptr) }
-                });
-                match r {
-                    Ok(()) => {
-                        forget(ptr as usize);
-                        drop(owner.take());
-                    }
-                    Err(e) => {
-                        // Still registered: freeing the memory under a registration is
-                        // unknown ground, so the owner is kept (leaked) instead.
-                        std::mem::forget(owner.take());
-                        driver::deferred::record(device, e);
-                    }
-                }
+                let (device, ptr, owner) = (*device, self.ptr, owner.take());
+                // `cuMemHostUnregister` waits for all work on the device, as a free does:
+                // here or on the reaper thread by the same policy (see `reaper`).
+                super::reaper::end_in_policy(
+                    device,
+                    Box::new(move || end_registration(ptr, device, owner)),
+                );
             }
             Release::Pool { pool, device } => pool.give_back(self.ptr, self.len, *device),
             Release::Free { device } => {
@@ -313,6 +296,33 @@ impl Drop for PinnedBlock {
                     driver::deferred::record(device, e);
                 }
             }
+        }
+    }
+}
+
+/// Ends the registration of the block at `ptr` (registered by [`register`] under
+/// `device`'s context; its block has dropped), then drops `owner`, which keeps the memory
+/// allocated. No reader takes the block from the registry any more (its weak reference no
+/// longer upgrades once it is dropping); its entry stays until the driver has ended the
+/// registration, so that nothing reads the memory in place through it meanwhile
+/// (`PinnedBlock::foreign_mapped`).
+fn end_registration(ptr: HostPtr<u8>, device: usize, owner: Option<Box<dyn Send + Sync>>) {
+    let r = driver::bind(device).and_then(|ctx| {
+        // SAFETY: registered by `register` and not since unregistered; copies that read it
+        // were proven complete before any tensor over it could drop (memory module
+        // invariant).
+        unsafe { driver::host_unregister(&ctx, ptr.0) }
+    });
+    match r {
+        Ok(()) => {
+            forget(ptr.0 as usize);
+            drop(owner);
+        }
+        Err(e) => {
+            // Still registered: freeing the memory under a registration is unknown
+            // ground, so the owner is kept (leaked) instead.
+            std::mem::forget(owner);
+            driver::deferred::record(device, e);
         }
     }
 }

@@ -20,6 +20,13 @@
 //!
 //! The memory handed over is no longer used by anything (its copies were proven
 //! complete); it simply stays allocated a little longer.
+//!
+//! Ending a registration (`cuMemHostUnregister`, memory page-locked in place by
+//! `Tensor::register_pinned`) waits for the whole device as well (measured on an H100,
+//! session 66: 480 ms behind another stream's 500 ms of work, a host function or a kernel;
+//! `benches/probes/unregister_wait.cu`), so it follows the same policy
+//! ([`end_in_policy`]): before, the completion thread ended a registration whose last
+//! view a non-blocking call held, and every handle waited for other streams' work.
 
 use crate::driver::{self, HostPtr};
 use std::cell::Cell;
@@ -28,8 +35,14 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Mutex;
 use std::time::Duration;
 
-/// A block to free: its address and the device whose context allocated it.
-type Job = (HostPtr<u8>, usize);
+/// What the reaper thread does.
+enum Job {
+    /// Free a page-locked block: its address and the device whose context allocated it.
+    Free(HostPtr<u8>, usize),
+    /// Run other work that waits for `device` (ending a registration, then its owner's
+    /// drop: user code, so run under `catch_unwind`).
+    Run(Box<dyn FnOnce() + Send>, usize),
+}
 
 /// The reaper thread: its queue, and a channel that says when it has exited.
 struct Reaper {
@@ -76,17 +89,75 @@ fn pinlanes_own_free() -> bool {
 /// `ptr` came from `host_alloc` under `device`'s context, is freed by nothing else, and no
 /// copy touches it any more.
 pub(crate) unsafe fn free_pinned_later(ptr: HostPtr<u8>, device: usize) {
-    let sent = {
+    // SAFETY: the caller's obligations, for the job run here or on the reaper thread.
+    unsafe { send_or_run(Job::Free(ptr, device)) }
+}
+
+/// Hands `job` to the reaper thread (started if need be), or runs it here if there is
+/// none (it could not be spawned), waiting if need be.
+///
+/// # Safety
+/// A `Job::Free`'s pointer carries [`free_pinned_later`]'s obligations.
+unsafe fn send_or_run(job: Job) {
+    let unsent = {
         let mut r = REAPER.lock().unwrap_or_else(|p| p.into_inner());
         if r.is_none() {
             *r = start();
         }
-        r.as_ref().is_some_and(|r| r.tx.send((ptr, device)).is_ok())
+        match r.as_ref() {
+            Some(r) => r.tx.send(job).err().map(|e| e.0),
+            None => Some(job),
+        }
     };
-    if !sent {
-        // No reaper thread (it could not be spawned): free here, waiting if need be.
+    if let Some(job) = unsent {
         // SAFETY: the caller's obligations.
-        unsafe { free_now(ptr, device) };
+        unsafe { run(job) };
+    }
+}
+
+/// Runs one job on this thread.
+///
+/// # Safety
+/// As [`send_or_run`].
+unsafe fn run(job: Job) {
+    match job {
+        // SAFETY: free_pinned_later's caller gave these obligations for `ptr`.
+        Job::Free(ptr, device) => unsafe { free_now(ptr, device) },
+        Job::Run(f, device) => {
+            if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+                let thread = if driver::deferred::is_background_thread() {
+                    "free"
+                } else {
+                    "caller"
+                };
+                driver::deferred::record(
+                    device,
+                    crate::error::Error::Panicked {
+                        thread,
+                        what: "dropping the owner of memory page-locked in place",
+                        message: crate::error::panic_message(&*panic),
+                    },
+                );
+            }
+        }
+    }
+}
+
+/// Runs `end` (the end of a registration on `device`: `cuMemHostUnregister`, which waits
+/// for all work queued on the device, then its owner's drop) where a free of the same
+/// origin runs ([`free_pinned_in_policy`]): here when the caller drops the memory
+/// directly and the program set no bound on waits; on the reaper thread when the drop
+/// is pinlane's own (on its threads, or inside [`releasing`]) or waits are bounded
+/// ([`Config::sync_wait`](crate::config::Config::sync_wait)). A panic in `end` (the
+/// owner's drop is user code) is caught and recorded for the next call on `device`.
+pub(crate) fn end_in_policy(device: usize, end: Box<dyn FnOnce() + Send>) {
+    let job = Job::Run(end, device);
+    if super::retained::sync_wait().is_some() || pinlanes_own_free() {
+        // SAFETY: a `Run` job carries no pointer obligations.
+        unsafe { send_or_run(job) };
+    } else {
+        // SAFETY: as above.
+        unsafe { run(job) };
     }
 }
 
@@ -117,9 +188,9 @@ fn start() -> Option<Reaper> {
         .spawn(move || {
             // No call runs here: errors recorded while freeing go to the device.
             driver::deferred::mark_background_thread();
-            for (ptr, device) in rx {
-                // SAFETY: free_pinned_later's caller gave these obligations for `ptr`.
-                unsafe { free_now(ptr, device) };
+            for job in rx {
+                // SAFETY: free_pinned_later's caller gave these obligations for a free.
+                unsafe { run(job) };
             }
             let _ = done.send(());
         })

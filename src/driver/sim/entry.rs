@@ -344,6 +344,10 @@ impl Sim {
     }
 
     pub(crate) unsafe fn cuMemHostUnregister(&self, p: *mut c_void) -> CUresult {
+        // As the driver: ending a registration waits for all work queued on the device,
+        // as a free does (measured on an H100, session 66: 480 ms behind another stream's
+        // 500 ms host function or kernel; benches/probes/unregister_wait.cu).
+        self.wait_device_idle(self.current_device());
         match lock(&self.mem).registered.remove(&(p as u64)) {
             Some(_) => OK,
             None => CUresult::CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED,

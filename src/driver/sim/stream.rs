@@ -94,7 +94,7 @@ pub(crate) struct SimEvent {
 impl Sim {
     /// Waits until every stream of `device` has run what was queued on it before this
     /// call: what `cuMemFreeHost` does (measured on the H200: a free waited 1.5 s for
-    /// another stream's host function).
+    /// another stream's host function), and `cuMemHostUnregister` (session 66).
     pub(super) fn wait_device_idle(&self, device: usize) {
         let streams: Vec<Arc<StreamState>> = lock(&self.all_streams)
             .iter()
