@@ -5,14 +5,17 @@
 //! an unrelated non-blocking stream. Measured causes (`cuModuleLoadData` and
 //! `cuMemFreeHost` both wait for every stream of the context): the gather kernel loaded
 //! on the first D2H with small tensors, and output blocks freed to make room under the
-//! pool's cap. One test in its own binary, so nothing else warmed the device first.
+//! pool's cap. `cuMemHostUnregister` waits too (session 66): a registration a
+//! non-blocking call ends. One test in its own binary, so nothing else warmed the device
+//! first.
 // A stream kept busy with a host-side delay: `--features test-util`.
 #![cfg(feature = "test-util")]
 
 mod common;
 
 use pinlane::{
-    transfer_tensor_d2h, transfer_tensor_h2d, Config, D2hOptions, DType, HostOutput, Stream, Tensor,
+    transfer_tensor_d2h, transfer_tensor_h2d, transfer_tensor_h2d_async, Config, D2hOptions, DType,
+    H2dOptions, HostOutput, Stream, Tensor,
 };
 use std::time::{Duration, Instant};
 
@@ -85,6 +88,18 @@ fn transfers_do_not_wait_for_other_streams() {
         time("h2d of a page-locked tensor", &mut || {
             drop(transfer_tensor_h2d(&vec![pinned.clone()]).unwrap())
         });
+        // The call ends the registration (its clone is the last view): on the free
+        // thread, since `cuMemHostUnregister` waits for the whole device (session 66).
+        let in_place = common::tensor(DType::U8, &[1 << 20], 4);
+        time(
+            "non-blocking h2d holding a registration's last view",
+            &mut || {
+                let batch = vec![in_place.register_pinned(common::dev()).unwrap()];
+                let handle = transfer_tensor_h2d_async(&batch, &H2dOptions::default()).unwrap();
+                drop(batch);
+                drop(handle.wait().unwrap());
+            },
+        );
         (times, pinned)
     });
     let (times, pinned) = worker.join().unwrap();
