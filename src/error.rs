@@ -269,8 +269,10 @@ pub enum Error {
     /// call that released it goes on.
     #[error("user code panicked on {} ({what}): {message}", shown_thread(thread))]
     Panicked {
-        /// The thread: `"completion"`, `"prefetch"`, `"background"` (another of
-        /// pinlane's threads), `"caller"` (the calling thread, inside another call).
+        /// The thread: `"completion"`, `"prefetch"`, `"free"` (the thread that frees
+        /// page-locked memory and ends registrations), `"background"` (another of
+        /// pinlane's threads), `"caller"` (the calling thread: then the error is kept for
+        /// that thread's next call on the device).
         thread: &'static str,
         /// What pinlane was running: `"releasing a completed transfer's owners"`.
         what: &'static str,
@@ -514,7 +516,7 @@ impl Error {
 /// How [`Error::Panicked`] names its thread.
 fn shown_thread(thread: &str) -> String {
     match thread {
-        "caller" => "the calling thread, inside another call".into(),
+        "caller" => "the calling thread".into(),
         t => format!("pinlane's {t} thread"),
     }
 }

@@ -326,8 +326,9 @@ impl Tensor {
     /// device, as freeing page-locked memory does: when the caller drops the last clone,
     /// its thread waits (unless [`Config::sync_wait`](crate::Config::sync_wait) is set);
     /// when pinlane does (a non-blocking call that held the last clone), pinlane's free
-    /// thread ends it, a little later: registering the same memory again before then is
-    /// the driver's error above.
+    /// thread ends it, a little later: registering the same memory again before then
+    /// waits for that end (at most [`Config::drop_sync_wait`](crate::Config::drop_sync_wait),
+    /// then the driver's error above).
     ///
     /// # Errors
     /// [`Error::NotOnHost`] for a device tensor; [`Error::NoCuda`],

@@ -14,8 +14,8 @@
 mod common;
 
 use pinlane::{
-    transfer_tensor_d2h, transfer_tensor_h2d, transfer_tensor_h2d_async, Config, D2hOptions, DType,
-    H2dOptions, HostOutput, Stream, Tensor,
+    transfer_tensor_d2h, transfer_tensor_h2d, transfer_tensor_h2d_into, Config, D2hOptions, DType,
+    HostOutput, IntoOptions, Stream, Tensor,
 };
 use std::time::{Duration, Instant};
 
@@ -88,17 +88,24 @@ fn transfers_do_not_wait_for_other_streams() {
         time("h2d of a page-locked tensor", &mut || {
             drop(transfer_tensor_h2d(&vec![pinned.clone()]).unwrap())
         });
-        // The call ends the registration (its clone is the last view): on the free
-        // thread, since `cuMemHostUnregister` waits for the whole device (session 66).
-        let in_place = common::tensor(DType::U8, &[1 << 20], 4);
-        time(
-            "non-blocking h2d holding a registration's last view",
-            &mut || {
-                let batch = vec![in_place.register_pinned(common::dev()).unwrap()];
-                let handle = transfer_tensor_h2d_async(&batch, &H2dOptions::default()).unwrap();
-                drop(batch);
-                drop(handle.wait().unwrap());
-            },
+        // The call ends the registration (its clone is the last view: its copy runs on a
+        // stream with 20 ms of work queued first, so the caller's clone is gone by then):
+        // on the free thread, since `cuMemHostUnregister` waits for the whole device
+        // (session 66).
+        let in_place = vec![common::tensor(DType::U8, &[1 << 20], 4)];
+        let (dst, _buf, _) = common::into::destinations(&in_place, 0);
+        let copies = Stream::new(common::dev()).unwrap();
+        let opts = IntoOptions::default().stream(copies.clone());
+        time("copy into, holding a registration's last view", &mut || {
+            let batch = vec![in_place[0].register_pinned(common::dev()).unwrap()];
+            copies.delay_async(Duration::from_millis(20)).unwrap();
+            let handle = transfer_tensor_h2d_into(&batch, &dst, &opts).unwrap();
+            drop(batch);
+            handle.wait().unwrap();
+        });
+        assert_eq!(
+            transfer_tensor_d2h(&dst, &D2hOptions::default()).unwrap(),
+            in_place
         );
         (times, pinned)
     });

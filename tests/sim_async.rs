@@ -485,49 +485,51 @@ fn a_source_the_call_owns_last_is_freed_off_the_completion_thread() {
 /// The same for memory page-locked in place (`register_pinned`): ending a registration
 /// waits for all the device's work as a free does (measured on an H100, session 66), so
 /// the completion thread must not end it either. Before session 66 it did, and the wait
-/// took the other stream's 600 ms.
+/// took the other stream's 600 ms. The copy runs on a stream with 50 ms of work queued
+/// first, so the call's clone is the last view when the copy completes, whatever the
+/// threads' timing. The same memory can be registered again at once after the wait: the
+/// registration waits for the free thread to end the old one.
 #[test]
 fn a_registered_source_the_call_owns_last_is_unregistered_off_the_completion_thread() {
     common::sim();
     let _turn = serial();
     let dev = Device::cuda(0);
     let host = common::tensor(DType::U8, &[1 << 20], 65);
-    let busy = Stream::new(dev).unwrap();
+    let (busy, copies) = (Stream::new(dev).unwrap(), Stream::new(dev).unwrap());
+    let (dst, _buf, _) = common::into::destinations(&vec![host.clone()], 0);
+    let opts = IntoOptions::default().stream(copies.clone());
     let warm = vec![host.register_pinned(dev).unwrap()];
-    transfer_tensor_h2d_async(&warm, &H2dOptions::default())
+    transfer_tensor_h2d_into(&warm, &dst, &opts)
         .unwrap()
         .wait()
         .unwrap();
     drop(warm);
     let batch = vec![host.register_pinned(dev).unwrap()];
     busy.delay_async(Duration::from_millis(600)).unwrap();
+    copies.delay_async(Duration::from_millis(50)).unwrap();
     let t0 = std::time::Instant::now();
-    let handle = transfer_tensor_h2d_async(&batch, &H2dOptions::default()).unwrap();
+    let handle = transfer_tensor_h2d_into(&batch, &dst, &opts).unwrap();
     drop(batch); // the call's clone holds the registration's last view now
-    let out = handle.wait().unwrap();
+    handle.wait().unwrap();
     let waited = t0.elapsed();
     assert!(
         waited < Duration::from_millis(400),
         "the wait took {waited:?}: it waited for the other stream's work"
     );
+    // Registered again at once (the free thread is still waiting for `busy` to end the
+    // old registration): the registration waits for it rather than failing.
+    let again = host.register_pinned(dev).unwrap();
+    assert_eq!(again.location(), pinlane::Location::Pinned);
+    assert!(
+        t0.elapsed() >= Duration::from_millis(500),
+        "{:?}",
+        t0.elapsed()
+    );
     assert_eq!(
-        transfer_tensor_d2h(&out, &D2hOptions::default()).unwrap(),
-        vec![host.clone()]
+        transfer_tensor_d2h(&dst, &D2hOptions::default()).unwrap(),
+        vec![again]
     );
     busy.synchronize().unwrap();
-    // Ended once the free thread got to it: registering the same memory again works.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let again = loop {
-        match host.register_pinned(dev) {
-            Ok(t) => break t,
-            Err(e) if std::time::Instant::now() < deadline => {
-                let _ = e;
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Err(e) => panic!("still registered after 10 s: {e}"),
-        }
-    };
-    assert_eq!(again.location(), pinlane::Location::Pinned);
 }
 
 /// A waker that calls `wait` on another handle runs on the completion thread, the

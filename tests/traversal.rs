@@ -472,3 +472,23 @@ fn hash_map_paths_follow_keys_not_positions() {
     assert_eq!(by_path(&m), by_path(&r));
     assert_eq!(pinlane::verify::first_difference(&m, &r), None);
 }
+
+/// Two HashMaps built apart (each with a `RandomState` of its own) holding the same
+/// entries: the same paths, whatever each map's hasher and order, so the checker finds
+/// no difference; another value under one key is found at that key.
+#[test]
+fn hash_maps_built_apart_compare_by_key() {
+    let a: HashMap<String, Tensor> = (0..32u8).map(|k| (format!("k{k}"), t(k))).collect();
+    let mut b: HashMap<String, Tensor> = HashMap::with_capacity(1024);
+    for k in (0..32u8).rev() {
+        b.insert(format!("k{k}"), t(k));
+    }
+    assert_eq!(pinlane::verify::first_difference(&a, &b), None);
+    b.insert("k7".into(), t(70));
+    let m = pinlane::verify::first_difference(&a, &b).expect("k7 differs");
+    let (at, _) = tensors_with_paths(&a)
+        .into_iter()
+        .find(|(_, x)| x.to_vec::<u8>().unwrap()[0] == 7)
+        .unwrap();
+    assert_eq!(m.path, at);
+}

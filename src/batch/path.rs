@@ -18,13 +18,14 @@ pub enum Step {
     /// `Batch` implementation gives no paths, in visit order.
     Nth(usize),
     /// The entry of a container whose order is its own (a `HashMap`), named by its key's
-    /// hash under the map's own hasher. Two such maps holding the same keys may list them
-    /// in different orders (a map rebuilt by a transfer is sized for what it holds, the
-    /// original perhaps for more), so positions would pair one key's tensor with
-    /// another's; the hash names the same key in a map rebuilt from this one, which keeps
-    /// its hasher ([`verify`](crate::verify) pairs them by it). Two maps built apart have
-    /// hashers of their own, so copies into existing tensors refuse them. Two keys of one
-    /// map with the same 64-bit hash would share a name. Shown as `{#` and 16 hex digits `}`.
+    /// hash (`std::hash::DefaultHasher::new()`, fixed keys: the same key gets the same
+    /// name in every map of the process). Two such maps holding the same keys may list
+    /// them in different orders (a map rebuilt by a transfer is sized for what it holds,
+    /// the original perhaps for more), so positions would pair one key's tensor with
+    /// another's; [`verify`](crate::verify) pairs entries by this name. Copies into
+    /// existing tensors, which pair by position, refuse such containers. Two keys of one
+    /// map with the same 64-bit hash would share a name. Shown as `{#` and 16 hex digits
+    /// `}`.
     Unordered(u64),
 }
 

@@ -3,7 +3,7 @@
 use super::{Batch, Path, Step};
 use crate::tensor::Tensor;
 use std::collections::{BTreeMap, HashMap};
-use std::hash::{BuildHasher, Hash};
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::Arc;
 
 impl Batch for Tensor {
@@ -157,7 +157,7 @@ impl<T: Batch> Batch for Arc<T> {
 /// which is unchanged in between, so they see the entries in the same order even though
 /// a `HashMap`'s order is unspecified; the rebuilt map may list them in another order
 /// (it is sized for what it holds), which is why paths name its entries by their keys'
-/// hashes ([`Step::Unordered`]).
+/// hashes ([`Step::Unordered`], under a hasher with fixed keys).
 impl<K: Clone + Eq + Hash, V: Batch, S: BuildHasher + Clone> Batch for HashMap<K, V, S> {
     fn visit<'a>(&'a self, f: &mut dyn FnMut(&'a Tensor)) {
         self.values().for_each(|v| v.visit(f))
@@ -171,8 +171,7 @@ impl<K: Clone + Eq + Hash, V: Batch, S: BuildHasher + Clone> Batch for HashMap<K
     }
     fn visit_paths<'a>(&'a self, path: &mut Path, f: &mut dyn FnMut(&Path, &'a Tensor)) {
         for (k, v) in self {
-            let step = Step::Unordered(self.hasher().hash_one(k));
-            path.with(step, |p| v.visit_paths(p, f));
+            path.with(Step::Unordered(key_hash(k)), |p| v.visit_paths(p, f));
         }
     }
     fn keys_differ(&self, other: &Self, path: &mut Path) -> Option<Path> {
@@ -180,10 +179,20 @@ impl<K: Clone + Eq + Hash, V: Batch, S: BuildHasher + Clone> Batch for HashMap<K
             return Some(path.clone());
         }
         self.iter().find_map(|(k, v)| {
-            let step = Step::Unordered(self.hasher().hash_one(k));
-            path.with(step, |p| v.keys_differ(&other[k], p))
+            path.with(Step::Unordered(key_hash(k)), |p| {
+                v.keys_differ(&other[k], p)
+            })
         })
     }
+}
+
+/// A `HashMap` key's name in paths ([`Step::Unordered`]): its hash under a hasher with
+/// fixed keys, so the same key gets the same name in every map, whatever that map's own
+/// hasher (two `RandomState` maps built apart hash it differently).
+fn key_hash<K: Hash>(k: &K) -> u64 {
+    let mut h = std::hash::DefaultHasher::new();
+    k.hash(&mut h);
+    h.finish()
 }
 
 impl<K: Clone + Ord, V: Batch> Batch for BTreeMap<K, V> {

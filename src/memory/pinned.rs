@@ -9,7 +9,7 @@ use crate::driver::{self, ContextGuard, HostPtr, Stream};
 use crate::error::Result;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 
 /// One block of page-locked memory: a `cuMemHostAlloc` allocation (portable) owned by
 /// one tensor (freed on drop) or by the output pool (returned to it on drop), or memory
@@ -322,6 +322,7 @@ fn end_registration(ptr: HostPtr<u8>, device: usize, owner: Option<Box<dyn Send 
             // Still registered: freeing the memory under a registration is unknown
             // ground, so the owner is kept (leaked) instead.
             std::mem::forget(owner);
+            stuck(ptr.0 as usize);
             driver::deferred::record(device, e);
         }
     }
@@ -407,9 +408,15 @@ pub(crate) unsafe fn register(
 // `registration::register_many`). Entries never overlap (`reserve` refuses, as the
 // driver would).
 
-/// A live registration: its length, and the block that ends it when dropped (none yet
-/// while the driver is registering it; none that upgrades once the block is dropping).
-type Live = (usize, Weak<PinnedBlock>);
+/// A live registration: its length; the block that ends it when dropped (none yet while
+/// the driver is registering it; none that upgrades once the block is dropping); and
+/// whether the driver failed to end it (it stays registered for good, see
+/// `end_registration`).
+type Live = (usize, Weak<PinnedBlock>, bool);
+
+/// Notified when an entry of [`LIVE`] is recorded, forgotten or found stuck: a
+/// [`reserve`] waiting for a registration being made or ended looks again.
+static SETTLED: Condvar = Condvar::new();
 
 /// pinlane's live registrations, by start address.
 static LIVE: Mutex<BTreeMap<usize, Live>> = Mutex::new(BTreeMap::new());
@@ -431,30 +438,63 @@ fn overlapping(map: &BTreeMap<usize, Live>, addr: usize, len: usize) -> Option<(
     (start.saturating_add(live.0) > addr).then_some((start, live))
 }
 
-/// Puts `len` bytes at `start` on the registry before the driver registers them.
+/// Puts `len` bytes at `start` on the registry before the driver registers them. A
+/// registration they overlap that is being made or ended (another thread is in the
+/// driver's call, or the free thread is about to make it: ending one waits for the
+/// device, so pinlane ends those it drops itself there) is waited for, for at most
+/// [`Config::drop_sync_wait`](crate::config::Config::drop_sync_wait): memory whose last
+/// view a non-blocking call held can be registered again right after the call's wait (the
+/// registering thread waits here for the free thread to end the old registration, as the
+/// wait did when the completion thread ended it before the handle's wait returned).
 ///
 /// # Errors
 /// The driver's `CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED` (as `cuMemHostRegister` would
-/// answer) when they overlap a live registration of pinlane's.
+/// answer) when they overlap a live registration of pinlane's, or one still being made or
+/// ended past the bound.
 fn reserve(start: usize, len: usize) -> Result<()> {
+    let deadline = driver::deadline_after(super::retained::drop_wait());
     let mut map = live();
-    if overlapping(&map, start, len).is_some() {
-        return driver::already_registered();
+    loop {
+        match overlapping(&map, start, len) {
+            None => break,
+            Some((_, (_, block, false))) if block.strong_count() == 0 => {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    return driver::already_registered();
+                }
+                map = SETTLED
+                    .wait_timeout(map, left)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
+            Some(_) => return driver::already_registered(),
+        }
     }
-    map.insert(start, (len, Weak::new()));
+    map.insert(start, (len, Weak::new(), false));
     GENERATION.fetch_add(1, Ordering::Relaxed); // under the lock: `clear_of_live` reads it there
     Ok(())
 }
 
 /// Records the block that holds the registration reserved at `start`, until [`forget`].
 fn record(start: usize, len: usize, block: &Arc<PinnedBlock>) {
-    live().insert(start, (len, Arc::downgrade(block)));
+    live().insert(start, (len, Arc::downgrade(block), false));
+    SETTLED.notify_all();
 }
 
 /// Ends the record of the registration at `start` (the driver has ended it, or never
 /// made it).
 fn forget(start: usize) {
     live().remove(&start);
+    SETTLED.notify_all();
+}
+
+/// Marks the registration at `start` as one the driver failed to end: it stays on the
+/// registry for good, and a [`reserve`] overlapping it is refused at once.
+fn stuck(start: usize) {
+    if let Some(e) = live().get_mut(&start) {
+        e.2 = true;
+    }
+    SETTLED.notify_all();
 }
 
 /// `None` when a page that any of `len` bytes at `addr` lies on holds bytes of a
@@ -500,7 +540,7 @@ impl Registered {
 /// [`Registered`] for `len` bytes at `addr` (one look at the registry).
 pub(crate) fn registered(addr: usize, len: usize) -> Registered {
     let map = live();
-    let Some((start, (n, block))) = overlapping(&map, addr, len) else {
+    let Some((start, (n, block, _))) = overlapping(&map, addr, len) else {
         return Registered::Clear;
     };
     let inside = addr >= start

@@ -104,9 +104,22 @@ unsafe fn send_or_run(job: Job) {
         if r.is_none() {
             *r = start();
         }
-        match r.as_ref() {
-            Some(r) => r.tx.send(job).err().map(|e| e.0),
-            None => Some(job),
+        let sent = match r.as_ref() {
+            Some(r) => r.tx.send(job).map_err(|e| e.0),
+            None => Err(job),
+        };
+        match sent {
+            // The thread has gone (nothing known ends it but `quiesce`, which takes it
+            // off first): a new one, once.
+            Err(job) if r.is_some() => {
+                *r = start();
+                match r.as_ref() {
+                    Some(r) => r.tx.send(job).err().map(|e| e.0),
+                    None => Some(job),
+                }
+            }
+            Err(job) => Some(job),
+            Ok(()) => None,
         }
     };
     if let Some(job) = unsent {

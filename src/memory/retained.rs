@@ -176,9 +176,11 @@ fn take(gone: impl Fn(&Entry) -> bool) -> Vec<Entry> {
 /// Drops released entries, outside the registry's lock (drops call the driver), as
 /// pinlane's own release (a page-locked block freed here goes to the reaper thread).
 /// They hold clones of other calls' tensors, whose owners' drops and DLPack deleters are
-/// user code: each entry is dropped alone under `catch_unwind` (a panic would otherwise
-/// unwind into whichever call released it, and a second one abort the process), and a
-/// panic is recorded for the next call on the entry's device.
+/// user code: each entry is dropped alone under `catch_unwind`, so a panic there does not
+/// unwind into whichever call released it, and the other entries are still dropped; it is
+/// recorded for the next call on the entry's device (on this thread, when it is a
+/// caller's). Two panics inside one entry's drop still abort the process, as two panics
+/// in the drop of one `Vec` do.
 fn drop_released(released: Vec<Entry>) {
     let _own = super::reaper::releasing();
     for e in released {
