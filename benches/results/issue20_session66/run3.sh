@@ -6,7 +6,8 @@
 # gpu_no_foreign_waits` in a worktree, stripped). The GPU checks on the final code
 # (benches/gpu_verify.sh all), then the old build of the new test, which should fail.
 cd "$(dirname "$0")/../../.." || exit 1
-bash benches/gpu_verify.sh all "$OUT/verify" 2>&1 | tee "$OUT/verify-summary.txt"
+# PART: all (default), or tests when little device time is left.
+bash benches/gpu_verify.sh "${PART:-all}" "$OUT/verify" 2>&1 | tee "$OUT/verify-summary.txt"
 grep -A12 "transfers_do_not_wait_for_other_streams\|no_foreign" "$OUT/verify/tests.log" | grep -E "ms$|test result" | head -12
 PINLANE_REQUIRE_GPU=1 timeout 60 .gpu/extra/old_no_foreign_waits --nocapture > "$OUT/old_no_foreign_waits.txt" 2>&1
 echo "old build (f1fd40e) of the new test: exit $?" | tee -a "$OUT/verify-summary.txt"
