@@ -42,6 +42,17 @@ fn transfers_do_not_wait_for_other_streams() {
     let on = transfer_tensor_h2d(&warm).unwrap();
     drop(transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap());
 
+    // Memory page-locked in place, with its copy's destination and stream, made before
+    // the other stream is busy: in session 66's run 3 (an H200) a step that registered
+    // the memory inside its timing took 2985 ms behind the 3 s of work, with the end of
+    // the registration already off the completion thread, so registering device-mapped
+    // memory (`cuMemHostRegister` with `DEVICEMAP`) may wait for the device too (not
+    // measured apart yet; `benches/probes/unregister_wait.cu` times `PORTABLE` only).
+    let in_place = vec![common::tensor(DType::U8, &[1 << 20], 4)];
+    let registered = vec![in_place[0].register_pinned(dev).unwrap()];
+    let (dst, _buf, _) = common::into::destinations(&in_place, 0);
+    let copies = Stream::new(dev).unwrap();
+
     // Another thread's stream is busy for 3 s.
     let busy = Stream::new(dev).unwrap();
     busy.delay_async(BUSY).unwrap();
@@ -92,12 +103,10 @@ fn transfers_do_not_wait_for_other_streams() {
         // stream with 20 ms of work queued first, so the caller's clone is gone by then):
         // on the free thread, since `cuMemHostUnregister` waits for the whole device
         // (session 66).
-        let in_place = vec![common::tensor(DType::U8, &[1 << 20], 4)];
-        let (dst, _buf, _) = common::into::destinations(&in_place, 0);
-        let copies = Stream::new(common::dev()).unwrap();
         let opts = IntoOptions::default().stream(copies.clone());
+        let mut registered = Some(registered);
         time("copy into, holding a registration's last view", &mut || {
-            let batch = vec![in_place[0].register_pinned(common::dev()).unwrap()];
+            let batch = registered.take().unwrap_or_default();
             copies.delay_async(Duration::from_millis(20)).unwrap();
             let handle = transfer_tensor_h2d_into(&batch, &dst, &opts).unwrap();
             drop(batch);
