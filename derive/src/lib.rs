@@ -90,6 +90,14 @@ fn visit_body(fields: &[FieldInfo], by_ref: bool) -> Tokens {
     quote!(#(#calls)*)
 }
 
+/// The name of field `i`'s step in paths: its name, or its position in a tuple. A raw
+/// identifier shows as the field's name: `r#type` is `type`.
+fn step_name(i: usize, f: &FieldInfo) -> String {
+    f.name
+        .as_ref()
+        .map_or_else(|| i.to_string(), |n| n.unraw().to_string())
+}
+
 /// `visit_paths` of the fields: each visited under its name (or position).
 fn visit_paths_body(fields: &[FieldInfo], by_ref: bool) -> Tokens {
     let calls = fields
@@ -99,11 +107,7 @@ fn visit_paths_body(fields: &[FieldInfo], by_ref: bool) -> Tokens {
         .map(|(i, f)| {
             let a = &f.access;
             let r = if by_ref { quote!(&#a) } else { quote!(#a) };
-            // A raw identifier shows as the field's name: `r#type` is `type`.
-            let name = f
-                .name
-                .as_ref()
-                .map_or_else(|| i.to_string(), |n| n.unraw().to_string());
+            let name = step_name(i, f);
             quote!(__path.with(
             ::pinlane::batch::Step::Field(::std::borrow::Cow::Borrowed(#name)),
             |__p| ::pinlane::Batch::visit_paths(#r, __p, __f),
@@ -127,10 +131,7 @@ fn keys_differ_body(fields: &[FieldInfo], others: &[Tokens], by_ref: bool) -> To
             } else {
                 (quote!(#a), quote!(#o))
             };
-            let name = f
-                .name
-                .as_ref()
-                .map_or_else(|| i.to_string(), |n| n.unraw().to_string());
+            let name = step_name(i, f);
             quote!(.or_else(|| __path.with(
                 ::pinlane::batch::Step::Field(::std::borrow::Cow::Borrowed(#name)),
                 |__p| ::pinlane::Batch::keys_differ(#r, #ro, __p),

@@ -71,6 +71,28 @@ pub(crate) fn is_background_thread() -> bool {
     BACKGROUND.try_with(Cell::get).unwrap_or(false)
 }
 
+/// Runs `f`, user code that pinlane runs outside the call it belongs to (another call's
+/// owner's drop), under `catch_unwind`: a panic is recorded for the next call on `device`
+/// as [`Error::Panicked`] naming the thread (`"background"` on pinlane's own, else
+/// `"caller"`: then that thread's next call) and `what` pinlane was doing.
+pub(crate) fn catch_user_panic(device: usize, what: &'static str, f: impl FnOnce()) {
+    if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        let thread = if is_background_thread() {
+            "background"
+        } else {
+            "caller"
+        };
+        record(
+            device,
+            Error::Panicked {
+                thread,
+                what,
+                message: crate::error::panic_message(&*panic),
+            },
+        );
+    }
+}
+
 /// Records an error raised where it cannot be returned (in `Drop` of an owner on
 /// `device`, or in user code pinlane ran on its own threads).
 pub(crate) fn record(device: usize, err: Error) {

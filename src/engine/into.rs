@@ -115,14 +115,18 @@ pub(super) fn pair_up<'a, B: Batch>(src: &'a B, dst: &'a B, way: Way) -> Result<
         src_paths.push(path_hash(p));
     });
     let mut d = Vec::with_capacity(s.len());
-    let (mut differs, mut unordered) = (None, None);
+    let (mut differs, mut unordered, mut numbered) = (None, None, false);
     dst.visit_paths(&mut Path::default(), &mut |p, t| {
         let k = d.len();
         if differs.is_none() && src_paths.get(k) != Some(&path_hash(p)) {
             differs = Some(k);
         }
-        if unordered.is_none() && p.steps().iter().any(|s| matches!(s, Step::Unordered(_))) {
-            unordered = Some(k);
+        for s in p.steps() {
+            match s {
+                Step::Unordered(_) if unordered.is_none() => unordered = Some(k),
+                Step::Nth(_) => numbered = true,
+                _ => {}
+            }
         }
         d.push(t);
     });
@@ -150,8 +154,13 @@ pub(super) fn pair_up<'a, B: Batch>(src: &'a B, dst: &'a B, way: Way) -> Result<
             reason: format!("the source there is at {src_at}: the structures differ"),
         });
     }
-    // The same paths, but a map's entries are numbered, not named: the keys too.
-    if let Some(at) = src.keys_differ(dst, &mut Path::default()) {
+    // The same paths, but a map's entries are numbered (`Step::Nth`), not named: the
+    // keys too, walked only where a tensor sits under such a step (a map above no tensor
+    // pairs nothing).
+    if let Some(at) = numbered
+        .then(|| src.keys_differ(dst, &mut Path::default()))
+        .flatten()
+    {
         return Err(Error::IntoMismatch {
             at: at.to_string(),
             reason: "the source's map there holds other keys than the destination's: \

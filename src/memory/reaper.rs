@@ -38,6 +38,7 @@ use std::time::Duration;
 /// What the reaper thread does.
 enum Job {
     /// Free a page-locked block: its address and the device whose context allocated it.
+    /// Made only by [`free_pinned_later`], whose caller gives the free's obligations.
     Free(HostPtr<u8>, usize),
     /// Run other work that waits for `device` (ending a registration, then its owner's
     /// drop: user code, so run under `catch_unwind`).
@@ -89,70 +90,44 @@ fn pinlanes_own_free() -> bool {
 /// `ptr` came from `host_alloc` under `device`'s context, is freed by nothing else, and no
 /// copy touches it any more.
 pub(crate) unsafe fn free_pinned_later(ptr: HostPtr<u8>, device: usize) {
-    // SAFETY: the caller's obligations, for the job run here or on the reaper thread.
-    unsafe { send_or_run(Job::Free(ptr, device)) }
+    send_or_run(Job::Free(ptr, device));
 }
 
-/// Hands `job` to the reaper thread (started if need be), or runs it here if there is
-/// none (it could not be spawned), waiting if need be.
-///
-/// # Safety
-/// A `Job::Free`'s pointer carries [`free_pinned_later`]'s obligations.
-unsafe fn send_or_run(job: Job) {
-    let unsent = {
+/// Hands `job` to the reaper thread (started if need be, and once more if it has gone:
+/// nothing known ends it but `quiesce`, which takes it off first), or runs it here if no
+/// thread can be spawned, waiting if need be.
+fn send_or_run(mut job: Job) {
+    {
         let mut r = REAPER.lock().unwrap_or_else(|p| p.into_inner());
-        if r.is_none() {
-            *r = start();
-        }
-        let sent = match r.as_ref() {
-            Some(r) => r.tx.send(job).map_err(|e| e.0),
-            None => Err(job),
-        };
-        match sent {
-            // The thread has gone (nothing known ends it but `quiesce`, which takes it
-            // off first): a new one, once.
-            Err(job) if r.is_some() => {
+        for _ in 0..2 {
+            if r.is_none() {
                 *r = start();
-                match r.as_ref() {
-                    Some(r) => r.tx.send(job).err().map(|e| e.0),
-                    None => Some(job),
+            }
+            let Some(reaper) = r.as_ref() else { break };
+            match reaper.tx.send(job) {
+                Ok(()) => return,
+                Err(unsent) => {
+                    job = unsent.0;
+                    *r = None;
                 }
             }
-            Err(job) => Some(job),
-            Ok(()) => None,
         }
-    };
-    if let Some(job) = unsent {
-        // SAFETY: the caller's obligations.
-        unsafe { run(job) };
     }
+    run(job);
 }
 
 /// Runs one job on this thread.
-///
-/// # Safety
-/// As [`send_or_run`].
-unsafe fn run(job: Job) {
+fn run(job: Job) {
     match job {
-        // SAFETY: free_pinned_later's caller gave these obligations for `ptr`.
+        // SAFETY: a `Job::Free` is made only by `free_pinned_later`, whose caller gave
+        // the obligations for `ptr` (from `host_alloc` under `device`'s context, freed by
+        // nothing else, no copy touching it).
         Job::Free(ptr, device) => unsafe { free_now(ptr, device) },
-        Job::Run(f, device) => {
-            if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-                let thread = if driver::deferred::is_background_thread() {
-                    "free"
-                } else {
-                    "caller"
-                };
-                driver::deferred::record(
-                    device,
-                    crate::error::Error::Panicked {
-                        thread,
-                        what: "dropping the owner of memory page-locked in place",
-                        message: crate::error::panic_message(&*panic),
-                    },
-                );
-            }
-        }
+        Job::Run(f, device) => driver::deferred::catch_user_panic(
+            device,
+            "dropping the owner of memory page-locked in place",
+            f,
+        ),
     }
 }
 
@@ -166,11 +141,9 @@ unsafe fn run(job: Job) {
 pub(crate) fn end_in_policy(device: usize, end: Box<dyn FnOnce() + Send>) {
     let job = Job::Run(end, device);
     if super::retained::sync_wait().is_some() || pinlanes_own_free() {
-        // SAFETY: a `Run` job carries no pointer obligations.
-        unsafe { send_or_run(job) };
+        send_or_run(job);
     } else {
-        // SAFETY: as above.
-        unsafe { run(job) };
+        run(job);
     }
 }
 
@@ -202,8 +175,7 @@ fn start() -> Option<Reaper> {
             // No call runs here: errors recorded while freeing go to the device.
             driver::deferred::mark_background_thread();
             for job in rx {
-                // SAFETY: free_pinned_later's caller gave these obligations for a free.
-                unsafe { run(job) };
+                run(job);
             }
             let _ = done.send(());
         })

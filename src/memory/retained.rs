@@ -188,21 +188,11 @@ fn drop_released(released: Vec<Entry>) {
             Proof::Stream(s) => s.index(),
             Proof::Events(evs) => evs.first().map_or(0, Event::index),
         };
-        if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(e))) {
-            let thread = if crate::driver::deferred::is_background_thread() {
-                "background"
-            } else {
-                "caller"
-            };
-            crate::driver::deferred::record(
-                device,
-                crate::error::Error::Panicked {
-                    thread,
-                    what: "releasing owners retained after a failed synchronisation",
-                    message: crate::error::panic_message(&*panic),
-                },
-            );
-        }
+        crate::driver::deferred::catch_user_panic(
+            device,
+            "releasing owners retained after a failed synchronisation",
+            || drop(e),
+        );
     }
 }
 
