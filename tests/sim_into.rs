@@ -236,6 +236,50 @@ fn d2h_into_page_locked_destinations() {
     assert!(matches!(e, Error::OverlappingDestinations { .. }), "{e}");
 }
 
+/// `HashMap` batches pair by key, both ways: a destination map made with room for 4096
+/// entries lists its keys in another order than the source's, and each key's bytes
+/// arrive at that key (paired by position they would land under other keys).
+#[test]
+fn hash_maps_copy_into_their_own_keys() {
+    use std::collections::HashMap;
+    common::sim();
+    let host: HashMap<String, Tensor> = (0..40u64)
+        .map(|k| (format!("k{k}"), common::tensor(DType::F32, &[16], k)))
+        .collect();
+    let zeros = |t: &Tensor| Tensor::from_bytes(t.dtype(), t.dims(), &vec![0; t.nbytes()]).unwrap();
+    let mut dst = HashMap::with_capacity(4096);
+    for (k, t) in &host {
+        dst.insert(k.clone(), transfer_tensor_h2d(&zeros(t)).unwrap());
+    }
+    let order = |m: &HashMap<String, Tensor>| m.keys().cloned().collect::<Vec<_>>();
+    assert_ne!(order(&host), order(&dst), "the maps list their keys alike");
+    transfer_tensor_h2d_into(&host, &dst, &IntoOptions::default())
+        .unwrap()
+        .wait()
+        .unwrap();
+    for (k, t) in &dst {
+        assert_eq!(
+            &transfer_tensor_d2h(t, &D2hOptions::default()).unwrap(),
+            &host[k],
+            "{k}"
+        );
+    }
+    // Back into page-locked destinations, again listed in their own order.
+    let mut back = HashMap::with_capacity(4096);
+    for (k, t) in &host {
+        back.insert(k.clone(), zeros(t).to_pinned().unwrap());
+    }
+    // SAFETY: nothing else reads or writes `back`'s memory during the call.
+    unsafe { transfer_tensor_d2h_into(&dst, &back, &IntoOptions::default()) }.unwrap();
+    assert_eq!(back, host);
+    // A destination with another key is refused before anything is written.
+    let mut other = dst.clone();
+    let moved = other.remove("k3").unwrap();
+    other.insert("k3x".into(), moved);
+    let e = transfer_tensor_h2d_into(&host, &other, &IntoOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("other keys"), "{e}");
+}
+
 /// The serving step: a dozen small tensors, pageable and page-locked, into slices of one
 /// buffer, take one kernel launch (the page-locked ones read in place) and one slot.
 #[test]

@@ -62,10 +62,11 @@ use crate::tensor::{Storage, Tensor};
 /// * When the call returns, the sources are no longer read except page-locked ones,
 ///   which pinlane keeps alive until the copies have run (clones); pageable sources may
 ///   change at once.
-/// * `HashMap` batches are refused ([`Error::IntoMismatch`]): two maps holding the same
-///   keys iterate in orders of their own. A `BTreeMap` pairs by key order, so both must
-///   hold the same keys: a source map whose keys differ from its destination's is
-///   refused at the map ([`Error::IntoMismatch`], by [`Batch::keys_differ`]).
+/// * Maps pair by key. A `BTreeMap` pairs by key order and a `HashMap` by key (two maps
+///   holding the same keys list them in orders of their own), so both must hold the same
+///   keys: a source map whose keys differ from its destination's is refused at the map
+///   ([`Error::IntoMismatch`], by [`Batch::keys_differ`]), as are two keys of one
+///   `HashMap` with the same 64-bit hash.
 ///
 /// The rules for the destinations' memory while the copies run, and on failure, are in
 /// `docs/semantics.md` ("Copies into existing tensors").

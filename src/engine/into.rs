@@ -40,10 +40,14 @@ pub(super) enum Way {
     D2h,
 }
 
-/// The checked pairs of a call: `(source, destination)` in visit order, empty pairs left
-/// out; and the device of the device side (`None` when every pair is empty).
+/// A source and its destination.
+type Pair<'a> = (&'a Tensor, &'a Tensor);
+
+/// The checked pairs of a call: `(source, destination)` in visit order (path order when
+/// the batches hold a `HashMap`: entries pair by key), empty pairs left out; and the
+/// device of the device side (`None` when every pair is empty).
 pub(super) struct Pairs<'a> {
-    pub pairs: Vec<(&'a Tensor, &'a Tensor)>,
+    pub pairs: Vec<Pair<'a>>,
     pub device: Option<usize>,
 }
 
@@ -115,7 +119,7 @@ pub(super) fn pair_up<'a, B: Batch>(src: &'a B, dst: &'a B, way: Way) -> Result<
         src_paths.push(path_hash(p));
     });
     let mut d = Vec::with_capacity(s.len());
-    let (mut differs, mut unordered, mut numbered) = (None, None, false);
+    let (mut differs, mut unordered, mut numbered) = (None, false, false);
     dst.visit_paths(&mut Path::default(), &mut |p, t| {
         let k = d.len();
         if differs.is_none() && src_paths.get(k) != Some(&path_hash(p)) {
@@ -123,7 +127,7 @@ pub(super) fn pair_up<'a, B: Batch>(src: &'a B, dst: &'a B, way: Way) -> Result<
         }
         for s in p.steps() {
             match s {
-                Step::Unordered(_) if unordered.is_none() => unordered = Some(k),
+                Step::Unordered(_) => unordered = true,
                 Step::Nth(_) => numbered = true,
                 _ => {}
             }
@@ -136,13 +140,9 @@ pub(super) fn pair_up<'a, B: Batch>(src: &'a B, dst: &'a B, way: Way) -> Result<
             reason: format!("{} source tensors for {} destinations", s.len(), d.len()),
         });
     }
-    if let Some(k) = unordered {
-        return Err(Error::IntoMismatch {
-            at: path_of(dst, k),
-            reason: "a HashMap's entries cannot be paired: two maps holding the same keys \
-                     list them in orders of their own; use a BTreeMap, a Vec or a Value::Map"
-                .into(),
-        });
+    if unordered {
+        let (pairs, paths) = pair_by_key(src, dst)?;
+        return check_pairs(pairs.into_iter(), way, |k| paths[k].to_string());
     }
     if let Some(k) = differs {
         let src_at = batch::tensors_with_paths(src)
@@ -161,23 +161,71 @@ pub(super) fn pair_up<'a, B: Batch>(src: &'a B, dst: &'a B, way: Way) -> Result<
         .then(|| src.keys_differ(dst, &mut Path::default()))
         .flatten()
     {
+        return Err(other_keys(&at));
+    }
+    check_pairs(s.into_iter().zip(d), way, |k| path_of(dst, k))
+}
+
+/// The pairs of two batches holding a `HashMap`, whose entries each map lists in an order
+/// of its own: paired by path (a `HashMap` entry's step names its key, by hash), in path
+/// order; with the destinations' paths, for errors. Refused: maps with other keys, two
+/// keys of one map with the same hash (64 bits: they could not be told apart), and
+/// structures that differ.
+fn pair_by_key<'a, B: Batch>(src: &'a B, dst: &'a B) -> Result<(Vec<Pair<'a>>, Vec<Path>)> {
+    if let Some(at) = src.keys_differ(dst, &mut Path::default()) {
+        return Err(other_keys(&at));
+    }
+    let (mut a, mut b) = (
+        batch::tensors_with_paths(src),
+        batch::tensors_with_paths(dst),
+    );
+    a.sort_by(|x, y| x.0.cmp(&y.0));
+    b.sort_by(|x, y| x.0.cmp(&y.0));
+    if let Some(w) = b.windows(2).find(|w| w[0].0 == w[1].0) {
         return Err(Error::IntoMismatch {
-            at: at.to_string(),
-            reason: "the source's map there holds other keys than the destination's: \
-                     its entries would pair by position, one key's tensor copied into \
-                     another's"
+            at: w[0].0.to_string(),
+            reason: "two keys of a HashMap there have the same hash, so their entries \
+                     cannot be paired by key; use a BTreeMap or a Value::Map"
                 .into(),
         });
     }
-    let mut pairs = Vec::with_capacity(s.len());
+    let mut pairs = Vec::with_capacity(b.len());
+    let mut paths = Vec::with_capacity(b.len());
+    for ((pa, ta), (pb, tb)) in a.into_iter().zip(b) {
+        if pa != pb {
+            return Err(Error::IntoMismatch {
+                at: pb.to_string(),
+                reason: format!("the source there is at {pa}: the structures differ"),
+            });
+        }
+        pairs.push((ta, tb));
+        paths.push(pb);
+    }
+    Ok((pairs, paths))
+}
+
+/// The error of a source map whose keys are not its destination's, at the map `at`.
+fn other_keys(at: &Path) -> Error {
+    Error::IntoMismatch {
+        at: at.to_string(),
+        reason: "the source's map there holds other keys than the destination's: an \
+                 entry is copied into the destination's entry of the same key only"
+            .into(),
+    }
+}
+
+/// Checks every pair (`at(k)` names the `k`-th destination's place); the pairs of empty
+/// tensors are left out of the result.
+fn check_pairs<'a>(
+    all: impl ExactSizeIterator<Item = Pair<'a>>,
+    way: Way,
+    at: impl Fn(usize) -> String,
+) -> Result<Pairs<'a>> {
+    let mut pairs = Vec::with_capacity(all.len());
     let mut device = None;
-    for (k, (&a, &b)) in s.iter().zip(&d).enumerate() {
-        let mismatch = |reason: String| Error::IntoMismatch {
-            at: path_of(dst, k),
-            reason,
-        };
+    for (k, (a, b)) in all.enumerate() {
         if let Some(reason) = check_pair(a, b, way, &mut device) {
-            return Err(mismatch(reason));
+            return Err(Error::IntoMismatch { at: at(k), reason });
         }
         if b.nbytes() > 0 {
             pairs.push((a, b));
@@ -338,17 +386,85 @@ mod tests {
         assert!(e.to_string().contains("the source is on host"), "{e}");
     }
 
+    /// Two `HashMap`s with the same keys list them in orders of their own (one made with
+    /// room for 4096 entries): each source pairs with its own key's destination.
     #[test]
-    fn hash_maps_are_refused_whatever_their_order() {
-        let m: std::collections::HashMap<String, Tensor> = (0..4)
+    fn hash_maps_pair_by_key_whatever_their_order() {
+        use std::collections::HashMap;
+        let keys = 0..48u8;
+        let src: HashMap<String, Tensor> = keys
+            .clone()
             .map(|k| (format!("k{k}"), host(vec![k; 8])))
             .collect();
-        let e = pair_up(&m, &m.clone(), Way::H2d).err().unwrap();
-        assert!(e.to_string().contains("HashMap"), "{e}");
-        // A BTreeMap pairs by key order: the first mismatch is the placement.
-        let b: std::collections::BTreeMap<String, Tensor> = m.into_iter().collect();
-        let e = pair_up(&b, &b, Way::H2d).err().unwrap();
+        let mut dst = HashMap::with_capacity(4096);
+        dst.extend(keys.rev().map(|k| (format!("k{k}"), host(vec![k; 8]))));
+        let listed = |m: &HashMap<String, Tensor>| -> Vec<u8> {
+            batch::tensors(m)
+                .iter()
+                .map(|t| t.to_vec::<u8>().unwrap()[0])
+                .collect()
+        };
+        assert_ne!(listed(&src), listed(&dst), "the maps list their keys alike");
+        let (pairs, paths) = pair_by_key(&src, &dst).unwrap();
+        assert_eq!(pairs.len(), 48);
+        for ((a, b), p) in pairs.iter().zip(&paths) {
+            assert_eq!(
+                a.to_vec::<u8>().unwrap(),
+                b.to_vec::<u8>().unwrap(),
+                "at {p}"
+            );
+            assert!(!std::ptr::eq(*a, *b));
+        }
+        // Then each pair's own checks: host destinations are no H2D copy.
+        let e = pair_up(&src, &dst, Way::H2d).err().unwrap();
         assert!(e.to_string().contains("not on a CUDA device"), "{e}");
+        // Another key is refused at the map, under a struct's field too.
+        let mut other = dst.clone();
+        let moved = other.remove("k7").unwrap();
+        other.insert("k77".into(), moved);
+        let (a, b) = ((host(vec![0; 4]), src.clone()), (host(vec![0; 4]), other));
+        let e = pair_up(&a, &b, Way::H2d);
+        assert!(
+            matches!(e.err().unwrap(), Error::IntoMismatch { at, reason } if at == "1" && reason.contains("other keys")),
+        );
+        // The same keys, another structure below one of them.
+        let src2: HashMap<String, Vec<Tensor>> = [
+            ("a".into(), vec![host(vec![1; 4])]),
+            ("b".into(), vec![host(vec![2; 4]), host(vec![3; 4])]),
+        ]
+        .into();
+        let dst2: HashMap<String, Vec<Tensor>> = [
+            ("a".into(), vec![host(vec![1; 4]), host(vec![1; 4])]),
+            ("b".into(), vec![host(vec![2; 4])]),
+        ]
+        .into();
+        let e = pair_up(&src2, &dst2, Way::H2d).err().unwrap();
+        assert!(e.to_string().contains("the structures differ"), "{e}");
+    }
+
+    /// A map whose two entries have the same name in paths (two keys with one 64-bit
+    /// hash, which no real key pair is known to give: a hand-written batch stands in)
+    /// cannot be paired by key: refused, not paired in some order.
+    #[test]
+    fn entries_of_one_hash_are_refused() {
+        #[derive(Clone)]
+        struct Colliding(Vec<Tensor>);
+        impl Batch for Colliding {
+            fn visit<'a>(&'a self, f: &mut dyn FnMut(&'a Tensor)) {
+                self.0.iter().for_each(f)
+            }
+            fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
+                Colliding(self.0.iter().map(f).collect())
+            }
+            fn visit_paths<'a>(&'a self, path: &mut Path, f: &mut dyn FnMut(&Path, &'a Tensor)) {
+                for t in &self.0 {
+                    path.with(Step::Unordered(7), |p| f(p, t));
+                }
+            }
+        }
+        let m = Colliding(vec![host(vec![1; 4]), host(vec![2; 4])]);
+        let e = pair_up(&m, &m.clone(), Way::H2d).err().unwrap();
+        assert!(e.to_string().contains("same hash"), "{e}");
     }
 
     /// Two BTreeMaps with as many entries have the same paths (entries are numbered), so
