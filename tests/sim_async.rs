@@ -532,6 +532,45 @@ fn a_registered_source_the_call_owns_last_is_unregistered_off_the_completion_thr
     busy.synchronize().unwrap();
 }
 
+/// The same on the caller's own thread: a copy into existing tensors releases, right after
+/// queuing its copies, what the thread's previous step on that stream used once it is
+/// done (`reap`, before the completion thread's 5 ms grace ends). When that previous
+/// step held the last view of a page-locked source (`to_pinned`, dropped by the caller
+/// after its call), the free is pinlane's own, so it goes to the free thread: the second
+/// call does not wait for another stream's 600 ms of work (it did, inline, without the
+/// `releasing` guard around `reap`'s release).
+#[test]
+fn a_source_a_later_step_releases_is_freed_off_the_callers_thread() {
+    common::sim();
+    let _turn = serial();
+    let dev = Device::cuda(0);
+    let host = common::tensor(DType::U8, &[4096], 66);
+    let (busy, copies) = (Stream::new(dev).unwrap(), Stream::new(dev).unwrap());
+    let (dst, _buf, _) = common::into::destinations(&vec![host.clone()], 0);
+    let opts = IntoOptions::default().stream(copies.clone());
+    let step = |src: &Vec<Tensor>| transfer_tensor_h2d_into(src, &dst, &opts).unwrap();
+    step(&vec![host.to_pinned().unwrap()]).wait().unwrap(); // warm
+    let first = vec![host.to_pinned().unwrap()];
+    drop(step(&first)); // handle dropped: left to this thread's next step on `copies`
+    drop(first); // the call's clone is the block's last owner now
+    copies.synchronize().unwrap(); // done, well inside the 5 ms grace
+    busy.delay_async(Duration::from_millis(600)).unwrap();
+    let t0 = std::time::Instant::now();
+    let second = step(&vec![host.clone()]); // reaps the first step
+    let took = t0.elapsed();
+    assert!(
+        took < Duration::from_millis(400),
+        "the call took {took:?}: it freed the first step's source inline, waiting for the \
+         other stream's work"
+    );
+    second.wait().unwrap();
+    assert_eq!(
+        transfer_tensor_d2h(&dst, &D2hOptions::default()).unwrap(),
+        vec![host]
+    );
+    busy.synchronize().unwrap();
+}
+
 /// A waker that calls `wait` on another handle runs on the completion thread, the
 /// thread that would end that wait: it is refused at once (before, the completion thread
 /// waited on itself for ever, and every later non-blocking call with it), and both calls
