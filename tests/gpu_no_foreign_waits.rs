@@ -6,7 +6,10 @@
 //! `cuMemFreeHost` both wait for every stream of the context): the gather kernel loaded
 //! on the first D2H with small tensors, and output blocks freed to make room under the
 //! pool's cap. `cuMemHostUnregister` waits too (session 66): a registration a
-//! non-blocking call ends. One test in its own binary, so nothing else warmed the device
+//! non-blocking call ends. And the driver runs the host functions of all streams one at a
+//! time (session 67: the other stream's work here is a host function, and a non-blocking
+//! call's wake-up, queued as a host function on pinlane's stream, held the thread's next
+//! transfer for 2968 ms). One test in its own binary, so nothing else warmed the device
 //! first.
 // A stream kept busy with a host-side delay: `--features test-util`.
 #![cfg(feature = "test-util")]
@@ -17,6 +20,7 @@ use pinlane::{
     transfer_tensor_d2h, transfer_tensor_h2d, transfer_tensor_h2d_into, Config, D2hOptions, DType,
     HostOutput, IntoOptions, Stream, Tensor,
 };
+use pinlane::{transfer_tensor_d2h_async, transfer_tensor_h2d_async, H2dOptions};
 use std::time::{Duration, Instant};
 
 const BUSY: Duration = Duration::from_secs(3);
@@ -43,15 +47,21 @@ fn transfers_do_not_wait_for_other_streams() {
     drop(transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap());
 
     // Memory page-locked in place, with its copy's destination and stream, made before
-    // the other stream is busy: in session 66's run 3 (an H200) a step that registered
-    // the memory inside its timing took 2985 ms behind the 3 s of work, with the end of
-    // the registration already off the completion thread, so registering device-mapped
-    // memory (`cuMemHostRegister` with `DEVICEMAP`) may wait for the device too (not
-    // measured apart yet; `benches/probes/unregister_wait.cu` times `PORTABLE` only).
+    // the other stream is busy. (Registering device-mapped memory does not wait for the
+    // device: 0.08 to 0.64 ms behind 500 ms of another stream's work, session 67's probe,
+    // `benches/probes/unregister_wait.cu`.)
     let in_place = vec![common::tensor(DType::U8, &[1 << 20], 4)];
     let registered = vec![in_place[0].register_pinned(dev).unwrap()];
     let (dst, _buf, _) = common::into::destinations(&in_place, 0);
     let copies = Stream::new(dev).unwrap();
+    // Copied first on `copies` (~2.5 ms at the link) so that the copy into `dst` runs
+    // after the caller has dropped its view. Not a host-side delay: the driver would run
+    // it only after the other stream's host function (session 67).
+    let ahead = vec![common::tensor(DType::U8, &[128 << 20], 5)
+        .to_pinned()
+        .unwrap()];
+    let (ahead_dst, _ahead_buf, _) = common::into::destinations(&ahead, 0);
+    let mine = Stream::new(dev).unwrap();
 
     // Another thread's stream is busy for 3 s.
     let busy = Stream::new(dev).unwrap();
@@ -63,6 +73,7 @@ fn transfers_do_not_wait_for_other_streams() {
             .map(|i| common::tensor(DType::F32, &[100 + i], i as u64))
             .collect();
         let big = vec![common::tensor(DType::U8, &[6 << 20], 2)];
+        let mid = vec![common::tensor(DType::U8, &[1 << 20], 6)];
         let pinned = common::tensor(DType::I64, &[1000], 3)
             .to_pinned_on(common::dev())
             .unwrap();
@@ -75,6 +86,33 @@ fn transfers_do_not_wait_for_other_streams() {
         let mut on_small = Vec::new();
         time("h2d of 32 small pageable tensors", &mut || {
             on_small = transfer_tensor_h2d(&small).unwrap()
+        });
+        // A non-blocking call's wake-up is a host function: on pinlane's wake stream, not
+        // on the call's stream, where the thread's next transfer would queue behind it
+        // (it took 2968 ms there, session 67), nor on a caller's stream of a D2H.
+        let mut on_mid = Vec::new();
+        time("h2d, non-blocking, waited", &mut || {
+            on_mid = transfer_tensor_h2d_async(&mid, &H2dOptions::default())
+                .unwrap()
+                .wait()
+                .unwrap()
+        });
+        time("h2d after it, on the same thread", &mut || {
+            drop(transfer_tensor_h2d(&mid).unwrap())
+        });
+        time(
+            "d2h, non-blocking on a stream of the caller's, waited",
+            &mut || {
+                let opts = D2hOptions::default().device(dev).stream(mine.clone());
+                let back = transfer_tensor_d2h_async(&on_mid, &opts)
+                    .unwrap()
+                    .wait()
+                    .unwrap();
+                assert_eq!(back, mid);
+            },
+        );
+        time("that stream's synchronisation after it", &mut || {
+            mine.synchronize().unwrap()
         });
         time("d2h of 32 small tensors (gather kernel)", &mut || {
             assert_eq!(
@@ -99,19 +137,30 @@ fn transfers_do_not_wait_for_other_streams() {
         time("h2d of a page-locked tensor", &mut || {
             drop(transfer_tensor_h2d(&vec![pinned.clone()]).unwrap())
         });
-        // The call ends the registration (its clone is the last view: its copy runs on a
-        // stream with 20 ms of work queued first, so the caller's clone is gone by then):
-        // on the free thread, since `cuMemHostUnregister` waits for the whole device
-        // (session 66).
+        // A non-blocking copy into existing tensors from pageable memory, waited: its
+        // handle's wake-up is a host function on a stream of pinlane's (made at the first
+        // wait), which the driver may run after other streams' host functions.
         let opts = IntoOptions::default().stream(copies.clone());
-        let mut registered = Some(registered);
-        time("copy into, holding a registration's last view", &mut || {
-            let batch = registered.take().unwrap_or_default();
-            copies.delay_async(Duration::from_millis(20)).unwrap();
-            let handle = transfer_tensor_h2d_into(&batch, &dst, &opts).unwrap();
-            drop(batch);
+        time("copy into from pageable memory, waited", &mut || {
+            let handle = transfer_tensor_h2d_into(&in_place, &dst, &opts).unwrap();
             handle.wait().unwrap();
         });
+        // The call ends the registration (its clone is the last view: its copy runs on a
+        // stream with 128 MiB to copy first, so the caller's clone is gone by then):
+        // on the free thread, since `cuMemHostUnregister` waits for the whole device
+        // (session 66). Timed in its parts.
+        let (mut batch, mut handle) = (registered, None);
+        let first = transfer_tensor_h2d_into(&ahead, &ahead_dst, &opts).unwrap();
+        time("copy into, holding a registration's last view", &mut || {
+            handle = Some(transfer_tensor_h2d_into(&batch, &dst, &opts).unwrap());
+        });
+        time("    the caller's drop of its view", &mut || {
+            drop(std::mem::take(&mut batch))
+        });
+        time("    the wait", &mut || {
+            handle.take().unwrap().wait().unwrap()
+        });
+        first.wait().unwrap();
         assert_eq!(
             transfer_tensor_d2h(&dst, &D2hOptions::default()).unwrap(),
             in_place

@@ -6,13 +6,16 @@
 //! The engine owns what the copies touch, not the handle: a handle dropped or forgotten
 //! before its copies finish frees nothing early and leaks nothing. The thread sleeps on a
 //! condition variable; a host function queued after a call's event wakes it (no polling
-//! while copies run), and, because the driver skips host functions after an error, it
+//! while copies run), on a wake stream of pinlane's, never on the call's stream (the
+//! driver may run all streams' host functions one at a time, so one there could hold the
+//! stream's later copies behind another program's host functions: see [`Wake`]). Because
+//! the driver skips host functions after an error, and may run them late, the thread
 //! also looks at the pending events every [`FALLBACK`] while any are pending. Calls on
 //! one stream complete in their order: only the oldest of each stream's calls is asked
 //! about.
 //!
 //! A call on the caller's stream (a copy into existing tensors, [`Wake::Lazy`]) queues
-//! no host function: its wake-up is queued only once its handle is waited on (or asked
+//! no wake-up at first: it is queued only once its handle is waited on (or asked
 //! [`Transfer::is_ready`]), and the same thread's next such call on that stream, before it
 //! leases anything, releases what its earlier calls used once their events are done
 //! ([`reap`]: a serving loop that synchronises each step finds the last step done). What
@@ -204,26 +207,38 @@ static COMPLETER: LazyLock<Completer> = LazyLock::new(|| Completer {
     exited: Condvar::new(),
 });
 
-/// Queued on each stream after a call's event: wakes the completion thread. Calls no
-/// CUDA function, as a host function must not.
+/// Queued on the wake stream after a call's event ([`queue_wake`]): wakes the completion
+/// thread. Calls no CUDA function, as a host function must not.
 fn poke() {
     lock(&COMPLETER.queues).poked = true;
     COMPLETER.cv.notify_one();
 }
 
-/// Where a detached call's wake-up (the host function that pokes the completion thread)
-/// is queued.
+/// When a detached call's wake-up (the host function that pokes the completion thread)
+/// is queued. Either way it goes on pinlane's wake stream of the device, made to wait for
+/// the call's event ([`queue_wake`]), never on the call's stream: the driver may run the
+/// host functions of all streams one at a time (measured on an H100, driver 580, session
+/// 67: one queued on an idle stream ran 479 ms late, behind another stream's 500 ms host
+/// function), so a host function on the call's stream held every later copy there (the
+/// thread's next transfer waited 2968 ms for another thread's host function).
 pub(crate) enum Wake {
-    /// On the call's own stream (pinlane's), at once.
-    OnStream,
-    /// For a call on the caller's stream (copies into existing tensors): on pinlane's wake
-    /// stream of the device, made to wait for the call's event (the caller's later work,
-    /// and its synchronisation, must not wait for a host function on the driver's thread),
-    /// and only once the handle is waited on. Until then the calling thread's next lazy
-    /// call on the stream ([`reap`], which that call makes once its copies are queued), or
-    /// the completion thread once the call has been pending [`LAZY_GRACE`], finds the
-    /// event done.
+    /// At once (a call on pinlane's own stream, or a D2H on the caller's `stream`).
+    Now,
+    /// For a call on the caller's stream (copies into existing tensors): only once the
+    /// handle is waited on. Until then the calling thread's next lazy call on the stream
+    /// ([`reap`], which that call makes once its copies are queued), or the completion
+    /// thread once the call has been pending [`LAZY_GRACE`], finds the event done.
     Lazy,
+}
+
+/// Queues the host function that pokes the completion thread once `done` (recorded on the
+/// call stream `stream`) has completed, on that stream's wake stream (see [`Wake`]). A failure is not the call's: without the
+/// wake-up the completion thread's fallback still finds the event done, a little later.
+fn queue_wake(done: &Event, stream: (usize, usize)) {
+    let _ = wake_stream(stream).and_then(|s| {
+        done.wait_on(&s)?;
+        s.call_after(poke)
+    });
 }
 
 /// Instead of synchronising `job`'s stream: records an event after its copies and hands
@@ -246,9 +261,8 @@ pub(crate) fn detach<S: Send + 'static>(
     done.seal();
     super::trace::mark("event recorded");
     let lazy = match wake {
-        Wake::OnStream => {
-            // Without the wake-up the fallback still completes the call, a little later.
-            let _ = owners.stream().call_after(poke);
+        Wake::Now => {
+            queue_wake(&done, owners.stream().key());
             false
         }
         Wake::Lazy => true,
@@ -349,16 +363,27 @@ fn take_head(q: &mut Queues, key: (usize, usize), id: u64) -> Option<Job> {
     jobs.pop_front()
 }
 
-/// The stream [`Wake::Lazy`] queues wake-ups on, one per device, made on first use
-/// and kept for the process (a stream holds no memory).
-fn wake_stream(device: usize) -> Result<crate::driver::Stream> {
-    static STREAMS: Mutex<Vec<(usize, crate::driver::Stream)>> = Mutex::new(Vec::new());
+/// Wake streams per device. A wake-up waits in its wake stream's order, behind the events
+/// of the wake-ups queued there before it, so the call's stream picks one ([`wake_stream`]):
+/// calls on one stream, which complete in order anyway, share one, and calls on other
+/// streams seldom queue behind them (if they do, the completion thread's fallback still
+/// finds their events done within [`FALLBACK`]).
+const WAKE_STREAMS: usize = 8;
+
+/// The wake stream of the call stream `key` (its device and handle): one of
+/// [`WAKE_STREAMS`] per device, made on first use and kept for the process (a stream holds
+/// no memory).
+fn wake_stream(key: (usize, usize)) -> Result<crate::driver::Stream> {
+    static STREAMS: Mutex<Vec<((usize, usize), crate::driver::Stream)>> = Mutex::new(Vec::new());
+    // Fibonacci hashing of the handle's address (its low bits are alignment).
+    let slot = ((key.1 as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize % WAKE_STREAMS;
+    let at = (key.0, slot);
     let mut streams = lock(&STREAMS);
-    if let Some((_, s)) = streams.iter().find(|(d, _)| *d == device) {
+    if let Some((_, s)) = streams.iter().find(|(k, _)| *k == at) {
         return Ok(s.clone());
     }
-    let s = crate::driver::Stream::new(crate::device::Device::cuda(device))?;
-    streams.push((device, s.clone()));
+    let s = crate::driver::Stream::new(crate::device::Device::cuda(key.0))?;
+    streams.push((at, s.clone()));
     Ok(s)
 }
 
@@ -431,7 +456,11 @@ fn enqueue(owners: Detached, done: Event, lazy: bool) -> Result<Pending> {
     if idle {
         COMPLETER.cv.notify_one();
     }
-    Ok(Pending { shared, done })
+    Ok(Pending {
+        shared,
+        done,
+        stream: k,
+    })
 }
 
 /// What a non-blocking call returns besides its batch: the state to wait on and the event
@@ -439,6 +468,8 @@ fn enqueue(owners: Detached, done: Event, lazy: bool) -> Result<Pending> {
 pub(crate) struct Pending {
     shared: Arc<Shared>,
     done: Event,
+    /// The call stream's key, which picks the wake stream ([`wake_stream`]).
+    stream: (usize, usize),
 }
 
 impl Pending {
@@ -451,11 +482,7 @@ impl Pending {
         {
             return;
         }
-        // Without the wake-up the fallback still completes the call, a little later.
-        let _ = wake_stream(self.done.index()).and_then(|s| {
-            self.done.wait_on(&s)?;
-            s.call_after(poke)
-        });
+        queue_wake(&self.done, self.stream);
     }
 }
 

@@ -378,7 +378,7 @@ fn into_block<B: Batch>(
                 job,
                 call.device,
                 out.sources(),
-                Wake::OnStream,
+                Wake::Now,
             )?)
         }
     };

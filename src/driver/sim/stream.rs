@@ -20,7 +20,7 @@ pub(super) enum Op {
     Free(u64),
     Signal(Arc<SimEvent>, u64),
     Wait(Arc<SimEvent>, u64),
-    /// Host functions are queued only by test helpers (feature `test-util`).
+    /// A host function (`cuLaunchHostFunc`).
     #[cfg_attr(not(feature = "test-util"), allow(dead_code))]
     Host(unsafe extern "C" fn(*mut c_void), HostPtr<c_void>),
     /// The gather kernel: its descriptors read from memory when it runs, or copied from
@@ -247,6 +247,9 @@ impl Sim {
                 Ok(())
             }
             Op::Host(f, user) => {
+                // One at a time across all streams when so configured, as the driver may.
+                static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+                let _turn = self.cfg.serial_host_functions.then(|| lock(&ONE_AT_A_TIME));
                 // SAFETY: cuLaunchHostFunc's contract: `f` may be called once with `user`.
                 unsafe { f(user.0) };
                 Ok(())
