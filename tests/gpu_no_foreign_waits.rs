@@ -150,7 +150,7 @@ fn transfers_do_not_wait_for_other_streams() {
         // on the free thread, since `cuMemHostUnregister` waits for the whole device
         // (session 66). Timed in its parts.
         let (mut batch, mut handle) = (registered, None);
-        let first = transfer_tensor_h2d_into(&ahead, &ahead_dst, &opts).unwrap();
+        let mut first = Some(transfer_tensor_h2d_into(&ahead, &ahead_dst, &opts).unwrap());
         time("copy into, holding a registration's last view", &mut || {
             handle = Some(transfer_tensor_h2d_into(&batch, &dst, &opts).unwrap());
         });
@@ -160,16 +160,25 @@ fn transfers_do_not_wait_for_other_streams() {
         time("    the wait", &mut || {
             handle.take().unwrap().wait().unwrap()
         });
-        first.wait().unwrap();
-        assert_eq!(
-            transfer_tensor_d2h(&dst, &D2hOptions::default()).unwrap(),
-            in_place
-        );
-        (times, pinned)
+        time("the copy queued ahead of it, waited", &mut || {
+            first.take().unwrap().wait().unwrap()
+        });
+        time("the check (a d2h of the destination)", &mut || {
+            assert_eq!(
+                transfer_tensor_d2h(&dst, &D2hOptions::default()).unwrap(),
+                in_place
+            )
+        });
+        (times, (pinned, ahead), Instant::now())
     });
-    let (times, pinned) = worker.join().unwrap();
+    let (mut times, pinned, returned) = worker.join().unwrap();
     let total = started.elapsed();
-    // Not timed: dropping the last owner of a page-locked tensor of one's own frees it on
+    times.push((
+        "the worker's exit (its thread-locals dropped)",
+        returned.elapsed(),
+    ));
+    // Not timed: dropping the last owner of a page-locked tensor of one's own (`pinned`, and
+    // `ahead`, whose drop in the worker made session 67's run 3 fail) frees it on
     // the dropping thread, which waits for the device (docs/semantics.md).
     drop(pinned);
     for (what, t) in &times {
