@@ -10,12 +10,16 @@
 // synchronised, timed while another stream runs a 500 ms host function (or on an idle
 // device): cuMemcpyHtoDAsync and cuMemcpyBatchAsync, from cuMemHostAlloc memory and from
 // memory registered device-mapped.
+// Then: while another thread is inside cuMemHostUnregister (which waits for the device:
+// session 66), are this thread's driver calls held too? A copy on a stream of its own and
+// its synchronisation, an event query, a stream made and destroyed, each timed.
 #include <cuda.h>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
+#include <atomic>
 #include "probe.h"
 
 static void CUDA_CB sleep_500ms(void*) { std::this_thread::sleep_for(std::chrono::milliseconds(500)); }
@@ -76,6 +80,48 @@ int main() {
              "%8.3f ms\n", how, rep, t[0], t[1], t[2], t[3]);
       fflush(stdout);
     }
+  }
+  CUcontext ctx;
+  CK(cuCtxGetCurrent(&ctx));
+  CUevent ev;
+  CK(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+  CK(cuEventRecord(ev, s));
+  CK(cuStreamSynchronize(s));
+  for (int rep = 0; rep < 3; rep++) {
+    void* m = aligned_alloc(4096, n);
+    CK(cuMemHostRegister(m, n, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP));
+    CK(cuLaunchHostFunc(busy, sleep_500ms, nullptr));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::atomic<bool> inside{false};
+    double unreg = 0;
+    std::thread other([&] {
+      CK(cuCtxSetCurrent(ctx));
+      inside.store(true);
+      auto t0 = std::chrono::steady_clock::now();
+      CK(cuMemHostUnregister(m));
+      unreg = ms_since(t0);
+    });
+    while (!inside.load()) std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // it is inside the driver
+    auto t0 = std::chrono::steady_clock::now();
+    CK(cuMemcpyHtoDAsync(d, pinned, n, s));
+    CK(cuStreamSynchronize(s));
+    double copy = ms_since(t0);
+    auto t1 = std::chrono::steady_clock::now();
+    CK(cuEventQuery(ev));
+    double query = ms_since(t1);
+    auto t2 = std::chrono::steady_clock::now();
+    CUstream tmp;
+    CK(cuStreamCreate(&tmp, CU_STREAM_NON_BLOCKING));
+    CK(cuStreamDestroy(tmp));
+    double stream = ms_since(t2);
+    other.join();
+    CK(cuStreamSynchronize(busy));
+    free(m);
+    printf("rep %d: another thread's cuMemHostUnregister %8.3f ms; meanwhile here a 1 MiB copy "
+           "and its synchronisation %8.3f ms, cuEventQuery %8.3f ms, a stream made and "
+           "destroyed %8.3f ms\n", rep, unreg, copy, query, stream);
+    fflush(stdout);
   }
   return 0;
 }
