@@ -182,6 +182,45 @@ fn derive_enum_variants() {
     assert_eq!(bump(&Either::Nothing), Either::Nothing);
 }
 
+/// A variant whose fields carry the names the derive's own code uses: bound by name in
+/// the variant's pattern, they do not shadow them (before session 67 this failed to
+/// compile: `__f` and `__path` were call-site names).
+#[derive(Batch, Clone, Debug, PartialEq)]
+enum OwnNames {
+    V {
+        __f: Tensor,
+        __path: Vec<Tensor>,
+        __p: Option<Tensor>,
+        __other: Tensor,
+    },
+}
+
+#[test]
+fn derive_fields_named_as_its_own_code_keep_their_meaning() {
+    let v = OwnNames::V {
+        __f: t(1),
+        __path: vec![t(2)],
+        __p: Some(t(3)),
+        __other: t(4),
+    };
+    assert_eq!(order(&v), vec![1, 2, 3, 4]);
+    assert_eq!(
+        bump(&v),
+        OwnNames::V {
+            __f: t(101),
+            __path: vec![t(102)],
+            __p: Some(t(103)),
+            __other: t(104),
+        }
+    );
+    let paths: Vec<String> = pinlane::batch::tensors_with_paths(&v)
+        .into_iter()
+        .map(|(p, _)| p.to_string())
+        .collect();
+    assert_eq!(paths, ["V.__f", "V.__path[0]", "V.__p", "V.__other"]);
+    assert_eq!(v.keys_differ(&v.clone(), &mut Default::default()), None);
+}
+
 #[test]
 fn replace_tensors_keeps_the_rest_when_short() {
     let b = vec![t(1), t(2), t(3)];

@@ -81,11 +81,19 @@ fn fields_of(
     Ok(out)
 }
 
+/// One of the generated code's own names (`__f`, `__path`, `__p`, `__other`), mixed-site:
+/// a field of the user's with that name (bound by name in an enum variant's pattern) does
+/// not shadow it.
+fn own(name: &str) -> Ident {
+    Ident::new(name, Span::mixed_site())
+}
+
 fn visit_body(fields: &[FieldInfo], by_ref: bool) -> Tokens {
+    let hf = own("__f");
     let calls = fields.iter().filter(|f| !f.skip).map(|f| {
         let a = &f.access;
         let r = if by_ref { quote!(&#a) } else { quote!(#a) };
-        quote!(::pinlane::Batch::visit(#r, __f);)
+        quote!(::pinlane::Batch::visit(#r, #hf);)
     });
     quote!(#(#calls)*)
 }
@@ -100,6 +108,7 @@ fn step_name(i: usize, f: &FieldInfo) -> String {
 
 /// `visit_paths` of the fields: each visited under its name (or position).
 fn visit_paths_body(fields: &[FieldInfo], by_ref: bool) -> Tokens {
+    let (hf, hpath, hp) = (own("__f"), own("__path"), own("__p"));
     let calls = fields
         .iter()
         .enumerate()
@@ -108,9 +117,9 @@ fn visit_paths_body(fields: &[FieldInfo], by_ref: bool) -> Tokens {
             let a = &f.access;
             let r = if by_ref { quote!(&#a) } else { quote!(#a) };
             let name = step_name(i, f);
-            quote!(__path.with(
+            quote!(#hpath.with(
             ::pinlane::batch::Step::Field(::std::borrow::Cow::Borrowed(#name)),
-            |__p| ::pinlane::Batch::visit_paths(#r, __p, __f),
+            |#hp| ::pinlane::Batch::visit_paths(#r, #hp, #hf),
         );)
         });
     quote!(#(#calls)*)
@@ -119,6 +128,7 @@ fn visit_paths_body(fields: &[FieldInfo], by_ref: bool) -> Tokens {
 /// `keys_differ` of the fields, each under its name (or position), paired with the same
 /// field of the other value (`others`: how to reach each there); the first `Some`.
 fn keys_differ_body(fields: &[FieldInfo], others: &[Tokens], by_ref: bool) -> Tokens {
+    let (hpath, hp) = (own("__path"), own("__p"));
     let calls = fields
         .iter()
         .zip(others)
@@ -132,9 +142,9 @@ fn keys_differ_body(fields: &[FieldInfo], others: &[Tokens], by_ref: bool) -> To
                 (quote!(#a), quote!(#o))
             };
             let name = step_name(i, f);
-            quote!(.or_else(|| __path.with(
+            quote!(.or_else(|| #hpath.with(
                 ::pinlane::batch::Step::Field(::std::borrow::Cow::Borrowed(#name)),
-                |__p| ::pinlane::Batch::keys_differ(#r, #ro, __p),
+                |#hp| ::pinlane::Batch::keys_differ(#r, #ro, #hp),
             )))
         });
     quote!(::core::option::Option::None #(#calls)*)
@@ -142,13 +152,14 @@ fn keys_differ_body(fields: &[FieldInfo], others: &[Tokens], by_ref: bool) -> To
 
 /// The constructor's field list, each field rebuilt or cloned.
 fn rebuild_fields(fields: &[FieldInfo], shape: &Fields, by_ref: bool) -> Tokens {
+    let hf = own("__f");
     let vals = fields.iter().map(|f| {
         let a = &f.access;
         let r = if by_ref { quote!(&#a) } else { quote!(#a) };
         if f.skip {
             quote!(::core::clone::Clone::clone(#r))
         } else {
-            quote!(::pinlane::Batch::rebuild(#r, __f))
+            quote!(::pinlane::Batch::rebuild(#r, #hf))
         }
     });
     match shape {
@@ -193,6 +204,7 @@ fn other_pattern(fields: &[FieldInfo], shape: &Fields) -> (Vec<Tokens>, Tokens) 
 }
 
 fn expand(input: DeriveInput) -> syn::Result<Tokens> {
+    let (hf, hpath, hother) = (own("__f"), own("__path"), own("__other"));
     let name = &input.ident;
     let mut skipped_types = Vec::new();
     let (visit, rebuild, paths, keys) = match &input.data {
@@ -206,10 +218,10 @@ fn expand(input: DeriveInput) -> syn::Result<Tokens> {
                 .iter()
                 .enumerate()
                 .map(|(i, f)| match &f.ident {
-                    Some(id) => quote!(__other.#id),
+                    Some(id) => quote!(#hother.#id),
                     None => {
                         let idx = syn::Index::from(i);
-                        quote!(__other.#idx)
+                        quote!(#hother.#idx)
                     }
                 })
                 .collect();
@@ -240,15 +252,15 @@ fn expand(input: DeriveInput) -> syn::Result<Tokens> {
                 let (others, other_pat) = other_pattern(&fields, &var.fields);
                 let k = keys_differ_body(&fields, &others, false);
                 key_arms.push(quote!((#name::#vname #pat, #name::#vname #other_pat) => {
-                    __path.with(
+                    #hpath.with(
                         ::pinlane::batch::Step::Field(::std::borrow::Cow::Borrowed(#vstr)),
-                        |__path| #k,
+                        |#hpath| #k,
                     )
                 }));
                 path_arms.push(quote!(#name::#vname #pat => {
-                    __path.with(
+                    #hpath.with(
                         ::pinlane::batch::Step::Field(::std::borrow::Cow::Borrowed(#vstr)),
-                        |__path| { #p },
+                        |#hpath| { #p },
                     );
                 }));
             }
@@ -267,7 +279,7 @@ fn expand(input: DeriveInput) -> syn::Result<Tokens> {
                     quote!(match self { #(#visit_arms)* }),
                     quote!(match self { #(#rebuild_arms,)* }),
                     quote!(match self { #(#path_arms)* }),
-                    quote!(match (self, __other) { #(#key_arms)* #rest }),
+                    quote!(match (self, #hother) { #(#key_arms)* #rest }),
                 )
             }
         }
@@ -295,26 +307,26 @@ fn expand(input: DeriveInput) -> syn::Result<Tokens> {
         #[automatically_derived]
         impl #impl_g ::pinlane::Batch for #name #ty_g #where_c {
             #[allow(unused_variables)]
-            fn visit<#lt>(&#lt self, __f: &mut dyn FnMut(&#lt ::pinlane::Tensor)) {
+            fn visit<#lt>(&#lt self, #hf: &mut dyn FnMut(&#lt ::pinlane::Tensor)) {
                 #visit
             }
             #[allow(unused_variables)]
-            fn rebuild(&self, __f: &mut dyn FnMut(&::pinlane::Tensor) -> ::pinlane::Tensor) -> Self {
+            fn rebuild(&self, #hf: &mut dyn FnMut(&::pinlane::Tensor) -> ::pinlane::Tensor) -> Self {
                 #rebuild
             }
             #[allow(unused_variables)]
             fn visit_paths<#lt>(
                 &#lt self,
-                __path: &mut ::pinlane::batch::Path,
-                __f: &mut dyn FnMut(&::pinlane::batch::Path, &#lt ::pinlane::Tensor),
+                #hpath: &mut ::pinlane::batch::Path,
+                #hf: &mut dyn FnMut(&::pinlane::batch::Path, &#lt ::pinlane::Tensor),
             ) {
                 #paths
             }
             #[allow(unused_variables)]
             fn keys_differ(
                 &self,
-                __other: &Self,
-                __path: &mut ::pinlane::batch::Path,
+                #hother: &Self,
+                #hpath: &mut ::pinlane::batch::Path,
             ) -> ::core::option::Option<::pinlane::batch::Path> {
                 #keys
             }
