@@ -5,10 +5,11 @@
 //! tiny. Session 67 moved the wake-up (a host function) from the call's stream to a wake
 //! stream of pinlane's, which adds a `cuStreamWaitEvent` to every non-blocking call.
 //!
-//! For each batch: one checked round trip (every byte compared), warm-up calls, then the
-//! median of 2000 timed whole calls (the non-blocking ones timed from the call to the
-//! end of `wait`). Prints GB/s, the fraction of the pinned-memory limit measured in this
-//! same process, and µs per batch; writes the same as JSON.
+//! One thread, pageable f32 sources (staged), default options (the thread's own streams),
+//! page-locked outputs. For each batch: one checked round trip (every byte compared),
+//! warm-up calls, then the median of 2000 timed whole calls (the non-blocking ones timed
+//! from the call to the end of `wait`). Prints GB/s, the fraction of the pinned-memory
+//! limit measured in this same process, and µs per batch; writes the same as JSON.
 
 use pinlane::memory::measure_pinned_limits;
 use pinlane::{
@@ -111,10 +112,11 @@ fn main() {
                 "{name:16} {way:24} {us:9.1} us  {gbs:7.3} GB/s  {:.4} of the limit",
                 gbs / limit
             );
+            let sep = if out.len() > 1 { "," } else { "" };
             let _ = write!(
                 out,
-                "{}{{\"batch\":\"{name}\",\"way\":\"{way}\",\"us\":{us:.2},\"gbs\":{gbs:.4},\"limit_gbs\":{limit:.2}}}",
-                if out.len() > 1 { "," } else { "" }
+                "{sep}{{\"batch\":\"{name}\",\"way\":\"{way}\",\"us\":{us:.2},\
+                 \"gbs\":{gbs:.4},\"limit_gbs\":{limit:.2}}}"
             );
         }
     }

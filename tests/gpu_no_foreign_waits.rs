@@ -9,8 +9,8 @@
 //! thread's copies are held (session 67, `benches/probes/batch_copy_wait.cu`: another
 //! thread's 1 MiB copy took 475 ms while an unregister waited 480 ms): ending a
 //! registration is a documented wait of the caller's making, so the registration here
-//! outlives the other stream's work. And the driver runs the host functions of all streams one at a
-//! time (session 67: the other stream's work here is a host function, and a non-blocking
+//! outlives the other stream's work. And the driver runs the host functions of all streams
+//! one at a time (session 67: the other stream's work here is a host function, and a non-blocking
 //! call's wake-up, queued as a host function on pinlane's stream, held the thread's next
 //! transfer for 2968 ms). One test in its own binary, so nothing else warmed the device
 //! first.

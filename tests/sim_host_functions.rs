@@ -28,10 +28,11 @@ fn h2d(b: &Vec<Tensor>) -> pinlane::Transfer<Vec<Tensor>> {
 }
 
 /// A non-blocking call's wake-up is a host function, and the driver may run all streams'
-/// host functions one at a time (this binary's simulator does). Queued on the call's stream, it held every later copy there behind
-/// another stream's host function: on the H100 the thread's next blocking H2D took 2968
-/// ms behind another thread's 3 s host function, and here 600 ms. Now it goes on a wake
-/// stream of pinlane's: neither pinlane's stream nor a caller's `stream` of a D2H waits.
+/// host functions one at a time (this binary's simulator does). Queued on the call's
+/// stream, it held every later copy there behind another stream's host function: on the
+/// H100 the thread's next blocking H2D took 2968 ms behind another thread's 3 s host
+/// function, and here 600 ms. Now it goes on a wake stream of pinlane's: neither
+/// pinlane's stream nor a caller's `stream` of a D2H waits.
 #[test]
 fn a_wake_up_never_holds_the_calls_stream_behind_other_host_functions() {
     common::sim_with(common::sim_runtime, || {

@@ -531,3 +531,24 @@ fn hash_maps_built_apart_compare_by_key() {
         .unwrap();
     assert_eq!(m.path, at);
 }
+
+/// Keys of a type that hashes part of itself share one name in paths: a map that came
+/// back with one key's tensor under the other key compared equal by path. Now the map is
+/// reported (`MismatchKind::Keys`), never passed.
+#[test]
+fn hash_map_keys_of_one_hash_are_reported_not_paired() {
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    struct K(u8);
+    impl std::hash::Hash for K {
+        fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+            0u8.hash(h)
+        }
+    }
+    let sent: HashMap<K, Option<Tensor>> = [(K(1), Some(t(1))), (K(2), None)].into();
+    let back: HashMap<K, Option<Tensor>> = [(K(1), None), (K(2), Some(t(1)))].into();
+    let m = pinlane::verify::first_difference(&sent, &back).expect("not the same batch");
+    assert!(
+        matches!(m.kind, pinlane::verify::MismatchKind::Keys),
+        "{m:?}"
+    );
+}

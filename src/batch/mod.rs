@@ -90,8 +90,8 @@ pub trait Batch {
     /// same path; the transfers do not use it.
     ///
     /// The std containers, [`Value`] and `#[derive(Batch)]` name their fields, positions
-    /// and keys (maps other than [`Value::Map`] number their entries: their keys may have
-    /// no text form). The default, for implementations that do not override it, numbers
+    /// and keys (a `BTreeMap` numbers its entries, since its keys may have no text form, and
+    /// a `HashMap` names each by its key's hash, [`Step::Unordered`]). The default, for implementations that do not override it, numbers
     /// the tensors `visit` gives ([`Step::Nth`]): a hand-written implementation whose
     /// tensors are not always there (an `Option` field) should override it to name its
     /// fields, as the derive does, or a source and a destination with their tensors in
@@ -116,8 +116,9 @@ pub trait Batch {
 
     /// Where `self` and `other` first hold maps with different keys: the path of the first
     /// `BTreeMap` or `HashMap` (from `path` down, in visit order) whose keys are not the
-    /// same set as `other`'s there; `None` when every such map matches. Paths number a map's
-    /// entries rather than name its keys (which may have no text form), so this is how
+    /// same set as `other`'s there, or of a `HashMap` two of whose keys have the same hash;
+    /// `None` when every such map matches. Paths number a `BTreeMap`'s entries rather than
+    /// name its keys (which may have no text form), so this is how
     /// [`transfer_tensor_h2d_into`](crate::transfer_tensor_h2d_into) and the other copies
     /// into existing tensors, and [`verify::round_trip`](crate::verify::round_trip), tell a
     /// source `{"a", "b"}` from a destination `{"b", "c"}`: the same paths, other keys.

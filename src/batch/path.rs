@@ -13,19 +13,19 @@ pub enum Step {
     Index(usize),
     /// A key of a map with string keys ([`Value::Map`](super::Value::Map)).
     Key(String),
-    /// The `n`-th entry of a container that names none of its own (a `HashMap` or
-    /// `BTreeMap`, whose keys may have no text form), or the `n`-th tensor of a type whose
-    /// `Batch` implementation gives no paths, in visit order.
+    /// The `n`-th entry of a container that names none of its own (a `BTreeMap`, whose
+    /// keys may have no text form), or the `n`-th tensor of a type whose `Batch`
+    /// implementation gives no paths, in visit order.
     Nth(usize),
     /// The entry of a container whose order is its own (a `HashMap`), named by its key's
     /// hash (`std::hash::DefaultHasher::new()`, fixed keys: the same key gets the same
     /// name in every map of the process). Two such maps holding the same keys may list
     /// them in different orders (a map rebuilt by a transfer is sized for what it holds,
     /// the original perhaps for more), so positions would pair one key's tensor with
-    /// another's; [`verify`](crate::verify) pairs entries by this name. Copies into
-    /// existing tensors, which pair by position, refuse such containers. Two keys of one
-    /// map with the same 64-bit hash would share a name. Shown as `{#` and 16 hex digits
-    /// `}`.
+    /// another's; [`verify`](crate::verify) and copies into existing tensors pair entries
+    /// by this name. Two keys of one map with the same hash would share a name: both
+    /// refuse such a map ([`Batch::keys_differ`](crate::Batch::keys_differ) names it).
+    /// Shown as `{#` and 16 hex digits `}`.
     Unordered(u64),
 }
 

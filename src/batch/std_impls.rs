@@ -174,8 +174,16 @@ impl<K: Clone + Eq + Hash, V: Batch, S: BuildHasher + Clone> Batch for HashMap<K
             path.with(Step::Unordered(key_hash(k)), |p| v.visit_paths(p, f));
         }
     }
+    /// Also names a map two of whose keys have the same hash (a key type may hash part of
+    /// itself only): their entries share a name in paths, so nothing that pairs by path can
+    /// tell them apart, whatever lies below them.
     fn keys_differ(&self, other: &Self, path: &mut Path) -> Option<Path> {
         if self.len() != other.len() || !self.keys().all(|k| other.contains_key(k)) {
+            return Some(path.clone());
+        }
+        let mut hashes: Vec<u64> = self.keys().map(key_hash).collect();
+        hashes.sort_unstable();
+        if hashes.windows(2).any(|w| w[0] == w[1]) {
             return Some(path.clone());
         }
         self.iter().find_map(|(k, v)| {

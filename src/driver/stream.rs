@@ -260,7 +260,10 @@ impl Stream {
 
     /// Queues a call of `f` (on a driver thread) after the work queued so far: the
     /// wake-up of pinlane's completion thread. `f` must not call CUDA. The driver skips it
-    /// after an error on the stream, so callers keep a fallback.
+    /// after an error on the stream, so callers keep a fallback. The driver may run the
+    /// host functions of all streams one at a time, so work queued on this stream after
+    /// `f` may wait for other programs' host functions: queue it only on a stream whose
+    /// later work does not matter (pinlane's wake streams, `engine::completion`).
     ///
     /// # Errors
     /// The driver's error from `cuLaunchHostFunc`.

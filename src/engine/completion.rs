@@ -14,8 +14,8 @@
 //! one stream complete in their order: only the oldest of each stream's calls is asked
 //! about.
 //!
-//! A call on the caller's stream (a copy into existing tensors, [`Wake::Lazy`]) queues
-//! no wake-up at first: it is queued only once its handle is waited on (or asked
+//! A copy into existing tensors ([`Wake::Lazy`], on the caller's stream) queues no
+//! wake-up at first: it is queued only once its handle is waited on (or asked
 //! [`Transfer::is_ready`]), and the same thread's next such call on that stream, before it
 //! leases anything, releases what its earlier calls used once their events are done
 //! ([`reap`]: a serving loop that synchronises each step finds the last step done). What
@@ -232,8 +232,9 @@ pub(crate) enum Wake {
 }
 
 /// Queues the host function that pokes the completion thread once `done` (recorded on the
-/// call stream `stream`) has completed, on that stream's wake stream (see [`Wake`]). A failure is not the call's: without the
-/// wake-up the completion thread's fallback still finds the event done, a little later.
+/// call stream `stream`) has completed, on that stream's wake stream (see [`Wake`]). A
+/// failure is not the call's: without the wake-up the completion thread's fallback still
+/// finds the event done, a little later.
 fn queue_wake(done: &Event, stream: (usize, usize)) {
     let _ = wake_stream(stream).and_then(|s| {
         done.wait_on(&s)?;
@@ -365,9 +366,10 @@ fn take_head(q: &mut Queues, key: (usize, usize), id: u64) -> Option<Job> {
 
 /// Wake streams per device. A wake-up waits in its wake stream's order, behind the events
 /// of the wake-ups queued there before it, so the call's stream picks one ([`wake_stream`]):
-/// calls on one stream, which complete in order anyway, share one, and calls on other
-/// streams seldom queue behind them (if they do, the completion thread's fallback still
-/// finds their events done within [`FALLBACK`]).
+/// calls on one stream, which complete in order anyway, share one. Calls on streams that
+/// hash to the same wake stream can queue behind each other's events (with four streams
+/// in use, two share one more often than not); such a call is then found done by the
+/// completion thread's look every [`FALLBACK`], about 2 ms late, not by its wake-up.
 const WAKE_STREAMS: usize = 8;
 
 /// The wake stream of the call stream `key` (its device and handle): one of
@@ -375,7 +377,8 @@ const WAKE_STREAMS: usize = 8;
 /// no memory).
 fn wake_stream(key: (usize, usize)) -> Result<crate::driver::Stream> {
     static STREAMS: Mutex<Vec<((usize, usize), crate::driver::Stream)>> = Mutex::new(Vec::new());
-    // Fibonacci hashing of the handle's address (its low bits are alignment).
+    // The handle's address times a large odd constant, middle bits (its low bits are
+    // alignment).
     let slot = ((key.1 as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize % WAKE_STREAMS;
     let at = (key.0, slot);
     let mut streams = lock(&STREAMS);

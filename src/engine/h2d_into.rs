@@ -36,8 +36,9 @@ use crate::tensor::{Storage, Tensor};
 /// slices of one static buffer, a KV-cache index) fed every step without a device
 /// allocation.
 ///
-/// * Pairs: `src` and `dst` are visited in the same order and must have the same
-///   structure ([`Batch::visit_paths`] gives the same paths); each pair has the same dtype
+/// * Pairs: `src` and `dst` must have the same structure ([`Batch::visit_paths`] gives
+///   the same paths; they pair in visit order, or in path order when they hold a
+///   `HashMap`); each pair has the same dtype
 ///   and byte size (shapes may differ). Sources are host tensors (pageable or
 ///   page-locked); destinations are device tensors of one device: pinlane's own
 ///   outputs, [`Tensor::from_device_ptr`] memory, DLPack imports, views into a larger
@@ -66,7 +67,10 @@ use crate::tensor::{Storage, Tensor};
 ///   holding the same keys list them in orders of their own), so both must hold the same
 ///   keys: a source map whose keys differ from its destination's is refused at the map
 ///   ([`Error::IntoMismatch`], by [`Batch::keys_differ`]), as are two keys of one
-///   `HashMap` with the same 64-bit hash.
+///   `HashMap` with the same hash. Pairing a batch that holds a `HashMap` builds and sorts
+///   every tensor's path on each call (other batches compare path hashes, with no
+///   allocation per tensor); a loop that copies the same pairs again and again pairs them
+///   once with [`H2dPairs`](crate::H2dPairs).
 ///
 /// The rules for the destinations' memory while the copies run, and on failure, are in
 /// `docs/semantics.md` ("Copies into existing tensors").

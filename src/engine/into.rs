@@ -208,8 +208,10 @@ fn pair_by_key<'a, B: Batch>(src: &'a B, dst: &'a B) -> Result<(Vec<Pair<'a>>, V
 fn other_keys(at: &Path) -> Error {
     Error::IntoMismatch {
         at: at.to_string(),
-        reason: "the source's map there holds other keys than the destination's: an \
-                 entry is copied into the destination's entry of the same key only"
+        reason: "the source's map there holds other keys than the destination's (an \
+                 entry is copied into the destination's entry of the same key only), or \
+                 two of its keys have the same hash (a HashMap's entries are paired by their \
+                 keys' hashes)"
             .into(),
     }
 }
@@ -418,14 +420,16 @@ mod tests {
         // Then each pair's own checks: host destinations are no H2D copy.
         let e = pair_up(&src, &dst, Way::H2d).err().unwrap();
         assert!(e.to_string().contains("not on a CUDA device"), "{e}");
-        // Another key is refused at the map, under a struct's field too.
+        // Another key is refused at the map, under a tuple's field too.
         let mut other = dst.clone();
         let moved = other.remove("k7").unwrap();
         other.insert("k77".into(), moved);
         let (a, b) = ((host(vec![0; 4]), src.clone()), (host(vec![0; 4]), other));
-        let e = pair_up(&a, &b, Way::H2d);
+        let e = pair_up(&a, &b, Way::H2d).err().unwrap();
         assert!(
-            matches!(e.err().unwrap(), Error::IntoMismatch { at, reason } if at == "1" && reason.contains("other keys")),
+            matches!(&e, Error::IntoMismatch { at, reason }
+                if at == "1" && reason.contains("other keys")),
+            "{e}"
         );
         // The same keys, another structure below one of them.
         let src2: HashMap<String, Vec<Tensor>> = [
@@ -442,9 +446,9 @@ mod tests {
         assert!(e.to_string().contains("the structures differ"), "{e}");
     }
 
-    /// A map whose two entries have the same name in paths (two keys with one 64-bit
-    /// hash, which no real key pair is known to give: a hand-written batch stands in)
-    /// cannot be paired by key: refused, not paired in some order.
+    /// A hand-written batch whose two tensors have the same path (it names them so
+    /// itself, with no `keys_differ` of its own to say so) cannot be paired by path:
+    /// refused, not paired in some order.
     #[test]
     fn entries_of_one_hash_are_refused() {
         #[derive(Clone)]
@@ -465,6 +469,30 @@ mod tests {
         let m = Colliding(vec![host(vec![1; 4]), host(vec![2; 4])]);
         let e = pair_up(&m, &m.clone(), Way::H2d).err().unwrap();
         assert!(e.to_string().contains("same hash"), "{e}");
+    }
+
+    /// Keys whose type hashes part of itself only all share one name in paths. With
+    /// `Option` values, the source's `Some` under one key and the destination's under the
+    /// other gave one path each side, so they paired (one key's tensor into the other's
+    /// destination): refused at the map instead.
+    #[test]
+    fn keys_of_one_hash_are_refused_at_the_map() {
+        use std::collections::HashMap;
+        #[derive(Clone, PartialEq, Eq)]
+        struct K(u8);
+        impl std::hash::Hash for K {
+            fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+                0u8.hash(h) // legal: equal keys hash alike
+            }
+        }
+        let src: HashMap<K, Option<Tensor>> = [(K(1), Some(host(vec![1; 4]))), (K(2), None)].into();
+        let dst: HashMap<K, Option<Tensor>> = [(K(1), None), (K(2), Some(host(vec![2; 4])))].into();
+        let e = pair_up(&src, &dst, Way::H2d).err().unwrap();
+        assert!(
+            matches!(&e, Error::IntoMismatch { at, reason }
+                if *at == Path::default().to_string() && reason.contains("same hash")),
+            "{e}"
+        );
     }
 
     /// Two BTreeMaps with as many entries have the same paths (entries are numbered), so

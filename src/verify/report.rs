@@ -81,8 +81,9 @@ pub enum MismatchKind {
         /// In the batch back.
         found: usize,
     },
-    /// A map (a `BTreeMap` or `HashMap`, whose entries paths number rather than name)
-    /// came back with other keys; the path is the map's.
+    /// A map (a `BTreeMap` or `HashMap`) came back with other keys, or is a `HashMap` two
+    /// of whose keys have the same hash (its entries, named by their keys' hashes, cannot
+    /// be compared by key); the path is the map's.
     Keys,
     /// The tensor at this position of the visit order sits elsewhere.
     Place {
@@ -137,7 +138,10 @@ impl fmt::Display for MismatchKind {
             MismatchKind::Count { expected, found } => {
                 write!(f, "{found} tensors came back, {expected} were sent")
             }
-            MismatchKind::Keys => write!(f, "the map there came back with other keys"),
+            MismatchKind::Keys => write!(
+                f,
+                "the map there came back with other keys (or holds two keys of one hash)"
+            ),
             MismatchKind::Place { found } => write!(f, "came back at {found}"),
             MismatchKind::NotMoved { location } => {
                 write!(f, "on {location} after the H2D, not on the device")

@@ -210,7 +210,6 @@ impl Sim {
         OK
     }
 
-    #[cfg_attr(not(feature = "test-util"), allow(dead_code))]
     pub(crate) unsafe fn cuLaunchHostFunc(
         &'static self,
         s: sys::CUstream,

@@ -223,6 +223,8 @@ pub(crate) struct Sim {
     all_streams: Mutex<Vec<(usize, std::sync::Weak<stream::StreamState>)>>,
     /// What each device has seen, for [`activity`].
     seen: Mutex<Activity>,
+    /// Held while a host function runs, when [`SimConfig::serial_host_functions`] is set.
+    host_turn: Mutex<()>,
 }
 
 /// What the simulated devices have seen so far in this process ([`activity`]).
@@ -359,6 +361,7 @@ impl Sim {
             copies: AtomicU64::new(0),
             legacy: (0..devices).map(|_| OnceLock::new()).collect(),
             all_streams: Mutex::new(Vec::new()),
+            host_turn: Mutex::new(()),
             seen: Mutex::new(Activity {
                 context_used: vec![false; devices],
                 host_allocs: vec![0; devices],

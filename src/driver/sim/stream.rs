@@ -21,7 +21,6 @@ pub(super) enum Op {
     Signal(Arc<SimEvent>, u64),
     Wait(Arc<SimEvent>, u64),
     /// A host function (`cuLaunchHostFunc`).
-    #[cfg_attr(not(feature = "test-util"), allow(dead_code))]
     Host(unsafe extern "C" fn(*mut c_void), HostPtr<c_void>),
     /// The gather kernel: its descriptors read from memory when it runs, or copied from
     /// the launch's parameters.
@@ -248,8 +247,10 @@ impl Sim {
             }
             Op::Host(f, user) => {
                 // One at a time across all streams when so configured, as the driver may.
-                static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-                let _turn = self.cfg.serial_host_functions.then(|| lock(&ONE_AT_A_TIME));
+                let _turn = self
+                    .cfg
+                    .serial_host_functions
+                    .then(|| lock(&self.host_turn));
                 // SAFETY: cuLaunchHostFunc's contract: `f` may be called once with `user`.
                 unsafe { f(user.0) };
                 Ok(())
