@@ -123,5 +123,33 @@ int main() {
            "destroyed %8.3f ms\n", rep, unreg, copy, query, stream);
     fflush(stdout);
   }
+  // The same with cuMemFreeHost in the other thread (added after run 6, not run yet): does
+  // a free on pinlane's free thread hold the other threads' copies as an unregister does?
+  for (int rep = 0; rep < 3; rep++) {
+    void* h = nullptr;
+    CK(cuMemHostAlloc(&h, n, CU_MEMHOSTALLOC_PORTABLE));
+    CK(cuLaunchHostFunc(busy, sleep_500ms, nullptr));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::atomic<bool> inside{false};
+    double freed = 0;
+    std::thread other([&] {
+      CK(cuCtxSetCurrent(ctx));
+      inside.store(true);
+      auto t0 = std::chrono::steady_clock::now();
+      CK(cuMemFreeHost(h));
+      freed = ms_since(t0);
+    });
+    while (!inside.load()) std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    auto t0 = std::chrono::steady_clock::now();
+    CK(cuMemcpyHtoDAsync(d, pinned, n, s));
+    CK(cuStreamSynchronize(s));
+    double copy = ms_since(t0);
+    other.join();
+    CK(cuStreamSynchronize(busy));
+    printf("rep %d: another thread's cuMemFreeHost %8.3f ms; meanwhile here a 1 MiB copy and "
+           "its synchronisation %8.3f ms\n", rep, freed, copy);
+    fflush(stdout);
+  }
   return 0;
 }
