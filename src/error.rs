@@ -269,10 +269,9 @@ pub enum Error {
     /// call that released it goes on.
     #[error("user code panicked on {} ({what}): {message}", shown_thread(thread))]
     Panicked {
-        /// The thread: `"completion"`, `"prefetch"`, `"background"` (another of
-        /// pinlane's threads: the free thread, which also ends registrations, or the
-        /// completion thread releasing retained owners), `"caller"` (the calling thread:
-        /// then the error is kept for that thread's next call on the device).
+        /// The thread: `"completion"`, `"prefetch"`, `"free"` (pinlane's free thread,
+        /// which also ends registrations), `"caller"` (the calling thread: then the error
+        /// is kept for that thread's next call on the device).
         thread: &'static str,
         /// What pinlane was running: `"releasing a completed transfer's owners"`.
         what: &'static str,

@@ -40,8 +40,8 @@ impl Drop for ThreadPending {
 thread_local! {
     /// This thread's pending errors, at most one per device.
     static PENDING: ThreadPending = const { ThreadPending(RefCell::new(Vec::new())) };
-    /// Whether this is one of pinlane's own threads.
-    static BACKGROUND: Cell<bool> = const { Cell::new(false) };
+    /// The name of this thread when it is one of pinlane's own (`"completion"`, ...).
+    static BACKGROUND: Cell<Option<&'static str>> = const { Cell::new(None) };
 }
 
 /// Errors recorded on pinlane's own threads, at most one per device.
@@ -61,27 +61,29 @@ fn lock_on_device() -> std::sync::MutexGuard<'static, Vec<(usize, Error)>> {
     ON_DEVICE.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Marks the calling thread as one of pinlane's own (see the module docs).
-pub(crate) fn mark_background_thread() {
-    let _ = BACKGROUND.try_with(|b| b.set(true));
+/// Marks the calling thread as one of pinlane's own (see the module docs), named `name`
+/// in [`Error::Panicked`] (`"completion"`, `"free"`, `"prefetch"`).
+pub(crate) fn mark_background_thread(name: &'static str) {
+    let _ = BACKGROUND.try_with(|b| b.set(Some(name)));
 }
 
 /// Whether the calling thread is one of pinlane's own (see the module docs).
 pub(crate) fn is_background_thread() -> bool {
-    BACKGROUND.try_with(Cell::get).unwrap_or(false)
+    BACKGROUND.try_with(Cell::get).ok().flatten().is_some()
 }
 
 /// Runs `f`, user code that pinlane runs outside the call it belongs to (another call's
-/// owner's drop), under `catch_unwind`: a panic is recorded for the next call on `device`
-/// as [`Error::Panicked`] naming the thread (`"background"` on pinlane's own, else
-/// `"caller"`: then that thread's next call) and `what` pinlane was doing.
+/// owner's drop, a waker), under `catch_unwind`: a panic is recorded for the next call on
+/// `device` as [`Error::Panicked`] naming the thread (pinlane's own by the name it was
+/// marked with, else `"caller"`: then that thread's next call) and `what` pinlane was
+/// doing.
 pub(crate) fn catch_user_panic(device: usize, what: &'static str, f: impl FnOnce()) {
     if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-        let thread = if is_background_thread() {
-            "background"
-        } else {
-            "caller"
-        };
+        let thread = BACKGROUND
+            .try_with(Cell::get)
+            .ok()
+            .flatten()
+            .unwrap_or("caller");
         record(
             device,
             Error::Panicked {
@@ -193,7 +195,7 @@ mod tests {
         // thread's own slot, which no call ever reads.
         let before = background_count();
         std::thread::spawn(|| {
-            mark_background_thread();
+            mark_background_thread("test");
             record(5, Error::StreamWithoutDevice);
             record(5, Error::InvalidDevice { value: "y".into() }); // one per device
         })

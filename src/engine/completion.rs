@@ -609,18 +609,11 @@ impl Drop for Supervisor {
         // caught, since a panic escaping a drop while this thread unwinds would abort the
         // process; what one raises is recorded for the device's next call.
         for job in jobs.into_values().flatten() {
-            let device = job.done.index();
-            if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(job)))
-            {
-                crate::driver::deferred::record(
-                    device,
-                    Error::Panicked {
-                        thread: "completion",
-                        what: "waking a handle as the completion thread ended",
-                        message: crate::error::panic_message(&*panic),
-                    },
-                );
-            }
+            crate::driver::deferred::catch_user_panic(
+                job.done.index(),
+                "waking a handle as the completion thread ended",
+                || drop(job),
+            );
         }
     }
 }
@@ -648,7 +641,7 @@ fn refuse_own_wait(shared: &Shared, op: &'static str) -> Result<()> {
 
 /// The completion thread.
 fn run() {
-    crate::driver::deferred::mark_background_thread();
+    crate::driver::deferred::mark_background_thread("completion");
     let _ = ON_COMPLETION_THREAD.try_with(|c| c.set(true));
     let supervisor = Supervisor;
     let mut q = lock(&COMPLETER.queues);

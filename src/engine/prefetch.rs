@@ -79,7 +79,7 @@ impl<B: Batch + Send + 'static> Prefetcher<B> {
                 .spawn(move || {
                     // Errors raised where no call returns them (owners' drops, the cache
                     // ring's at exit) go to the device's next call on any thread.
-                    crate::driver::deferred::mark_background_thread();
+                    crate::driver::deferred::mark_background_thread("prefetch");
                     let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                         work(iter, &opts, &tx, &stop)
                     }));

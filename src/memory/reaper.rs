@@ -173,7 +173,7 @@ fn start() -> Option<Reaper> {
         .name("pinlane-free".into())
         .spawn(move || {
             // No call runs here: errors recorded while freeing go to the device.
-            driver::deferred::mark_background_thread();
+            driver::deferred::mark_background_thread("free");
             for job in rx {
                 run(job);
             }
