@@ -185,10 +185,10 @@ fn variant_pattern(fields: &[FieldInfo], shape: &Fields) -> Tokens {
 /// The other value's bindings for a variant's fields (`__other{i}`), and the pattern
 /// binding them.
 fn other_pattern(fields: &[FieldInfo], shape: &Fields) -> (Vec<Tokens>, Tokens) {
-    // Mixed-site: a field of the variant named `__other0` does not clash with them.
+    // Mixed-site ([`own`]): a field of the variant named `__other0` does not clash.
     let binds: Vec<Tokens> = (0..fields.len())
         .map(|i| {
-            let id = Ident::new(&format!("__other{i}"), Span::mixed_site());
+            let id = own(&format!("__other{i}"));
             quote!(#id)
         })
         .collect();

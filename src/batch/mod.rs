@@ -90,12 +90,13 @@ pub trait Batch {
     /// same path; the transfers do not use it.
     ///
     /// The std containers, [`Value`] and `#[derive(Batch)]` name their fields, positions
-    /// and keys (a `BTreeMap` numbers its entries, since its keys may have no text form, and
-    /// a `HashMap` names each by its key's hash, [`Step::Unordered`]). The default, for implementations that do not override it, numbers
-    /// the tensors `visit` gives ([`Step::Nth`]): a hand-written implementation whose
-    /// tensors are not always there (an `Option` field) should override it to name its
-    /// fields, as the derive does, or a source and a destination with their tensors in
-    /// different fields pair by position, one field's tensor copied into the other's.
+    /// and keys (a `BTreeMap` numbers its entries, since its keys may have no text form,
+    /// and a `HashMap` names each by its key's hash, [`Step::Unordered`]). The default,
+    /// for implementations that do not override it, numbers the tensors `visit` gives
+    /// ([`Step::Nth`]): a hand-written implementation whose tensors are not always there
+    /// (an `Option` field) should override it to name its fields, as the derive does, or a
+    /// source and a destination with their tensors in different fields pair by position,
+    /// one field's tensor copied into the other's.
     ///
     /// ```
     /// use pinlane::batch::Path;

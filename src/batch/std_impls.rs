@@ -181,16 +181,16 @@ impl<K: Clone + Eq + Hash, V: Batch, S: BuildHasher + Clone> Batch for HashMap<K
         if self.len() != other.len() || !self.keys().all(|k| other.contains_key(k)) {
             return Some(path.clone());
         }
-        let mut hashes: Vec<u64> = self.keys().map(key_hash).collect();
+        // Each key hashed once: for the check of one name per key, then the walk below.
+        let named: Vec<(u64, &K, &V)> = self.iter().map(|(k, v)| (key_hash(k), k, v)).collect();
+        let mut hashes: Vec<u64> = named.iter().map(|e| e.0).collect();
         hashes.sort_unstable();
         if hashes.windows(2).any(|w| w[0] == w[1]) {
             return Some(path.clone());
         }
-        self.iter().find_map(|(k, v)| {
-            path.with(Step::Unordered(key_hash(k)), |p| {
-                v.keys_differ(&other[k], p)
-            })
-        })
+        named
+            .into_iter()
+            .find_map(|(h, k, v)| path.with(Step::Unordered(h), |p| v.keys_differ(&other[k], p)))
     }
 }
 
