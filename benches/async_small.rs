@@ -4,6 +4,9 @@
 //! thread (its event, its wake-up, the thread's answer) costs where the copy itself is
 //! tiny. Session 67 moved the wake-up (a host function) from the call's stream to a wake
 //! stream of pinlane's, which adds a `cuStreamWaitEvent` to every non-blocking call.
+//! Session 68: `wait` asks the event for up to `Config::spin` and finishes the call
+//! itself; the row "H2D into + wait" (a copy into existing tensors, whose wake-up is
+//! queued only at the wait) was added then.
 //!
 //! One thread, pageable f32 sources (staged), default options (the thread's own streams),
 //! page-locked outputs. For each batch: one checked round trip (every byte compared),
@@ -14,7 +17,7 @@
 use pinlane::memory::measure_pinned_limits;
 use pinlane::{
     transfer_tensor_d2h, transfer_tensor_d2h_async, transfer_tensor_h2d, transfer_tensor_h2d_async,
-    D2hOptions, DType, Device, H2dOptions, Tensor,
+    transfer_tensor_h2d_into, D2hOptions, DType, Device, H2dOptions, IntoOptions, Tensor,
 };
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
@@ -77,6 +80,15 @@ fn main() {
             .and_then(|t| t.wait())
             .expect("d2h");
         assert_eq!(back, batch, "{name}: the bytes came back changed");
+        // The copy into existing tensors (the batch's own device tensors) checked too.
+        transfer_tensor_h2d_into(&batch, &on, &IntoOptions::default())
+            .and_then(|t| t.wait())
+            .expect("h2d into");
+        let again = transfer_tensor_d2h(&on, &D2hOptions::default()).expect("d2h");
+        assert_eq!(
+            again, batch,
+            "{name}: the copy into existing tensors changed the bytes"
+        );
         let rows = [
             (
                 "H2D blocking",
@@ -88,6 +100,14 @@ fn main() {
                 median(|| {
                     let t = transfer_tensor_h2d_async(&batch, &H2dOptions::default());
                     drop(t.and_then(|t| t.wait()).expect("h2d"))
+                }),
+                limits.h2d,
+            ),
+            (
+                "H2D into + wait",
+                median(|| {
+                    let t = transfer_tensor_h2d_into(&batch, &on, &IntoOptions::default());
+                    t.and_then(|t| t.wait()).expect("h2d into")
                 }),
                 limits.h2d,
             ),

@@ -379,6 +379,7 @@ fn into_block<B: Batch>(
                 call.device,
                 out.sources(),
                 Wake::Now,
+                call.rt.settings().spin,
             )?)
         }
     };

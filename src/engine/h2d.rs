@@ -169,7 +169,13 @@ pub(crate) fn transfer<B: Batch>(
             // The outputs were refused during the rebuild; once `detach` has recorded its
             // event, their uses are ordered after it until the completion proves the
             // copies done (`memory::DeviceFill::ordered_by`).
-            Some(completion::detach(job, device, keep_sources, Wake::Now)?)
+            Some(completion::detach(
+                job,
+                device,
+                keep_sources,
+                Wake::Now,
+                rt.settings().spin,
+            )?)
         }
     };
     super::trace::mark("synced");

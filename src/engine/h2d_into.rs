@@ -206,7 +206,7 @@ pub(super) fn run(
     super::trace::mark("submitted");
     completion::reap(stream.key());
     super::trace::mark("reaped");
-    let pending = completion::detach(job, device, keep, Wake::Lazy)?;
+    let pending = completion::detach(job, device, keep, Wake::Lazy, rt.settings().spin)?;
     super::trace::mark("detached");
     record_stats(call.stats);
     Ok(Transfer::pending((), pending))
