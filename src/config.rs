@@ -92,7 +92,10 @@ pub struct Config {
     /// to whole slots, and at least one slot.
     pub arena_bytes: usize,
     /// Most page-locked bytes the D2H output pool holds; a batch that does not fit gets
-    /// pageable outputs instead (counted in [`MemoryStats`](crate::runtime::MemoryStats)).
+    /// pageable outputs instead (counted in [`MemoryStats`](crate::runtime::MemoryStats)),
+    /// or free blocks are freed to make room for it. Such a free waits for the device's
+    /// queued work and holds every thread's copies meanwhile (docs/semantics.md): a cap
+    /// above the program's working set of outputs avoids it.
     pub pinned_output_bytes: usize,
     /// Most bytes of recycled pageable D2H output memory kept for reuse.
     pub host_pool_bytes: usize,

@@ -274,6 +274,43 @@ fn small_output_batches_share_blocks() {
     assert_eq!(pool.held_bytes(), 0);
 }
 
+/// At the pool's cap, a request no free block of about its size fits takes a larger free
+/// block before any block is freed: a free waits for the whole device and holds every
+/// thread's copies meanwhile (session 68, `benches/probes/free_hold.cu`). Before, the
+/// free 8 MiB block was freed to make room for a new 2 MiB one. Below the cap a block
+/// of about the size is made, as before (a 2 MiB batch does not pin 8 MiB for ever).
+#[test]
+fn at_the_cap_a_larger_free_block_serves_before_one_is_freed() {
+    setup();
+    let pool = std::sync::Arc::new(PinnedOutputPool::new(8 << 20));
+    drop(pool.take(8 << 20, 0).unwrap().expect("room"));
+    assert_eq!(pool.held_bytes(), 8 << 20);
+    let (block, at) = pool.take(2 << 20, 0).unwrap().expect("the free block");
+    assert_eq!(at, 0);
+    assert_eq!(pool.held_bytes(), 8 << 20, "nothing freed, nothing made");
+    assert_eq!(
+        pool.stats().in_use_bytes,
+        8 << 20,
+        "the 8 MiB block, reused"
+    );
+    assert_eq!(pool.fallbacks(), 0);
+    drop(block);
+
+    let roomy = std::sync::Arc::new(PinnedOutputPool::new(64 << 20));
+    drop(roomy.take(8 << 20, 0).unwrap().expect("room"));
+    let (small, _) = roomy.take(2 << 20, 0).unwrap().expect("room");
+    assert_eq!(
+        roomy.held_bytes(),
+        10 << 20,
+        "below the cap: a block of about the size"
+    );
+    assert_eq!(roomy.stats().in_use_bytes, 2 << 20);
+    drop(small);
+    pool.trim().unwrap();
+    roomy.trim().unwrap();
+    assert_eq!(pool.held_bytes() + roomy.held_bytes(), 0);
+}
+
 #[test]
 fn a_wait_for_a_slot_ends_with_a_typed_error() {
     setup();

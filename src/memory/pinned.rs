@@ -820,8 +820,11 @@ pub(crate) unsafe fn h2d_batch_async(
 /// slightly different sizes reuse each other's blocks); smaller batches share 2 MiB
 /// blocks, each taking a 256-byte-aligned range, so keeping many small batches alive does
 /// not take a block each. The pool holds at most
-/// [`Config::pinned_output_bytes`](crate::config::Config::pinned_output_bytes); when a batch does
-/// not fit even after freeing the unused blocks, the call falls back to pageable outputs
+/// [`Config::pinned_output_bytes`](crate::config::Config::pinned_output_bytes). A free block
+/// serves a batch it fits that needs at least half of it, and at the cap any batch it
+/// fits (a free waits for the device and holds every thread's copies meanwhile, so
+/// reusing a larger block beats freeing it); otherwise unused blocks are freed to make
+/// room, and when a batch does not fit even then, the call falls back to pageable outputs
 /// (counted in [`MemoryStats::pageable_fallbacks`](crate::runtime::MemoryStats::pageable_fallbacks)).
 pub struct PinnedOutputPool {
     max_bytes: AtomicUsize,
@@ -1013,13 +1016,30 @@ impl PinnedOutputPool {
                 .filter(|(_, (_, len, _))| *len >= nbytes && *len <= want.saturating_mul(2))
                 .min_by_key(|(_, (_, len, _))| *len)
                 .map(|(i, _)| i);
+            let max = self.max_bytes();
+            let over = |held: usize| held.checked_add(want).is_none_or(|n| n > max);
+            // At the cap, a larger free block serves before any is freed: a free
+            // (`cuMemFreeHost`) waits for all work queued on the device, and while it
+            // waits it holds every thread's copies (measured on an H100, session 68:
+            // another thread's 1 MiB copy took 475 ms to queue while a free waited 480
+            // ms behind another stream's kernel; `benches/probes/free_hold.cu`).
+            let best = best.or_else(|| {
+                over(st.held)
+                    .then(|| {
+                        st.free
+                            .iter()
+                            .enumerate()
+                            .filter(|(_, (_, len, _))| *len >= nbytes)
+                            .min_by_key(|(_, (_, len, _))| *len)
+                            .map(|(i, _)| i)
+                    })
+                    .flatten()
+            });
             match best {
                 Some(i) => Some(st.free.swap_remove(i)),
                 None => {
                     // Free unused blocks until the new one fits under the cap (a size
                     // past `usize` never fits: session 64, it overflowed).
-                    let max = self.max_bytes();
-                    let over = |held: usize| held.checked_add(want).is_none_or(|n| n > max);
                     while over(st.held) {
                         let Some(b) = st.free.pop() else { break };
                         st.held -= b.1;

@@ -21,6 +21,12 @@
 //! The memory handed over is no longer used by anything (its copies were proven
 //! complete); it simply stays allocated a little longer.
 //!
+//! This spares the thread, not the process: while a free waits in the driver, every
+//! thread's copies are held (measured on an H100, session 68: another thread's 1 MiB copy
+//! took 475 ms to queue while a free here waited 480 ms behind another stream's kernel;
+//! `benches/probes/free_hold.cu`). So the output pool reuses a larger free block at its
+//! cap before it frees one.
+//!
 //! Ending a registration (`cuMemHostUnregister`, memory page-locked in place by
 //! `Tensor::register_pinned`) waits for the whole device as well (measured on an H100,
 //! session 66: 480 ms behind another stream's 500 ms of work, a host function or a kernel;
