@@ -294,10 +294,11 @@ impl Runtime {
     /// first to give it back too).
     ///
     /// The page-locked frees run on the calling thread, and `cuMemFreeHost` waits for all
-    /// work queued on the device by anyone: call it where such a wait is acceptable. With
-    /// [`Config::sync_wait`] set they run on pinlane's free thread instead, and the call
-    /// does not wait for the device (a failed free there is reported by the next call on
-    /// the device).
+    /// work queued on the device by anyone, holding every thread's copies meanwhile
+    /// (docs/semantics.md): call it where the device is idle. With [`Config::sync_wait`]
+    /// set they run on pinlane's free thread instead, and the call does not wait for the
+    /// device (a failed free there is reported by the next call on the device), but other
+    /// threads' copies are still held while the frees wait.
     ///
     /// # Errors
     /// The first failed free or trim; the rest are still attempted.
@@ -322,8 +323,10 @@ impl Runtime {
     /// gather kernel. Loading a module waits for all work queued on the device by anyone,
     /// so a server calls this at start-up, before other streams are busy; otherwise the
     /// first transfer on the device does it. After it, no transfer on the device waits
-    /// for work on streams that are not its own (page-locked frees on a transfer's path
-    /// run on a thread of their own, see docs/semantics.md).
+    /// for work on streams that are not its own, but while a page-locked block is freed
+    /// (an output block evicted at the pool's cap, on a thread of pinlane's; `trim`; the
+    /// last drop of a `to_pinned` tensor) every thread's copies wait for the device's
+    /// queued work (see docs/semantics.md).
     ///
     /// # Errors
     /// [`Error::NoCuda`], [`Error::DeviceUnavailable`], or the driver's error.

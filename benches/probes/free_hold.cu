@@ -161,5 +161,30 @@ int main() {
       fflush(stdout);
     }
   }
+  // Part 3 (session 68, after run 3): do allocations wait too? pinlane makes page-locked
+  // blocks (cuMemHostAlloc) and device memory on a transfer's path when its pools grow.
+  // Each timed on this thread while another stream runs a 500 ms kernel, then idle.
+  for (const char* how : {"kernel", "idle"}) {
+    for (size_t mib : {(size_t)2, (size_t)8, (size_t)64}) {
+      if (how[0] == 'k') spin_ns<<<1, 1, 0, (cudaStream_t)busy>>>(500ull * 1000 * 1000);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      void* h = nullptr;
+      auto t0 = std::chrono::steady_clock::now();
+      CK(cuMemHostAlloc(&h, mib << 20, CU_MEMHOSTALLOC_PORTABLE));
+      double host_ms = ms_since(t0);
+      CUdeviceptr dp;
+      auto t1 = std::chrono::steady_clock::now();
+      CK(cuMemAlloc(&dp, mib << 20));
+      double dev_ms = ms_since(t1);
+      auto t2 = std::chrono::steady_clock::now();
+      CK(cuMemFree(dp));
+      double dev_free_ms = ms_since(t2);
+      CK(cuStreamSynchronize(busy));
+      CK(cuMemFreeHost(h));
+      printf("part 3, busy: %-6s %3zu MiB: cuMemHostAlloc %8.3f ms, cuMemAlloc %8.3f ms, "
+             "cuMemFree %8.3f ms\n", how, mib, host_ms, dev_ms, dev_free_ms);
+      fflush(stdout);
+    }
+  }
   return 0;
 }
