@@ -23,6 +23,21 @@ use std::time::{Duration, Instant};
 /// How long the completion thread is kept busy in a handle's waker.
 const HELD: Duration = Duration::from_millis(600);
 
+/// One test at a time: they share pinlane's spare events and completion thread.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static TURN: Mutex<()> = Mutex::new(());
+    TURN.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn setup() {
+    // A spin long enough for the simulated device's copies (each operation delayed up to
+    // 40 us, on a loaded machine more): the tests are about who finishes the call.
+    common::sim_with(
+        || common::sim_runtime().spin(Duration::from_millis(200)),
+        common::sim_device,
+    );
+}
+
 fn batch(seed: u64) -> Vec<Tensor> {
     vec![
         common::tensor(DType::F32, &[3000], seed),
@@ -47,12 +62,8 @@ impl Wake for Sleepy {
 /// spin each wait slept until the completion thread was free again (600 ms).
 #[test]
 fn a_wait_finishes_its_call_without_the_completion_thread() {
-    // A spin long enough for the simulated device's copies (each operation delayed up to
-    // 40 us, on a loaded machine more): the test is about who finishes the call.
-    common::sim_with(
-        || common::sim_runtime().spin(Duration::from_millis(200)),
-        common::sim_device,
-    );
+    setup();
+    let _turn = serial();
     let dev = Device::cuda(0);
     let b = batch(68);
     let on = transfer_tensor_h2d(&b).unwrap();
@@ -119,6 +130,51 @@ fn a_wait_finishes_its_call_without_the_completion_thread() {
         std::thread::sleep(Duration::from_millis(5));
     };
     assert_eq!(out, b);
+}
+
+/// A waited call's event serves a later call (it is kept as a spare once its handle is
+/// done with it), unless the caller holds a clone of it: before, every waited call's event
+/// was destroyed with its handle and the next call made a new one (two driver calls).
+#[test]
+fn a_waited_calls_event_serves_a_later_call() {
+    setup();
+    let _turn = serial();
+    let b = batch(69);
+    let opts = H2dOptions::default();
+    transfer_tensor_h2d_async(&b, &opts)
+        .unwrap()
+        .wait()
+        .unwrap(); // warm
+    let mut reused = 0;
+    for _ in 0..20 {
+        let first = transfer_tensor_h2d_async(&b, &opts).unwrap();
+        let raw = first.ready_event().unwrap().as_raw();
+        first.wait().unwrap();
+        let next = transfer_tensor_h2d_async(&b, &opts).unwrap();
+        reused += usize::from(next.ready_event().unwrap().as_raw() == raw);
+        next.wait().unwrap();
+    }
+    // (Not all 20: the completion thread may finish a call while its handle still holds
+    // the event; neither then keeps it.)
+    assert!(
+        reused >= 10,
+        "a waited call's event served the next call {reused} times of 20"
+    );
+
+    // A clone the caller keeps stays the caller's: sealed, and never handed to a call.
+    let third = transfer_tensor_h2d_async(&b, &opts).unwrap();
+    let kept = third.ready_event().unwrap().clone();
+    third.wait().unwrap();
+    for _ in 0..5 {
+        let later = transfer_tensor_h2d_async(&b, &opts).unwrap();
+        assert_ne!(later.ready_event().unwrap().as_raw(), kept.as_raw());
+        later.wait().unwrap();
+    }
+    let s = Stream::new(Device::cuda(0)).unwrap();
+    assert!(matches!(
+        kept.record(&s),
+        Err(pinlane::Error::SealedEvent { .. })
+    ));
 }
 
 struct Noop;

@@ -1016,6 +1016,17 @@ impl<B> Transfer<B> {
                 }
             }
         };
+        if r.is_ok() {
+            // Done: the event goes back for the next calls if nobody else holds it (the
+            // completion thread, a caller's clone from `ready_event`, an output still
+            // ordered after it). Before, a waited call's event was destroyed here and the
+            // next call made one: two driver calls a call.
+            if let Some(p) = self.pending.take() {
+                let done = p.done.clone();
+                drop(p);
+                recycle(done);
+            }
+        }
         let batch = self.batch.take().ok_or_else(taken);
         r.and(batch)
     }
