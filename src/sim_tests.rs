@@ -278,7 +278,8 @@ fn small_output_batches_share_blocks() {
 /// block before any block is freed: a free waits for the whole device and holds every
 /// thread's copies meanwhile (session 68, `benches/probes/free_hold.cu`). Before, the
 /// free 8 MiB block was freed to make room for a new 2 MiB one. Below the cap a block
-/// of about the size is made, as before (a 2 MiB batch does not pin 8 MiB for ever).
+/// of about the size is made, as before (a 2 MiB batch does not pin 8 MiB for ever), and
+/// so it is for the shared block of small batches.
 #[test]
 fn at_the_cap_a_larger_free_block_serves_before_one_is_freed() {
     setup();
@@ -295,6 +296,15 @@ fn at_the_cap_a_larger_free_block_serves_before_one_is_freed() {
     );
     assert_eq!(pool.fallbacks(), 0);
     drop(block);
+    // Not for the shared block of small batches, which stays current until it fills (it
+    // would keep the 8 MiB from large batches): a 2 MiB one is made in its place.
+    let (small, _) = pool.take(4, 0).unwrap().expect("room");
+    assert_eq!(
+        pool.held_bytes(),
+        2 << 20,
+        "the 8 MiB block became the shared one"
+    );
+    drop(small);
 
     let roomy = std::sync::Arc::new(PinnedOutputPool::new(64 << 20));
     drop(roomy.take(8 << 20, 0).unwrap().expect("room"));

@@ -15,6 +15,7 @@ use pinlane::{
     Transfer,
 };
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
@@ -175,6 +176,58 @@ fn a_waited_calls_event_serves_a_later_call() {
         kept.record(&s),
         Err(pinlane::Error::SealedEvent { .. })
     ));
+}
+
+/// The owner of a lent device tensor whose `Drop` says it has begun, then takes 300 ms.
+struct SlowOwner {
+    _memory: Tensor,
+    began: Mutex<Sender<()>>,
+    ended: Arc<AtomicBool>,
+}
+
+impl Drop for SlowOwner {
+    fn drop(&mut self) {
+        let _ = self.began.lock().unwrap().send(());
+        std::thread::sleep(Duration::from_millis(300));
+        self.ended.store(true, Ordering::SeqCst);
+    }
+}
+
+/// `settle` (and shutdown) waits for a call whose wait is releasing it on the waiting
+/// thread, as it waits for the completion thread's: before, it returned while the
+/// waiter was still dropping the call's owners (here a source's owner, 300 ms).
+#[test]
+fn settle_waits_for_a_release_on_a_waiting_thread() {
+    setup();
+    let _turn = serial();
+    let dev = Device::cuda(0);
+    let t = common::tensor(DType::F32, &[1000], 70);
+    let theirs = transfer_tensor_h2d(&t).unwrap(); // "another library's" device memory
+    let lent = Stream::legacy(dev).unwrap();
+    let g = theirs.device_ptr(&lent).unwrap();
+    let ptr = g.ptr();
+    drop(g);
+    let (began, rx) = channel();
+    let ended = Arc::new(AtomicBool::new(false));
+    let owner = SlowOwner {
+        _memory: theirs,
+        began: Mutex::new(began),
+        ended: ended.clone(),
+    };
+    // SAFETY: `ptr` is the 4000 bytes of cuda:0 memory `theirs` holds, kept alive by the
+    // owner, and nothing writes it.
+    let ext = unsafe { Tensor::from_device_ptr(ptr, dev, DType::F32, [1000], owner) }.unwrap();
+    // The call's job holds the last reference to `ext`: its release drops the owner.
+    let pending = transfer_tensor_d2h_async(&vec![ext], &D2hOptions::default()).unwrap();
+    let waiter = std::thread::spawn(move || pending.wait());
+    rx.recv_timeout(Duration::from_secs(10))
+        .expect("the owner's drop began");
+    pinlane::settle(Duration::from_secs(10)).unwrap();
+    assert!(
+        ended.load(Ordering::SeqCst),
+        "settle returned while the call's owners were still being released"
+    );
+    assert_eq!(waiter.join().unwrap().unwrap(), vec![t]);
 }
 
 struct Noop;

@@ -821,9 +821,10 @@ pub(crate) unsafe fn h2d_batch_async(
 /// blocks, each taking a 256-byte-aligned range, so keeping many small batches alive does
 /// not take a block each. The pool holds at most
 /// [`Config::pinned_output_bytes`](crate::config::Config::pinned_output_bytes). A free block
-/// serves a batch it fits that needs at least half of it, and at the cap any batch it
-/// fits (a free waits for the device and holds every thread's copies meanwhile, so
-/// reusing a larger block beats freeing it); otherwise unused blocks are freed to make
+/// serves a batch it fits that needs at least half of it, and, where a new block would
+/// not fit under the cap, any batch of [`SHARE_MAX`] or more it fits (a free waits for
+/// the device and holds every thread's copies meanwhile, so reusing a larger block beats
+/// freeing it); otherwise unused blocks are freed to make
 /// room, and when a batch does not fit even then, the call falls back to pageable outputs
 /// (counted in [`MemoryStats::pageable_fallbacks`](crate::runtime::MemoryStats::pageable_fallbacks)).
 pub struct PinnedOutputPool {
@@ -952,7 +953,8 @@ impl PinnedOutputPool {
         let got = if nbytes < SHARE_MAX {
             self.take_shared(nbytes, device)
         } else {
-            self.take_block(nbytes, device).map(|b| b.map(|b| (b, 0)))
+            self.take_block(nbytes, device, true)
+                .map(|b| b.map(|b| (b, 0)))
         };
         if matches!(got, Ok(None)) {
             self.fallbacks.fetch_add(1, Ordering::Relaxed);
@@ -989,7 +991,9 @@ impl PinnedOutputPool {
                 }
             }
         }
-        let Some(block) = self.take_block(BLOCK_ROUND, device)? else {
+        // (No larger free block at the cap: the shared block stays current until it
+        // fills in 256-byte steps, and would keep a large block from large batches.)
+        let Some(block) = self.take_block(BLOCK_ROUND, device, false)? else {
             return Ok(None);
         };
         let old = self.lock().shared.replace((block.clone(), step));
@@ -999,11 +1003,13 @@ impl PinnedOutputPool {
         Ok(Some((block, 0)))
     }
 
-    /// A block of its own of at least `nbytes`.
+    /// A block of its own of at least `nbytes`; `larger_at_cap`: where a new block would
+    /// not fit under the cap, any larger free block serves before one is freed.
     fn take_block(
         self: &Arc<Self>,
         nbytes: usize,
         device: usize,
+        larger_at_cap: bool,
     ) -> Result<Option<Arc<PinnedBlock>>> {
         let want = block_bytes(nbytes);
         let mut to_free = Vec::new();
@@ -1018,13 +1024,14 @@ impl PinnedOutputPool {
                 .map(|(i, _)| i);
             let max = self.max_bytes();
             let over = |held: usize| held.checked_add(want).is_none_or(|n| n > max);
-            // At the cap, a larger free block serves before any is freed: a free
+            // Where a new block would not fit under the cap, a larger free block serves
+            // before any is freed (for a batch's own block): a free
             // (`cuMemFreeHost`) waits for all work queued on the device, and while it
             // waits it holds every thread's copies (measured on an H100, session 68:
             // another thread's 1 MiB copy took 475 ms to queue while a free waited 480
             // ms behind another stream's kernel; `benches/probes/free_hold.cu`).
             let best = best.or_else(|| {
-                over(st.held)
+                (larger_at_cap && over(st.held))
                     .then(|| {
                         st.free
                             .iter()
