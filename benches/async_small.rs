@@ -1,12 +1,13 @@
-//! `cargo bench --bench async_small [-- --json PATH]` (GPU machine): small batches through
-//! the non-blocking calls (`transfer_tensor_h2d_async` / `_d2h_async`, then `wait`), beside
-//! the blocking calls in the same process: what a call's hand-over to the completion
-//! thread (its event, its wake-up, the thread's answer) costs where the copy itself is
-//! tiny. Session 67 moved the wake-up (a host function) from the call's stream to a wake
-//! stream of pinlane's, which adds a `cuStreamWaitEvent` to every non-blocking call.
-//! Session 68: `wait` asks the event for up to `Config::spin` and finishes the call
-//! itself; the row "H2D into + wait" (a copy into existing tensors, whose wake-up is
-//! queued only at the wait) was added then.
+//! `cargo bench --bench async_small [-- --json PATH] [--no-into]` (GPU machine): small
+//! batches through the non-blocking calls (`transfer_tensor_h2d_async` / `_d2h_async`,
+//! then `wait`), beside the blocking calls in the same process: what a call's hand-over
+//! to the completion thread (its event, its wake-up, the thread's answer) costs where the
+//! copy itself is tiny. Session 67 moved the wake-up (a host function) from the call's
+//! stream to a wake stream of pinlane's, which adds a `cuStreamWaitEvent` to every
+//! non-blocking call. Session 68: `wait` asks the event for up to `Config::spin` and
+//! finishes the call itself; the row "H2D into + wait" (a copy into existing tensors,
+//! whose wake-up is queued only at the wait) was added then, with its check before the
+//! rows (`--no-into` leaves both out).
 //!
 //! One thread, pageable f32 sources (staged), default options (the thread's own streams),
 //! page-locked outputs. For each batch: one checked round trip (every byte compared),
@@ -58,6 +59,9 @@ fn main() {
         .iter()
         .position(|a| a == "--json")
         .and_then(|i| args.get(i + 1).cloned());
+    // `--no-into`: without the copy into existing tensors (its check and its row), as the
+    // bench was before session 68.
+    let into = !args.iter().any(|a| a == "--no-into");
     if pinlane::driver::available().is_none() {
         eprintln!("async_small: no CUDA driver here; nothing measured");
         return;
@@ -80,15 +84,17 @@ fn main() {
             .and_then(|t| t.wait())
             .expect("d2h");
         assert_eq!(back, batch, "{name}: the bytes came back changed");
-        // The copy into existing tensors (the batch's own device tensors) checked too.
-        transfer_tensor_h2d_into(&batch, &on, &IntoOptions::default())
-            .and_then(|t| t.wait())
-            .expect("h2d into");
-        let again = transfer_tensor_d2h(&on, &D2hOptions::default()).expect("d2h");
-        assert_eq!(
-            again, batch,
-            "{name}: the copy into existing tensors changed the bytes"
-        );
+        if into {
+            // The copy into existing tensors (the batch's own device tensors) checked too.
+            transfer_tensor_h2d_into(&batch, &on, &IntoOptions::default())
+                .and_then(|t| t.wait())
+                .expect("h2d into");
+            let again = transfer_tensor_d2h(&on, &D2hOptions::default()).expect("d2h");
+            assert_eq!(
+                again, batch,
+                "{name}: the copy into existing tensors changed the bytes"
+            );
+        }
         let rows = [
             (
                 "H2D blocking",
@@ -105,10 +111,14 @@ fn main() {
             ),
             (
                 "H2D into + wait",
-                median(|| {
-                    let t = transfer_tensor_h2d_into(&batch, &on, &IntoOptions::default());
-                    t.and_then(|t| t.wait()).expect("h2d into")
-                }),
+                if into {
+                    median(|| {
+                        let t = transfer_tensor_h2d_into(&batch, &on, &IntoOptions::default());
+                        t.and_then(|t| t.wait()).expect("h2d into")
+                    })
+                } else {
+                    Duration::ZERO // not measured (`--no-into`)
+                },
                 limits.h2d,
             ),
             (
@@ -126,6 +136,9 @@ fn main() {
             ),
         ];
         for (way, t, limit) in rows {
+            if t.is_zero() {
+                continue;
+            }
             let gbs = bytes as f64 / t.as_secs_f64() / 1e9;
             let us = t.as_secs_f64() * 1e6;
             println!(
