@@ -113,11 +113,11 @@ pub struct Config {
     /// thread waiting for the copy threads' last pieces of its job spins before sleeping,
     /// how long a blocking D2H call into page-locked outputs spins on its end flag (a
     /// word of page-locked memory its stream sets after the copies) before it waits in
-    /// the driver, and how long a non-blocking call's [`Transfer::wait`](crate::Transfer::wait)
-    /// asks the call's event before it sleeps. Zero turns end flags off (a wait then asks
-    /// once). At most [`Config::MAX_SPIN`]: a spin is a
-    /// wait, and every wait is bounded (a stream that failed before its end flag never
-    /// sets it).
+    /// the driver, and how long a non-blocking call's
+    /// [`Transfer::wait`](crate::Transfer::wait) asks the call's event before it sleeps.
+    /// Zero turns end flags off (a wait then asks once). At most [`Config::MAX_SPIN`]: a
+    /// spin is a wait, and every wait is bounded (a stream that failed before its end flag
+    /// never sets it).
     pub spin: Duration,
     /// Stores used to fill staging slots (H2D).
     pub fill_stores: CopyStores,

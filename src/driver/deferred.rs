@@ -67,32 +67,34 @@ pub(crate) fn mark_background_thread(name: &'static str) {
     let _ = BACKGROUND.try_with(|b| b.set(Some(name)));
 }
 
+/// The calling thread's name if it is one of pinlane's own (see the module docs).
+fn background_name() -> Option<&'static str> {
+    BACKGROUND.try_with(Cell::get).ok().flatten()
+}
+
 /// Whether the calling thread is one of pinlane's own (see the module docs).
 pub(crate) fn is_background_thread() -> bool {
-    BACKGROUND.try_with(Cell::get).ok().flatten().is_some()
+    background_name().is_some()
 }
 
 /// Runs `f`, user code that pinlane runs outside the call it belongs to (another call's
 /// owner's drop, a waker), under `catch_unwind`: a panic is recorded for the next call on
 /// `device` as [`Error::Panicked`] naming the thread (pinlane's own by the name it was
 /// marked with, else `"caller"`: then that thread's next call) and `what` pinlane was
-/// doing.
-pub(crate) fn catch_user_panic(device: usize, what: &'static str, f: impl FnOnce()) {
-    if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-        let thread = BACKGROUND
-            .try_with(Cell::get)
-            .ok()
-            .flatten()
-            .unwrap_or("caller");
-        record(
-            device,
-            Error::Panicked {
-                thread,
-                what,
-                message: crate::error::panic_message(&*panic),
-            },
-        );
-    }
+/// doing. Says whether `f` returned (false: it panicked).
+pub(crate) fn catch_user_panic(device: usize, what: &'static str, f: impl FnOnce()) -> bool {
+    let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) else {
+        return true;
+    };
+    record(
+        device,
+        Error::Panicked {
+            thread: background_name().unwrap_or("caller"),
+            what,
+            message: crate::error::panic_message(&*panic),
+        },
+    );
+    false
 }
 
 /// Records an error raised where it cannot be returned (in `Drop` of an owner on

@@ -32,9 +32,10 @@
 //! DLPack deleter) and waking a handle runs its waker: a panic there is caught, recorded
 //! on the device for its next call on any thread ([`Error::Panicked`], see
 //! [`crate::driver::deferred`]), and the thread goes on. (Released on a calling thread,
-//! such a panic is recorded for that thread's next call, named `"caller"`.) Should the thread stop anyway,
-//! every handle still waiting is woken at once with [`Error::Worker`] (what its copies
-//! use is retained: nothing proves them done), and the next call starts a new thread.
+//! such a panic is recorded for that thread's next call, named `"caller"`.) Should the
+//! thread stop anyway, every handle still waiting is woken at once with [`Error::Worker`]
+//! (what its copies use is retained: nothing proves them done), and the next call starts
+//! a new thread.
 
 use crate::driver::{Event, Stream};
 use crate::error::{Error, Result};
@@ -347,7 +348,7 @@ pub(crate) fn reap(key: (usize, usize)) {
                 // Pinlane's own release, on a transfer's path: a page-locked block freed
                 // here goes to the reaper thread (`memory::reaper`).
                 let _own = crate::memory::reaper::releasing();
-                complete(job, Ok(()), "caller");
+                complete(job, Ok(()));
             }
             None => return, // the completion thread took it
         }
@@ -473,7 +474,7 @@ fn enqueue(owners: Detached, done: Event, lazy: bool, spin: Duration) -> Result<
                         crate::driver::deferred::record(device, drain.clone());
                     }
                     let r = waited.and_then(|done| if done { Ok(()) } else { Err(e.clone()) });
-                    complete(job, r, "caller");
+                    complete(job, r);
                 }
                 return Err(e);
             }
@@ -548,7 +549,7 @@ impl Pending {
             // the free thread (`memory::reaper`), so the wait does not wait for the
             // device's other work.
             let _own = crate::memory::reaper::releasing();
-            complete(job, Ok(()), "caller");
+            complete(job, Ok(()));
         }
         !self.shared.is_pending()
     }
@@ -571,15 +572,18 @@ impl Drop for Pending {
     }
 }
 
-/// Releases (or, on error, retains) a finished job's owners and wakes its handle, on
-/// `thread` (`"completion"`, or `"caller"`: a calling thread's wait or lazy call). Both
-/// run user code (owners' drops, the waker): a panic there is recorded for the device's
-/// next call (on any thread from the completion thread, on that thread from a caller's),
-/// and the handle still gets `r`.
-fn complete(mut job: Job, r: Result<()>, thread: &'static str) {
+/// Releases (or, on error, retains) a finished job's owners and wakes its handle, on the
+/// completion thread or a calling thread (a wait, a lazy call's [`reap`]). Both run user
+/// code (owners' drops, the waker): a panic there is recorded for the device's next call
+/// (`deferred::catch_user_panic`: on any thread from the completion thread, on that
+/// thread from a caller's), and the handle still gets `r`.
+fn complete(mut job: Job, r: Result<()>) {
     let mut outcome = r.clone();
-    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        match (job.owners.take(), r) {
+    let device = job.done.index();
+    let released = crate::driver::deferred::catch_user_panic(
+        device,
+        "releasing a completed transfer's owners",
+        || match (job.owners.take(), r) {
             (Some(owners), Ok(())) => {
                 if owners.release(&job.done) {
                     job.shared.finish(Ok(()));
@@ -605,22 +609,16 @@ fn complete(mut job: Job, r: Result<()>, thread: &'static str) {
                 // the status abandoned: `finish` records the error for the device then.
                 job.shared.finish(r);
             }
-        }
-    }));
-    if let Err(panic) = run {
-        crate::driver::deferred::record(
-            job.done.index(),
-            Error::Panicked {
-                thread,
-                what: "releasing a completed transfer's owners",
-                message: crate::error::panic_message(&*panic),
-            },
-        );
+        },
+    );
+    if !released {
         // A no-op if the panic came after it; the waker it may run is user code too.
         let shared = &job.shared;
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            shared.finish(outcome.clone())
-        }));
+        crate::driver::deferred::catch_user_panic(
+            device,
+            "waking a handle after its release panicked",
+            || shared.finish(outcome.clone()),
+        );
     }
     if outcome.is_ok() {
         let done = job.done.clone();
@@ -631,8 +629,8 @@ fn complete(mut job: Job, r: Result<()>, thread: &'static str) {
 
 /// Waits up to `limit` for every pending non-blocking call to complete (owners released,
 /// handles woken; also those a calling thread is releasing) and the completion thread to
-/// exit; says whether both happened. A call
-/// made meanwhile starts a new thread. For [`Runtime::shutdown`](crate::runtime::Runtime::shutdown).
+/// exit; says whether both happened. A call made meanwhile starts a new thread. For
+/// [`Runtime::shutdown`](crate::runtime::Runtime::shutdown).
 pub(crate) fn quiesce(limit: std::time::Duration) -> bool {
     let deadline = crate::driver::deadline_after(limit);
     let mut q = lock(&COMPLETER.queues);
@@ -750,7 +748,7 @@ fn run() {
         if !finished.is_empty() {
             drop(q);
             for (job, r) in finished {
-                complete(job, r, "completion");
+                complete(job, r);
             }
             q = lock(&COMPLETER.queues);
             continue;
@@ -965,8 +963,8 @@ impl<B> Transfer<B> {
     }
 
     /// Waits at most `limit` for the copies (spinning for at most
-    /// [`Config::spin`](crate::Config::spin) of it, as [`wait`](Transfer::wait) does): `Some` with what
-    /// [`wait`](Transfer::wait) returns once they are done, `None` if they are not done
+    /// [`Config::spin`](crate::Config::spin) of it, as [`wait`](Transfer::wait) does):
+    /// `Some` with what [`wait`](Transfer::wait) returns once they are done, `None` if they are not done
     /// by then. After `None` the handle is as before (wait again, or drop it: pinlane keeps
     /// what the copies use until they finish); after `Some` its batch is taken, except
     /// after `Some(Err(Error::WaitOnCompletionThread))`: called on pinlane's completion

@@ -824,9 +824,8 @@ pub(crate) unsafe fn h2d_batch_async(
 /// serves a batch it fits that needs at least half of it, and, where a new block would
 /// not fit under the cap, any batch of [`SHARE_MAX`] or more it fits (a free waits for
 /// the device and holds every thread's copies meanwhile, so reusing a larger block beats
-/// freeing it); otherwise unused blocks are freed to make
-/// room, and when a batch does not fit even then, the call falls back to pageable outputs
-/// (counted in [`MemoryStats::pageable_fallbacks`](crate::runtime::MemoryStats::pageable_fallbacks)).
+/// freeing it); otherwise unused blocks are freed to make room, and when a batch does
+/// not fit even then, the call falls back to pageable outputs (counted in [`MemoryStats::pageable_fallbacks`](crate::runtime::MemoryStats::pageable_fallbacks)).
 pub struct PinnedOutputPool {
     max_bytes: AtomicUsize,
     state: Mutex<PoolState>,
@@ -1015,33 +1014,24 @@ impl PinnedOutputPool {
         let mut to_free = Vec::new();
         let reuse = {
             let mut st = self.lock();
-            let best = st
-                .free
-                .iter()
-                .enumerate()
-                .filter(|(_, (_, len, _))| *len >= nbytes && *len <= want.saturating_mul(2))
-                .min_by_key(|(_, (_, len, _))| *len)
-                .map(|(i, _)| i);
+            // The smallest free block of at least `nbytes` and at most `most` bytes.
+            let fit = |free: &[(HostPtr<u8>, usize, usize)], most: usize| {
+                free.iter()
+                    .enumerate()
+                    .filter(|(_, (_, len, _))| *len >= nbytes && *len <= most)
+                    .min_by_key(|(_, (_, len, _))| *len)
+                    .map(|(i, _)| i)
+            };
             let max = self.max_bytes();
             let over = |held: usize| held.checked_add(want).is_none_or(|n| n > max);
-            // Where a new block would not fit under the cap, a larger free block serves
-            // before any is freed (for a batch's own block): a free
-            // (`cuMemFreeHost`) waits for all work queued on the device, and while it
-            // waits it holds every thread's copies (measured on an H100, session 68:
-            // another thread's 1 MiB copy took 475 ms to queue while a free waited 480
-            // ms behind another stream's kernel; `benches/probes/free_hold.cu`).
-            let best = best.or_else(|| {
-                (larger_at_cap && over(st.held))
-                    .then(|| {
-                        st.free
-                            .iter()
-                            .enumerate()
-                            .filter(|(_, (_, len, _))| *len >= nbytes)
-                            .min_by_key(|(_, (_, len, _))| *len)
-                            .map(|(i, _)| i)
-                    })
-                    .flatten()
-            });
+            // A free block of about the size; or, where a new block would not fit under
+            // the cap, any larger one (for a batch's own block) before any is freed: a
+            // free (`cuMemFreeHost`) waits for all work queued on the device, and while
+            // it waits it holds every thread's copies (measured on an H100, session 68:
+            // another thread's 1 MiB copy took 475 ms to queue while a free waited 480 ms
+            // behind another stream's kernel; `benches/probes/free_hold.cu`).
+            let best = fit(&st.free, want.saturating_mul(2))
+                .or_else(|| (larger_at_cap && over(st.held)).then(|| fit(&st.free, usize::MAX))?);
             match best {
                 Some(i) => Some(st.free.swap_remove(i)),
                 None => {

@@ -129,11 +129,13 @@ fn run(job: Job) {
         // the obligations for `ptr` (from `host_alloc` under `device`'s context, freed by
         // nothing else, no copy touching it).
         Job::Free(ptr, device) => unsafe { free_now(ptr, device) },
-        Job::Run(f, device) => driver::deferred::catch_user_panic(
-            device,
-            "dropping the owner of memory page-locked in place",
-            f,
-        ),
+        Job::Run(f, device) => {
+            driver::deferred::catch_user_panic(
+                device,
+                "dropping the owner of memory page-locked in place",
+                f,
+            );
+        }
     }
 }
 
