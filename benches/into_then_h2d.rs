@@ -12,8 +12,10 @@
 //! Run 7 found both threads slower after B's copy into (8.9 to 9.0 us to 10.0), and that
 //! copy is the process's first kernel launch (the copy's scatter kernel); so the first
 //! step after the fresh blocks is now a D2H of 8 small tensors (the gather kernel) instead,
-//! to tell a kernel launch from the copy into. This second form has not run on a GPU
-//! (session 68's device time ran out): `benches/results/issue20_session68/run8.sh`.
+//! to tell a kernel launch from the copy into. Session 69 ran this second form
+//! (`benches/results/issue20_session69/run1`): both threads were slower after the D2H's
+//! kernel already, by about 1.1 us, so the kernel launch is the cause;
+//! `benches/probes/after_kernel.cu` found which driver calls it slows.
 //! Prints µs per call per block; the moved bytes are checked once per configuration.
 
 use pinlane::{
