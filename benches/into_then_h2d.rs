@@ -106,6 +106,12 @@ fn main() {
         eprintln!("into_then_h2d: no CUDA driver here; nothing measured");
         return;
     }
+    // PINLANE_* settings (session 69 compares PINLANE_SMALL_DEVICE_BLOCKS=0 with the
+    // default).
+    if let Err(e) = pinlane::Config::from_env().and_then(pinlane::Config::install) {
+        eprintln!("into_then_h2d: {e}");
+        return;
+    }
     let spawn = |seed| {
         let (tx, rx) = channel();
         let (dtx, drx) = channel();

@@ -61,6 +61,7 @@ pub enum SmallH2d {
 /// | [`pinned_output_bytes`](Config::pinned_output_bytes) | 2 GiB | `PINLANE_PINNED_OUTPUT_BYTES` | [`Runtime::set_pinned_output_bytes`](crate::runtime::Runtime::set_pinned_output_bytes) |
 /// | [`host_pool_bytes`](Config::host_pool_bytes) | 2 GiB | `PINLANE_HOST_POOL_BYTES` | [`Runtime::set_host_pool_bytes`](crate::runtime::Runtime::set_host_pool_bytes) |
 /// | [`device_pool_release_bytes`](Config::device_pool_release_bytes) | `u64::MAX` (keep all) | `PINLANE_DEVICE_POOL_RELEASE_BYTES` | [`Runtime::set_device_pool_release_bytes`](crate::runtime::Runtime::set_device_pool_release_bytes) |
+/// | [`small_device_blocks`](Config::small_device_blocks) | 8 | `PINLANE_SMALL_DEVICE_BLOCKS` | no |
 /// | [`copy_threads`](Config::copy_threads) | 3/4 of the cores, at most 12 | `PINLANE_COPY_THREADS` | no |
 /// | [`parallel_min`](Config::parallel_min) | 256 KiB | `PINLANE_PARALLEL_MIN` | no |
 /// | [`spin`](Config::spin) | 50 µs (at most 1 s) | `PINLANE_SPIN_US` | no |
@@ -104,6 +105,16 @@ pub struct Config {
     /// [`trim`](crate::trim) is called; a lower value gives memory back by itself, and
     /// large batches then map their device memory anew after synchronisations.
     pub device_pool_release_bytes: u64,
+    /// Device blocks of small H2D outputs (at most 64 KiB, in size classes of 512 B to
+    /// 64 KiB) kept per size class and device when their last view drops, instead of
+    /// freed, for the next small outputs: their allocation then skips the driver pool's
+    /// check of memory freed on another stream (the outputs' consumer stream), which took
+    /// 0.7 to 3 us a call (docs/performance.md, session 69). A block is reused only once
+    /// an event recorded on its consumer stream when it was given back has completed.
+    /// Kept blocks count as used in [`DevicePoolStats`](crate::runtime::DevicePoolStats)
+    /// until [`trim`](crate::trim) frees them; at most 8 x 127.5 KiB per device with the
+    /// default. 0 keeps none.
+    pub small_device_blocks: usize,
     /// Threads that copy pageable memory (the calling thread included); `None`: three
     /// quarters of the machine's parallelism, at most 12 (fastest on the GPU machine).
     pub copy_threads: Option<usize>,
@@ -170,6 +181,7 @@ impl Config {
             pinned_output_bytes: 2 << 30,
             host_pool_bytes: 2 << 30,
             device_pool_release_bytes: u64::MAX,
+            small_device_blocks: 8,
             copy_threads: None,
             parallel_min: 256 << 10,
             spin: Duration::from_micros(50),
@@ -228,6 +240,9 @@ impl Config {
         }
         if let Some((n, v)) = get("PINLANE_DEVICE_POOL_RELEASE_BYTES") {
             c.device_pool_release_bytes = parse(n, &v)?;
+        }
+        if let Some((n, v)) = get("PINLANE_SMALL_DEVICE_BLOCKS") {
+            c.small_device_blocks = parse(n, &v)?;
         }
         if let Some((n, v)) = get("PINLANE_COPY_THREADS") {
             c.copy_threads = Some(parse(n, &v)?);
@@ -359,6 +374,8 @@ setters! {
     host_pool_bytes: usize;
     /// Sets [`Config::device_pool_release_bytes`].
     device_pool_release_bytes: u64;
+    /// Sets [`Config::small_device_blocks`].
+    small_device_blocks: usize;
     /// Sets [`Config::parallel_min`].
     parallel_min: usize;
     /// Sets [`Config::spin`].
@@ -443,6 +460,7 @@ mod tests {
             ("PINLANE_PINNED_OUTPUT_BYTES", "7"),
             ("PINLANE_HOST_POOL_BYTES", "8"),
             ("PINLANE_DEVICE_POOL_RELEASE_BYTES", "9"),
+            ("PINLANE_SMALL_DEVICE_BLOCKS", "5"),
             ("PINLANE_COPY_THREADS", "3"),
             ("PINLANE_PARALLEL_MIN", "10"),
             ("PINLANE_SPIN_US", "11"),
@@ -463,6 +481,7 @@ mod tests {
             .pinned_output_bytes(7)
             .host_pool_bytes(8)
             .device_pool_release_bytes(9)
+            .small_device_blocks(5)
             .copy_threads(3)
             .parallel_min(10)
             .spin(Duration::from_micros(11))

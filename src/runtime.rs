@@ -18,7 +18,9 @@ use crate::device::Device;
 use crate::driver;
 use crate::error::{Error, Result};
 pub use crate::memory::PoolStats;
-use crate::memory::{retained, CopyPool, HostPool, PinnedArena, PinnedOutputPool, Stores};
+use crate::memory::{
+    retained, CopyPool, DeviceBlocks, HostPool, PinnedArena, PinnedOutputPool, Stores,
+};
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -36,6 +38,7 @@ pub struct Runtime {
     config: Config,
     pub(crate) arena: Arc<PinnedArena>,
     pub(crate) outputs: Arc<PinnedOutputPool>,
+    pub(crate) device_blocks: Arc<DeviceBlocks>,
     pub(crate) host_pool: Arc<HostPool>,
     pub(crate) copy: Arc<CopyPool>,
     /// Set by [`Runtime::shutdown`].
@@ -175,6 +178,7 @@ impl Runtime {
                 config.slot_wait,
             )),
             outputs: Arc::new(PinnedOutputPool::new(config.pinned_output_bytes)),
+            device_blocks: Arc::new(DeviceBlocks::new(config.small_device_blocks)),
             host_pool: Arc::new(HostPool::new(config.host_pool_bytes)),
             copy: Arc::new(CopyPool::new(
                 config.resolved_copy_threads(),
@@ -214,6 +218,7 @@ impl Runtime {
         note(self.outputs.set_max_bytes(0));
         note(self.outputs.trim());
         self.host_pool.set_max_bytes(0);
+        note(self.device_blocks.release());
         note(driver::trim_device_pools());
         first.map_or(Ok(()), Err)
     }
@@ -283,8 +288,9 @@ impl Runtime {
     }
 
     /// Gives back everything cached and not in use: free staging slots, free page-locked
-    /// output blocks, cached pageable regions, and device pool memory that backs no
-    /// allocation (`cuMemPoolTrimTo`). Owners retained after failed synchronisations are
+    /// output blocks, cached pageable regions, the small device blocks kept for H2D
+    /// outputs ([`Config::small_device_blocks`]: freed in order on their consumer streams),
+    /// and device pool memory that backs no allocation (`cuMemPoolTrimTo`). Owners retained after failed synchronisations are
     /// released first where their stream has finished its work (checked with an event,
     /// without blocking).
     ///
@@ -314,6 +320,7 @@ impl Runtime {
         note(self.arena.trim());
         note(self.outputs.trim());
         self.host_pool.trim();
+        note(self.device_blocks.release());
         note(driver::trim_device_pools());
         first.map_or(Ok(()), Err)
     }
@@ -347,6 +354,7 @@ impl Runtime {
             pinned_outputs: self.outputs.stats(),
             pageable_outputs: self.host_pool.stats(),
             devices: device_pool_stats(),
+            kept_device_block_bytes: self.device_blocks.kept_bytes(),
             pageable_fallbacks: self.outputs.fallbacks(),
             slot_waits: self.arena.waits(),
             ..process_counts()
@@ -381,6 +389,9 @@ pub struct MemoryStats {
     pub pageable_outputs: PoolStats,
     /// Device pools, one per device pinlane has used.
     pub devices: Vec<DevicePoolStats>,
+    /// Of the devices' `used_bytes`, blocks of small H2D outputs kept for the next ones
+    /// ([`Config::small_device_blocks`]), all devices together; [`trim`] frees them.
+    pub kept_device_block_bytes: usize,
     /// D2H batches that got pageable outputs because the page-locked pool was full.
     pub pageable_fallbacks: u64,
     /// Times a call found every staging slot leased and waited for one.

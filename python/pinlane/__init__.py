@@ -63,7 +63,8 @@ def configure(**settings):
 
 def trim():
     """Gives back the memory pinlane caches (staging slots, free page-locked output
-    blocks, the device pools' free memory); what live tensors use stays."""
+    blocks, small H2D outputs' kept device blocks, the device pools' free memory); what
+    live tensors use stays."""
     _native.trim()
 
 
@@ -125,7 +126,9 @@ def memory_stats():
     errors raised on pinlane's own threads (each is raised by the next call on its
     device). Also: ``pageable_fallbacks`` (D2H batches given ordinary memory because the
     page-locked output pool was full), ``slot_waits`` (calls that waited for a staging
-    slot), ``retained_bytes`` (memory kept after failed synchronisations), and per device
+    slot), ``retained_bytes`` (memory kept after failed synchronisations),
+    ``kept_device_block_bytes`` (device blocks of small H2D outputs kept for the next ones,
+    counted in the devices' used bytes; ``trim`` frees them), and per device
     pinlane has used (``devices``) its pool's bytes and ``end_flags``: whether small D2H
     calls see their copies end without waiting in the driver (false once the driver
     refused one; such calls are then slower, and let go of the GIL to wait). Asking starts

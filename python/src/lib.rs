@@ -214,6 +214,7 @@ fn memory_stats(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
     d.set_item("pageable_fallbacks", s.pageable_fallbacks)?;
     d.set_item("slot_waits", s.slot_waits)?;
     d.set_item("retained_bytes", s.retained_bytes)?;
+    d.set_item("kept_device_block_bytes", s.kept_device_block_bytes)?;
     Ok(d)
 }
 

@@ -77,8 +77,9 @@ def test_memory_stats_and_trim():
     stats = pinlane.memory_stats()
     assert set(stats) == {"staging", "pinned_outputs", "pageable_outputs", "devices",
                           "background_errors", "pageable_fallbacks", "slot_waits",
-                          "retained_bytes"}
+                          "retained_bytes", "kept_device_block_bytes"}
     assert stats["staging"]["in_use_bytes"] == 0
+    assert stats["kept_device_block_bytes"] == 0
     assert type(stats["slot_waits"]) is int and type(stats["pageable_fallbacks"]) is int
     for d in stats["devices"].values():
         assert set(d) == {"reserved_bytes", "used_bytes", "end_flags"}

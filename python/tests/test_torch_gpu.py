@@ -1280,3 +1280,19 @@ def test_a_forked_child_gets_torchs_error_not_the_parents_cuda(torch):
     # The parent is unaffected.
     assert same(torch, transfer_tensor_d2h(transfer_tensor_h2d(t)), t)
     bufs.copy_from([t])
+
+
+def test_small_outputs_keep_their_device_blocks_until_trim(torch):
+    # Small H2D outputs freed on torch's default stream (the legacy stream) keep their
+    # device blocks for the next ones (Config::small_device_blocks), counted apart in
+    # memory_stats; later outputs are right, and trim frees the kept blocks.
+    pinlane.trim()
+    for k in range(16):
+        h = torch.full((256,), float(k))
+        out = transfer_tensor_h2d(h)
+        assert torch.equal(out.cpu(), h), k
+        del out
+    kept = pinlane.memory_stats()["kept_device_block_bytes"]
+    assert kept >= 1024, kept
+    pinlane.trim()
+    assert pinlane.memory_stats()["kept_device_block_bytes"] == 0

@@ -375,8 +375,8 @@ fn submit<T>(
         if let Some(alloc) = buffer.get() {
             return Ok(alloc);
         }
-        let alloc =
-            DeviceAlloc::new_async(call.ctx, call.device, l.end, &stream, consumer.clone())?;
+        let blocks = &call.rt.device_blocks;
+        let alloc = DeviceAlloc::for_outputs(call.ctx, l.end, &stream, consumer.clone(), blocks)?;
         // Marked as being written until the copies are proven done, before any view of
         // it exists: the outputs (rebuilt, and handed to `while_copying`, while the copies
         // run) refuse uses not ordered after the copies until then.

@@ -2,6 +2,7 @@
 //! [`DeviceView`]: one tensor in it, and [`DevicePtrGuard`]: a lent pointer whose use on a
 //! stream the free waits for.
 
+use super::device_blocks::{self, DeviceBlocks};
 use super::device_gate::DeviceGate;
 use super::device_reads::Reads;
 use crate::device::Device;
@@ -15,7 +16,8 @@ use std::sync::{Arc, Mutex};
 /// allocated, kept alive by its owner.
 ///
 /// Released when the last [`DeviceView`] and the last ring or in-flight reference drop:
-/// pinlane's memory with `cuMemFreeAsync` on `free_on` (the consumer stream), external
+/// pinlane's memory with `cuMemFreeAsync` on `free_on` (the consumer stream), or, for a
+/// small H2D output, given back to [`DeviceBlocks`] with an event recorded there; external
 /// memory by dropping its owner. Either way only after every recorded pointer use (a
 /// [`DevicePtrGuard`] on another stream) has run: pinlane's memory by making `free_on`
 /// wait for those uses' events (no host wait), external memory by waiting for them on the
@@ -43,8 +45,12 @@ pub(crate) struct DeviceAlloc {
 struct ForeignOwner(#[allow(dead_code)] Box<dyn Send + Sync>);
 
 enum Backing {
-    /// pinlane's pool; freed in order on this stream.
-    Pool { free_on: Stream },
+    /// pinlane's pool; freed in order on this stream, or given back to `kept` (with the
+    /// block's size class) after the work queued there.
+    Pool {
+        free_on: Stream,
+        kept: Option<(Arc<DeviceBlocks>, usize)>,
+    },
     /// Another library's memory; released by dropping the owner. `writable`: copies
     /// into existing tensors may write it (the importer took it as writable).
     Foreign {
@@ -64,15 +70,51 @@ impl DeviceAlloc {
         free_on: Stream,
     ) -> Result<Arc<DeviceAlloc>> {
         let ptr = driver::device_alloc_async(ctx, device, nbytes, stream)?;
-        Ok(Arc::new(DeviceAlloc {
+        Ok(DeviceAlloc::pool(ptr, nbytes, device, free_on, None))
+    }
+
+    /// [`DeviceAlloc::new_async`] for an H2D batch's outputs: a small batch whose consumer
+    /// stream is not `stream` (see [`device_blocks::keeps_for`]) gets a block `blocks`
+    /// kept, when one is proven free, or a new one of its size class, and gives it back
+    /// to `blocks` when released. So its allocation skips the pool's check of a block
+    /// freed on another stream (docs/performance.md, session 69).
+    pub(crate) fn for_outputs(
+        ctx: &ContextGuard,
+        nbytes: usize,
+        stream: &Stream,
+        free_on: Stream,
+        blocks: &Arc<DeviceBlocks>,
+    ) -> Result<Arc<DeviceAlloc>> {
+        let device = ctx.device();
+        let class = device_blocks::class_of(nbytes)
+            .filter(|_| blocks.enabled() && device_blocks::keeps_for(stream, &free_on));
+        let Some((class, block)) = class else {
+            return DeviceAlloc::new_async(ctx, device, nbytes, stream, free_on);
+        };
+        let ptr = match blocks.take(device, class) {
+            Some(p) => p,
+            None => driver::device_alloc_async(ctx, device, block, stream)?,
+        };
+        let kept = Some((blocks.clone(), class));
+        Ok(DeviceAlloc::pool(ptr, nbytes, device, free_on, kept))
+    }
+
+    fn pool(
+        ptr: DevicePtr,
+        nbytes: usize,
+        device: usize,
+        free_on: Stream,
+        kept: Option<(Arc<DeviceBlocks>, usize)>,
+    ) -> Arc<DeviceAlloc> {
+        Arc::new(DeviceAlloc {
             ptr,
             nbytes,
             device,
-            backing: Backing::Pool { free_on },
+            backing: Backing::Pool { free_on, kept },
             uses: Mutex::new(Vec::new()),
             gate: DeviceGate::new(),
             reads: Reads::default(),
-        }))
+        })
     }
 
     /// `nbytes` of another owner's device memory at `ptr`, on `device`. `writable`:
@@ -136,7 +178,7 @@ impl DeviceAlloc {
     /// waits for that work. Nothing to record for pinlane's memory used on its own
     /// consumer stream, which frees it in that stream's order anyway.
     pub(crate) fn record_use(&self, stream: &Stream) -> Result<()> {
-        if let Backing::Pool { free_on } = &self.backing {
+        if let Backing::Pool { free_on, .. } = &self.backing {
             if free_on.same_as(stream) {
                 return Ok(());
             }
@@ -161,10 +203,21 @@ impl Drop for DeviceAlloc {
         }
         let uses = std::mem::take(self.uses.get_mut().unwrap_or_else(|p| p.into_inner()));
         match &mut self.backing {
-            Backing::Pool { free_on } => {
+            Backing::Pool { free_on, kept } => {
                 let res = driver::bind(self.device).and_then(|ctx| {
                     for (_, ev) in &uses {
                         ev.wait_on(free_on)?;
+                    }
+                    if let Some((blocks, class)) = kept {
+                        // Kept with an event recorded on `free_on` after all of the above
+                        // (its own work and the waits for the lent uses), which proves
+                        // them done before the block is handed out again; not kept (a
+                        // full class, or the event failed), it is freed below.
+                        match blocks.give_back(&ctx, *class, self.ptr, free_on) {
+                            Ok(true) => return Ok(()),
+                            Ok(false) => {}
+                            Err(e) => driver::deferred::record(self.device, e),
+                        }
                     }
                     // SAFETY: the pointer came from device_alloc_async and this is its last
                     // owner. Every pinlane copy into it was synchronised before the batch

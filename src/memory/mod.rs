@@ -5,7 +5,8 @@
 //! | `host.rs` | `HostBuf`, `HostRegion` | pageable host memory (a `Vec`, or a D2H batch's output region) | on drop; regions go back to [`HostPool`] |
 //! | `pinned.rs` | `PinnedBuf`, `PinnedBlock` | page-locked memory of tensors (`cuMemHostAlloc`) | on drop (`cuMemFreeHost`), or back to [`PinnedOutputPool`] |
 //! | `arena.rs` | [`PinnedArena`], `SlotLease` | page-locked staging slots, allocated once | never on the hot path |
-//! | `device.rs` | `DeviceAlloc` | device memory of one batch (`cuMemAllocFromPoolAsync`) | in order on its consumer stream (`cuMemFreeAsync`) |
+//! | `device.rs` | `DeviceAlloc` | device memory of one batch (`cuMemAllocFromPoolAsync`) | in order on its consumer stream (`cuMemFreeAsync`); a small output's block back to `DeviceBlocks` |
+//! | `device_blocks.rs` | `DeviceBlocks` | small H2D outputs' device blocks, kept with an event recorded on their consumer stream | reused once the event is proven complete; freed in order on that stream by `trim` and shutdown |
 //! | `copier.rs` | `CopyPool` | nothing of its own: threads that copy host bytes in parallel | - |
 //! | `gather.rs` | - | a device buffer gathering many small tensors (kernel) | in stream order |
 //! | `scatter.rs` | - | nothing of its own: copies into memory the caller owns (device views anywhere, writable host tensors) | - |
@@ -57,6 +58,7 @@
 pub(crate) mod arena;
 mod copier;
 mod device;
+mod device_blocks;
 mod device_gate;
 mod device_reads;
 pub(crate) mod dlpack;
@@ -83,6 +85,7 @@ pub use copier::CopyPool;
 pub(crate) use copier::{CopyTask, CopyTasks, Packed, Stores};
 pub use device::DevicePtrGuard;
 pub(crate) use device::{DeviceAlloc, DeviceView};
+pub(crate) use device_blocks::DeviceBlocks;
 pub(crate) use device_gate::DeviceFill;
 pub(crate) use device_reads::{reads_before_write, DeviceReads};
 pub(crate) use gather::{

@@ -1,0 +1,245 @@
+//! [`DeviceBlocks`]: small device blocks that H2D outputs gave back, kept for the next
+//! outputs instead of freed.
+//!
+//! An H2D output is allocated on the copy stream and freed in order on its consumer
+//! stream (by default the legacy stream). Before the driver's pool reuses a block freed
+//! on another stream, it checks that the free has passed; that check took 0.7 to 1.8 us a
+//! call, and 2.0 to 3.0 us once the process had launched a kernel (every torch program),
+//! against 0.4 to 0.7 for a block freed on the allocating stream (docs/performance.md,
+//! session 69). A small output's block is kept here instead, with an event recorded on
+//! its consumer stream where it was given back; a block is handed out again once that
+//! event is proven complete. The proof is shared: a stream runs its work in order, so an
+//! event seen complete proves every block given back before it on the same stream, and a
+//! class is asked only when it holds [`DEPTH`] blocks: one query for several calls.
+//!
+//! Only outputs of at most [`MAX_BYTES`] whose consumer stream is not their copy stream,
+//! and is pinlane's own or a device's legacy stream, are kept: the proof needs a stream
+//! whose identity cannot change (a borrowed stream's handle may be destroyed and come back
+//! for another stream), and [`DeviceBlocks::release`] frees on it later.
+
+use super::DEVICE_ALIGN;
+use crate::driver::{self, ContextGuard, DevicePtr, Event, Stream};
+use crate::error::Result;
+use std::collections::VecDeque;
+use std::sync::Mutex;
+
+/// Largest output kept, in bytes.
+pub(crate) const MAX_BYTES: usize = 64 << 10;
+
+/// Size classes: blocks of `MIN_BLOCK << k` bytes, up to [`MAX_BYTES`].
+const MIN_BLOCK: usize = 512;
+const CLASSES: usize = (MAX_BYTES / MIN_BLOCK).trailing_zeros() as usize + 1;
+
+/// Blocks a class holds before its newest block's event is asked (a query costs 0.2 to
+/// 1.9 us; one proves all of them).
+const DEPTH: usize = 4;
+
+const _: () =
+    assert!(MIN_BLOCK.is_multiple_of(DEVICE_ALIGN) && MIN_BLOCK << (CLASSES - 1) == MAX_BYTES);
+
+/// The class of an output of `nbytes` (> 0), and its block's size; `None` above
+/// [`MAX_BYTES`].
+pub(crate) fn class_of(nbytes: usize) -> Option<(usize, usize)> {
+    if nbytes == 0 || nbytes > MAX_BYTES {
+        return None;
+    }
+    let block = nbytes.next_power_of_two().max(MIN_BLOCK);
+    Some(((block / MIN_BLOCK).trailing_zeros() as usize, block))
+}
+
+/// Whether outputs freed on `free_on` may be kept when they were allocated on `stream`.
+pub(crate) fn keeps_for(stream: &Stream, free_on: &Stream) -> bool {
+    !free_on.same_as(stream) && (free_on.is_owned() || free_on.is_legacy())
+}
+
+/// The kept blocks of every device: at most `per_class` blocks per size class and device.
+pub(crate) struct DeviceBlocks {
+    per_class: usize,
+    /// Indexed by device ordinal.
+    devices: Mutex<Vec<Bins>>,
+}
+
+#[derive(Default)]
+struct Bins {
+    classes: [VecDeque<Given>; CLASSES],
+    /// Events of blocks handed out again, for the next blocks given back.
+    spare: Vec<Event>,
+    /// Counts blocks given back on this device (orders them across classes' queues).
+    given: u64,
+}
+
+/// A block given back: reusable once `done` (recorded on `stream` when it was given back,
+/// after everything that could use it) has completed.
+struct Given {
+    ptr: DevicePtr,
+    stream: Stream,
+    done: Event,
+    seq: u64,
+    proven: bool,
+}
+
+impl DeviceBlocks {
+    /// Keeps at most `per_class` blocks per size class and device; 0 keeps none.
+    pub(crate) fn new(per_class: usize) -> DeviceBlocks {
+        DeviceBlocks {
+            per_class,
+            devices: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Whether blocks are kept at all.
+    pub(crate) fn enabled(&self) -> bool {
+        self.per_class > 0
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Bins>> {
+        self.devices.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A kept block of `class` on `device` whose last uses are proven complete, if there
+    /// is one: usable now on any stream. Asks the driver at most twice, and only when the
+    /// class holds [`DEPTH`] blocks or more.
+    pub(crate) fn take(&self, device: usize, class: usize) -> Option<DevicePtr> {
+        let mut devices = self.lock();
+        let bins = devices.get_mut(device)?;
+        let queue = bins.classes.get_mut(class)?;
+        let front = queue.front()?;
+        if !front.proven && queue.len() >= DEPTH {
+            // The newest block's event: complete, it proves every block given back before
+            // it on its stream (the stream ran that work first).
+            let newest = queue.back()?;
+            if newest.done.completed() == Ok(true) {
+                let (stream, seq) = (newest.stream.clone(), newest.seq);
+                for g in queue.iter_mut() {
+                    if g.seq <= seq && g.stream.same_as(&stream) {
+                        g.proven = true;
+                    }
+                }
+            }
+            // The oldest may be on another stream: its own event.
+            if let Some(front) = queue.front_mut() {
+                if !front.proven && front.done.completed() == Ok(true) {
+                    front.proven = true;
+                }
+            }
+        }
+        if !queue.front()?.proven {
+            return None;
+        }
+        let g = queue.pop_front()?;
+        bins.spare.push(g.done);
+        Some(g.ptr)
+    }
+
+    /// Keeps `ptr`, a block of `class` from pinlane's pool on `device` (`ctx`'s), for
+    /// reuse once the work queued on `stream` so far has run: records an event there.
+    /// `Ok(false)` when it is not kept (the class is full, or nothing is kept): the
+    /// caller frees it.
+    ///
+    /// # Errors
+    /// The driver's error making or recording the event; the block is not kept then.
+    pub(crate) fn give_back(
+        &self,
+        ctx: &ContextGuard,
+        class: usize,
+        ptr: DevicePtr,
+        stream: &Stream,
+    ) -> Result<bool> {
+        let device = ctx.device();
+        if self.per_class == 0 || class >= CLASSES {
+            return Ok(false);
+        }
+        let mut devices = self.lock();
+        if devices.len() <= device {
+            devices.resize_with(device + 1, Bins::default);
+        }
+        let bins = &mut devices[device];
+        if bins.classes[class].len() >= self.per_class {
+            return Ok(false);
+        }
+        let done = match bins.spare.pop() {
+            Some(e) => e,
+            None => Event::new(crate::device::Device::cuda(device))?,
+        };
+        // A failed record leaves the event unknown: it is dropped, not kept as a spare.
+        done.record(stream)?;
+        bins.given += 1;
+        let seq = bins.given;
+        bins.classes[class].push_back(Given {
+            ptr,
+            stream: stream.clone(),
+            done,
+            seq,
+            proven: false,
+        });
+        Ok(true)
+    }
+
+    /// Frees every kept block, each in order on the stream it was given back on (after
+    /// its last uses), for [`trim`](crate::trim) and shutdown.
+    ///
+    /// # Errors
+    /// [`Error::ForkedChild`](crate::Error::ForkedChild) in a child process forked after
+    /// CUDA was set up; the first failed free (the rest are still freed).
+    pub(crate) fn release(&self) -> Result<()> {
+        // Not in a child forked after CUDA was set up: the lock may be held for ever there
+        // by a thread of the parent's, and the blocks are the parent's.
+        driver::fork::check("trim")?;
+        let kept: Vec<(usize, Given)> = {
+            let mut devices = self.lock();
+            let mut out = Vec::new();
+            for (d, bins) in devices.iter_mut().enumerate() {
+                for queue in &mut bins.classes {
+                    out.extend(queue.drain(..).map(|g| (d, g)));
+                }
+                bins.spare.clear();
+            }
+            out
+        };
+        let mut first = None;
+        for (d, g) in kept {
+            let res = driver::bind(d).and_then(|ctx| {
+                // SAFETY: the block came from `device_alloc_async` on device `d` and was
+                // given back by its last owner (`DeviceAlloc`'s drop): nothing but this
+                // free refers to it now. Every use of it was queued on `g.stream` before
+                // its event, or on streams `g.stream` was made to wait for, so the free in
+                // order on `g.stream` comes after them all; `g.stream` is pinlane's own
+                // (alive: `g` holds it) or the device's legacy stream.
+                unsafe { driver::device_free_async(&ctx, g.ptr, &g.stream) }
+            });
+            if let Err(e) = res {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// Bytes of the blocks kept now, on every device (each counted at its class's size).
+    pub(crate) fn kept_bytes(&self) -> usize {
+        self.lock()
+            .iter()
+            .flat_map(|b| b.classes.iter().enumerate())
+            .map(|(k, q)| q.len() * (MIN_BLOCK << k))
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_cover_every_size_up_to_the_largest() {
+        assert_eq!(class_of(0), None);
+        assert_eq!(class_of(1), Some((0, 512)));
+        assert_eq!(class_of(512), Some((0, 512)));
+        assert_eq!(class_of(513), Some((1, 1024)));
+        assert_eq!(class_of(4096), Some((3, 4096)));
+        assert_eq!(class_of(MAX_BYTES), Some((CLASSES - 1, MAX_BYTES)));
+        assert_eq!(class_of(MAX_BYTES + 1), None);
+        for n in [1, 100, 700, 3000, 40_000, MAX_BYTES] {
+            let (k, block) = class_of(n).unwrap();
+            assert!(block >= n && block == MIN_BLOCK << k && k < CLASSES, "{n}");
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! Small H2D outputs' device blocks are kept for the next outputs when their last view
+//! drops (`Config::small_device_blocks`), with an event recorded on their consumer
+//! stream, and handed out again only once that event has completed: the allocation then
+//! skips the driver pool's check of memory freed on another stream (docs/performance.md,
+//! session 69). On the simulated device.
+// The simulated device and the test hooks: `cargo test --features test-util`.
+#![cfg(feature = "test-util")]
+
+mod common;
+
+use pinlane::driver::sim;
+use pinlane::{transfer_tensor_d2h, transfer_tensor_h2d_with};
+use pinlane::{D2hOptions, DType, Device, H2dOptions, Stream, Tensor};
+use std::collections::HashSet;
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// One test at a time: they share the runtime's kept blocks.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static TURN: Mutex<()> = Mutex::new(());
+    TURN.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn tensor(n: usize, seed: u8) -> Tensor {
+    let bytes: Vec<u8> = (0..n * 4)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .collect();
+    Tensor::from_bytes(DType::F32, [n], &bytes).unwrap()
+}
+
+fn device_allocs() -> usize {
+    sim::activity().unwrap().device_allocs[0]
+}
+
+/// Moves one tensor of `n` f32 to the device with the consumer stream `c` and no cache
+/// ring, checks its bytes, and returns its device address (the output is dropped: its
+/// block is given back, in order on `c`).
+fn one_call(n: usize, seed: u8, c: &Stream) -> u64 {
+    let src = vec![tensor(n, seed)];
+    let opts = H2dOptions::default()
+        .num_caches(0)
+        .consumer_stream(c.clone());
+    let out = transfer_tensor_h2d_with(&src, &opts).unwrap();
+    let at = out[0].device_ptr(c).unwrap().ptr();
+    let back = transfer_tensor_d2h(&out, &D2hOptions::default()).unwrap();
+    assert_eq!(back[0].as_bytes().unwrap(), src[0].as_bytes().unwrap());
+    at
+}
+
+#[test]
+fn small_outputs_reuse_kept_blocks_and_trim_frees_them() {
+    common::sim();
+    let _turn = serial();
+    let c = Stream::new(Device::cuda(0)).unwrap();
+    pinlane::trim().unwrap();
+    for k in 0..8 {
+        one_call(256, k, &c);
+    }
+    let before = device_allocs();
+    for k in 0..40 {
+        one_call(256, k, &c);
+    }
+    // Kept blocks served the calls: without them each of the 40 allocates. (A few may
+    // allocate where the consumer stream's simulated worker lags: its event not seen
+    // complete yet.)
+    let allocated = device_allocs() - before;
+    assert!(allocated <= 4, "{allocated} allocations in 40 calls");
+    let kept = pinlane::memory_stats().kept_device_block_bytes;
+    assert!(kept >= 1024, "kept {kept} bytes");
+    // trim frees them.
+    pinlane::trim().unwrap();
+    assert_eq!(pinlane::memory_stats().kept_device_block_bytes, 0);
+    // Larger outputs (over 64 KiB) are not kept: each call allocates.
+    let before = device_allocs();
+    for k in 0..6 {
+        one_call(20_000, k, &c);
+    }
+    assert_eq!(device_allocs() - before, 6);
+}
+
+#[test]
+fn a_kept_block_waits_for_its_consumer_streams_work() {
+    common::sim();
+    let _turn = serial();
+    let c = Stream::new(Device::cuda(0)).unwrap();
+    pinlane::trim().unwrap();
+    for k in 0..8 {
+        one_call(300, k, &c);
+    }
+    c.synchronize().unwrap();
+    // While the consumer stream is held, a block given back now (its event queued after
+    // the pause) must not be handed out again: every call gets a block of its own.
+    c.delay_async(Duration::from_millis(400)).unwrap();
+    let mut during = Vec::new();
+    for k in 0..12 {
+        during.push(one_call(300, k, &c));
+    }
+    let distinct: HashSet<u64> = during.iter().copied().collect();
+    assert_eq!(
+        distinct.len(),
+        during.len(),
+        "a block was handed out again before its consumer's work ran: {during:x?}"
+    );
+    // Once the consumer has run its work, the blocks given back meanwhile serve again.
+    c.synchronize().unwrap();
+    let before = device_allocs();
+    let after: Vec<u64> = (0..12).map(|k| one_call(300, k, &c)).collect();
+    let allocated = device_allocs() - before;
+    assert!(
+        allocated <= 2,
+        "{allocated} allocations in 12 calls after the pause"
+    );
+    assert!(
+        after.iter().any(|p| distinct.contains(p)),
+        "no block of those given back during the pause was reused"
+    );
+}
+
+#[test]
+fn a_kept_block_waits_for_a_lent_use_on_another_stream() {
+    common::sim();
+    let _turn = serial();
+    let c = Stream::new(Device::cuda(0)).unwrap();
+    let user = Stream::new(Device::cuda(0)).unwrap();
+    pinlane::trim().unwrap();
+    for k in 0..8 {
+        one_call(200, k, &c);
+    }
+    c.synchronize().unwrap();
+    // An output lent on `user`, whose use is held there, then dropped: its block is
+    // given back after `c` waits for that use.
+    let src = vec![tensor(200, 99)];
+    let opts = H2dOptions::default()
+        .num_caches(0)
+        .consumer_stream(c.clone());
+    let out = transfer_tensor_h2d_with(&src, &opts).unwrap();
+    let guard = out[0].device_ptr(&user).unwrap();
+    let lent = guard.ptr();
+    user.delay_async(Duration::from_millis(400)).unwrap();
+    drop(guard);
+    drop(out);
+    let during: Vec<u64> = (0..12).map(|k| one_call(200, k, &c)).collect();
+    assert!(
+        !during.contains(&lent),
+        "the lent block was handed out again before its use ran: {lent:#x} in {during:x?}"
+    );
+    user.synchronize().unwrap();
+    c.synchronize().unwrap();
+}
