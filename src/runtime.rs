@@ -218,7 +218,7 @@ impl Runtime {
         note(self.outputs.set_max_bytes(0));
         note(self.outputs.trim());
         self.host_pool.set_max_bytes(0);
-        note(self.device_blocks.release());
+        note(self.device_blocks.close());
         note(driver::trim_device_pools());
         first.map_or(Ok(()), Err)
     }

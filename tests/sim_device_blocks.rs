@@ -13,7 +13,7 @@ use pinlane::{transfer_tensor_d2h, transfer_tensor_h2d_with};
 use pinlane::{D2hOptions, DType, Device, H2dOptions, Stream, Tensor};
 use std::collections::HashSet;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// One test at a time: they share the runtime's kept blocks.
 fn serial() -> std::sync::MutexGuard<'static, ()> {
@@ -32,19 +32,49 @@ fn device_allocs() -> usize {
     sim::activity().unwrap().device_allocs[0]
 }
 
-/// Moves one tensor of `n` f32 to the device with the consumer stream `c` and no cache
-/// ring, checks its bytes, and returns its device address (the output is dropped: its
-/// block is given back, in order on `c`).
-fn one_call(n: usize, seed: u8, c: &Stream) -> u64 {
+/// Moves one tensor of `n` f32 to the device with the consumer stream `c` (`None`: the
+/// default, the legacy stream) and no cache ring, checks its bytes, and returns its device
+/// address (the output is dropped: its block is given back, in order on the consumer).
+fn call_on(n: usize, seed: u8, c: Option<&Stream>) -> u64 {
     let src = vec![tensor(n, seed)];
-    let opts = H2dOptions::default()
-        .num_caches(0)
-        .consumer_stream(c.clone());
+    let mut opts = H2dOptions::default().num_caches(0);
+    if let Some(c) = c {
+        opts = opts.consumer_stream(c.clone());
+    }
     let out = transfer_tensor_h2d_with(&src, &opts).unwrap();
-    let at = out[0].device_ptr(c).unwrap().ptr();
+    let lend_on = match c {
+        Some(c) => c.clone(),
+        None => Stream::legacy(Device::cuda(0)).unwrap(),
+    };
+    let at = out[0].device_ptr(&lend_on).unwrap().ptr();
     let back = transfer_tensor_d2h(&out, &D2hOptions::default()).unwrap();
     assert_eq!(back[0].as_bytes().unwrap(), src[0].as_bytes().unwrap());
     at
+}
+
+fn one_call(n: usize, seed: u8, c: &Stream) -> u64 {
+    call_on(n, seed, Some(c))
+}
+
+/// How long a test holds a stream, and the part of it in which its calls must end (the
+/// rest is slack for a slow machine: a call ending later is not counted).
+const HOLD: Duration = Duration::from_millis(1000);
+const WINDOW: Duration = Duration::from_millis(800);
+
+/// Runs `call(k)` for k = 0.. while `held` (the moment a hold of `HOLD` was queued) is
+/// less than `WINDOW` old, at most `max` times, and returns what each call that ended
+/// inside the window returned; at least 4 must have.
+fn while_held(held: Instant, max: u8, mut call: impl FnMut(u8) -> u64) -> Vec<u64> {
+    let mut out = Vec::new();
+    for k in 0..max {
+        let got = call(k);
+        if held.elapsed() >= WINDOW {
+            break;
+        }
+        out.push(got);
+    }
+    assert!(out.len() >= 4, "only {} calls inside the hold", out.len());
+    out
 }
 
 #[test]
@@ -90,11 +120,9 @@ fn a_kept_block_waits_for_its_consumer_streams_work() {
     c.synchronize().unwrap();
     // While the consumer stream is held, a block given back now (its event queued after
     // the pause) must not be handed out again: every call gets a block of its own.
-    c.delay_async(Duration::from_millis(400)).unwrap();
-    let mut during = Vec::new();
-    for k in 0..12 {
-        during.push(one_call(300, k, &c));
-    }
+    let held = Instant::now();
+    c.delay_async(HOLD).unwrap();
+    let during = while_held(held, 12, |k| one_call(300, k, &c));
     let distinct: HashSet<u64> = during.iter().copied().collect();
     assert_eq!(
         distinct.len(),
@@ -107,7 +135,7 @@ fn a_kept_block_waits_for_its_consumer_streams_work() {
     let after: Vec<u64> = (0..12).map(|k| one_call(300, k, &c)).collect();
     let allocated = device_allocs() - before;
     assert!(
-        allocated <= 2,
+        allocated <= 4,
         "{allocated} allocations in 12 calls after the pause"
     );
     assert!(
@@ -136,14 +164,66 @@ fn a_kept_block_waits_for_a_lent_use_on_another_stream() {
     let out = transfer_tensor_h2d_with(&src, &opts).unwrap();
     let guard = out[0].device_ptr(&user).unwrap();
     let lent = guard.ptr();
-    user.delay_async(Duration::from_millis(400)).unwrap();
+    let held = Instant::now();
+    user.delay_async(HOLD).unwrap();
     drop(guard);
     drop(out);
-    let during: Vec<u64> = (0..12).map(|k| one_call(200, k, &c)).collect();
+    let during = while_held(held, 12, |k| one_call(200, k, &c));
     assert!(
         !during.contains(&lent),
         "the lent block was handed out again before its use ran: {lent:#x} in {during:x?}"
     );
     user.synchronize().unwrap();
     c.synchronize().unwrap();
+}
+
+#[test]
+fn outputs_freed_on_the_legacy_stream_reuse_kept_blocks() {
+    common::sim();
+    let _turn = serial();
+    pinlane::trim().unwrap();
+    for k in 0..8 {
+        call_on(256, k, None);
+    }
+    let before = device_allocs();
+    for k in 0..40 {
+        call_on(256, k, None);
+    }
+    let allocated = device_allocs() - before;
+    assert!(allocated <= 4, "{allocated} allocations in 40 calls");
+}
+
+#[test]
+fn a_block_of_a_held_stream_is_not_proven_by_another_streams_event() {
+    common::sim();
+    let _turn = serial();
+    let (a, b) = (
+        Stream::new(Device::cuda(0)).unwrap(),
+        Stream::new(Device::cuda(0)).unwrap(),
+    );
+    pinlane::trim().unwrap();
+    for k in 0..8 {
+        one_call(128, k, if k % 2 == 0 { &a } else { &b });
+    }
+    a.synchronize().unwrap();
+    b.synchronize().unwrap();
+    // `a` held, `b` idle, taking turns: the blocks of one size class alternate between
+    // the two streams, and an event of `b` seen done proves nothing of `a`'s blocks.
+    let held = Instant::now();
+    a.delay_async(HOLD).unwrap();
+    let mut given_on_a = HashSet::new();
+    let calls = while_held(held, 24, |k| {
+        let on = if k % 2 == 0 { &a } else { &b };
+        let got = one_call(128, k, on);
+        assert!(
+            !given_on_a.contains(&got),
+            "call {k}: a block given back on the held stream was handed out: {got:#x}"
+        );
+        if k % 2 == 0 {
+            given_on_a.insert(got);
+        }
+        got
+    });
+    assert!(given_on_a.len() >= 2, "{calls:x?}");
+    a.synchronize().unwrap();
 }

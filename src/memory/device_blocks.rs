@@ -16,11 +16,18 @@
 //! and is pinlane's own or a device's legacy stream, are kept: the proof needs a stream
 //! whose identity cannot change (a borrowed stream's handle may be destroyed and come back
 //! for another stream), and [`DeviceBlocks::release`] frees on it later.
+//!
+//! A class is asked through its block [`DEPTH`] from the front (given back long enough
+//! ago to be done unless the consumer stream is that far behind); when neither that block
+//! nor the front one is done, the class is not asked again for its next `DEPTH` takes, so
+//! a consumer stream that runs behind costs at most two queries per `DEPTH` calls on top
+//! of the pool's allocation.
 
 use super::DEVICE_ALIGN;
 use crate::driver::{self, ContextGuard, DevicePtr, Event, Stream};
 use crate::error::Result;
 use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 
 /// Largest output kept, in bytes.
@@ -30,8 +37,8 @@ pub(crate) const MAX_BYTES: usize = 64 << 10;
 const MIN_BLOCK: usize = 512;
 const CLASSES: usize = (MAX_BYTES / MIN_BLOCK).trailing_zeros() as usize + 1;
 
-/// Blocks a class holds before its newest block's event is asked (a query costs 0.2 to
-/// 1.9 us; one proves all of them).
+/// Blocks a class holds before it is asked (a query costs 0.2 to 1.9 us; one proves the
+/// first `DEPTH` blocks of a stream).
 const DEPTH: usize = 4;
 
 const _: () =
@@ -57,6 +64,9 @@ pub(crate) struct DeviceBlocks {
     per_class: usize,
     /// Indexed by device ordinal.
     devices: Mutex<Vec<Bins>>,
+    /// Set by [`DeviceBlocks::close`] (the runtime's shutdown): blocks given back later are
+    /// freed, not kept (no one would free them).
+    closed: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -66,6 +76,10 @@ struct Bins {
     spare: Vec<Event>,
     /// Counts blocks given back on this device (orders them across classes' queues).
     given: u64,
+    /// Per class: takes so far, and the take from which the class is asked again (after
+    /// an ask that found no block done).
+    takes: [u64; CLASSES],
+    ask_from: [u64; CLASSES],
 }
 
 /// A block given back: reusable once `done` (recorded on `stream` when it was given back,
@@ -84,6 +98,7 @@ impl DeviceBlocks {
         DeviceBlocks {
             per_class,
             devices: Mutex::new(Vec::new()),
+            closed: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -97,30 +112,37 @@ impl DeviceBlocks {
     }
 
     /// A kept block of `class` on `device` whose last uses are proven complete, if there
-    /// is one: usable now on any stream. Asks the driver at most twice, and only when the
-    /// class holds [`DEPTH`] blocks or more.
+    /// is one: usable now on any stream. Asks the driver at most twice, only when the
+    /// class holds [`DEPTH`] blocks or more (all of them, if fewer may be kept), and not
+    /// again soon after an ask that found none done.
     pub(crate) fn take(&self, device: usize, class: usize) -> Option<DevicePtr> {
+        let depth = DEPTH.min(self.per_class).max(1);
         let mut devices = self.lock();
         let bins = devices.get_mut(device)?;
+        let take = *bins.takes.get(class)?;
+        bins.takes[class] += 1;
         let queue = bins.classes.get_mut(class)?;
         let front = queue.front()?;
-        if !front.proven && queue.len() >= DEPTH {
-            // The newest block's event: complete, it proves every block given back before
-            // it on its stream (the stream ran that work first).
-            let newest = queue.back()?;
-            if newest.done.completed() == Ok(true) {
-                let (stream, seq) = (newest.stream.clone(), newest.seq);
+        if !front.proven && queue.len() >= depth && take >= bins.ask_from[class] {
+            // The block `depth` from the front: complete, its event proves every block
+            // given back before it on its stream (the stream ran that work first).
+            let probe = &queue[depth - 1];
+            if probe.done.completed() == Ok(true) {
+                let (stream, seq) = (probe.stream.clone(), probe.seq);
                 for g in queue.iter_mut() {
                     if g.seq <= seq && g.stream.same_as(&stream) {
                         g.proven = true;
                     }
                 }
             }
-            // The oldest may be on another stream: its own event.
+            // The front one may be on another stream: its own event.
             if let Some(front) = queue.front_mut() {
                 if !front.proven && front.done.completed() == Ok(true) {
                     front.proven = true;
                 }
+            }
+            if !queue.front()?.proven {
+                bins.ask_from[class] = take + depth as u64;
             }
         }
         if !queue.front()?.proven {
@@ -146,7 +168,7 @@ impl DeviceBlocks {
         stream: &Stream,
     ) -> Result<bool> {
         let device = ctx.device();
-        if self.per_class == 0 || class >= CLASSES {
+        if self.per_class == 0 || class >= CLASSES || self.closed.load(Ordering::Acquire) {
             return Ok(false);
         }
         let mut devices = self.lock();
@@ -175,8 +197,19 @@ impl DeviceBlocks {
         Ok(true)
     }
 
+    /// Frees what is kept and keeps nothing given back from now on: the runtime's
+    /// shutdown (outputs dropped after it free their blocks as before).
+    ///
+    /// # Errors
+    /// As [`DeviceBlocks::release`].
+    pub(crate) fn close(&self) -> Result<()> {
+        self.closed.store(true, Ordering::Release);
+        self.release()
+    }
+
     /// Frees every kept block, each in order on the stream it was given back on (after
-    /// its last uses), for [`trim`](crate::trim) and shutdown.
+    /// its last uses), for [`trim`](crate::trim) and shutdown. The memory goes back to the
+    /// device pool once those frees have run on their streams.
     ///
     /// # Errors
     /// [`Error::ForkedChild`](crate::Error::ForkedChild) in a child process forked after
