@@ -168,10 +168,15 @@ impl DeviceBlocks {
         stream: &Stream,
     ) -> Result<bool> {
         let device = ctx.device();
-        if self.per_class == 0 || class >= CLASSES || self.closed.load(Ordering::Acquire) {
+        if self.per_class == 0 || class >= CLASSES {
             return Ok(false);
         }
         let mut devices = self.lock();
+        // Asked under the lock that `release` drains under: a block given back while the
+        // runtime closes is either drained by it or freed by the caller, never left kept.
+        if self.closed.load(Ordering::Acquire) {
+            return Ok(false);
+        }
         if devices.len() <= device {
             devices.resize_with(device + 1, Bins::default);
         }
