@@ -307,8 +307,13 @@ impl Runtime {
     /// threads' copies are still held while the frees wait.
     ///
     /// # Errors
-    /// The first failed free or trim; the rest are still attempted.
+    /// [`Error::ForkedChild`](crate::Error::ForkedChild) in a child process forked after
+    /// CUDA was set up (before any lock); the first failed free or trim (the rest are
+    /// still attempted).
     pub fn trim(&self) -> Result<()> {
+        // Not in a child forked after CUDA was set up: the pools' locks may be held for
+        // ever there by the parent's threads, and the memory is the parent's.
+        crate::driver::fork::check("trim")?;
         // Non-blocking: a retained stream that is still busy (or hung) keeps its owners.
         retained::release_finished(std::time::Duration::from_millis(10));
         let mut first = None;
@@ -478,6 +483,7 @@ pub fn warm_up(device: Device) -> Result<()> {
 /// # Errors
 /// As [`Runtime::trim`].
 pub fn trim() -> Result<()> {
+    crate::driver::fork::check("trim")?;
     match current() {
         Some(rt) => rt.trim(),
         None => driver::trim_device_pools(),
