@@ -325,7 +325,7 @@ impl Runtime {
         note(self.arena.trim());
         note(self.outputs.trim());
         self.host_pool.trim();
-        note(self.device_blocks.release());
+        note(self.device_blocks.release("trim"));
         note(driver::trim_device_pools());
         first.map_or(Ok(()), Err)
     }
@@ -483,9 +483,11 @@ pub fn warm_up(device: Device) -> Result<()> {
 /// # Errors
 /// As [`Runtime::trim`].
 pub fn trim() -> Result<()> {
-    crate::driver::fork::check("trim")?;
     match current() {
         Some(rt) => rt.trim(),
-        None => driver::trim_device_pools(),
+        None => {
+            crate::driver::fork::check("trim")?;
+            driver::trim_device_pools()
+        }
     }
 }

@@ -550,10 +550,11 @@ fn a_source_a_later_step_releases_is_freed_off_the_callers_thread() {
     let (dst, _buf, _) = common::into::destinations(&vec![host.clone()], 0);
     let opts = IntoOptions::default().stream(copies.clone());
     let step = |src: &Vec<Tensor>| transfer_tensor_h2d_into(src, &dst, &opts).unwrap();
-    step(&vec![host.to_pinned().unwrap()]).wait().unwrap(); // warm
-                                                            // The completion thread leaves the first step to this thread for 5 ms: the second
-                                                            // step must come sooner for its `reap` to be what releases it (a loaded machine may
-                                                            // take longer: tried again, until it does).
+    // Warm, first.
+    step(&vec![host.to_pinned().unwrap()]).wait().unwrap();
+    // The completion thread leaves the first step to this thread for 5 ms: the second
+    // step must come sooner for its `reap` to be what releases it (a loaded machine may
+    // take longer: tried again, until it does).
     let mut tries = 0;
     loop {
         tries += 1;

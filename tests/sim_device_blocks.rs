@@ -77,23 +77,38 @@ fn while_held(held: Instant, max: u8, mut call: impl FnMut(u8) -> u64) -> Vec<u6
     out
 }
 
+/// Starts from no kept block, then keeps some: 8 calls of `n` f32, on `on`'s consumer
+/// streams in turn (`None`: the default), each synchronised after.
+fn warm(n: usize, on: &[Option<&Stream>]) {
+    pinlane::trim().unwrap();
+    for k in 0..8 {
+        call_on(n, k, on[k as usize % on.len()]);
+    }
+    for c in on.iter().flatten() {
+        c.synchronize().unwrap();
+    }
+}
+
+/// Device allocations made by 40 calls of `n` f32 with the consumer stream `c` (each of
+/// them allocates when no block is kept).
+fn allocations_in_40_calls(n: usize, c: Option<&Stream>) -> usize {
+    let before = device_allocs();
+    for k in 0..40 {
+        call_on(n, k, c);
+    }
+    device_allocs() - before
+}
+
 #[test]
 fn small_outputs_reuse_kept_blocks_and_trim_frees_them() {
     common::sim();
     let _turn = serial();
     let c = Stream::new(Device::cuda(0)).unwrap();
-    pinlane::trim().unwrap();
-    for k in 0..8 {
-        one_call(256, k, &c);
-    }
-    let before = device_allocs();
-    for k in 0..40 {
-        one_call(256, k, &c);
-    }
+    warm(256, &[Some(&c)]);
     // Kept blocks served the calls: without them each of the 40 allocates. (A few may
     // allocate where the consumer stream's simulated worker lags: its event not seen
     // complete yet.)
-    let allocated = device_allocs() - before;
+    let allocated = allocations_in_40_calls(256, Some(&c));
     assert!(allocated <= 4, "{allocated} allocations in 40 calls");
     let kept = pinlane::memory_stats().kept_device_block_bytes;
     assert!(kept >= 1024, "kept {kept} bytes");
@@ -113,11 +128,7 @@ fn a_kept_block_waits_for_its_consumer_streams_work() {
     common::sim();
     let _turn = serial();
     let c = Stream::new(Device::cuda(0)).unwrap();
-    pinlane::trim().unwrap();
-    for k in 0..8 {
-        one_call(300, k, &c);
-    }
-    c.synchronize().unwrap();
+    warm(300, &[Some(&c)]);
     // While the consumer stream is held, a block given back now (its event queued after
     // the pause) must not be handed out again: every call gets a block of its own.
     let held = Instant::now();
@@ -150,11 +161,7 @@ fn a_kept_block_waits_for_a_lent_use_on_another_stream() {
     let _turn = serial();
     let c = Stream::new(Device::cuda(0)).unwrap();
     let user = Stream::new(Device::cuda(0)).unwrap();
-    pinlane::trim().unwrap();
-    for k in 0..8 {
-        one_call(200, k, &c);
-    }
-    c.synchronize().unwrap();
+    warm(200, &[Some(&c)]);
     // An output lent on `user`, whose use is held there, then dropped: its block is
     // given back after `c` waits for that use.
     let src = vec![tensor(200, 99)];
@@ -181,15 +188,8 @@ fn a_kept_block_waits_for_a_lent_use_on_another_stream() {
 fn outputs_freed_on_the_legacy_stream_reuse_kept_blocks() {
     common::sim();
     let _turn = serial();
-    pinlane::trim().unwrap();
-    for k in 0..8 {
-        call_on(256, k, None);
-    }
-    let before = device_allocs();
-    for k in 0..40 {
-        call_on(256, k, None);
-    }
-    let allocated = device_allocs() - before;
+    warm(256, &[None]);
+    let allocated = allocations_in_40_calls(256, None);
     assert!(allocated <= 4, "{allocated} allocations in 40 calls");
 }
 
@@ -201,12 +201,7 @@ fn a_block_of_a_held_stream_is_not_proven_by_another_streams_event() {
         Stream::new(Device::cuda(0)).unwrap(),
         Stream::new(Device::cuda(0)).unwrap(),
     );
-    pinlane::trim().unwrap();
-    for k in 0..8 {
-        one_call(128, k, if k % 2 == 0 { &a } else { &b });
-    }
-    a.synchronize().unwrap();
-    b.synchronize().unwrap();
+    warm(128, &[Some(&a), Some(&b)]);
     // `a` held, `b` idle, taking turns: the blocks of one size class alternate between
     // the two streams, and an event of `b` seen done proves nothing of `a`'s blocks.
     let held = Instant::now();

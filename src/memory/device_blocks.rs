@@ -9,25 +9,26 @@
 //! session 69). A small output's block is kept here instead, with an event recorded on
 //! its consumer stream where it was given back; a block is handed out again once that
 //! event is proven complete. The proof is shared: a stream runs its work in order, so an
-//! event seen complete proves every block given back before it on the same stream, and a
-//! class is asked only when it holds [`DEPTH`] blocks: one query for several calls.
+//! event seen complete proves every block given back before it on the same stream.
 //!
 //! Only outputs of at most [`MAX_BYTES`] whose consumer stream is not their copy stream,
 //! and is pinlane's own or a device's legacy stream, are kept: the proof needs a stream
 //! whose identity cannot change (a borrowed stream's handle may be destroyed and come back
 //! for another stream), and [`DeviceBlocks::release`] frees on it later.
 //!
-//! A class is asked through its block [`DEPTH`] from the front (given back long enough
-//! ago to be done unless the consumer stream is that far behind); when neither that block
-//! nor the front one is done, the class is not asked again for its next `DEPTH` takes, so
-//! a consumer stream that runs behind costs at most two queries per `DEPTH` calls on top
-//! of the pool's allocation.
+//! A class is asked only once it holds [`DEPTH`] blocks, through its block `DEPTH` from
+//! the front (given back long enough ago to be done unless the consumer stream is that far
+//! behind): one query for `DEPTH` calls. When neither that block nor the front one is
+//! done, the class is not asked again for its next `DEPTH` takes, so a consumer stream
+//! that runs behind costs at most two queries per `DEPTH` calls on top of the pool's
+//! allocation. The lock is held across these driver calls (and the event's record when a
+//! block is given back): each is a fraction of a microsecond to two.
 
 use super::DEVICE_ALIGN;
 use crate::driver::{self, ContextGuard, DevicePtr, Event, Stream};
 use crate::error::Result;
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 /// Largest output kept, in bytes.
@@ -66,16 +67,16 @@ pub(crate) struct DeviceBlocks {
     devices: Mutex<Vec<Bins>>,
     /// Set by [`DeviceBlocks::close`] (the runtime's shutdown): blocks given back later are
     /// freed, not kept (no one would free them).
-    closed: std::sync::atomic::AtomicBool,
+    closed: AtomicBool,
 }
 
 #[derive(Default)]
 struct Bins {
+    /// Per class, in the order the blocks were given back (and their events recorded:
+    /// both under the lock).
     classes: [VecDeque<Given>; CLASSES],
     /// Events of blocks handed out again, for the next blocks given back.
     spare: Vec<Event>,
-    /// Counts blocks given back on this device (orders them across classes' queues).
-    given: u64,
     /// Per class: takes so far, and the take from which the class is asked again (after
     /// an ask that found no block done).
     takes: [u64; CLASSES],
@@ -88,7 +89,6 @@ struct Given {
     ptr: DevicePtr,
     stream: Stream,
     done: Event,
-    seq: u64,
     proven: bool,
 }
 
@@ -98,7 +98,7 @@ impl DeviceBlocks {
         DeviceBlocks {
             per_class,
             devices: Mutex::new(Vec::new()),
-            closed: std::sync::atomic::AtomicBool::new(false),
+            closed: AtomicBool::new(false),
         }
     }
 
@@ -125,12 +125,13 @@ impl DeviceBlocks {
         let front = queue.front()?;
         if !front.proven && queue.len() >= depth && take >= bins.ask_from[class] {
             // The block `depth` from the front: complete, its event proves every block
-            // given back before it on its stream (the stream ran that work first).
+            // given back before it on its stream (the stream ran that work first), which
+            // are the ones ahead of it in the queue on that stream.
             let probe = &queue[depth - 1];
             if probe.done.completed() == Ok(true) {
-                let (stream, seq) = (probe.stream.clone(), probe.seq);
-                for g in queue.iter_mut() {
-                    if g.seq <= seq && g.stream.same_as(&stream) {
+                let stream = probe.stream.clone();
+                for g in queue.iter_mut().take(depth) {
+                    if g.stream.same_as(&stream) {
                         g.proven = true;
                     }
                 }
@@ -190,13 +191,10 @@ impl DeviceBlocks {
         };
         // A failed record leaves the event unknown: it is dropped, not kept as a spare.
         done.record(stream)?;
-        bins.given += 1;
-        let seq = bins.given;
         bins.classes[class].push_back(Given {
             ptr,
             stream: stream.clone(),
             done,
-            seq,
             proven: false,
         });
         Ok(true)
@@ -206,10 +204,10 @@ impl DeviceBlocks {
     /// shutdown (outputs dropped after it free their blocks as before).
     ///
     /// # Errors
-    /// As [`DeviceBlocks::release`].
+    /// As [`DeviceBlocks::release`], named `shutdown`.
     pub(crate) fn close(&self) -> Result<()> {
         self.closed.store(true, Ordering::Release);
-        self.release()
+        self.release("shutdown")
     }
 
     /// Frees every kept block, each in order on the stream it was given back on (after
@@ -217,12 +215,12 @@ impl DeviceBlocks {
     /// device pool once those frees have run on their streams.
     ///
     /// # Errors
-    /// [`Error::ForkedChild`](crate::Error::ForkedChild) in a child process forked after
-    /// CUDA was set up; the first failed free (the rest are still freed).
-    pub(crate) fn release(&self) -> Result<()> {
+    /// [`Error::ForkedChild`](crate::Error::ForkedChild) naming `op` in a child process
+    /// forked after CUDA was set up; the first failed free (the rest are still freed).
+    pub(crate) fn release(&self, op: &'static str) -> Result<()> {
         // Not in a child forked after CUDA was set up: the lock may be held for ever there
         // by a thread of the parent's, and the blocks are the parent's.
-        driver::fork::check("trim")?;
+        driver::fork::check(op)?;
         let kept: Vec<(usize, Given)> = {
             let mut devices = self.lock();
             let mut out = Vec::new();
