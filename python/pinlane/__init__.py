@@ -81,7 +81,8 @@ def shutdown(timeout=10.0):
     Raises:
         ValueError: ``timeout`` is negative or not a number.
         RuntimeError: work was still running at the deadline (its memory stays held, and
-            is freed when it finishes).
+            is freed when it finishes); at once in a child process forked after pinlane
+            set up CUDA (nothing there is the child's to give back).
     """
     _native.shutdown(timeout)
 

@@ -40,8 +40,10 @@ impl Runtime {
     /// # Errors
     /// [`Error::ShutdownIncomplete`] when something was still running at the deadline (a
     /// pending call whose stream has not finished, a thread that did not exit): the
-    /// memory it uses stays held and counted, and is freed when it comes back. Otherwise
-    /// the first failed free.
+    /// memory it uses stays held and counted, and is freed when it comes back.
+    /// [`Error::ForkedChild`] at once in a child process forked after pinlane set up
+    /// CUDA (nothing there is the child's to give back or stop). Otherwise the first
+    /// failed free.
     ///
     /// ```
     /// let rt = pinlane::runtime();
@@ -54,6 +56,10 @@ impl Runtime {
     ///
     /// [`Config::install`]: crate::config::Config::install
     pub fn shutdown(&self, timeout: Duration) -> Result<()> {
+        // The pools, their locks and the threads to stop are the parent's: refused before
+        // any lock is taken, instead of waiting out `timeout` for threads that are not
+        // there.
+        crate::driver::fork::check("shutdown")?;
         let started = Instant::now();
         let deadline = crate::driver::deadline_after(timeout);
         let left = || deadline.saturating_duration_since(Instant::now());
@@ -94,6 +100,7 @@ impl Runtime {
 /// # Errors
 /// As [`Runtime::shutdown`].
 pub fn shutdown(timeout: Duration) -> Result<()> {
+    crate::driver::fork::check("shutdown")?;
     if let Some(rt) = runtime::current() {
         return rt.shutdown(timeout);
     }
@@ -129,8 +136,11 @@ pub fn shutdown(timeout: Duration) -> Result<()> {
 ///
 /// # Errors
 /// [`Error::ShutdownIncomplete`] when a call was still pending at the deadline: what it
-/// holds stays held until it completes.
+/// holds stays held until it completes. [`Error::ForkedChild`] at once in a child process
+/// forked after pinlane set up CUDA: the parent's pending calls are never completed there
+/// (the thread that completes them is the parent's).
 pub fn settle(timeout: Duration) -> Result<()> {
+    crate::driver::fork::check("settle")?;
     let started = Instant::now();
     if settle_by(crate::driver::deadline_after(timeout)) {
         return Ok(());

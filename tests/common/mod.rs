@@ -263,8 +263,9 @@ fn child_says(line: &str) {
 /// right: `pending` (a non-blocking call's handle) says it is ready, and its waits
 /// (bounded and not) fail at once with `Error::ForkedChild`; `prefetcher`'s next batch
 /// is that error, then the iterator ends; `memory_stats` is all zeros (it would take the
-/// parent's pool locks and ask the driver); dropping the prefetcher does not wait for its
-/// worker. None of these takes a lock a parent's thread may have held at the fork. Each of these
+/// parent's pool locks and ask the driver); `settle` and `shutdown` (the default
+/// runtime's and the free function) fail at once with `Error::ForkedChild`; dropping the
+/// prefetcher does not wait for its worker. None of these takes a lock a parent's thread may have held at the fork. Each of these
 /// waited for ever, or for its bound, before session 63.
 pub fn waits_in_forked_child(
     mut pending: pinlane::Transfer<Vec<Tensor>>,
@@ -279,6 +280,12 @@ pub fn waits_in_forked_child(
             false
         }
     };
+    let refused = |r: pinlane::Result<()>, call: &str| {
+        matches!(r, Err(Error::ForkedChild { op }) if op == call) || {
+            child_says(&format!("{call}: {r:?}"));
+            false
+        }
+    };
     let checks = [
         pending.is_ready(),
         pending
@@ -290,6 +297,13 @@ pub fn waits_in_forked_child(
             .is_some_and(|r| forked(&r, "Prefetcher::next")),
         prefetcher.next().is_none(),
         pinlane::memory_stats() == pinlane::MemoryStats::default(),
+        // Both would wait out their 30 s for the pending call and the parent's threads.
+        refused(pinlane::settle(Duration::from_secs(30)), "settle"),
+        refused(pinlane::shutdown(Duration::from_secs(30)), "shutdown"),
+        refused(
+            pinlane::runtime().shutdown(Duration::from_secs(30)),
+            "shutdown",
+        ),
         {
             drop(prefetcher);
             start.elapsed() < Duration::from_secs(5)
