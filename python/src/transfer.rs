@@ -458,12 +458,10 @@ pub(crate) fn d2h<'py>(
         opts = opts.producer_event(e.clone());
         gate.event = Some(e);
     }
-    split::mark("checked");
     let Some(first) = tensors.first() else {
         return Ok(Vec::new());
     };
     let torch = Torch::of(first)?;
-    split::mark("torch found");
     let mut slots = Vec::with_capacity(tensors.len());
     let mut inputs = Vec::with_capacity(tensors.len());
     let mut current: Option<usize> = None;
