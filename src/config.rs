@@ -111,6 +111,8 @@ pub struct Config {
     /// check of memory freed on another stream (the outputs' consumer stream), which took
     /// 0.7 to 3 us a call (docs/performance.md, session 69). A block is reused only once
     /// an event recorded on its consumer stream when it was given back has completed.
+    /// Kept for any consumer stream other than the copy stream; for a borrowed one (a
+    /// `torch.cuda.Stream`, say) only where the driver has `cuStreamGetId` (CUDA 12.0+).
     /// Kept blocks count as used in [`DevicePoolStats`](crate::runtime::DevicePoolStats)
     /// until [`trim`](crate::trim) frees them; at most 8 x 127.5 KiB per device with the
     /// default. 0 keeps none.

@@ -222,3 +222,85 @@ fn a_block_of_a_held_stream_is_not_proven_by_another_streams_event() {
     assert!(given_on_a.len() >= 2, "{calls:x?}");
     a.synchronize().unwrap();
 }
+
+/// A stream the caller made (a `torch.cuda.Stream`, say), named by its raw handle: pinlane
+/// borrows it.
+fn borrowed(owner: &Stream) -> Stream {
+    // SAFETY: `owner`'s handle, a live stream of device 0 that the test destroys only after
+    // its last use through the borrowed handle (the drop of `owner`).
+    unsafe { Stream::from_raw(owner.as_raw(), Device::cuda(0)) }.unwrap()
+}
+
+#[test]
+fn outputs_freed_on_a_borrowed_stream_reuse_kept_blocks() {
+    common::sim();
+    let _turn = serial();
+    let owner = Stream::new(Device::cuda(0)).unwrap();
+    let c = borrowed(&owner);
+    warm(256, &[Some(&c)]);
+    let allocated = allocations_in_40_calls(256, Some(&c));
+    assert!(allocated <= 4, "{allocated} allocations in 40 calls");
+    pinlane::trim().unwrap();
+    assert_eq!(pinlane::memory_stats().kept_device_block_bytes, 0);
+    // An output dropped while its borrowed stream captures a CUDA graph is not kept (its
+    // event's record would go into the graph).
+    let src = vec![tensor(256, 7)];
+    let opts = H2dOptions::default()
+        .num_caches(0)
+        .consumer_stream(c.clone());
+    let out = transfer_tensor_h2d_with(&src, &opts).unwrap();
+    assert!(sim::set_capturing(&owner, true));
+    drop(out);
+    sim::set_capturing(&owner, false);
+    assert_eq!(pinlane::memory_stats().kept_device_block_bytes, 0);
+    one_call(256, 8, &c);
+    assert!(pinlane::memory_stats().kept_device_block_bytes > 0);
+    pinlane::trim().unwrap();
+}
+
+#[test]
+fn a_borrowed_streams_handle_reused_for_a_new_stream_proves_nothing_of_the_old_ones_blocks() {
+    common::sim();
+    let _turn = serial();
+    // The next stream made after `old` is destroyed takes its handle.
+    assert!(sim::reuse_stream_handles(true));
+    let old = Stream::new(Device::cuda(0)).unwrap();
+    let raw = old.as_raw();
+    warm(96, &[Some(&borrowed(&old))]);
+    // Two blocks given back on the old stream while it is held (their events come after
+    // the hold), so that the new stream's blocks come right behind them in their class and
+    // the class's probe (its fourth block) is one of the new stream's.
+    let held = Instant::now();
+    old.delay_async(HOLD).unwrap();
+    let mut given_on_old = HashSet::new();
+    for k in 0..2 {
+        given_on_old.insert(one_call(96, k, &borrowed(&old)));
+    }
+    // The old stream is destroyed (its queued work still runs), and a new one takes its
+    // handle, as a real driver may give it out again. (Nothing pinlane keeps refers to the
+    // old stream: its kept blocks hold its id and their events, not the stream.)
+    drop(old);
+    let new = Stream::new(Device::cuda(0)).unwrap();
+    sim::reuse_stream_handles(false);
+    assert_eq!(
+        new.as_raw(),
+        raw,
+        "the new stream did not take the old handle"
+    );
+    // Calls on the new stream (idle): its events complete at once, and must prove none of
+    // the old stream's blocks, which its handle named.
+    let during = while_held(held, 12, |k| one_call(96, k, &borrowed(&new)));
+    let early: Vec<u64> = during
+        .iter()
+        .copied()
+        .filter(|p| given_on_old.contains(p))
+        .collect();
+    assert!(
+        early.is_empty(),
+        "blocks given back on the held old stream were handed out: {early:x?}"
+    );
+    std::thread::sleep(HOLD);
+    // trim frees the old stream's blocks on the legacy stream (the old one is gone).
+    pinlane::trim().unwrap();
+    assert_eq!(pinlane::memory_stats().kept_device_block_bytes, 0);
+}

@@ -18,6 +18,7 @@
 //! | `event.rs` | [`Event`]: an owned `CUevent` |
 //! | `calls.rs` | memory and copy calls: one checked `unsafe fn` per driver call |
 //! | `batch_copy.rs` | `cuMemcpyBatchAsync`, looked up by hand (CUDA 12.8+) |
+//! | `stream_id.rs` | `cuStreamGetId`, looked up by hand (CUDA 12.0+): a stream's id for the process's life |
 //! | `flag.rs` | end flags: `cuStreamWriteValue32`, looked up by hand (CUDA 11.7+), and the spin on its word |
 //! | `kernels.rs` | the committed PTX kernels, loaded once per device, and their launches |
 //! | `deferred.rs` | errors raised in `Drop`, kept for the next call |
@@ -43,6 +44,7 @@ pub(crate) mod nvtx;
 #[cfg(feature = "sim")]
 pub mod sim;
 mod stream;
+pub(crate) mod stream_id;
 
 pub(crate) use batch_copy::{
     available as batch_copy_available, memcpy_batch_d2h_async, memcpy_batch_h2d_async,

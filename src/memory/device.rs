@@ -45,18 +45,23 @@ pub(crate) struct DeviceAlloc {
 struct ForeignOwner(#[allow(dead_code)] Box<dyn Send + Sync>);
 
 enum Backing {
-    /// pinlane's pool; freed in order on this stream, or given back to `kept` (with the
-    /// block's size class) after the work queued there.
-    Pool {
-        free_on: Stream,
-        kept: Option<(Arc<DeviceBlocks>, usize)>,
-    },
+    /// pinlane's pool; freed in order on this stream, or given back to `kept` after the
+    /// work queued there.
+    Pool { free_on: Stream, kept: Option<Kept> },
     /// Another library's memory; released by dropping the owner. `writable`: copies
     /// into existing tensors may write it (the importer took it as writable).
     Foreign {
         owner: Option<Box<dyn Send + Sync>>,
         writable: bool,
     },
+}
+
+/// Where a small output's block goes when released: `blocks`, in size class `class`, with
+/// its consumer stream told apart by `key`.
+struct Kept {
+    blocks: Arc<DeviceBlocks>,
+    class: usize,
+    key: device_blocks::StreamKey,
 }
 
 impl DeviceAlloc {
@@ -86,16 +91,21 @@ impl DeviceAlloc {
         blocks: &Arc<DeviceBlocks>,
     ) -> Result<Arc<DeviceAlloc>> {
         let device = ctx.device();
-        let class = device_blocks::class_of(nbytes)
-            .filter(|_| blocks.enabled() && device_blocks::keeps_for(stream, &free_on));
-        let Some((class, block)) = class else {
+        let kept = device_blocks::class_of(nbytes)
+            .filter(|_| blocks.enabled())
+            .and_then(|c| Some((c, device_blocks::keeps_for(stream, &free_on)?)));
+        let Some(((class, block), key)) = kept else {
             return DeviceAlloc::new_async(ctx, device, nbytes, stream, free_on);
         };
         let ptr = match blocks.take(device, class) {
             Some(p) => p,
             None => driver::device_alloc_async(ctx, device, block, stream)?,
         };
-        let kept = Some((blocks.clone(), class));
+        let kept = Some(Kept {
+            blocks: blocks.clone(),
+            class,
+            key,
+        });
         Ok(DeviceAlloc::pool(ptr, nbytes, device, free_on, kept))
     }
 
@@ -104,7 +114,7 @@ impl DeviceAlloc {
         nbytes: usize,
         device: usize,
         free_on: Stream,
-        kept: Option<(Arc<DeviceBlocks>, usize)>,
+        kept: Option<Kept>,
     ) -> Arc<DeviceAlloc> {
         Arc::new(DeviceAlloc {
             ptr,
@@ -208,12 +218,12 @@ impl Drop for DeviceAlloc {
                     for (_, ev) in &uses {
                         ev.wait_on(free_on)?;
                     }
-                    if let Some((blocks, class)) = kept {
+                    if let Some(Kept { blocks, class, key }) = kept {
                         // Kept with an event recorded on `free_on` after all of the above
                         // (its own work and the waits for the lent uses), which proves
                         // them done before the block is handed out again; not kept (a
                         // full class, or the event failed), it is freed below.
-                        match blocks.give_back(&ctx, *class, self.ptr, free_on) {
+                        match blocks.give_back(&ctx, *class, self.ptr, free_on, *key) {
                             Ok(true) => return Ok(()),
                             Ok(false) => {}
                             Err(e) => driver::deferred::record(self.device, e),

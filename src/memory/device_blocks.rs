@@ -11,10 +11,15 @@
 //! event is proven complete. The proof is shared: a stream runs its work in order, so an
 //! event seen complete proves every block given back before it on the same stream.
 //!
-//! Only outputs of at most [`MAX_BYTES`] whose consumer stream is not their copy stream,
-//! and is pinlane's own or a device's legacy stream, are kept: the proof needs a stream
-//! whose identity cannot change (a borrowed stream's handle may be destroyed and come back
-//! for another stream), and [`DeviceBlocks::release`] frees on it later.
+//! Only outputs of at most [`MAX_BYTES`] whose consumer stream is not their copy stream
+//! are kept. The proof needs a stream whose identity cannot change: pinlane's own streams
+//! and a device's legacy stream are told apart by their handles; a borrowed stream (a
+//! `torch.cuda.Stream`, say) by the driver's id for it (`cuStreamGetId`, CUDA 12.0+),
+//! since its handle may be destroyed and come back for another stream. Without the id,
+//! a borrowed stream's outputs are not kept. [`DeviceBlocks::release`] frees a block in
+//! order on its stream when that is pinlane's own or the legacy stream, which outlive it;
+//! a borrowed one may be gone by then, so its blocks are freed on the legacy stream, made
+//! to wait for their events.
 //!
 //! A class is asked only once it holds [`DEPTH`] blocks, through its block `DEPTH` from
 //! the front (given back long enough ago to be done unless the consumer stream is that far
@@ -55,9 +60,27 @@ pub(crate) fn class_of(nbytes: usize) -> Option<(usize, usize)> {
     Some(((block / MIN_BLOCK).trailing_zeros() as usize, block))
 }
 
-/// Whether outputs freed on `free_on` may be kept when they were allocated on `stream`.
-pub(crate) fn keeps_for(stream: &Stream, free_on: &Stream) -> bool {
-    !free_on.same_as(stream) && (free_on.is_owned() || free_on.is_legacy())
+/// A consumer stream as the shared proof tells streams apart (within one device).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum StreamKey {
+    /// pinlane's own stream or the legacy stream: its handle, which no other stream takes
+    /// while pinlane holds it (its own) or ever (the legacy one).
+    Handle(usize),
+    /// A borrowed stream: the driver's id for it, unique for the process's life.
+    Id(u64),
+}
+
+/// How outputs freed on `free_on`, allocated on `stream`, are told apart when kept;
+/// `None` when they may not be kept (freed on the stream that allocated them, which needs
+/// no proof, or a borrowed stream the driver gives no id for).
+pub(crate) fn keeps_for(stream: &Stream, free_on: &Stream) -> Option<StreamKey> {
+    if free_on.same_as(stream) {
+        return None;
+    }
+    if free_on.is_owned() || free_on.is_legacy() {
+        return Some(StreamKey::Handle(free_on.raw() as usize));
+    }
+    driver::stream_id::unique_id(free_on).map(StreamKey::Id)
 }
 
 /// The kept blocks of every device: at most `per_class` blocks per size class and device.
@@ -83,11 +106,14 @@ struct Bins {
     ask_from: [u64; CLASSES],
 }
 
-/// A block given back: reusable once `done` (recorded on `stream` when it was given back,
-/// after everything that could use it) has completed.
+/// A block given back: reusable once `done` (recorded on its consumer stream, `key`, when
+/// it was given back, after everything that could use it) has completed.
 struct Given {
     ptr: DevicePtr,
-    stream: Stream,
+    key: StreamKey,
+    /// The consumer stream, to free the block on: pinlane's own or the legacy stream;
+    /// `None` for a borrowed one, which may be destroyed before the block is freed.
+    free_on: Option<Stream>,
     done: Event,
     proven: bool,
 }
@@ -129,9 +155,9 @@ impl DeviceBlocks {
             // are the ones ahead of it in the queue on that stream.
             let probe = &queue[depth - 1];
             if probe.done.completed() == Ok(true) {
-                let stream = probe.stream.clone();
+                let key = probe.key;
                 for g in queue.iter_mut().take(depth) {
-                    if g.stream.same_as(&stream) {
+                    if g.key == key {
                         g.proven = true;
                     }
                 }
@@ -156,8 +182,8 @@ impl DeviceBlocks {
 
     /// Keeps `ptr`, a block of `class` from pinlane's pool on `device` (`ctx`'s), for
     /// reuse once the work queued on `stream` so far has run: records an event there.
-    /// `Ok(false)` when it is not kept (the class is full, or nothing is kept): the
-    /// caller frees it.
+    /// `key` is `stream`'s, from [`keeps_for`]. `Ok(false)` when it is not kept (the class
+    /// is full, or nothing is kept): the caller frees it.
     ///
     /// # Errors
     /// The driver's error making or recording the event; the block is not kept then.
@@ -167,6 +193,7 @@ impl DeviceBlocks {
         class: usize,
         ptr: DevicePtr,
         stream: &Stream,
+        key: StreamKey,
     ) -> Result<bool> {
         let device = ctx.device();
         if self.per_class == 0 || class >= CLASSES {
@@ -185,15 +212,25 @@ impl DeviceBlocks {
         if bins.classes[class].len() >= self.per_class {
             return Ok(false);
         }
+        // A borrowed stream capturing a CUDA graph would take the event's record into the
+        // graph, where it proves nothing of the work queued before: not kept (freed as
+        // before, on the stream).
+        if matches!(key, StreamKey::Id(_))
+            && stream.refuse_capturing("keeping a device block").is_err()
+        {
+            return Ok(false);
+        }
         let done = match bins.spare.pop() {
             Some(e) => e,
             None => Event::new(crate::device::Device::cuda(device))?,
         };
         // A failed record leaves the event unknown: it is dropped, not kept as a spare.
         done.record(stream)?;
+        let free_on = matches!(key, StreamKey::Handle(_)).then(|| stream.clone());
         bins.classes[class].push_back(Given {
             ptr,
-            stream: stream.clone(),
+            key,
+            free_on,
             done,
             proven: false,
         });
@@ -211,8 +248,9 @@ impl DeviceBlocks {
     }
 
     /// Frees every kept block, each in order on the stream it was given back on (after
-    /// its last uses), for [`trim`](crate::trim) and shutdown. The memory goes back to the
-    /// device pool once those frees have run on their streams.
+    /// its last uses), or, for a borrowed stream, on the legacy stream once its event has
+    /// passed; for [`trim`](crate::trim) and shutdown. The memory goes back to the device
+    /// pool once those frees have run on their streams.
     ///
     /// # Errors
     /// [`Error::ForkedChild`](crate::Error::ForkedChild) naming `op` in a child process
@@ -235,13 +273,24 @@ impl DeviceBlocks {
         let mut first = None;
         for (d, g) in kept {
             let res = driver::bind(d).and_then(|ctx| {
+                let on = match g.free_on {
+                    Some(s) => s,
+                    None => {
+                        // The borrowed stream may be gone: the legacy stream waits for the
+                        // event recorded on it (an event outlives its stream's end).
+                        let legacy = Stream::legacy(crate::device::Device::cuda(d))?;
+                        g.done.wait_on(&legacy)?;
+                        legacy
+                    }
+                };
                 // SAFETY: the block came from `device_alloc_async` on device `d` and was
                 // given back by its last owner (`DeviceAlloc`'s drop): nothing but this
-                // free refers to it now. Every use of it was queued on `g.stream` before
-                // its event, or on streams `g.stream` was made to wait for, so the free in
-                // order on `g.stream` comes after them all; `g.stream` is pinlane's own
-                // (alive: `g` holds it) or the device's legacy stream.
-                unsafe { driver::device_free_async(&ctx, g.ptr, &g.stream) }
+                // free refers to it now. Every use of it was queued on its consumer stream
+                // before `g.done`, or on streams that stream was made to wait for, so the
+                // free in order on that stream comes after them all, and so does one on
+                // the legacy stream after its wait for `g.done`. `on` is alive: pinlane's
+                // own (`g` holds it) or the device's legacy stream.
+                unsafe { driver::device_free_async(&ctx, g.ptr, &on) }
             });
             if let Err(e) = res {
                 first.get_or_insert(e);

@@ -118,7 +118,23 @@ impl Sim {
         s: *mut sys::CUstream,
         _flags: c_uint,
     ) -> CUresult {
-        let st = self.new_stream(self.current_device());
+        let device = self.current_device();
+        // The stream destroyed last that no one refers to any more gives its allocation,
+        // so its handle.
+        let reused = lock(&self.parked).as_mut().and_then(|parked| {
+            let k = parked.iter().rposition(|p| Arc::strong_count(p) == 1)?;
+            Some(parked.swap_remove(k))
+        });
+        let st = match reused {
+            Some(mut old) => match Arc::get_mut(&mut old) {
+                Some(slot) => {
+                    *slot = self.make_stream(device);
+                    old
+                }
+                None => self.new_stream(device),
+            },
+            None => self.new_stream(device),
+        };
         lock(&self.seen).streams_created += 1;
         // SAFETY: out-pointer per the driver contract; the handle owns one reference,
         // released by cuStreamDestroy.
@@ -132,7 +148,13 @@ impl Sim {
         }
         // SAFETY: the handle's reference from cuStreamCreate, released once (contract).
         // Queued work still runs: the worker ends when its queue closes.
-        drop(unsafe { Arc::from_raw(s as *const SimStream) });
+        let st = unsafe { Arc::from_raw(s as *const SimStream) };
+        if let Some(parked) = lock(&self.parked).as_mut() {
+            // Its queue closed (the sender replaced by one whose receiver is gone), its
+            // allocation kept for the next stream's handle.
+            *lock(&st.tx) = std::sync::mpsc::channel().0;
+            parked.push(st);
+        }
         *lock(&self.seen).destroyed.entry(s as usize).or_default() += 1;
         OK
     }
@@ -155,6 +177,15 @@ impl Sim {
         let st = unsafe { self.stream(s) };
         let mut p = st.state.wait_queued();
         p.error.take().unwrap_or(OK)
+    }
+
+    /// `cuStreamGetId`: the stream's id, unique for the process's life.
+    pub(crate) unsafe fn cuStreamGetId(&'static self, s: sys::CUstream, id: *mut u64) -> CUresult {
+        // SAFETY: the handle is valid (contract).
+        let st = unsafe { self.stream(s) };
+        // SAFETY: out-pointer per the driver contract.
+        unsafe { *id = st.id };
+        OK
     }
 
     /// `cuStreamWriteValue32_v2` (flags 0: the default write, after a memory barrier): the

@@ -225,6 +225,9 @@ pub(crate) struct Sim {
     seen: Mutex<Activity>,
     /// Held while a host function runs, when [`SimConfig::serial_host_functions`] is set.
     host_turn: Mutex<()>,
+    /// [`reuse_stream_handles`]: destroyed streams parked (their queues closed) for the
+    /// next `cuStreamCreate` to take their handles; `None` while handles are not reused.
+    parked: Mutex<Option<Vec<Arc<SimStream>>>>,
 }
 
 /// What the simulated devices have seen so far in this process ([`activity`]).
@@ -308,6 +311,20 @@ pub fn set_capturing(stream: &crate::driver::Stream, on: bool) -> bool {
     }
 }
 
+/// With `on`, a destroyed stream's handle goes to the next stream created (its queued
+/// work still runs first), as a real driver may hand a freed handle out again; off (the
+/// default), a handle is an address the allocator may or may not reuse. For tests of
+/// what must not be told apart by handle. `false` when the simulator is not enabled.
+pub fn reuse_stream_handles(on: bool) -> bool {
+    match active() {
+        Some(sim) => {
+            *lock(&sim.parked) = on.then(Vec::new);
+            true
+        }
+        None => false,
+    }
+}
+
 /// How many operations were queued on `stream` while [`set_capturing`] had it capturing
 /// (`None` when the simulator is not enabled or `stream` is the legacy stream).
 pub fn captured_ops(stream: &crate::driver::Stream) -> Option<u64> {
@@ -362,6 +379,7 @@ impl Sim {
             legacy: (0..devices).map(|_| OnceLock::new()).collect(),
             all_streams: Mutex::new(Vec::new()),
             host_turn: Mutex::new(()),
+            parked: Mutex::new(None),
             seen: Mutex::new(Activity {
                 context_used: vec![false; devices],
                 host_allocs: vec![0; devices],

@@ -77,6 +77,9 @@ pub(crate) struct SimStream {
     pub(super) tx: Mutex<mpsc::Sender<Op>>,
     pub(super) state: Arc<StreamState>,
     pub(super) device: usize,
+    /// Its `cuStreamGetId`: unique for the process's life, as the driver's (a handle may
+    /// come back for a new stream once its stream is destroyed: it is an address).
+    pub(super) id: u64,
     /// The stream is "capturing" (a CUDA graph capture, as [`set_capturing`] says):
     /// `cuStreamIsCapturing` answers so, and each operation queued counts in `captured`.
     pub(super) capturing: std::sync::atomic::AtomicBool,
@@ -106,6 +109,11 @@ impl Sim {
     }
 
     pub(super) fn new_stream(&'static self, device: usize) -> Arc<SimStream> {
+        Arc::new(self.make_stream(device))
+    }
+
+    /// A new stream of `device`, with its worker running.
+    pub(super) fn make_stream(&'static self, device: usize) -> SimStream {
         let (tx, rx) = mpsc::channel::<Op>();
         let state = Arc::new(StreamState {
             progress: Mutex::new(Progress::default()),
@@ -145,13 +153,14 @@ impl Sim {
                     st.changed.notify_all();
                 }
             });
-        Arc::new(SimStream {
+        SimStream {
             tx: Mutex::new(tx),
             state,
             device,
+            id: k + 1,
             capturing: std::sync::atomic::AtomicBool::new(false),
             captured: AtomicU64::new(0),
-        })
+        }
     }
 
     /// Runs one operation on a stream's worker.
