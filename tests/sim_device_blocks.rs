@@ -242,12 +242,21 @@ fn outputs_freed_on_a_borrowed_stream_reuse_kept_blocks() {
     assert!(allocated <= 4, "{allocated} allocations in 40 calls");
     pinlane::trim().unwrap();
     assert_eq!(pinlane::memory_stats().kept_device_block_bytes, 0);
-    // An output dropped while its borrowed stream captures a CUDA graph is not kept (its
+    // An output dropped while its consumer stream captures a CUDA graph is not kept (its
     // event's record would go into the graph).
     let src = vec![tensor(256, 7)];
     let opts = H2dOptions::default()
         .num_caches(0)
         .consumer_stream(c.clone());
+    let out = transfer_tensor_h2d_with(&src, &opts).unwrap();
+    assert!(sim::set_capturing(&owner, true));
+    drop(out);
+    sim::set_capturing(&owner, false);
+    assert_eq!(pinlane::memory_stats().kept_device_block_bytes, 0);
+    // The same for a stream of pinlane's that the caller captures through its handle.
+    let opts = H2dOptions::default()
+        .num_caches(0)
+        .consumer_stream(owner.clone());
     let out = transfer_tensor_h2d_with(&src, &opts).unwrap();
     assert!(sim::set_capturing(&owner, true));
     drop(out);
@@ -262,8 +271,16 @@ fn outputs_freed_on_a_borrowed_stream_reuse_kept_blocks() {
 fn a_borrowed_streams_handle_reused_for_a_new_stream_proves_nothing_of_the_old_ones_blocks() {
     common::sim();
     let _turn = serial();
-    // The next stream made after `old` is destroyed takes its handle.
+    // The next stream made after `old` is destroyed takes its handle (and no later test
+    // runs with handles reused, also if this one fails).
+    struct Reuse;
+    impl Drop for Reuse {
+        fn drop(&mut self) {
+            sim::reuse_stream_handles(false);
+        }
+    }
     assert!(sim::reuse_stream_handles(true));
+    let reuse = Reuse;
     let old = Stream::new(Device::cuda(0)).unwrap();
     let raw = old.as_raw();
     warm(96, &[Some(&borrowed(&old))]);
@@ -281,7 +298,7 @@ fn a_borrowed_streams_handle_reused_for_a_new_stream_proves_nothing_of_the_old_o
     // old stream: its kept blocks hold its id and their events, not the stream.)
     drop(old);
     let new = Stream::new(Device::cuda(0)).unwrap();
-    sim::reuse_stream_handles(false);
+    drop(reuse);
     assert_eq!(
         new.as_raw(),
         raw,
@@ -299,8 +316,10 @@ fn a_borrowed_streams_handle_reused_for_a_new_stream_proves_nothing_of_the_old_o
         early.is_empty(),
         "blocks given back on the held old stream were handed out: {early:x?}"
     );
-    std::thread::sleep(HOLD);
-    // trim frees the old stream's blocks on the legacy stream (the old one is gone).
+    // trim frees the old stream's blocks on the legacy stream (the old one is gone, its
+    // handle the new one's). (Their order after the hold is not observable here: trim's
+    // frees of page-locked memory come first and wait for the whole device, as
+    // `cuMemFreeHost` does.)
     pinlane::trim().unwrap();
     assert_eq!(pinlane::memory_stats().kept_device_block_bytes, 0);
 }

@@ -212,12 +212,12 @@ impl DeviceBlocks {
         if bins.classes[class].len() >= self.per_class {
             return Ok(false);
         }
-        // A borrowed stream capturing a CUDA graph would take the event's record into the
+        // A stream capturing a CUDA graph (a borrowed one, or one of pinlane's that the
+        // caller captures through its raw handle) would take the event's record into the
         // graph, where it proves nothing of the work queued before: not kept (freed as
-        // before, on the stream).
-        if matches!(key, StreamKey::Id(_))
-            && stream.refuse_capturing("keeping a device block").is_err()
-        {
+        // before, on the stream). No driver call for the legacy stream, which cannot be
+        // captured.
+        if stream.refuse_capturing("keeping a device block").is_err() {
             return Ok(false);
         }
         let done = match bins.spare.pop() {
