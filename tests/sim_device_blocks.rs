@@ -319,7 +319,8 @@ fn a_borrowed_streams_handle_reused_for_a_new_stream_proves_nothing_of_the_old_o
     // trim frees the old stream's blocks on the legacy stream (the old one is gone, its
     // handle the new one's). (Their order after the hold is not observable here: trim's
     // frees of page-locked memory come first and wait for the whole device, as
-    // `cuMemFreeHost` does.)
+    // `cuMemFreeHost` does; the lib test
+    // `a_gone_borrowed_streams_blocks_are_freed_only_after_their_events` checks it.)
     pinlane::trim().unwrap();
     assert_eq!(pinlane::memory_stats().kept_device_block_bytes, 0);
 }

@@ -309,6 +309,55 @@ impl DeviceBlocks {
     }
 }
 
+/// On the simulated device (feature `test-util`): what the public API cannot reach.
+#[cfg(all(test, feature = "test-util"))]
+mod sim {
+    use super::*;
+    use crate::device::Device;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_gone_borrowed_streams_blocks_are_freed_only_after_their_events() {
+        crate::sim_tests::setup();
+        let ctx = driver::bind(0).unwrap();
+        let copy = Stream::new(Device::cuda(0)).unwrap();
+        let owner = Stream::new(Device::cuda(0)).unwrap();
+        // SAFETY: `owner`'s handle, a live stream of device 0, used through `borrowed`
+        // only until `owner` is dropped below.
+        let borrowed = unsafe { Stream::from_raw(owner.as_raw(), Device::cuda(0)) }.unwrap();
+        let key = keeps_for(&copy, &borrowed).expect("the simulator gives stream ids");
+        assert!(matches!(key, StreamKey::Id(_)));
+        let (class, size) = class_of(1000).unwrap();
+        let ptr = driver::device_alloc_async(&ctx, 0, size, &copy).unwrap();
+        copy.synchronize().unwrap();
+        // Work on the borrowed stream that may still use the block, held for 500 ms; the
+        // block is given back behind it, and the stream destroyed while it is held.
+        let held = Instant::now();
+        owner.delay_async(Duration::from_millis(500)).unwrap();
+        let blocks = DeviceBlocks::new(8);
+        assert!(blocks.give_back(&ctx, class, ptr, &borrowed, key).unwrap());
+        drop(borrowed);
+        drop(owner);
+        blocks.release("trim").unwrap();
+        assert_eq!(blocks.kept_bytes(), 0);
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            held.elapsed() < Duration::from_millis(450),
+            "too slow to check"
+        );
+        assert!(
+            driver::sim::is_live(ptr),
+            "the block was freed while work queued before it was given back was held"
+        );
+        Stream::legacy(Device::cuda(0))
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        assert!(held.elapsed() >= Duration::from_millis(500));
+        assert!(!driver::sim::is_live(ptr), "the block was never freed");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -325,6 +325,13 @@ pub fn reuse_stream_handles(on: bool) -> bool {
     }
 }
 
+/// Whether `ptr` starts a live (not yet freed) simulated device or page-locked allocation,
+/// for the lib's own tests of when a free has run.
+#[cfg(test)]
+pub(crate) fn is_live(ptr: u64) -> bool {
+    active().is_some_and(|s| lock(&s.mem).live.contains_key(&ptr))
+}
+
 /// How many operations were queued on `stream` while [`set_capturing`] had it capturing
 /// (`None` when the simulator is not enabled or `stream` is the legacy stream).
 pub fn captured_ops(stream: &crate::driver::Stream) -> Option<u64> {
