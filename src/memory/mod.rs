@@ -6,7 +6,7 @@
 //! | `pinned.rs` | `PinnedBuf`, `PinnedBlock` | page-locked memory of tensors (`cuMemHostAlloc`) | on drop (`cuMemFreeHost`), or back to [`PinnedOutputPool`] |
 //! | `arena.rs` | [`PinnedArena`], `SlotLease` | page-locked staging slots, allocated once | never on the hot path |
 //! | `device.rs` | `DeviceAlloc` | device memory of one batch (`cuMemAllocFromPoolAsync`) | in order on its consumer stream (`cuMemFreeAsync`); a small output's block back to `DeviceBlocks` |
-//! | `device_blocks.rs` | `DeviceBlocks` | small H2D outputs' device blocks, kept with an event recorded on their consumer stream | reused once the event is proven complete; freed in order on that stream by `trim` and shutdown |
+//! | `device_blocks.rs` | `DeviceBlocks` | small H2D outputs' device blocks, kept with an event recorded on their consumer stream (a borrowed one told apart by its driver id) | reused once the event is proven complete; freed in order on that stream by `trim` and shutdown (a borrowed stream's on the legacy stream, after the event) |
 //! | `copier.rs` | `CopyPool` | nothing of its own: threads that copy host bytes in parallel | - |
 //! | `gather.rs` | - | a device buffer gathering many small tensors (kernel) | in stream order |
 //! | `scatter.rs` | - | nothing of its own: copies into memory the caller owns (device views anywhere, writable host tensors) | - |
