@@ -289,10 +289,11 @@ impl Runtime {
 
     /// Gives back everything cached and not in use: free staging slots, free page-locked
     /// output blocks, cached pageable regions, the small device blocks kept for H2D
-    /// outputs ([`Config::small_device_blocks`]: freed in order on their consumer streams),
-    /// and device pool memory that backs no allocation (`cuMemPoolTrimTo`). Owners retained after failed synchronisations are
-    /// released first where their stream has finished its work (checked with an event,
-    /// without blocking).
+    /// outputs ([`Config::small_device_blocks`]: freed in order on their consumer streams,
+    /// those of a stream the caller lent on the legacy stream after their events), and
+    /// device pool memory that backs no allocation (`cuMemPoolTrimTo`). Owners retained
+    /// after failed synchronisations are released first where their stream has finished
+    /// its work (checked with an event, without blocking).
     ///
     /// Memory in use stays: tensors the caller holds, the batches in each thread's cache
     /// ring ([`H2dOptions::num_caches`](crate::engine::H2dOptions::num_caches)), device memory

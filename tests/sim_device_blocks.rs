@@ -243,25 +243,19 @@ fn outputs_freed_on_a_borrowed_stream_reuse_kept_blocks() {
     pinlane::trim().unwrap();
     assert_eq!(pinlane::memory_stats().kept_device_block_bytes, 0);
     // An output dropped while its consumer stream captures a CUDA graph is not kept (its
-    // event's record would go into the graph).
+    // event's record would go into the graph): the borrowed stream, and `owner` itself (a
+    // stream of pinlane's that the caller captures through its handle).
     let src = vec![tensor(256, 7)];
-    let opts = H2dOptions::default()
-        .num_caches(0)
-        .consumer_stream(c.clone());
-    let out = transfer_tensor_h2d_with(&src, &opts).unwrap();
-    assert!(sim::set_capturing(&owner, true));
-    drop(out);
-    sim::set_capturing(&owner, false);
-    assert_eq!(pinlane::memory_stats().kept_device_block_bytes, 0);
-    // The same for a stream of pinlane's that the caller captures through its handle.
-    let opts = H2dOptions::default()
-        .num_caches(0)
-        .consumer_stream(owner.clone());
-    let out = transfer_tensor_h2d_with(&src, &opts).unwrap();
-    assert!(sim::set_capturing(&owner, true));
-    drop(out);
-    sim::set_capturing(&owner, false);
-    assert_eq!(pinlane::memory_stats().kept_device_block_bytes, 0);
+    for consumer in [&c, &owner] {
+        let opts = H2dOptions::default()
+            .num_caches(0)
+            .consumer_stream(consumer.clone());
+        let out = transfer_tensor_h2d_with(&src, &opts).unwrap();
+        assert!(sim::set_capturing(&owner, true));
+        drop(out);
+        sim::set_capturing(&owner, false);
+        assert_eq!(pinlane::memory_stats().kept_device_block_bytes, 0);
+    }
     one_call(256, 8, &c);
     assert!(pinlane::memory_stats().kept_device_block_bytes > 0);
     pinlane::trim().unwrap();

@@ -106,16 +106,31 @@ struct Bins {
     ask_from: [u64; CLASSES],
 }
 
-/// A block given back: reusable once `done` (recorded on its consumer stream, `key`, when
+/// A block given back: reusable once `done` (recorded on its consumer stream, `on`, when
 /// it was given back, after everything that could use it) has completed.
 struct Given {
     ptr: DevicePtr,
-    key: StreamKey,
-    /// The consumer stream, to free the block on: pinlane's own or the legacy stream;
-    /// `None` for a borrowed one, which may be destroyed before the block is freed.
-    free_on: Option<Stream>,
+    on: Consumer,
     done: Event,
     proven: bool,
+}
+
+/// A kept block's consumer stream.
+enum Consumer {
+    /// pinlane's own or the legacy stream, held to free the block on.
+    Own(Stream),
+    /// A borrowed stream, by the driver's id: not held, as it may be destroyed before the
+    /// block is freed.
+    Borrowed(u64),
+}
+
+impl Consumer {
+    fn key(&self) -> StreamKey {
+        match self {
+            Consumer::Own(s) => StreamKey::Handle(s.raw() as usize),
+            Consumer::Borrowed(id) => StreamKey::Id(*id),
+        }
+    }
 }
 
 impl DeviceBlocks {
@@ -155,9 +170,9 @@ impl DeviceBlocks {
             // are the ones ahead of it in the queue on that stream.
             let probe = &queue[depth - 1];
             if probe.done.completed() == Ok(true) {
-                let key = probe.key;
+                let key = probe.on.key();
                 for g in queue.iter_mut().take(depth) {
-                    if g.key == key {
+                    if g.on.key() == key {
                         g.proven = true;
                     }
                 }
@@ -226,11 +241,13 @@ impl DeviceBlocks {
         };
         // A failed record leaves the event unknown: it is dropped, not kept as a spare.
         done.record(stream)?;
-        let free_on = matches!(key, StreamKey::Handle(_)).then(|| stream.clone());
+        let on = match key {
+            StreamKey::Handle(_) => Consumer::Own(stream.clone()),
+            StreamKey::Id(id) => Consumer::Borrowed(id),
+        };
         bins.classes[class].push_back(Given {
             ptr,
-            key,
-            free_on,
+            on,
             done,
             proven: false,
         });
@@ -273,9 +290,9 @@ impl DeviceBlocks {
         let mut first = None;
         for (d, g) in kept {
             let res = driver::bind(d).and_then(|ctx| {
-                let on = match g.free_on {
-                    Some(s) => s,
-                    None => {
+                let on = match g.on {
+                    Consumer::Own(s) => s,
+                    Consumer::Borrowed(_) => {
                         // The borrowed stream may be gone: the legacy stream waits for the
                         // event recorded on it (an event outlives its stream's end).
                         let legacy = Stream::legacy(crate::device::Device::cuda(d))?;

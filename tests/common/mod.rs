@@ -258,6 +258,14 @@ fn child_says(line: &str) {
     let _ = writeln!(std::io::stderr(), "forked child: {line}");
 }
 
+/// Whether `r` is `Error::ForkedChild` naming `call`; says what it was otherwise.
+fn refused(r: pinlane::Result<()>, call: &str) -> bool {
+    matches!(r, Err(pinlane::Error::ForkedChild { op }) if op == call) || {
+        child_says(&format!("{call}: {r:?}"));
+        false
+    }
+}
+
 /// What a child forked after CUDA was set up gets when it waits on what its parent
 /// started (run by [`in_forked_child`]), as a bit mask of what went wrong, 0 when all is
 /// right: `pending` (a non-blocking call's handle) says it is ready, and its waits
@@ -277,12 +285,6 @@ pub fn waits_in_forked_child(
     let forked = |r: &pinlane::Result<Vec<Tensor>>, call: &str| {
         matches!(r, Err(Error::ForkedChild { op }) if *op == call) || {
             child_says(&format!("{call}: {:?}", r.as_ref().map(Vec::len)));
-            false
-        }
-    };
-    let refused = |r: pinlane::Result<()>, call: &str| {
-        matches!(r, Err(Error::ForkedChild { op }) if op == call) || {
-            child_says(&format!("{call}: {r:?}"));
             false
         }
     };
@@ -338,12 +340,6 @@ pub fn refusals_in_forked_child(
 ) -> i32 {
     use pinlane::Error;
     let (host, on_device, targets) = (host.to_vec(), on_device.to_vec(), targets.to_vec());
-    let refused = |r: pinlane::Result<()>, call: &str| {
-        matches!(r, Err(Error::ForkedChild { op }) if op == call) || {
-            child_says(&format!("{call}: {r:?}"));
-            false
-        }
-    };
     let mut wrong = 0;
     let checks = [
         refused(

@@ -125,16 +125,12 @@ impl Sim {
             let k = parked.iter().rposition(|p| Arc::strong_count(p) == 1)?;
             Some(parked.swap_remove(k))
         });
-        let st = match reused {
-            Some(mut old) => match Arc::get_mut(&mut old) {
-                Some(slot) => {
-                    *slot = self.make_stream(device);
-                    old
-                }
-                None => self.new_stream(device),
-            },
-            None => self.new_stream(device),
-        };
+        let st = reused
+            .and_then(|mut old| {
+                *Arc::get_mut(&mut old)? = self.make_stream(device);
+                Some(old)
+            })
+            .unwrap_or_else(|| self.new_stream(device));
         lock(&self.seen).streams_created += 1;
         // SAFETY: out-pointer per the driver contract; the handle owns one reference,
         // released by cuStreamDestroy.
