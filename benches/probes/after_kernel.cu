@@ -125,16 +125,7 @@ static void events(const char* name, Env& e) {
   fflush(stdout);
 }
 
-static void spin(Env& e) {
-  double t0 = now_us();
-  while (*e.flag != e.seq) {
-    _mm_pause();
-    if (now_us() - t0 > 1e6) {
-      printf("ERR the flag never came\n");
-      exit(1);
-    }
-  }
-}
+static void spin(Env& e) { spin_flag(e.flag, e.seq); }
 
 // One phase: every row, printed on one line after `name`.
 static void phase(const char* name, Env& e) {

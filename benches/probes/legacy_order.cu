@@ -21,17 +21,6 @@
 #include <cstring>
 #include "probe.h"
 
-static void spin(const volatile uint32_t* flag, uint32_t want) {
-  auto t0 = std::chrono::steady_clock::now();
-  while (*flag != want) {
-    _mm_pause();
-    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(1)) {
-      printf("ERR the flag never came\n");
-      exit(1);
-    }
-  }
-}
-
 int main() {
   const size_t n = 1024;
   primary_device0();
@@ -67,7 +56,7 @@ int main() {
     }
     CK(cuMemcpyDtoHAsync(out, src, n, s));
     CK(cuStreamWriteValue32(s, flag_d, ++seq, 0));
-    spin(flag, seq);
+    spin_flag(flag, seq);
     if (caller && out[0] != byte) stale++;
   };
   struct Way {

@@ -2,6 +2,8 @@
 // of timings. Included by the probes next to it; nvcc finds it beside the .cu file.
 #pragma once
 #include <cuda.h>
+#include <immintrin.h>
+#include <cstdint>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -46,4 +48,17 @@ static void row(const char* name, const std::function<void()>& f, int warm = 300
   std::sort(v.begin(), v.end());
   printf("%-*s median %6.2f us  p10 %6.2f us\n", width, name, v[reps / 2], v[reps / 10]);
   fflush(stdout);
+}
+
+// Spins until a stream has written `want` into the page-locked word `flag` (an end flag,
+// `cuStreamWriteValue32`); exits after one second without it.
+static void spin_flag(const volatile uint32_t* flag, uint32_t want) {
+  auto t0 = std::chrono::steady_clock::now();
+  while (*flag != want) {
+    _mm_pause();
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(1)) {
+      printf("ERR the flag never came\n");
+      exit(1);
+    }
+  }
 }

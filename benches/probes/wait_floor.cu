@@ -24,18 +24,6 @@
 #include <vector>
 #include "probe.h"
 
-// Spins until the stream has written `want` into the flag; one second at most.
-static void spin(const volatile uint32_t* flag, uint32_t want) {
-  auto t0 = std::chrono::steady_clock::now();
-  while (*flag != want) {
-    _mm_pause();
-    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(1)) {
-      printf("ERR the flag never came\n");
-      exit(1);
-    }
-  }
-}
-
 // Copies n bytes (a multiple of 16) with one block, then, once every thread's stores are
 // visible to the host, sets the flag.
 __global__ void k_copy_flag(const uint4* src, uint4* dst, size_t n16, volatile uint32_t* flag,
@@ -81,7 +69,7 @@ int main(int argc, char** argv) {
   auto signal = [&](CUstream st) {
     seq++;
     CK(cuStreamWriteValue32(st, flag_d, seq, 0));
-    spin(flag, seq);
+    spin_flag(flag, seq);
   };
   cudaStream_t rs = (cudaStream_t)s;
   size_t n16 = n / 16;
@@ -120,7 +108,7 @@ int main(int argc, char** argv) {
   row("D2H by a kernel into mapped page-locked memory, which sets the flag", [&] {
     seq++;
     k_copy_flag<<<1, 64, 0, rs>>>((const uint4*)d, (uint4*)pinned_d, n16, (volatile uint32_t*)flag_d, seq);
-    spin(flag, seq);
+    spin_flag(flag, seq);
   });
   row("D2H cuMemcpyDtoH (synchronous, the legacy stream)", [&] { CK(cuMemcpyDtoH(pinned, d, n)); });
   row("whole: event record/wait, D2H async, cuStreamSynchronize", [&] {
@@ -163,7 +151,7 @@ int main(int argc, char** argv) {
   row("H2D by a kernel reading mapped page-locked memory, which sets the flag", [&] {
     seq++;
     k_copy_flag<<<1, 64, 0, rs>>>((const uint4*)pinned_d, (uint4*)d2, n16, (volatile uint32_t*)flag_d, seq);
-    spin(flag, seq);
+    spin_flag(flag, seq);
   });
 
   row("whole: event record/wait, H2D async, cuStreamSynchronize", [&] {
@@ -243,7 +231,7 @@ int main(int argc, char** argv) {
         } else {
           seq++;
           k_copy_flag<<<1, 64, 0, rs>>>((const uint4*)d, (uint4*)pinned_d, n16, (volatile uint32_t*)flag_d, seq);
-          spin(flag, seq);
+          spin_flag(flag, seq);
         }
         if (memcmp(pinned, want.data(), n) != 0) bad++;
       } else {  // H2D: the host's bytes set; is the device's copy whole once the flag is up?
@@ -254,7 +242,7 @@ int main(int argc, char** argv) {
         } else {
           seq++;
           k_copy_flag<<<1, 64, 0, rs>>>((const uint4*)pinned_d, (uint4*)d2, n16, (volatile uint32_t*)flag_d, seq);
-          spin(flag, seq);
+          spin_flag(flag, seq);
         }
         CK(cuMemcpyDtoH(back.data(), d2, n));
         if (memcmp(back.data(), want.data(), n) != 0) bad++;
