@@ -69,8 +69,31 @@ fn lock_default() -> std::sync::MutexGuard<'static, DefaultSlot> {
     DEFAULT.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// [`lock_default`], except in a child forked after CUDA was set up, where the lock is
+/// only tried: `None` if it is held. There it can only be held by a thread of the parent
+/// that was inside [`runtime`] or [`Config::install`] at the fork (the child does not
+/// have that thread, so the lock would be held for ever), or by another thread of the
+/// child itself; either way the child's calls are refused, so nothing is lost by not
+/// waiting.
+fn lock_default_unless_stuck() -> Option<std::sync::MutexGuard<'static, DefaultSlot>> {
+    if !crate::driver::fork::marked() {
+        return Some(lock_default());
+    }
+    match DEFAULT.try_lock() {
+        Ok(d) => Some(d),
+        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
+}
+
 /// The process's default runtime, installing [`Config::new`] (or the configuration
 /// installed last, after a shutdown) if there is none.
+///
+/// In a child process forked after pinlane set CUDA up it never waits for a lock a
+/// thread of the parent may have held at the fork: where the default cannot be had at
+/// once, it returns a runtime of the default configuration that is not installed. Every
+/// call that would use CUDA through either is refused there with
+/// [`Error::ForkedChild`](crate::Error::ForkedChild), as the transfers are.
 pub fn runtime() -> Arc<Runtime> {
     let g = GENERATION.load(Ordering::Acquire);
     let cached = CACHED
@@ -86,7 +109,11 @@ pub fn runtime() -> Arc<Runtime> {
     // The generation is read under the lock that `retire` bumps it under, so the pair
     // cached below never names a runtime already retired.
     let (rt, g) = {
-        let mut d = lock_default();
+        let Some(mut d) = lock_default_unless_stuck() else {
+            // Held for ever by a parent's thread: one that is not the default (and is not
+            // cached), whose pools are empty and whose CUDA calls are refused.
+            return Runtime::new(Config::default());
+        };
         let rt = match &d.runtime {
             Some(rt) => rt.clone(),
             None => {
@@ -109,16 +136,19 @@ pub fn runtime() -> Arc<Runtime> {
     rt
 }
 
-/// The default runtime if there is one, making none.
+/// The default runtime if there is one, making none (`None` also in a forked child where
+/// the parent's lock is held: [`lock_default_unless_stuck`]).
 pub(crate) fn current() -> Option<Arc<Runtime>> {
-    lock_default().runtime.clone()
+    lock_default_unless_stuck()?.runtime.clone()
 }
 
 /// Marks `rt` shut down and, if it is the default, removes it: the next call makes a new
 /// default from the same configuration.
 pub(crate) fn retire(rt: &Runtime) {
     rt.shut_down.store(true, Ordering::SeqCst);
-    let mut d = lock_default();
+    let Some(mut d) = lock_default_unless_stuck() else {
+        return;
+    };
     if d.runtime.as_ref().is_some_and(|r| std::ptr::eq(&**r, rt)) {
         d.runtime = None;
         GENERATION.fetch_add(1, Ordering::AcqRel);
@@ -141,7 +171,8 @@ impl Config {
     /// # Errors
     /// [`Error::InvalidOption`] for a value out of range; [`Error::AlreadyRunning`] when a
     /// runtime with another configuration is already the default (installing the same
-    /// one again is fine; after `pinlane::shutdown`, another one is too).
+    /// one again is fine; after `pinlane::shutdown`, another one is too);
+    /// [`Error::ForkedChild`] in a child process forked after pinlane set CUDA up.
     pub fn install(self) -> Result<Arc<Runtime>> {
         install(self)
     }
@@ -149,6 +180,9 @@ impl Config {
 
 fn install(config: Config) -> Result<Arc<Runtime>> {
     config.validate()?;
+    // The runtime it would install could not be used there, and the lock may be held for
+    // ever by a parent's thread.
+    crate::driver::fork::check("Config::install")?;
     let rt = {
         let mut d = lock_default();
         if let Some(rt) = &d.runtime {
@@ -260,29 +294,41 @@ impl Runtime {
     /// calls waiting for a slot at once.
     ///
     /// # Errors
-    /// None today; a `Result` so that a cap the runtime cannot honour can be refused.
+    /// [`Error::ForkedChild`](crate::Error::ForkedChild) in a child process forked after
+    /// pinlane set CUDA up (the slots are the parent's, and so may be the arena's lock).
     pub fn set_arena_bytes(&self, bytes: usize) -> Result<()> {
+        crate::driver::fork::check("Runtime::set_arena_bytes")?;
         self.arena.set_max_bytes(bytes)
     }
 
     /// Changes the page-locked output pool's cap; unused blocks above it are freed.
     ///
     /// # Errors
-    /// A failed `cuMemFreeHost` of an unused block.
+    /// A failed `cuMemFreeHost` of an unused block; [`Error::ForkedChild`](crate::Error::ForkedChild)
+    /// in a child process forked after pinlane set CUDA up (the blocks are the parent's).
     pub fn set_pinned_output_bytes(&self, bytes: usize) -> Result<()> {
+        crate::driver::fork::check("Runtime::set_pinned_output_bytes")?;
         self.outputs.set_max_bytes(bytes)
     }
 
-    /// Changes the recycled pageable pool's cap; cached regions above it are freed.
+    /// Changes the recycled pageable pool's cap; cached regions above it are freed. In a
+    /// child process forked after pinlane set CUDA up it does nothing: the pool is the
+    /// parent's, its lock may be held for ever by a parent's thread, and every transfer
+    /// there is refused.
     pub fn set_host_pool_bytes(&self, bytes: usize) {
+        if crate::driver::fork::marked() {
+            return;
+        }
         self.host_pool.set_max_bytes(bytes)
     }
 
     /// Changes the device pools' release threshold, for pools made already and later.
     ///
     /// # Errors
-    /// A failed `cuMemPoolSetAttribute`.
+    /// A failed `cuMemPoolSetAttribute`; [`Error::ForkedChild`](crate::Error::ForkedChild)
+    /// in a child process forked after pinlane set CUDA up (nothing is changed there).
     pub fn set_device_pool_release_bytes(&self, bytes: u64) -> Result<()> {
+        crate::driver::fork::check("Runtime::set_device_pool_release_bytes")?;
         driver::set_pool_release_threshold(bytes);
         driver::apply_pool_release_threshold()
     }
@@ -484,11 +530,93 @@ pub fn warm_up(device: Device) -> Result<()> {
 /// # Errors
 /// As [`Runtime::trim`].
 pub fn trim() -> Result<()> {
+    // Before the default's lock, which a parent's thread may hold in a forked child.
+    crate::driver::fork::check("trim")?;
     match current() {
         Some(rt) => rt.trim(),
-        None => {
-            crate::driver::fork::check("trim")?;
-            driver::trim_device_pools()
+        None => driver::trim_device_pools(),
+    }
+}
+
+#[cfg(all(test, feature = "test-util"))]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    /// A child forked while a thread of its parent held the default runtime's lock (as
+    /// one inside the first `runtime()` or `Config::install` does) never waits for it:
+    /// that thread is not in the child, so the lock is held there for ever. Shown to fail
+    /// without `lock_default_unless_stuck`: the child was still waiting when killed.
+    #[test]
+    fn a_forked_child_never_waits_for_the_default_runtimes_lock() {
+        crate::sim_tests::setup();
+        assert!(
+            crate::driver::available().is_some(),
+            "the fork guard is armed"
+        );
+        let parents = runtime();
+        // The child must look the default up (not find it in this thread's cache).
+        CACHED.with(|c| *c.borrow_mut() = None);
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let (free_tx, free_rx) = std::sync::mpsc::channel::<()>();
+        let holder = std::thread::spawn(move || {
+            let _d = lock_default();
+            held_tx.send(()).unwrap();
+            let _ = free_rx.recv_timeout(Duration::from_secs(60));
+        });
+        held_rx.recv().unwrap();
+        // SAFETY: fork has no precondition; the child runs only the checks below (no
+        // test harness code, no exit handlers) and leaves with `_exit`.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            let rt = runtime();
+            let checks = [
+                !Arc::ptr_eq(&rt, &parents),
+                current().is_none(),
+                matches!(trim(), Err(crate::Error::ForkedChild { op: "trim" })),
+                matches!(
+                    Config::default().install(),
+                    Err(crate::Error::ForkedChild { .. })
+                ),
+                matches!(rt.trim(), Err(crate::Error::ForkedChild { .. })),
+            ];
+            let wrong = checks
+                .iter()
+                .enumerate()
+                .filter(|(_, ok)| !**ok)
+                .fold(0, |m, (i, _)| m | 1 << i);
+            // SAFETY: ends the child at once.
+            unsafe { libc::_exit(wrong) }
         }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut status = 0;
+        let ended = loop {
+            // SAFETY: waits for this process's own child; the status goes to a live local.
+            let done = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+            if done == pid {
+                break true;
+            }
+            if Instant::now() > deadline {
+                // SAFETY: signals and reaps this process's own child.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                    libc::waitpid(pid, &mut status, 0);
+                }
+                break false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        free_tx.send(()).unwrap();
+        holder.join().unwrap();
+        assert!(ended, "the child was still waiting after 10 s");
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "wrong answers: {status:#x}"
+        );
+        assert!(
+            Arc::ptr_eq(&runtime(), &parents),
+            "the parent's default is as it was"
+        );
     }
 }

@@ -1237,8 +1237,8 @@ def test_a_forked_child_gets_torchs_error_not_the_parents_cuda(torch):
     reaching the parent's driver state (an error or a hang, by chance). Objects made in the
     parent (``Buffers``), whose calls go to the native half directly, get a
     ``RuntimeError`` that says so too (pinlane's "... was forked after CUDA was set up",
-    or torch's, if torch is asked for its stream first and refuses).
-    The child reports by its exit status; a child that hangs is killed and fails the
+    or torch's, if torch is asked for its stream first and refuses), as do ``trim`` and
+    ``configure``. The child reports by its exit status; a child that hangs is killed and fails the
     test."""
     t = pattern(torch, torch.float32, (256,), 13)
     on = transfer_tensor_h2d(t)  # torch and pinlane have seen the GPU: the short ways open
@@ -1253,6 +1253,9 @@ def test_a_forked_child_gets_torchs_error_not_the_parents_cuda(torch):
             (lambda: transfer_tensor_h2d({"a": t}), "forked subprocess"),
             (lambda: transfer_tensor_d2h(on), "forked subprocess"),
             (lambda: bufs.copy_from([t]), "forked"),  # pinlane's error, or torch's if it asks first
+            # The runtime's own calls: each would take a lock of the parent's.
+            (lambda: pinlane.trim(), "forked"),
+            (lambda: pinlane.configure(arena_bytes=1 << 20), "forked"),
         ]
         for call, says in calls:
             try:

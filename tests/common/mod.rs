@@ -272,8 +272,10 @@ fn refused(r: pinlane::Result<()>, call: &str) -> bool {
 /// (bounded and not) fail at once with `Error::ForkedChild`; `prefetcher`'s next batch
 /// is that error, then the iterator ends; `memory_stats` is all zeros (it would take the
 /// parent's pool locks and ask the driver); `settle` and `shutdown` (the default
-/// runtime's and the free function) fail at once with `Error::ForkedChild`; dropping the
-/// prefetcher does not wait for its worker. None of these takes a lock a parent's thread may have held at the fork. Each of these
+/// runtime's and the free function) fail at once with `Error::ForkedChild`, as do the
+/// runtime's settings but `set_host_pool_bytes` (which changes nothing there),
+/// `Config::install`, `trim` and `warm_up`; dropping the prefetcher does not wait for its
+/// worker. None of these takes a lock a parent's thread may have held at the fork. Each of these
 /// waited for ever, or for its bound, before session 63.
 pub fn waits_in_forked_child(
     mut pending: pinlane::Transfer<Vec<Tensor>>,
@@ -306,6 +308,34 @@ pub fn waits_in_forked_child(
             pinlane::runtime().shutdown(Duration::from_secs(30)),
             "shutdown",
         ),
+        // The runtime's settings, each of which would take a pool's lock or free the
+        // parent's memory; installing a configuration would take the default's lock.
+        refused(
+            pinlane::runtime().set_arena_bytes(1 << 20),
+            "Runtime::set_arena_bytes",
+        ),
+        refused(
+            pinlane::runtime().set_pinned_output_bytes(0),
+            "Runtime::set_pinned_output_bytes",
+        ),
+        refused(
+            pinlane::runtime().set_device_pool_release_bytes(0),
+            "Runtime::set_device_pool_release_bytes",
+        ),
+        {
+            let before = pinlane::runtime().config().host_pool_bytes;
+            pinlane::runtime().set_host_pool_bytes(before / 2 + 1);
+            pinlane::runtime().config().host_pool_bytes == before
+        },
+        refused(
+            pinlane::Config::new()
+                .arena_bytes(1 << 20)
+                .install()
+                .map(drop),
+            "Config::install",
+        ),
+        refused(pinlane::trim(), "trim"),
+        refused(pinlane::warm_up(pinlane::Device::cuda(0)), "warm_up"),
         {
             drop(prefetcher);
             start.elapsed() < Duration::from_secs(5)
