@@ -403,7 +403,8 @@ def transfer_tensor_d2h(batch, /, *, device=None, stream=None, producer_event=No
       float8, ...), or that torch does not export is moved by torch
       (``tensor.to("cpu")``, keeping autograd, class and metadata). With
       ``producer_event``, this torch-side work starts only once the event has completed
-      (the call waits for it on the host first).
+      (the call waits for it on the host first, for at most ``sync_wait_ms`` when
+      ``configure`` set it: then a ``RuntimeError`` naming ``sync_wait``).
     * No CUDA (or torch not loaded): the batch is returned as is.
 
     Raises:

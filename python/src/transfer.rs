@@ -26,7 +26,8 @@
 //! tensor (that resolving, and the fall-back `to("cpu")`) runs on torch's current stream,
 //! which does not wait for the event: before the first such work of a call, the call
 //! waits on the host until the event has completed (a wait the call would make anyway:
-//! it returns only after copies that wait for the same event).
+//! it returns only after copies that wait for the same event), bounded as the engine's
+//! own wait is (`Config::sync_wait`).
 //!
 //! Copies run with the GIL released. The outputs of a batch of 1 MiB or more are made
 //! while its copies run (`while_copying` of `pinlane::transfer_tensor_h2d_overlapping` and
@@ -376,10 +377,27 @@ struct ProducerGate {
 }
 
 impl ProducerGate {
+    /// Waits as the engine waits for the device: in the driver, or, with
+    /// `Config::sync_wait` set, polled for at most that long, then
+    /// `pinlane::Error::SyncTimeout` (the call then queues nothing).
     fn pass(&mut self, py: Python<'_>) -> PyResult<()> {
         if !self.passed {
             if let Some(e) = &self.event {
-                py.detach(|| e.synchronize()).map_err(to_py)?;
+                let limit = pinlane::runtime().config().sync_wait;
+                py.detach(|| match limit {
+                    None => e.synchronize(),
+                    Some(limit) => {
+                        let start = std::time::Instant::now();
+                        if e.synchronize_within(limit)? {
+                            Ok(())
+                        } else {
+                            Err(pinlane::Error::SyncTimeout {
+                                waited_ms: start.elapsed().as_millis() as u64,
+                            })
+                        }
+                    }
+                })
+                .map_err(to_py)?;
             }
             self.passed = true;
         }

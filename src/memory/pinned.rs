@@ -547,7 +547,13 @@ pub(crate) fn registered(addr: usize, len: usize) -> Registered {
         && addr
             .checked_add(len)
             .is_some_and(|end| end <= start.saturating_add(*n));
-    match (inside, block.upgrade()) {
+    let block = block.upgrade();
+    // The registry's lock goes before `block` may be dropped: if another thread let go
+    // of the block meanwhile, this reference is the last, and its drop ends the
+    // registration, which takes that lock (the order was the 2021 edition's rule for a
+    // tail expression's temporaries, kept by nothing written here).
+    drop(map);
+    match (inside, block) {
         (true, Some(block)) => Registered::Inside(block),
         _ => Registered::Passing,
     }
