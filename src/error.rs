@@ -409,8 +409,12 @@ pub enum Error {
     /// A blocking call's copies did not finish within
     /// [`Config::sync_wait`](crate::config::Config::sync_wait): what they use is held in
     /// the retained registry until they do (never freed early); the call's input is
-    /// unchanged.
-    #[error("the device did not finish the call's copies within {waited_ms} ms (sync_wait)")]
+    /// unchanged. The Python package's D2H also returns it when a `producer_event` it
+    /// waits for before torch-side work does not complete in time (nothing is queued
+    /// then).
+    #[error(
+        "the device did not finish the work the call waits for within {waited_ms} ms (sync_wait)"
+    )]
     SyncTimeout {
         /// Milliseconds the call waited.
         waited_ms: u64,

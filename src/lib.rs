@@ -74,7 +74,8 @@ pub use layout::Shape;
 pub use location::Location;
 pub use memory::DevicePtrGuard;
 pub use runtime::{
-    memory_stats, runtime, trim, warm_up, DevicePoolStats, MemoryStats, PoolStats, Runtime,
+    memory_stats, runtime, sync_wait, trim, warm_up, DevicePoolStats, MemoryStats, PoolStats,
+    Runtime,
 };
 pub use tensor::Tensor;
 

@@ -507,6 +507,20 @@ fn device_pool_stats() -> Vec<DevicePoolStats> {
         .collect()
 }
 
+/// The bound pinlane's calls put on their waits for the device: the default runtime's
+/// [`Config::sync_wait`] (kept after a shutdown, for the next default); `None` (no bound)
+/// before any runtime was made. It makes none: for code that waits on the device beside
+/// pinlane's calls and wants the same bound (with [`Event::synchronize_within`](crate::Event::synchronize_within)),
+/// as the Python package's wait for a producer event does.
+///
+/// ```
+/// // Nothing installed with a limit in this process.
+/// assert_eq!(pinlane::sync_wait(), None);
+/// ```
+pub fn sync_wait() -> Option<std::time::Duration> {
+    crate::memory::retained::sync_wait()
+}
+
 /// [`Runtime::warm_up`] of the process's runtime.
 ///
 /// # Errors

@@ -383,7 +383,9 @@ impl ProducerGate {
     fn pass(&mut self, py: Python<'_>) -> PyResult<()> {
         if !self.passed {
             if let Some(e) = &self.event {
-                let limit = pinlane::runtime().config().sync_wait;
+                // Read without making a runtime (a call whose tensors all go to torch
+                // makes none, and `configure` must still be possible after it).
+                let limit = pinlane::sync_wait();
                 py.detach(|| match limit {
                     None => e.synchronize(),
                     Some(limit) => {
