@@ -74,7 +74,7 @@ pub use layout::Shape;
 pub use location::Location;
 pub use memory::DevicePtrGuard;
 pub use runtime::{
-    memory_stats, runtime, sync_wait, trim, warm_up, DevicePoolStats, MemoryStats, PoolStats,
+    memory_stats, runtime, trim, wait_for_event, warm_up, DevicePoolStats, MemoryStats, PoolStats,
     Runtime,
 };
 pub use tensor::Tensor;

@@ -146,9 +146,7 @@ pub(crate) fn current() -> Option<Arc<Runtime>> {
 /// default from the same configuration.
 pub(crate) fn retire(rt: &Runtime) {
     rt.shut_down.store(true, Ordering::SeqCst);
-    let Some(mut d) = lock_default_unless_stuck() else {
-        return;
-    };
+    let mut d = lock_default();
     if d.runtime.as_ref().is_some_and(|r| std::ptr::eq(&**r, rt)) {
         d.runtime = None;
         GENERATION.fetch_add(1, Ordering::AcqRel);
@@ -507,18 +505,26 @@ fn device_pool_stats() -> Vec<DevicePoolStats> {
         .collect()
 }
 
-/// The bound pinlane's calls put on their waits for the device: the default runtime's
-/// [`Config::sync_wait`] (kept after a shutdown, for the next default); `None` (no bound)
-/// before any runtime was made. It makes none: for code that waits on the device beside
-/// pinlane's calls and wants the same bound (with [`Event::synchronize_within`](crate::Event::synchronize_within)),
-/// as the Python package's wait for a producer event does.
+/// Waits for `event` as pinlane's blocking calls wait for their copies: in the driver
+/// (`cuEventSynchronize`), or, with the default runtime's [`Config::sync_wait`] set,
+/// polled for at most that long. It makes no runtime (before one, there is no bound): for
+/// code that waits on the device beside pinlane's calls, as the Python package's wait for
+/// a producer event does.
 ///
+/// # Errors
+/// [`Error::SyncTimeout`](crate::Error::SyncTimeout) past the bound; the driver's error
+/// for a failed wait (the failure of any work the event covers).
+///
+/// ```no_run
+/// # fn main() -> pinlane::Result<()> {
+/// let stream = pinlane::Stream::new(pinlane::Device::cuda(0))?;
+/// let done = pinlane::Event::new(pinlane::Device::cuda(0))?;
+/// done.record(&stream)?;
+/// pinlane::wait_for_event(&done)?;
+/// # Ok(()) }
 /// ```
-/// // Nothing installed with a limit in this process.
-/// assert_eq!(pinlane::sync_wait(), None);
-/// ```
-pub fn sync_wait() -> Option<std::time::Duration> {
-    crate::memory::retained::sync_wait()
+pub fn wait_for_event(event: &crate::Event) -> Result<()> {
+    crate::memory::arena::wait_for(event)
 }
 
 /// [`Runtime::warm_up`] of the process's runtime.

@@ -377,29 +377,14 @@ struct ProducerGate {
 }
 
 impl ProducerGate {
-    /// Waits as the engine waits for the device: in the driver, or, with
-    /// `Config::sync_wait` set, polled for at most that long, then
-    /// `pinlane::Error::SyncTimeout` (the call then queues nothing).
+    /// Waits as the engine waits for its copies (`pinlane::wait_for_event`: bounded by
+    /// `Config::sync_wait` when set, then `pinlane::Error::SyncTimeout`, the call having
+    /// queued nothing); it makes no runtime (a call whose tensors all go to torch makes
+    /// none, and `configure` must still be possible after it).
     fn pass(&mut self, py: Python<'_>) -> PyResult<()> {
         if !self.passed {
             if let Some(e) = &self.event {
-                // Read without making a runtime (a call whose tensors all go to torch
-                // makes none, and `configure` must still be possible after it).
-                let limit = pinlane::sync_wait();
-                py.detach(|| match limit {
-                    None => e.synchronize(),
-                    Some(limit) => {
-                        let start = std::time::Instant::now();
-                        if e.synchronize_within(limit)? {
-                            Ok(())
-                        } else {
-                            Err(pinlane::Error::SyncTimeout {
-                                waited_ms: start.elapsed().as_millis() as u64,
-                            })
-                        }
-                    }
-                })
-                .map_err(to_py)?;
+                py.detach(|| pinlane::wait_for_event(e)).map_err(to_py)?;
             }
             self.passed = true;
         }

@@ -197,30 +197,6 @@ impl Event {
         }
     }
 
-    /// [`Event::synchronize`] with a bound: whether the recorded work finished within
-    /// `limit`. It never blocks in the driver (a hung device cannot hold the caller past
-    /// `limit`): it asks the event, yielding between queries for the first 100 us, then
-    /// napping from 20 us up to 1 ms, so it may see the end a little later than the
-    /// driver's own wait would.
-    ///
-    /// # Errors
-    /// The driver's error for a failed query (the failure of any work the event covers).
-    ///
-    /// ```no_run
-    /// # fn main() -> pinlane::Result<()> {
-    /// use std::time::Duration;
-    /// let stream = pinlane::Stream::new(pinlane::Device::cuda(0))?;
-    /// let done = pinlane::Event::new(pinlane::Device::cuda(0))?;
-    /// done.record(&stream)?;
-    /// if !done.synchronize_within(Duration::from_secs(5))? {
-    ///     // still running after 5 s: report it instead of waiting on
-    /// }
-    /// # Ok(()) }
-    /// ```
-    pub fn synchronize_within(&self, limit: std::time::Duration) -> Result<bool> {
-        self.done_within(limit)
-    }
-
     /// Whether the recorded work has finished, without blocking.
     ///
     /// # Errors

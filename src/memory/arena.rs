@@ -297,8 +297,8 @@ impl PinnedArena {
 
 /// Waits for `ev`, a call's copies: in the driver, or for at most
 /// [`Config::sync_wait`](crate::config::Config::sync_wait) when one is set, then
-/// [`Error::SyncTimeout`].
-fn wait_for(ev: &Event) -> Result<()> {
+/// [`Error::SyncTimeout`] (also [`crate::wait_for_event`]).
+pub(crate) fn wait_for(ev: &Event) -> Result<()> {
     let Some(limit) = retained::sync_wait() else {
         return ev.synchronize();
     };
