@@ -17,6 +17,7 @@ use pinlane::{
 };
 use proptest::prelude::*;
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
@@ -530,6 +531,77 @@ fn a_registered_source_the_call_owns_last_is_unregistered_off_the_completion_thr
         vec![again]
     );
     busy.synchronize().unwrap();
+}
+
+/// Another library's device memory (`Tensor::from_device_ptr`), lent to a stream whose
+/// work is still running, is released only after that use: its owner's drop waits for it
+/// (within `drop_sync_wait`). When a non-blocking call holds its last view, that wait
+/// must not run on the completion thread, where it held the handle's wait (and every
+/// other handle's) for the other stream's 600 ms; it runs on the free thread. Shown to
+/// fail without the change (session 72): the wait took the other stream's 600 ms.
+struct DropCount(Arc<AtomicUsize>, #[allow(dead_code)] Tensor);
+
+impl Drop for DropCount {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn a_foreign_tensor_the_call_owns_last_waits_for_its_lent_use_off_the_completion_thread() {
+    common::sim();
+    let _turn = serial();
+    let dev = Device::cuda(0);
+    let host = common::tensor(DType::U8, &[8000], 67);
+    let (busy, producer) = (Stream::new(dev).unwrap(), Stream::new(dev).unwrap());
+    let theirs = transfer_tensor_h2d(&host).unwrap(); // "another library's" device memory
+    let (ptr, nbytes) = {
+        let g = theirs.device_ptr(&producer).unwrap();
+        (g.ptr(), g.nbytes())
+    };
+    assert_eq!(nbytes, 8000);
+    let drops = Arc::new(AtomicUsize::new(0));
+    let owner = DropCount(drops.clone(), theirs);
+    // SAFETY: `ptr` is 8000 bytes of cuda:0 memory that `owner` keeps alive (it holds the
+    // tensor), and nothing writes it.
+    let ext = unsafe { Tensor::from_device_ptr(ptr, dev, DType::U8, [8000], owner) }.unwrap();
+    // Warm: the thread's streams and the completion thread set up.
+    let opts = D2hOptions::default().device(dev).stream(producer.clone());
+    transfer_tensor_d2h_async(&ext, &opts)
+        .unwrap()
+        .wait()
+        .unwrap();
+    // Lent to `busy`: the use's event is recorded after 600 ms of work there.
+    let lent = ext.device_ptr(&busy).unwrap();
+    busy.delay_async(Duration::from_millis(600)).unwrap();
+    drop(lent);
+    // The copy starts after 50 ms, so the call's clone is the last view when it completes.
+    producer.delay_async(Duration::from_millis(50)).unwrap();
+    let t0 = std::time::Instant::now();
+    let handle = transfer_tensor_d2h_async(&ext, &opts).unwrap();
+    drop(ext);
+    let back = handle.wait().unwrap();
+    let waited = t0.elapsed();
+    assert!(
+        waited < Duration::from_millis(400),
+        "the wait took {waited:?}: it waited for the other stream's work"
+    );
+    assert_eq!(back, host);
+    assert_eq!(
+        drops.load(Ordering::SeqCst),
+        0,
+        "dropped before its lent use ended"
+    );
+    busy.synchronize().unwrap();
+    let end = std::time::Instant::now() + Duration::from_secs(5);
+    while drops.load(Ordering::SeqCst) == 0 && std::time::Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(
+        drops.load(Ordering::SeqCst),
+        1,
+        "the owner dropped once, after the use"
+    );
 }
 
 /// The same on the caller's own thread: a copy into existing tensors releases, right after

@@ -13,7 +13,7 @@
 //! leased to other calls, which release theirs when they end); further slots it only
 //! takes if free, and otherwise it cycles the slots it has.
 
-use super::copier::{Packed, Stores, Ticket};
+use super::copier::{CopyPanicked, Packed, Stores, Ticket};
 use super::{
     check_range, retained, CopyPool, CopyTask, CopyTasks, DeviceAlloc, DeviceView, HostRegion,
 };
@@ -351,6 +351,9 @@ pub(crate) struct SlotLease {
     /// [`SlotLease::fill_window_start`] and not yet waited for. Every other use of the slot
     /// waits for it first.
     filling: Option<Ticket>,
+    /// Set when a host copy filling the slot panicked (a pinlane bug): the slot's bytes
+    /// are not what the fill asked for, and every later use through this lease says so.
+    fill_failed: Option<CopyPanicked>,
 }
 
 /// Proof that the copies a call queued on a stream have finished: made only by
@@ -423,6 +426,7 @@ impl SlotLease {
             slab: Some(slab),
             arena: arena.clone(),
             filling: None,
+            fill_failed: None,
         }
     }
 
@@ -490,15 +494,23 @@ impl SlotLease {
 
     /// Waits for host copies into the slot started by [`SlotLease::fill_start`] or
     /// [`SlotLease::fill_window_start`].
-    pub(crate) fn settle(&mut self) {
+    ///
+    /// # Errors
+    /// [`Error::Internal`](crate::error::Error::Internal) if one of them panicked (a bug
+    /// in pinlane), now and at every later use of the slot through this lease: its bytes
+    /// are not what the fill asked for.
+    pub(crate) fn settle(&mut self) -> Result<()> {
         if let Some(t) = self.filling.take() {
-            t.wait();
+            if let Err(e) = t.wait() {
+                self.fill_failed = Some(e);
+            }
         }
+        self.fill_failed.clone().map_or(Ok(()), |e| Err(e.into()))
     }
 
     /// The slot's bytes; waits first for the copies that last used it (device and host).
     pub(crate) fn bytes_mut(&mut self) -> Result<&mut [u8]> {
-        self.settle();
+        self.settle()?;
         self.wait_idle()?;
         let slab = self.slab();
         // SAFETY: `ptr` points to `len` initialised (zeroed at allocation) bytes owned by
@@ -615,8 +627,7 @@ impl SlotLease {
         // SAFETY: sources are inside the slot, whose D2H copies have completed (bytes_mut
         // waited) and which this lease owns; destinations are inside the region, which is
         // borrowed mutably for the whole call, and do not overlap (checked above).
-        unsafe { copy.run(tasks, stores) };
-        Ok(())
+        unsafe { copy.run(tasks, stores) }
     }
 
     /// Queues one copy of the slot's first `len` bytes to `dst` at `at`, then records the
@@ -635,7 +646,7 @@ impl SlotLease {
     ) -> Result<()> {
         check_range("h2d window slot", 0, len, self.len())?;
         check_range("h2d window", at, len, dst.nbytes())?;
-        self.settle(); // the host copies into the slot must be done before the DMA reads it
+        self.settle()?; // the host copies into the slot must be done before the DMA reads it
         let src = self.slab().ptr.0;
         // Busy before queueing: if the call fails after this, the slot is waited for.
         self.slab().busy = true;
@@ -660,7 +671,7 @@ impl SlotLease {
         stream: &Stream,
         queue: impl FnOnce(*const u8, usize) -> Result<()>,
     ) -> Result<()> {
-        self.settle(); // the host copies into the slot must be done before a read
+        self.settle()?; // the host copies into the slot must be done before a read
         let (ptr, len) = {
             let slab = self.slab();
             (slab.ptr.0.cast_const(), slab.len)
@@ -781,7 +792,7 @@ impl SlotLease {
         parts: impl Iterator<Item = (usize, &'v DeviceView, usize, usize)>,
         stream: &Stream,
     ) -> Result<()> {
-        self.settle();
+        self.settle()?;
         self.wait_idle()?;
         let (base, len) = {
             let s = self.slab();
@@ -836,8 +847,9 @@ impl Drop for SlabBack {
 
 impl Drop for SlotLease {
     fn drop(&mut self) {
-        // Host copies into the slot finish before it can go back to the arena.
-        self.settle();
+        // Host copies into the slot finish before it can go back to the arena (a failed
+        // one was reported to the call that made it).
+        let _ = self.settle();
         let Some(mut slab) = self.slab.take() else {
             return;
         };

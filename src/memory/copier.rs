@@ -136,6 +136,9 @@ struct Job {
     /// Held while notifying `finished`, so the caller cannot miss the wake-up.
     lock: Mutex<()>,
     finished: Condvar,
+    /// The message of the first piece that panicked (a pinlane bug): its bytes are not
+    /// all copied, and the ticket's wait says so instead of waiting for ever.
+    panicked: OnceLock<String>,
 }
 
 /// What a [`Job`] copies, and how it is cut into pieces.
@@ -185,11 +188,20 @@ impl Job {
             if i >= n {
                 return;
             }
-            // SAFETY: the contract of the submit call that made the job (`submit` or
-            // `submit_window`): sources readable and unchanged, destinations writable and
-            // not otherwise accessed until the ticket is waited, which completes only after
-            // this piece is counted done below; index `i` went to this thread alone.
-            unsafe { self.work.copy_piece(i, self.stores) };
+            // A piece is plain memory copies with no user code, so a panic here is a bug
+            // in pinlane; caught, so that the piece is still counted (the ticket's wait
+            // ends and reports it) and the copy thread lives on.
+            let copied = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                // SAFETY: the contract of the submit call that made the job (`submit` or
+                // `submit_window`): sources readable and unchanged, destinations writable
+                // and not otherwise accessed until the ticket is waited, which completes
+                // only after this piece is counted done below; index `i` went to this
+                // thread alone.
+                unsafe { self.work.copy_piece(i, self.stores) }
+            }));
+            if let Err(panic) = copied {
+                let _ = self.panicked.set(crate::error::panic_message(&*panic));
+            }
             // Order the (possibly non-temporal) stores above before the Release below.
             store_fence();
             if self.done.fetch_add(1, Ordering::Release) + 1 == n {
@@ -443,11 +455,19 @@ impl CopyPool {
 
     /// Runs every task and returns when all bytes are copied.
     ///
+    /// # Errors
+    /// [`Error::Internal`](crate::error::Error::Internal) as [`Ticket::wait`]'s
+    /// [`CopyPanicked`].
+    ///
     /// # Safety
     /// As for [`CopyPool::submit`], until `run` returns.
-    pub(crate) unsafe fn run(self: &Arc<Self>, tasks: CopyTasks, stores: Stores) {
+    pub(crate) unsafe fn run(
+        self: &Arc<Self>,
+        tasks: CopyTasks,
+        stores: Stores,
+    ) -> crate::error::Result<()> {
         // SAFETY: the ticket is waited before returning, within the caller's guarantee.
-        unsafe { self.submit(tasks, stores) }.wait();
+        Ok(unsafe { self.submit(tasks, stores) }.wait()?)
     }
 
     /// Starts copying every task, in parallel when they add up to the pool's `parallel_min`
@@ -560,6 +580,7 @@ impl CopyPool {
             done: AtomicUsize::new(0),
             lock: Mutex::new(()),
             finished: Condvar::new(),
+            panicked: OnceLock::new(),
         });
         {
             let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
@@ -587,6 +608,23 @@ impl CopyPool {
     }
 }
 
+/// A copy job's piece panicked (a bug in pinlane: a piece is plain memory copies): the
+/// job's bytes are not all copied. Holds the panic's message.
+#[derive(Clone, Debug)]
+pub(crate) struct CopyPanicked(String);
+
+impl From<CopyPanicked> for crate::error::Error {
+    fn from(p: CopyPanicked) -> Self {
+        crate::error::Error::Internal {
+            op: "host copy",
+            reason: format!(
+                "a copy thread panicked ({}); the bytes are not all copied",
+                p.0
+            ),
+        }
+    }
+}
+
 /// A submitted copy job: [`Ticket::wait`] (or dropping it) helps with the job's pieces,
 /// then blocks until every piece is copied.
 #[must_use = "dropping a ticket waits for its copies"]
@@ -596,8 +634,13 @@ pub(crate) struct Ticket {
 
 impl Ticket {
     /// Waits for the job (working on it meanwhile).
-    pub(crate) fn wait(mut self) {
-        self.finish();
+    ///
+    /// # Errors
+    /// [`CopyPanicked`] if a piece panicked (a bug in pinlane): its bytes are not all
+    /// copied.
+    pub(crate) fn wait(mut self) -> Result<(), CopyPanicked> {
+        self.finish()
+            .map_or(Ok(()), |message| Err(CopyPanicked(message)))
     }
 
     /// Whether every piece of the job is copied (its stores visible to this thread).
@@ -615,8 +658,9 @@ impl Ticket {
         }
     }
 
-    fn finish(&mut self) {
-        let Some(job) = self.job.take() else { return };
+    /// Waits for the job; the message of the piece that panicked, if one did.
+    fn finish(&mut self) -> Option<String> {
+        let job = self.job.take()?;
         job.work();
         let n = job.work.pieces();
         // Only other threads' pieces are left. Spin for them first: with the copy threads
@@ -631,17 +675,20 @@ impl Ticket {
         // Bounded without a deadline: every piece left was taken by a thread that is
         // copying it now (`work` takes an index only to copy it), and a piece is a plain
         // memory copy of at most a window's bytes, with no lock, driver call or user code
-        // in it, counted done as it ends.
+        // in it, counted done as it ends (also if it panicked: `work` catches that).
         let mut g = job.lock.lock().unwrap_or_else(|e| e.into_inner());
         while job.done.load(Ordering::Acquire) < n {
             g = job.finished.wait(g).unwrap_or_else(|e| e.into_inner());
         }
+        job.panicked.get().cloned()
     }
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        self.finish();
+        // Dropped unwaited only where the copy's result no longer matters (a call that
+        // failed or unwinds): it must only end before the borrowed memory does.
+        let _ = self.finish();
     }
 }
 
@@ -815,7 +862,7 @@ mod tests {
         }
         // SAFETY: every task lies inside src/dst (distinct slices) and dst is borrowed
         // mutably for the whole call.
-        unsafe { pool().run(tasks.into(), Stores::Cached) };
+        assert!(unsafe { pool().run(tasks.into(), Stores::Cached) }.is_ok());
     }
 
     #[test]
@@ -856,6 +903,7 @@ mod tests {
                 done: AtomicUsize::new(1),
                 lock: Mutex::new(()),
                 finished: Condvar::new(),
+                panicked: OnceLock::new(),
             });
             let copied = Arc::new(AtomicBool::new(false));
             let other = {
@@ -870,7 +918,7 @@ mod tests {
                     }
                 })
             };
-            Ticket { job: Some(job) }.wait();
+            assert!(Ticket { job: Some(job) }.wait().is_ok());
             assert!(copied.load(Ordering::Relaxed), "spin {spin:?}");
             assert!(other.join().is_ok());
         }
@@ -902,7 +950,7 @@ mod tests {
                     .collect();
                 // SAFETY: the tasks cover disjoint ranges inside src and dst (distinct
                 // vectors), and dst is not otherwise used until `run` returns.
-                unsafe { pool.run(tasks.into(), Stores::Streaming) };
+                assert!(unsafe { pool.run(tasks.into(), Stores::Streaming) }.is_ok());
                 assert!(src == dst, "spin {spin:?}, round {round}");
             }
             assert!(pool.stop(std::time::Duration::from_secs(5)));
@@ -936,7 +984,7 @@ mod tests {
             // and dst (offset by 3), both alive and dst not otherwise borrowed meanwhile.
             unsafe {
                 std::ptr::write_bytes(d_ptr, 0, dst_len);
-                pool().run(tasks.clone().into(), stores);
+                assert!(pool().run(tasks.clone().into(), stores).is_ok());
             }
             assert!(dst[3..at + 3] == src[..at], "{stores:?}");
             assert_eq!(dst[..3], [0, 0, 0]);
@@ -1034,7 +1082,7 @@ mod tests {
         // the tasks' ranges are disjoint and inside both buffers.
         let ticket = unsafe { pool.submit(tasks.into(), Stores::Cached) };
         let pieces = ticket.job.as_ref().map_or(0, |j| j.work.pieces());
-        ticket.wait();
+        assert!(ticket.wait().is_ok());
         assert!(dst == src);
         if !cfg!(miri) {
             assert_eq!(pieces, 16);
@@ -1063,7 +1111,41 @@ mod tests {
         // Read before `wait` (which synchronises by itself): `is_done` alone must make the
         // workers' stores visible (Miri's race detector checks this).
         assert!(src == dst);
-        ticket.wait();
+        assert!(ticket.wait().is_ok());
+    }
+
+    #[test]
+    fn a_piece_that_panics_ends_the_wait_with_an_error_and_the_workers_live_on() {
+        // Pieces that index past their tasks panic (as a bug in a piece would): on the
+        // workers and on the waiting caller alike, each is still counted, the wait ends
+        // with the error instead of waiting for ever, and no copy thread dies of it.
+        let pool = Arc::new(CopyPool::new(4, 1024, std::time::Duration::from_micros(50)));
+        pool.start();
+        assert_eq!(Arc::strong_count(&pool), 4, "three workers hold the pool");
+        let broken = || Work::Tasks {
+            tasks: Vec::new(),
+            pieces: vec![0..1; 64],
+        };
+        let err = pool.enqueue(broken(), Stores::Cached).wait().err();
+        let message =
+            crate::error::Error::from(err.expect("the wait reports the panic")).to_string();
+        assert!(message.contains("copy thread panicked"), "{message}");
+        assert!(message.contains("out of range"), "{message}");
+        // Dropping an unwaited ticket of such a job ends too.
+        drop(pool.enqueue(broken(), Stores::Cached));
+        assert_eq!(Arc::strong_count(&pool), 4, "a worker died of the panic");
+        let src: Vec<u8> = (0..(3usize << 20)).map(|i| (i % 253) as u8).collect();
+        let mut dst = vec![0u8; src.len()];
+        let task = CopyTask {
+            src: src.as_ptr(),
+            dst: dst.as_mut_ptr(),
+            len: src.len(),
+        };
+        // SAFETY: src and dst are distinct vectors of the task's length, alive throughout.
+        let copied = unsafe { pool.run(vec![task].into(), Stores::Cached) };
+        assert!(copied.is_ok());
+        assert!(dst == src, "the pool copies exactly after the panics");
+        assert!(pool.stop(std::time::Duration::from_secs(5)));
     }
 
     #[test]
@@ -1077,7 +1159,7 @@ mod tests {
             len: src.len(),
         };
         // SAFETY: src and dst are distinct vectors of the task's length, alive throughout.
-        unsafe { pool.run(vec![task(&mut dst)].into(), Stores::Cached) };
+        assert!(unsafe { pool.run(vec![task(&mut dst)].into(), Stores::Cached) }.is_ok());
         assert!(dst == src);
         assert_eq!(Arc::strong_count(&pool), 4, "three workers hold the pool");
         assert!(
@@ -1091,7 +1173,7 @@ mod tests {
         );
         dst.iter_mut().for_each(|b| *b = 0);
         // SAFETY: as above.
-        unsafe { pool.run(vec![task(&mut dst)].into(), Stores::Cached) };
+        assert!(unsafe { pool.run(vec![task(&mut dst)].into(), Stores::Cached) }.is_ok());
         assert!(dst == src, "a stopped pool copies on the calling thread");
     }
 
@@ -1127,7 +1209,9 @@ mod tests {
                 unsafe { pool.submit_window(&packed, start, len, buf.as_mut_ptr(), stores) }
             })
             .collect();
-        tickets.into_iter().for_each(Ticket::wait);
+        for t in tickets {
+            assert!(t.wait().is_ok());
+        }
         bufs
     }
 

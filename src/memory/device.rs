@@ -242,39 +242,67 @@ impl Drop for DeviceAlloc {
                 }
             }
             Backing::Foreign { owner, .. } => {
-                // Each lent use is waited for on the host, within the drop bound in all. No
-                // clock is read where there is none (a batch's inputs, dropped a thousand
-                // at a time).
-                if !uses.is_empty() {
-                    let deadline = driver::deadline_after(super::retained::drop_wait());
-                    for (k, (_, ev)) in uses.iter().enumerate() {
-                        let left = deadline.saturating_duration_since(std::time::Instant::now());
-                        match ev.done_within(left) {
-                            Ok(true) => {}
-                            Ok(false) => {
-                                // Still running at the bound: the owner waits in the
-                                // retained registry for this use and the later ones,
-                                // counted.
-                                let rest: Vec<Event> =
-                                    uses[k..].iter().map(|u| u.1.clone()).collect();
-                                let keep = owner.take().map(ForeignOwner);
-                                super::retained::retain_until(rest, Box::new(keep), self.nbytes);
-                                return;
-                            }
-                            Err(e) => {
-                                // The use cannot be proven complete: keep the memory
-                                // forever.
-                                driver::deferred::record(self.device, e);
-                                std::mem::forget(owner.take());
-                                return;
-                            }
-                        }
-                    }
+                let owner = owner.take();
+                // No clock is read where there is nothing to wait for (a batch's inputs,
+                // dropped a thousand at a time).
+                if uses.is_empty() {
+                    drop(owner); // pinlane's copies finished before any view could drop
+                    return;
                 }
-                drop(owner.take()); // pinlane's copies finished before any view could drop
+                let (device, nbytes) = (self.device, self.nbytes);
+                let events: Vec<Event> = uses.into_iter().map(|(_, ev)| ev).collect();
+                // On one of pinlane's threads (the completion thread, dropping a
+                // non-blocking call's owners), a lent use still running is waited for on
+                // the free thread: every handle would wait here meanwhile, for work on
+                // another stream.
+                if driver::deferred::is_background_thread()
+                    && !events.iter().all(|ev| matches!(ev.query(), Ok(true)))
+                {
+                    super::reaper::run_later(
+                        device,
+                        "releasing another library's device memory",
+                        Box::new(move || release_foreign(device, events, owner, nbytes)),
+                    );
+                } else {
+                    release_foreign(device, events, owner, nbytes);
+                }
             }
         }
     }
+}
+
+/// Drops the `owner` of another library's device memory (`nbytes` on `device`) once the
+/// lent uses' `events` have completed, waiting for them on the host within the drop bound
+/// ([`Config::drop_sync_wait`](crate::config::Config::drop_sync_wait)) in all: past it,
+/// the owner waits in the retained registry for the uses still running; if a use cannot
+/// be proven complete, the owner is kept for ever (and the error recorded).
+fn release_foreign(
+    device: usize,
+    events: Vec<Event>,
+    owner: Option<Box<dyn Send + Sync>>,
+    nbytes: usize,
+) {
+    let deadline = driver::deadline_after(super::retained::drop_wait());
+    for (k, ev) in events.iter().enumerate() {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match ev.done_within(left) {
+            Ok(true) => {}
+            Ok(false) => {
+                // Still running at the bound: the owner waits in the retained registry for
+                // this use and the later ones, counted.
+                let keep = owner.map(ForeignOwner);
+                super::retained::retain_until(events[k..].to_vec(), Box::new(keep), nbytes);
+                return;
+            }
+            Err(e) => {
+                // The use cannot be proven complete: keep the memory forever.
+                driver::deferred::record(device, e);
+                std::mem::forget(owner);
+                return;
+            }
+        }
+    }
+    drop(owner);
 }
 
 /// A tensor's bytes inside a [`DeviceAlloc`]. Empty tensors have no allocation.

@@ -262,8 +262,12 @@ impl InFlight {
 
     /// Waits for host-side copies into the staging slots: they read the caller's
     /// borrowed sources, so they must end before the call does, whatever happens next.
+    /// (A fill that panicked is reported where its slot is used: every device copy from
+    /// a slot settles it first, with an error then.)
     fn settle(&mut self) {
-        self.leases.iter_mut().for_each(SlotLease::settle);
+        self.leases.iter_mut().for_each(|l| {
+            let _ = l.settle();
+        });
     }
 
     fn retain<S: Send + 'static>(&mut self, sources: S) {

@@ -23,10 +23,12 @@ pub struct PinnedLimits {
 /// of page-locked memory each way and one device buffer each way.
 ///
 /// # Errors
-/// [`Error::InvalidOption`] for `nbytes` or `reps` of 0; [`Error::NoCuda`], or the
-/// driver's error from an allocation, copy or synchronisation (the buffers are then
-/// freed once both streams are found idle within
-/// [`Config::drop_sync_wait`](crate::config::Config::drop_sync_wait), or never).
+/// [`Error::InvalidOption`] for `nbytes` or `reps` of 0; [`Error::NoCuda`]; the driver's
+/// error from an allocation, copy or synchronisation; [`Error::SyncTimeout`] when a copy
+/// outlasts [`Config::sync_wait`](crate::config::Config::sync_wait), which every wait
+/// here honours as the transfers' waits do. After an error the buffers are freed once
+/// both streams are found idle within
+/// [`Config::drop_sync_wait`](crate::config::Config::drop_sync_wait), or never.
 pub fn measure_pinned_limits(
     device: crate::device::Device,
     nbytes: usize,
@@ -50,7 +52,7 @@ pub fn measure_pinned_limits(
     let dev_up = super::DeviceAlloc::new_async(&ctx, device, nbytes, &a, a.clone())?;
     let dev_down = super::DeviceAlloc::new_async(&ctx, device, nbytes, &a, a.clone())?;
     let down_view = super::DeviceView::whole(&dev_down);
-    a.synchronize()?;
+    settle(&a)?;
     let done = Event::new(dev)?;
     let time = |f: &dyn Fn() -> Result<()>| -> Result<f64> {
         let mut v = Vec::new();
@@ -69,12 +71,12 @@ pub fn measure_pinned_limits(
         // synchronises the stream before returning; on an error before that, the buffers
         // are not freed until both streams are found idle (below).
         unsafe { host_up.h2d_async(&ctx, &dev_up, 0, &a) }?;
-        a.synchronize()
+        settle(&a)
     };
     let down = || -> Result<()> {
         // SAFETY: as in `up`; the block is ours alone (no view of it is ever made).
         unsafe { host_down.d2h_async(&ctx, 0, &down_view, &b) }?;
-        b.synchronize()
+        settle(&b)
     };
     let both = || -> Result<()> {
         // SAFETY: as in `up`.
@@ -82,8 +84,8 @@ pub fn measure_pinned_limits(
         // SAFETY: as in `down`.
         unsafe { host_down.d2h_async(&ctx, 0, &down_view, &b) }?;
         done.record(&b)?;
-        a.synchronize()?;
-        done.synchronize()
+        settle(&a)?;
+        super::arena::wait_for(&done)
     };
     let gbs = |bytes: usize, s: f64| bytes as f64 / s / 1e9;
     let measured = (|| {
@@ -104,4 +106,10 @@ pub fn measure_pinned_limits(
         }
     }
     measured
+}
+
+/// Waits for `stream` as the engine's own waits do: in the driver, or polled for at most
+/// [`Config::sync_wait`](crate::config::Config::sync_wait) when the program set one.
+fn settle(stream: &Stream) -> Result<()> {
+    super::arena::Synced::synchronize(stream).map(drop)
 }

@@ -47,8 +47,9 @@ enum Job {
     /// Made only by [`free_pinned_later`], whose caller gives the free's obligations.
     Free(HostPtr<u8>, usize),
     /// Run other work that waits for `device` (ending a registration, then its owner's
-    /// drop: user code, so run under `catch_unwind`).
-    Run(Box<dyn FnOnce() + Send>, usize),
+    /// drop; waiting for another library's memory's lent uses, then its owner's drop:
+    /// user code, so run under `catch_unwind`), named for [`Error::Panicked`](crate::error::Error::Panicked).
+    Run(Box<dyn FnOnce() + Send>, usize, &'static str),
 }
 
 /// The reaper thread: its queue, and a channel that says when it has exited.
@@ -125,16 +126,30 @@ fn send_or_run(mut job: Job) {
 /// Runs one job on this thread.
 fn run(job: Job) {
     match job {
-        // SAFETY: a `Job::Free` is made only by `free_pinned_later`, whose caller gave
-        // the obligations for `ptr` (from `host_alloc` under `device`'s context, freed by
-        // nothing else, no copy touching it).
-        Job::Free(ptr, device) => unsafe { free_now(ptr, device) },
-        Job::Run(f, device) => {
-            driver::deferred::catch_user_panic(
-                device,
-                "dropping the owner of memory page-locked in place",
-                f,
-            );
+        Job::Free(ptr, device) => {
+            // SAFETY: a `Job::Free` is made only by `free_pinned_later`, whose caller gave
+            // the obligations for `ptr` (from `host_alloc` under `device`'s context, freed
+            // by nothing else, no copy touching it).
+            let freed = std::panic::catch_unwind(|| unsafe { free_now(ptr, device) });
+            // No user code runs in a free: a panic is a bug (in pinlane or the driver's
+            // loading), kept for the next call on the device; the thread goes on with the
+            // next job instead of losing the ones queued behind this one.
+            if let Err(panic) = freed {
+                FAILED.fetch_add(1, Ordering::Relaxed);
+                driver::deferred::record(
+                    device,
+                    crate::error::Error::Internal {
+                        op: "freeing page-locked memory",
+                        reason: format!(
+                            "the free panicked ({})",
+                            crate::error::panic_message(&*panic)
+                        ),
+                    },
+                );
+            }
+        }
+        Job::Run(f, device, what) => {
+            driver::deferred::catch_user_panic(device, what, f);
         }
     }
 }
@@ -147,12 +162,23 @@ fn run(job: Job) {
 /// ([`Config::sync_wait`](crate::config::Config::sync_wait)). A panic in `end` (the
 /// owner's drop is user code) is caught and recorded for the next call on `device`.
 pub(crate) fn end_in_policy(device: usize, end: Box<dyn FnOnce() + Send>) {
-    let job = Job::Run(end, device);
+    let job = Job::Run(
+        end,
+        device,
+        "dropping the owner of memory page-locked in place",
+    );
     if super::retained::sync_wait().is_some() || pinlanes_own_free() {
         send_or_run(job);
     } else {
         run(job);
     }
+}
+
+/// Runs `work` (which waits for `device` and then drops user code's owner: `what`, as
+/// [`Error::Panicked`](crate::error::Error::Panicked) names it if that panics) on the free
+/// thread: for pinlane's own threads, whose waits would hold every handle meanwhile.
+pub(crate) fn run_later(device: usize, what: &'static str, work: Box<dyn FnOnce() + Send>) {
+    send_or_run(Job::Run(work, device, what));
 }
 
 /// Lets the reaper thread free what it was given and exit; waits up to `limit` for that

@@ -482,8 +482,7 @@ pub(crate) unsafe fn write_host(copy: &Arc<CopyPool>, pairs: &[(&[u8], HostDst)]
         }
     }
     // SAFETY: the caller's obligations, and `run` returns only when every byte is copied.
-    unsafe { copy.run(tasks, Stores::Cached) };
-    Ok(())
+    unsafe { copy.run(tasks, Stores::Cached) }
 }
 
 #[cfg(test)]
