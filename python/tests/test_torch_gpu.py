@@ -900,7 +900,10 @@ def test_the_producer_events_wait_before_torch_work_is_bounded_by_sync_wait(torc
     engine's own waits do, instead of waiting for as long as the event takes (before
     session 71 it waited in the driver whatever the setting). Its own process: the
     setting must come before the process's first transfer. The event is recorded behind
-    ~1 s of device sleep; the limit is 100 ms."""
+    ~1 s of device sleep; the limit is 100 ms. A first transfer comes before the sleep:
+    the device's first transfer loads pinlane's kernels (``cuModuleLoadData``), which
+    waits for all work on the device, without a bound (docs/semantics.md); in session 72
+    that load took the whole sleep, and the test saw the event done."""
     import subprocess
     import sys
 
@@ -910,6 +913,7 @@ def test_the_producer_events_wait_before_torch_work_is_bounded_by_sync_wait(torc
         f"dev = torch.device('cuda', {cuda_index(torch)})\n"
         "x = torch.arange(64 * 64, dtype=torch.float32, device=dev).reshape(64, 64)\n"
         "side = torch.cuda.Stream(dev)\n"
+        "assert torch.equal(pinlane.transfer_tensor_d2h([x.t()])[0], x.t().cpu())\n"
         "torch.cuda.synchronize(dev)\n"
         "with torch.cuda.stream(side):\n"
         "    torch.cuda._sleep(2_000_000_000)\n"
