@@ -600,6 +600,48 @@ def test_pairs_refuse_what_cannot_be_read_in_place(torch):
     assert int(buf.count_nonzero()) == 0
 
 
+def test_a_copy_that_fails_part_way_still_bumps_its_destinations_versions(torch):
+    """A copy that fails once it may have written (a ``RuntimeError``: here a D2H copy
+    whose wait outlasts ``sync_wait``, behind ~1 s of sleep on the current stream) bumps
+    its destinations' version counters as a finished one does: autograd must not take
+    partly written memory for unchanged. A refusal, which writes nothing, bumps nothing.
+    Its own process: the setting must come before the first transfer, and the device's
+    first transfer (which loads pinlane's kernels, waiting for all work on the device)
+    comes before the sleep."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, pinlane\n"
+        "pinlane.configure(sync_wait_ms=100)\n"
+        "src = torch.arange(4096, dtype=torch.float32, device='cuda')\n"
+        "host = torch.zeros(4096)\n"
+        "pinlane.copy_into([host], [src])\n"
+        "assert torch.equal(host, src.cpu())\n"
+        "v = host._version\n"
+        "try:\n"
+        "    pinlane.copy_into([host], [torch.zeros(3, device='cuda')])\n"
+        "except ValueError:\n"
+        "    pass\n"
+        "refused_unbumped = host._version == v\n"
+        "torch.cuda.synchronize()\n"
+        "torch.cuda._sleep(2_000_000_000)\n"
+        "try:\n"
+        "    pinlane.copy_into([host], [src])\n"
+        "    outcome = 'returned'\n"
+        "except RuntimeError as e:\n"
+        "    outcome = 'timeout' if 'sync_wait' in str(e) else repr(e)\n"
+        "busy = not torch.cuda.current_stream().query()\n"
+        "bumped = host._version > v\n"
+        "torch.cuda.synchronize()\n"
+        "print(outcome, busy, bumped, refused_unbumped, flush=True)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert r.stdout.split() == ["timeout", "True", "True", "True"], out
+
+
 def test_exit_gives_held_torch_tensors_back_first(torch):
     # Steps whose handles are dropped (Buffers.copy_from) leave their owners, clones of
     # torch tensors (the destinations, the page-locked sources), with pinlane's
