@@ -326,10 +326,9 @@ fn into_block<B: Batch>(
     (mode, while_copying, around): (Mode, WhileCopying<'_, B>, AroundWait<'_>),
 ) -> Result<(B, Option<Pending>)> {
     let l = out.layout;
-    let taken = flag_at.map_or(l.end, |at| at + FLAG_ALIGN);
-    // Held before anything is queued into it: on a failure part way, the block stays
-    // until the stream has let go of it.
-    job.hold(block, taken);
+    // Marked as being written before any view of it exists: the rebuild below is the
+    // caller's code, and reads of the views are refused until the copies are proven done.
+    job.hold_output(block, base, flag_at.map_or(l.end, |at| at + FLAG_ALIGN));
     let run = if l.batched {
         submit_batch(call, &mut job, block, base, l.views, l.offsets)
     } else {
@@ -348,14 +347,8 @@ fn into_block<B: Batch>(
         // host memory.
         unsafe { job.end_flag(call.ctx, block, base + at, call.rt.settings().spin) };
     }
-    // Marked as being written before any view of it exists: the rebuild below is the
-    // caller's code, and reads of the views are refused until the copies are proven done.
-    // Marked only now, after the copies and the end flag are queued, so that the mark's
-    // cost (0.3 to 0.4 us, session 70) overlaps the device's round trip instead of
-    // delaying the copy (no view of the range exists before the ones made below).
-    job.mark_output(block, base, taken);
     // The output views are made while the copies run, as the batch is rebuilt around them
-    // (one pass). Their range is marked (`mark_output`), so the caller's rebuild cannot
+    // (one pass). Their range is marked (`hold_output`), so the caller's rebuild cannot
     // read them before the copies are proven done: its reads get `BytesInFlight` (on
     // failure the views are dropped unread, and `job` keeps the block until the stream
     // has let go of it).

@@ -64,8 +64,9 @@ impl InFlight {
     /// not 4-byte aligned, is refused (no flag). `ctx` is the stream's device's context.
     ///
     /// # Safety
-    /// 1. `at..at + 4` lies in a range of `block` this call holds ([`InFlight::hold`]),
-    ///    outside every output view, that nothing else reads or writes.
+    /// 1. `at..at + 4` lies in a range of `block` this call holds
+    ///    ([`InFlight::hold_output`]), outside every output view, that nothing else
+    ///    reads or writes.
     /// 2. The block comes from `cuMemHostAlloc` and the stream's device reads it at its
     ///    host address (`driver::host_memory_mapped`).
     pub(crate) unsafe fn end_flag(
@@ -83,7 +84,7 @@ impl InFlight {
         // and nothing else touches it (obligation 1), and no write is queued yet.
         unsafe { std::sync::atomic::AtomicU32::from_ptr(word) }.store(0, Ordering::Relaxed);
         // SAFETY: page-locked and mapped for the device (obligation 2); held by this call
-        // (`hold`) until the stream is proven past the write: the flag seen, or a
+        // (`hold_output`) until the stream is proven past the write: the flag seen, or a
         // synchronisation, and on a failed one the block is retained with the rest; only
         // this write changes it (obligation 1). An error leaves the wait to the driver,
         // which reports the stream's own errors (a failed write turns flags off).
@@ -134,11 +135,11 @@ impl InFlight {
         self.held.push((owner.clone(), bytes));
     }
 
-    /// Marks `at..at + len` of `block` (held: [`InFlight::hold`]) as being written by
-    /// this call's copies, until they are proven done: call it before any view of the
-    /// range exists. It may come after the copies are queued, as long as no view exists
-    /// yet (nothing reads the range but through views).
-    pub(crate) fn mark_output(&mut self, block: &Arc<PinnedBlock>, at: usize, len: usize) {
+    /// Keeps `block` alive (as [`InFlight::hold`]) and marks `at..at + len` of it as
+    /// being written by this call's copies, until they are proven done: call it before
+    /// any view of the range exists.
+    pub(crate) fn hold_output(&mut self, block: &Arc<PinnedBlock>, at: usize, len: usize) {
+        self.hold(block, len);
         self.fills.extend(block.start_fill(at, len));
     }
 
