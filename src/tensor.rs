@@ -37,7 +37,7 @@ pub struct Tensor {
 }
 
 /// The byte size of `shape` of `dtype`, checked against `len` bytes.
-fn check_bytes(shape: &Shape, dtype: DType, len: usize) -> Result<usize> {
+pub(crate) fn check_bytes(shape: &Shape, dtype: DType, len: usize) -> Result<usize> {
     if !len.is_multiple_of(dtype.size()) {
         return Err(Error::InvalidBytes {
             dtype,

@@ -97,7 +97,7 @@ pub(crate) use host::{HostBuf, HostRegion};
 pub(crate) use inflight::{run_around, AroundWait, Detached, InFlight};
 pub use limits::{measure_pinned_limits, PinnedLimits};
 #[cfg(feature = "weights")]
-pub(crate) use mapped::MappedFile;
+pub(crate) use mapped::{MappedFile, MappedRange};
 pub use overlap::first_overlap;
 pub use page_locked::host_page_locked;
 pub(crate) use pinned::{h2d_batch_async, PinnedBlock, PinnedBuf};

@@ -5,8 +5,11 @@
 use super::checkpoint::{dtype_of, fault, Checkpoint, Shard};
 use crate::device::DeviceSpec;
 use crate::driver::Stream;
+use crate::dtype::DType;
 use crate::engine::{transfer_tensor_h2d_async, H2dOptions, Transfer};
 use crate::error::{CheckpointFault, Error, Result};
+use crate::layout::Shape;
+use crate::memory::MappedRange;
 use crate::tensor::Tensor;
 use std::collections::{BTreeMap, VecDeque};
 
@@ -86,12 +89,41 @@ impl LoadOptions {
     }
 }
 
-/// One group: host tensors over the mapped files, and their names.
+/// One group: its tensors as they are in the mapped files, and their names.
 #[derive(Default)]
 struct Group {
     names: Vec<String>,
-    tensors: Vec<Tensor>,
+    parts: Vec<Part>,
     bytes: usize,
+}
+
+/// A tensor of a group: a host tensor over the mapped file or, where the file does not
+/// align it for its dtype (rare: the safetensors writers align every tensor), its range
+/// of the file, copied into a host tensor only when its group is queued. (Copied when the
+/// load started, every unaligned tensor of the checkpoint was held in memory from the
+/// first group to its own: a stream holds no more than the groups in flight now.)
+enum Part {
+    Mapped(Tensor),
+    Unaligned {
+        range: MappedRange,
+        dtype: DType,
+        shape: Shape,
+    },
+}
+
+impl Part {
+    /// The host tensor to copy from: the mapped one, or a copy of the unaligned range
+    /// (its shape checked against its bytes when the part was made).
+    fn tensor(self) -> Result<Tensor> {
+        match self {
+            Part::Mapped(t) => Ok(t),
+            Part::Unaligned {
+                range,
+                dtype,
+                shape,
+            } => Tensor::from_bytes(dtype, shape, range.as_ref()),
+        }
+    }
 }
 
 /// A group whose copies are queued: its names, its bytes, and the transfer's handle.
@@ -147,7 +179,11 @@ impl Iterator for Loading {
                 }
                 continue;
             };
-            let queued = match transfer_tensor_h2d_async(&g.tensors, &self.opts) {
+            let tensors = match g.parts.into_iter().map(Part::tensor).collect() {
+                Ok(ts) => ts,
+                Err(e) => return self.fail(e),
+            };
+            let queued = match transfer_tensor_h2d_async(&tensors, &self.opts) {
                 Ok(transfer) => Moving {
                     names: g.names,
                     bytes: g.bytes,
@@ -231,7 +267,9 @@ impl Checkpoint {
     /// order (shard by shard), so that a server can place the first layers while the
     /// rest arrive. Tensors are copied in groups of about [`LoadOptions::group_bytes`];
     /// a group's tensors come out together, once the group's copies are done; the next
-    /// group's copies are queued before then.
+    /// group's copies are queued before then. Tensors are read in place from the mapped
+    /// files; one the file does not align for its dtype (rare: the safetensors writers
+    /// align every tensor) is copied into memory when its group is queued, not before.
     ///
     /// # Errors
     /// Before anything is copied: [`Error::Checkpoint`] for a file written since the
@@ -265,13 +303,13 @@ impl Checkpoint {
         let mut g = Group::default();
         for k in chosen {
             let e = &self.entries[k];
-            let t = self.host_tensor(k, false)?;
+            let part = self.part(k)?;
             if g.bytes > 0 && g.bytes + e.nbytes > opts.group_bytes {
                 groups.push_back(std::mem::take(&mut g));
             }
             g.bytes += e.nbytes;
             g.names.push(e.name.clone());
-            g.tensors.push(t);
+            g.parts.push(part);
         }
         if !g.names.is_empty() {
             groups.push_back(g);
@@ -303,20 +341,43 @@ impl Checkpoint {
         let k = self.index_of(name).ok_or_else(|| self.missing(name))?;
         let shard = &self.shards[self.entries[k].shard];
         shard.unchanged()?;
-        let t = self.host_tensor(k, true)?;
+        let (range, dtype, shape) = self.located(k)?;
+        let t = Tensor::from_bytes(dtype, shape, range.as_ref())
+            .map_err(|err| self.entry_fault(k, err))?;
         // Written while it was copied: the copy may mix old and new bytes.
         shard.unchanged()?;
         Ok(t)
     }
 
-    /// Entry `k` as a host tensor: over the mapped file, or (`copy`, or when the file
-    /// does not align it for its dtype) a copy in memory of pinlane's.
-    fn host_tensor(&self, k: usize, copy: bool) -> Result<Tensor> {
+    /// Entry `k` as a group's part: a host tensor over the mapped file, or its range when
+    /// the file does not align it for its dtype (copied when its group is queued), its
+    /// shape and values checked now either way.
+    fn part(&self, k: usize) -> Result<Part> {
+        let (range, dtype, shape) = self.located(k)?;
+        // Unaligned is rare: the safetensors writers align every tensor.
+        if range.is_aligned(dtype.size()) {
+            Tensor::from_owner(range, dtype, shape).map(Part::Mapped)
+        } else {
+            // A dtype of one byte is always aligned: no bool byte is left unchecked here.
+            crate::tensor::check_bytes(&shape, dtype, range.as_ref().len()).map(|_| {
+                Part::Unaligned {
+                    range,
+                    dtype,
+                    shape,
+                }
+            })
+        }
+        .map_err(|err| self.entry_fault(k, err))
+    }
+
+    /// Entry `k`'s bytes (its range of its mapped file), dtype and shape.
+    fn located(&self, k: usize) -> Result<(MappedRange, DType, Shape)> {
         let e = &self.entries[k];
         let shard = &self.shards[e.shard];
-        let at_fault = |f, reason| fault(&shard.path, Some(&e.name), f, reason);
         let dtype = dtype_of(e.dtype).ok_or_else(|| {
-            at_fault(
+            fault(
+                &shard.path,
+                Some(&e.name),
                 CheckpointFault::UnsupportedDtype,
                 format!("dtype {} has no pinlane type", e.dtype),
             )
@@ -325,19 +386,20 @@ impl Checkpoint {
             .map
             .range(e.at, e.nbytes)
             .ok_or_else(|| Error::Internal {
-                op: "weights::host_tensor",
+                op: "weights::located",
                 reason: format!("{} is outside its checked file", e.name),
             })?;
-        // Unaligned is rare: the safetensors writers align every tensor.
-        if range.is_aligned(dtype.size()) && !copy {
-            Tensor::from_owner(range, dtype, e.shape.clone())
-        } else {
-            Tensor::from_bytes(dtype, e.shape.clone(), range.as_ref())
-        }
-        .map_err(|err| match err {
-            Error::InvalidBytes { reason, .. } => at_fault(CheckpointFault::Values, reason),
-            other => at_fault(CheckpointFault::Shape, other.to_string()),
-        })
+        Ok((range, dtype, Shape::from(e.shape.clone())))
+    }
+
+    /// A tensor's error for entry `k`, as a checkpoint fault of its file and name.
+    fn entry_fault(&self, k: usize, err: Error) -> Error {
+        let e = &self.entries[k];
+        let (f, reason) = match err {
+            Error::InvalidBytes { reason, .. } => (CheckpointFault::Values, reason),
+            other => (CheckpointFault::Shape, other.to_string()),
+        };
+        fault(&self.shards[e.shard].path, Some(&e.name), f, reason)
     }
 
     /// The entries to load, in file order, each once.
@@ -353,5 +415,61 @@ impl Checkpoint {
         ks.sort_unstable();
         ks.dedup();
         Ok(ks)
+    }
+}
+
+#[cfg(all(test, feature = "test-util"))]
+mod tests {
+    use super::*;
+    use crate::engine::{transfer_tensor_d2h, D2hOptions};
+
+    /// A one-file checkpoint: `a`, 3 bytes of u8 at offset 0, then `b`, two f32 at
+    /// offset 3 (not aligned for its dtype in the mapping, which starts on a page, since
+    /// the data starts 8-aligned).
+    fn unaligned_file() -> std::path::PathBuf {
+        let mut header =
+            r#"{"a":{"dtype":"U8","shape":[3],"data_offsets":[0,3]},"b":{"dtype":"F32","shape":[2],"data_offsets":[3,11]}}"#
+                .to_string();
+        while !header.len().is_multiple_of(8) {
+            header.push(' ');
+        }
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header.as_bytes());
+        bytes.extend_from_slice(&[7, 8, 9]);
+        for v in [1.5f32, -2.25] {
+            bytes.extend_from_slice(&v.to_le_bytes());
+        }
+        let dir = std::env::temp_dir().join(format!("pinlane-load-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("model.safetensors");
+        std::fs::write(&path, bytes).unwrap();
+        path
+    }
+
+    /// A stream copies a tensor the file does not align only when its group is queued
+    /// (before session 72, `stream` copied every such tensor of the checkpoint when it
+    /// started, holding them all in memory from the first group on), and moves it exactly.
+    #[test]
+    fn an_unaligned_tensor_is_copied_only_when_its_group_is_queued() {
+        crate::sim_tests::setup();
+        let ck = Checkpoint::open(unaligned_file()).unwrap();
+        let loading = ck.stream(&LoadOptions::default().group_bytes(1)).unwrap();
+        assert_eq!(loading.groups.len(), 2, "one group each");
+        assert!(matches!(loading.groups[0].parts[..], [Part::Mapped(_)]));
+        assert!(matches!(
+            loading.groups[1].parts[..],
+            [Part::Unaligned { .. }]
+        ));
+        let got: Vec<(String, Tensor)> = loading.map(Result::unwrap).collect();
+        let names: Vec<&str> = got.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["a", "b"]);
+        let back = transfer_tensor_d2h(
+            &got.into_iter().map(|(_, t)| t).collect::<Vec<_>>(),
+            &D2hOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(back[0].to_vec::<u8>().unwrap(), [7, 8, 9]);
+        assert_eq!(back[1].to_vec::<f32>().unwrap(), [1.5, -2.25]);
+        assert_eq!(ck.read("b").unwrap(), back[1]);
     }
 }
