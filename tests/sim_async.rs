@@ -17,7 +17,6 @@ use pinlane::{
 };
 use proptest::prelude::*;
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
@@ -533,20 +532,24 @@ fn a_registered_source_the_call_owns_last_is_unregistered_off_the_completion_thr
     busy.synchronize().unwrap();
 }
 
+/// An owner that records the name of each thread that drops it.
+struct DropCount(Arc<Mutex<Vec<String>>>, #[allow(dead_code)] Tensor);
+
+impl Drop for DropCount {
+    fn drop(&mut self) {
+        let name = std::thread::current().name().unwrap_or("?").to_string();
+        self.0.lock().unwrap().push(name);
+    }
+}
+
 /// Another library's device memory (`Tensor::from_device_ptr`), lent to a stream whose
 /// work is still running, is released only after that use: its owner's drop waits for it
 /// (within `drop_sync_wait`). When a non-blocking call holds its last view, that wait
 /// must not run on the completion thread, where it held the handle's wait (and every
-/// other handle's) for the other stream's 600 ms; it runs on the free thread. Shown to
-/// fail without the change (session 72): the wait took the other stream's 600 ms.
-struct DropCount(Arc<AtomicUsize>, #[allow(dead_code)] Tensor);
-
-impl Drop for DropCount {
-    fn drop(&mut self) {
-        self.0.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
+/// other handle's) for the other stream's work; it runs on the free thread, and
+/// `settle` waits for it there as it waits for the completion thread. Shown to fail
+/// without the change (session 72): the wait took the other stream's 600 ms (the test's
+/// delays were shorter then).
 #[test]
 fn a_foreign_tensor_the_call_owns_last_waits_for_its_lent_use_off_the_completion_thread() {
     common::sim();
@@ -560,8 +563,8 @@ fn a_foreign_tensor_the_call_owns_last_waits_for_its_lent_use_off_the_completion
         (g.ptr(), g.nbytes())
     };
     assert_eq!(nbytes, 8000);
-    let drops = Arc::new(AtomicUsize::new(0));
-    let owner = DropCount(drops.clone(), theirs);
+    let dropped_on = Arc::new(Mutex::new(Vec::new()));
+    let owner = DropCount(dropped_on.clone(), theirs);
     // SAFETY: `ptr` is 8000 bytes of cuda:0 memory that `owner` keeps alive (it holds the
     // tensor), and nothing writes it.
     let ext = unsafe { Tensor::from_device_ptr(ptr, dev, DType::U8, [8000], owner) }.unwrap();
@@ -571,37 +574,47 @@ fn a_foreign_tensor_the_call_owns_last_waits_for_its_lent_use_off_the_completion
         .unwrap()
         .wait()
         .unwrap();
-    // Lent to `busy`: the use's event is recorded after 600 ms of work there.
+    // Lent to `busy`: the use's event is recorded after 1.5 s of work there.
     let lent = ext.device_ptr(&busy).unwrap();
-    busy.delay_async(Duration::from_millis(600)).unwrap();
+    busy.delay_async(Duration::from_millis(1500)).unwrap();
     drop(lent);
-    // The copy starts after 50 ms, so the call's clone is the last view when it completes.
-    producer.delay_async(Duration::from_millis(50)).unwrap();
+    // The copy starts after 250 ms, so the call's clone is the last view when it
+    // completes (the caller drops its own long before, even on a loaded machine).
+    producer.delay_async(Duration::from_millis(250)).unwrap();
     let t0 = std::time::Instant::now();
     let handle = transfer_tensor_d2h_async(&ext, &opts).unwrap();
     drop(ext);
     let back = handle.wait().unwrap();
     let waited = t0.elapsed();
     assert!(
-        waited < Duration::from_millis(400),
+        waited < Duration::from_millis(1200),
         "the wait took {waited:?}: it waited for the other stream's work"
     );
     assert_eq!(back, host);
-    assert_eq!(
-        drops.load(Ordering::SeqCst),
-        0,
+    assert!(
+        dropped_on.lock().unwrap().is_empty(),
         "dropped before its lent use ended"
     );
-    busy.synchronize().unwrap();
-    let end = std::time::Instant::now() + Duration::from_secs(5);
-    while drops.load(Ordering::SeqCst) == 0 && std::time::Instant::now() < end {
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    assert_eq!(
-        drops.load(Ordering::SeqCst),
-        1,
-        "the owner dropped once, after the use"
+    // `settle` waits for the free thread's drop too: not done within 50 ms, then done.
+    let early = pinlane::settle(Duration::from_millis(50));
+    assert!(
+        matches!(&early, Err(Error::ShutdownIncomplete { reason, .. }) if reason.contains("free thread")),
+        "{early:?}"
     );
+    assert!(dropped_on.lock().unwrap().is_empty());
+    pinlane::settle(Duration::from_secs(10)).unwrap();
+    assert_eq!(
+        *dropped_on.lock().unwrap(),
+        ["pinlane-free"],
+        "the owner dropped once, on the free thread, after the use"
+    );
+    // The use ends 1.5 s after `busy`'s work was queued, just before `t0`.
+    assert!(
+        t0.elapsed() >= Duration::from_millis(1300),
+        "settled after {:?}: before the use ended",
+        t0.elapsed()
+    );
+    busy.synchronize().unwrap();
 }
 
 /// The same on the caller's own thread: a copy into existing tensors releases, right after

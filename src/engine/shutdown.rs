@@ -66,9 +66,7 @@ impl Runtime {
         runtime::retire(self);
         let mut unfinished = Vec::new();
         // Pending calls first: completing them releases their slots and blocks.
-        if !settle_by(deadline) {
-            unfinished.push("non-blocking calls still pending");
-        }
+        unfinished.extend(settle_by(deadline));
         let freed = self.close_pools();
         if !self.copy.stop(left()) {
             unfinished.push("copy threads still copying");
@@ -135,28 +133,39 @@ pub fn shutdown(timeout: Duration) -> Result<()> {
 /// ```
 ///
 /// # Errors
-/// [`Error::ShutdownIncomplete`] when a call was still pending at the deadline: what it
+/// [`Error::ShutdownIncomplete`] when a call was still pending at the deadline, or an
+/// owner a completed call let go of was still waiting on the free thread for another
+/// stream's use of it (another library's device memory lent to that stream): what it
 /// holds stays held until it completes. [`Error::ForkedChild`] at once in a child process
 /// forked after pinlane set up CUDA: the parent's pending calls are never completed there
 /// (the thread that completes them is the parent's).
 pub fn settle(timeout: Duration) -> Result<()> {
     crate::driver::fork::check("settle")?;
     let started = Instant::now();
-    if settle_by(crate::driver::deadline_after(timeout)) {
+    let unfinished = settle_by(crate::driver::deadline_after(timeout));
+    if unfinished.is_empty() {
         return Ok(());
     }
     Err(Error::ShutdownIncomplete {
         waited_ms: started.elapsed().as_millis() as u64,
-        reason: "non-blocking calls still pending".into(),
+        reason: unfinished.join(", "),
     })
 }
 
-/// The pending non-blocking calls completed (their owners released) by `deadline`, and
-/// the owners retained after failed synchronisations released where their streams have
-/// finished since (polled, at most 100 ms of what is left); says whether the calls were.
-fn settle_by(deadline: Instant) -> bool {
+/// The pending non-blocking calls completed (their owners released) by `deadline`, the
+/// owners their release handed to the free thread (another library's device memory whose
+/// lent use was still running, memory page-locked in place) dropped there, and the
+/// owners retained after failed synchronisations released where their streams have
+/// finished since (polled, at most 100 ms of what is left); what was not done by then.
+fn settle_by(deadline: Instant) -> Vec<&'static str> {
     let left = || deadline.saturating_duration_since(Instant::now());
-    let done = completion::quiesce(left());
+    let mut unfinished = Vec::new();
+    if !completion::quiesce(left()) {
+        unfinished.push("non-blocking calls still pending");
+    }
+    if !crate::memory::reaper::runs_done_by(deadline) {
+        unfinished.push("owners still being released on the free thread");
+    }
     retained::release_finished(left().min(Duration::from_millis(100)));
-    done
+    unfinished
 }

@@ -251,20 +251,24 @@ impl Drop for DeviceAlloc {
                 }
                 let (device, nbytes) = (self.device, self.nbytes);
                 let events: Vec<Event> = uses.into_iter().map(|(_, ev)| ev).collect();
-                // On one of pinlane's threads (the completion thread, dropping a
-                // non-blocking call's owners), a lent use still running is waited for on
-                // the free thread: every handle would wait here meanwhile, for work on
-                // another stream.
-                if driver::deferred::is_background_thread()
+                // The drop bound runs from now, wherever the wait happens.
+                let deadline = driver::deadline_after(super::retained::drop_wait());
+                // A drop pinlane makes (the completion thread dropping a non-blocking
+                // call's owners, a wait or a transfer releasing what earlier calls kept)
+                // waits for a lent use still running on the free thread: every handle,
+                // or the transfer, would wait here meanwhile, for work on another stream.
+                if super::reaper::pinlanes_own_free()
                     && !events.iter().all(|ev| matches!(ev.query(), Ok(true)))
                 {
                     super::reaper::run_later(
                         device,
                         "releasing another library's device memory",
-                        Box::new(move || release_foreign(device, events, owner, nbytes)),
+                        Box::new(move || {
+                            release_foreign(device, events, owner, nbytes, deadline);
+                        }),
                     );
                 } else {
-                    release_foreign(device, events, owner, nbytes);
+                    release_foreign(device, events, owner, nbytes, deadline);
                 }
             }
         }
@@ -272,17 +276,18 @@ impl Drop for DeviceAlloc {
 }
 
 /// Drops the `owner` of another library's device memory (`nbytes` on `device`) once the
-/// lent uses' `events` have completed, waiting for them on the host within the drop bound
-/// ([`Config::drop_sync_wait`](crate::config::Config::drop_sync_wait)) in all: past it,
-/// the owner waits in the retained registry for the uses still running; if a use cannot
-/// be proven complete, the owner is kept for ever (and the error recorded).
+/// lent uses' `events` have completed, waiting for them on the host until `deadline` (the
+/// drop's bound, [`Config::drop_sync_wait`](crate::config::Config::drop_sync_wait), from
+/// the drop): past it, the owner waits in the retained registry for the uses still
+/// running; if a use cannot be proven complete, the owner is kept for ever (and the error
+/// recorded).
 fn release_foreign(
     device: usize,
     events: Vec<Event>,
     owner: Option<Box<dyn Send + Sync>>,
     nbytes: usize,
+    deadline: std::time::Instant,
 ) {
-    let deadline = driver::deadline_after(super::retained::drop_wait());
     for (k, ev) in events.iter().enumerate() {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         match ev.done_within(left) {

@@ -20,7 +20,9 @@ pub struct PinnedLimits {
 }
 
 /// Measures [`PinnedLimits`] with plain `cuMemcpy*Async` calls: one buffer of `nbytes`
-/// of page-locked memory each way and one device buffer each way.
+/// of page-locked memory each way and one device buffer each way. With
+/// [`Config::sync_wait`](crate::config::Config::sync_wait) set, each wait polls, which
+/// adds up to a nap of 1 ms to a timed copy: the rates then read low (measure without).
 ///
 /// # Errors
 /// [`Error::InvalidOption`] for `nbytes` or `reps` of 0; [`Error::NoCuda`]; the driver's

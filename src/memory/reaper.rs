@@ -62,6 +62,9 @@ struct Reaper {
 static REAPER: Mutex<Option<Reaper>> = Mutex::new(None);
 /// Frees that failed on the reaper thread (nobody to return them to).
 static FAILED: AtomicUsize = AtomicUsize::new(0);
+/// [`Job::Run`]s made and not yet run: each ends with a drop of user code's owner, which
+/// [`settle`](crate::settle) waits for ([`runs_done_by`]).
+static RUNS: AtomicUsize = AtomicUsize::new(0);
 
 thread_local! {
     /// How many [`Releasing`] guards the thread holds.
@@ -85,9 +88,9 @@ impl Drop for Releasing {
     }
 }
 
-/// Whether a free made now is pinlane's own, not the caller's: on one of pinlane's
-/// threads, or inside a [`Releasing`] guard.
-fn pinlanes_own_free() -> bool {
+/// Whether a free (or another release) made now is pinlane's own, not the caller's: on
+/// one of pinlane's threads, or inside a [`Releasing`] guard.
+pub(crate) fn pinlanes_own_free() -> bool {
     driver::deferred::is_background_thread() || RELEASING.try_with(Cell::get).unwrap_or(0) > 0
 }
 
@@ -150,6 +153,7 @@ fn run(job: Job) {
         }
         Job::Run(f, device, what) => {
             driver::deferred::catch_user_panic(device, what, f);
+            RUNS.fetch_sub(1, Ordering::Release);
         }
     }
 }
@@ -162,7 +166,7 @@ fn run(job: Job) {
 /// ([`Config::sync_wait`](crate::config::Config::sync_wait)). A panic in `end` (the
 /// owner's drop is user code) is caught and recorded for the next call on `device`.
 pub(crate) fn end_in_policy(device: usize, end: Box<dyn FnOnce() + Send>) {
-    let job = Job::Run(
+    let job = run_job(
         end,
         device,
         "dropping the owner of memory page-locked in place",
@@ -178,7 +182,32 @@ pub(crate) fn end_in_policy(device: usize, end: Box<dyn FnOnce() + Send>) {
 /// [`Error::Panicked`](crate::error::Error::Panicked) names it if that panics) on the free
 /// thread: for pinlane's own threads, whose waits would hold every handle meanwhile.
 pub(crate) fn run_later(device: usize, what: &'static str, work: Box<dyn FnOnce() + Send>) {
-    send_or_run(Job::Run(work, device, what));
+    send_or_run(run_job(work, device, what));
+}
+
+/// A [`Job::Run`], counted until it has run ([`runs_done_by`]).
+fn run_job(work: Box<dyn FnOnce() + Send>, device: usize, what: &'static str) -> Job {
+    RUNS.fetch_add(1, Ordering::Relaxed);
+    Job::Run(work, device, what)
+}
+
+/// Waits (polled, naps of at most 1 ms) until every [`Job::Run`] made so far has run (its
+/// owner dropped), or `deadline`; says whether they all had. For
+/// [`settle`](crate::settle): an owner that pinlane's threads let go of is handed back
+/// before it returns, as one the completion thread drops itself is.
+pub(crate) fn runs_done_by(deadline: std::time::Instant) -> bool {
+    let mut nap = Duration::from_micros(50);
+    loop {
+        if RUNS.load(Ordering::Acquire) == 0 {
+            return true;
+        }
+        let now = std::time::Instant::now();
+        if now >= deadline {
+            return false;
+        }
+        std::thread::sleep(nap.min(deadline - now));
+        nap = (nap * 2).min(Duration::from_millis(1));
+    }
 }
 
 /// Lets the reaper thread free what it was given and exit; waits up to `limit` for that
