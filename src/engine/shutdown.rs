@@ -163,9 +163,10 @@ fn settle_by(deadline: Instant) -> Vec<&'static str> {
     if !completion::quiesce(left()) {
         unfinished.push("non-blocking calls still pending");
     }
+    // Before the free thread's drops are waited for: a release here may hand it more.
+    retained::release_finished(left().min(Duration::from_millis(100)));
     if !crate::memory::reaper::runs_done_by(deadline) {
         unfinished.push("owners still being released on the free thread");
     }
-    retained::release_finished(left().min(Duration::from_millis(100)));
     unfinished
 }

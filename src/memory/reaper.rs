@@ -49,7 +49,30 @@ enum Job {
     /// Run other work that waits for `device` (ending a registration, then its owner's
     /// drop; waiting for another library's memory's lent uses, then its owner's drop:
     /// user code, so run under `catch_unwind`), named for [`Error::Panicked`](crate::error::Error::Panicked).
-    Run(Box<dyn FnOnce() + Send>, usize, &'static str),
+    /// Counted from the moment it is handed to the thread ([`runs_done_by`]).
+    Run(
+        Box<dyn FnOnce() + Send>,
+        usize,
+        &'static str,
+        Option<Counted>,
+    ),
+}
+
+/// A [`Job::Run`] handed to the free thread, counted in [`RUNS`] until it has run, or is
+/// dropped unrun, or unwinds: the count is given back in `Drop`, so no path leaves it up.
+struct Counted(());
+
+impl Counted {
+    fn new() -> Counted {
+        RUNS.fetch_add(1, Ordering::Relaxed);
+        Counted(())
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        RUNS.fetch_sub(1, Ordering::Release);
+    }
 }
 
 /// The reaper thread: its queue, and a channel that says when it has exited.
@@ -62,8 +85,8 @@ struct Reaper {
 static REAPER: Mutex<Option<Reaper>> = Mutex::new(None);
 /// Frees that failed on the reaper thread (nobody to return them to).
 static FAILED: AtomicUsize = AtomicUsize::new(0);
-/// [`Job::Run`]s made and not yet run: each ends with a drop of user code's owner, which
-/// [`settle`](crate::settle) waits for ([`runs_done_by`]).
+/// [`Job::Run`]s handed to the free thread and not yet run: each ends with a drop of user
+/// code's owner, which [`settle`](crate::settle) waits for ([`runs_done_by`]).
 static RUNS: AtomicUsize = AtomicUsize::new(0);
 
 thread_local! {
@@ -151,9 +174,8 @@ fn run(job: Job) {
                 );
             }
         }
-        Job::Run(f, device, what) => {
+        Job::Run(f, device, what, _counted) => {
             driver::deferred::catch_user_panic(device, what, f);
-            RUNS.fetch_sub(1, Ordering::Release);
         }
     }
 }
@@ -166,15 +188,11 @@ fn run(job: Job) {
 /// ([`Config::sync_wait`](crate::config::Config::sync_wait)). A panic in `end` (the
 /// owner's drop is user code) is caught and recorded for the next call on `device`.
 pub(crate) fn end_in_policy(device: usize, end: Box<dyn FnOnce() + Send>) {
-    let job = run_job(
-        end,
-        device,
-        "dropping the owner of memory page-locked in place",
-    );
+    let what = "dropping the owner of memory page-locked in place";
     if super::retained::sync_wait().is_some() || pinlanes_own_free() {
-        send_or_run(job);
+        send_or_run(Job::Run(end, device, what, Some(Counted::new())));
     } else {
-        run(job);
+        run(Job::Run(end, device, what, None));
     }
 }
 
@@ -182,17 +200,11 @@ pub(crate) fn end_in_policy(device: usize, end: Box<dyn FnOnce() + Send>) {
 /// [`Error::Panicked`](crate::error::Error::Panicked) names it if that panics) on the free
 /// thread: for pinlane's own threads, whose waits would hold every handle meanwhile.
 pub(crate) fn run_later(device: usize, what: &'static str, work: Box<dyn FnOnce() + Send>) {
-    send_or_run(run_job(work, device, what));
+    send_or_run(Job::Run(work, device, what, Some(Counted::new())));
 }
 
-/// A [`Job::Run`], counted until it has run ([`runs_done_by`]).
-fn run_job(work: Box<dyn FnOnce() + Send>, device: usize, what: &'static str) -> Job {
-    RUNS.fetch_add(1, Ordering::Relaxed);
-    Job::Run(work, device, what)
-}
-
-/// Waits (polled, naps of at most 1 ms) until every [`Job::Run`] made so far has run (its
-/// owner dropped), or `deadline`; says whether they all had. For
+/// Waits (polled, naps of at most 1 ms) until every [`Job::Run`] handed to the free
+/// thread so far has run (its owner dropped), or `deadline`; says whether they all had. For
 /// [`settle`](crate::settle): an owner that pinlane's threads let go of is handed back
 /// before it returns, as one the completion thread drops itself is.
 pub(crate) fn runs_done_by(deadline: std::time::Instant) -> bool {
