@@ -325,3 +325,78 @@ fn a_panicking_drop_among_retained_owners_is_caught_and_reported() {
     .join()
     .unwrap();
 }
+
+/// An owner that records the name of each thread that drops it, and keeps a buffer alive.
+struct NamesDrops(
+    std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    #[allow(dead_code)] Tensor,
+);
+
+impl Drop for NamesDrops {
+    fn drop(&mut self) {
+        let name = std::thread::current().name().unwrap_or("?").to_string();
+        self.0.lock().unwrap().push(name);
+    }
+}
+
+/// `settle` releases the owners retained after failed calls whose streams have finished;
+/// releasing is pinlane's own drop, so another library's device memory among them whose
+/// lent use still runs goes to the free thread to wait for it. `settle` must wait for
+/// that drop too: before session 72's last change it looked at the free thread first and
+/// released after, so it returned `Ok` with the owner still waiting there.
+#[test]
+fn settle_waits_for_a_retained_foreign_owner_its_release_hands_to_the_free_thread() {
+    common::sim();
+    let _turn = serial();
+    std::thread::spawn(|| {
+        use pinlane::memory::retained::retained_count;
+        use std::time::{Duration, Instant};
+        let dev = pinlane::Device::cuda(0);
+        let src = vec![common::tensor(DType::U8, &[1 << 16], 5)
+            .to_pinned()
+            .unwrap()];
+        let (views, buf, _) = common::into::destinations(&src, 0);
+        let ptr = {
+            let g = views[0]
+                .device_ptr(&pinlane::Stream::legacy(dev).unwrap())
+                .unwrap();
+            let p = g.ptr();
+            g.finish().unwrap();
+            p
+        };
+        drop(views);
+        let dropped_on = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let owner = NamesDrops(dropped_on.clone(), buf);
+        // SAFETY: `ptr..+64 KiB` is the first destination's memory inside `buf`, which the
+        // owner keeps allocated; only this test's copies write it.
+        let ext =
+            unsafe { Tensor::from_device_ptr(ptr, dev, DType::U8, [1 << 16], owner) }.unwrap();
+        // Lent to `busy`: the use ends 1.5 s from now.
+        let busy = pinlane::Stream::new(dev).unwrap();
+        let lent = ext.device_ptr(&busy).unwrap();
+        busy.delay_async(Duration::from_millis(1500)).unwrap();
+        drop(lent);
+        let t0 = Instant::now();
+        let dst = vec![ext];
+        let count = retained_count();
+        let e = into_call_retained(&src, &dst);
+        assert!(injected(&e), "{e}");
+        assert_eq!(retained_count(), count + 1);
+        drop(dst); // the retained group holds the last view of the foreign memory
+        assert!(dropped_on.lock().unwrap().is_empty());
+        pinlane::settle(Duration::from_secs(10)).unwrap();
+        assert_eq!(
+            *dropped_on.lock().unwrap(),
+            ["pinlane-free"],
+            "settle returned before the owner was dropped, or it dropped elsewhere"
+        );
+        assert!(
+            t0.elapsed() >= Duration::from_millis(1300),
+            "before the use ended"
+        );
+        assert_eq!(retained_count(), count);
+        busy.synchronize().unwrap();
+    })
+    .join()
+    .unwrap();
+}
