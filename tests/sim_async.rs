@@ -532,16 +532,6 @@ fn a_registered_source_the_call_owns_last_is_unregistered_off_the_completion_thr
     busy.synchronize().unwrap();
 }
 
-/// An owner that records the name of each thread that drops it.
-struct DropCount(Arc<Mutex<Vec<String>>>, #[allow(dead_code)] Tensor);
-
-impl Drop for DropCount {
-    fn drop(&mut self) {
-        let name = std::thread::current().name().unwrap_or("?").to_string();
-        self.0.lock().unwrap().push(name);
-    }
-}
-
 /// Another library's device memory (`Tensor::from_device_ptr`), lent to a stream whose
 /// work is still running, is released only after that use: its owner's drop waits for it
 /// (within `drop_sync_wait`). When a non-blocking call holds its last view, that wait
@@ -564,7 +554,7 @@ fn a_foreign_tensor_the_call_owns_last_waits_for_its_lent_use_off_the_completion
     };
     assert_eq!(nbytes, 8000);
     let dropped_on = Arc::new(Mutex::new(Vec::new()));
-    let owner = DropCount(dropped_on.clone(), theirs);
+    let owner = common::DropNames(dropped_on.clone(), theirs);
     // SAFETY: `ptr` is 8000 bytes of cuda:0 memory that `owner` keeps alive (it holds the
     // tensor), and nothing writes it.
     let ext = unsafe { Tensor::from_device_ptr(ptr, dev, DType::U8, [8000], owner) }.unwrap();

@@ -326,19 +326,6 @@ fn a_panicking_drop_among_retained_owners_is_caught_and_reported() {
     .unwrap();
 }
 
-/// An owner that records the name of each thread that drops it, and keeps a buffer alive.
-struct NamesDrops(
-    std::sync::Arc<std::sync::Mutex<Vec<String>>>,
-    #[allow(dead_code)] Tensor,
-);
-
-impl Drop for NamesDrops {
-    fn drop(&mut self) {
-        let name = std::thread::current().name().unwrap_or("?").to_string();
-        self.0.lock().unwrap().push(name);
-    }
-}
-
 /// `settle` releases the owners retained after failed calls whose streams have finished;
 /// releasing is pinlane's own drop, so another library's device memory among them whose
 /// lent use still runs goes to the free thread to wait for it. `settle` must wait for
@@ -366,7 +353,7 @@ fn settle_waits_for_a_retained_foreign_owner_its_release_hands_to_the_free_threa
         };
         drop(views);
         let dropped_on = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let owner = NamesDrops(dropped_on.clone(), buf);
+        let owner = common::DropNames(dropped_on.clone(), buf);
         // SAFETY: `ptr..+64 KiB` is the first destination's memory inside `buf`, which the
         // owner keeps allocated; only this test's copies write it.
         let ext =

@@ -258,7 +258,7 @@ impl Drop for DeviceAlloc {
                 // waits for a lent use still running on the free thread: every handle,
                 // or the transfer, would wait here meanwhile, for work on another stream.
                 if super::reaper::pinlanes_own_free()
-                    && !events.iter().all(|ev| matches!(ev.query(), Ok(true)))
+                    && !events.iter().all(|ev| matches!(ev.completed(), Ok(true)))
                 {
                     super::reaper::run_later(
                         device,

@@ -54,7 +54,7 @@ pub fn measure_pinned_limits(
     let dev_up = super::DeviceAlloc::new_async(&ctx, device, nbytes, &a, a.clone())?;
     let dev_down = super::DeviceAlloc::new_async(&ctx, device, nbytes, &a, a.clone())?;
     let down_view = super::DeviceView::whole(&dev_down);
-    settle(&a)?;
+    sync_bounded(&a)?;
     let done = Event::new(dev)?;
     let time = |f: &dyn Fn() -> Result<()>| -> Result<f64> {
         let mut v = Vec::new();
@@ -73,12 +73,12 @@ pub fn measure_pinned_limits(
         // synchronises the stream before returning; on an error before that, the buffers
         // are not freed until both streams are found idle (below).
         unsafe { host_up.h2d_async(&ctx, &dev_up, 0, &a) }?;
-        settle(&a)
+        sync_bounded(&a)
     };
     let down = || -> Result<()> {
         // SAFETY: as in `up`; the block is ours alone (no view of it is ever made).
         unsafe { host_down.d2h_async(&ctx, 0, &down_view, &b) }?;
-        settle(&b)
+        sync_bounded(&b)
     };
     let both = || -> Result<()> {
         // SAFETY: as in `up`.
@@ -86,7 +86,7 @@ pub fn measure_pinned_limits(
         // SAFETY: as in `down`.
         unsafe { host_down.d2h_async(&ctx, 0, &down_view, &b) }?;
         done.record(&b)?;
-        settle(&a)?;
+        sync_bounded(&a)?;
         super::arena::wait_for(&done)
     };
     let gbs = |bytes: usize, s: f64| bytes as f64 / s / 1e9;
@@ -112,6 +112,6 @@ pub fn measure_pinned_limits(
 
 /// Waits for `stream` as the engine's own waits do: in the driver, or polled for at most
 /// [`Config::sync_wait`](crate::config::Config::sync_wait) when the program set one.
-fn settle(stream: &Stream) -> Result<()> {
+fn sync_bounded(stream: &Stream) -> Result<()> {
     super::arena::Synced::synchronize(stream).map(drop)
 }

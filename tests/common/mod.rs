@@ -7,6 +7,7 @@ pub mod weights;
 use pinlane::{DType, Tensor};
 #[cfg(feature = "proptest")]
 use proptest::prelude::*;
+use std::sync::{Arc, Mutex};
 
 /// Whether GPU tests should run. Without a usable GPU they skip with a message, unless
 /// `PINLANE_REQUIRE_GPU=1`, when a missing GPU is a failure.
@@ -411,4 +412,15 @@ pub fn refusals_in_forked_child(
         }
     }
     wrong
+}
+
+/// An owner that keeps `T` alive and records the name of each thread that drops it (for
+/// tests of which pinlane thread lets another library's memory go, and when).
+pub struct DropNames<T>(pub Arc<Mutex<Vec<String>>>, pub T);
+
+impl<T> Drop for DropNames<T> {
+    fn drop(&mut self) {
+        let name = std::thread::current().name().unwrap_or("?").to_string();
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).push(name);
+    }
 }
