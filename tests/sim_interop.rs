@@ -211,14 +211,14 @@ fn external_device_memory_moves_to_the_host_and_its_owner_drops_once() {
 }
 
 /// A device tensor read (after a 30 ms pause) on a stream that is not its consumer
-/// stream, then dropped at once: with `lend`, through a pointer guard. 128 KiB: larger
-/// than the small outputs whose blocks are kept instead of freed
+/// stream, then dropped at once: with `lend`, through a pointer guard. 2 MiB: larger
+/// than the small outputs (up to 1 MiB) whose blocks are kept instead of freed
 /// (`Config::small_device_blocks`; their case is in `tests/sim_device_blocks.rs`), so that
 /// the negative control's free runs early.
 fn read_after_drop(seed: u64, lend: bool) -> (Tensor, Tensor) {
-    let t = common::tensor(DType::U8, &[128 << 10], seed);
+    let t = common::tensor(DType::U8, &[2 << 20], seed);
     let on = transfer_tensor_h2d_with(&t, &H2dOptions::default().num_caches(0)).unwrap();
-    let dst = common::tensor(DType::U8, &[128 << 10], seed + 1)
+    let dst = common::tensor(DType::U8, &[2 << 20], seed + 1)
         .to_pinned_on(D0)
         .unwrap();
     let user = Stream::new(D0).unwrap();

@@ -157,13 +157,18 @@ impl Event {
     /// [`Error::EventStreamMismatch`] for a stream of another device, or the driver's
     /// error.
     pub fn record(&self, stream: &Stream) -> Result<()> {
+        self.record_as(stream, super::FaultKindTag::EventRecord)
+    }
+
+    /// [`Event::record`], its injected faults (feature `test-util`) of kind `fault`.
+    pub(crate) fn record_as(&self, stream: &Stream, fault: super::FaultKindTag) -> Result<()> {
         if self.inner.sealed.load(Ordering::Acquire) {
             return Err(Error::SealedEvent {
                 op: "Event::record",
             });
         }
         self.same_device("Event::record", stream)?;
-        super::fault_point(super::FaultKindTag::EventRecord, "cuEventRecord")?;
+        super::fault_point(fault, "cuEventRecord")?;
         let _ctx = bind(self.inner.device)?;
         // SAFETY: both handles are alive (held by self and `stream`); context current.
         unsafe {

@@ -27,6 +27,13 @@ pub enum FaultKind {
     /// Starting pinlane's completion thread (the first non-blocking call's, or the first
     /// after a shutdown), which then fails as `std::thread::Builder::spawn` can.
     ThreadStart,
+    /// `cuEventRecord` on an H2D output's consumer stream when its dropped device block is
+    /// kept for the next outputs (`Config::small_device_blocks`). Apart from
+    /// [`FaultKind::EventRecord`]: a failure there frees the block instead, as one not
+    /// kept, and leaves no error for any call, so a sweep of a call's own faults (each
+    /// must fail the call) leaves it out. It may fire inside a call: the cache ring drops
+    /// the oldest batch there.
+    KeepBlock,
 }
 
 thread_local! {

@@ -278,6 +278,7 @@ pub(crate) fn fault_point(
             FaultKindTag::StreamSync => fault::FaultKind::StreamSync,
             FaultKindTag::FlagWrite => fault::FaultKind::FlagWrite,
             FaultKindTag::ThreadStart => fault::FaultKind::ThreadStart,
+            FaultKindTag::KeepBlock => fault::FaultKind::KeepBlock,
         };
         fault::hit(k, op)?;
     }
@@ -294,6 +295,7 @@ pub(crate) enum FaultKindTag {
     StreamSync,
     FlagWrite,
     ThreadStart,
+    KeepBlock,
 }
 
 /// Checks a device index against the device count.

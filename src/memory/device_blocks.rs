@@ -36,8 +36,9 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-/// Largest output kept, in bytes.
-pub(crate) const MAX_BYTES: usize = 64 << 10;
+/// Largest output kept, in bytes: a batch of 1000 x 1 KiB (1,024,000 bytes) fits the
+/// largest class (docs/performance.md, session 73).
+pub(crate) const MAX_BYTES: usize = 1 << 20;
 
 /// Size classes: blocks of `MIN_BLOCK << k` bytes, up to [`MAX_BYTES`].
 const MIN_BLOCK: usize = 512;
@@ -240,7 +241,7 @@ impl DeviceBlocks {
             None => Event::new(crate::device::Device::cuda(device))?,
         };
         // A failed record leaves the event unknown: it is dropped, not kept as a spare.
-        done.record(stream)?;
+        done.record_as(stream, driver::FaultKindTag::KeepBlock)?;
         let on = match key {
             StreamKey::Handle(_) => Consumer::Own(stream.clone()),
             StreamKey::Id(id) => Consumer::Borrowed(id),
@@ -386,6 +387,7 @@ mod tests {
         assert_eq!(class_of(512), Some((0, 512)));
         assert_eq!(class_of(513), Some((1, 1024)));
         assert_eq!(class_of(4096), Some((3, 4096)));
+        assert_eq!(class_of(1000 * 1024), Some((11, 1 << 20)));
         assert_eq!(class_of(MAX_BYTES), Some((CLASSES - 1, MAX_BYTES)));
         assert_eq!(class_of(MAX_BYTES + 1), None);
         for n in [1, 100, 700, 3000, 40_000, MAX_BYTES] {
