@@ -106,7 +106,9 @@ pub struct Config {
     /// large batches then map their device memory anew after synchronisations.
     pub device_pool_release_bytes: u64,
     /// Device blocks of small H2D outputs (at most 1 MiB, in power-of-two size classes of
-    /// 512 B to 1 MiB) kept per size class and device when their last view drops, instead of
+    /// 512 B to 1 MiB; above 64 KiB only outputs that fill at least 7/8 of their class,
+    /// such as a batch of 1000 x 1 KiB) kept per size class and device when their last view
+    /// drops, instead of
     /// freed, for the next small outputs: their allocation then skips the driver pool's
     /// check of memory freed on another stream (the outputs' consumer stream), which took
     /// 0.7 to 3 us a call (docs/performance.md, session 69). A block is reused only once
@@ -115,8 +117,9 @@ pub struct Config {
     /// `torch.cuda.Stream`, say) only where the driver has `cuStreamGetId` (CUDA 12.0+).
     /// Kept blocks count as used in [`DevicePoolStats`](crate::runtime::DevicePoolStats)
     /// until [`trim`](crate::trim) frees them; at most 8 x (2 MiB - 512 B), about 16 MiB, per
-    /// device with the default. An output's block is its size rounded up to its class (a
-    /// 600 KB output takes a 1 MiB block). 0 keeps none.
+    /// device with the default. An output that may be kept takes its class's whole block
+    /// while it lives: up to twice its size at 64 KiB or less, at most 8/7 of it above
+    /// (a 600 KB output is not kept, and takes 600 KB). 0 keeps none.
     pub small_device_blocks: usize,
     /// Threads that copy pageable memory (the calling thread included); `None`: three
     /// quarters of the machine's parallelism, at most 12 (fastest on the GPU machine).

@@ -11,7 +11,8 @@
 //! event is proven complete. The proof is shared: a stream runs its work in order, so an
 //! event seen complete proves every block given back before it on the same stream.
 //!
-//! Only outputs of at most [`MAX_BYTES`] whose consumer stream is not their copy stream
+//! Only outputs of at most [`MAX_BYTES`] (above 64 KiB, only those that fill at least 7/8
+//! of their class's block: [`class_of`]) whose consumer stream is not their copy stream
 //! are kept. The proof needs a stream whose identity cannot change: pinlane's own streams
 //! and a device's legacy stream are told apart by their handles; a borrowed stream (a
 //! `torch.cuda.Stream`, say) by the driver's id for it (`cuStreamGetId`, CUDA 12.0+),
@@ -40,6 +41,12 @@ use std::sync::Mutex;
 /// largest class (docs/performance.md, session 73).
 pub(crate) const MAX_BYTES: usize = 1 << 20;
 
+/// Outputs up to this size are kept whatever their size; larger ones only where they fill
+/// at least 7/8 of their class's block, so that a live output above it never takes more
+/// than 1/7 more device memory than it needs (a 600 KB output is allocated as it is,
+/// not as a 1 MiB block).
+const ANY_FILL_MAX: usize = 64 << 10;
+
 /// Size classes: blocks of `MIN_BLOCK << k` bytes, up to [`MAX_BYTES`].
 const MIN_BLOCK: usize = 512;
 const CLASSES: usize = (MAX_BYTES / MIN_BLOCK).trailing_zeros() as usize + 1;
@@ -52,12 +59,16 @@ const _: () =
     assert!(MIN_BLOCK.is_multiple_of(DEVICE_ALIGN) && MIN_BLOCK << (CLASSES - 1) == MAX_BYTES);
 
 /// The class of an output of `nbytes` (> 0), and its block's size; `None` above
-/// [`MAX_BYTES`].
+/// [`MAX_BYTES`], and above [`ANY_FILL_MAX`] where `nbytes` fills less than 7/8 of the
+/// block.
 pub(crate) fn class_of(nbytes: usize) -> Option<(usize, usize)> {
     if nbytes == 0 || nbytes > MAX_BYTES {
         return None;
     }
     let block = nbytes.next_power_of_two().max(MIN_BLOCK);
+    if nbytes > ANY_FILL_MAX && nbytes < block - block / 8 {
+        return None;
+    }
     Some(((block / MIN_BLOCK).trailing_zeros() as usize, block))
 }
 
@@ -388,11 +399,19 @@ mod tests {
         assert_eq!(class_of(513), Some((1, 1024)));
         assert_eq!(class_of(4096), Some((3, 4096)));
         assert_eq!(class_of(1000 * 1024), Some((11, 1 << 20)));
+        // Above 64 KiB, only outputs filling at least 7/8 of their block.
+        assert_eq!(class_of(ANY_FILL_MAX + 1), None);
+        assert_eq!(class_of(112 << 10), Some((8, 128 << 10)));
+        assert_eq!(class_of((112 << 10) - 1), None);
+        assert_eq!(class_of(600_000), None);
+        assert_eq!(class_of(917_504), Some((11, 1 << 20)));
+        assert_eq!(class_of(917_503), None);
         assert_eq!(class_of(MAX_BYTES), Some((CLASSES - 1, MAX_BYTES)));
         assert_eq!(class_of(MAX_BYTES + 1), None);
-        for n in [1, 100, 700, 3000, 40_000, MAX_BYTES] {
+        for n in [1, 100, 700, 3000, 40_000, 120_000, MAX_BYTES] {
             let (k, block) = class_of(n).unwrap();
             assert!(block >= n && block == MIN_BLOCK << k && k < CLASSES, "{n}");
+            assert!(n <= ANY_FILL_MAX || 8 * n >= 7 * block, "{n}");
         }
     }
 }
