@@ -181,6 +181,36 @@ fn a_block_whose_keep_fails_is_freed_and_no_call_fails_for_it() {
     assert!(pinlane::memory_stats().kept_device_block_bytes > 0);
 }
 
+/// The same inside a call: the cache ring lets go of its oldest batch during the next
+/// call, whose keep then fails. The call returns its outputs, right, and nothing is left
+/// for a later call.
+#[test]
+fn a_keep_that_fails_inside_a_call_does_not_fail_it() {
+    common::sim();
+    let _turn = serial();
+    let c = Stream::new(Device::cuda(0)).unwrap();
+    pinlane::trim().unwrap();
+    let opts = H2dOptions::default()
+        .num_caches(1)
+        .consumer_stream(c.clone());
+    let first = vec![tensor(256, 81)];
+    drop(transfer_tensor_h2d_with(&first, &opts).unwrap()); // the ring still holds it
+    let src = vec![tensor(256, 82)];
+    fault::inject(FaultKind::KeepBlock, 1);
+    let out = transfer_tensor_h2d_with(&src, &opts);
+    assert!(
+        !fault::armed(),
+        "the ring's drop did not try to keep its block"
+    );
+    fault::clear();
+    let out = out.unwrap();
+    let left = pinlane::driver::deferred::take(Device::cuda(0));
+    assert!(left.is_none(), "{left:?}");
+    let back = transfer_tensor_d2h(&out, &D2hOptions::default()).unwrap();
+    assert_eq!(back[0].as_bytes().unwrap(), src[0].as_bytes().unwrap());
+    c.synchronize().unwrap();
+}
+
 #[test]
 fn a_kept_block_waits_for_its_consumer_streams_work() {
     common::sim();
