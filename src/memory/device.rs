@@ -222,11 +222,8 @@ impl Drop for DeviceAlloc {
                         // Kept with an event recorded on `free_on` after all of the above
                         // (its own work and the waits for the lent uses), which proves
                         // them done before the block is handed out again; not kept (a
-                        // full class, or the event failed), it is freed below. A failed
-                        // event is not recorded for the next call: keeping is an
-                        // optimisation, and the free below is what an unkept block gets
-                        // (its own failure is recorded).
-                        if let Ok(true) = blocks.give_back(&ctx, *class, self.ptr, free_on, *key) {
+                        // full class, or the event failed), it is freed below.
+                        if blocks.give_back(&ctx, *class, self.ptr, free_on, *key) {
                             return Ok(());
                         }
                     }

@@ -209,11 +209,11 @@ impl DeviceBlocks {
 
     /// Keeps `ptr`, a block of `class` from pinlane's pool on `device` (`ctx`'s), for
     /// reuse once the work queued on `stream` so far has run: records an event there.
-    /// `key` is `stream`'s, from [`keeps_for`]. `Ok(false)` when it is not kept (the class
-    /// is full, or nothing is kept): the caller frees it.
-    ///
-    /// # Errors
-    /// The driver's error making or recording the event; the block is not kept then.
+    /// `key` is `stream`'s, from [`keeps_for`]. `false` when it is not kept (the class is
+    /// full, nothing is kept, the stream is capturing, or the event could not be made or
+    /// recorded): the caller frees it, as any block not kept. A failed event is no error
+    /// of anyone's: keeping is an optimisation, and the free is what the block gets
+    /// without it.
     pub(crate) fn give_back(
         &self,
         ctx: &ContextGuard,
@@ -221,23 +221,23 @@ impl DeviceBlocks {
         ptr: DevicePtr,
         stream: &Stream,
         key: StreamKey,
-    ) -> Result<bool> {
+    ) -> bool {
         let device = ctx.device();
         if self.per_class == 0 || class >= CLASSES {
-            return Ok(false);
+            return false;
         }
         let mut devices = self.lock();
         // Asked under the lock that `release` drains under: a block given back while the
         // runtime closes is either drained by it or freed by the caller, never left kept.
         if self.closed.load(Ordering::Acquire) {
-            return Ok(false);
+            return false;
         }
         if devices.len() <= device {
             devices.resize_with(device + 1, Bins::default);
         }
         let bins = &mut devices[device];
         if bins.classes[class].len() >= self.per_class {
-            return Ok(false);
+            return false;
         }
         // A stream capturing a CUDA graph (a borrowed one, or one of pinlane's that the
         // caller captures through its raw handle) would take the event's record into the
@@ -245,14 +245,22 @@ impl DeviceBlocks {
         // before, on the stream). No driver call for the legacy stream, which cannot be
         // captured.
         if stream.refuse_capturing("keeping a device block").is_err() {
-            return Ok(false);
+            return false;
         }
         let done = match bins.spare.pop() {
             Some(e) => e,
-            None => Event::new(crate::device::Device::cuda(device))?,
+            None => match Event::new(crate::device::Device::cuda(device)) {
+                Ok(e) => e,
+                Err(_) => return false,
+            },
         };
         // A failed record leaves the event unknown: it is dropped, not kept as a spare.
-        done.record_as(stream, driver::FaultKindTag::KeepBlock)?;
+        if done
+            .record_as(stream, driver::FaultKindTag::KeepBlock)
+            .is_err()
+        {
+            return false;
+        }
         let on = match key {
             StreamKey::Handle(_) => Consumer::Own(stream.clone()),
             StreamKey::Id(id) => Consumer::Borrowed(id),
@@ -263,7 +271,7 @@ impl DeviceBlocks {
             done,
             proven: false,
         });
-        Ok(true)
+        true
     }
 
     /// Frees what is kept and keeps nothing given back from now on: the runtime's
@@ -364,7 +372,7 @@ mod sim {
         let held = Instant::now();
         owner.delay_async(Duration::from_millis(500)).unwrap();
         let blocks = DeviceBlocks::new(8);
-        assert!(blocks.give_back(&ctx, class, ptr, &borrowed, key).unwrap());
+        assert!(blocks.give_back(&ctx, class, ptr, &borrowed, key));
         drop(borrowed);
         drop(owner);
         blocks.release("trim").unwrap();

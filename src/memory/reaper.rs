@@ -190,7 +190,7 @@ fn run(job: Job) {
 pub(crate) fn end_in_policy(device: usize, end: Box<dyn FnOnce() + Send>) {
     let what = "dropping the owner of memory page-locked in place";
     if super::retained::sync_wait().is_some() || pinlanes_own_free() {
-        send_or_run(Job::Run(end, device, what, Some(Counted::new())));
+        run_later(device, what, end);
     } else {
         run(Job::Run(end, device, what, None));
     }
