@@ -119,7 +119,10 @@ pub struct Config {
     /// until [`trim`](crate::trim) frees them; at most 8 x (2 MiB - 512 B), about 16 MiB, per
     /// device with the default. An output that may be kept takes its class's whole block
     /// while it lives: up to twice its size at 64 KiB or less, at most 8/7 of it above
-    /// (a 600 KB output is not kept, and takes 600 KB). 0 keeps none.
+    /// (a 600 KB output is not kept, and takes 600 KB). An H2D output that finds the device
+    /// out of memory frees its device's kept blocks (waiting up to
+    /// [`slot_wait`](Config::slot_wait) for its stream to run the frees), gives the
+    /// pool's unused memory back, and is tried once more. 0 keeps none.
     pub small_device_blocks: usize,
     /// Threads that copy pageable memory (the calling thread included); `None`: three
     /// quarters of the machine's parallelism, at most 12 (fastest on the GPU machine).

@@ -104,6 +104,13 @@ pub(crate) fn trim_device_pools() -> Result<()> {
     Ok(())
 }
 
+/// [`trim_device_pools`] for `ctx`'s device alone (its context is current).
+pub(crate) fn trim_device_pool(ctx: &ContextGuard) -> Result<()> {
+    let h = handles(ctx.device())?;
+    // SAFETY: the pool is alive for the process; trimming only releases unused memory.
+    unsafe { check("cuMemPoolTrimTo", super::api::cuMemPoolTrimTo(h.pool.0, 0)) }
+}
+
 /// A device pool's reserved, used and highest reserved bytes.
 pub(crate) struct PoolAttrs {
     pub(crate) reserved: u64,

@@ -376,7 +376,9 @@ fn submit<T>(
             return Ok(alloc);
         }
         let blocks = &call.rt.device_blocks;
-        let alloc = DeviceAlloc::for_outputs(call.ctx, l.end, &stream, consumer.clone(), blocks)?;
+        let wait = call.rt.settings().slot_wait;
+        let alloc =
+            DeviceAlloc::for_outputs(call.ctx, l.end, &stream, consumer.clone(), blocks, wait)?;
         // Marked as being written until the copies are proven done, before any view of
         // it exists: the outputs (rebuilt, and handed to `while_copying`, while the copies
         // run) refuse uses not ordered after the copies until then.

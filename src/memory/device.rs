@@ -9,6 +9,7 @@ use crate::device::Device;
 use crate::driver::{self, ContextGuard, DevicePtr, Event, Stream};
 use crate::error::Result;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// Device memory that tensors are views of: one allocation from pinlane's stream-ordered
 /// pool holding every tensor of one H2D batch (each at a
@@ -83,23 +84,40 @@ impl DeviceAlloc {
     /// kept, when one is proven free, or a new one of its size class, and gives it back
     /// to `blocks` when released. So its allocation skips the pool's check of a block
     /// freed on another stream (docs/performance.md, session 69).
+    ///
+    /// When the device has no memory for it, the blocks kept on the device are freed and
+    /// the allocation is tried once more (see [`DeviceBlocks::free_for_retry`], which waits
+    /// up to `wait` for `stream`).
     pub(crate) fn for_outputs(
         ctx: &ContextGuard,
         nbytes: usize,
         stream: &Stream,
         free_on: Stream,
         blocks: &Arc<DeviceBlocks>,
+        wait: Duration,
     ) -> Result<Arc<DeviceAlloc>> {
         let device = ctx.device();
+        let alloc = |n: usize| match driver::device_alloc_async(ctx, device, n, stream) {
+            Err(e) if e.is_out_of_memory() && blocks.free_for_retry(ctx, stream, wait) => {
+                driver::device_alloc_async(ctx, device, n, stream)
+            }
+            r => r,
+        };
         let kept = device_blocks::class_of(nbytes)
             .filter(|_| blocks.enabled())
             .and_then(|c| Some((c, device_blocks::keeps_for(stream, &free_on)?)));
         let Some(((class, block), key)) = kept else {
-            return DeviceAlloc::new_async(ctx, device, nbytes, stream, free_on);
+            return Ok(DeviceAlloc::pool(
+                alloc(nbytes)?,
+                nbytes,
+                device,
+                free_on,
+                None,
+            ));
         };
         let ptr = match blocks.take(device, class) {
             Some(p) => p,
-            None => driver::device_alloc_async(ctx, device, block, stream)?,
+            None => alloc(block)?,
         };
         let kept = Some(Kept {
             blocks: blocks.clone(),

@@ -36,6 +36,7 @@ use crate::error::Result;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
+use std::time::Duration;
 
 /// Largest output kept, in bytes: a batch of 1000 x 1 KiB (1,024,000 bytes) fits the
 /// largest class (docs/performance.md, session 73).
@@ -309,31 +310,54 @@ impl DeviceBlocks {
         };
         let mut first = None;
         for (d, g) in kept {
-            let res = driver::bind(d).and_then(|ctx| {
-                let on = match g.on {
-                    Consumer::Own(s) => s,
-                    Consumer::Borrowed(_) => {
-                        // The borrowed stream may be gone: the legacy stream waits for the
-                        // event recorded on it (an event outlives its stream's end).
-                        let legacy = Stream::legacy(crate::device::Device::cuda(d))?;
-                        g.done.wait_on(&legacy)?;
-                        legacy
-                    }
-                };
-                // SAFETY: the block came from `device_alloc_async` on device `d` and was
-                // given back by its last owner (`DeviceAlloc`'s drop): nothing but this
-                // free refers to it now. Every use of it was queued on its consumer stream
-                // before `g.done`, or on streams that stream was made to wait for, so the
-                // free in order on that stream comes after them all, and so does one on
-                // the legacy stream after its wait for `g.done`. `on` is alive: pinlane's
-                // own (`g` holds it) or the device's legacy stream.
-                unsafe { driver::device_free_async(&ctx, g.ptr, &on) }
-            });
-            if let Err(e) = res {
+            if let Err(e) = driver::bind(d).and_then(|ctx| free_on_its_stream(&ctx, g)) {
                 first.get_or_insert(e);
             }
         }
         first.map_or(Ok(()), Err)
+    }
+
+    /// Frees the blocks kept on `ctx`'s device for an allocation on `stream` that found no
+    /// memory, so that it may be tried again: each block in order on `stream`, made to
+    /// wait there for the block's event (its last uses); then waits up to `wait` for
+    /// `stream` to run those frees, and gives back to the device the memory of pinlane's
+    /// pool that backs no allocation (`cuMemPoolTrimTo`), so that the retried allocation
+    /// may map it whatever its size. `true` when blocks were freed and `stream` ran their
+    /// frees within `wait`: the retry is worth making. A block whose wait cannot be queued
+    /// on `stream` is freed on its own stream, as [`DeviceBlocks::release`] frees it.
+    pub(crate) fn free_for_retry(
+        &self,
+        ctx: &ContextGuard,
+        stream: &Stream,
+        wait: Duration,
+    ) -> bool {
+        let kept: Vec<Given> = {
+            let mut devices = self.lock();
+            let Some(bins) = devices.get_mut(ctx.device()) else {
+                return false;
+            };
+            bins.spare.clear();
+            bins.classes.iter_mut().flat_map(|q| q.drain(..)).collect()
+        };
+        if kept.is_empty() {
+            return false;
+        }
+        for g in kept {
+            let queued = g.done.wait_on(stream).and_then(|()| {
+                // SAFETY: the block came from `device_alloc_async` on this device and was
+                // given back by its last owner: nothing but this free refers to it. Every
+                // use of it was queued on its consumer stream before `g.done`, or on
+                // streams that stream was made to wait for, and `stream` waits for
+                // `g.done` just above, so this free comes after them all.
+                unsafe { driver::device_free_async(ctx, g.ptr, stream) }
+            });
+            if queued.is_err() {
+                // Freed where `release` frees it; an error there leaves it allocated
+                // (never freed early), as `release`'s do.
+                let _ = free_on_its_stream(ctx, g);
+            }
+        }
+        stream.done_within(wait) == Ok(true) && driver::trim_device_pool(ctx).is_ok()
     }
 
     /// Bytes of the blocks kept now, on every device (each counted at its class's size).
@@ -344,6 +368,28 @@ impl DeviceBlocks {
             .map(|(k, q)| q.len() * (MIN_BLOCK << k))
             .sum()
     }
+}
+
+/// Frees kept block `g` of `ctx`'s device in order on the stream it was given back on
+/// (after its last uses), or, for a borrowed stream (which may be gone), on the legacy
+/// stream once its event has passed.
+fn free_on_its_stream(ctx: &ContextGuard, g: Given) -> Result<()> {
+    let on = match g.on {
+        Consumer::Own(s) => s,
+        Consumer::Borrowed(_) => {
+            // An event outlives its stream's end.
+            let legacy = Stream::legacy(crate::device::Device::cuda(ctx.device()))?;
+            g.done.wait_on(&legacy)?;
+            legacy
+        }
+    };
+    // SAFETY: the block came from `device_alloc_async` on `ctx`'s device and was given
+    // back by its last owner (`DeviceAlloc`'s drop): nothing but this free refers to it
+    // now. Every use of it was queued on its consumer stream before `g.done`, or on
+    // streams that stream was made to wait for, so the free in order on that stream comes
+    // after them all, and so does one on the legacy stream after its wait for `g.done`.
+    // `on` is alive: pinlane's own (`g` held it) or the device's legacy stream.
+    unsafe { driver::device_free_async(ctx, g.ptr, &on) }
 }
 
 /// On the simulated device (feature `test-util`): what the public API cannot reach.
