@@ -2,6 +2,8 @@
 on the GPU machine) they fail instead, so a broken setup cannot pass as skipped."""
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -24,3 +26,17 @@ def torch():
             pytest.fail(f"PINLANE_REQUIRE_GPU=1 but no usable GPU ({why})")
         pytest.skip(f"no GPU ({why})")
     return t
+
+
+@pytest.fixture(scope="session")
+def new_process():
+    """Runs Python ``code`` with this interpreter in a process of its own (for what must
+    come before a process's first transfer, or at its exit) and returns the finished
+    process (``stdout``, ``stderr``); fails the test, with both, when it exits nonzero."""
+
+    def run(code, timeout=120):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+        assert r.returncode == 0, r.stdout + r.stderr
+        return r
+
+    return run

@@ -6,7 +6,6 @@ import collections
 import importlib.metadata
 import pathlib
 import re
-import subprocess
 import sys
 
 import numpy as np
@@ -15,10 +14,9 @@ import pytest
 import pinlane
 
 
-def test_import_needs_neither_torch_nor_a_gpu():
+def test_import_needs_neither_torch_nor_a_gpu(new_process):
     code = "import sys, pinlane; assert 'torch' not in sys.modules; print(pinlane.cuda_available())"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
+    out = new_process(code)
     assert out.stdout.strip() in ("True", "False")
 
 
@@ -94,7 +92,7 @@ def test_shutdown_without_a_transfer_and_bad_timeouts():
             pinlane.shutdown(bad)
 
 
-def test_configure_is_strict_and_once_per_process():
+def test_configure_is_strict_and_once_per_process(new_process):
     # Configuration is per process: a fresh interpreter for each run.
     code = """
 import pinlane
@@ -112,8 +110,7 @@ try:
 except RuntimeError as e:
     print("running", "already" in str(e).lower() or "running" in str(e).lower())
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
+    out = new_process(code)
     assert out.stdout.split("\n")[:3] == ["refused True", "refused True", "running True"], out.stdout
 
 

@@ -600,7 +600,7 @@ def test_pairs_refuse_what_cannot_be_read_in_place(torch):
     assert int(buf.count_nonzero()) == 0
 
 
-def test_a_copy_that_fails_part_way_still_bumps_its_destinations_versions(torch):
+def test_a_copy_that_fails_part_way_still_bumps_its_destinations_versions(torch, new_process):
     """A copy that fails once it may have written (a ``RuntimeError``: here a D2H copy
     whose wait outlasts ``sync_wait``, behind ~1 s of sleep on the current stream) bumps
     its destinations' version counters as a finished one does: autograd must not take
@@ -608,9 +608,6 @@ def test_a_copy_that_fails_part_way_still_bumps_its_destinations_versions(torch)
     Its own process: the setting must come before the first transfer, and the device's
     first transfer (which loads pinlane's kernels, waiting for all work on the device)
     comes before the sleep."""
-    import subprocess
-    import sys
-
     code = (
         "import torch, pinlane\n"
         "pinlane.configure(sync_wait_ms=100)\n"
@@ -636,22 +633,18 @@ def test_a_copy_that_fails_part_way_still_bumps_its_destinations_versions(torch)
         "torch.cuda.synchronize()\n"
         "print(outcome, busy, bumped, refused_unbumped, flush=True)\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    r = new_process(code)
     out = r.stdout + r.stderr
-    assert r.returncode == 0, out
     assert r.stdout.split() == ["timeout", "True", "True", "True"], out
 
 
-def test_exit_gives_held_torch_tensors_back_first(torch):
+def test_exit_gives_held_torch_tensors_back_first(torch, new_process):
     # Steps whose handles are dropped (Buffers.copy_from) leave their owners, clones of
     # torch tensors (the destinations, the page-locked sources), with pinlane's
     # completion thread for a while; handing them back after torch began to tear down
     # aborted the process now and then. pinlane's atexit handler settles first: this
     # check, registered before pinlane is imported, runs after it (atexit is LIFO) and
     # finds that the handler succeeded and that no staging slot is in use any more.
-    import subprocess
-    import sys
-
     code = (
         "import atexit\n"
         "def check():\n"
@@ -670,7 +663,6 @@ def test_exit_gives_held_torch_tensors_back_first(torch):
         "assert torch.equal(dst['b'].cpu(), src['b']), 'bytes'\n"
         "print('steps done', flush=True)\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    r = new_process(code)
     out = r.stdout + r.stderr
-    assert r.returncode == 0, out
     assert r.stdout.split() == ["steps", "done", "exit", "ok", "in_use", "0"], out

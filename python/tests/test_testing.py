@@ -2,7 +2,6 @@
 GPU); that it finds what it should (a changed byte, a swapped pair, a missing GPU) with
 the place named. Importing it needs neither torch nor hypothesis (checked anywhere)."""
 
-import subprocess
 import sys
 
 import pytest
@@ -11,10 +10,9 @@ from hypothesis import HealthCheck, given, settings
 import pinlane
 
 
-def test_importing_needs_neither_torch_nor_hypothesis():
+def test_importing_needs_neither_torch_nor_hypothesis(new_process):
     code = "import sys, pinlane.testing; assert 'torch' not in sys.modules and 'hypothesis' not in sys.modules"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
+    out = new_process(code)
 
 
 def test_random_batches_round_trip(torch):
