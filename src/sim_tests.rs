@@ -192,6 +192,32 @@ fn busy_job() -> (Stream, InFlight) {
     (s, job)
 }
 
+/// A retained small output counts its kept block's whole size (1 KiB for 1000 bytes),
+/// the device memory it holds, not the bytes asked for.
+#[test]
+fn a_retained_small_output_counts_its_whole_block() {
+    setup();
+    let _turn = DROP_WAIT_TESTS.lock().unwrap_or_else(|p| p.into_inner());
+    let s = Stream::new(Device::cuda(0)).unwrap();
+    let consumer = Stream::new(Device::cuda(0)).unwrap();
+    let ctx = driver::bind(0).unwrap();
+    let blocks = std::sync::Arc::new(crate::memory::DeviceBlocks::new(8));
+    let wait = Duration::from_secs(1);
+    let a = DeviceAlloc::for_outputs(&ctx, 1000, &s, consumer, &blocks, wait).unwrap();
+    assert_eq!((a.nbytes(), a.held_bytes()), (1000, 1024));
+    s.delay_async(Duration::from_millis(1500)).unwrap();
+    crate::memory::retained::set_drop_wait(Duration::from_millis(50));
+    let mut job = InFlight::new(s.clone());
+    job.hold_device_output(&a);
+    drop(a);
+    let before = crate::memory::retained::retained_bytes();
+    drop(job);
+    crate::memory::retained::set_drop_wait(Duration::from_secs(60));
+    assert_eq!(crate::memory::retained::retained_bytes(), before + 1024);
+    s.synchronize().unwrap();
+    crate::memory::retained::try_release();
+}
+
 #[test]
 fn dropping_an_unfinished_job_does_not_wait_forever() {
     setup();

@@ -177,6 +177,15 @@ impl DeviceAlloc {
         self.nbytes
     }
 
+    /// Device bytes it takes: [`DeviceAlloc::nbytes`], or its size class's whole block for
+    /// an output whose block is kept (what the retained registry counts for it).
+    pub(crate) fn held_bytes(&self) -> usize {
+        match &self.backing {
+            Backing::Pool { kept: Some(k), .. } => device_blocks::block_bytes(k.class),
+            _ => self.nbytes,
+        }
+    }
+
     /// Whether copies into existing tensors may write it: pinlane's own memory, or another
     /// owner's taken as writable (never a read-only DLPack import).
     fn writable(&self) -> bool {
@@ -617,7 +626,7 @@ impl DevicePtrGuard {
             // waits in the retained registry until the stream is proven idle.
             if !self.stream.idle_within(super::retained::drop_wait()) {
                 let keep = Box::new(alloc.clone());
-                super::retained::retain(self.stream.clone(), keep, alloc.nbytes());
+                super::retained::retain(self.stream.clone(), keep, alloc.held_bytes());
             }
         })
     }

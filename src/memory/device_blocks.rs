@@ -73,6 +73,11 @@ pub(crate) fn class_of(nbytes: usize) -> Option<(usize, usize)> {
     Some(((block / MIN_BLOCK).trailing_zeros() as usize, block))
 }
 
+/// The size of `class`'s blocks.
+pub(crate) fn block_bytes(class: usize) -> usize {
+    MIN_BLOCK << class
+}
+
 /// A consumer stream as the shared proof tells streams apart (within one device).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum StreamKey {
@@ -365,7 +370,7 @@ impl DeviceBlocks {
         self.lock()
             .iter()
             .flat_map(|b| b.classes.iter().enumerate())
-            .map(|(k, q)| q.len() * (MIN_BLOCK << k))
+            .map(|(k, q)| q.len() * block_bytes(k))
             .sum()
     }
 }

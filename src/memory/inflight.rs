@@ -147,7 +147,7 @@ impl InFlight {
     /// by this call's copies, until they are proven done: call it before any view of it
     /// exists.
     pub(crate) fn hold_device_output(&mut self, alloc: &Arc<DeviceAlloc>) {
-        self.hold(alloc, alloc.nbytes());
+        self.hold(alloc, alloc.held_bytes());
         self.device_fill = Some(DeviceFill::start(alloc));
     }
 

@@ -108,7 +108,8 @@ fn lock() -> std::sync::MutexGuard<'static, Vec<Entry>> {
 }
 
 /// Bytes held because their copies could not be proven complete: the staging slots and
-/// the buffers of pinlane's own that the retained owners hold. Clones of the caller's
+/// the buffers of pinlane's own that the retained owners hold (a small H2D output whose
+/// device block would be kept counts the whole block, as it holds it). Clones of the caller's
 /// tensors they keep (the sources, a copy's destinations) are not counted: an owner group
 /// may hold no counted bytes at all ([`retained_count`] counts the groups).
 ///
