@@ -1,7 +1,9 @@
-//! GPU: an H2D output that finds the device full while small outputs' blocks are kept
-//! (`Config::small_device_blocks`) gets them freed, the pool's unused memory given back,
-//! and is allocated on a second try. The test fills the device's memory, so it has a
-//! binary of its own (`.gpu/run-tests` runs binaries one after another).
+//! GPU: an H2D output that finds the device full gets room made and is allocated on a
+//! second try: small outputs' kept blocks (`Config::small_device_blocks`) are freed, and
+//! the memory pinlane's pool keeps that backs no allocation (what earlier batches freed,
+//! `Config::device_pool_release_bytes`) is given back to the device. The tests fill the
+//! device's memory, so they have a binary of their own (`.gpu/run-tests` runs binaries one
+//! after another) and take turns.
 
 mod common;
 
@@ -28,6 +30,30 @@ impl Filler {
         }
         Filler(held)
     }
+
+    /// Frees its last `n` allocations (2 MiB each, from the fill's last round).
+    fn give_back(&mut self, n: usize) {
+        for p in self.0.split_off(self.0.len().saturating_sub(n)) {
+            // SAFETY: allocated by `fill` and not freed since (taken out of the list).
+            let _ = unsafe { result::free_sync(p) };
+        }
+    }
+}
+
+/// One test at a time: each fills the device.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    TURN.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// This device's pool: (reserved, used) bytes.
+fn pool(dev: pinlane::Device) -> (usize, usize) {
+    let p = memory_stats()
+        .devices
+        .into_iter()
+        .find(|d| d.device == dev)
+        .unwrap();
+    (p.reserved_bytes as usize, p.used_bytes as usize)
 }
 
 impl Drop for Filler {
@@ -45,6 +71,7 @@ fn a_full_device_frees_kept_blocks_and_the_output_is_allocated() {
     if common::under_sanitizer() {
         return; // the sanitizer's own device memory would be filled too
     }
+    let _turn = serial();
     let dev = common::dev();
     let ctx = CudaContext::new(dev.ordinal()).unwrap();
     ctx.bind_to_thread().unwrap();
@@ -60,12 +87,8 @@ fn a_full_device_frees_kept_blocks_and_the_output_is_allocated() {
     drop(outs);
     Stream::legacy(dev).unwrap().synchronize().unwrap();
     assert_eq!(memory_stats().kept_device_block_bytes, 8 << 20);
-    let pool = memory_stats()
-        .devices
-        .into_iter()
-        .find(|d| d.device == dev)
-        .unwrap();
-    let pool_free = (pool.reserved_bytes - pool.used_bytes) as usize;
+    let (reserved, used) = pool(dev);
+    let pool_free = reserved - used;
 
     let filler = Filler::fill();
     let (free, _) = pinlane::driver::device_memory_info(dev).unwrap();
@@ -73,14 +96,48 @@ fn a_full_device_frees_kept_blocks_and_the_output_is_allocated() {
     // the kept blocks are freed.
     let n = free + pool_free + (4 << 20);
     eprintln!(
-        "filled {} allocations; free {free}, pool reserved {} used {}; asking {n}",
+        "filled {} allocations; free {free}, pool reserved {reserved} used {used}; asking {n}",
         filler.0.len(),
-        pool.reserved_bytes,
-        pool.used_bytes
     );
     let big = common::tensor(DType::U8, &[n], 99);
     let out = h2d(vec![big.clone()]).expect("allocated once the kept blocks were freed");
     assert_eq!(memory_stats().kept_device_block_bytes, 0);
+    drop(filler);
+    let back = transfer_tensor_d2h(&out, &D2hOptions::default()).unwrap();
+    assert_eq!(back[0].as_bytes().unwrap(), big.as_bytes().unwrap());
+}
+
+#[test]
+fn a_full_device_gets_back_what_the_pool_keeps_and_the_output_is_allocated() {
+    require_gpu!();
+    if common::under_sanitizer() {
+        return;
+    }
+    let _turn = serial();
+    let dev = common::dev();
+    let ctx = CudaContext::new(dev.ordinal()).unwrap();
+    ctx.bind_to_thread().unwrap();
+    pinlane::trim().unwrap();
+    // A 256 MiB batch, dropped: the pool keeps its memory (the default release threshold
+    // keeps all), backing no allocation.
+    let n0 = 256 << 20;
+    drop(h2d(vec![common::tensor(DType::U8, &[n0], 7)]).unwrap());
+    Stream::legacy(dev).unwrap().synchronize().unwrap();
+    let (reserved, used) = pool(dev);
+    assert!(reserved - used >= n0, "the pool keeps {reserved} - {used}");
+    assert_eq!(memory_stats().kept_device_block_bytes, 0);
+
+    // The device filled but for 8 MiB or more.
+    let mut filler = Filler::fill();
+    filler.give_back(4);
+    let (free, _) = pinlane::driver::device_memory_info(dev).unwrap();
+    assert!(free >= 8 << 20, "{free} free");
+    // More than the pool's free memory holds in one piece, and more than the device has
+    // free, but less than both once the pool gives its memory back.
+    let n = reserved - used + (4 << 20);
+    eprintln!("free {free}, pool reserved {reserved} used {used}; asking {n}");
+    let big = common::tensor(DType::U8, &[n], 8);
+    let out = h2d(vec![big.clone()]).expect("allocated once the pool gave its memory back");
     drop(filler);
     let back = transfer_tensor_d2h(&out, &D2hOptions::default()).unwrap();
     assert_eq!(back[0].as_bytes().unwrap(), big.as_bytes().unwrap());

@@ -104,11 +104,32 @@ pub(crate) fn trim_device_pools() -> Result<()> {
     Ok(())
 }
 
-/// [`trim_device_pools`] for `ctx`'s device alone (its context is current).
-pub(crate) fn trim_device_pool(ctx: &ContextGuard) -> Result<()> {
-    let h = handles(ctx.device())?;
+/// [`trim_device_pools`] for `ctx`'s device alone (its context is current), when its
+/// pool holds memory that backs no allocation: `true` when it did (and was trimmed).
+pub(crate) fn trim_device_pool(ctx: &ContextGuard) -> Result<bool> {
+    use sys::CUmemPool_attribute::*;
+    let pool = handles(ctx.device())?.pool.0;
+    let reserved = pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?;
+    if reserved <= pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT)? {
+        return Ok(false);
+    }
     // SAFETY: the pool is alive for the process; trimming only releases unused memory.
-    unsafe { check("cuMemPoolTrimTo", super::api::cuMemPoolTrimTo(h.pool.0, 0)) }
+    unsafe { check("cuMemPoolTrimTo", super::api::cuMemPoolTrimTo(pool, 0)) }?;
+    Ok(true)
+}
+
+/// One of a pool's u64 attributes (reserved, used, highest reserved bytes).
+fn pool_attr(pool: sys::CUmemoryPool, a: sys::CUmemPool_attribute) -> Result<u64> {
+    let mut v: u64 = 0;
+    // SAFETY: the attributes asked are u64 values; `v` is a live u64; the pool is alive
+    // for the process.
+    unsafe {
+        check(
+            "cuMemPoolGetAttribute",
+            super::api::cuMemPoolGetAttribute(pool, a, (&mut v as *mut u64).cast()),
+        )
+    }?;
+    Ok(v)
 }
 
 /// A device pool's reserved, used and highest reserved bytes.
@@ -122,26 +143,14 @@ pub(crate) struct PoolAttrs {
 /// read are left out). Not asked in a forked child: `memory_stats` returns zeros there.
 pub(crate) fn device_pool_stats() -> Vec<(usize, PoolAttrs)> {
     use sys::CUmemPool_attribute::*;
-    let get = |pool: sys::CUmemoryPool, a: sys::CUmemPool_attribute| -> Result<u64> {
-        let mut v: u64 = 0;
-        // SAFETY: these three attributes are u64 values; `v` is a live u64; the pool is
-        // alive for the process.
-        unsafe {
-            check(
-                "cuMemPoolGetAttribute",
-                super::api::cuMemPoolGetAttribute(pool, a, (&mut v as *mut u64).cast()),
-            )
-        }?;
-        Ok(v)
-    };
     made()
         .into_iter()
         .filter_map(|(d, h)| {
             let attrs = (|| {
                 Ok::<_, crate::error::Error>(PoolAttrs {
-                    reserved: get(h.pool.0, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
-                    used: get(h.pool.0, CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
-                    reserved_high: get(h.pool.0, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?,
+                    reserved: pool_attr(h.pool.0, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
+                    used: pool_attr(h.pool.0, CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
+                    reserved_high: pool_attr(h.pool.0, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?,
                 })
             })();
             attrs.ok().map(|a| (d, a))

@@ -42,6 +42,22 @@ pub(crate) struct DeviceAlloc {
     reads: Reads,
 }
 
+/// Makes room for an allocation on `stream` that found `ctx`'s device out of memory:
+/// frees the device's kept blocks in `stream`'s order ([`DeviceBlocks::free_on`]), waits
+/// up to `wait` for `stream` to run those frees, and gives the memory of pinlane's pool
+/// that backs no allocation back to the device (`cuMemPoolTrimTo`; the pool keeps what
+/// batches free, `Config::device_pool_release_bytes`), so that the retry may map it whatever
+/// its size. `true` when blocks were freed or the pool had such memory to give: a retry
+/// may succeed.
+fn make_room(ctx: &ContextGuard, stream: &Stream, blocks: &DeviceBlocks, wait: Duration) -> bool {
+    let freed = blocks.free_on(ctx, stream);
+    if freed && !stream.idle_within(wait) {
+        return false;
+    }
+    let trimmed = matches!(driver::trim_device_pool(ctx), Ok(true));
+    freed || trimmed
+}
+
 /// A foreign owner on its way to the retained registry (`Send` is all it needs there).
 struct ForeignOwner(#[allow(dead_code)] Box<dyn Send + Sync>);
 
@@ -85,9 +101,8 @@ impl DeviceAlloc {
     /// to `blocks` when released. So its allocation skips the pool's check of a block
     /// freed on another stream (docs/performance.md, session 69).
     ///
-    /// When the device has no memory for it, the blocks kept on the device are freed and
-    /// the allocation is tried once more (see [`DeviceBlocks::free_for_retry`], which waits
-    /// up to `wait` for `stream`).
+    /// When the device has no memory for it, room is made ([`make_room`], which waits up
+    /// to `wait` for `stream`) and the allocation is tried once more.
     pub(crate) fn for_outputs(
         ctx: &ContextGuard,
         nbytes: usize,
@@ -98,7 +113,7 @@ impl DeviceAlloc {
     ) -> Result<Arc<DeviceAlloc>> {
         let device = ctx.device();
         let alloc = |n: usize| match driver::device_alloc_async(ctx, device, n, stream) {
-            Err(e) if e.is_out_of_memory() && blocks.free_for_retry(ctx, stream, wait) => {
+            Err(e) if e.is_out_of_memory() && make_room(ctx, stream, blocks, wait) => {
                 driver::device_alloc_async(ctx, device, n, stream)
             }
             r => r,

@@ -36,7 +36,6 @@ use crate::error::Result;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
 
 /// Largest output kept, in bytes: a batch of 1000 x 1 KiB (1,024,000 bytes) fits the
 /// largest class (docs/performance.md, session 73).
@@ -323,19 +322,11 @@ impl DeviceBlocks {
     }
 
     /// Frees the blocks kept on `ctx`'s device for an allocation on `stream` that found no
-    /// memory, so that it may be tried again: each block in order on `stream`, made to
-    /// wait there for the block's event (its last uses); then waits up to `wait` for
-    /// `stream` to run those frees, and gives back to the device the memory of pinlane's
-    /// pool that backs no allocation (`cuMemPoolTrimTo`), so that the retried allocation
-    /// may map it whatever its size. `true` when blocks were freed and `stream` ran their
-    /// frees within `wait`: the retry is worth making. A block whose wait cannot be queued
-    /// on `stream` is freed on its own stream, as [`DeviceBlocks::release`] frees it.
-    pub(crate) fn free_for_retry(
-        &self,
-        ctx: &ContextGuard,
-        stream: &Stream,
-        wait: Duration,
-    ) -> bool {
+    /// memory: each in order on `stream`, made to wait there for the block's event (its
+    /// last uses), so that they are the pool's again once `stream` has run the frees.
+    /// `true` when there were any. A block whose wait cannot be queued on `stream` is
+    /// freed on its own stream, as [`DeviceBlocks::release`] frees it.
+    pub(crate) fn free_on(&self, ctx: &ContextGuard, stream: &Stream) -> bool {
         let kept: Vec<Given> = {
             let mut devices = self.lock();
             let Some(bins) = devices.get_mut(ctx.device()) else {
@@ -344,9 +335,7 @@ impl DeviceBlocks {
             bins.spare.clear();
             bins.classes.iter_mut().flat_map(|q| q.drain(..)).collect()
         };
-        if kept.is_empty() {
-            return false;
-        }
+        let any = !kept.is_empty();
         for g in kept {
             let queued = g.done.wait_on(stream).and_then(|()| {
                 // SAFETY: the block came from `device_alloc_async` on this device and was
@@ -362,7 +351,7 @@ impl DeviceBlocks {
                 let _ = free_on_its_stream(ctx, g);
             }
         }
-        stream.done_within(wait) == Ok(true) && driver::trim_device_pool(ctx).is_ok()
+        any
     }
 
     /// Bytes of the blocks kept now, on every device (each counted at its class's size).
