@@ -103,7 +103,9 @@ pub struct Config {
     /// Device memory each device pool keeps cached after a synchronisation; more is given
     /// back to the driver. The default, `u64::MAX`, keeps everything until
     /// [`trim`](crate::trim) is called; a lower value gives memory back by itself, and
-    /// large batches then map their device memory anew after synchronisations.
+    /// large batches then map their device memory anew after synchronisations. Whatever
+    /// the value, an H2D batch that finds the device out of memory gives back what the pool
+    /// keeps and tries once more.
     pub device_pool_release_bytes: u64,
     /// Device blocks of small H2D outputs (at most 1 MiB, in power-of-two size classes of
     /// 512 B to 1 MiB; above 64 KiB only outputs that fill at least 7/8 of their class,
@@ -119,10 +121,10 @@ pub struct Config {
     /// until [`trim`](crate::trim) frees them; at most 8 x (2 MiB - 512 B), about 16 MiB, per
     /// device with the default. An output that may be kept takes its class's whole block
     /// while it lives: up to twice its size at 64 KiB or less, at most 8/7 of it above
-    /// (a 600 KB output is not kept, and takes 600 KB). An H2D output that finds the device
+    /// (a 600 KB output is not kept, and takes 600 KB). An H2D batch that finds the device
     /// out of memory frees its device's kept blocks (waiting up to
     /// [`slot_wait`](Config::slot_wait) for its stream to run the frees), gives the
-    /// pool's unused memory back, and is tried once more. 0 keeps none.
+    /// pool's memory that backs no allocation back, and is tried once more. 0 keeps none.
     pub small_device_blocks: usize,
     /// Threads that copy pageable memory (the calling thread included); `None`: three
     /// quarters of the machine's parallelism, at most 12 (fastest on the GPU machine).
