@@ -104,8 +104,9 @@ pub struct Config {
     /// back to the driver. The default, `u64::MAX`, keeps everything until
     /// [`trim`](crate::trim) is called; a lower value gives memory back by itself, and
     /// large batches then map their device memory anew after synchronisations. Whatever
-    /// the value, an H2D batch that finds the device out of memory gives back what the pool
-    /// keeps and tries once more.
+    /// the value, an H2D batch that finds the device out of memory has the pool give back
+    /// what it keeps, and is tried once more when that may make room (docs/semantics.md,
+    /// H2D item 6).
     pub device_pool_release_bytes: u64,
     /// Device blocks of small H2D outputs (at most 1 MiB, in power-of-two size classes of
     /// 512 B to 1 MiB; above 64 KiB only outputs that fill at least 7/8 of their class,
@@ -123,8 +124,8 @@ pub struct Config {
     /// while it lives: up to twice its size at 64 KiB or less, at most 8/7 of it above
     /// (a 600 KB output is not kept, and takes 600 KB). An H2D batch that finds the device
     /// out of memory frees its device's kept blocks (waiting up to
-    /// [`slot_wait`](Config::slot_wait) for its stream to run the frees), gives the
-    /// pool's memory that backs no allocation back, and is tried once more. 0 keeps none.
+    /// [`slot_wait`](Config::slot_wait) for their consumer streams to run the frees) before
+    /// it is tried once more. 0 keeps none.
     pub small_device_blocks: usize,
     /// Threads that copy pageable memory (the calling thread included); `None`: three
     /// quarters of the machine's parallelism, at most 12 (fastest on the GPU machine).

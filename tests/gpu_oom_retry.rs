@@ -16,8 +16,8 @@ fn h2d(src: Vec<Tensor>) -> pinlane::Result<Vec<Tensor>> {
 }
 
 /// Device memory allocated outside pinlane (`cuMemAlloc`) until none is left, freed when
-/// dropped.
-struct Filler(Vec<sys::CUdeviceptr>);
+/// dropped: (address, bytes) of each allocation.
+struct Filler(Vec<(sys::CUdeviceptr, usize)>);
 
 impl Filler {
     fn fill() -> Filler {
@@ -25,16 +25,34 @@ impl Filler {
         for chunk in [1usize << 30, 64 << 20, 2 << 20] {
             // SAFETY: a plain allocation in the current (primary) context; freed in drop.
             while let Ok(p) = unsafe { result::malloc_sync(chunk) } {
-                held.push(p);
+                held.push((p, chunk));
             }
         }
         Filler(held)
     }
 
-    /// Frees its last `n` allocations (2 MiB each, from the fill's last round).
-    fn give_back(&mut self, n: usize) {
-        for p in self.0.split_off(self.0.len().saturating_sub(n)) {
+    /// Frees `n` of its 2 MiB allocations.
+    fn give_back_2_mib(&mut self, n: usize) {
+        let small: Vec<usize> = (0..self.0.len())
+            .filter(|&i| self.0[i].1 == 2 << 20)
+            .collect();
+        assert!(
+            small.len() >= n,
+            "only {} allocations of 2 MiB",
+            small.len()
+        );
+        for &i in small.iter().rev().take(n) {
+            let (p, _) = self.0.remove(i);
             // SAFETY: allocated by `fill` and not freed since (taken out of the list).
+            let _ = unsafe { result::free_sync(p) };
+        }
+    }
+}
+
+impl Drop for Filler {
+    fn drop(&mut self) {
+        for (p, _) in self.0.drain(..) {
+            // SAFETY: allocated by `fill` and not freed since.
             let _ = unsafe { result::free_sync(p) };
         }
     }
@@ -54,15 +72,6 @@ fn pool(dev: pinlane::Device) -> (usize, usize) {
         .find(|d| d.device == dev)
         .unwrap();
     (p.reserved_bytes as usize, p.used_bytes as usize)
-}
-
-impl Drop for Filler {
-    fn drop(&mut self) {
-        for p in self.0.drain(..) {
-            // SAFETY: allocated by `fill` and not freed since.
-            let _ = unsafe { result::free_sync(p) };
-        }
-    }
 }
 
 #[test]
@@ -92,9 +101,14 @@ fn a_full_device_frees_kept_blocks_and_the_output_is_allocated() {
 
     let filler = Filler::fill();
     let (free, _) = pinlane::driver::device_memory_info(dev).unwrap();
-    // More than the device and the pool have free, but 4 MiB less than they have once
-    // the kept blocks are freed.
-    let n = free + pool_free + (4 << 20);
+    // More than the pool has free and than the device has free (less than one 2 MiB
+    // piece, as the fill's last allocation failed), less than the pool holds once the
+    // kept blocks are freed.
+    let n = reserved - used / 2;
+    assert!(
+        n > pool_free && n > free && free < 2 << 20,
+        "{n} {pool_free} {free}"
+    );
     eprintln!(
         "filled {} allocations; free {free}, pool reserved {reserved} used {used}; asking {n}",
         filler.0.len(),
@@ -129,12 +143,13 @@ fn a_full_device_gets_back_what_the_pool_keeps_and_the_output_is_allocated() {
 
     // The device filled but for 8 MiB or more.
     let mut filler = Filler::fill();
-    filler.give_back(4);
+    filler.give_back_2_mib(4);
     let (free, _) = pinlane::driver::device_memory_info(dev).unwrap();
     assert!(free >= 8 << 20, "{free} free");
-    // More than the pool's free memory holds in one piece, and more than the device has
-    // free, but less than both once the pool gives its memory back.
+    // More than the pool's free memory holds and than the device has free, but less than
+    // both once the pool gives its memory back.
     let n = reserved - used + (4 << 20);
+    assert!(n > free, "{n} {free}");
     eprintln!("free {free}, pool reserved {reserved} used {used}; asking {n}");
     let big = common::tensor(DType::U8, &[n], 8);
     let out = h2d(vec![big.clone()]).expect("allocated once the pool gave its memory back");

@@ -1,13 +1,15 @@
 //! Simulated device with 16 MiB of memory: an H2D output that finds the device full
-//! while small outputs' blocks are kept (`Config::small_device_blocks`) gets them freed
-//! and is allocated on a second try, instead of failing with out-of-memory while pinlane
-//! itself holds the memory it needs.
+//! while small outputs' blocks are kept (`Config::small_device_blocks`) gets them freed,
+//! in order on their consumer stream, and is allocated on a second try, instead of
+//! failing with out-of-memory while pinlane's kept blocks hold the memory it needs. The
+//! wait for those frees is bounded by `Config::slot_wait` (500 ms here).
 // The simulated device and the test hooks: `cargo test --features test-util`.
 #![cfg(feature = "test-util")]
 
 use pinlane::driver::sim::{enable, SimConfig};
-use pinlane::{transfer_tensor_d2h, transfer_tensor_h2d_with};
-use pinlane::{D2hOptions, DType, Device, H2dOptions, Tensor};
+use pinlane::{transfer_tensor_d2h, transfer_tensor_h2d_with, Config};
+use pinlane::{D2hOptions, DType, Device, H2dOptions, Stream, Tensor};
+use std::time::{Duration, Instant};
 
 fn tensor(nbytes: usize, seed: u8) -> Tensor {
     let bytes: Vec<u8> = (0..nbytes)
@@ -26,34 +28,70 @@ fn free_bytes() -> usize {
         .0
 }
 
-#[test]
-fn a_full_device_frees_kept_blocks_and_the_output_is_allocated() {
-    std::env::remove_var("LOCAL_RANK");
-    enable(SimConfig::seeded(5).memory_per_device(16 << 20)).unwrap();
-    // Eight 1 MiB outputs alive at once, then dropped: their blocks are kept (8 MiB).
+/// Eight 1 MiB outputs alive at once, then dropped: their blocks are kept (8 MiB), given
+/// back on the default consumer stream (the legacy one).
+fn keep_eight_blocks() {
     let small: Vec<Tensor> = (0..8).map(|k| tensor(1 << 20, k)).collect();
     let outs: Vec<Vec<Tensor>> = small
         .iter()
         .map(|t| h2d(vec![t.clone()]).unwrap())
         .collect();
     drop(outs);
-    let kept = pinlane::memory_stats().kept_device_block_bytes;
-    assert_eq!(kept, 8 << 20, "kept blocks");
+    assert_eq!(pinlane::memory_stats().kept_device_block_bytes, 8 << 20);
+}
+
+#[test]
+fn a_full_device_frees_kept_blocks_and_the_output_is_allocated() {
+    std::env::remove_var("LOCAL_RANK");
+    Config::new()
+        .slot_wait(Duration::from_millis(500))
+        .install()
+        .unwrap();
+    enable(SimConfig::seeded(5).memory_per_device(16 << 20)).unwrap();
+    let legacy = Stream::legacy(Device::cuda(0)).unwrap();
+    keep_eight_blocks();
     // Fill the device but for 1 MiB.
     let filler = h2d(vec![tensor(free_bytes() - (1 << 20), 9)]).unwrap();
     assert!(free_bytes() < 2 << 20);
-    // 3 MiB does not fit what is free, but does once the kept blocks are freed.
+    // 3 MiB does not fit what is free, but does once the kept blocks are freed: in order
+    // on the consumer stream, so after the 200 ms of work queued there first.
     let big = tensor(3 << 20, 10);
+    legacy.delay_async(Duration::from_millis(200)).unwrap();
+    let t0 = Instant::now();
     let out = h2d(vec![big.clone()]).expect("allocated after the kept blocks were freed");
+    assert!(
+        t0.elapsed() >= Duration::from_millis(200),
+        "{:?}",
+        t0.elapsed()
+    );
     assert_eq!(pinlane::memory_stats().kept_device_block_bytes, 0);
     let back = transfer_tensor_d2h(&out, &D2hOptions::default()).unwrap();
     assert_eq!(back[0].as_bytes().unwrap(), big.as_bytes().unwrap());
-    // With nothing kept, a batch that does not fit still fails with out-of-memory...
+    drop(out);
+    legacy.synchronize().unwrap();
+
+    // The consumer stream busy for longer than `slot_wait`: the call does not wait for it
+    // past the bound, and fails with out-of-memory; the frees still run after the work.
+    keep_eight_blocks();
+    legacy.delay_async(Duration::from_millis(1500)).unwrap();
+    let t0 = Instant::now();
+    let err = h2d(vec![big.clone()]).unwrap_err();
+    let took = t0.elapsed();
+    assert!(err.is_out_of_memory(), "{err}");
+    assert!(took < Duration::from_millis(1200), "{took:?}");
+    legacy.synchronize().unwrap();
+    assert_eq!(pinlane::memory_stats().kept_device_block_bytes, 0);
+    let out = h2d(vec![big.clone()]).unwrap();
+    drop(out);
+    legacy.synchronize().unwrap();
+
+    // With nothing kept, a batch larger than all that is free fails with out-of-memory at
+    // once (no room to make)...
     let too_big = tensor(free_bytes() + (1 << 20), 11);
     let err = h2d(vec![too_big]).unwrap_err();
     assert!(err.is_out_of_memory(), "{err}");
     // ...and leaves nothing behind: the next calls work, and the bytes are right.
-    drop((out, filler));
+    drop(filler);
     let again = tensor(3 << 20, 12);
     let out = h2d(vec![again.clone()]).unwrap();
     let back = transfer_tensor_d2h(&out, &D2hOptions::default()).unwrap();

@@ -12,7 +12,7 @@ import pinlane
 
 def test_importing_needs_neither_torch_nor_hypothesis(new_process):
     code = "import sys, pinlane.testing; assert 'torch' not in sys.modules and 'hypothesis' not in sys.modules"
-    out = new_process(code)
+    new_process(code)
 
 
 def test_random_batches_round_trip(torch):

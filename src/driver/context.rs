@@ -104,18 +104,35 @@ pub(crate) fn trim_device_pools() -> Result<()> {
     Ok(())
 }
 
-/// [`trim_device_pools`] for `ctx`'s device alone (its context is current), when its
-/// pool holds memory that backs no allocation: `true` when it did (and was trimmed).
+/// [`trim_device_pools`] for `ctx`'s device alone (its context is current): `true` when
+/// the pool gave memory back (its reserved bytes fell).
 pub(crate) fn trim_device_pool(ctx: &ContextGuard) -> Result<bool> {
-    use sys::CUmemPool_attribute::*;
+    use sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT as RESERVED;
     let pool = handles(ctx.device())?.pool.0;
-    let reserved = pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?;
-    if reserved <= pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT)? {
-        return Ok(false);
-    }
+    let before = pool_attr(pool, RESERVED)?;
     // SAFETY: the pool is alive for the process; trimming only releases unused memory.
     unsafe { check("cuMemPoolTrimTo", super::api::cuMemPoolTrimTo(pool, 0)) }?;
-    Ok(true)
+    Ok(pool_attr(pool, RESERVED)? < before)
+}
+
+/// The most `ctx`'s device could give one allocation from pinlane's pool (its context is
+/// current): the device's free memory and the memory the pool holds that backs no
+/// allocation, plus `more` (bytes about to be freed into the pool).
+pub(crate) fn device_room(ctx: &ContextGuard, more: usize) -> Result<usize> {
+    use sys::CUmemPool_attribute::*;
+    let pool = handles(ctx.device())?.pool.0;
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: out-pointers to live locals; the device's context is current.
+    unsafe {
+        check(
+            "cuMemGetInfo",
+            super::api::cuMemGetInfo_v2(&mut free, &mut total),
+        )
+    }?;
+    let reserved = pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?;
+    let used = pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?;
+    let unused = usize::try_from(reserved.saturating_sub(used)).unwrap_or(usize::MAX);
+    Ok(free.saturating_add(unused).saturating_add(more))
 }
 
 /// One of a pool's u64 attributes (reserved, used, highest reserved bytes).

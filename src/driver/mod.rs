@@ -52,9 +52,9 @@ pub(crate) use batch_copy::{
 pub(crate) use calls::*;
 pub use context::gather_unavailable_reason;
 pub(crate) use context::{
-    apply_pool_release_threshold, bind, context_made, device_pool_stats, gather_kernel,
-    host_memory_mapped, pool_release_threshold, set_pool_release_threshold, trim_device_pool,
-    trim_device_pools, warm_up,
+    apply_pool_release_threshold, bind, context_made, device_pool_stats, device_room,
+    gather_kernel, host_memory_mapped, pool_release_threshold, set_pool_release_threshold,
+    trim_device_pool, trim_device_pools, warm_up,
 };
 pub use error::DriverError;
 pub use event::{Event, RawEvent};

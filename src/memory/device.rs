@@ -9,7 +9,7 @@ use crate::device::Device;
 use crate::driver::{self, ContextGuard, DevicePtr, Event, Stream};
 use crate::error::Result;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Device memory that tensors are views of: one allocation from pinlane's stream-ordered
 /// pool holding every tensor of one H2D batch (each at a
@@ -42,20 +42,27 @@ pub(crate) struct DeviceAlloc {
     reads: Reads,
 }
 
-/// Makes room for an allocation on `stream` that found `ctx`'s device out of memory:
-/// frees the device's kept blocks in `stream`'s order ([`DeviceBlocks::free_on`]), waits
-/// up to `wait` for `stream` to run those frees, and gives the memory of pinlane's pool
+/// Makes room for an allocation of `nbytes` that found `ctx`'s device out of memory, when
+/// room can be made: frees the device's kept blocks ([`DeviceBlocks::free_device`]), waits
+/// up to `wait` for their streams to run the frees, and gives the memory of pinlane's pool
 /// that backs no allocation back to the device (`cuMemPoolTrimTo`; the pool keeps what
-/// batches free, `Config::device_pool_release_bytes`), so that the retry may map it whatever
-/// its size. `true` when blocks were freed or the pool had such memory to give: a retry
-/// may succeed.
-fn make_room(ctx: &ContextGuard, stream: &Stream, blocks: &DeviceBlocks, wait: Duration) -> bool {
-    let freed = blocks.free_on(ctx, stream);
-    if freed && !stream.idle_within(wait) {
+/// batches free, `Config::device_pool_release_bytes`), so that a retry may map it
+/// whatever its size. `true` when a retry may succeed: blocks were freed, or the pool gave
+/// memory back. Nothing is freed for an allocation larger than all that could give.
+fn make_room(ctx: &ContextGuard, nbytes: usize, blocks: &DeviceBlocks, wait: Duration) -> bool {
+    let kept = blocks.kept_bytes_on(ctx.device());
+    if driver::device_room(ctx, kept).map_or(true, |room| nbytes > room) {
         return false;
     }
+    let start = Instant::now();
+    let freed_on = blocks.free_device(ctx);
+    for s in &freed_on {
+        if !s.idle_within(wait.saturating_sub(start.elapsed())) {
+            return false;
+        }
+    }
     let trimmed = matches!(driver::trim_device_pool(ctx), Ok(true));
-    freed || trimmed
+    !freed_on.is_empty() || trimmed
 }
 
 /// A foreign owner on its way to the retained registry (`Send` is all it needs there).
@@ -101,8 +108,8 @@ impl DeviceAlloc {
     /// to `blocks` when released. So its allocation skips the pool's check of a block
     /// freed on another stream (docs/performance.md, session 69).
     ///
-    /// When the device has no memory for it, room is made ([`make_room`], which waits up
-    /// to `wait` for `stream`) and the allocation is tried once more.
+    /// When the device has no memory for it and room can be made ([`make_room`], which
+    /// waits up to `wait` for kept blocks' frees), the allocation is tried once more.
     pub(crate) fn for_outputs(
         ctx: &ContextGuard,
         nbytes: usize,
@@ -113,7 +120,7 @@ impl DeviceAlloc {
     ) -> Result<Arc<DeviceAlloc>> {
         let device = ctx.device();
         let alloc = |n: usize| match driver::device_alloc_async(ctx, device, n, stream) {
-            Err(e) if e.is_out_of_memory() && make_room(ctx, stream, blocks, wait) => {
+            Err(e) if e.is_out_of_memory() && make_room(ctx, n, blocks, wait) => {
                 driver::device_alloc_async(ctx, device, n, stream)
             }
             r => r,

@@ -314,44 +314,46 @@ impl DeviceBlocks {
         };
         let mut first = None;
         for (d, g) in kept {
-            if let Err(e) = driver::bind(d).and_then(|ctx| free_on_its_stream(&ctx, g)) {
+            if let Err(e) = driver::bind(d).and_then(|ctx| free_on_its_stream(&ctx, g).map(drop)) {
                 first.get_or_insert(e);
             }
         }
         first.map_or(Ok(()), Err)
     }
 
-    /// Frees the blocks kept on `ctx`'s device for an allocation on `stream` that found no
-    /// memory: each in order on `stream`, made to wait there for the block's event (its
-    /// last uses), so that they are the pool's again once `stream` has run the frees.
-    /// `true` when there were any. A block whose wait cannot be queued on `stream` is
-    /// freed on its own stream, as [`DeviceBlocks::release`] frees it.
-    pub(crate) fn free_on(&self, ctx: &ContextGuard, stream: &Stream) -> bool {
+    /// Frees the blocks kept on `ctx`'s device, each as [`DeviceBlocks::release`] frees it,
+    /// for an allocation that found the device out of memory; returns the streams the
+    /// frees were queued on (each once), for the caller to wait for (empty when nothing
+    /// was kept). A free that cannot be queued leaves its block allocated (never freed
+    /// early), as `release`'s failures do.
+    pub(crate) fn free_device(&self, ctx: &ContextGuard) -> Vec<Stream> {
         let kept: Vec<Given> = {
             let mut devices = self.lock();
             let Some(bins) = devices.get_mut(ctx.device()) else {
-                return false;
+                return Vec::new();
             };
-            bins.spare.clear();
             bins.classes.iter_mut().flat_map(|q| q.drain(..)).collect()
         };
-        let any = !kept.is_empty();
+        let mut on: Vec<Stream> = Vec::new();
         for g in kept {
-            let queued = g.done.wait_on(stream).and_then(|()| {
-                // SAFETY: the block came from `device_alloc_async` on this device and was
-                // given back by its last owner: nothing but this free refers to it. Every
-                // use of it was queued on its consumer stream before `g.done`, or on
-                // streams that stream was made to wait for, and `stream` waits for
-                // `g.done` just above, so this free comes after them all.
-                unsafe { driver::device_free_async(ctx, g.ptr, stream) }
-            });
-            if queued.is_err() {
-                // Freed where `release` frees it; an error there leaves it allocated
-                // (never freed early), as `release`'s do.
-                let _ = free_on_its_stream(ctx, g);
+            if let Ok(s) = free_on_its_stream(ctx, g) {
+                if !on.iter().any(|o| o.same_as(&s)) {
+                    on.push(s);
+                }
             }
         }
-        any
+        on
+    }
+
+    /// Bytes of the blocks kept on `device` now.
+    pub(crate) fn kept_bytes_on(&self, device: usize) -> usize {
+        self.lock().get(device).map_or(0, |b| {
+            b.classes
+                .iter()
+                .enumerate()
+                .map(|(k, q)| q.len() * block_bytes(k))
+                .sum()
+        })
     }
 
     /// Bytes of the blocks kept now, on every device (each counted at its class's size).
@@ -366,8 +368,8 @@ impl DeviceBlocks {
 
 /// Frees kept block `g` of `ctx`'s device in order on the stream it was given back on
 /// (after its last uses), or, for a borrowed stream (which may be gone), on the legacy
-/// stream once its event has passed.
-fn free_on_its_stream(ctx: &ContextGuard, g: Given) -> Result<()> {
+/// stream once its event has passed; returns the stream the free was queued on.
+fn free_on_its_stream(ctx: &ContextGuard, g: Given) -> Result<Stream> {
     let on = match g.on {
         Consumer::Own(s) => s,
         Consumer::Borrowed(_) => {
@@ -383,7 +385,8 @@ fn free_on_its_stream(ctx: &ContextGuard, g: Given) -> Result<()> {
     // streams that stream was made to wait for, so the free in order on that stream comes
     // after them all, and so does one on the legacy stream after its wait for `g.done`.
     // `on` is alive: pinlane's own (`g` held it) or the device's legacy stream.
-    unsafe { driver::device_free_async(ctx, g.ptr, &on) }
+    unsafe { driver::device_free_async(ctx, g.ptr, &on) }?;
+    Ok(on)
 }
 
 /// On the simulated device (feature `test-util`): what the public API cannot reach.
