@@ -10,12 +10,16 @@ README.md for the differences). Importing pinlane needs neither torch nor a GPU:
 torch loaded there is no torch tensor to move, and without CUDA a batch comes back as is.
 """
 
+from __future__ import annotations
+
 import atexit
 import contextlib
 import operator
 import os
 import sys
+from collections.abc import Callable, Iterable
 from itertools import repeat
+from typing import TYPE_CHECKING, Any, TypeVar, Union
 
 from . import _native
 from ._prefetch import Prefetcher, prefetch
@@ -38,13 +42,21 @@ __all__ = [
 ]
 __version__ = _native.__version__
 
+if TYPE_CHECKING:  # torch is optional: its types name arguments, nothing imports it here
+    import torch
 
-def cuda_available():
+    _Device = Union[torch.device, str, int, None]
+
+# A batch comes back with the structure it went in with (spdl's ``T``).
+T = TypeVar("T")
+
+
+def cuda_available() -> bool:
     """Whether pinlane can use a CUDA device (a driver and at least one device)."""
     return _native.device_count() > 0
 
 
-def configure(**settings):
+def configure(**settings: object) -> None:
     """Sets pinlane's configuration for this process, before its first transfer. The
     keywords are the ``PINLANE_*`` environment variables of the README's configuration
     table, lower-case and without the prefix (mostly the Rust ``Config`` field names;
@@ -61,14 +73,14 @@ def configure(**settings):
     _native.configure(**settings)
 
 
-def trim():
+def trim() -> None:
     """Gives back the memory pinlane caches (staging slots, free page-locked output
     blocks, small H2D outputs' kept device blocks, the device pools' free memory); what
     live tensors use stays."""
     _native.trim()
 
 
-def shutdown(timeout=10.0):
+def shutdown(timeout: float = 10.0) -> None:
     """Gives back everything pinlane holds (staging slots, page-locked output blocks,
     cached pageable memory, the device pools' free memory) and stops its threads, waiting
     up to ``timeout`` seconds; the next transfer starts afresh, with the same
@@ -122,7 +134,7 @@ def _settle_at_exit():
 atexit.register(_settle_at_exit)
 
 
-def memory_stats():
+def memory_stats() -> dict[str, Any]:
     """Bytes pinlane holds and uses, per pool, as a dict; ``background_errors`` counts
     errors raised on pinlane's own threads (each is raised by the next call on its
     device). Also: ``pageable_fallbacks`` (D2H batches given ordinary memory because the
@@ -137,7 +149,12 @@ def memory_stats():
     return _native.memory_stats()
 
 
-def load_safetensors(path, device=None, *, names=None):
+def load_safetensors(
+    path: str | os.PathLike[str],
+    device: _Device = None,
+    *,
+    names: Iterable[str] | Callable[[str], bool] | None = None,
+) -> dict[str, torch.Tensor]:
     """Loads a safetensors checkpoint onto a CUDA device and returns ``{name: tensor}``,
     in file order: a ``.safetensors`` file, a sharded checkpoint's index
     (``model.safetensors.index.json``, naming its shards), or a directory holding either.
@@ -239,7 +256,7 @@ def _num_caches(n):
     return n
 
 
-def transfer_tensor_h2d(batch, /, *, num_caches=4):
+def transfer_tensor_h2d(batch: T, /, *, num_caches: int = 4) -> T:
     """Copies the CPU torch tensors of ``batch`` to ``cuda:{LOCAL_RANK}`` on the calling
     thread's own stream and returns the same structure with CUDA tensors in their place.
 
@@ -371,7 +388,14 @@ def _event_arg(torch, event):
     return (event.cuda_event, event.device.index)
 
 
-def transfer_tensor_d2h(batch, /, *, device=None, stream=None, producer_event=None):
+def transfer_tensor_d2h(
+    batch: T,
+    /,
+    *,
+    device: _Device = None,
+    stream: torch.cuda.Stream | None = None,
+    producer_event: torch.cuda.Event | None = None,
+) -> T:
     """Copies the CUDA torch tensors of ``batch`` on ``device`` to CPU tensors in
     page-locked memory and returns the same structure with them in their place.
 
@@ -457,7 +481,7 @@ def transfer_tensor_d2h(batch, /, *, device=None, stream=None, producer_event=No
     return rebuild(batch, torch.Tensor, outs)
 
 
-def copy_into(dst, src, /, *, stream=None):
+def copy_into(dst: Any, src: Any, /, *, stream: torch.cuda.Stream | None = None) -> None:
     """Copies every tensor of ``src`` into the tensor at the same place in ``dst``, in
     place: CPU sources into CUDA destinations (buffers a server keeps: a captured CUDA
     graph's static inputs, slices of one preallocated buffer), or CUDA sources into CPU
@@ -556,7 +580,7 @@ class Buffers:
     ``copy_into``'s.
     """
 
-    def __init__(self, dst, /):
+    def __init__(self, dst: Any, /) -> None:
         torch = _torch_with_cuda()
         if torch is None:
             raise RuntimeError("copy_into needs torch with a CUDA device")
@@ -608,7 +632,7 @@ class Buffers:
             raise ValueError("copy_into: the destinations' container changed since Buffers was made")
         return srcs
 
-    def copy_from(self, src, /, *, stream=None):
+    def copy_from(self, src: Any, /, *, stream: torch.cuda.Stream | None = None) -> None:
         """Copies ``src`` (the structure of the destinations) into them: see
         ``copy_into``."""
         torch = self._torch
@@ -721,16 +745,16 @@ class Pairs:
     sources, once.
     """
 
-    def __init__(self, dst, src, /, *, in_place=False):
+    def __init__(self, dst: Any, src: Any, /, *, in_place: bool = False) -> None:
         bufs = dst if isinstance(dst, Buffers) else Buffers(dst)
         self._torch = bufs._torch
         self._native = _native.Pairs(bufs._native, bufs._sources(src), in_place=bool(in_place))
         self._written, self._bump = bufs._written, bufs._bump
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._native)
 
-    def copy(self, *, stream=None):
+    def copy(self, *, stream: torch.cuda.Stream | None = None) -> None:
         """Copies every source, as it is now, into its destination, on ``stream`` (a
         ``torch.cuda.Stream`` of the CUDA side's device) or torch's current stream there:
         see ``copy_into``."""

@@ -1,9 +1,15 @@
 """``pinlane.prefetch``: the next batches moved to the GPU on a background thread while
 the caller uses the current one."""
 
+from __future__ import annotations
+
 import queue
 import sys
 import threading
+from collections.abc import Iterable
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
 
 __all__ = ["prefetch", "Prefetcher"]
 
@@ -17,7 +23,7 @@ class _Failure:
         self.exc = exc
 
 
-def prefetch(batches, *, depth=1, num_caches=4):
+def prefetch(batches: Iterable[T], *, depth: int = 1, num_caches: int = 4) -> Prefetcher[T]:
     """Iterates over ``batches`` (any iterable of host batches: a ``DataLoader``, a
     generator, a list) with each batch already moved by ``transfer_tensor_h2d``: a
     background thread moves up to ``depth`` batches ahead of the one the caller is using,
@@ -97,10 +103,10 @@ def _work(source, stream, modes, q, stop, num_caches):
     _put(q, stop, _DONE)
 
 
-class Prefetcher:
+class Prefetcher(Generic[T]):
     """The iterator ``prefetch`` returns; see there."""
 
-    def __init__(self, batches, *, depth=1, num_caches=4):
+    def __init__(self, batches: Iterable[T], *, depth: int = 1, num_caches: int = 4) -> None:
         from . import _native, _torch_with_cuda
 
         depth = _int_at_least("depth", depth, 1)
@@ -120,10 +126,10 @@ class Prefetcher:
         )
         self._thread.start()
 
-    def __iter__(self):
+    def __iter__(self) -> Prefetcher[T]:
         return self
 
-    def __next__(self):
+    def __next__(self) -> T:
         if self._finished:
             raise StopIteration
         while True:  # at the source's pace, for as long as the worker lives
@@ -144,7 +150,7 @@ class Prefetcher:
             raise item.exc
         return item
 
-    def close(self, timeout=10.0):
+    def close(self, timeout: float = 10.0) -> bool:
         """Stops the worker and drops the batches it moved ahead; waits up to `timeout`
         seconds for it to exit and says whether it did."""
         self._finished = True
@@ -157,14 +163,14 @@ class Prefetcher:
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
-    def __enter__(self):
+    def __enter__(self) -> Prefetcher[T]:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> bool:
         self.close()
         return False
 
-    def __del__(self):
+    def __del__(self) -> None:
         stop = getattr(self, "_stop", None)
         if stop is not None:
             stop.set()
