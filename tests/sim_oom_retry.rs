@@ -59,11 +59,9 @@ fn a_full_device_frees_kept_blocks_and_the_output_is_allocated() {
     legacy.delay_async(Duration::from_millis(200)).unwrap();
     let t0 = Instant::now();
     let out = h2d(vec![big.clone()]).expect("allocated after the kept blocks were freed");
-    assert!(
-        t0.elapsed() >= Duration::from_millis(200),
-        "{:?}",
-        t0.elapsed()
-    );
+    // (The hold may have started a moment before `t0`.)
+    let took = t0.elapsed();
+    assert!(took >= Duration::from_millis(180), "{took:?}");
     assert_eq!(pinlane::memory_stats().kept_device_block_bytes, 0);
     let back = transfer_tensor_d2h(&out, &D2hOptions::default()).unwrap();
     assert_eq!(back[0].as_bytes().unwrap(), big.as_bytes().unwrap());
