@@ -124,8 +124,9 @@ pub struct Config {
     /// while it lives: up to twice its size at 64 KiB or less, at most 8/7 of it above
     /// (a 600 KB output is not kept, and takes 600 KB). An H2D batch that finds the device
     /// out of memory frees its device's kept blocks (waiting up to
-    /// [`slot_wait`](Config::slot_wait) for their consumer streams to run the frees) before
-    /// it is tried once more. 0 keeps none.
+    /// [`slot_wait`](Config::slot_wait) for their consumer streams to run the frees) and is
+    /// tried once more, unless no room could come of it (docs/semantics.md, H2D item 6).
+    /// 0 keeps none.
     pub small_device_blocks: usize,
     /// Threads that copy pageable memory (the calling thread included); `None`: three
     /// quarters of the machine's parallelism, at most 12 (fastest on the GPU machine).
