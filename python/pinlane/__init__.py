@@ -180,7 +180,8 @@ def load_safetensors(
             that do not match, a missing shard), a name the checkpoint does not hold, a
             dtype pinlane lacks, or a bad ``device``.
         RuntimeError: a copy failed (no tensor is returned).
-        MemoryError: device memory ran out.
+        MemoryError: device memory ran out (after torch's cache, where it held device
+            memory unused, gave it back and the load was tried once more).
         Exception: whatever a ``names`` predicate raises (nothing is loaded).
     """
     import torch
@@ -200,9 +201,16 @@ def load_safetensors(
     index = None
     if _torch_with_cuda() is not None:
         index = _native.default_device() if device in (None, "cuda") else int(device[5:])
-    keys, tensors = _native.load_safetensors(
-        os.fspath(path), probe=torch.empty(0), device=index, names=names
-    )
+    def load():
+        return _native.load_safetensors(os.fspath(path), probe=torch.empty(0), device=index, names=names)
+
+    try:
+        keys, tensors = load()
+    except MemoryError:
+        # As transfer_tensor_h2d: torch's unused cache given back, then once more.
+        if index is None or not _torch_cache_given_back(index):
+            raise
+        keys, tensors = load()
     return dict(zip(keys, tensors))
 
 
@@ -296,29 +304,65 @@ def transfer_tensor_h2d(batch: T, /, *, num_caches: int = 4) -> T:
             integer.
         RuntimeError: ``LOCAL_RANK`` is an integer that names no device, or a copy
             failed (nothing of the batch is changed).
-        MemoryError: device memory ran out.
+        MemoryError: device memory ran out: after pinlane's own cached memory, and torch's
+            (``torch.cuda.empty_cache()``, where it held device memory unused), was given
+            back and the batch tried once more, as torch's own ``.to()`` does.
     """
     if type(num_caches) is not int or num_caches < 0:  # the check's call only for a bad one
         num_caches = _num_caches(num_caches)
-    # One plain tensor (a torch.Tensor, not a subclass, not negated), alone or in a list
-    # or tuple of one (a server's request), once torch and pinlane have seen a GPU (before,
-    # `_Tensor` is None, which no type is): handed to the native half in one positional
-    # call, with no Python call before it (each costs ~0.1 us of a ~10 us call).
-    t = type(batch)
-    if t is _Tensor:
-        if not batch.is_neg():
-            return _native.h2d_one(batch, num_caches)
-    elif (t is list or t is tuple) and len(batch) == 1:
-        one = batch[0]
-        if type(one) is _Tensor and not one.is_neg():
-            out = _native.h2d_one(one, num_caches)
-            return batch if out is one else ([out] if t is list else (out,))
-    if (t is dict or t is list or t is tuple) and _Tensor is not None:
-        # A flat dict, list or tuple of plain tensors (a training batch): walked,
-        # checked and rebuilt in the native half, in one call; None for any other.
-        out = _native.h2d_flat(batch, _Tensor, num_caches)
-        if out is not None:
-            return out
+    # Device memory ran out: torch's cache gives back what it holds unused, as torch does
+    # before its own out-of-memory error, and the batch is tried once more (the `try`
+    # costs nothing until something is raised).
+    try:
+        # One plain tensor (a torch.Tensor, not a subclass, not negated), alone or in a
+        # list or tuple of one (a server's request), once torch and pinlane have seen a
+        # GPU (before, `_Tensor` is None, which no type is): handed to the native half in
+        # one positional call, with no Python call before it (each costs ~0.1 us of a
+        # ~10 us call).
+        t = type(batch)
+        if t is _Tensor:
+            if not batch.is_neg():
+                return _native.h2d_one(batch, num_caches)
+        elif (t is list or t is tuple) and len(batch) == 1:
+            one = batch[0]
+            if type(one) is _Tensor and not one.is_neg():
+                out = _native.h2d_one(one, num_caches)
+                return batch if out is one else ([out] if t is list else (out,))
+        if (t is dict or t is list or t is tuple) and _Tensor is not None:
+            # A flat dict, list or tuple of plain tensors (a training batch): walked,
+            # checked and rebuilt in the native half, in one call; None for any other.
+            out = _native.h2d_flat(batch, _Tensor, num_caches)
+            if out is not None:
+                return out
+        return _h2d_walked(batch, num_caches)
+    except MemoryError:
+        if not _torch_cache_given_back(None):
+            raise
+    return _h2d_walked(batch, num_caches)
+
+
+def _torch_cache_given_back(device):
+    """After pinlane found ``cuda:{device}`` (``None``: ``cuda:{LOCAL_RANK}``) out of
+    memory: torch's caching allocator gives back to the driver the device memory it holds
+    unused (``torch.cuda.empty_cache()``), as torch does before it raises its own
+    out-of-memory error. Whether it held some there (then a retry may succeed); nothing is
+    asked of torch when torch is not loaded or has not set CUDA up."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return False
+    if device is None:
+        try:
+            device = _native.default_device()
+        except (RuntimeError, ValueError):
+            return False
+    if torch.cuda.memory_reserved(device) <= torch.cuda.memory_allocated(device):
+        return False
+    torch.cuda.empty_cache()
+    return True
+
+
+def _h2d_walked(batch, num_caches):
+    """``transfer_tensor_h2d``'s way for any batch (the short ways give its results)."""
     torch = _torch_with_cuda()
     if torch is None:
         return batch

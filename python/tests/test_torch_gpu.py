@@ -527,6 +527,35 @@ def test_pinlane_first_in_a_process_gives_page_locked_outputs(torch, new_process
     assert r.stdout.strip() == "ok", r.stdout + r.stderr
 
 
+def test_h2d_gets_back_what_torchs_cache_holds(torch, new_process):
+    """An H2D batch that finds the device full while torch's caching allocator holds most
+    of it unused (tensors deleted, their blocks cached) has torch give that back
+    (``torch.cuda.empty_cache()``) and is tried once more, as ``x.to("cuda")`` would be
+    (session 74). Its own process: it fills the device."""
+    code = (
+        "import torch, pinlane\n"
+        f"dev = torch.device('cuda', {cuda_index(torch)})\n"
+        "warm = pinlane.transfer_tensor_h2d([torch.ones(4)], num_caches=0)\n"
+        "chunks = []\n"
+        "try:\n"
+        "    while True:\n"
+        "        chunks.append(torch.empty(256 << 20, dtype=torch.uint8, device=dev))\n"
+        "except torch.cuda.OutOfMemoryError:\n"
+        "    pass\n"
+        "del chunks\n"
+        "x = torch.full((1 << 30,), 7, dtype=torch.uint8)\n"
+        "free = torch.cuda.mem_get_info(dev)[0]\n"
+        "cached = torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)\n"
+        "(y,) = pinlane.transfer_tensor_h2d([x], num_caches=0)\n"
+        "print(free < x.numel(), cached > x.numel(), torch.equal(y.cpu(), x),\n"
+        "      torch.cuda.memory_reserved(dev) < cached, flush=True)\n"
+    )
+    r = new_process(code)
+    # The device had less free than the batch, torch's cache more; the batch arrived, and
+    # torch's cache shrank.
+    assert r.stdout.split() == ["True", "True", "True", "True"], r.stdout + r.stderr
+
+
 def test_the_documented_differences_from_spdl_hold(torch):
     # python/README.md, "Migrating from spdl": H2D outputs live in pinlane's pool, not
     # torch's caching allocator, and their storage cannot be resized in place.
