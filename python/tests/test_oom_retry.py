@@ -66,17 +66,15 @@ def test_h2d_tries_once_more_after_torchs_cache_gave_memory_back(monkeypatch):
     assert calls == [2, 2] and given == [None]  # None: cuda:{LOCAL_RANK}
 
 
-def test_h2d_raises_when_torch_gave_nothing_back_or_the_retry_fails(monkeypatch):
-    walked, calls = walked_failing(1)
+@pytest.mark.parametrize(
+    "failures, given_back, tries",
+    [(1, False, 1), (2, True, 2)],
+    ids=["nothing given back: one try", "the retry fails too: its error, no third try"],
+)
+def test_h2d_raises_when_torch_gave_nothing_back_or_the_retry_fails(monkeypatch, failures, given_back, tries):
+    walked, calls = walked_failing(failures)
     monkeypatch.setattr(pinlane, "_h2d_walked", walked)
-    monkeypatch.setattr(pinlane, "_torch_cache_given_back", lambda d: False)
+    monkeypatch.setattr(pinlane, "_torch_cache_given_back", lambda d: given_back)
     with pytest.raises(MemoryError):
         pinlane.transfer_tensor_h2d({"a": object()})
-    assert len(calls) == 1
-    # The retry fails too: its error, and no third try.
-    walked, calls = walked_failing(2)
-    monkeypatch.setattr(pinlane, "_h2d_walked", walked)
-    monkeypatch.setattr(pinlane, "_torch_cache_given_back", lambda d: True)
-    with pytest.raises(MemoryError):
-        pinlane.transfer_tensor_h2d({"a": object()})
-    assert len(calls) == 2
+    assert len(calls) == tries

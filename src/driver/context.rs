@@ -98,10 +98,15 @@ pub(crate) fn apply_pool_release_threshold() -> Result<()> {
 pub(crate) fn trim_device_pools() -> Result<()> {
     for (d, h) in made() {
         let _ctx = bind(d)?;
-        // SAFETY: the pool is alive for the process; trimming only releases unused memory.
-        unsafe { check("cuMemPoolTrimTo", super::api::cuMemPoolTrimTo(h.pool.0, 0)) }?;
+        trim_to_zero(h.pool.0)?;
     }
     Ok(())
+}
+
+/// `cuMemPoolTrimTo(pool, 0)`; the pool's device context is current.
+fn trim_to_zero(pool: sys::CUmemoryPool) -> Result<()> {
+    // SAFETY: the pool is alive for the process; trimming only releases unused memory.
+    unsafe { check("cuMemPoolTrimTo", super::api::cuMemPoolTrimTo(pool, 0)) }
 }
 
 /// [`trim_device_pools`] for `ctx`'s device alone (its context is current): `true` when
@@ -110,8 +115,7 @@ pub(crate) fn trim_device_pool(ctx: &ContextGuard) -> Result<bool> {
     use sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT as RESERVED;
     let pool = handles(ctx.device())?.pool.0;
     let before = pool_attr(pool, RESERVED)?;
-    // SAFETY: the pool is alive for the process; trimming only releases unused memory.
-    unsafe { check("cuMemPoolTrimTo", super::api::cuMemPoolTrimTo(pool, 0)) }?;
+    trim_to_zero(pool)?;
     Ok(pool_attr(pool, RESERVED)? < before)
 }
 
@@ -121,14 +125,7 @@ pub(crate) fn trim_device_pool(ctx: &ContextGuard) -> Result<bool> {
 pub(crate) fn device_room(ctx: &ContextGuard, more: usize) -> Result<usize> {
     use sys::CUmemPool_attribute::*;
     let pool = handles(ctx.device())?.pool.0;
-    let (mut free, mut total) = (0usize, 0usize);
-    // SAFETY: out-pointers to live locals; the device's context is current.
-    unsafe {
-        check(
-            "cuMemGetInfo",
-            super::api::cuMemGetInfo_v2(&mut free, &mut total),
-        )
-    }?;
+    let (free, _) = super::device_memory_info(crate::device::Device::cuda(ctx.device()))?;
     let reserved = pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?;
     let used = pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?;
     let unused = usize::try_from(reserved.saturating_sub(used)).unwrap_or(usize::MAX);

@@ -347,22 +347,20 @@ impl DeviceBlocks {
 
     /// Bytes of the blocks kept on `device` now.
     pub(crate) fn kept_bytes_on(&self, device: usize) -> usize {
-        self.lock().get(device).map_or(0, |b| {
-            b.classes
-                .iter()
-                .enumerate()
-                .map(|(k, q)| q.len() * block_bytes(k))
-                .sum()
-        })
+        self.lock().get(device).map_or(0, Bins::bytes)
     }
 
     /// Bytes of the blocks kept now, on every device (each counted at its class's size).
     pub(crate) fn kept_bytes(&self) -> usize {
-        self.lock()
-            .iter()
-            .flat_map(|b| b.classes.iter().enumerate())
-            .map(|(k, q)| q.len() * block_bytes(k))
-            .sum()
+        self.lock().iter().map(Bins::bytes).sum()
+    }
+}
+
+impl Bins {
+    /// Bytes of the blocks kept here, each counted at its class's size.
+    fn bytes(&self) -> usize {
+        let sizes = self.classes.iter().enumerate();
+        sizes.map(|(k, q)| q.len() * block_bytes(k)).sum()
     }
 }
 
