@@ -442,7 +442,8 @@ pub struct MemoryStats {
     /// Of the devices' `used_bytes`, blocks of small H2D outputs kept for the next ones
     /// ([`Config::small_device_blocks`]), all devices together; [`trim`] frees them.
     pub kept_device_block_bytes: usize,
-    /// D2H batches that got pageable outputs because the page-locked pool was full.
+    /// D2H batches that got pageable outputs because the page-locked pool was full, or
+    /// the host could page-lock no more memory for it.
     pub pageable_fallbacks: u64,
     /// Times a call found every staging slot leased and waited for one.
     pub slot_waits: u64,

@@ -9,7 +9,8 @@ mod common;
 use pinlane::driver::fault::{self, FaultKind};
 use pinlane::memory::retained::{retained_bytes, try_release};
 use pinlane::{
-    transfer_tensor_d2h, transfer_tensor_h2d, D2hOptions, DType, Error, HostOutput, Tensor,
+    transfer_tensor_d2h, transfer_tensor_h2d, D2hOptions, DType, Error, HostOutput, Location,
+    Tensor,
 };
 
 fn batch() -> Vec<Tensor> {
@@ -97,6 +98,34 @@ fn d2h_faults_at_every_kind_and_position() {
                 "next call works"
             );
         }
+    })
+    .join()
+    .unwrap();
+}
+
+/// `cuMemHostAlloc` out of memory for a D2H batch's page-locked block (injected into the
+/// real driver call): the batch gets pageable outputs with the right bytes, counted as a
+/// fallback, and the next call gets its page-locked block.
+#[test]
+fn d2h_gets_pageable_outputs_when_its_page_locked_block_cannot_be_allocated() {
+    require_gpu!();
+    let _turn = serial();
+    std::thread::spawn(|| {
+        // 97 MiB and a little: no block an earlier test left in the pool serves it (a
+        // free block serves batches of at least half its size), so the call allocates.
+        let b = vec![common::tensor(DType::U8, &[(97 << 20) + 123], 11)];
+        let on = transfer_tensor_h2d(&b).unwrap();
+        let before = pinlane::memory_stats().pageable_fallbacks;
+        fault::inject(FaultKind::HostAlloc, 1);
+        let back = transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap();
+        assert!(!fault::armed(), "the block's allocation was tried");
+        assert_eq!(back[0].location(), Location::Host);
+        assert_eq!(back, b);
+        assert_eq!(pinlane::memory_stats().pageable_fallbacks, before + 1);
+        let again = transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap();
+        assert_eq!(again[0].location(), Location::Pinned);
+        assert_eq!(again, b);
+        assert_eq!(retained_bytes(), 0);
     })
     .join()
     .unwrap();

@@ -29,6 +29,7 @@ pub(crate) unsafe fn stream_context(
 
 /// Allocates `nbytes` (> 0) of page-locked, portable host memory.
 pub(crate) fn host_alloc(_ctx: &ContextGuard, nbytes: usize) -> Result<*mut u8> {
+    fault_point(FaultKindTag::HostAlloc, "cuMemHostAlloc")?;
     let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
     // SAFETY: out-pointer to a live local; a context is current (the guard proves it).
     let res = unsafe { super::api::cuMemHostAlloc(&mut p, nbytes, sys::CU_MEMHOSTALLOC_PORTABLE) };

@@ -37,6 +37,11 @@ pub enum FaultKind {
     /// must fail the call) leaves it out. It may fire inside a call: the cache ring drops
     /// the oldest batch there.
     KeepBlock,
+    /// `cuMemHostAlloc`, failing as the driver does when the host can page-lock no more
+    /// memory (`CUDA_ERROR_OUT_OF_MEMORY`, not the injected error of the others): a D2H
+    /// call whose page-locked output block it is falls back to pageable outputs, so a
+    /// sweep of a call's own faults leaves it out too.
+    HostAlloc,
 }
 
 thread_local! {
@@ -88,10 +93,13 @@ pub(crate) fn hit(kind: FaultKind, op: &'static str) -> Result<(), Error> {
         })
         .unwrap_or(false);
     if fire {
-        Err(Error::Driver {
-            op,
-            error: crate::driver::DriverError::with_name(999, "INJECTED_FAULT"),
-        })
+        let error = match kind {
+            FaultKind::HostAlloc => crate::driver::DriverError::from_code(
+                cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY as u32,
+            ),
+            _ => crate::driver::DriverError::with_name(999, "INJECTED_FAULT"),
+        };
+        Err(Error::Driver { op, error })
     } else {
         Ok(())
     }

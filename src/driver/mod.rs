@@ -279,6 +279,7 @@ pub(crate) fn fault_point(
             FaultKindTag::FlagWrite => fault::FaultKind::FlagWrite,
             FaultKindTag::ThreadStart => fault::FaultKind::ThreadStart,
             FaultKindTag::KeepBlock => fault::FaultKind::KeepBlock,
+            FaultKindTag::HostAlloc => fault::FaultKind::HostAlloc,
         };
         fault::hit(k, op)?;
     }
@@ -296,6 +297,7 @@ pub(crate) enum FaultKindTag {
     FlagWrite,
     ThreadStart,
     KeepBlock,
+    HostAlloc,
 }
 
 /// Checks a device index against the device count.

@@ -107,8 +107,10 @@ pub struct D2hOptions {
 /// | `Pinned` (default) | the link's rate: one DMA per tensor straight into the output | the batch's size, from [`PinnedOutputPool`](crate::memory::PinnedOutputPool), for as long as the caller keeps any tensor of the batch |
 /// | `Pageable` | bounded by host copies out of the staging slots (parallel) | only the staging arena's, during the call |
 ///
-/// When the output pool's cap leaves no room for a batch, `Pinned` falls back to
-/// `Pageable` for that batch.
+/// When the output pool's cap leaves no room for a batch, or the host cannot page-lock
+/// its new block (`cuMemHostAlloc` out of memory), `Pinned` falls back to `Pageable` for
+/// that batch ([`MemoryStats::pageable_fallbacks`](crate::MemoryStats::pageable_fallbacks)
+/// counts it).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum HostOutput {

@@ -832,6 +832,8 @@ pub(crate) unsafe fn h2d_batch_async(
 /// the device and holds every thread's copies meanwhile, so reusing a larger block beats
 /// freeing it); otherwise unused blocks are freed to make room, and when a batch does
 /// not fit even then, the call falls back to pageable outputs (counted in [`MemoryStats::pageable_fallbacks`](crate::runtime::MemoryStats::pageable_fallbacks)).
+/// So does a call whose new block the host cannot page-lock (`cuMemHostAlloc` out of
+/// memory); the pool's unused blocks are then freed, off the call's path.
 pub struct PinnedOutputPool {
     max_bytes: AtomicUsize,
     state: Mutex<PoolState>,
@@ -947,7 +949,8 @@ impl PinnedOutputPool {
     }
 
     /// A range of at least `nbytes` (> 0) bytes: a block and the offset where the range
-    /// starts, or `None` when the cap does not allow one (a fallback, counted). A new
+    /// starts, or `None` when the cap does not allow one or the host can page-lock no
+    /// more (a fallback, counted). A new
     /// block is allocated under `device`'s context; a free one is reused whatever context
     /// allocated it (page-locked memory is portable).
     pub(crate) fn take(
@@ -1085,10 +1088,25 @@ impl PinnedOutputPool {
         match alloc_block(want, device, Some(self)) {
             Ok(b) => Ok(Some(b)),
             Err(e) => {
-                let mut st = self.lock();
-                st.held -= want;
-                st.blocks -= 1;
-                Err(e)
+                let idle = {
+                    let mut st = self.lock();
+                    st.held -= want;
+                    st.blocks -= 1;
+                    if !e.is_out_of_memory() {
+                        return Err(e);
+                    }
+                    // The host could lock no more: the pool's unused blocks are given
+                    // back for the calls after this one, and this one falls back to
+                    // pageable outputs, as at the cap.
+                    st.held -= st.free.iter().map(|b| b.1).sum::<usize>();
+                    st.blocks -= st.free.len();
+                    std::mem::take(&mut st.free)
+                };
+                for (ptr, _, owner) in idle {
+                    // SAFETY: unused blocks taken off the free list, as above.
+                    unsafe { super::reaper::free_pinned_later(ptr, owner) };
+                }
+                Ok(None)
             }
         }
     }

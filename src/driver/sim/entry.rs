@@ -320,12 +320,25 @@ impl Sim {
         let Some(d) = current else {
             return CUresult::CUDA_ERROR_INVALID_CONTEXT;
         };
-        if let Some(n) = lock(&self.seen).host_allocs.get_mut(d) {
-            *n += 1;
+        let mut mem = lock(&self.mem);
+        if let Some(limit) = self.cfg.page_locked_limit {
+            let locked: usize = mem
+                .live
+                .values()
+                .filter(|r| r.device.is_none())
+                .map(|r| r.len)
+                .sum();
+            if locked.saturating_add(n) > limit {
+                return CUresult::CUDA_ERROR_OUT_OF_MEMORY;
+            }
         }
         // SAFETY: out-pointer per the driver contract.
         unsafe { *p = r.ptr.0.cast() };
-        lock(&self.mem).live.insert(r.addr(), r);
+        mem.live.insert(r.addr(), r);
+        drop(mem);
+        if let Some(n) = lock(&self.seen).host_allocs.get_mut(d) {
+            *n += 1;
+        }
         OK
     }
 

@@ -68,6 +68,11 @@ pub struct SimConfig {
     /// Memory of each simulated device (default 4 GiB): allocations past it fail with
     /// `CUDA_ERROR_OUT_OF_MEMORY`.
     pub memory_per_device: usize,
+    /// Most page-locked host memory `cuMemHostAlloc` gives out, all allocations together
+    /// (default `None`: no limit); an allocation past it fails with
+    /// `CUDA_ERROR_OUT_OF_MEMORY`, as the driver's does when the host cannot lock more.
+    /// Registrations (`cuMemHostRegister`) are not counted.
+    pub page_locked_limit: Option<usize>,
     /// Whether the devices report unified addressing and host pointers usable for
     /// registered memory (default `true`), so that kernels may read page-locked host
     /// memory; `false` makes pinlane take its kernel-free paths, and a kernel that reads
@@ -95,6 +100,7 @@ impl Default for SimConfig {
             devices: 2,
             max_delay: Duration::from_micros(100),
             memory_per_device: 4 << 30,
+            page_locked_limit: None,
             host_mapped: true,
             corrupt_copy: None,
             set_up_delay: Duration::ZERO,
@@ -127,6 +133,12 @@ impl SimConfig {
     /// Sets [`SimConfig::memory_per_device`].
     pub fn memory_per_device(mut self, bytes: usize) -> SimConfig {
         self.memory_per_device = bytes;
+        self
+    }
+
+    /// Sets [`SimConfig::page_locked_limit`].
+    pub fn page_locked_limit(mut self, bytes: usize) -> SimConfig {
+        self.page_locked_limit = Some(bytes);
         self
     }
 

@@ -1,0 +1,99 @@
+//! A simulated host that page-locks at most 24 MiB (`SimConfig::page_locked_limit`): a
+//! D2H call whose page-locked output block the host cannot lock gets pageable outputs,
+//! with the right bytes, instead of failing with out-of-memory, and the output pool's
+//! unused blocks are freed for the calls after it. Both the blocking and the
+//! non-blocking call; the staging arena is capped at 8 MiB so that the pageable path's
+//! slots fit.
+// The simulated device and the test hooks: `cargo test --features test-util`.
+#![cfg(feature = "test-util")]
+
+use pinlane::driver::fault::{self, FaultKind};
+use pinlane::driver::sim::{enable, page_locked_bytes, SimConfig};
+use pinlane::{memory_stats, transfer_tensor_d2h, transfer_tensor_d2h_async};
+use pinlane::{transfer_tensor_h2d_with, Config, D2hOptions, DType, H2dOptions, Location, Tensor};
+use std::time::{Duration, Instant};
+
+fn tensor(nbytes: usize, seed: u8) -> Tensor {
+    let bytes: Vec<u8> = (0..nbytes)
+        .map(|i| (i as u8).wrapping_mul(29) ^ seed)
+        .collect();
+    Tensor::from_bytes(DType::U8, [nbytes], &bytes).unwrap()
+}
+
+fn on_device(t: &Tensor) -> Vec<Tensor> {
+    transfer_tensor_h2d_with(&vec![t.clone()], &H2dOptions::default().num_caches(0)).unwrap()
+}
+
+/// Waits (up to 10 s) until the simulator's page-locked bytes are at most `most`: the
+/// pool's unused blocks are freed by pinlane's reaper thread, off the call's path.
+fn page_locked_down_to(most: usize) -> usize {
+    let t0 = Instant::now();
+    loop {
+        let now = page_locked_bytes().unwrap();
+        if now <= most || t0.elapsed() > Duration::from_secs(10) {
+            return now;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn d2h_gets_pageable_outputs_when_the_host_cannot_page_lock_its_block() {
+    std::env::remove_var("LOCAL_RANK");
+    Config::new()
+        .slot_bytes(1 << 20)
+        .arena_bytes(8 << 20)
+        .install()
+        .unwrap();
+    enable(SimConfig::seeded(11).page_locked_limit(24 << 20)).unwrap();
+    let opts = D2hOptions::default();
+
+    // A 4 MiB batch gets its page-locked block, which stays in the pool once dropped.
+    let small = tensor(4 << 20, 1);
+    let back = transfer_tensor_d2h(&on_device(&small), &opts).unwrap();
+    assert_eq!(back[0].location(), Location::Pinned);
+    assert_eq!(back, vec![small.clone()]);
+    drop(back);
+    assert_eq!(memory_stats().pinned_outputs.held_bytes, 4 << 20);
+
+    // 16 MiB more does not fit beside the arena and the pool's 4 MiB: pageable outputs.
+    let big = tensor(16 << 20, 2);
+    let dev = on_device(&big);
+    let before = memory_stats().pageable_fallbacks;
+    let locked = page_locked_bytes().unwrap();
+    assert!(
+        locked + (16 << 20) > 24 << 20,
+        "the test needs the block not to fit: {locked} bytes page-locked"
+    );
+    let back = transfer_tensor_d2h(&dev, &opts).expect("falls back, does not fail");
+    assert_eq!(back[0].location(), Location::Host);
+    assert_eq!(back, vec![big.clone()]);
+    assert_eq!(memory_stats().pageable_fallbacks, before + 1);
+    // The pool gave its unused 4 MiB block back.
+    assert_eq!(memory_stats().pinned_outputs.held_bytes, 0);
+    let after = page_locked_down_to(locked - (4 << 20));
+    assert!(
+        after <= locked - (4 << 20),
+        "the unused block was not freed: {after} bytes page-locked, {locked} before"
+    );
+
+    // With that room, the next 16 MiB batch gets its page-locked block again.
+    let back = transfer_tensor_d2h(&dev, &opts).unwrap();
+    assert_eq!(back[0].location(), Location::Pinned);
+    assert_eq!(back, vec![big.clone()]);
+    drop(back);
+
+    // The non-blocking call falls back the same way (a 6 MiB block, which the pool has
+    // no free block for, made to fail).
+    let mid = tensor(6 << 20, 3);
+    let dev = on_device(&mid);
+    fault::inject(FaultKind::HostAlloc, 1);
+    let back = transfer_tensor_d2h_async(&dev, &opts)
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert!(!fault::armed(), "the block's allocation was tried");
+    assert_eq!(back[0].location(), Location::Host);
+    assert_eq!(back, vec![mid]);
+    assert_eq!(memory_stats().pageable_fallbacks, before + 2);
+}
