@@ -1,9 +1,13 @@
-//! A simulated host that page-locks at most 24 MiB (`SimConfig::page_locked_limit`): a
-//! D2H call whose page-locked output block the host cannot lock gets pageable outputs,
-//! with the right bytes, instead of failing with out-of-memory, and the output pool's
-//! unused blocks are freed for the calls after it. Both the blocking and the
-//! non-blocking call; the staging arena is capped at 8 MiB so that the pageable path's
-//! slots fit.
+//! A simulated host that page-locks at most 24 MiB (`SimConfig::page_locked_limit`):
+//! * a D2H call whose page-locked output block the host cannot lock gets pageable outputs,
+//!   with the right bytes, instead of failing with out-of-memory, and the output pool's
+//!   unused blocks are freed for the calls after it (the blocking and the non-blocking
+//!   call; the staging arena is capped at 8 MiB so that the pageable path's slots fit);
+//! * an H2D call whose staging slots beyond its first cannot be locked goes on with those
+//!   it has; one that cannot lock its first fails with out-of-memory, and the next call
+//!   after room is made works.
+//!
+//! The two tests take turns: both read the process's counts.
 // The simulated device and the test hooks: `cargo test --features test-util`.
 #![cfg(feature = "test-util")]
 
@@ -37,15 +41,25 @@ fn page_locked_down_to(most: usize) -> usize {
     }
 }
 
-#[test]
-fn d2h_gets_pageable_outputs_when_the_host_cannot_page_lock_its_block() {
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// This test's turn, with the simulator and the runtime set up.
+fn set_up() -> std::sync::MutexGuard<'static, ()> {
+    let turn = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     std::env::remove_var("LOCAL_RANK");
-    Config::new()
+    // (The second test to get here finds the same configuration installed.)
+    let _ = Config::new()
         .slot_bytes(1 << 20)
         .arena_bytes(8 << 20)
-        .install()
-        .unwrap();
+        .install();
     enable(SimConfig::seeded(11).page_locked_limit(24 << 20)).unwrap();
+    pinlane::trim().unwrap();
+    turn
+}
+
+#[test]
+fn d2h_gets_pageable_outputs_when_the_host_cannot_page_lock_its_block() {
+    let _turn = set_up();
     let opts = D2hOptions::default();
 
     // A 4 MiB batch gets its page-locked block, which stays in the pool once dropped.
@@ -96,4 +110,48 @@ fn d2h_gets_pageable_outputs_when_the_host_cannot_page_lock_its_block() {
     assert_eq!(back[0].location(), Location::Host);
     assert_eq!(back, vec![mid]);
     assert_eq!(memory_stats().pageable_fallbacks, before + 2);
+}
+
+#[test]
+fn h2d_goes_on_with_the_slots_it_has_when_the_host_cannot_page_lock_more() {
+    let _turn = set_up();
+    // The sources on the device first (their H2D leases slots), then every slot freed.
+    let big = tensor(6 << 20, 4);
+    let dev = on_device(&tensor(22 << 20, 5));
+    pinlane::trim().unwrap();
+    assert_eq!(page_locked_down_to(0), 0, "nothing page-locked");
+    // 22 MiB of page-locked outputs kept: room for two 1 MiB slots.
+    let kept = transfer_tensor_d2h(&dev, &D2hOptions::default()).unwrap();
+    assert_eq!(kept[0].location(), Location::Pinned);
+    // A 6 MiB H2D through two slots, then its D2H into pageable outputs through the same
+    // two (both lease more without waiting, as long as there are windows for them).
+    let back = on_device(&big);
+    assert_eq!(memory_stats().staging.held_bytes, 2 << 20, "two slots");
+    let pageable = D2hOptions::default().output(pinlane::HostOutput::Pageable);
+    assert_eq!(
+        transfer_tensor_d2h(&back, &pageable).unwrap(),
+        vec![big.clone()]
+    );
+    assert_eq!(memory_stats().staging.held_bytes, 2 << 20, "two slots");
+
+    // With the host full (the slots freed, 2 MiB more of outputs kept), the first slot
+    // cannot be locked: out of memory.
+    let two = on_device(&tensor(2 << 20, 6));
+    pinlane::trim().unwrap();
+    assert_eq!(page_locked_down_to(22 << 20), 22 << 20);
+    let full = transfer_tensor_d2h(&two, &D2hOptions::default()).unwrap();
+    assert_eq!(full[0].location(), Location::Pinned);
+    assert_eq!(page_locked_bytes().unwrap(), 24 << 20);
+    let e = transfer_tensor_h2d_with(&vec![big.clone()], &H2dOptions::default().num_caches(0));
+    match e {
+        Err(e) => assert!(e.is_out_of_memory(), "{e}"),
+        Ok(_) => panic!("the host had no room for a slot"),
+    }
+    drop((full, kept));
+    pinlane::trim().unwrap();
+    let again = on_device(&big);
+    assert_eq!(
+        transfer_tensor_d2h(&again, &D2hOptions::default()).unwrap(),
+        vec![big]
+    );
 }

@@ -177,7 +177,8 @@ impl PinnedArena {
     }
 
     /// Leases a slot. With `wait`, blocks until one is free when all are leased; without,
-    /// returns `None` then.
+    /// returns `None` then, and also when a new slot's page-locked memory cannot be
+    /// allocated (out of memory), which with `wait` is the error.
     ///
     /// A wait is bounded: every [`RECHECK`] it tries to release owners retained after
     /// failed synchronisations (they may hold every slot, and nothing else would release
@@ -205,6 +206,12 @@ impl PinnedArena {
                     Ok(slab) => Ok(Some(SlotLease::new(slab, self))),
                     Err(e) => {
                         self.release_place();
+                        // The host can page-lock no more: a lease that does not wait (a
+                        // call's slot beyond its first) finds no slot, and the call goes
+                        // on with those it has; a first slot fails the call.
+                        if !wait && e.is_out_of_memory() {
+                            return Ok(None);
+                        }
                         Err(e)
                     }
                 };
