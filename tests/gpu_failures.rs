@@ -111,10 +111,11 @@ fn d2h_gets_pageable_outputs_when_its_page_locked_block_cannot_be_allocated() {
     require_gpu!();
     let _turn = serial();
     std::thread::spawn(|| {
-        // 97 MiB and a little: no block an earlier test left in the pool serves it (a
-        // free block serves batches of at least half its size), so the call allocates.
         let b = vec![common::tensor(DType::U8, &[(97 << 20) + 123], 11)];
         let on = transfer_tensor_h2d(&b).unwrap();
+        // No block an earlier test left in the pool may serve it (`batch()`'s 120 MiB
+        // block would), so that the call allocates one.
+        pinlane::trim().unwrap();
         let before = pinlane::memory_stats().pageable_fallbacks;
         fault::inject(FaultKind::HostAlloc, 1);
         let back = transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap();

@@ -101,14 +101,11 @@ fn a_full_device_frees_kept_blocks_and_the_output_is_allocated() {
 
     let filler = Filler::fill();
     let (free, _) = pinlane::driver::device_memory_info(dev).unwrap();
-    // More than the pool has free and than the device has free (less than one 2 MiB
-    // piece, as the fill's last allocation failed), less than the pool holds once the
-    // kept blocks are freed.
+    // More than the pool has free and than the device has free (about one 2 MiB piece,
+    // as the fill's last allocation failed: 2.2 MiB on an H100), less than the pool holds
+    // once the kept blocks are freed.
     let n = reserved - used / 2;
-    assert!(
-        n > pool_free && n > free && free < 2 << 20,
-        "{n} {pool_free} {free}"
-    );
+    assert!(n > pool_free && n > free, "{n} {pool_free} {free}");
     eprintln!(
         "filled {} allocations; free {free}, pool reserved {reserved} used {used}; asking {n}",
         filler.0.len(),
@@ -152,7 +149,38 @@ fn a_full_device_gets_back_what_the_pool_keeps_and_the_output_is_allocated() {
     assert!(n > free, "{n} {free}");
     eprintln!("free {free}, pool reserved {reserved} used {used}; asking {n}");
     let big = common::tensor(DType::U8, &[n], 8);
-    let out = h2d(vec![big.clone()]).expect("allocated once the pool gave its memory back");
+    let out = match h2d(vec![big.clone()]) {
+        Ok(out) => out,
+        Err(e) => {
+            // What the retry left, then what each of these steps gives a new call.
+            let show = |what: &str| {
+                let (free, _) = pinlane::driver::device_memory_info(dev).unwrap();
+                eprintln!("{what}: free {free}, pool {:?}", pool(dev));
+            };
+            show(&format!("failed: {e}; after it"));
+            let steps: [(&str, &dyn Fn()); 4] = [
+                ("200 ms later", &|| {
+                    std::thread::sleep(std::time::Duration::from_millis(200))
+                }),
+                ("the legacy stream synchronised", &|| {
+                    Stream::legacy(dev).unwrap().synchronize().unwrap()
+                }),
+                ("pinlane::trim()", &|| pinlane::trim().unwrap()),
+                ("the context synchronised, then pinlane::trim()", &|| {
+                    ctx.synchronize().unwrap();
+                    pinlane::trim().unwrap()
+                }),
+            ];
+            for (what, step) in steps {
+                step();
+                show(what);
+                let again = h2d(vec![big.clone()]).map(|_| ());
+                eprintln!("  a call then: {again:?}");
+                show("  after that call");
+            }
+            panic!("not allocated once the pool gave its memory back: {e}");
+        }
+    };
     drop(filler);
     let back = transfer_tensor_d2h(&out, &D2hOptions::default()).unwrap();
     assert_eq!(back[0].as_bytes().unwrap(), big.as_bytes().unwrap());
