@@ -97,10 +97,26 @@ fn d2h_gets_pageable_outputs_when_the_host_cannot_page_lock_its_block() {
     assert_eq!(back, vec![big.clone()]);
     drop(back);
 
-    // The non-blocking call falls back the same way (a 6 MiB block, which the pool has
-    // no free block for, made to fail).
+    // Out of page-locked memory with a free block large enough (the 16 MiB one, which
+    // a 6 MiB batch does not take first: a free block serves batches of at least half
+    // its size), that block serves, as at the cap, and nothing falls back. The new
+    // block's allocation is made to fail on this thread, which shows it was tried (the
+    // simulator would refuse it too: the arena's 8 MiB, 16 and 6 are over 24).
     let mid = tensor(6 << 20, 3);
     let dev = on_device(&mid);
+    fault::inject(FaultKind::HostAlloc, 1);
+    let kept = transfer_tensor_d2h(&dev, &opts).unwrap();
+    assert!(!fault::armed(), "a new block was asked for");
+    assert_eq!(kept[0].location(), Location::Pinned);
+    assert_eq!(kept, vec![mid.clone()]);
+    assert_eq!(
+        memory_stats().pinned_outputs.held_bytes,
+        16 << 20,
+        "the free 16 MiB block, reused"
+    );
+    assert_eq!(memory_stats().pageable_fallbacks, before + 1);
+
+    // With that block in use, the non-blocking call falls back as the blocking one did.
     fault::inject(FaultKind::HostAlloc, 1);
     let back = transfer_tensor_d2h_async(&dev, &opts)
         .unwrap()
@@ -110,6 +126,7 @@ fn d2h_gets_pageable_outputs_when_the_host_cannot_page_lock_its_block() {
     assert_eq!(back[0].location(), Location::Host);
     assert_eq!(back, vec![mid]);
     assert_eq!(memory_stats().pageable_fallbacks, before + 2);
+    drop(kept);
 }
 
 #[test]
@@ -154,4 +171,20 @@ fn h2d_goes_on_with_the_slots_it_has_when_the_host_cannot_page_lock_more() {
         transfer_tensor_d2h(&again, &D2hOptions::default()).unwrap(),
         vec![big]
     );
+}
+
+#[test]
+fn a_producer_buffer_the_host_cannot_lock_is_out_of_memory_not_a_full_pool() {
+    let _turn = set_up();
+    fault::inject(FaultKind::HostAlloc, 1);
+    let Err(e) = pinlane::memory::PinnedBufferMut::<u8>::new(3 << 20, pinlane::Device::cuda(0))
+    else {
+        panic!("the host could lock no block");
+    };
+    assert!(!fault::armed(), "a new block was asked for");
+    assert!(e.is_out_of_memory(), "{e}");
+    assert!(!matches!(e, pinlane::Error::PinnedPoolFull { .. }), "{e}");
+    assert_eq!(memory_stats().pinned_outputs.held_bytes, 0);
+    // With room, the same buffer is made.
+    assert!(pinlane::memory::PinnedBufferMut::<u8>::new(3 << 20, pinlane::Device::cuda(0)).is_ok());
 }

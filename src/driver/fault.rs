@@ -3,8 +3,9 @@
 //!
 //! The injected call is not made: the checked wrapper returns
 //! [`Error::Driver`] with the name `INJECTED_FAULT` instead of
-//! calling the driver, so an injected allocation leaks nothing and an injected copy moves
-//! nothing. Plans are per thread, so tests running in parallel do not see each other's.
+//! calling the driver (`CUDA_ERROR_OUT_OF_MEMORY` for [`FaultKind::HostAlloc`]), so an
+//! injected allocation leaks nothing and an injected copy moves nothing. Plans are per
+//! thread, so tests running in parallel do not see each other's.
 
 use crate::error::Error;
 use std::cell::RefCell;
@@ -38,9 +39,10 @@ pub enum FaultKind {
     /// the oldest batch there.
     KeepBlock,
     /// `cuMemHostAlloc`, failing as the driver does when the host can page-lock no more
-    /// memory (`CUDA_ERROR_OUT_OF_MEMORY`, not the injected error of the others): a D2H
-    /// call whose page-locked output block it is falls back to pageable outputs, so a
-    /// sweep of a call's own faults leaves it out too.
+    /// memory (`CUDA_ERROR_OUT_OF_MEMORY`, not the injected error of the others), for
+    /// whatever block the thread allocates next: a D2H output block (the call then falls
+    /// back to pageable outputs, so a sweep of a call's own faults leaves it out too), a
+    /// staging slot, a `PinnedBufferMut`'s block, or a tensor's `to_pinned` block.
     HostAlloc,
 }
 

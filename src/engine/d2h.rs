@@ -9,7 +9,8 @@
 //!    them into one device buffer with that same layout, which then moves as one piece.
 //!    * Page-locked outputs ([`HostOutput::Pinned`], the default): the region is a block
 //!      of the bounded [`PinnedOutputPool`]; one copy per tensor goes straight into it.
-//!    * Pageable outputs ([`HostOutput::Pageable`], or when the pool's cap leaves no room):
+//!    * Pageable outputs ([`HostOutput::Pageable`], or when the pool has no block for the
+//!      batch: its cap leaves no room, or the host can page-lock no more):
 //!      the region is recycled pageable memory ([`crate::memory::HostPool`]). It is cut
 //!      into windows of one staging slot; each window's tensor pieces are copied into a
 //!      page-locked slot, and while the next window's copies run, the previous slot is
@@ -28,7 +29,7 @@ use crate::error::{Error, Result};
 use crate::location::Location;
 use crate::memory::{
     self, AroundWait, DeviceView, HostBuf, HostRegion, InFlight, PinnedBlock, PinnedBuf,
-    PinnedOutputPool, SlotLease, DEVICE_ALIGN,
+    PinnedOutputPool, SlotLease, Taken, DEVICE_ALIGN,
 };
 use crate::tensor::{Storage, Tensor};
 use std::sync::Arc;
@@ -92,9 +93,20 @@ pub(crate) fn transfer<B: Batch>(
         && end_flags(&rt, device))
     .then_some(at);
     let block = match opts.output {
-        HostOutput::Pinned if end > 0 => rt
-            .outputs
-            .take(flag_at.map_or(end, |at| at + FLAG_ALIGN), device)?,
+        HostOutput::Pinned if end > 0 => {
+            match rt
+                .outputs
+                .take(flag_at.map_or(end, |at| at + FLAG_ALIGN), device)?
+            {
+                Taken::Range(block, base) => Some((block, base)),
+                // No block (the pool's cap, or the host out of page-locked memory):
+                // pageable outputs, counted.
+                Taken::AtCap | Taken::HostFull(_) => {
+                    rt.outputs.fell_back();
+                    None
+                }
+            }
+        }
         HostOutput::Pinned => Some((PinnedBlock::empty(), 0)),
         HostOutput::Pageable => None,
     };

@@ -384,8 +384,9 @@ pub fn transfer_tensor_d2h_overlapping<B: Batch, R>(
 ///   most once, and only if the call comes to such a part: the wait in the driver for the
 ///   copies into page-locked outputs, after `while_copying` (when there is no end flag,
 ///   or it is not seen within `Config::spin`); the drain of a call that failed while or
-///   after queueing its copies; or, for pageable outputs (asked for, or the
-///   page-locked output pool at its cap), the whole copy through staging slots, which
+///   after queueing its copies; or, for pageable outputs (asked for, or no page-locked
+///   block for the batch: the output pool at its cap, or the host out of page-locked
+///   memory), the whole copy through staging slots, which
 ///   waits for slots and copies along the way. A call that sees its end flag, or fails
 ///   before its copies start (bad options, the stream or event setup, the output
 ///   block), does not call it.

@@ -177,8 +177,10 @@ impl PinnedArena {
     }
 
     /// Leases a slot. With `wait`, blocks until one is free when all are leased; without,
-    /// returns `None` then, and also when a new slot's page-locked memory cannot be
-    /// allocated (out of memory), which with `wait` is the error.
+    /// returns `None` then. When a new slot's page-locked memory cannot be allocated (out
+    /// of memory), a lease without `wait` returns `None` too, and one with it waits for a
+    /// slot other calls hold, as when all are leased, or returns the error when no slot
+    /// is allocated.
     ///
     /// A wait is bounded: every [`RECHECK`] it tries to release owners retained after
     /// failed synchronisations (they may hold every slot, and nothing else would release
@@ -191,6 +193,9 @@ impl PinnedArena {
     ) -> Result<Option<SlotLease>> {
         let started = Instant::now();
         let mut counted = false;
+        // Cleared when the host could page-lock no more: the lease then waits for a slot
+        // another call gives back, as at the cap.
+        let mut may_grow = true;
         let mut st = self.lock();
         loop {
             // A free slot allocated under another device's context is still usable
@@ -198,23 +203,32 @@ impl PinnedArena {
             if let Some(slab) = st.free.pop() {
                 return Ok(Some(SlotLease::new(slab, self)));
             }
-            if st.allocated < self.max_slots.load(Ordering::Relaxed) {
+            if may_grow && st.allocated < self.max_slots.load(Ordering::Relaxed) {
                 st.allocated += 1;
                 st.peak = st.peak.max(st.allocated);
                 drop(st);
-                return match Slab::alloc(ctx, self.slot_bytes) {
-                    Ok(slab) => Ok(Some(SlotLease::new(slab, self))),
+                match Slab::alloc(ctx, self.slot_bytes) {
+                    Ok(slab) => return Ok(Some(SlotLease::new(slab, self))),
                     Err(e) => {
                         self.release_place();
                         // The host can page-lock no more: a lease that does not wait (a
                         // call's slot beyond its first) finds no slot, and the call goes
-                        // on with those it has; a first slot fails the call.
-                        if !wait && e.is_out_of_memory() {
+                        // on with those it has; a waiting one waits for a slot that other
+                        // calls hold, if any do, and fails the call otherwise.
+                        if !e.is_out_of_memory() {
+                            return Err(e);
+                        }
+                        if !wait {
                             return Ok(None);
                         }
-                        Err(e)
+                        st = self.lock();
+                        if st.allocated == 0 {
+                            return Err(e);
+                        }
+                        may_grow = false;
+                        continue;
                     }
-                };
+                }
             }
             if !wait {
                 return Ok(None);

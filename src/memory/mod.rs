@@ -100,7 +100,7 @@ pub use limits::{measure_pinned_limits, PinnedLimits};
 pub(crate) use mapped::{MappedFile, MappedRange};
 pub use overlap::first_overlap;
 pub use page_locked::host_page_locked;
-pub(crate) use pinned::{h2d_batch_async, PinnedBlock, PinnedBuf};
+pub(crate) use pinned::{h2d_batch_async, PinnedBlock, PinnedBuf, Taken};
 pub use pinned::{PinnedOutputPool, SHARE_MAX};
 pub use producer::PinnedBufferMut;
 pub(crate) use reaper::failed as failed_frees;

@@ -6,7 +6,7 @@ use super::filling::{Fill, Ranges};
 use super::reaper::free_pinned_in_policy;
 use super::{check_range, DeviceAlloc, DeviceView};
 use crate::driver::{self, ContextGuard, HostPtr, Stream};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
@@ -833,7 +833,8 @@ pub(crate) unsafe fn h2d_batch_async(
 /// freeing it); otherwise unused blocks are freed to make room, and when a batch does
 /// not fit even then, the call falls back to pageable outputs (counted in [`MemoryStats::pageable_fallbacks`](crate::runtime::MemoryStats::pageable_fallbacks)).
 /// So does a call whose new block the host cannot page-lock (`cuMemHostAlloc` out of
-/// memory); the pool's unused blocks are then freed, off the call's path.
+/// memory) when no free block is large enough; the pool's free blocks are then freed,
+/// off the call's path.
 pub struct PinnedOutputPool {
     max_bytes: AtomicUsize,
     state: Mutex<PoolState>,
@@ -867,6 +868,17 @@ pub const SHARE_MAX: usize = 256 << 10;
 
 /// Alignment of a batch's range inside a shared block (the device layout's alignment).
 const SHARE_ALIGN: usize = super::DEVICE_ALIGN;
+
+/// What [`PinnedOutputPool::take`] gives.
+pub(crate) enum Taken {
+    /// A block and the offset of the range in it.
+    Range(Arc<PinnedBlock>, usize),
+    /// The cap leaves no room.
+    AtCap,
+    /// The host can page-lock no more (`cuMemHostAlloc`'s out-of-memory error), and no
+    /// free block is large enough; the pool's free blocks are being freed.
+    HostFull(Error),
+}
 
 impl PinnedOutputPool {
     pub(crate) fn new(max_bytes: usize) -> PinnedOutputPool {
@@ -949,25 +961,21 @@ impl PinnedOutputPool {
     }
 
     /// A range of at least `nbytes` (> 0) bytes: a block and the offset where the range
-    /// starts, or `None` when the cap does not allow one or the host can page-lock no
-    /// more (a fallback, counted). A new
-    /// block is allocated under `device`'s context; a free one is reused whatever context
-    /// allocated it (page-locked memory is portable).
-    pub(crate) fn take(
-        self: &Arc<Self>,
-        nbytes: usize,
-        device: usize,
-    ) -> Result<Option<(Arc<PinnedBlock>, usize)>> {
-        let got = if nbytes < SHARE_MAX {
+    /// starts ([`Taken::Range`]), or why there is none. A new block is allocated under
+    /// `device`'s context; a free one is reused whatever context allocated it (page-locked
+    /// memory is portable).
+    pub(crate) fn take(self: &Arc<Self>, nbytes: usize, device: usize) -> Result<Taken> {
+        if nbytes < SHARE_MAX {
             self.take_shared(nbytes, device)
         } else {
             self.take_block(nbytes, device, true)
-                .map(|b| b.map(|b| (b, 0)))
-        };
-        if matches!(got, Ok(None)) {
-            self.fallbacks.fetch_add(1, Ordering::Relaxed);
         }
-        got
+    }
+
+    /// Counts a D2H batch that got pageable outputs for want of a block
+    /// ([`MemoryStats::pageable_fallbacks`](crate::runtime::MemoryStats::pageable_fallbacks)).
+    pub(crate) fn fell_back(&self) {
+        self.fallbacks.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Whether `more` bytes after a range of `nbytes` (> 0) cost at most one more step of
@@ -983,11 +991,7 @@ impl PinnedOutputPool {
     }
 
     /// A range of the shared block, starting a new shared block when it is full.
-    fn take_shared(
-        self: &Arc<Self>,
-        nbytes: usize,
-        device: usize,
-    ) -> Result<Option<(Arc<PinnedBlock>, usize)>> {
+    fn take_shared(self: &Arc<Self>, nbytes: usize, device: usize) -> Result<Taken> {
         let step = nbytes.div_ceil(SHARE_ALIGN) * SHARE_ALIGN;
         {
             let mut st = self.lock();
@@ -995,42 +999,44 @@ impl PinnedOutputPool {
                 if *next + step <= block.len {
                     let at = *next;
                     *next += step;
-                    return Ok(Some((block.clone(), at)));
+                    return Ok(Taken::Range(block.clone(), at));
                 }
             }
         }
         // (No larger free block at the cap: the shared block stays current until it
         // fills in 256-byte steps, and would keep a large block from large batches.)
-        let Some(block) = self.take_block(BLOCK_ROUND, device, false)? else {
-            return Ok(None);
+        let block = match self.take_block(BLOCK_ROUND, device, false)? {
+            Taken::Range(block, _) => block,
+            none => return Ok(none),
         };
         let old = self.lock().shared.replace((block.clone(), step));
         // Dropped outside the lock: the old block goes back to the free list once its
         // last view drops (now, if none is left).
         drop(old);
-        Ok(Some((block, 0)))
+        Ok(Taken::Range(block, 0))
     }
 
-    /// A block of its own of at least `nbytes`; `larger_at_cap`: where a new block would
-    /// not fit under the cap, any larger free block serves before one is freed.
+    /// A block of its own of at least `nbytes` (at offset 0); `larger_at_cap`: where a new
+    /// block would not fit under the cap, any larger free block serves before one is
+    /// freed.
     fn take_block(
         self: &Arc<Self>,
         nbytes: usize,
         device: usize,
         larger_at_cap: bool,
-    ) -> Result<Option<Arc<PinnedBlock>>> {
+    ) -> Result<Taken> {
         let want = block_bytes(nbytes);
+        // The smallest free block of at least `nbytes` and at most `most` bytes.
+        let fit = |free: &[(HostPtr<u8>, usize, usize)], most: usize| {
+            free.iter()
+                .enumerate()
+                .filter(|(_, (_, len, _))| *len >= nbytes && *len <= most)
+                .min_by_key(|(_, (_, len, _))| *len)
+                .map(|(i, _)| i)
+        };
         let mut to_free = Vec::new();
         let reuse = {
             let mut st = self.lock();
-            // The smallest free block of at least `nbytes` and at most `most` bytes.
-            let fit = |free: &[(HostPtr<u8>, usize, usize)], most: usize| {
-                free.iter()
-                    .enumerate()
-                    .filter(|(_, (_, len, _))| *len >= nbytes && *len <= most)
-                    .min_by_key(|(_, (_, len, _))| *len)
-                    .map(|(i, _)| i)
-            };
             let max = self.max_bytes();
             let over = |held: usize| held.checked_add(want).is_none_or(|n| n > max);
             // A free block of about the size; or, where a new block would not fit under
@@ -1059,7 +1065,7 @@ impl PinnedOutputPool {
                             st.blocks += 1;
                             st.free.push(b);
                         }
-                        return Ok(None);
+                        return Ok(Taken::AtCap);
                     }
                     st.held += want;
                     st.blocks += 1;
@@ -1074,41 +1080,57 @@ impl PinnedOutputPool {
             // free waits for the whole context.
             unsafe { super::reaper::free_pinned_later(ptr, owner) };
         }
-        if let Some((ptr, len, device)) = reuse {
-            return Ok(Some(Arc::new(PinnedBlock {
-                ptr,
-                len,
-                release: Release::Pool {
-                    pool: self.clone(),
-                    device,
-                },
-                filling: Ranges::pinned(),
-            })));
+        if let Some(free) = reuse {
+            return Ok(Taken::Range(self.reused(free), 0));
         }
         match alloc_block(want, device, Some(self)) {
-            Ok(b) => Ok(Some(b)),
+            Ok(b) => Ok(Taken::Range(b, 0)),
             Err(e) => {
-                let idle = {
+                let (larger, idle) = {
                     let mut st = self.lock();
                     st.held -= want;
                     st.blocks -= 1;
                     if !e.is_out_of_memory() {
                         return Err(e);
                     }
-                    // The host could lock no more: the pool's unused blocks are given
-                    // back for the calls after this one, and this one falls back to
-                    // pageable outputs, as at the cap.
-                    st.held -= st.free.iter().map(|b| b.1).sum::<usize>();
-                    st.blocks -= st.free.len();
-                    std::mem::take(&mut st.free)
+                    // The host can page-lock no more: any free block large enough serves
+                    // (the smallest), as at the cap; with none, the free blocks are given
+                    // back for the calls after this one, which has none.
+                    match fit(&st.free, usize::MAX) {
+                        Some(i) => (Some(st.free.swap_remove(i)), Vec::new()),
+                        None => {
+                            st.held -= st.free.iter().map(|b| b.1).sum::<usize>();
+                            st.blocks -= st.free.len();
+                            (None, std::mem::take(&mut st.free))
+                        }
+                    }
                 };
+                if let Some(free) = larger {
+                    return Ok(Taken::Range(self.reused(free), 0));
+                }
                 for (ptr, _, owner) in idle {
                     // SAFETY: unused blocks taken off the free list, as above.
                     unsafe { super::reaper::free_pinned_later(ptr, owner) };
                 }
-                Ok(None)
+                Ok(Taken::HostFull(e))
             }
         }
+    }
+
+    /// A free block taken off the free list, handed out again.
+    fn reused(
+        self: &Arc<Self>,
+        (ptr, len, device): (HostPtr<u8>, usize, usize),
+    ) -> Arc<PinnedBlock> {
+        Arc::new(PinnedBlock {
+            ptr,
+            len,
+            release: Release::Pool {
+                pool: self.clone(),
+                device,
+            },
+            filling: Ranges::pinned(),
+        })
     }
 
     /// Takes a block back whose last view dropped: on the free list, or freed when a

@@ -1,7 +1,7 @@
 //! [`PinnedBufferMut`]: page-locked memory a producer writes a batch into, then freezes
 //! into a [`Tensor`] without a copy, so H2D reads it with one DMA and no staging.
 
-use super::pinned::{PinnedBlock, PinnedBuf};
+use super::pinned::{PinnedBlock, PinnedBuf, Taken};
 use crate::device::Device;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
@@ -58,7 +58,8 @@ impl<T: Element + bytemuck::Pod> PinnedBufferMut<T> {
     /// # Errors
     /// [`Error::NoCuda`], [`Error::DeviceUnavailable`]; [`Error::ShapeOverflow`] for a
     /// size that does not fit; [`Error::PinnedPoolFull`] when the pool's cap leaves no
-    /// room; the driver's error from `cuMemHostAlloc`.
+    /// room; the driver's error from `cuMemHostAlloc` (out of memory when the host can
+    /// page-lock no more and no free block of the pool is large enough).
     pub fn new(len: usize, device: Device) -> Result<PinnedBufferMut<T>> {
         crate::driver::require("PinnedBufferMut::new")?;
         crate::driver::check_device(device.ordinal())?;
@@ -75,11 +76,15 @@ impl<T: Element + bytemuck::Pod> PinnedBufferMut<T> {
             });
         }
         let pool = &crate::runtime::runtime().outputs;
-        let Some((block, base)) = pool.take(nbytes, device.ordinal())? else {
-            return Err(Error::PinnedPoolFull {
-                requested: nbytes,
-                cap: pool.max_bytes(),
-            });
+        let (block, base) = match pool.take(nbytes, device.ordinal())? {
+            Taken::Range(block, base) => (block, base),
+            Taken::AtCap => {
+                return Err(Error::PinnedPoolFull {
+                    requested: nbytes,
+                    cap: pool.max_bytes(),
+                })
+            }
+            Taken::HostFull(e) => return Err(e),
         };
         Ok(PinnedBufferMut {
             block,
