@@ -1067,9 +1067,9 @@ impl PinnedOutputPool {
                         }
                         return Ok(Taken::AtCap);
                     }
+                    // Reserved for the allocation below (the peak counts it once made).
                     st.held += want;
                     st.blocks += 1;
-                    st.peak = st.peak.max(st.held);
                     None
                 }
             }
@@ -1084,7 +1084,11 @@ impl PinnedOutputPool {
             return Ok(Taken::Range(self.reused(free), 0));
         }
         match alloc_block(want, device, Some(self)) {
-            Ok(b) => Ok(Taken::Range(b, 0)),
+            Ok(b) => {
+                let mut st = self.lock();
+                st.peak = st.peak.max(st.held);
+                Ok(Taken::Range(b, 0))
+            }
             Err(e) => {
                 let (larger, idle) = {
                     let mut st = self.lock();
