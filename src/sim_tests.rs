@@ -809,3 +809,26 @@ fn a_first_slot_the_host_cannot_lock_waits_for_one_another_call_holds() {
     drop(lease);
     other.join().unwrap();
 }
+
+/// A block the host cannot page-lock is not counted in the pool's peak, and the pool's
+/// free blocks are given back (session 75's review: the peak counted the failed
+/// reservation).
+#[test]
+fn a_block_the_host_cannot_lock_leaves_the_peak_as_it_was() {
+    use crate::driver::fault::{self, FaultKind};
+    setup();
+    let pool = std::sync::Arc::new(PinnedOutputPool::new(64 << 20));
+    drop(range(pool.take(4 << 20, 0).unwrap()).expect("room"));
+    assert_eq!(pool.stats().peak_bytes, 4 << 20);
+    fault::inject(FaultKind::HostAlloc, 1);
+    let got = pool.take(16 << 20, 0).unwrap();
+    assert!(!fault::armed(), "a new block was asked for");
+    assert!(matches!(got, crate::memory::Taken::HostFull(ref e) if e.is_out_of_memory()));
+    let stats = pool.stats();
+    assert_eq!(
+        stats.peak_bytes,
+        4 << 20,
+        "the failed 16 MiB is not in the peak"
+    );
+    assert_eq!(stats.held_bytes, 0, "the free 4 MiB block was given back");
+}
