@@ -7,9 +7,11 @@
 //!   it has; one that cannot lock its first fails with out-of-memory, and the next call
 //!   after room is made works.
 //!
-//! The two tests take turns: both read the process's counts.
+//! The tests take turns: they read the process's counts.
 // The simulated device and the test hooks: `cargo test --features test-util`.
 #![cfg(feature = "test-util")]
+
+mod common;
 
 use pinlane::driver::fault::{self, FaultKind};
 use pinlane::driver::sim::{enable, page_locked_bytes, SimConfig};
@@ -17,11 +19,9 @@ use pinlane::{memory_stats, transfer_tensor_d2h, transfer_tensor_d2h_async};
 use pinlane::{transfer_tensor_h2d_with, Config, D2hOptions, DType, H2dOptions, Location, Tensor};
 use std::time::{Duration, Instant};
 
-fn tensor(nbytes: usize, seed: u8) -> Tensor {
-    let bytes: Vec<u8> = (0..nbytes)
-        .map(|i| (i as u8).wrapping_mul(29) ^ seed)
-        .collect();
-    Tensor::from_bytes(DType::U8, [nbytes], &bytes).unwrap()
+/// `nbytes` patterned bytes (the tests' shared `common::tensor`).
+fn tensor(nbytes: usize, seed: u64) -> Tensor {
+    common::tensor(DType::U8, &[nbytes], seed)
 }
 
 fn on_device(t: &Tensor) -> Vec<Tensor> {

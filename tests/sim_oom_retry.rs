@@ -6,16 +6,16 @@
 // The simulated device and the test hooks: `cargo test --features test-util`.
 #![cfg(feature = "test-util")]
 
+mod common;
+
 use pinlane::driver::sim::{enable, SimConfig};
 use pinlane::{transfer_tensor_d2h, transfer_tensor_h2d_with, Config};
 use pinlane::{D2hOptions, DType, Device, H2dOptions, Stream, Tensor};
 use std::time::{Duration, Instant};
 
-fn tensor(nbytes: usize, seed: u8) -> Tensor {
-    let bytes: Vec<u8> = (0..nbytes)
-        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
-        .collect();
-    Tensor::from_bytes(DType::U8, [nbytes], &bytes).unwrap()
+/// `nbytes` patterned bytes (the tests' shared `common::tensor`).
+fn tensor(nbytes: usize, seed: u64) -> Tensor {
+    common::tensor(DType::U8, &[nbytes], seed)
 }
 
 fn h2d(src: Vec<Tensor>) -> pinlane::Result<Vec<Tensor>> {

@@ -16,20 +16,9 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <thread>
 #include <vector>
-
-#define CK(x)                                                                  \
-  do {                                                                         \
-    CUresult r = (x);                                                          \
-    if (r != CUDA_SUCCESS) {                                                   \
-      const char* s = nullptr;                                                 \
-      cuGetErrorString(r, &s);                                                 \
-      printf("ERR %s line %d: %s\n", #x, __LINE__, s ? s : "?");              \
-      exit(1);                                                                 \
-    }                                                                          \
-  } while (0)
+#include "probe.h"
 
 static const size_t MiB = 1 << 20;
 
@@ -126,12 +115,7 @@ static void one_case(CUdevice dev, bool free_on_legacy, int give_back_2mib) {
 }
 
 int main() {
-  CK(cuInit(0));
-  CUdevice dev;
-  CK(cuDeviceGet(&dev, 0));
-  CUcontext ctx;
-  CK(cuDevicePrimaryCtxRetain(&ctx, dev));
-  CK(cuCtxSetCurrent(ctx));
+  CUdevice dev = primary_device0();
   int driver = 0;
   CK(cuDriverGetVersion(&driver));
   char name[128];

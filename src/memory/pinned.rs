@@ -1113,7 +1113,12 @@ impl PinnedOutputPool {
                     return Ok(Taken::Range(self.reused(free), 0));
                 }
                 for (ptr, _, owner) in idle {
-                    // SAFETY: unused blocks taken off the free list, as above.
+                    // SAFETY: the pool's free blocks, taken off the free list under its
+                    // lock: each came from `host_alloc` under the context of `owner`'s
+                    // device, is on no list now (so nothing else frees it), and is
+                    // touched by no copy (a block returns to the free list only when its
+                    // last view drops, after its copies were proven complete). On the
+                    // reaper thread: the free waits for the whole context.
                     unsafe { super::reaper::free_pinned_later(ptr, owner) };
                 }
                 Ok(Taken::HostFull(e))
