@@ -8,8 +8,15 @@
 // reserved and used bytes, and whether the allocation then succeeds:
 //   the trim alone; 200 ms later; the copy stream synchronised; the stream the block was
 //   freed on synchronised; the context synchronised; each followed by another trim.
-// Four cases: the block freed on the legacy stream (as pinlane frees an output with no
-// consumer stream) or on the copy stream, with 10 or 34 MiB left free by the fill.
+// Cases: the block freed before the fill or after it, on the legacy stream or the copy
+// stream, with 4 or 16 x 2 MiB given back after the fill.
+// Found (session 76, driver 580: freed before the fill on an H100 and an H200, after it
+// on the H200; benches/results/session76/): a block freed before the fill is gone by its
+// end (the pool's reserved bytes fall to 0: the fill's cuMemAlloc took the pool's unused
+// memory), so nothing can serve 258 MiB; a block freed after the fill serves the 258 MiB
+// with no trim (35 MiB free + the pool's 256 MiB), and with 11 MiB free the allocation
+// fails with or without a trim (267 MiB free after the trim: the pool maps more than it
+// is asked). So trimming before a retry gives nothing.
 // Build and run on the GPU machine (no pinlane needed):
 //   nvcc -O2 -o pool_trim benches/probes/pool_trim.cu -lcuda && ./pool_trim
 #include <cuda.h>
@@ -49,9 +56,9 @@ static bool try_alloc(CUmemoryPool pool, size_t n, CUstream stream) {
   return false;
 }
 
-static void one_case(CUdevice dev, bool free_on_legacy, int give_back_2mib) {
-  printf("case: freed on the %s stream, %d x 2 MiB given back after the fill\n",
-         free_on_legacy ? "legacy" : "copy", give_back_2mib);
+static void one_case(CUdevice dev, bool free_on_legacy, int give_back_2mib, bool free_after_fill) {
+  printf("case: freed %s the fill on the %s stream, %d x 2 MiB given back after the fill\n",
+         free_after_fill ? "after" : "before", free_on_legacy ? "legacy" : "copy", give_back_2mib);
   CUmemPoolProps props = {};
   props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
   props.handleTypes = CU_MEM_HANDLE_TYPE_NONE;
@@ -65,13 +72,17 @@ static void one_case(CUdevice dev, bool free_on_legacy, int give_back_2mib) {
   CK(cuStreamCreate(&copy, CU_STREAM_NON_BLOCKING));
   CUstream freed_on = free_on_legacy ? CU_STREAM_LEGACY : copy;
 
-  // 256 MiB from the pool, freed: the pool keeps it, backing nothing.
+  // 256 MiB from the pool, freed before or after the fill: the pool keeps it, backing
+  // nothing.
   CUdeviceptr big = 0;
   CK(cuMemAllocFromPoolAsync(&big, 256 * MiB, pool, copy));
   CK(cuStreamSynchronize(copy));
-  CK(cuMemFreeAsync(big, freed_on));
-  CK(cuStreamSynchronize(freed_on));
-  show("the 256 MiB block freed, its stream synced", pool);
+  auto free_big = [&] {
+    CK(cuMemFreeAsync(big, freed_on));
+    CK(cuStreamSynchronize(freed_on));
+    show("the 256 MiB block freed, its stream synced", pool);
+  };
+  if (!free_after_fill) free_big();
 
   // The device filled with cuMemAlloc, then some 2 MiB pieces given back.
   std::vector<std::pair<CUdeviceptr, size_t>> fill;
@@ -85,6 +96,7 @@ static void one_case(CUdevice dev, bool free_on_legacy, int give_back_2mib) {
     fill.pop_back();
   }
   show("the device filled", pool);
+  if (free_after_fill) free_big();
 
   size_t n = 256 * MiB + 2 * MiB;
   printf("  asking %.1f MiB on the copy stream: %s\n", n / double(MiB),
@@ -121,7 +133,8 @@ int main() {
   char name[128];
   CK(cuDeviceGetName(name, sizeof name, dev));
   printf("%s, driver API %d\n", name, driver);
-  for (bool legacy : {true, false})
-    for (int give_back : {4, 16}) one_case(dev, legacy, give_back);
+  one_case(dev, true, 16, false);
+  for (bool legacy : {true, false}) one_case(dev, legacy, 16, true);
+  one_case(dev, true, 4, true);
   return 0;
 }
