@@ -109,16 +109,6 @@ fn trim_to_zero(pool: sys::CUmemoryPool) -> Result<()> {
     unsafe { check("cuMemPoolTrimTo", super::api::cuMemPoolTrimTo(pool, 0)) }
 }
 
-/// [`trim_device_pools`] for `ctx`'s device alone (its context is current): `true` when
-/// the pool gave memory back (its reserved bytes fell).
-pub(crate) fn trim_device_pool(ctx: &ContextGuard) -> Result<bool> {
-    use sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT as RESERVED;
-    let pool = handles(ctx.device())?.pool.0;
-    let before = pool_attr(pool, RESERVED)?;
-    trim_to_zero(pool)?;
-    Ok(pool_attr(pool, RESERVED)? < before)
-}
-
 /// The most `ctx`'s device could give one allocation from pinlane's pool (its context is
 /// current): the device's free memory and the memory the pool holds that backs no
 /// allocation, plus `more` (bytes about to be freed into the pool).

@@ -54,7 +54,7 @@ pub use context::gather_unavailable_reason;
 pub(crate) use context::{
     apply_pool_release_threshold, bind, context_made, device_pool_stats, device_room,
     gather_kernel, host_memory_mapped, pool_release_threshold, set_pool_release_threshold,
-    trim_device_pool, trim_device_pools, warm_up,
+    trim_device_pools, warm_up,
 };
 pub use error::DriverError;
 pub use event::{Event, RawEvent};

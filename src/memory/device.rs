@@ -43,15 +43,20 @@ pub(crate) struct DeviceAlloc {
 }
 
 /// Makes room for an allocation of `nbytes` that found `ctx`'s device out of memory, when
-/// room can be made: frees the device's kept blocks ([`DeviceBlocks::free_device`]), waits
-/// up to `wait` for their streams to run the frees, and gives the memory of pinlane's pool
-/// that backs no allocation back to the device (`cuMemPoolTrimTo`; the pool keeps what
-/// batches free, `Config::device_pool_release_bytes`), so that a retry may map it
-/// whatever its size. `true` when a retry may succeed: blocks were freed, or the pool gave
-/// memory back. Nothing is freed for an allocation larger than all that could give.
+/// room can be made: frees the device's kept blocks ([`DeviceBlocks::free_device`]) and
+/// waits up to `wait` for their streams to run the frees. `true` when a retry may succeed
+/// (blocks were freed). Nothing is freed for an allocation larger than all that could
+/// serve it: the device's free memory, the kept blocks, and the memory of pinlane's pool
+/// that backs no allocation.
+///
+/// That last needs no step here: the driver gives a pool's unused memory to an allocation
+/// the device could not otherwise serve, one from the same pool included. Trimming the
+/// pool before the retry (sessions 74 and 75) changed nothing on a GPU: the pool test of
+/// `tests/gpu_oom_retry.rs` passed with no retry at all (session 76, an H200, driver 580;
+/// `benches/probes/pool_trim.cu` shows the same without pinlane).
 fn make_room(ctx: &ContextGuard, nbytes: usize, blocks: &DeviceBlocks, wait: Duration) -> bool {
     let kept = blocks.kept_bytes_on(ctx.device());
-    if driver::device_room(ctx, kept).map_or(true, |room| nbytes > room) {
+    if kept == 0 || driver::device_room(ctx, kept).map_or(true, |room| nbytes > room) {
         return false;
     }
     let start = Instant::now();
@@ -61,8 +66,7 @@ fn make_room(ctx: &ContextGuard, nbytes: usize, blocks: &DeviceBlocks, wait: Dur
             return false;
         }
     }
-    let trimmed = matches!(driver::trim_device_pool(ctx), Ok(true));
-    !freed_on.is_empty() || trimmed
+    !freed_on.is_empty()
 }
 
 /// A foreign owner on its way to the retained registry (`Send` is all it needs there).
