@@ -5,7 +5,7 @@ use crate::device::Device;
 use crate::driver::{self, sim, Stream};
 use crate::error::Error;
 use crate::memory::arena::{PinnedArena, Synced};
-use crate::memory::pinned::PinnedOutputPool;
+use crate::memory::PinnedOutputPool;
 use crate::memory::{DeviceAlloc, DeviceFill, DeviceReads, DeviceView, InFlight};
 use std::time::{Duration, Instant};
 

@@ -4,6 +4,7 @@
 //! | --- | --- | --- | --- |
 //! | `host.rs` | `HostBuf`, `HostRegion` | pageable host memory (a `Vec`, or a D2H batch's output region) | on drop; regions go back to [`HostPool`] |
 //! | `pinned.rs` | `PinnedBuf`, `PinnedBlock` | page-locked memory of tensors (`cuMemHostAlloc`) | on drop (`cuMemFreeHost`), or back to [`PinnedOutputPool`] |
+//! | `output_pool.rs` | [`PinnedOutputPool`] | page-locked blocks D2H outputs and producers' buffers take ranges of (capped) | free blocks by `trim`, a lowered cap, or to make room (on the free thread) |
 //! | `arena.rs` | [`PinnedArena`], `SlotLease` | page-locked staging slots, allocated once | never on the hot path |
 //! | `device.rs` | `DeviceAlloc` | device memory of one batch (`cuMemAllocFromPoolAsync`) | in order on its consumer stream (`cuMemFreeAsync`); a small output's block back to `DeviceBlocks` |
 //! | `device_blocks.rs` | `DeviceBlocks` | small H2D outputs' device blocks, kept with an event recorded on their consumer stream (a borrowed one told apart by its driver id) | reused once the event is proven complete; freed in order on that stream by `trim` and shutdown (a borrowed stream's on the legacy stream, after the event) |
@@ -69,6 +70,7 @@ mod inflight;
 mod limits;
 #[cfg(feature = "weights")]
 mod mapped;
+mod output_pool;
 mod overlap;
 mod page_locked;
 pub(crate) mod pinned;
@@ -98,10 +100,11 @@ pub(crate) use inflight::{run_around, AroundWait, Detached, InFlight};
 pub use limits::{measure_pinned_limits, PinnedLimits};
 #[cfg(feature = "weights")]
 pub(crate) use mapped::{MappedFile, MappedRange};
+pub(crate) use output_pool::Taken;
+pub use output_pool::{PinnedOutputPool, SHARE_MAX};
 pub use overlap::first_overlap;
 pub use page_locked::host_page_locked;
-pub(crate) use pinned::{h2d_batch_async, PinnedBlock, PinnedBuf, Taken};
-pub use pinned::{PinnedOutputPool, SHARE_MAX};
+pub(crate) use pinned::{h2d_batch_async, PinnedBlock, PinnedBuf};
 pub use producer::PinnedBufferMut;
 pub(crate) use reaper::failed as failed_frees;
 pub(crate) use reaper::quiesce as quiesce_frees;

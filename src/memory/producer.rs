@@ -1,7 +1,8 @@
 //! [`PinnedBufferMut`]: page-locked memory a producer writes a batch into, then freezes
 //! into a [`Tensor`] without a copy, so H2D reads it with one DMA and no staging.
 
-use super::pinned::{PinnedBlock, PinnedBuf, Taken};
+use super::output_pool::Taken;
+use super::pinned::{PinnedBlock, PinnedBuf};
 use crate::device::Device;
 use crate::dtype::Element;
 use crate::error::{Error, Result};

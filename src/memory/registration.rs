@@ -19,19 +19,9 @@
 //! may take in the bytes of other allocations between its buffers, which the group's
 //! registration does not keep alive.
 
-use super::pinned::{register, registered, PinnedBlock, PinnedBuf};
+use super::pinned::{page_size, register, registered, PinnedBlock, PinnedBuf};
 use crate::error::Result;
 use std::sync::Arc;
-
-/// The host's page size (`sysconf(_SC_PAGESIZE)`), or 4096 where it gives no answer.
-pub(crate) fn page_size() -> usize {
-    // SAFETY: sysconf only reads a system constant.
-    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    usize::try_from(n)
-        .ok()
-        .filter(|n| n.is_power_of_two())
-        .unwrap_or(4096)
-}
 
 /// Spans registered as one range: bytes `start..end` (the lowest start and the highest
 /// end of its spans), and its spans' indices.
