@@ -104,9 +104,9 @@ pub struct Config {
     /// back to the driver. The default, `u64::MAX`, keeps everything until
     /// [`trim`](crate::trim) is called; a lower value gives memory back by itself, and
     /// large batches then map their device memory anew after synchronisations. Whatever
-    /// the value, an H2D batch that finds the device out of memory has the pool give back
-    /// what it keeps, and is tried once more when that may make room (docs/semantics.md,
-    /// H2D item 6).
+    /// the value, the memory the pool keeps serves an H2D batch that finds the device
+    /// otherwise out of memory: the driver gives it to the allocation, with no step from
+    /// pinlane (docs/semantics.md, H2D item 6).
     pub device_pool_release_bytes: u64,
     /// Device blocks of small H2D outputs (at most 1 MiB, in power-of-two size classes of
     /// 512 B to 1 MiB; above 64 KiB only outputs that fill at least 7/8 of their class,

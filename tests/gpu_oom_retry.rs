@@ -32,21 +32,22 @@ impl Filler {
         Filler(held)
     }
 
-    /// Frees `n` of its 2 MiB allocations.
-    fn give_back_2_mib(&mut self, n: usize) {
-        let small: Vec<usize> = (0..self.0.len())
-            .filter(|&i| self.0[i].1 == 2 << 20)
-            .collect();
-        assert!(
-            small.len() >= n,
-            "only {} allocations of 2 MiB",
-            small.len()
-        );
-        for &i in small.iter().rev().take(n) {
-            let (p, _) = self.0.remove(i);
-            // SAFETY: allocated by `fill` and not freed since (taken out of the list).
-            let _ = unsafe { result::free_sync(p) };
+    /// Frees allocations, its 64 MiB ones first, then its 2 MiB ones, until at least
+    /// `bytes` are freed.
+    fn give_back(&mut self, bytes: usize) {
+        let mut freed = 0;
+        for chunk in [64usize << 20, 2 << 20] {
+            while freed < bytes {
+                let Some(i) = self.0.iter().rposition(|&(_, n)| n == chunk) else {
+                    break;
+                };
+                let (p, n) = self.0.remove(i);
+                // SAFETY: allocated by `fill` and not freed since (taken out of the list).
+                let _ = unsafe { result::free_sync(p) };
+                freed += n;
+            }
         }
+        assert!(freed >= bytes, "only {freed} bytes to give back");
     }
 }
 
@@ -137,11 +138,12 @@ fn a_full_device_gets_back_what_the_pool_keeps_and_the_output_is_allocated() {
     let ctx = CudaContext::new(dev.ordinal()).unwrap();
     ctx.bind_to_thread().unwrap();
     pinlane::trim().unwrap();
-    // A 256 MiB batch, alive while the device is filled but for 32 MiB or more.
+    // A 256 MiB batch, alive while the device is filled but for 64 MiB or more (the pool
+    // maps more than it is asked: 258 MiB failed with 267 MiB free in session 76's probe).
     let n0 = 256 << 20;
     let held = h2d(vec![common::tensor(DType::U8, &[n0], 7)]).unwrap();
     let mut filler = Filler::fill();
-    filler.give_back_2_mib(16);
+    filler.give_back(64 << 20);
     // Dropped: the pool keeps its memory (the default release threshold keeps all),
     // backing no allocation.
     drop(held);
@@ -150,9 +152,9 @@ fn a_full_device_gets_back_what_the_pool_keeps_and_the_output_is_allocated() {
     assert!(reserved - used >= n0, "the pool keeps {reserved} - {used}");
     assert_eq!(memory_stats().kept_device_block_bytes, 0);
     let (free, _) = pinlane::driver::device_memory_info(dev).unwrap();
-    assert!(free >= 32 << 20, "{free} free");
-    // More than the pool's free memory holds and than the device has free, but less than
-    // both once the pool gives its memory back.
+    assert!(free >= 64 << 20, "{free} free");
+    // More than the pool's unused memory and than the device's free memory, each alone;
+    // less than both together.
     let n = reserved - used + (2 << 20);
     assert!(n > free, "{n} {free}");
     eprintln!("free {free}, pool reserved {reserved} used {used}; asking {n}");

@@ -4,7 +4,7 @@
 //! | --- | --- | --- | --- |
 //! | `host.rs` | `HostBuf`, `HostRegion` | pageable host memory (a `Vec`, or a D2H batch's output region) | on drop; regions go back to [`HostPool`] |
 //! | `pinned.rs` | `PinnedBuf`, `PinnedBlock` | page-locked memory of tensors (`cuMemHostAlloc`) | on drop (`cuMemFreeHost`), or back to [`PinnedOutputPool`] |
-//! | `output_pool.rs` | [`PinnedOutputPool`] | page-locked blocks D2H outputs and producers' buffers take ranges of (capped) | free blocks by `trim`, a lowered cap, or to make room (on the free thread) |
+//! | `output_pool.rs` | [`PinnedOutputPool`] | page-locked blocks D2H outputs and producers' buffers take ranges of (capped) | free blocks by `trim`, a lowered cap, to make room under the cap or when the host can page-lock no more (on the free thread); a returned block at once when the cap is over |
 //! | `arena.rs` | [`PinnedArena`], `SlotLease` | page-locked staging slots, allocated once | never on the hot path |
 //! | `device.rs` | `DeviceAlloc` | device memory of one batch (`cuMemAllocFromPoolAsync`) | in order on its consumer stream (`cuMemFreeAsync`); a small output's block back to `DeviceBlocks` |
 //! | `device_blocks.rs` | `DeviceBlocks` | small H2D outputs' device blocks, kept with an event recorded on their consumer stream (a borrowed one told apart by its driver id) | reused once the event is proven complete; freed in order on that stream by `trim` and shutdown (a borrowed stream's on the legacy stream, after the event) |

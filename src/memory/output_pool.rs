@@ -321,14 +321,17 @@ impl PinnedOutputPool {
         self: &Arc<Self>,
         (ptr, len, device): (HostPtr<u8>, usize, usize),
     ) -> Arc<PinnedBlock> {
-        PinnedBlock::pooled(ptr, len, device, self.clone())
+        // SAFETY: a free-list entry: allocated by `alloc_block` under `device`'s context
+        // for this pool, given back after its last view dropped, and taken off the list by
+        // the caller under the pool's lock, so nothing else holds or frees it.
+        unsafe { PinnedBlock::pooled(ptr, len, device, self.clone()) }
     }
 }
 
 impl BlockPool for PinnedOutputPool {
     /// Takes a block back whose last view dropped: on the free list, or freed when a
     /// lowered cap leaves no room for it.
-    fn give_back(&self, ptr: HostPtr<u8>, len: usize, device: usize) {
+    unsafe fn give_back(&self, ptr: HostPtr<u8>, len: usize, device: usize) {
         let excess = {
             let mut st = self.lock();
             if st.held > self.max_bytes() {
@@ -341,8 +344,10 @@ impl BlockPool for PinnedOutputPool {
             }
         };
         if let Some((ptr, _, owner)) = excess {
-            // SAFETY: the block's last view dropped (no copy touches it) and it is on no
-            // list. On the reaper thread: this runs in a tensor's drop.
+            // SAFETY: by `give_back`'s contract the block came from `host_alloc` under
+            // `owner`'s context, its last view dropped (no copy touches it), and nothing
+            // else frees it; it is on no list. On the reaper thread: this runs in a
+            // tensor's drop.
             unsafe { super::reaper::free_pinned_later(ptr, owner) };
         }
     }

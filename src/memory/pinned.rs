@@ -43,9 +43,13 @@ impl PinnedBlock {
 /// A pool that takes its blocks back when their last view drops
 /// ([`super::output_pool::PinnedOutputPool`]).
 pub(super) trait BlockPool: Send + Sync {
-    /// Takes back the block at `ptr` of `len` bytes, allocated under `device`'s context:
-    /// no copy touches it any more.
-    fn give_back(&self, ptr: HostPtr<u8>, len: usize, device: usize);
+    /// Takes back the block at `ptr` of `len` bytes, to hand out again or free.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` came from `host_alloc` under `device`'s context, for this pool;
+    /// its last view dropped (no copy touches it any more), and nothing else holds or
+    /// frees it: only `PinnedBlock`'s drop calls this.
+    unsafe fn give_back(&self, ptr: HostPtr<u8>, len: usize, device: usize);
 }
 
 /// How a [`PinnedBlock`] gives its memory back.
@@ -284,8 +288,12 @@ type DevicePtrInt = u64;
 
 impl PinnedBlock {
     /// A block `pool` held free, handed out again: back to `pool` when its last view
-    /// drops. `ptr..ptr + len` came from `host_alloc` under `device`'s context.
-    pub(super) fn pooled(
+    /// drops.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` came from `host_alloc` under `device`'s context, for `pool`, and
+    /// was taken off its free list: no copy touches it and nothing else holds or frees it.
+    pub(super) unsafe fn pooled(
         ptr: HostPtr<u8>,
         len: usize,
         device: usize,
@@ -313,7 +321,13 @@ impl Drop for PinnedBlock {
                     Box::new(move || end_registration(ptr, device, owner)),
                 );
             }
-            Release::Pool { pool, device } => pool.give_back(self.ptr, self.len, *device),
+            // SAFETY: the block came from `host_alloc` under `device`'s context for `pool`
+            // (`alloc_block`, or `pooled` whose caller vouched for it); this is its last
+            // owner, and copies that touched it were proven complete before any tensor
+            // owning it could drop (memory module invariant).
+            Release::Pool { pool, device } => unsafe {
+                pool.give_back(self.ptr, self.len, *device)
+            },
             Release::Free { device } => {
                 let device = *device;
                 // Freed here, on the dropping thread, which waits for the device's queued
