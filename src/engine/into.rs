@@ -99,9 +99,9 @@ impl std::hash::Hasher for PathHasher {
     }
 }
 
-/// The path of `dst`'s `k`-th tensor, for an error message.
-fn path_of<B: Batch>(dst: &B, k: usize) -> String {
-    batch::tensors_with_paths(dst)
+/// The path of `batch`'s `k`-th tensor (in visit order), for an error message.
+fn path_of<B: Batch>(batch: &B, k: usize) -> String {
+    batch::tensors_with_paths(batch)
         .into_iter()
         .nth(k)
         .map_or_else(|| format!("tensor {k}"), |(p, _)| p.to_string())
@@ -119,12 +119,15 @@ pub(super) fn pair_up<'a, B: Batch>(src: &'a B, dst: &'a B, way: Way) -> Result<
         src_paths.push(path_hash(p));
     });
     let mut d = Vec::with_capacity(s.len());
+    let mut dst_paths = Vec::with_capacity(s.len());
     let (mut differs, mut unordered, mut numbered) = (None, false, false);
     dst.visit_paths(&mut Path::default(), &mut |p, t| {
         let k = d.len();
-        if differs.is_none() && src_paths.get(k) != Some(&path_hash(p)) {
+        let h = path_hash(p);
+        if differs.is_none() && src_paths.get(k) != Some(&h) {
             differs = Some(k);
         }
+        dst_paths.push(h);
         for s in p.steps() {
             match s {
                 Step::Unordered(_) => unordered = true,
@@ -141,8 +144,8 @@ pub(super) fn pair_up<'a, B: Batch>(src: &'a B, dst: &'a B, way: Way) -> Result<
         });
     }
     if unordered {
-        let (pairs, paths) = pair_by_key(src, dst)?;
-        return check_pairs(pairs.into_iter(), way, |k| paths[k].to_string());
+        let (pairs, at) = pair_by_key(src, dst, (&s, &src_paths), (&d, &dst_paths))?;
+        return check_pairs(pairs.into_iter(), way, |k| path_of(dst, at[k]));
     }
     if let Some(k) = differs {
         let src_at = batch::tensors_with_paths(src)
@@ -167,41 +170,50 @@ pub(super) fn pair_up<'a, B: Batch>(src: &'a B, dst: &'a B, way: Way) -> Result<
 }
 
 /// The pairs of two batches holding a `HashMap`, whose entries each map lists in an order
-/// of its own: paired by path (a `HashMap` entry's step names its key, by hash), in path
-/// order; with the destinations' paths, for errors. Refused: maps with other keys, two
-/// keys of one map with the same hash (64 bits: they could not be told apart), and
-/// structures that differ.
-fn pair_by_key<'a, B: Batch>(src: &'a B, dst: &'a B) -> Result<(Vec<Pair<'a>>, Vec<Path>)> {
-    if let Some(at) = src.keys_differ(dst, &mut Path::default()) {
+/// of its own: paired by path (a `HashMap` entry's step names its key, by hash), compared
+/// by the paths' hashes (`src` and `dst`: each batch's tensors and their paths' hashes, in
+/// visit order), in hash order; with each pair's destination index, for errors. No path
+/// is built unless one is wrong. Refused: maps with other keys, two tensors of the
+/// destination whose paths have the same hash (two keys of one map with the same hash:
+/// 64 bits, they could not be told apart; or, by a chance of about n^2 / 2^64, two
+/// paths), and structures that differ.
+fn pair_by_key<'a, B: Batch>(
+    src_batch: &'a B,
+    dst_batch: &'a B,
+    (s, src_paths): (&[&'a Tensor], &[u64]),
+    (d, dst_paths): (&[&'a Tensor], &[u64]),
+) -> Result<(Vec<Pair<'a>>, Vec<usize>)> {
+    if let Some(at) = src_batch.keys_differ(dst_batch, &mut Path::default()) {
         return Err(other_keys(&at));
     }
-    let (mut a, mut b) = (
-        batch::tensors_with_paths(src),
-        batch::tensors_with_paths(dst),
-    );
-    a.sort_by(|x, y| x.0.cmp(&y.0));
-    b.sort_by(|x, y| x.0.cmp(&y.0));
-    if let Some(w) = b.windows(2).find(|w| w[0].0 == w[1].0) {
+    let by_hash = |paths: &[u64]| {
+        let mut order: Vec<usize> = (0..paths.len()).collect();
+        order.sort_unstable_by_key(|&k| paths[k]);
+        order
+    };
+    let (a, b) = (by_hash(src_paths), by_hash(dst_paths));
+    if let Some(w) = b.windows(2).find(|w| dst_paths[w[0]] == dst_paths[w[1]]) {
         return Err(Error::IntoMismatch {
-            at: w[0].0.to_string(),
+            at: path_of(dst_batch, w[0]),
             reason: "two keys of a HashMap there have the same hash, so their entries \
                      cannot be paired by key; use a BTreeMap or a Value::Map"
                 .into(),
         });
     }
     let mut pairs = Vec::with_capacity(b.len());
-    let mut paths = Vec::with_capacity(b.len());
-    for ((pa, ta), (pb, tb)) in a.into_iter().zip(b) {
-        if pa != pb {
+    for (&ka, &kb) in a.iter().zip(&b) {
+        if src_paths[ka] != dst_paths[kb] {
+            // The first destination path in hash order with no source there: the
+            // structures differ; named with the source's path at the same rank.
+            let src_at = path_of(src_batch, ka);
             return Err(Error::IntoMismatch {
-                at: pb.to_string(),
-                reason: format!("the source there is at {pa}: the structures differ"),
+                at: path_of(dst_batch, kb),
+                reason: format!("the source there is at {src_at}: the structures differ"),
             });
         }
-        pairs.push((ta, tb));
-        paths.push(pb);
+        pairs.push((s[ka], d[kb]));
     }
-    Ok((pairs, paths))
+    Ok((pairs, b))
 }
 
 /// The error of a source map whose keys are not its destination's, at the map `at`.
@@ -407,14 +419,25 @@ mod tests {
                 .collect()
         };
         assert_ne!(listed(&src), listed(&dst), "the maps list their keys alike");
-        let (pairs, paths) = pair_by_key(&src, &dst).unwrap();
+        fn walk(b: &HashMap<String, Tensor>) -> (Vec<&Tensor>, Vec<u64>) {
+            let (mut ts, mut hashes) = (Vec::new(), Vec::new());
+            b.visit_paths(&mut Path::default(), &mut |p, t| {
+                ts.push(t);
+                hashes.push(path_hash(p));
+            });
+            (ts, hashes)
+        }
+        let ((s, sh), (d, dh)) = (walk(&src), walk(&dst));
+        let (pairs, at) = pair_by_key(&src, &dst, (&s, &sh), (&d, &dh)).unwrap();
         assert_eq!(pairs.len(), 48);
-        for ((a, b), p) in pairs.iter().zip(&paths) {
+        for ((a, b), &k) in pairs.iter().zip(&at) {
             assert_eq!(
                 a.to_vec::<u8>().unwrap(),
                 b.to_vec::<u8>().unwrap(),
-                "at {p}"
+                "at {}",
+                path_of(&dst, k)
             );
+            assert!(std::ptr::eq(*b, d[k]), "the index names the destination");
             assert!(!std::ptr::eq(*a, *b));
         }
         // Then each pair's own checks: host destinations are no H2D copy.
