@@ -37,7 +37,7 @@ use crate::tensor::{Storage, Tensor};
 /// allocation.
 ///
 /// * Pairs: `src` and `dst` must have the same structure ([`Batch::visit_paths`] gives
-///   the same paths; they pair in visit order, or in path order when they hold a
+///   the same paths; they pair in visit order, or by path when they hold a
 ///   `HashMap`); each pair has the same dtype
 ///   and byte size (shapes may differ). Sources are host tensors (pageable or
 ///   page-locked); destinations are device tensors of one device: pinlane's own

@@ -38,8 +38,8 @@ use crate::tensor::Tensor;
 /// # Ok(()) }
 /// ```
 pub struct H2dPairs {
-    /// Source and destination, in the batches' visit order (path order when they hold a
-    /// `HashMap`), empty pairs left out.
+    /// Source and destination, in the batches' visit order (by their paths' hashes when
+    /// they hold a `HashMap`), empty pairs left out.
     pairs: Vec<(Tensor, Tensor)>,
     /// The destinations' device (`None`: nothing to copy).
     device: Option<usize>,

@@ -43,8 +43,8 @@ pub(super) enum Way {
 /// A source and its destination.
 type Pair<'a> = (&'a Tensor, &'a Tensor);
 
-/// The checked pairs of a call: `(source, destination)` in visit order (path order when
-/// the batches hold a `HashMap`: entries pair by key), empty pairs left out; and the
+/// The checked pairs of a call: `(source, destination)` in visit order (in the order of
+/// the paths' hashes when the batches hold a `HashMap`: entries pair by key), empty pairs left out; and the
 /// device of the device side (`None` when every pair is empty).
 pub(super) struct Pairs<'a> {
     pub pairs: Vec<Pair<'a>>,
