@@ -280,6 +280,63 @@ fn hash_maps_copy_into_their_own_keys() {
     assert!(e.to_string().contains("other keys"), "{e}");
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(60))]
+
+    /// Nested `HashMap`s pair by key at every level: a list of maps, each key holding a
+    /// list of tensors, copied into device tensors held by maps made with room for 1024
+    /// entries and filled in reverse (so each lists its keys in another order than its
+    /// source), then back into page-locked ones the same way; every key's tensors come
+    /// back to that key.
+    #[test]
+    fn nested_hash_maps_copy_into_their_own_keys(
+        maps in proptest::collection::vec(
+            proptest::collection::btree_map(
+                any::<u16>(),
+                proptest::collection::vec((common::dtype(), 1usize..64, any::<u64>()), 0..3),
+                0..12,
+            ),
+            1..3,
+        ),
+    ) {
+        use std::collections::HashMap;
+        type Batch = Vec<HashMap<u16, Vec<Tensor>>>;
+        common::sim();
+        let src: Batch = maps
+            .iter()
+            .map(|m| {
+                m.iter()
+                    .map(|(k, ts)| {
+                        let ts = ts.iter().map(|&(d, n, seed)| common::tensor(d, &[n], seed));
+                        (*k, ts.collect())
+                    })
+                    .collect()
+            })
+            .collect();
+        let zeros = |t: &Tensor| Tensor::from_bytes(t.dtype(), t.dims(), &vec![0; t.nbytes()]).unwrap();
+        let like = |make: &dyn Fn(&Tensor) -> Tensor| -> Batch {
+            src.iter()
+                .map(|m| {
+                    let mut out = HashMap::with_capacity(1024);
+                    let mut keys: Vec<_> = m.keys().copied().collect();
+                    keys.sort_unstable_by(|a, b| b.cmp(a));
+                    for k in keys {
+                        out.insert(k, m[&k].iter().map(make).collect());
+                    }
+                    out
+                })
+                .collect()
+        };
+        let dst = like(&|t| transfer_tensor_h2d(&zeros(t)).unwrap());
+        transfer_tensor_h2d_into(&src, &dst, &IntoOptions::default()).unwrap().wait().unwrap();
+        prop_assert_eq!(&transfer_tensor_d2h(&dst, &D2hOptions::default()).unwrap(), &src);
+        let back = like(&|t| zeros(t).to_pinned().unwrap());
+        // SAFETY: nothing else reads or writes `back`'s memory during the call.
+        unsafe { transfer_tensor_d2h_into(&dst, &back, &IntoOptions::default()) }.unwrap();
+        prop_assert_eq!(&back, &src);
+    }
+}
+
 /// The serving step: a dozen small tensors, pageable and page-locked, into slices of one
 /// buffer, take one kernel launch (the page-locked ones read in place) and one slot.
 #[test]
