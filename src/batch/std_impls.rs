@@ -178,11 +178,18 @@ impl<K: Clone + Eq + Hash, V: Batch, S: BuildHasher + Clone> Batch for HashMap<K
     /// itself only): their entries share a name in paths, so nothing that pairs by path can
     /// tell them apart, whatever lies below them.
     fn keys_differ(&self, other: &Self, path: &mut Path) -> Option<Path> {
-        if self.len() != other.len() || !self.keys().all(|k| other.contains_key(k)) {
+        if self.len() != other.len() {
             return Some(path.clone());
         }
-        // Each key hashed once: for the check of one name per key, then the walk below.
-        let named: Vec<(u64, &K, &V)> = self.iter().map(|(k, v)| (key_hash(k), k, v)).collect();
+        // Each key looked up in `other` once and named once: for the check of one name
+        // per key, then the walk below.
+        let mut named: Vec<(u64, &V, &V)> = Vec::with_capacity(self.len());
+        for (k, v) in self {
+            let Some(w) = other.get(k) else {
+                return Some(path.clone());
+            };
+            named.push((key_hash(k), v, w));
+        }
         let mut hashes: Vec<u64> = named.iter().map(|e| e.0).collect();
         hashes.sort_unstable();
         if hashes.windows(2).any(|w| w[0] == w[1]) {
@@ -190,7 +197,7 @@ impl<K: Clone + Eq + Hash, V: Batch, S: BuildHasher + Clone> Batch for HashMap<K
         }
         named
             .into_iter()
-            .find_map(|(h, k, v)| path.with(Step::Unordered(h), |p| v.keys_differ(&other[k], p)))
+            .find_map(|(h, v, w)| path.with(Step::Unordered(h), |p| v.keys_differ(w, p)))
     }
 }
 
