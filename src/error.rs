@@ -437,7 +437,8 @@ pub enum Error {
     #[error("copy into: {at}: {reason}")]
     IntoMismatch {
         /// Where: the pair's path in the destination batch (as [`crate::batch::Path`]
-        /// writes it), or `batch` for the whole batch.
+        /// writes it; for a tensor the source has where the destination has none, the
+        /// source's path), or `batch` for the whole batch.
         at: String,
         /// What does not match.
         reason: String,

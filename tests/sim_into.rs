@@ -283,32 +283,50 @@ fn hash_maps_copy_into_their_own_keys() {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(60))]
 
-    /// Nested `HashMap`s pair by key at every level: a list of maps, each key holding a
-    /// list of tensors, copied into device tensors held by maps made with room for 1024
-    /// entries and filled in reverse (so each lists its keys in another order than its
-    /// source), then back into page-locked ones the same way; every key's tensors come
-    /// back to that key.
+    /// Nested `HashMap`s pair by key at every level: a list of maps whose entries are
+    /// maps of lists of tensors, copied into device tensors held by maps (both levels)
+    /// made with room for 1024 entries and filled in reverse, so each lists its keys in
+    /// another order than its source; then back into page-locked ones the same way. Every
+    /// key's tensors come back to that key.
     #[test]
     fn nested_hash_maps_copy_into_their_own_keys(
         maps in proptest::collection::vec(
             proptest::collection::btree_map(
                 any::<u16>(),
-                proptest::collection::vec((common::dtype(), 1usize..64, any::<u64>()), 0..3),
-                0..12,
+                proptest::collection::btree_map(
+                    any::<u8>(),
+                    proptest::collection::vec((common::dtype(), 1usize..64, any::<u64>()), 0..3),
+                    0..4,
+                ),
+                0..6,
             ),
             1..3,
         ),
     ) {
-        use std::collections::HashMap;
-        type Batch = Vec<HashMap<u16, Vec<Tensor>>>;
+        use std::collections::{BTreeMap, HashMap};
+        type Inner = HashMap<u8, Vec<Tensor>>;
+        type Batch = Vec<HashMap<u16, Inner>>;
         common::sim();
+        /// A map with room for 1024 entries, filled in reverse key order.
+        fn reversed<K: Copy + Ord + std::hash::Hash, V>(
+            m: impl IntoIterator<Item = (K, V)>,
+        ) -> HashMap<K, V> {
+            let mut entries: Vec<(K, V)> = m.into_iter().collect();
+            entries.sort_unstable_by_key(|e| std::cmp::Reverse(e.0));
+            let mut out = HashMap::with_capacity(1024);
+            out.extend(entries);
+            out
+        }
         let src: Batch = maps
             .iter()
             .map(|m| {
                 m.iter()
-                    .map(|(k, ts)| {
-                        let ts = ts.iter().map(|&(d, n, seed)| common::tensor(d, &[n], seed));
-                        (*k, ts.collect())
+                    .map(|(k, inner)| {
+                        let inner = inner.iter().map(|(j, ts)| {
+                            let ts = ts.iter().map(|&(d, n, seed)| common::tensor(d, &[n], seed));
+                            (*j, ts.collect())
+                        });
+                        (*k, inner.collect())
                     })
                     .collect()
             })
@@ -317,13 +335,11 @@ proptest! {
         let like = |make: &dyn Fn(&Tensor) -> Tensor| -> Batch {
             src.iter()
                 .map(|m| {
-                    let mut out = HashMap::with_capacity(1024);
-                    let mut keys: Vec<_> = m.keys().copied().collect();
-                    keys.sort_unstable_by(|a, b| b.cmp(a));
-                    for k in keys {
-                        out.insert(k, m[&k].iter().map(make).collect());
-                    }
-                    out
+                    reversed(m.iter().map(|(k, inner)| {
+                        let inner: BTreeMap<u8, Vec<Tensor>> =
+                            inner.iter().map(|(j, ts)| (*j, ts.iter().map(make).collect())).collect();
+                        (*k, reversed(inner))
+                    }))
                 })
                 .collect()
         };

@@ -44,21 +44,31 @@ pub(super) enum Way {
 type Pair<'a> = (&'a Tensor, &'a Tensor);
 
 /// The checked pairs of a call: `(source, destination)` in visit order (in the order of
-/// the paths' hashes when the batches hold a `HashMap`: entries pair by key), empty pairs left out; and the
-/// device of the device side (`None` when every pair is empty).
+/// the paths' hashes when the batches hold a `HashMap`: entries pair by key), empty pairs
+/// left out; and the device of the device side (`None` when every pair is empty).
 pub(super) struct Pairs<'a> {
     pub pairs: Vec<Pair<'a>>,
     pub device: Option<usize>,
 }
 
-/// A path's hash, the same in both walks. Not SipHash: this runs once per tensor of every
-/// call, and the inputs are our own paths, not an adversary's (a collision could only
-/// hide a difference of structure; each pair's dtype and size are still checked).
-fn path_hash(p: &Path) -> u64 {
+/// A path's hash under `seed`, the same in both walks of a call. Not SipHash: this runs
+/// once per tensor of every call. Paths hold the caller's keys, so the seed is drawn anew
+/// for each call ([`call_seed`]): no one can choose keys whose paths collide. By chance,
+/// two paths of a call collide with a probability of about n^2 / 2^64; a collision would
+/// hide a difference of structure, or pair a `HashMap` entry's tensor with another path's
+/// (each pair's dtype and size are still checked).
+fn path_hash(p: &Path, seed: u64) -> u64 {
     use std::hash::{Hash, Hasher};
-    let mut h = PathHasher(0);
+    let mut h = PathHasher(seed);
     p.hash(&mut h);
     h.finish()
+}
+
+/// A seed for one call's [`path_hash`]es: unknown outside the process (std's
+/// `RandomState` keys, which differ per thread and per call).
+fn call_seed() -> u64 {
+    use std::hash::BuildHasher;
+    std::collections::hash_map::RandomState::new().hash_one(0x5eed_u64)
 }
 
 /// A multiply-rotate hash of words (the scheme of rustc's `FxHasher`).
@@ -113,17 +123,18 @@ pub(super) fn pair_up<'a, B: Batch>(src: &'a B, dst: &'a B, way: Way) -> Result<
     // One walk of each batch: its tensors, and the same structure, the same paths (a
     // `Value` map's keys, the lengths of nested lists), compared by hash (no allocation per
     // tensor); the paths are written out on a difference only.
+    let seed = call_seed();
     let (mut s, mut src_paths) = (Vec::new(), Vec::new());
     src.visit_paths(&mut Path::default(), &mut |p, t| {
         s.push(t);
-        src_paths.push(path_hash(p));
+        src_paths.push(path_hash(p, seed));
     });
     let mut d = Vec::with_capacity(s.len());
     let mut dst_paths = Vec::with_capacity(s.len());
     let (mut differs, mut unordered, mut numbered) = (None, false, false);
     dst.visit_paths(&mut Path::default(), &mut |p, t| {
         let k = d.len();
-        let h = path_hash(p);
+        let h = path_hash(p, seed);
         if differs.is_none() && src_paths.get(k) != Some(&h) {
             differs = Some(k);
         }
@@ -175,8 +186,8 @@ pub(super) fn pair_up<'a, B: Batch>(src: &'a B, dst: &'a B, way: Way) -> Result<
 /// visit order), in hash order; with each pair's destination index, for errors. No path
 /// is built unless one is wrong. Refused: maps with other keys, two tensors of the
 /// destination whose paths have the same hash (two keys of one map with the same hash:
-/// 64 bits, they could not be told apart; or, by a chance of about n^2 / 2^64, two
-/// paths), and structures that differ.
+/// 64 bits, they could not be told apart; or, by chance, two paths: see [`path_hash`]),
+/// and structures that differ.
 fn pair_by_key<'a, B: Batch>(
     src_batch: &'a B,
     dst_batch: &'a B,
@@ -203,12 +214,16 @@ fn pair_by_key<'a, B: Batch>(
     let mut pairs = Vec::with_capacity(b.len());
     for (&ka, &kb) in a.iter().zip(&b) {
         if src_paths[ka] != dst_paths[kb] {
-            // The first destination path in hash order with no source there: the
-            // structures differ; named with the source's path at the same rank.
-            let src_at = path_of(src_batch, ka);
+            // The first mismatch in hash order: the smaller hash is a path the other side
+            // lacks (or holds once fewer).
+            let (at, lacks) = if src_paths[ka] < dst_paths[kb] {
+                (path_of(src_batch, ka), "the destination")
+            } else {
+                (path_of(dst_batch, kb), "the source")
+            };
             return Err(Error::IntoMismatch {
-                at: path_of(dst_batch, kb),
-                reason: format!("the source there is at {src_at}: the structures differ"),
+                at,
+                reason: format!("{lacks} has no tensor there: the structures differ"),
             });
         }
         pairs.push((s[ka], d[kb]));
@@ -365,7 +380,9 @@ mod tests {
         ];
         for (i, a) in paths.iter().enumerate() {
             for b in &paths[i + 1..] {
-                assert_ne!(path_hash(a), path_hash(b), "{a} and {b}");
+                assert_ne!(path_hash(a, 0), path_hash(b, 0), "{a} and {b}");
+                let seed = call_seed();
+                assert_ne!(path_hash(a, seed), path_hash(b, seed), "{a} and {b}");
             }
         }
     }
@@ -423,7 +440,7 @@ mod tests {
             let (mut ts, mut hashes) = (Vec::new(), Vec::new());
             b.visit_paths(&mut Path::default(), &mut |p, t| {
                 ts.push(t);
-                hashes.push(path_hash(p));
+                hashes.push(path_hash(p, 7));
             });
             (ts, hashes)
         }
@@ -465,8 +482,16 @@ mod tests {
             ("b".into(), vec![host(vec![2; 4])]),
         ]
         .into();
-        let e = pair_up(&src2, &dst2, Way::H2d).err().unwrap();
-        assert!(e.to_string().contains("the structures differ"), "{e}");
+        // Named at a tensor one side lacks (the second under a key: the first ones pair),
+        // whichever of the two comes first in this call's hash order.
+        for _ in 0..8 {
+            let e = pair_up(&src2, &dst2, Way::H2d).err().unwrap();
+            assert!(
+                matches!(&e, Error::IntoMismatch { at, reason } if at.ends_with("[1]")
+                    && reason.ends_with("has no tensor there: the structures differ")),
+                "{e}"
+            );
+        }
     }
 
     /// A hand-written batch whose two tensors have the same path (it names them so
