@@ -45,6 +45,16 @@ struct PoolState {
     shared: Option<(Arc<PinnedBlock>, usize)>,
 }
 
+impl PoolState {
+    /// Takes every free block off the free list, for the caller to free.
+    fn drain_free(&mut self) -> Vec<(HostPtr<u8>, usize, usize)> {
+        let free = std::mem::take(&mut self.free);
+        self.held -= free.iter().map(|b| b.1).sum::<usize>();
+        self.blocks -= free.len();
+        free
+    }
+}
+
 /// Blocks are allocated in multiples of this.
 const BLOCK_ROUND: usize = 2 << 20;
 
@@ -140,13 +150,7 @@ impl PinnedOutputPool {
             }
         };
         drop(shared); // outside the lock: it goes back on the free list
-        let free = {
-            let mut st = self.lock();
-            let free = std::mem::take(&mut st.free);
-            st.held -= free.iter().map(|b| b.1).sum::<usize>();
-            st.blocks -= free.len();
-            free
-        };
+        let free = self.lock().drain_free();
         free_blocks(free)
     }
 
@@ -264,12 +268,9 @@ impl PinnedOutputPool {
                 }
             }
         };
-        for (ptr, _, owner) in to_free {
-            // SAFETY: unused blocks taken off the free list (touched by no copy, freed by
-            // nothing else). On the reaper thread: this is a transfer's path, and the
-            // free waits for the whole context.
-            unsafe { super::reaper::free_pinned_later(ptr, owner) };
-        }
+        // SAFETY: unused blocks taken off the free list under the lock above. On the
+        // reaper thread: this is a transfer's path.
+        unsafe { free_later(to_free) };
         if let Some(free) = reuse {
             return Ok(Taken::Range(self.reused(free), 0));
         }
@@ -292,25 +293,14 @@ impl PinnedOutputPool {
                     // back for the calls after this one, which has none.
                     match fit(&st.free, usize::MAX) {
                         Some(i) => (Some(st.free.swap_remove(i)), Vec::new()),
-                        None => {
-                            st.held -= st.free.iter().map(|b| b.1).sum::<usize>();
-                            st.blocks -= st.free.len();
-                            (None, std::mem::take(&mut st.free))
-                        }
+                        None => (None, st.drain_free()),
                     }
                 };
                 if let Some(free) = larger {
                     return Ok(Taken::Range(self.reused(free), 0));
                 }
-                for (ptr, _, owner) in idle {
-                    // SAFETY: the pool's free blocks, taken off the free list under its
-                    // lock: each came from `host_alloc` under the context of `owner`'s
-                    // device, is on no list now (so nothing else frees it), and is
-                    // touched by no copy (a block returns to the free list only when its
-                    // last view drops, after its copies were proven complete). On the
-                    // reaper thread: the free waits for the whole context.
-                    unsafe { super::reaper::free_pinned_later(ptr, owner) };
-                }
+                // SAFETY: the pool's free blocks, taken off the free list under its lock.
+                unsafe { free_later(idle) };
                 Ok(Taken::HostFull(e))
             }
         }
@@ -343,13 +333,25 @@ impl BlockPool for PinnedOutputPool {
                 None
             }
         };
-        if let Some((ptr, _, owner)) = excess {
-            // SAFETY: by `give_back`'s contract the block came from `host_alloc` under
-            // `owner`'s context, its last view dropped (no copy touches it), and nothing
-            // else frees it; it is on no list. On the reaper thread: this runs in a
-            // tensor's drop.
-            unsafe { super::reaper::free_pinned_later(ptr, owner) };
-        }
+        // SAFETY: by `give_back`'s contract the block came from `host_alloc` under
+        // `device`'s context for this pool, no copy touches it and nothing else frees it;
+        // it was put on no list. On the reaper thread: this runs in a tensor's drop.
+        unsafe { free_later(excess) };
+    }
+}
+
+/// Frees pool blocks on the reaper thread (`cuMemFreeHost` waits for the whole context),
+/// each under the context that allocated it.
+///
+/// # Safety
+/// Each block came from `host_alloc` under its device's context for the pool, no copy
+/// touches it (a block returns to the free list only when its last view drops, after its
+/// copies were proven complete), and nothing else frees it: it was taken off the free
+/// list under the pool's lock, or put on none.
+unsafe fn free_later(blocks: impl IntoIterator<Item = (HostPtr<u8>, usize, usize)>) {
+    for (ptr, _, device) in blocks {
+        // SAFETY: the caller's obligations, for each block.
+        unsafe { super::reaper::free_pinned_later(ptr, device) };
     }
 }
 

@@ -86,6 +86,26 @@ enum Release {
 }
 
 impl PinnedBlock {
+    /// A block `pool` held free, handed out again: back to `pool` when its last view
+    /// drops.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` came from `host_alloc` under `device`'s context, for `pool`, and
+    /// was taken off its free list: no copy touches it and nothing else holds or frees it.
+    pub(super) unsafe fn pooled(
+        ptr: HostPtr<u8>,
+        len: usize,
+        device: usize,
+        pool: Arc<dyn BlockPool>,
+    ) -> Arc<PinnedBlock> {
+        Arc::new(PinnedBlock {
+            ptr,
+            len,
+            release: Release::Pool { pool, device },
+            filling: Ranges::pinned(),
+        })
+    }
+
     /// A block of no bytes (outputs of a batch whose tensors are all empty). Its pointer
     /// is aligned for every dtype, so typed views of it are empty slices, not errors.
     pub(crate) fn empty() -> Arc<PinnedBlock> {
@@ -285,28 +305,6 @@ impl PinnedBlock {
 
 /// A device address as an integer (`CUdeviceptr`).
 type DevicePtrInt = u64;
-
-impl PinnedBlock {
-    /// A block `pool` held free, handed out again: back to `pool` when its last view
-    /// drops.
-    ///
-    /// # Safety
-    /// `ptr..ptr + len` came from `host_alloc` under `device`'s context, for `pool`, and
-    /// was taken off its free list: no copy touches it and nothing else holds or frees it.
-    pub(super) unsafe fn pooled(
-        ptr: HostPtr<u8>,
-        len: usize,
-        device: usize,
-        pool: Arc<dyn BlockPool>,
-    ) -> Arc<PinnedBlock> {
-        Arc::new(PinnedBlock {
-            ptr,
-            len,
-            release: Release::Pool { pool, device },
-            filling: Ranges::pinned(),
-        })
-    }
-}
 
 impl Drop for PinnedBlock {
     fn drop(&mut self) {
