@@ -8,6 +8,7 @@
 
 mod common;
 
+use pinlane::driver::fault::{self, FaultKind};
 use pinlane::driver::sim::{enable, SimConfig};
 use pinlane::{transfer_tensor_d2h, transfer_tensor_h2d_with, Config};
 use pinlane::{D2hOptions, DType, Device, H2dOptions, Stream, Tensor};
@@ -82,6 +83,35 @@ fn a_full_device_frees_kept_blocks_and_the_output_is_allocated() {
     let out = h2d(vec![big.clone()]).unwrap();
     drop(out);
     legacy.synchronize().unwrap();
+
+    // A kept block whose free fails (made to fail here, as `cuMemFreeAsync` can) stays
+    // allocated, never freed early; the allocation goes on with the room the other seven
+    // frees made, and the failed free is not lost: the thread's next call returns it, once.
+    let base = free_bytes();
+    keep_eight_blocks();
+    fault::inject(FaultKind::Free, 1);
+    let out = h2d(vec![big.clone()]).expect("seven freed blocks make room for 3 MiB");
+    assert!(
+        !fault::armed(),
+        "the first kept block's free was made to fail"
+    );
+    assert_eq!(pinlane::memory_stats().kept_device_block_bytes, 0);
+    let back = transfer_tensor_d2h(&out, &D2hOptions::default());
+    match back {
+        Err(pinlane::Error::Deferred(e)) => {
+            assert!(e.to_string().contains("cuMemFreeAsync"), "{e}")
+        }
+        other => panic!("the failed free was not returned: {other:?}"),
+    }
+    let back = transfer_tensor_d2h(&out, &D2hOptions::default()).expect("returned once");
+    assert_eq!(back[0].as_bytes().unwrap(), big.as_bytes().unwrap());
+    drop(out);
+    legacy.synchronize().unwrap();
+    assert_eq!(
+        free_bytes(),
+        base - (1 << 20),
+        "the block whose free failed stays allocated"
+    );
 
     // With nothing kept, a batch larger than all that is free fails with out-of-memory at
     // once (no room to make)...

@@ -204,6 +204,7 @@ pub(crate) unsafe fn device_free_async(
     p: DevicePtr,
     stream: &Stream,
 ) -> Result<()> {
+    fault_point(FaultKindTag::Free, "cuMemFreeAsync")?;
     // SAFETY: obligations 1 and 2 are the caller's; the stream is alive.
     check("cuMemFreeAsync", unsafe {
         super::api::cuMemFreeAsync(p, stream.raw())

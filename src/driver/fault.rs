@@ -44,6 +44,10 @@ pub enum FaultKind {
     /// back to pageable outputs, so a sweep of a call's own faults leaves it out too), a
     /// staging slot, a `PinnedBufferMut`'s block, or a tensor's `to_pinned` block.
     HostAlloc,
+    /// `cuMemFreeAsync` of device memory. The free is not made: the memory stays
+    /// allocated for the rest of the process, as after a real failure (pinlane never
+    /// frees memory a copy may still use, so a failed free leaks rather than retries).
+    Free,
 }
 
 thread_local! {

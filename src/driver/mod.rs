@@ -280,6 +280,7 @@ pub(crate) fn fault_point(
             FaultKindTag::ThreadStart => fault::FaultKind::ThreadStart,
             FaultKindTag::KeepBlock => fault::FaultKind::KeepBlock,
             FaultKindTag::HostAlloc => fault::FaultKind::HostAlloc,
+            FaultKindTag::Free => fault::FaultKind::Free,
         };
         fault::hit(k, op)?;
     }
@@ -298,6 +299,7 @@ pub(crate) enum FaultKindTag {
     ThreadStart,
     KeepBlock,
     HostAlloc,
+    Free,
 }
 
 /// Checks a device index against the device count.

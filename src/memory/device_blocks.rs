@@ -325,7 +325,9 @@ impl DeviceBlocks {
     /// for an allocation that found the device out of memory; returns the streams the
     /// frees were queued on (each once), for the caller to wait for (empty when nothing
     /// was kept). A free that cannot be queued leaves its block allocated (never freed
-    /// early), as `release`'s failures do.
+    /// early), as `release`'s failures do; its error is recorded for the calling thread's
+    /// next call on the device (`driver::deferred`), which this allocation does not
+    /// return: it goes on with what the other frees made room for.
     pub(crate) fn free_device(&self, ctx: &ContextGuard) -> Vec<Stream> {
         let kept: Vec<Given> = {
             let mut devices = self.lock();
@@ -336,10 +338,10 @@ impl DeviceBlocks {
         };
         let mut on: Vec<Stream> = Vec::new();
         for g in kept {
-            if let Ok(s) = free_on_its_stream(ctx, g) {
-                if !on.iter().any(|o| o.same_as(&s)) {
-                    on.push(s);
-                }
+            match free_on_its_stream(ctx, g) {
+                Ok(s) if !on.iter().any(|o| o.same_as(&s)) => on.push(s),
+                Ok(_) => {}
+                Err(e) => driver::deferred::record(ctx.device(), e),
             }
         }
         on
