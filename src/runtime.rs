@@ -19,7 +19,7 @@ use crate::driver;
 use crate::error::{Error, Result};
 pub use crate::memory::PoolStats;
 use crate::memory::{
-    retained, CopyPool, DeviceBlocks, HostPool, PinnedArena, PinnedOutputPool, Stores,
+    retained, waits, CopyPool, DeviceBlocks, HostPool, PinnedArena, PinnedOutputPool, Stores,
 };
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -156,8 +156,8 @@ pub(crate) fn retire(rt: &Runtime) {
 /// The settings of the default runtime that the layers below keep process-wide: the
 /// device pools' release threshold and the bound on waits inside `Drop`.
 fn apply_process_settings(config: &Config) -> Result<()> {
-    retained::set_drop_wait(config.drop_sync_wait);
-    retained::set_sync_wait(config.sync_wait);
+    waits::set_drop_wait(config.drop_sync_wait);
+    waits::set_sync_wait(config.sync_wait);
     driver::set_pool_release_threshold(config.device_pool_release_bytes);
     // Pools made before the runtime (a `Stream::new` first, say) get it too.
     driver::apply_pool_release_threshold()

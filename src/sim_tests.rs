@@ -97,11 +97,11 @@ fn a_slot_lease_dropped_past_its_bound_is_retained_then_returned() {
     } = slow_slot(0x33, Duration::from_millis(1000));
     let ctx = driver::bind(0).unwrap();
     let before = crate::memory::retained::retained_bytes();
-    crate::memory::retained::set_drop_wait(Duration::from_millis(50));
+    crate::memory::waits::set_drop_wait(Duration::from_millis(50));
     let t0 = Instant::now();
     drop(lease);
     let took = t0.elapsed();
-    crate::memory::retained::set_drop_wait(Duration::from_secs(60));
+    crate::memory::waits::set_drop_wait(Duration::from_secs(60));
     assert!(took < Duration::from_millis(600), "dropped after {took:?}");
     assert_eq!(crate::memory::retained::retained_bytes(), before + 4096);
     assert_eq!(arena.stats().in_use_count, 1, "the slot is not free yet");
@@ -186,7 +186,7 @@ fn busy_job() -> (Stream, InFlight) {
     let ctx = driver::bind(0).unwrap();
     let a = DeviceAlloc::new_async(&ctx, 0, 4096, &s, s.clone()).unwrap();
     s.delay_async(Duration::from_millis(1500)).unwrap();
-    crate::memory::retained::set_drop_wait(Duration::from_millis(50));
+    crate::memory::waits::set_drop_wait(Duration::from_millis(50));
     let mut job = InFlight::new(s.clone());
     job.hold(&a, 4096);
     (s, job)
@@ -206,13 +206,13 @@ fn a_retained_small_output_counts_its_whole_block() {
     let a = DeviceAlloc::for_outputs(&ctx, 1000, &s, consumer, &blocks, wait).unwrap();
     assert_eq!((a.nbytes(), a.held_bytes()), (1000, 1024));
     s.delay_async(Duration::from_millis(1500)).unwrap();
-    crate::memory::retained::set_drop_wait(Duration::from_millis(50));
+    crate::memory::waits::set_drop_wait(Duration::from_millis(50));
     let mut job = InFlight::new(s.clone());
     job.hold_device_output(&a);
     drop(a);
     let before = crate::memory::retained::retained_bytes();
     drop(job);
-    crate::memory::retained::set_drop_wait(Duration::from_secs(60));
+    crate::memory::waits::set_drop_wait(Duration::from_secs(60));
     assert_eq!(crate::memory::retained::retained_bytes(), before + 1024);
     s.synchronize().unwrap();
     crate::memory::retained::try_release();
@@ -227,7 +227,7 @@ fn dropping_an_unfinished_job_does_not_wait_forever() {
     let before = crate::memory::retained::retained_bytes();
     let t0 = Instant::now();
     drop(job);
-    crate::memory::retained::set_drop_wait(Duration::from_secs(60));
+    crate::memory::waits::set_drop_wait(Duration::from_secs(60));
     assert!(
         t0.elapsed() < Duration::from_millis(1000),
         "{:?}",
@@ -250,7 +250,7 @@ fn an_unwound_job_past_its_bound_keeps_the_sources_as_well() {
     let source = std::sync::Arc::new(());
     let t0 = Instant::now();
     job.unwind(|| source.clone());
-    crate::memory::retained::set_drop_wait(Duration::from_secs(60));
+    crate::memory::waits::set_drop_wait(Duration::from_secs(60));
     assert!(
         t0.elapsed() < Duration::from_millis(1000),
         "{:?}",

@@ -467,7 +467,7 @@ fn enqueue(owners: Detached, done: Event, lazy: bool, spin: Duration) -> Result<
                 };
                 if let Some(job) = job {
                     let device = job.done.index();
-                    let waited = job.done.done_within(crate::memory::retained::drop_wait());
+                    let waited = job.done.done_within(crate::memory::waits::drop_wait());
                     if let Err(drain) = &waited {
                         // The call returns why it failed; the device's error goes to its
                         // next call, as any error no call can return.

@@ -210,7 +210,7 @@ impl<B> Drop for Prefetcher<B> {
         let Some(w) = self.worker.take() else { return };
         // The process's setting, read without the runtime (after a `shutdown`, asking
         // for it would set a new one up, inside a drop).
-        let limit = crate::memory::retained::drop_wait();
+        let limit = crate::memory::waits::drop_wait();
         let mut patience = super::patience::Patience::new(limit);
         while !w.is_finished() {
             if patience.pause().is_err() {

@@ -15,7 +15,8 @@
 
 use super::copier::{CopyPanicked, Packed, Stores, Ticket};
 use super::{
-    check_range, retained, CopyPool, CopyTask, CopyTasks, DeviceAlloc, DeviceView, HostRegion,
+    check_range, retained, waits, CopyPool, CopyTask, CopyTasks, DeviceAlloc, DeviceView,
+    HostRegion,
 };
 use crate::driver::{self, ContextGuard, Event, GatherKernel, GatherPiece, HostPtr, Stream};
 use crate::error::{Error, Result};
@@ -320,7 +321,7 @@ impl PinnedArena {
 /// [`Config::sync_wait`](crate::config::Config::sync_wait) when one is set, then
 /// [`Error::SyncTimeout`] (also [`crate::wait_for_event`]).
 pub(crate) fn wait_for(ev: &Event) -> Result<()> {
-    let Some(limit) = retained::sync_wait() else {
+    let Some(limit) = waits::sync_wait() else {
         return ev.synchronize();
     };
     let started = Instant::now();
@@ -392,7 +393,7 @@ impl<'a> Synced<'a> {
     /// The driver's error, or [`Error::SyncTimeout`]: the stream's copies are then not
     /// proven complete.
     pub(crate) fn synchronize(stream: &'a Stream) -> Result<Synced<'a>> {
-        match retained::sync_wait() {
+        match waits::sync_wait() {
             None => stream.synchronize()?,
             Some(limit) => {
                 let started = Instant::now();
@@ -882,7 +883,7 @@ impl Drop for SlotLease {
             let ev = slab.event.clone();
             let waited = ev
                 .as_ref()
-                .map_or(Ok(true), |e| e.done_within(retained::drop_wait()));
+                .map_or(Ok(true), |e| e.done_within(waits::drop_wait()));
             match waited {
                 Ok(true) => slab.busy = false,
                 Ok(false) => {

@@ -303,7 +303,7 @@ impl Drop for DeviceAlloc {
                 let (device, nbytes) = (self.device, self.nbytes);
                 let events: Vec<Event> = uses.into_iter().map(|(_, ev)| ev).collect();
                 // The drop bound runs from now, wherever the wait happens.
-                let deadline = driver::deadline_after(super::retained::drop_wait());
+                let deadline = driver::deadline_after(super::waits::drop_wait());
                 // A drop pinlane makes (the completion thread dropping a non-blocking
                 // call's owners, a wait or a transfer releasing what earlier calls kept)
                 // waits for a lent use still running on the free thread: every handle,
@@ -650,7 +650,7 @@ impl DevicePtrGuard {
         alloc.record_use(&self.stream).inspect_err(|_| {
             // Fall back to waiting on the host, within the drop bound; past it, the memory
             // waits in the retained registry until the stream is proven idle.
-            if !self.stream.idle_within(super::retained::drop_wait()) {
+            if !self.stream.idle_within(super::waits::drop_wait()) {
                 let keep = Box::new(alloc.clone());
                 super::retained::retain(self.stream.clone(), keep, alloc.held_bytes());
             }

@@ -3,7 +3,7 @@
 
 use super::arena::Synced;
 use super::filling::Fill;
-use super::{retained, DeviceAlloc, PinnedBlock, SlotLease};
+use super::{retained, waits, DeviceAlloc, PinnedBlock, SlotLease};
 use super::{DeviceFill, DeviceReads, DeviceView};
 use crate::driver::{ContextGuard, HostPtr, Stream};
 use crate::error::{Error, Result};
@@ -418,13 +418,13 @@ impl InFlight {
     }
 
     /// Settles the fills, then proves the stream idle within the drop bound
-    /// (`retained::drop_wait`, polled through an event: a hung device must not hang the
+    /// (`waits::drop_wait`, polled through an event: a hung device must not hang the
     /// thread) and marks what the call holds idle (a device output only if `all_queued`,
     /// as in [`InFlight::synchronize`]); false if it could not.
     fn idle_within_drop_wait(&mut self, all_queued: bool) -> bool {
         self.settle();
         let stream = self.stream.clone();
-        match Synced::within(&stream, retained::drop_wait()) {
+        match Synced::within(&stream, waits::drop_wait()) {
             Some(proof) => {
                 self.leases.iter_mut().for_each(|l| l.mark_idle(&proof));
                 filled(&mut self.fills, &proof);

@@ -101,7 +101,7 @@ pub fn measure_pinned_limits(
         // A copy may still run on either stream: the buffers are freed (on return) only
         // once both are found idle within the drop bound; otherwise they are never
         // freed (a failing device; which stream still reads them is not known).
-        let end = crate::driver::deadline_after(super::retained::drop_wait());
+        let end = crate::driver::deadline_after(super::waits::drop_wait());
         let left = || end.saturating_duration_since(std::time::Instant::now());
         if !(a.idle_within(left()) && b.idle_within(left())) {
             std::mem::forget((host_up, host_down, down_view, dev_up, dev_down));

@@ -79,6 +79,7 @@ pub(crate) mod reaper;
 mod registration;
 pub mod retained;
 pub(crate) mod scatter;
+pub(crate) mod waits;
 
 pub(crate) use crate::driver::batch_copy_available;
 pub use arena::PinnedArena;

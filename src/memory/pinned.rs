@@ -493,7 +493,7 @@ fn overlapping(map: &BTreeMap<usize, Live>, addr: usize, len: usize) -> Option<(
 /// answer) when they overlap a live registration of pinlane's, or one still being made or
 /// ended past the bound.
 fn reserve(start: usize, len: usize) -> Result<()> {
-    let deadline = driver::deadline_after(super::retained::drop_wait());
+    let deadline = driver::deadline_after(super::waits::drop_wait());
     let mut map = live();
     loop {
         match overlapping(&map, start, len) {

@@ -189,7 +189,7 @@ fn run(job: Job) {
 /// owner's drop is user code) is caught and recorded for the next call on `device`.
 pub(crate) fn end_in_policy(device: usize, end: Box<dyn FnOnce() + Send>) {
     let what = "dropping the owner of memory page-locked in place";
-    if super::retained::sync_wait().is_some() || pinlanes_own_free() {
+    if super::waits::sync_wait().is_some() || pinlanes_own_free() {
         run_later(device, what, end);
     } else {
         run(Job::Run(end, device, what, None));
@@ -283,7 +283,7 @@ pub(crate) unsafe fn free_pinned_in_policy(
     ptr: HostPtr<u8>,
     device: usize,
 ) -> crate::error::Result<()> {
-    if super::retained::sync_wait().is_some() || pinlanes_own_free() {
+    if super::waits::sync_wait().is_some() || pinlanes_own_free() {
         // SAFETY: the caller's obligations.
         unsafe { free_pinned_later(ptr, device) };
         Ok(())

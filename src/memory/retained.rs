@@ -17,7 +17,6 @@ use crate::driver::{Event, Stream};
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
 
 struct Entry {
     /// Its place among the entries pushed (see [`position`]).
@@ -53,45 +52,6 @@ pub(crate) fn position() -> u64 {
     // Acquire: sees every push counted before this value (the counts are one release
     // sequence), and so the queuing of their copies.
     PUSHED.load(Ordering::Acquire)
-}
-
-/// The bound on a wait inside a `Drop` of the memory layer: set by the runtime from
-/// [`Config::drop_sync_wait`](crate::config::Config::drop_sync_wait) (60 s until one is
-/// made), in milliseconds.
-static DROP_WAIT_MS: AtomicU64 = AtomicU64::new(60_000);
-
-/// Sets the bound of [`drop_wait`].
-pub(crate) fn set_drop_wait(d: Duration) {
-    DROP_WAIT_MS.store(
-        u64::try_from(d.as_millis()).unwrap_or(u64::MAX),
-        Ordering::Relaxed,
-    );
-}
-
-/// How long a `Drop` may wait for recorded work before it retains instead.
-pub(crate) fn drop_wait() -> Duration {
-    Duration::from_millis(DROP_WAIT_MS.load(Ordering::Relaxed))
-}
-
-/// The bound on a blocking call's waits for its copies, in milliseconds (`u64::MAX`:
-/// none): set by the runtime from
-/// [`Config::sync_wait`](crate::config::Config::sync_wait).
-static SYNC_WAIT_MS: AtomicU64 = AtomicU64::new(u64::MAX);
-
-/// Sets the bound of [`sync_wait`].
-pub(crate) fn set_sync_wait(d: Option<Duration>) {
-    let ms = d.map_or(u64::MAX, |d| {
-        u64::try_from(d.as_millis()).unwrap_or(u64::MAX - 1)
-    });
-    SYNC_WAIT_MS.store(ms, Ordering::Relaxed);
-}
-
-/// How long a blocking call may wait for its copies (`None`: as long as they take).
-pub(crate) fn sync_wait() -> Option<Duration> {
-    match SYNC_WAIT_MS.load(Ordering::Relaxed) {
-        u64::MAX => None,
-        ms => Some(Duration::from_millis(ms)),
-    }
 }
 
 static ENTRIES: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
@@ -238,7 +198,7 @@ fn release_completed(done: impl Fn(&Event) -> bool) {
 /// Returns the bytes still retained (groups holding none of pinlane's bytes may remain:
 /// [`retained_count`]).
 pub fn try_release() -> usize {
-    let deadline = crate::driver::deadline_after(drop_wait());
+    let deadline = crate::driver::deadline_after(super::waits::drop_wait());
     let left = || deadline.saturating_duration_since(std::time::Instant::now());
     let streams: Vec<Stream> = lock()
         .iter()

@@ -207,7 +207,7 @@ impl Iterator for Loading {
 /// [`Error::SyncTimeout`], the group's memory kept until its copies finish), else for as
 /// long as the device takes.
 fn wait(mut t: Transfer<Vec<Tensor>>) -> Result<Vec<Tensor>> {
-    match crate::memory::retained::sync_wait() {
+    match crate::memory::waits::sync_wait() {
         None => t.wait(),
         Some(limit) => t.wait_timeout(limit).unwrap_or(Err(Error::SyncTimeout {
             waited_ms: u64::try_from(limit.as_millis()).unwrap_or(u64::MAX),
