@@ -452,7 +452,10 @@ pub struct MemoryStats {
     pub failed_frees: usize,
     /// Groups of owners retained after failed synchronisations.
     pub retained_owners: usize,
-    /// Bytes those owners hold.
+    /// Bytes of pinlane's own memory those owners hold (staging slots, device
+    /// allocations, page-locked blocks). The caller's tensors they keep alive (clones of
+    /// a call's sources or destinations) are not counted: that memory is the caller's, and
+    /// an owner holding only such clones counts in `retained_owners` with no bytes.
     pub retained_bytes: usize,
     /// Errors raised on pinlane's own threads, where no call could return them (a failed
     /// free, user code that panicked while a non-blocking call's owners were released):
