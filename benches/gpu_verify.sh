@@ -14,11 +14,14 @@
 #            `bash tests/pack-shipped`, alone.
 #   all      both (needs every part of .gpu: larger than one carry unless folded by
 #            benches/gpu_fold.sh, which makes the test binaries xz archives).
+#   rust     `all` without the Python suite (about 110 s of all's 232 on an H100): for a
+#            session whose device time is short and whose change left the Python
+#            package alone. Not a substitute where the package or its wheel changed.
 #
 # Folded test binaries (.gpu/tests.tar.xz, .gpu/shipped.tar.xz) are unfolded first.
 # Run from the project root: bash benches/gpu_verify.sh tests "$OUT"
-part=${1:?usage: gpu_verify.sh tests|shipped|all LOG_DIR}
-out=${2:?usage: gpu_verify.sh tests|shipped|all LOG_DIR}
+part=${1:?usage: gpu_verify.sh tests|shipped|all|rust LOG_DIR}
+out=${2:?usage: gpu_verify.sh tests|shipped|all|rust LOG_DIR}
 mkdir -p "$out"
 for d in tests shipped; do
   if [ ! -d ".gpu/$d" ] && [ -f ".gpu/$d.tar.xz" ]; then
@@ -26,15 +29,17 @@ for d in tests shipped; do
   fi
 done
 { nvidia-smi --query-gpu=name,pci.bus_id,driver_version --format=csv,noheader; nproc; } >> "$out/gpu.txt"
-if [ "$part" = tests ] || [ "$part" = all ]; then
+if [ "$part" = tests ] || [ "$part" = all ] || [ "$part" = rust ]; then
   bash .gpu/run-tests > "$out/tests.log" 2>&1
   echo "run-tests rc=$? $(grep -E '^test binaries' "$out/tests.log" | tail -1)"
   grep -E "FAILED|panicked" "$out/tests.log" | head -5
+fi
+if [ "$part" = tests ] || [ "$part" = all ]; then
   PINLANE_REQUIRE_GPU=1 timeout 250 bash .gpu/with-python python3 -m pytest -q -p no:cacheprovider python/tests > "$out/pytest.log" 2>&1
   echo "pytest rc=$? $(tail -1 "$out/pytest.log")"
   grep -E "FAILED|Error" "$out/pytest.log" | head -8
 fi
-if [ "$part" = shipped ] || [ "$part" = all ]; then
+if [ "$part" = shipped ] || [ "$part" = all ] || [ "$part" = rust ]; then
   bash .gpu/run-shipped > "$out/shipped.log" 2>&1
   echo "run-shipped rc=$? $(grep -E '^shipped test binaries' "$out/shipped.log" | tail -1)"
   grep -E "FAILED|panicked" "$out/shipped.log" | head -5
