@@ -154,7 +154,8 @@ pub(crate) fn retire(rt: &Runtime) {
 }
 
 /// The settings of the default runtime that the layers below keep process-wide: the
-/// device pools' release threshold and the bound on waits inside `Drop`.
+/// device pools' release threshold and the memory layer's two wait bounds (inside `Drop`,
+/// and a blocking call's wait for its copies: `memory::waits`).
 fn apply_process_settings(config: &Config) -> Result<()> {
     waits::set_drop_wait(config.drop_sync_wait);
     waits::set_sync_wait(config.sync_wait);
