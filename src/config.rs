@@ -114,7 +114,7 @@ pub struct Config {
     /// drops, instead of
     /// freed, for the next small outputs: their allocation then skips the driver pool's
     /// check of memory freed on another stream (the outputs' consumer stream), which took
-    /// 0.7 to 3 us a call (docs/performance.md, session 69). A block is reused only once
+    /// 0.7 to 3 us a call (docs/performance-log.md, session 69). A block is reused only once
     /// an event recorded on its consumer stream when it was given back has completed.
     /// Kept for any consumer stream other than the copy stream; for a borrowed one (a
     /// `torch.cuda.Stream`, say) only where the driver has `cuStreamGetId` (CUDA 12.0+).

@@ -1,7 +1,7 @@
 //! Small H2D outputs' device blocks are kept for the next outputs when their last view
 //! drops (`Config::small_device_blocks`), with an event recorded on their consumer
 //! stream, and handed out again only once that event has completed: the allocation then
-//! skips the driver pool's check of memory freed on another stream (docs/performance.md,
+//! skips the driver pool's check of memory freed on another stream (docs/performance-log.md,
 //! session 69). On the simulated device.
 // The simulated device and the test hooks: `cargo test --features test-util`.
 #![cfg(feature = "test-util")]

@@ -2,7 +2,7 @@
 run (`pinlane.transfer_tensor_h2d_overlapping` in the binding, batches of 1 MiB or more)
 against the same call making them after the copies (`_native.h2d(..., handover=False)`),
 in one process. Session 55's run 2 ran it on a build that handed over from 512 KiB (not
-kept: docs/performance.md, session 55), where 1000 x 1 KiB is handed over:
+kept: docs/performance-log.md, session 55), where 1000 x 1 KiB is handed over:
 
     bash .gpu/with-python python3 benches/probes/h2d_handover_ab.py     # on the GPU machine
 

@@ -106,7 +106,7 @@ impl Batch for Value {
 
 /// A container's item visited: a tensor here, not through a call per item (a batch of
 /// many small tensors is mostly such items: 1000 of them walked in 2.8 us instead of 4.7 on
-/// the CI machine, docs/performance.md, session 60).
+/// the CI machine, docs/performance-log.md, session 60).
 fn visit_item<'a>(x: &'a Value, f: &mut dyn FnMut(&'a Tensor)) {
     match x {
         Value::Tensor(t) => f(t),

@@ -2,7 +2,7 @@
 //! the write has finished (`cuStreamWriteValue32`), and the calling thread spins on the
 //! word instead of waiting in `cuStreamSynchronize`. On the H200 a 1 KiB copy ended that
 //! way 0.3 to 0.9 us sooner than with the driver's wait (`benches/probes/wait_floor.cu`,
-//! docs/performance.md, session 44).
+//! docs/performance-log.md, session 44).
 //!
 //! The call is not in the CUDA 11.4 header set pinlane binds; CUDA 11.7 and later have it
 //! as `cuStreamWriteValue32_v2`, looked up by hand when first needed (the first version

@@ -453,7 +453,7 @@ const FLAG_ALIGN: usize = 8;
 /// `Config::spin` before the call waits in the driver (`memory::InFlight::end_flag`).
 /// Only D2H into page-locked outputs uses them (the word goes after the outputs in their
 /// block): on H2D's stream they did not pay on the H200, where the next call's device
-/// allocation took longer (docs/performance.md, session 44).
+/// allocation took longer (docs/performance-log.md, session 44).
 fn end_flags(rt: &crate::runtime::Runtime, device: usize) -> bool {
     !rt.settings().spin.is_zero() && driver::flag::available() && driver::host_memory_mapped(device)
 }

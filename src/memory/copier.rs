@@ -665,7 +665,7 @@ impl Ticket {
         let n = job.work.pieces();
         // Only other threads' pieces are left. Spin for them first: with the copy threads
         // awake, sleeping for them made a 280 KiB fill take 11.4 us instead of 5.2 on the
-        // H200 (benches/probes/small_fill.cu, docs/performance.md, session 37).
+        // H200 (benches/probes/small_fill.cu, docs/performance-log.md, session 37).
         if !job.spin.is_zero() {
             let end = spin_end(job.spin);
             while job.done.load(Ordering::Acquire) < n && spinning(end) {

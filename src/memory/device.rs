@@ -110,7 +110,7 @@ impl DeviceAlloc {
     /// stream is not `stream` (see [`device_blocks::keeps_for`]) gets a block `blocks`
     /// kept, when one is proven free, or a new one of its size class, and gives it back
     /// to `blocks` when released. So its allocation skips the pool's check of a block
-    /// freed on another stream (docs/performance.md, session 69).
+    /// freed on another stream (docs/performance-log.md, session 69).
     ///
     /// When the device has no memory for it and room can be made ([`make_room`], which
     /// waits up to `wait` for kept blocks' frees), the allocation is tried once more.

@@ -5,7 +5,7 @@
 //! stream (by default the legacy stream). Before the driver's pool reuses a block freed
 //! on another stream, it checks that the free has passed; that check took 0.7 to 1.8 us a
 //! call, and 2.0 to 3.0 us once the process had launched a kernel (every torch program),
-//! against 0.4 to 0.7 for a block freed on the allocating stream (docs/performance.md,
+//! against 0.4 to 0.7 for a block freed on the allocating stream (docs/performance-log.md,
 //! session 69). A small output's block is kept here instead, with an event recorded on
 //! its consumer stream where it was given back; a block is handed out again once that
 //! event is proven complete. The proof is shared: a stream runs its work in order, so an
@@ -38,7 +38,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 /// Largest output kept, in bytes: a batch of 1000 x 1 KiB (1,024,000 bytes) fits the
-/// largest class (docs/performance.md, session 73).
+/// largest class (docs/performance-log.md, session 73).
 pub(crate) const MAX_BYTES: usize = 1 << 20;
 
 /// Outputs up to this size are kept whatever their size; larger ones only where they fill
