@@ -51,61 +51,60 @@ pub(super) struct Pairs<'a> {
     pub device: Option<usize>,
 }
 
-/// A path's hash under `seed`, the same in both walks of a call. Not SipHash: this runs
-/// once per tensor of every call. Paths hold the caller's keys, so the seed is drawn anew
-/// for each call ([`call_seed`]): no one can choose keys whose paths collide. By chance,
-/// two paths of a call collide with a probability of about n^2 / 2^64; a collision would
-/// hide a difference of structure, or pair a `HashMap` entry's tensor with another path's
-/// (each pair's dtype and size are still checked).
-fn path_hash(p: &Path, seed: u64) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = PathHasher(seed);
-    p.hash(&mut h);
-    h.finish()
-}
-
-/// A seed for one call's [`path_hash`]es: unknown outside the process (std's
-/// `RandomState` keys, which differ per thread and per call).
-fn call_seed() -> u64 {
+/// A path's hash under one call's `keys`, the same in both walks of the call. Each step
+/// is one word of a multiply-rotate chain (the scheme of rustc's `FxHasher`), which is
+/// cheap for the words the batch's shape gives (positions, a `HashMap` entry's name); a
+/// step that names its place with a string (a `Value` map's key, a field) is first
+/// hashed by SipHash under the call's secret keys ([`PathKeys`]). The chain alone could
+/// be steered: strings that differ in bit 6 of one byte and bit 3 of the next collided
+/// in half the calls, whatever the seed (`crafted_keys_do_not_collide` below). Keyed,
+/// two paths of a call collide by chance only, with a probability of about n^2 / 2^64;
+/// a collision would hide a difference of structure (each pair's dtype and size are
+/// still checked). A `HashMap` entry's name is a hash anyone can compute, but a fixed tag
+/// word follows it, so a difference in it reaches any later word scrambled by the seed.
+fn path_hash(p: &Path, keys: &PathKeys) -> u64 {
     use std::hash::BuildHasher;
-    std::collections::hash_map::RandomState::new().hash_one(0x5eed_u64)
+    let mut h = PathHasher(keys.seed);
+    h.add(p.steps().len() as u64);
+    for step in p.steps() {
+        let (tag, word) = match step {
+            Step::Field(name) => (1, keys.strings.hash_one(&**name)),
+            Step::Key(k) => (2, keys.strings.hash_one(k.as_str())),
+            Step::Index(i) => (3, *i as u64),
+            Step::Nth(n) => (4, *n as u64),
+            Step::Unordered(x) => (5, *x),
+        };
+        h.add(tag);
+        h.add(word);
+    }
+    h.0
 }
 
-/// A multiply-rotate hash of words (the scheme of rustc's `FxHasher`).
+/// One call's keys for its [`path_hash`]es, unknown outside the process: std's
+/// `RandomState` (SipHash keys that differ per thread and per call) for the strings, and
+/// a seed it derives for the chain.
+struct PathKeys {
+    seed: u64,
+    strings: std::collections::hash_map::RandomState,
+}
+
+impl PathKeys {
+    fn new() -> PathKeys {
+        use std::hash::BuildHasher;
+        let strings = std::collections::hash_map::RandomState::new();
+        PathKeys {
+            seed: strings.hash_one(0x5eed_u64),
+            strings,
+        }
+    }
+}
+
+/// The multiply-rotate chain of [`path_hash`].
 struct PathHasher(u64);
 
 impl PathHasher {
     fn add(&mut self, word: u64) {
         self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-}
-
-impl std::hash::Hasher for PathHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            self.add(u64::from_le_bytes(c.try_into().unwrap_or_default()));
-        }
-        let mut last = [0u8; 8];
-        let rest = chunks.remainder();
-        last[..rest.len()].copy_from_slice(rest);
-        // The length too, so that trailing zero bytes change the hash.
-        self.add(u64::from_le_bytes(last) ^ ((rest.len() as u64) << 56));
-    }
-    fn write_u8(&mut self, n: u8) {
-        self.add(u64::from(n));
-    }
-    fn write_u32(&mut self, n: u32) {
-        self.add(u64::from(n));
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.add(n);
-    }
-    fn write_usize(&mut self, n: usize) {
-        self.add(n as u64);
-    }
-    fn finish(&self) -> u64 {
-        self.0
     }
 }
 
@@ -123,18 +122,18 @@ pub(super) fn pair_up<'a, B: Batch>(src: &'a B, dst: &'a B, way: Way) -> Result<
     // One walk of each batch: its tensors, and the same structure, the same paths (a
     // `Value` map's keys, the lengths of nested lists), compared by hash (no allocation per
     // tensor); the paths are written out on a difference only.
-    let seed = call_seed();
+    let keys = PathKeys::new();
     let (mut s, mut src_paths) = (Vec::new(), Vec::new());
     src.visit_paths(&mut Path::default(), &mut |p, t| {
         s.push(t);
-        src_paths.push(path_hash(p, seed));
+        src_paths.push(path_hash(p, &keys));
     });
     let mut d = Vec::with_capacity(s.len());
     let mut dst_paths = Vec::with_capacity(s.len());
     let (mut differs, mut unordered, mut numbered) = (None, false, false);
     dst.visit_paths(&mut Path::default(), &mut |p, t| {
         let k = d.len();
-        let h = path_hash(p, seed);
+        let h = path_hash(p, &keys);
         if differs.is_none() && src_paths.get(k) != Some(&h) {
             differs = Some(k);
         }
@@ -380,9 +379,8 @@ mod tests {
         ];
         for (i, a) in paths.iter().enumerate() {
             for b in &paths[i + 1..] {
-                assert_ne!(path_hash(a, 0), path_hash(b, 0), "{a} and {b}");
-                let seed = call_seed();
-                assert_ne!(path_hash(a, seed), path_hash(b, seed), "{a} and {b}");
+                let keys = PathKeys::new();
+                assert_ne!(path_hash(a, &keys), path_hash(b, &keys), "{a} and {b}");
             }
         }
     }
@@ -390,6 +388,55 @@ mod tests {
     fn host(v: Vec<u8>) -> Tensor {
         let n = v.len();
         Tensor::from_vec(v, [n]).unwrap()
+    }
+
+    /// Keys that differ in bit 6 of their eighth byte and bit 3 (or bits 3 and 4) of
+    /// their ninth: under the multiply-rotate chain alone their paths collided in about
+    /// half the calls, whatever the seed (500 of 1000 measured), so a source under one
+    /// key could pair with a destination under the other. Keyed by SipHash, they differ
+    /// in every call.
+    #[test]
+    fn crafted_keys_do_not_collide() {
+        let key = |k: &str| {
+            let mut p = Path::default();
+            p.push(Step::Key(k.into()));
+            p
+        };
+        let a = key("aaaaaaaAA");
+        let others = [key("aaaaaaa\u{1}I"), key("aaaaaaa\u{1}Y")];
+        for _ in 0..256 {
+            let keys = PathKeys::new();
+            for b in &others {
+                assert_ne!(path_hash(&a, &keys), path_hash(b, &keys), "{a} and {b}");
+            }
+        }
+        // A field's name hashes by its text, borrowed or owned.
+        let field = |name: std::borrow::Cow<'static, str>| {
+            let mut p = Path::default();
+            p.push(Step::Field(name));
+            p
+        };
+        let keys = PathKeys::new();
+        assert_eq!(
+            path_hash(&field("images".into()), &keys),
+            path_hash(&field(String::from("images").into()), &keys)
+        );
+    }
+
+    /// A `Value` map keyed differently on each side is a structure that differs, in
+    /// every call, even for keys crafted to collide in the chain (above).
+    #[test]
+    fn value_maps_with_crafted_keys_are_told_apart() {
+        use crate::batch::Value;
+        let map = |k: &str| Value::Map([(k.to_string(), Value::Tensor(host(vec![1; 4])))].into());
+        let (src, dst) = (map("aaaaaaaAA"), map("aaaaaaa\u{1}I"));
+        for _ in 0..64 {
+            let e = pair_up(&src, &dst, Way::H2d).err().unwrap();
+            assert!(
+                matches!(e, Error::IntoMismatch { ref reason, .. } if reason.contains("structures differ")),
+                "{e}"
+            );
+        }
     }
 
     #[test]
@@ -436,15 +483,16 @@ mod tests {
                 .collect()
         };
         assert_ne!(listed(&src), listed(&dst), "the maps list their keys alike");
-        fn walk(b: &HashMap<String, Tensor>) -> (Vec<&Tensor>, Vec<u64>) {
+        fn walk<'a>(b: &'a HashMap<String, Tensor>, k: &PathKeys) -> (Vec<&'a Tensor>, Vec<u64>) {
             let (mut ts, mut hashes) = (Vec::new(), Vec::new());
             b.visit_paths(&mut Path::default(), &mut |p, t| {
                 ts.push(t);
-                hashes.push(path_hash(p, 7));
+                hashes.push(path_hash(p, k));
             });
             (ts, hashes)
         }
-        let ((s, sh), (d, dh)) = (walk(&src), walk(&dst));
+        let keys = PathKeys::new();
+        let ((s, sh), (d, dh)) = (walk(&src, &keys), walk(&dst, &keys));
         let (pairs, at) = pair_by_key(&src, &dst, (&s, &sh), (&d, &dh)).unwrap();
         assert_eq!(pairs.len(), 48);
         for ((a, b), &k) in pairs.iter().zip(&at) {
