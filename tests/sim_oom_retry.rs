@@ -84,6 +84,51 @@ fn a_full_device_frees_kept_blocks_and_the_output_is_allocated() {
     drop(out);
     legacy.synchronize().unwrap();
 
+    // Two threads that find the device full at once, while the kept blocks' frees wait
+    // behind 200 ms of work on their stream: the first to make room frees them all; the
+    // other, finding nothing left to free, waits for that round and tries again rather
+    // than failing with out-of-memory. Both fit in what the frees give back.
+    keep_eight_blocks();
+    legacy.delay_async(Duration::from_millis(200)).unwrap();
+    let start = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let threads: Vec<_> = (0..2)
+        .map(|k| {
+            let start = start.clone();
+            let src = tensor(3 << 20, 20 + k);
+            std::thread::spawn(move || {
+                start.wait();
+                let out = h2d(vec![src.clone()]);
+                (
+                    src,
+                    out.map(|o| transfer_tensor_d2h(&o, &D2hOptions::default())),
+                )
+            })
+        })
+        .collect();
+    for t in threads {
+        let (src, back) = t.join().unwrap();
+        let back = back
+            .expect("both threads allocated")
+            .expect("and read back");
+        assert_eq!(back[0].as_bytes().unwrap(), src.as_bytes().unwrap());
+    }
+    assert_eq!(pinlane::memory_stats().kept_device_block_bytes, 0);
+    legacy.synchronize().unwrap();
+
+    // A driver error while the room is made (here the event that proves the kept blocks'
+    // stream past their frees) is the call's error, not the out-of-memory it would hide.
+    keep_eight_blocks();
+    fault::inject(FaultKind::EventRecord, 1);
+    let err = h2d(vec![big.clone()]).unwrap_err();
+    assert!(!fault::armed(), "the event was made to fail");
+    assert!(!err.is_out_of_memory(), "{err}");
+    assert!(err.to_string().contains("cuEventRecord"), "{err}");
+    legacy.synchronize().unwrap();
+    assert_eq!(pinlane::memory_stats().kept_device_block_bytes, 0);
+    let out = h2d(vec![big.clone()]).expect("the frees ran: room for 3 MiB");
+    drop(out);
+    legacy.synchronize().unwrap();
+
     // A kept block whose free fails (made to fail here, as `cuMemFreeAsync` can) stays
     // allocated, never freed early; the allocation goes on with the room the other seven
     // frees made, and the failed free is not lost: the thread's next call returns it, once.

@@ -44,29 +44,49 @@ pub(crate) struct DeviceAlloc {
 
 /// Makes room for an allocation of `nbytes` that found `ctx`'s device out of memory, when
 /// room can be made: frees the device's kept blocks ([`DeviceBlocks::free_device`]) and
-/// waits up to `wait` for their streams to run the frees. `true` when a retry may succeed
-/// (blocks were freed). Nothing is freed for an allocation larger than all that could
-/// serve it: the device's free memory, the kept blocks, and the memory of pinlane's pool
-/// that backs no allocation.
+/// waits up to `wait` for their streams to run the frees. `Ok(true)` when a retry may
+/// succeed: blocks were freed, or another thread made room since `seen` (its
+/// [`DeviceBlocks::rooms_made`] before the allocation). A driver error on the way (asking
+/// the device's free memory, or the event that proves a stream past its frees) is
+/// returned: it says more than the out-of-memory error it would otherwise leave. One retry makes room at a time
+/// ([`DeviceBlocks::room_turn`]): a thread out of memory while another frees the kept
+/// blocks waits for that round (itself bounded by `wait`), then tries again, instead of
+/// failing because nothing was left for it to free. Nothing is freed for an allocation
+/// larger than all that could serve it: the device's free memory, the kept blocks, and
+/// the memory of pinlane's pool that backs no allocation.
 ///
 /// That last needs no step here: the driver gives a pool's unused memory to an allocation
 /// the device could not otherwise serve, one from the same pool included. Trimming the
 /// pool before the retry (sessions 74 and 75) changed nothing on a GPU: the pool test of
 /// `tests/gpu_oom_retry.rs` passed with no retry at all (session 76, an H200, driver 580;
 /// `benches/probes/pool_trim.cu` shows the same without pinlane).
-fn make_room(ctx: &ContextGuard, nbytes: usize, blocks: &DeviceBlocks, wait: Duration) -> bool {
+fn make_room(
+    ctx: &ContextGuard,
+    nbytes: usize,
+    blocks: &DeviceBlocks,
+    wait: Duration,
+    seen: u64,
+) -> Result<bool> {
+    let _turn = blocks.room_turn();
+    if blocks.rooms_made() != seen {
+        return Ok(true);
+    }
     let kept = blocks.kept_bytes_on(ctx.device());
-    if kept == 0 || driver::device_room(ctx, kept).map_or(true, |room| nbytes > room) {
-        return false;
+    if kept == 0 || nbytes > driver::device_room(ctx, kept)? {
+        return Ok(false);
     }
     let start = Instant::now();
     let freed_on = blocks.free_device(ctx);
     for s in &freed_on {
-        if !s.idle_within(wait.saturating_sub(start.elapsed())) {
-            return false;
+        if !s.done_within(wait.saturating_sub(start.elapsed()))? {
+            return Ok(false);
         }
     }
-    !freed_on.is_empty()
+    if freed_on.is_empty() {
+        return Ok(false);
+    }
+    blocks.made_room();
+    Ok(true)
 }
 
 /// A foreign owner on its way to the retained registry (`Send` is all it needs there).
@@ -123,11 +143,15 @@ impl DeviceAlloc {
         wait: Duration,
     ) -> Result<Arc<DeviceAlloc>> {
         let device = ctx.device();
-        let alloc = |n: usize| match driver::device_alloc_async(ctx, device, n, stream) {
-            Err(e) if e.is_out_of_memory() && make_room(ctx, n, blocks, wait) => {
-                driver::device_alloc_async(ctx, device, n, stream)
+        let alloc = |n: usize| {
+            let seen = blocks.rooms_made();
+            match driver::device_alloc_async(ctx, device, n, stream) {
+                Err(e) if e.is_out_of_memory() => match make_room(ctx, n, blocks, wait, seen)? {
+                    true => driver::device_alloc_async(ctx, device, n, stream),
+                    false => Err(e),
+                },
+                r => r,
             }
-            r => r,
         };
         let kept = device_blocks::class_of(nbytes)
             .filter(|_| blocks.enabled())

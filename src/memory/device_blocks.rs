@@ -34,7 +34,7 @@ use super::DEVICE_ALIGN;
 use crate::driver::{self, ContextGuard, DevicePtr, Event, Stream};
 use crate::error::Result;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// Largest output kept, in bytes: a batch of 1000 x 1 KiB (1,024,000 bytes) fits the
@@ -108,6 +108,10 @@ pub(crate) struct DeviceBlocks {
     /// Set by [`DeviceBlocks::close`] (the runtime's shutdown): blocks given back later are
     /// freed, not kept (no one would free them).
     closed: AtomicBool,
+    /// Taken by an out-of-memory retry while it makes room (see [`DeviceBlocks::room_turn`]).
+    room: Mutex<()>,
+    /// Rounds of room made: kept blocks freed and their frees waited for.
+    rooms_made: AtomicU64,
 }
 
 #[derive(Default)]
@@ -157,6 +161,8 @@ impl DeviceBlocks {
             per_class,
             devices: Mutex::new(Vec::new()),
             closed: AtomicBool::new(false),
+            room: Mutex::new(()),
+            rooms_made: AtomicU64::new(0),
         }
     }
 
@@ -345,6 +351,24 @@ impl DeviceBlocks {
             }
         }
         on
+    }
+
+    /// The rounds of room made so far, read before an allocation: an out-of-memory retry
+    /// that finds it changed when its turn comes knows another made room meanwhile.
+    pub(crate) fn rooms_made(&self) -> u64 {
+        self.rooms_made.load(Ordering::Acquire)
+    }
+
+    /// The turn of one out-of-memory retry to make room (one at a time, so that a second
+    /// thread out of memory waits for the first's frees rather than finding nothing left
+    /// to free); [`DeviceBlocks::made_room`] counts a round that freed blocks.
+    pub(crate) fn room_turn(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.room.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Counts a round of room made (under [`DeviceBlocks::room_turn`]).
+    pub(crate) fn made_room(&self) {
+        self.rooms_made.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Bytes of the blocks kept on `device` now.
