@@ -423,6 +423,70 @@ fn bad_indexes_are_typed_errors() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// What stands in a checkpoint file's place must be a regular file of a sane size: a
+/// FIFO (a link in a cloned repository can name one) would block the open for ever, and
+/// `/dev/zero` never ends, so both are refused before any read, as is an index of more
+/// than 64 MiB.
+#[test]
+fn files_that_are_not_regular_or_too_large_are_refused() {
+    use CheckpointFault as F;
+    // Opened on another thread: before the check, a FIFO's open blocked for ever.
+    let open_within = |p: std::path::PathBuf| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(Checkpoint::open(&p).err().map(|e| e.to_string()));
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the open returned")
+            .expect("refused")
+    };
+    let dir = tmpdir("irregular");
+    // An index that is a directory, and one that is /dev/zero.
+    let index = dir.join("model.safetensors.index.json");
+    std::fs::create_dir(&index).unwrap();
+    assert!(open_within(dir.clone()).contains("not a regular file"));
+    std::fs::remove_dir(&index).unwrap();
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::symlink("/dev/zero", &index).unwrap();
+        assert!(open_within(dir.clone()).contains("not a regular file"));
+        std::fs::remove_file(&index).unwrap();
+        // The single file as a FIFO, named directly and through its directory.
+        let single = dir.join("model.safetensors");
+        let made = std::process::Command::new("mkfifo").arg(&single).status();
+        if made.is_ok_and(|s| s.success()) {
+            assert!(open_within(single.clone()).contains("not a regular file"));
+            assert!(open_within(dir.clone()).contains("not a regular file"));
+            std::fs::remove_file(&single).unwrap();
+        }
+    }
+    // An index of more than 64 MiB (a valid one, padded with spaces past the cap).
+    let specs = sample();
+    let index = write_sharded(&dir, &specs, 2);
+    let good = std::fs::read(&index).unwrap();
+    let mut padded = good.clone();
+    padded.resize((64 << 20) + 1, b' ');
+    std::fs::write(&index, &padded).unwrap();
+    let e = Checkpoint::open(&index)
+        .err()
+        .expect("a 64 MiB index opened");
+    assert!(
+        matches!(
+            &e,
+            Error::Checkpoint {
+                fault: F::Index,
+                ..
+            }
+        ) && e.to_string().contains("64 MiB"),
+        "{e}"
+    );
+    // At the cap exactly it is read (and parsed: trailing spaces are JSON whitespace).
+    padded.truncate(64 << 20);
+    std::fs::write(&index, &padded).unwrap();
+    assert_eq!(Checkpoint::open(&index).unwrap().len(), specs.len());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A driver failure at any point of a load (allocation, copy, event) fails the whole
 /// load, holds nothing afterwards, and the next load is byte-exact.
 #[test]

@@ -62,6 +62,26 @@ impl Stamp {
     }
 }
 
+/// Opens `path` for reading if it is a regular file (links followed); an
+/// `InvalidInput` error otherwise, before any open that could block (a FIFO's).
+pub(crate) fn open_regular(path: &Path) -> std::io::Result<File> {
+    let not_regular = || {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file (a directory, FIFO, socket or device)",
+        )
+    };
+    if !std::fs::metadata(path)?.is_file() {
+        return Err(not_regular());
+    }
+    let file = File::open(path)?;
+    // Again on what was opened: the path may have been replaced in between.
+    if !file.metadata()?.is_file() {
+        return Err(not_regular());
+    }
+    Ok(file)
+}
+
 impl MappedFile {
     /// Maps `path`. An empty file maps to no bytes.
     ///
@@ -69,8 +89,12 @@ impl MappedFile {
     /// file changed meanwhile gives changed bytes, and one truncated meanwhile makes a
     /// read past its new end fault (`SIGBUS`), as for every loader that maps files (the
     /// `safetensors` crate, torch's `mmap=True`); the public docs say so.
+    ///
+    /// Only a regular file is opened: a FIFO named in its place would block the open for
+    /// ever, and a device file (`/dev/zero`, through a link in a cloned model repository)
+    /// has no end to map.
     pub(crate) fn open(path: &Path) -> std::io::Result<Arc<MappedFile>> {
-        let file = File::open(path)?;
+        let file = open_regular(path)?;
         let stamp = Stamp::of(&file)?;
         // SAFETY: memmap2's contract is that nothing modifies the file while it is mapped.
         // pinlane never writes it (the mapping is read-only) and only copies bytes out of

@@ -100,7 +100,7 @@ pub(crate) use host::{HostBuf, HostRegion};
 pub(crate) use inflight::{run_around, AroundWait, Detached, InFlight};
 pub use limits::{measure_pinned_limits, PinnedLimits};
 #[cfg(feature = "weights")]
-pub(crate) use mapped::{MappedFile, MappedRange};
+pub(crate) use mapped::{open_regular, MappedFile, MappedRange};
 pub(crate) use output_pool::Taken;
 pub use output_pool::{PinnedOutputPool, SHARE_MAX};
 pub use overlap::first_overlap;

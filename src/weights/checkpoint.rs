@@ -90,11 +90,13 @@ impl Checkpoint {
     ///
     /// # Errors
     /// [`Error::Checkpoint`], with the file, the tensor where one is at fault, and a
-    /// [`CheckpointFault`]: a missing or unreadable file; a truncated file or a header
+    /// [`CheckpointFault`]: a missing or unreadable file, or one that is not a regular
+    /// file (a directory, FIFO or device in its place); a truncated file or a header
     /// length past its end; a header that is not the JSON safetensors writes (an unknown
     /// dtype, too); offsets out of range, overlapping, out of order or not covering the
-    /// file; a shape that does not match its bytes; an index that is malformed, names a
-    /// missing shard or a tensor its shard lacks; a name in two shards.
+    /// file; a shape that does not match its bytes; an index that is malformed, larger
+    /// than 64 MiB, names a missing shard or a tensor its shard lacks; a name in two
+    /// shards.
     pub fn open(path: impl AsRef<Path>) -> Result<Checkpoint> {
         let path = path.as_ref();
         if path.is_dir() {
@@ -172,8 +174,7 @@ impl Checkpoint {
     /// name in the index checked to be in the shard it names. `source`: what was opened.
     fn open_index(source: &Path, index: &Path) -> Result<Checkpoint> {
         let fail = |reason: String| fault(index, None, CheckpointFault::Index, reason);
-        let text = std::fs::read(index)
-            .map_err(|e| fault(index, None, CheckpointFault::Io, e.to_string()))?;
+        let text = read_index(index)?;
         let json: serde_json::Value =
             serde_json::from_slice(&text).map_err(|e| fail(format!("not JSON: {e}")))?;
         let map = json
@@ -311,6 +312,35 @@ impl Shard {
         }
         Ok(())
     }
+}
+
+/// The most bytes an index file may hold: the largest models' indexes are a few MiB (a
+/// name and a shard's name per tensor).
+const INDEX_MAX_BYTES: u64 = 64 << 20;
+
+/// The bytes of the index file `index`: a regular file of at most [`INDEX_MAX_BYTES`]
+/// (a link to `/dev/zero` in a cloned repository would otherwise be read until memory
+/// ran out).
+fn read_index(index: &Path) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let io = |e: std::io::Error| fault(index, None, CheckpointFault::Io, e.to_string());
+    let file = crate::memory::open_regular(index).map_err(io)?;
+    let mut text = Vec::new();
+    file.take(INDEX_MAX_BYTES + 1)
+        .read_to_end(&mut text)
+        .map_err(io)?;
+    if text.len() as u64 > INDEX_MAX_BYTES {
+        return Err(fault(
+            index,
+            None,
+            CheckpointFault::Index,
+            format!(
+                "larger than {} MiB: not an index of tensor names",
+                INDEX_MAX_BYTES >> 20
+            ),
+        ));
+    }
+    Ok(text)
 }
 
 /// pinlane's dtype for a file's, if it has one.
