@@ -48,7 +48,13 @@
 //!   read ([`CheckpointFault::Io`](crate::CheckpointFault::Io): open it again), and a load
 //!   checks its files after each group's copies, before handing that group out, so one
 //!   written while it runs is an error too (its length and times tell, by `fstat`; a file
-//!   replaced by a rename leaves the mapped one, and its bytes, as they were).
+//!   replaced by a rename leaves the mapped one, and its bytes, as they were). The times
+//!   are as fine as the file system's clock, so this is a guard against a model saved
+//!   over its file, not a proof: a write of the same length within one tick of the open
+//!   can go unseen. Nothing else may write a checkpoint while it is open.
+//! * **Regular files only.** A checkpoint's files and its index must be regular files (a
+//!   FIFO or a device in their place is refused before it is read), and an index holds at
+//!   most 64 MiB.
 
 mod checkpoint;
 mod load;
