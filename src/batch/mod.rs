@@ -96,7 +96,10 @@ pub trait Batch {
     /// ([`Step::Nth`]): a hand-written implementation whose tensors are not always there
     /// (an `Option` field) should override it to name its fields, as the derive does, or a
     /// source and a destination with their tensors in different fields pair by position,
-    /// one field's tensor copied into the other's.
+    /// one field's tensor copied into the other's. So should one that holds a map (forward
+    /// to it): a `HashMap` lists the same keys in an order of its own (a map built with
+    /// more room, say), so numbered positions would pair one key's tensor with another's,
+    /// and [`keys_differ`](Batch::keys_differ) cannot see it (the keys are the same).
     ///
     /// ```
     /// use pinlane::batch::Path;
@@ -126,9 +129,9 @@ pub trait Batch {
     /// Where the two differ otherwise (other variants, lengths), it looks no further down
     /// there: their paths differ.
     ///
-    /// The default answers `None`, right for a type that holds no map. The std containers
-    /// and `#[derive(Batch)]` look into every field; a hand-written implementation holding
-    /// a map should forward to it.
+    /// The default answers `None`, right for a type that holds no map. The std containers,
+    /// [`Value`] and `#[derive(Batch)]` look into every field; a hand-written implementation
+    /// holding a map should forward to it (and `visit_paths` too: see there).
     ///
     /// ```
     /// use pinlane::batch::Path;

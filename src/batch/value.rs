@@ -102,6 +102,27 @@ impl Batch for Value {
             Value::Leaf(_) => {}
         }
     }
+    /// A map's keys are named in its paths already; this answers too, for a hand-written
+    /// batch that holds a `Value` and numbers its tensors (the default `visit_paths`)
+    /// while forwarding `keys_differ`, as the trait asks: its paths alone would not tell
+    /// `{"a", "b"}` from `{"b", "c"}`.
+    fn keys_differ(&self, other: &Self, path: &mut Path) -> Option<Path> {
+        match (self, other) {
+            (Value::Map(a), Value::Map(b)) => {
+                if !a.keys().eq(b.keys()) {
+                    return Some(path.clone());
+                }
+                a.iter().zip(b.values()).find_map(|((k, x), y)| {
+                    path.with(Step::Key(k.clone()), |p| x.keys_differ(y, p))
+                })
+            }
+            (Value::List(a), Value::List(b)) | (Value::Tuple(a), Value::Tuple(b)) => {
+                super::std_impls::items_keys_differ(a.iter().zip(b), Step::Index, path)
+            }
+            // Other variants: their paths differ, or they hold no map.
+            _ => None,
+        }
+    }
 }
 
 /// A container's item visited: a tensor here, not through a call per item (a batch of

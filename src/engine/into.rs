@@ -423,6 +423,44 @@ mod tests {
         );
     }
 
+    /// A hand-written batch holding a `Value`, numbering its tensors (the default
+    /// `visit_paths`) and forwarding `keys_differ` as the trait asks: a source keyed
+    /// `{"a", "b"}` and a destination keyed `{"b", "c"}` have the same paths (`#0`, `#1`),
+    /// so only the `Value`'s own answer tells them apart (before session 78 it had none,
+    /// and `a`'s tensor went to `b`).
+    #[test]
+    fn a_value_inside_a_numbered_batch_tells_its_keys_apart() {
+        use crate::batch::Value;
+        struct W(Value);
+        impl Batch for W {
+            fn visit<'a>(&'a self, f: &mut dyn FnMut(&'a Tensor)) {
+                self.0.visit(f)
+            }
+            fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
+                W(self.0.rebuild(f))
+            }
+            fn keys_differ(&self, other: &Self, path: &mut Path) -> Option<Path> {
+                self.0.keys_differ(&other.0, path)
+            }
+        }
+        let map = |keys: [&str; 2]| {
+            let entry = |k: &str| (k.to_string(), Value::Tensor(host(vec![1; 4])));
+            W(Value::List(vec![Value::Map(keys.map(entry).into())]))
+        };
+        let e = pair_up(&map(["a", "b"]), &map(["b", "c"]), Way::H2d)
+            .err()
+            .unwrap();
+        assert!(
+            matches!(e, Error::IntoMismatch { ref at, ref reason } if at == "[0]" && reason.contains("other keys")),
+            "{e}"
+        );
+        // The same keys pass on to the pairs' own checks (host destinations: no H2D).
+        let e = pair_up(&map(["a", "b"]), &map(["a", "b"]), Way::H2d)
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("not on a CUDA device"), "{e}");
+    }
+
     /// A `Value` map keyed differently on each side is a structure that differs, in
     /// every call, even for keys crafted to collide in the chain (above).
     #[test]
