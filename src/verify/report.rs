@@ -410,11 +410,24 @@ mod tests {
                 found: 1
             })
         );
+        // A map whose keys changed is reported at the map, as a `BTreeMap`'s is (since
+        // session 78, when `Value` began answering `keys_differ`; before, at its tensor:
+        // `["a"]: came back at ["b"]`).
         let a = Value::Map([("a".to_string(), t(vec![1.0]).into())].into());
         let b = Value::Map([("b".to_string(), t(vec![1.0]).into())].into());
+        let m = first_difference(&a, &b).unwrap();
+        assert_eq!(m.kind, MismatchKind::Keys);
+        assert_eq!(m.path, Path::default());
+        let nested = |k: &str| {
+            Value::List(vec![Value::Map(
+                [(k.to_string(), t(vec![1.0]).into())].into(),
+            )])
+        };
         assert_eq!(
-            first_difference(&a, &b).unwrap().to_string(),
-            r#"["a"]: came back at ["b"]"#
+            first_difference(&nested("a"), &nested("b"))
+                .unwrap()
+                .to_string(),
+            "[0]: the map there came back with other keys (or holds two keys of one hash)"
         );
     }
 }
