@@ -487,6 +487,32 @@ fn files_that_are_not_regular_or_too_large_are_refused() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// An index may spell one shard two ways that name the same file (`sub/x` and `sub//x`,
+/// or `sub/./x`): it is one shard, mapped once, not two files holding the same names.
+#[test]
+fn one_shard_spelled_two_ways_is_one_file() {
+    let specs = sample();
+    let dir = tmpdir("spelled");
+    let index = write_sharded(&dir, &specs, 2);
+    let sub = dir.join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    for k in 1..=2 {
+        let f = format!("model-{k:05}-of-00002.safetensors");
+        std::fs::rename(dir.join(&f), sub.join(&f)).unwrap();
+    }
+    let good = std::fs::read_to_string(&index).unwrap();
+    let moved = good.replace(r#":"model-"#, r#":"sub/model-"#);
+    for other in ["sub//model-", "sub/./model-"] {
+        let text = moved.replace(r#""a":"sub/model-"#, &format!(r#""a":"{other}"#));
+        assert_ne!(text, moved);
+        std::fs::write(&index, &text).unwrap();
+        let ckpt = Checkpoint::open(&index).unwrap_or_else(|e| panic!("{other}: {e}"));
+        assert_eq!(ckpt.files().len(), 2, "{other}");
+        assert_eq!(ckpt.len(), specs.len());
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A driver failure at any point of a load (allocation, copy, event) fails the whole
 /// load, holds nothing afterwards, and the next load is byte-exact.
 #[test]

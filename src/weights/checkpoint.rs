@@ -193,7 +193,8 @@ impl Checkpoint {
                 .as_str()
                 .ok_or_else(|| fail(format!("tensor {name:?} maps to {file}, not a file name")))?;
             // Shards are files beside the index (or below it): never an absolute path or
-            // one that climbs out, and each spelled one way (no `.` components).
+            // one that climbs out (no `..`, and no leading `.`; a `.` or `//` inside is
+            // normalised away by `components`, and the shards are deduplicated as paths).
             let plain = Path::new(file)
                 .components()
                 .all(|c| matches!(c, std::path::Component::Normal(_)));
@@ -204,10 +205,11 @@ impl Checkpoint {
             }
             wanted.push((name, file));
         }
-        let mut files: Vec<&str> = wanted.iter().map(|&(_, f)| f).collect();
-        files.sort_unstable();
-        files.dedup();
-        let paths: Vec<PathBuf> = files.iter().map(|f| dir.join(f)).collect();
+        // One shard per file, however the index spells it (`sub/x`, `sub//x` and `sub/./x`
+        // are one path: paths compare and order by their components).
+        let mut paths: Vec<PathBuf> = wanted.iter().map(|&(_, f)| dir.join(f)).collect();
+        paths.sort_unstable();
+        paths.dedup();
         for p in &paths {
             if !p.is_file() {
                 return Err(fail(format!("its shard {} is missing", p.display())));
