@@ -102,7 +102,34 @@ pub mod observe {
 }
 
 /// `#[derive(Batch)]`: see [`Batch`]. Fields are visited in declaration order;
-/// `#[batch(skip)]` passes a field through unchanged (cloned).
+/// `#[batch(skip)]` passes a field through unchanged (cloned). Any other `#[batch(..)]`
+/// is a compile error, as is one on the type itself or an empty `#[batch()]`:
+///
+/// ```compile_fail
+/// #[derive(pinlane::Batch)]
+/// #[batch(skip)] // on the type: it would skip nothing
+/// struct S {
+///     x: pinlane::Tensor,
+/// }
+/// ```
+///
+/// ```compile_fail
+/// #[derive(pinlane::Batch)]
+/// struct S {
+///     #[batch()] // says nothing: `#[batch(skip)]` was likely meant
+///     label: String,
+///     x: pinlane::Tensor,
+/// }
+/// ```
+///
+/// ```
+/// #[derive(pinlane::Batch, Clone)]
+/// struct S {
+///     #[batch(skip)]
+///     label: String,
+///     x: pinlane::Tensor,
+/// }
+/// ```
 #[cfg(feature = "derive")]
 pub use pinlane_derive::Batch;
 

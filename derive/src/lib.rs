@@ -25,10 +25,13 @@ pub fn derive_batch(input: TokenStream) -> TokenStream {
 }
 
 /// Whether a field carries `#[batch(skip)]`; any other `#[batch(..)]` is an error.
+/// An empty `#[batch()]` is an error too: it says nothing, and was likely meant as `skip`.
 fn is_skipped(attrs: &[syn::Attribute]) -> syn::Result<bool> {
     let mut skip = false;
     for attr in attrs.iter().filter(|a| a.path().is_ident("batch")) {
+        let mut said = false;
         attr.parse_nested_meta(|meta| {
+            said = true;
             if meta.path.is_ident("skip") {
                 skip = true;
                 Ok(())
@@ -36,6 +39,12 @@ fn is_skipped(attrs: &[syn::Attribute]) -> syn::Result<bool> {
                 Err(meta.error("unknown batch attribute; expected `skip`"))
             }
         })?;
+        if !said {
+            return Err(syn::Error::new_spanned(
+                attr,
+                "empty `#[batch()]`; expected `#[batch(skip)]`",
+            ));
+        }
     }
     Ok(skip)
 }
@@ -204,6 +213,14 @@ fn other_pattern(fields: &[FieldInfo], shape: &Fields) -> (Vec<Tokens>, Tokens) 
 }
 
 fn expand(input: DeriveInput) -> syn::Result<Tokens> {
+    // `#[batch(..)]` is a field's (or a variant's field's): on the type it would be
+    // ignored, and a `#[batch(skip)]` there would skip nothing.
+    if let Some(a) = input.attrs.iter().find(|a| a.path().is_ident("batch")) {
+        return Err(syn::Error::new_spanned(
+            a,
+            "`#[batch(..)]` goes on a field (`#[batch(skip)]`), not on the type",
+        ));
+    }
     let (hf, hpath, hother) = (own("__f"), own("__path"), own("__other"));
     let name = &input.ident;
     let mut skipped_types = Vec::new();
