@@ -62,7 +62,7 @@ pub enum SmallH2d {
 /// | [`host_pool_bytes`](Config::host_pool_bytes) | 2 GiB | `PINLANE_HOST_POOL_BYTES` | [`Runtime::set_host_pool_bytes`](crate::runtime::Runtime::set_host_pool_bytes) |
 /// | [`device_pool_release_bytes`](Config::device_pool_release_bytes) | `u64::MAX` (keep all) | `PINLANE_DEVICE_POOL_RELEASE_BYTES` | [`Runtime::set_device_pool_release_bytes`](crate::runtime::Runtime::set_device_pool_release_bytes) |
 /// | [`small_device_blocks`](Config::small_device_blocks) | 8 | `PINLANE_SMALL_DEVICE_BLOCKS` | no |
-/// | [`copy_threads`](Config::copy_threads) | 3/4 of the cores, at most 12 | `PINLANE_COPY_THREADS` | no |
+/// | [`copy_threads`](Config::copy_threads) | 3/4 of the cores, at most 12 (1 to 1024) | `PINLANE_COPY_THREADS` | no |
 /// | [`parallel_min`](Config::parallel_min) | 256 KiB | `PINLANE_PARALLEL_MIN` | no |
 /// | [`spin`](Config::spin) | 50 µs (at most 1 s) | `PINLANE_SPIN_US` | no |
 /// | [`fill_stores`](Config::fill_stores) | `auto` | `PINLANE_FILL_STORES` (`auto`, `cached`, `streaming`) | no |
@@ -71,9 +71,9 @@ pub enum SmallH2d {
 /// | [`pipeline_slots`](Config::pipeline_slots) | 8 | `PINLANE_PIPELINE_SLOTS` | no |
 /// | [`small_d2h`](Config::small_d2h) | `gather` | `PINLANE_D2H_SMALL` (`gather`, `batch`, `each`) | no |
 /// | [`small_h2d`](Config::small_h2d) | `kernel` | `PINLANE_H2D_SMALL` (`kernel`, `copy`) | no |
-/// | [`slot_wait`](Config::slot_wait) | 60 s | `PINLANE_SLOT_WAIT_MS` | no |
-/// | [`drop_sync_wait`](Config::drop_sync_wait) | 60 s | `PINLANE_DROP_SYNC_WAIT_MS` | no |
-/// | [`sync_wait`](Config::sync_wait) | none | `PINLANE_SYNC_WAIT_MS` | no |
+/// | [`slot_wait`](Config::slot_wait) | 60 s (at least 1 ms) | `PINLANE_SLOT_WAIT_MS` | no |
+/// | [`drop_sync_wait`](Config::drop_sync_wait) | 60 s (0, or at least 1 ms) | `PINLANE_DROP_SYNC_WAIT_MS` | no |
+/// | [`sync_wait`](Config::sync_wait) | none (a limit: at least 1 ms) | `PINLANE_SYNC_WAIT_MS` | no |
 ///
 /// ```
 /// use pinlane::Config;
@@ -159,12 +159,14 @@ pub struct Config {
     /// device to finish one of its own slots' copies so that it can fill the slot again
     /// (the H2D pipeline, which polls backing off; host fills do not count); then it
     /// fails with [`Error::StagingExhausted`] instead of waiting forever (the copies it
-    /// queued are drained first).
+    /// queued are drained first). At least 1 ms: with none, a call whose pipeline found
+    /// the device a moment behind would fail at once.
     pub slot_wait: Duration,
     /// Longest a `Drop` waits: for copies it must see finished (an unfinished call's
     /// stream; past it the buffers are retained, never freed early), or for a
     /// [`Prefetcher`](crate::engine::Prefetcher)'s worker to exit (past it the worker is left to
-    /// exit on its own). Then the drop returns.
+    /// exit on its own). Then the drop returns. 0 (never wait: retain at once), or at
+    /// least 1 ms (kept in whole milliseconds: less would read as 0).
     pub drop_sync_wait: Duration,
     /// Longest a blocking call waits for the device to finish its copies (and the work
     /// they wait for: a D2H waits for the caller's current stream), at its end or while
@@ -176,6 +178,7 @@ pub struct Config {
     /// With a limit, page-locked frees the caller causes directly (the last drop of a
     /// [`Tensor::to_pinned`](crate::tensor::Tensor::to_pinned) buffer, `trim()`, lowering a
     /// cap) go to pinlane's free thread too, since `cuMemFreeHost` waits for the device.
+    /// A limit is at least 1 ms (kept in whole milliseconds).
     pub sync_wait: Option<Duration>,
 }
 
@@ -311,6 +314,8 @@ impl Config {
                 // The variables of durations carry their unit.
                 let variable = match name {
                     "sync_wait" => "PINLANE_SYNC_WAIT_MS".to_string(),
+                    "slot_wait" => "PINLANE_SLOT_WAIT_MS".to_string(),
+                    "drop_sync_wait" => "PINLANE_DROP_SYNC_WAIT_MS".to_string(),
                     "spin" => "PINLANE_SPIN_US".to_string(),
                     _ => format!("PINLANE_{}", name.to_uppercase()),
                 };
@@ -346,8 +351,23 @@ impl Config {
         if self.copy_threads == Some(0) {
             return bad("copy_threads", "must be at least 1");
         }
-        if self.sync_wait == Some(Duration::ZERO) {
-            return bad("sync_wait", "must be more than 0 ms (or none)");
+        if self
+            .copy_threads
+            .is_some_and(|n| n > Config::MAX_COPY_THREADS)
+        {
+            return bad("copy_threads", "must be at most 1024");
+        }
+        // The wait bounds are kept in whole milliseconds (`memory::waits`): less than one
+        // would read as 0, and a call bounded by 0 fails at once.
+        const MS: Duration = Duration::from_millis(1);
+        if self.sync_wait.is_some_and(|d| d < MS) {
+            return bad("sync_wait", "must be at least 1 ms (or none)");
+        }
+        if self.slot_wait < MS {
+            return bad("slot_wait", "must be at least 1 ms");
+        }
+        if self.drop_sync_wait > Duration::ZERO && self.drop_sync_wait < MS {
+            return bad("drop_sync_wait", "must be 0 or at least 1 ms");
         }
         if self.spin > Config::MAX_SPIN {
             return bad("spin", "must be at most 1 s (1000000 us)");
@@ -359,6 +379,12 @@ impl Config {
     /// would keep a core busy as long on every idle copy thread, and a blocking D2H whose
     /// stream failed before its end flag spins it out before it asks the driver.
     pub const MAX_SPIN: Duration = Duration::from_secs(1);
+
+    /// The most [`Config::copy_threads`] allowed: each is a thread that spins for
+    /// [`Config::spin`] when idle, and more than the machine has cores copy no faster
+    /// (docs/performance.md, "Design choices"); a typo of many thousands would use up
+    /// the process's threads.
+    pub const MAX_COPY_THREADS: usize = 1024;
 
     // `Config::install` lives in runtime.rs, with the runtime it makes: this module only
     // describes settings.
@@ -523,6 +549,10 @@ mod tests {
             ("PINLANE_SYNC_WAIT_MS", "soon"),
             ("PINLANE_SYNC_WAIT_MS", "0"), // parses, but no call could finish in 0 ms
             ("PINLANE_SPIN_US", "1000001"), // a spin is a wait: bounded (session 64)
+            // Session 78: a slot wait of 0 failed every pipelined H2D at once; a typo of
+            // many threads would use up the process's.
+            ("PINLANE_SLOT_WAIT_MS", "0"),
+            ("PINLANE_COPY_THREADS", "100000"),
         ] {
             match Config::from_vars(vars(&[(name, value)])) {
                 Err(Error::InvalidConfig {
@@ -548,5 +578,30 @@ mod tests {
             Config::new().spin(Duration::MAX).validate(),
             Err(Error::InvalidOption { name: "spin", .. })
         ));
+        // The wait bounds are whole milliseconds: less than one would read as 0 (session
+        // 78: a 500 us sync wait became 0, and nearly every call timed out).
+        let us500 = Duration::from_micros(500);
+        for (c, name) in [
+            (Config::new().sync_wait(Some(us500)), "sync_wait"),
+            (Config::new().slot_wait(us500), "slot_wait"),
+            (Config::new().slot_wait(Duration::ZERO), "slot_wait"),
+            (Config::new().drop_sync_wait(us500), "drop_sync_wait"),
+            (
+                Config::new().copy_threads(Config::MAX_COPY_THREADS + 1),
+                "copy_threads",
+            ),
+        ] {
+            match c.validate() {
+                Err(Error::InvalidOption { name: n, .. }) => assert_eq!(n, name),
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+        let ms = Duration::from_millis(1);
+        let fine = Config::new()
+            .sync_wait(Some(ms))
+            .slot_wait(ms)
+            .drop_sync_wait(Duration::ZERO)
+            .copy_threads(Config::MAX_COPY_THREADS);
+        assert!(fine.validate().is_ok());
     }
 }

@@ -45,7 +45,8 @@ pub const PIECE: usize = 1 << 20;
 const PIECE_MIN: usize = 16 << 10;
 
 /// The end of a spin of `spin` from now; `None` past what an `Instant` holds (a spin that
-/// does not end: `Config::spin` has no upper limit).
+/// does not end; `Config::spin` is at most `Config::MAX_SPIN`, 1 s, so only a spin set
+/// past `validate` could get there).
 fn spin_end(spin: std::time::Duration) -> Option<std::time::Instant> {
     std::time::Instant::now().checked_add(spin)
 }
