@@ -75,6 +75,13 @@ fn configure(settings: Option<&Bound<'_, pyo3::types::PyDict>>) -> PyResult<()> 
         for (k, v) in settings.iter() {
             let key: String = k.extract()?;
             let value = if v.is_instance_of::<pyo3::types::PyBool>() {
+                // Only the one on/off setting takes a bool: `copy_threads=True` would read
+                // as 1 thread, `arena_bytes=True` as 1 byte.
+                if key != "nt_copy" {
+                    return Err(PyValueError::new_err(format!(
+                        "{key}={v}: a bool is no value of this setting (only nt_copy takes one)"
+                    )));
+                }
                 if v.is_truthy()? { "1" } else { "0" }.to_string()
             } else {
                 v.str()?.to_string()
