@@ -348,14 +348,13 @@ impl Config {
         if self.pipeline_slots == 0 {
             return bad("pipeline_slots", "must be at least 1");
         }
-        if self.copy_threads == Some(0) {
-            return bad("copy_threads", "must be at least 1");
-        }
-        if self
-            .copy_threads
-            .is_some_and(|n| n > Config::MAX_COPY_THREADS)
-        {
-            return bad("copy_threads", "must be at most 1024");
+        match self.copy_threads {
+            Some(0) => return bad("copy_threads", "must be at least 1"),
+            Some(n) if n > Config::MAX_COPY_THREADS => {
+                let most = format!("must be at most {}", Config::MAX_COPY_THREADS);
+                return bad("copy_threads", &most);
+            }
+            _ => {}
         }
         // The wait bounds are kept in whole milliseconds (`memory::waits`): less than one
         // would read as 0, and a call bounded by 0 fails at once.

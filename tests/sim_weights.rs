@@ -463,8 +463,7 @@ fn files_that_are_not_regular_or_too_large_are_refused() {
     // An index of more than 64 MiB (a valid one, padded with spaces past the cap).
     let specs = sample();
     let index = write_sharded(&dir, &specs, 2);
-    let good = std::fs::read(&index).unwrap();
-    let mut padded = good.clone();
+    let mut padded = std::fs::read(&index).unwrap();
     padded.resize((64 << 20) + 1, b' ');
     std::fs::write(&index, &padded).unwrap();
     let e = Checkpoint::open(&index)

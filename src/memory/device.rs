@@ -48,12 +48,13 @@ pub(crate) struct DeviceAlloc {
 /// succeed: blocks were freed, or another thread made room since `seen` (its
 /// [`DeviceBlocks::rooms_made`] before the allocation). A driver error on the way (asking
 /// the device's free memory, or the event that proves a stream past its frees) is
-/// returned: it says more than the out-of-memory error it would otherwise leave. One retry makes room at a time
-/// ([`DeviceBlocks::room_turn`]): a thread out of memory while another frees the kept
-/// blocks waits for that round (itself bounded by `wait`), then tries again, instead of
-/// failing because nothing was left for it to free. Nothing is freed for an allocation
-/// larger than all that could serve it: the device's free memory, the kept blocks, and
-/// the memory of pinlane's pool that backs no allocation.
+/// returned: it says more than the out-of-memory error it would otherwise leave.
+///
+/// One retry makes room at a time ([`DeviceBlocks::room_turn`]): a thread out of memory
+/// while another frees the kept blocks waits for that round (itself bounded by `wait`),
+/// then tries again, instead of failing because nothing was left for it to free. Nothing
+/// is freed for an allocation larger than all that could serve it: the device's free
+/// memory, the kept blocks, and the memory of pinlane's pool that backs no allocation.
 ///
 /// That last needs no step here: the driver gives a pool's unused memory to an allocation
 /// the device could not otherwise serve, one from the same pool included. Trimming the
