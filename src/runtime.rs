@@ -171,7 +171,11 @@ impl Config {
     /// [`Error::InvalidOption`] for a value out of range; [`Error::AlreadyRunning`] when a
     /// runtime with another configuration is already the default (installing the same
     /// one again is fine; after `pinlane::shutdown`, another one is too);
-    /// [`Error::ForkedChild`] in a child process forked after pinlane set CUDA up.
+    /// [`Error::ForkedChild`] in a child process forked after pinlane set CUDA up;
+    /// [`Error::Driver`] when a device pool made before (by an earlier runtime, or a
+    /// [`Stream`](crate::Stream) made first) cannot take
+    /// [`Config::device_pool_release_bytes`] (`cuMemPoolSetAttribute`). On any error
+    /// nothing is installed and the process's settings are left as they were.
     pub fn install(self) -> Result<Arc<Runtime>> {
         install(self)
     }
@@ -182,24 +186,40 @@ fn install(config: Config) -> Result<Arc<Runtime>> {
     // The runtime it would install could not be used there, and the lock may be held for
     // ever by a parent's thread.
     crate::driver::fork::check("Config::install")?;
-    let rt = {
-        let mut d = lock_default();
-        if let Some(rt) = &d.runtime {
-            if rt.config != config {
-                return Err(Error::AlreadyRunning {
-                    reason: format!("{:?}", rt.config),
-                });
-            }
-            return Ok(rt.clone());
+    let mut d = lock_default();
+    if let Some(rt) = &d.runtime {
+        if rt.config != config {
+            return Err(Error::AlreadyRunning {
+                reason: format!("{:?}", rt.config),
+            });
         }
-        let rt = Runtime::new(config.clone());
-        d.runtime = Some(rt.clone());
-        d.config = Some(config.clone());
-        GENERATION.fetch_add(1, Ordering::AcqRel);
-        rt
-    };
-    apply_process_settings(&config)?;
+        return Ok(rt.clone());
+    }
+    // Before the runtime is published, under the lock: no call gets it under the previous
+    // configuration's wait bounds, and a failure installs nothing.
+    install_process_settings(&config)?;
+    let rt = Runtime::new(config.clone());
+    d.runtime = Some(rt.clone());
+    d.config = Some(config);
+    GENERATION.fetch_add(1, Ordering::AcqRel);
     Ok(rt)
+}
+
+/// [`apply_process_settings`] for [`Config::install`], all or nothing: when a pool made
+/// before cannot take the new release threshold, the threshold goes back to the one in
+/// force (on the pools the new one reached too, as far as they take it), the wait bounds
+/// are left as they were, and the error is returned.
+fn install_process_settings(config: &Config) -> Result<()> {
+    let before = driver::pool_release_threshold();
+    driver::set_pool_release_threshold(config.device_pool_release_bytes);
+    if let Err(e) = driver::apply_pool_release_threshold() {
+        driver::set_pool_release_threshold(before);
+        let _ = driver::apply_pool_release_threshold();
+        return Err(e);
+    }
+    waits::set_drop_wait(config.drop_sync_wait);
+    waits::set_sync_wait(config.sync_wait);
+    Ok(())
 }
 
 impl Runtime {

@@ -207,4 +207,30 @@ fn shutdown_gives_everything_back_and_the_next_call_starts_afresh() {
         Some(0),
         "page-locked memory left by the calls that could not start the thread"
     );
+
+    // 7. An install whose release threshold the device pool made above cannot take
+    //    installs nothing: the next call's runtime is of the last installed
+    //    configuration, and the threshold is the one in force before.
+    let before = pinlane::runtime().config();
+    pinlane::shutdown(Duration::from_secs(10)).unwrap();
+    let other = config()
+        .sync_wait(Some(Duration::from_secs(7)))
+        .device_pool_release_bytes(64 << 20);
+    assert_ne!(before.device_pool_release_bytes, 64 << 20);
+    fault::inject(FaultKind::PoolAttribute, 1);
+    let r = other.clone().install().map(drop);
+    assert!(
+        matches!(&r, Err(Error::Driver { op, .. }) if *op == "cuMemPoolSetAttribute"),
+        "{r:?}"
+    );
+    assert!(!fault::armed(), "the pool's attribute was set");
+    assert_eq!(pinlane::runtime().config(), before, "nothing installed");
+    pinlane::shutdown(Duration::from_secs(10)).unwrap();
+    // Without the fault the same configuration installs, whole.
+    let rt = other.clone().install().unwrap();
+    assert_eq!(rt.config(), other);
+    assert_eq!(pinlane::runtime().config(), other);
+    move_batches(7);
+    drop(rt);
+    pinlane::shutdown(Duration::from_secs(10)).unwrap();
 }

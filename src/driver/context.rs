@@ -314,6 +314,7 @@ fn create_pool(dev: sys::CUdevice) -> Result<Handle<sys::CUmemoryPool>> {
 }
 
 fn set_release_threshold(pool: sys::CUmemoryPool) -> Result<()> {
+    super::fault_point(super::FaultKindTag::PoolAttribute, "cuMemPoolSetAttribute")?;
     let mut threshold: u64 = pool_release_threshold();
     // SAFETY: RELEASE_THRESHOLD takes a pointer to a u64, which `threshold` is; the pool
     // is alive.

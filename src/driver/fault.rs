@@ -48,6 +48,10 @@ pub enum FaultKind {
     /// allocated for the rest of the process, as after a real failure (pinlane never
     /// frees memory a copy may still use, so a failed free leaks rather than retries).
     Free,
+    /// `cuMemPoolSetAttribute`: setting the release threshold
+    /// ([`Config::device_pool_release_bytes`](crate::config::Config::device_pool_release_bytes))
+    /// on a device pool, when one is made or when a configuration is installed.
+    PoolAttribute,
 }
 
 thread_local! {

@@ -281,6 +281,7 @@ pub(crate) fn fault_point(
             FaultKindTag::KeepBlock => fault::FaultKind::KeepBlock,
             FaultKindTag::HostAlloc => fault::FaultKind::HostAlloc,
             FaultKindTag::Free => fault::FaultKind::Free,
+            FaultKindTag::PoolAttribute => fault::FaultKind::PoolAttribute,
         };
         fault::hit(k, op)?;
     }
@@ -300,6 +301,7 @@ pub(crate) enum FaultKindTag {
     KeepBlock,
     HostAlloc,
     Free,
+    PoolAttribute,
 }
 
 /// Checks a device index against the device count.
