@@ -243,10 +243,14 @@ fn bad_options_are_refused_before_the_worker_starts() {
             batch(i)
         })
     };
-    assert!(matches!(
-        Prefetcher::new(src(), 0, H2dOptions::default()),
-        Err(Error::InvalidOption { name: "depth", .. })
-    ));
+    for depth in [0, Prefetcher::<Vec<Tensor>>::MAX_DEPTH + 1, usize::MAX] {
+        // Above the bound the queue's places alone could exhaust memory (a panic at
+        // usize::MAX, before the bound).
+        assert!(matches!(
+            Prefetcher::new(src(), depth, H2dOptions::default()),
+            Err(Error::InvalidOption { name: "depth", .. })
+        ));
+    }
     assert!(matches!(
         Prefetcher::new(src(), 2, H2dOptions::default().num_caches(usize::MAX)),
         Err(Error::InvalidOption { .. })

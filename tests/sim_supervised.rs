@@ -7,9 +7,9 @@
 mod common;
 
 use pinlane::{
-    memory_stats, set_current_stream, transfer_tensor_d2h_async, transfer_tensor_h2d,
-    transfer_tensor_h2d_async, D2hOptions, DType, Device, Error, H2dOptions, Stream, Tensor,
-    Transfer,
+    memory_stats, set_current_stream, transfer_tensor_d2h, transfer_tensor_d2h_async,
+    transfer_tensor_h2d, transfer_tensor_h2d_async, D2hOptions, DType, Device, Error, H2dOptions,
+    Prefetcher, Stream, Tensor, Transfer,
 };
 use std::sync::mpsc;
 use std::time::Duration;
@@ -32,12 +32,12 @@ impl Drop for PanickingOwner {
     }
 }
 
-#[test]
-fn a_panicking_owner_neither_stops_the_completion_thread_nor_goes_unseen() {
-    common::sim();
+/// Makes an owner's `Drop` panic on the completion thread (a non-blocking D2H of `t`
+/// holds the last reference to it), then checks that the call still came back right:
+/// the panic is recorded for the device's next call.
+fn panic_on_the_completion_thread(t: &Tensor) {
     let dev = Device::cuda(0);
-    let t = common::tensor(DType::F32, &[1000], 3);
-    let theirs = transfer_tensor_h2d(&t).unwrap(); // "another library's" device memory
+    let theirs = transfer_tensor_h2d(t).unwrap(); // "another library's" device memory
     let lent = Stream::legacy(dev).unwrap();
     let g = theirs.device_ptr(&lent).unwrap();
     let ptr = g.ptr();
@@ -60,8 +60,15 @@ fn a_panicking_owner_neither_stops_the_completion_thread_nor_goes_unseen() {
     let back = wait_within(pending, Duration::from_secs(10))
         .expect("wait() hung: the completion thread died in the owner's Drop")
         .expect("the copies themselves succeeded");
-    assert_eq!(back[0], t);
+    assert_eq!(&back[0], t);
     assert_eq!(memory_stats().background_errors, errors_before + 1);
+}
+
+#[test]
+fn a_panicking_owner_neither_stops_the_completion_thread_nor_goes_unseen() {
+    common::sim();
+    let t = common::tensor(DType::F32, &[1000], 3);
+    panic_on_the_completion_thread(&t);
     // The next call for the device, on another thread, reports the panic once.
     let t2 = t.clone();
     let first = std::thread::spawn(move || transfer_tensor_h2d(&t2))
@@ -91,5 +98,27 @@ fn a_panicking_owner_neither_stops_the_completion_thread_nor_goes_unseen() {
             .expect("wait() hung after the panic")
             .unwrap();
         assert_eq!(back, t);
+    }
+
+    // A prefetcher's worker whose transfer meets such an error (no batch's doing: the
+    // transfer stops before it touches the batch) gives it as an item of its own, then
+    // the batch it was moving: none is lost.
+    panic_on_the_completion_thread(&t);
+    let host = |i: u64| vec![common::tensor(DType::F32, &[64], 10 + i)];
+    let out: Vec<_> = Prefetcher::new((0..3).map(host), 1, H2dOptions::default())
+        .unwrap()
+        .collect();
+    assert_eq!(out.len(), 4, "the error and three batches");
+    assert!(
+        matches!(&out[0], Err(Error::Deferred(e)) if matches!(**e, Error::Panicked { .. })),
+        "{:?}",
+        out[0].as_ref().err()
+    );
+    for (i, b) in (0..).zip(&out[1..]) {
+        let b = b.as_ref().expect("a batch");
+        assert_eq!(
+            transfer_tensor_d2h(b, &D2hOptions::default()).unwrap(),
+            host(i)
+        );
     }
 }

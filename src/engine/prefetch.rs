@@ -14,7 +14,10 @@ use std::thread::JoinHandle;
 ///
 /// * **Order**: batches come out in the order the source gives them, each as the
 ///   `Result` of its [`transfer_tensor_h2d_with`]; a failed transfer is an `Err` at its
-///   place and the next batches still come (the consumer decides whether to stop).
+///   place and the next batches still come (the consumer decides whether to stop). An
+///   error recorded for the device by earlier work ([`Error::Deferred`], from an owner's
+///   drop somewhere), which the worker's transfer meets before it touches the batch, is
+///   an `Err` of its own, and the batch it was moving comes after it.
 /// * **Bounded**: at most `depth` batches are moved ahead of the consumer: `depth - 1`
 ///   wait in a queue, and the worker holds one more, moving or ready (it then blocks
 ///   until the consumer takes one). Device memory is bounded by those and the batches the
@@ -48,10 +51,15 @@ pub struct Prefetcher<B> {
 }
 
 impl<B: Batch + Send + 'static> Prefetcher<B> {
+    /// The largest `depth`: the queue's places are allocated when the prefetcher is made,
+    /// and each place ahead holds a batch's device memory.
+    pub const MAX_DEPTH: usize = 1024;
+
     /// Starts the worker over `batches`, moving up to `depth` batches ahead with `opts`.
     ///
     /// # Errors
-    /// [`Error::InvalidOption`] for a `depth` of 0 or an option the transfer would refuse
+    /// [`Error::InvalidOption`] for a `depth` of 0 or above [`Prefetcher::MAX_DEPTH`], or an
+    /// option the transfer would refuse
     /// (checked here, before the worker starts); [`Error::Worker`] when the worker
     /// thread cannot be started.
     pub fn new<I>(batches: I, depth: usize, opts: H2dOptions) -> Result<Prefetcher<B>>
@@ -59,10 +67,13 @@ impl<B: Batch + Send + 'static> Prefetcher<B> {
         I: IntoIterator<Item = B>,
         I::IntoIter: Send + 'static,
     {
-        if depth == 0 {
+        if depth == 0 || depth > Self::MAX_DEPTH {
             return Err(Error::InvalidOption {
                 name: "depth",
-                reason: "a prefetcher needs a depth of 1 or more".into(),
+                reason: format!(
+                    "a prefetcher needs a depth of 1 to {}, not {depth}",
+                    Self::MAX_DEPTH
+                ),
             });
         }
         opts.device.check()?;
@@ -148,22 +159,38 @@ fn work<B: Batch, I: Iterator<Item = B>>(
         // and its tensors' owners'): a panic there is that batch's error, in its place,
         // not the silent end of the stream that the worker's death would look like.
         let moved = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let r = transfer_tensor_h2d_with(&batch, opts);
+            let mut earlier = Vec::new();
+            let mut r = transfer_tensor_h2d_with(&batch, opts);
+            // An error recorded for the device by earlier work (`Error::Deferred`: an
+            // owner's drop somewhere) is no fault of this batch, which the transfer has
+            // not touched when it returns it: an item of its own, and the batch is moved
+            // again. Each try takes one such error, so the tries are bounded.
+            while matches!(r, Err(Error::Deferred(_))) && earlier.len() < DEFERRED_TRIES {
+                earlier.push(r);
+                r = transfer_tensor_h2d_with(&batch, opts);
+            }
             drop(batch);
-            r
+            (earlier, r)
         }));
-        let item = moved.unwrap_or_else(|panic| {
-            Err(Error::Panicked {
+        let (earlier, item) = moved.unwrap_or_else(|panic| {
+            let e = Error::Panicked {
                 thread: "prefetch",
                 what: "moving a batch (its Batch::visit or rebuild, or its drop)",
                 message: crate::error::panic_message(&*panic),
-            })
+            };
+            (Vec::new(), Err(e))
         });
-        if tx.send(item).is_err() {
-            return; // the consumer is gone
+        for item in earlier.into_iter().chain(std::iter::once(item)) {
+            if tx.send(item).is_err() {
+                return; // the consumer is gone
+            }
         }
     }
 }
+
+/// How many errors recorded by earlier work one batch's transfer may meet before the
+/// last one is that batch's error (each try of the transfer takes one).
+const DEFERRED_TRIES: usize = 4;
 
 impl<B> Iterator for Prefetcher<B> {
     type Item = Result<B>;
