@@ -39,12 +39,15 @@ def prefetch(batches: Iterable[T], *, depth: int = 1, num_caches: int = 4) -> Pr
       the caller's thread).
     * An exception from the source or from a transfer is raised by the ``next()`` that
       would have returned that batch; the batches before it come first.
-    * At most ``depth`` moved batches wait in the queue, plus the ``num_caches`` most
-      recent ones the worker thread keeps referenced (see ``transfer_tensor_h2d``).
+    * At most ``depth`` moved batches are ahead of the caller (waiting, or being moved),
+      plus the ``num_caches`` most recent ones the worker thread keeps referenced (see
+      ``transfer_tensor_h2d``): the worker asks the source for a batch only when fewer
+      than ``depth`` are ahead.
     * ``close()`` (or leaving a ``with`` block, or the end of the iteration) stops the
-      worker: it waits up to ``timeout`` seconds (10 by default) for the worker to leave
-      the source; a worker still inside the source's ``next()`` then is left to finish on
-      its own (it is a daemon thread and stops before its next batch).
+      worker and lets go of the batches it moved ahead: it waits up to ``timeout`` seconds
+      (10 by default) for the worker to leave the source; a worker still inside the
+      source's ``next()`` then is left to finish on its own (it is a daemon thread, lets
+      go of that batch and asks the source for no other).
 
     Example::
 
@@ -65,25 +68,37 @@ def _int_at_least(name, value, least):
     return value
 
 
-def _put(q, stop, item):
-    """Puts `item` on `q` unless `stop` is set first; says whether it did."""
+def _take_place(places, stop):
+    """Waits for a place ahead of the consumer (`places`, a semaphore of `depth`), unless
+    `stop` is set first; says whether it got one."""
     while not stop.is_set():
-        try:
-            q.put(item, timeout=0.05)
-            return True
-        except queue.Full:
-            continue
+        if places.acquire(timeout=0.05):
+            return not stop.is_set()
     return False
 
 
-def _work(source, stream, modes, q, stop, num_caches):
-    """The worker. It holds the queue and the stop flag, not the `Prefetcher`, so an
-    iterator the caller drops without `close()` is collected, and its `__del__` stops it.
-    `modes`: the caller's (grad enabled, inference mode), or None without torch."""
+def _drain(q):
+    """Lets go of every batch waiting in `q`."""
+    while True:
+        try:
+            q.get_nowait()
+        except queue.Empty:
+            return
+
+
+def _work(source, stream, modes, q, places, stop, num_caches):
+    """The worker. It holds the queue, the places and the stop flag, not the `Prefetcher`,
+    so an iterator the caller drops without `close()` is collected, and its `__del__`
+    stops it. `modes`: the caller's (grad enabled, inference mode), or None without torch.
+
+    It takes a place before it asks the source for a batch, and the consumer gives the
+    place back when it takes the batch: at most `depth` moved batches are ahead of it,
+    and a stopped worker asks the source for nothing more."""
     import contextlib
 
     from . import transfer_tensor_h2d
 
+    end = _DONE
     try:
         torch = sys.modules.get("torch")
         with contextlib.ExitStack() as ctx:
@@ -92,15 +107,21 @@ def _work(source, stream, modes, q, stop, num_caches):
             if modes is not None:
                 ctx.enter_context(torch.inference_mode(modes[1]))
                 ctx.enter_context(torch.set_grad_enabled(modes[0]))
-            for batch in source:
-                if stop.is_set():
-                    return
-                if not _put(q, stop, transfer_tensor_h2d(batch, num_caches=num_caches)):
-                    return
+            while _take_place(places, stop):
+                batch = next(source, _DONE)
+                if batch is _DONE or stop.is_set():
+                    break
+                q.put(transfer_tensor_h2d(batch, num_caches=num_caches))
+                batch = None
     except BaseException as e:  # noqa: BLE001 - handed to the consumer, raised there
-        _put(q, stop, _Failure(e))
-        return
-    _put(q, stop, _DONE)
+        end = _Failure(e)
+        # The exception's traceback holds this frame: let go of the source and the batch
+        # (a DataLoader's workers) for as long as the caller keeps the exception.
+        source = batch = None  # noqa: F841
+    if stop.is_set():
+        _drain(q)  # closed: nothing moved stays behind in the queue
+    else:
+        q.put(end)
 
 
 class Prefetcher(Generic[T]):
@@ -117,11 +138,14 @@ class Prefetcher(Generic[T]):
         # there, as a blocking call on this thread would free them.
         stream = torch.cuda.current_stream(_native.default_device()) if torch else None
         modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled()) if torch else None
-        self._queue = queue.Queue(maxsize=depth)
+        # Unbounded: `_places` bounds the batches in it (the end or an error takes none).
+        self._queue = queue.Queue()
+        self._places = threading.Semaphore(depth)
         self._stop = threading.Event()
         self._finished = False
         self._thread = threading.Thread(
-            target=_work, args=(source, stream, modes, self._queue, self._stop, num_caches),
+            target=_work,
+            args=(source, stream, modes, self._queue, self._places, self._stop, num_caches),
             name="pinlane-prefetch-py", daemon=True,
         )
         self._thread.start()
@@ -147,7 +171,11 @@ class Prefetcher(Generic[T]):
             raise StopIteration
         if isinstance(item, _Failure):
             self.close()
+            if isinstance(item.exc, StopIteration):
+                # Raised here it would read as the end of the batches (PEP 479's case).
+                raise RuntimeError("pinlane.prefetch: moving a batch raised StopIteration") from item.exc
             raise item.exc
+        self._places.release()  # the worker may move one more
         return item
 
     def close(self, timeout: float = 10.0) -> bool:
@@ -155,12 +183,11 @@ class Prefetcher(Generic[T]):
         seconds for it to exit and says whether it did."""
         self._finished = True
         self._stop.set()
-        while True:  # unblock a worker waiting to put, and let its batches go
-            try:
-                self._queue.get_nowait()
-            except queue.Empty:
-                break
+        _drain(self._queue)
         self._thread.join(timeout)
+        # A batch the worker put after the first drain (it lets go of its own once it
+        # sees the stop, which it may not before `timeout`).
+        _drain(self._queue)
         return not self._thread.is_alive()
 
     def __enter__(self) -> Prefetcher[T]:

@@ -43,22 +43,70 @@ def test_the_worker_stays_at_most_depth_batches_ahead():
 
     it = pinlane.prefetch(source(), depth=2)
     assert next(it) == 0
+    deadline = time.monotonic() + 5
+    while len(taken) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
     time.sleep(0.3)
-    # One being handed out, `depth` in the queue, one the worker holds waiting to put.
-    assert len(taken) <= 1 + 2 + 1, taken
+    # The one handed out, and `depth` moved ahead: no more (a worker blocked on a full
+    # queue used to hold one more).
+    assert len(taken) == 1 + 2, taken
+    assert next(it) == 1
+    deadline = time.monotonic() + 5
+    while len(taken) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3)
+    assert len(taken) == 2 + 2, taken
     assert it.close()
 
 
+def test_close_lets_go_of_the_batches_ahead_and_asks_the_source_for_no_more():
+    taken = []
+
+    def source():
+        for i in range(100):
+            taken.append(i)
+            yield i
+
+    for _ in range(20):
+        taken.clear()
+        it = pinlane.prefetch(source(), depth=1)
+        assert next(it) == 0
+        time.sleep(0.05)
+        n = len(taken)
+        assert it.close()
+        # Before: a worker waiting to put its batch put it once close() emptied the
+        # queue, so a batch stayed queued, and it asked the source for one more.
+        assert it._queue.empty()
+        assert len(taken) == n, (n, taken)
+
+
+def test_a_transfer_that_raises_stopiteration_is_an_error_not_the_end(monkeypatch):
+    real = pinlane.transfer_tensor_h2d
+
+    def transfer(batch, **kw):
+        if batch == 2:
+            raise StopIteration("from inside a transfer")
+        return real(batch, **kw)
+
+    monkeypatch.setattr(pinlane, "transfer_tensor_h2d", transfer)
+    it = pinlane.prefetch(range(5))
+    assert next(it) == 0 and next(it) == 1
+    with pytest.raises(RuntimeError, match="StopIteration"):
+        next(it)  # was the silent end of the batches: list(...) gave [0, 1]
+
+
 def test_close_is_bounded_when_the_source_is_stuck():
-    release = threading.Event()
+    release, inside = threading.Event(), threading.Event()
 
     def source():
         yield 0
+        inside.set()
         release.wait(20)  # stuck in the user's iterator
         yield 1
 
     it = pinlane.prefetch(source())
     assert next(it) == 0
+    assert inside.wait(5)  # the worker asks for batch 1 once batch 0 is taken
     t0 = time.monotonic()
     assert it.close(timeout=0.2) is False  # the worker is still inside the source
     assert time.monotonic() - t0 < 2
