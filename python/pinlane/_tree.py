@@ -150,8 +150,8 @@ def _rebuild(obj, leaf_type, it):
 def pair(dst, src, leaf_type):
     """The ``leaf_type`` leaves of ``dst`` and ``src`` at the same places, as two lists in
     ``dst``'s walk order. The two must have the same structure: sequences of the same
-    lengths, dicts with the same keys (paired by key, whatever their order), dataclasses
-    of the same type; a ``leaf_type`` leaf in one must meet one in the other. Other leaves
+    lengths (namedtuples with the same fields, in the same order), dicts with the same
+    keys (paired by key, whatever their order), dataclasses of the same type; a ``leaf_type`` leaf in one must meet one in the other. Other leaves
     are not compared. Raises ``ValueError`` naming the first place that differs."""
     t = type(dst)
     # The common cases first, without the recursive walk: two flat lists, or two flat
@@ -187,6 +187,15 @@ def _pair(d, s, leaf_type, path, dsts, srcs):
         if not isinstance(s, (list, tuple)) or len(s) != len(d):
             n = len(s) if isinstance(s, (list, tuple)) else type(s).__name__
             raise differ(f"{len(d)} destinations for {n}")
+        # Two namedtuples pair by field name, as the Rust batches' fields do: with other
+        # fields, or the same in another order, pairing by position would copy a source
+        # into another field's destination. (One side's positions against a plain
+        # sequence's are what the plain sequence means.)
+        fd, fs = getattr(type(d), "_fields", None), getattr(type(s), "_fields", None)
+        if isinstance(fd, tuple) and isinstance(fs, tuple) and fd != fs:
+            raise differ(
+                f"a {type(d).__name__}{fd} destination for a {type(s).__name__}{fs} source"
+            )
         for i, (x, y) in enumerate(zip(d, s)):
             path.append(f"[{i}]")
             _pair(x, y, leaf_type, path, dsts, srcs)

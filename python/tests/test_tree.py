@@ -9,7 +9,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from pinlane._tree import flatten, rebuild
+from pinlane._tree import flatten, pair, rebuild
 
 
 class Leaf:
@@ -292,3 +292,21 @@ def test_the_calls_plain_tensor_way_takes_exactly_the_plain_single_tensors(batch
                         assert type(out) is type(b) and list(out) == [("moved", taken)]
     finally:
         pinlane._native, pinlane._Tensor, pinlane._torch_with_cuda = saved
+
+
+def test_namedtuples_with_other_fields_are_not_paired_by_position():
+    # Regression (session 79): two namedtuples of the same length were paired by
+    # position, so a source went into another field's destination with no error.
+    class Leaf:
+        pass
+
+    P = collections.namedtuple("P", "x y")
+    Q = collections.namedtuple("Q", "y x")
+    R = collections.namedtuple("R", "x y")
+    dx, dy, sx, sy = Leaf(), Leaf(), Leaf(), Leaf()
+    with pytest.raises(ValueError, match=r"at \['b'\]: a P\('x', 'y'\) destination for a Q"):
+        pair({"b": P(dx, dy)}, {"b": Q(y=sy, x=sx)}, Leaf)
+    # The same fields in the same order pair, whatever the types' names; so do a
+    # namedtuple and a plain sequence, by position.
+    assert pair({"b": P(dx, dy)}, {"b": R(sx, sy)}, Leaf) == ([dx, dy], [sx, sy])
+    assert pair([P(dx, dy)], [(sx, sy)], Leaf) == ([dx, dy], [sx, sy])
