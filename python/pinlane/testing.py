@@ -88,8 +88,10 @@ def _tensor_difference(torch, a, b, path):
         return f"{_show(path)}: dtype {b.dtype}, sent as {a.dtype}"
     if a.shape != b.shape:
         return f"{_show(path)}: shape {list(b.shape)}, sent as {list(a.shape)}"
-    x = a.detach().cpu().contiguous().reshape(-1)
-    y = b.detach().cpu().contiguous().reshape(-1)
+    # torch's lazy negation and conjugation bits resolved (`view(uint8)` refuses them):
+    # the values, as the transfers give them.
+    x = a.detach().cpu().resolve_conj().resolve_neg().contiguous().reshape(-1)
+    y = b.detach().cpu().resolve_conj().resolve_neg().contiguous().reshape(-1)
     if x.numel() == 0:
         return None
     xb, yb = x.view(torch.uint8), y.view(torch.uint8)
@@ -121,10 +123,16 @@ def assert_round_trip(batch, device=None, *, allow_no_gpu=False):
     Raises:
         AssertionError: where and how the batch came back different (or, without a GPU
             and without ``allow_no_gpu``, that nothing moved).
+        ValueError: a tensor of ``batch`` is not on the CPU (``transfer_tensor_h2d``
+            returns a CUDA tensor as it is, so its check would compare it with itself).
     """
     import pinlane
 
     torch = _torch()
+    for path, t in _tensors_with_paths(torch, batch, ""):
+        if t.device.type != "cpu":
+            raise ValueError(f"assert_round_trip: {_show(path)} is on {t.device}: give a batch "
+                             "of CPU tensors (a CUDA tensor would be compared with itself)")
     if not (pinlane.cuda_available() and torch.cuda.is_available()):
         if allow_no_gpu:
             return batch

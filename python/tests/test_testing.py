@@ -63,3 +63,25 @@ def test_no_gpu_is_not_a_pass(torch, monkeypatch):
     with pytest.raises(AssertionError, match="no GPU here"):
         assert_round_trip([torch.zeros(3)])
     assert_round_trip([torch.zeros(3)], allow_no_gpu=True)
+
+
+def test_negated_and_conjugated_tensors_are_compared_by_value(torch):
+    # Regression (session 79): `view(torch.uint8)` refused a tensor with torch's lazy
+    # negation or conjugation bit, so the comparison raised instead of comparing.
+    from pinlane.testing import first_difference
+
+    z = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
+    assert first_difference({"z": z.conj()}, {"z": z.conj().resolve_conj()}) is None
+    assert first_difference({"z": z.conj()}, {"z": z}).startswith("['z']: byte 7 differs")
+    n = torch._neg_view(torch.tensor([1.0, -2.0]))
+    assert first_difference([n], [torch.tensor([-1.0, 2.0])]) is None
+    assert first_difference([n], [torch.tensor([-1.0, 3.0])]).startswith("[0]: byte 6 differs")
+
+
+def test_a_batch_already_on_the_gpu_is_refused_not_compared_with_itself(torch):
+    # Regression (session 79): transfer_tensor_h2d returns a CUDA tensor as it is, so the
+    # H2D check compared each tensor with itself.
+    from pinlane.testing import assert_round_trip
+
+    with pytest.raises(ValueError, match=r"\['x'\]\[1\] is on cuda"):
+        assert_round_trip({"x": [torch.ones(2), torch.ones(4, device="cuda")]})
