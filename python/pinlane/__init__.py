@@ -707,24 +707,29 @@ class Buffers:
                 waited = True
             if copies:
                 ctx = torch.cuda.stream(stream)
-        with ctx:
-            # The native half checks every pair (torch's too) before anything is written.
-            left = _copied(
-                self, self._native.copy_from, srcs, stream=s, maybe_neg=maybe_neg, grad=grad
-            )
-        if left:
+        def torch_copies(left):
+            # The pairs left to torch, copied by the native half after every check and
+            # before pinlane's pairs are queued, under its one-writer lock: a pair torch's
+            # copy_ refuses (autograd's rules for views) leaves pinlane's pairs unwritten.
             if s is not None and not self._h2d and not waited:
                 # Pairs left to torch for autograd's sake: as above.
                 stream.wait_stream(torch.cuda.current_stream(stream.device))
-            ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+            on = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
             # Under the caller's grad mode, as copy_ records them. D2H returns with the bytes
             # there: torch's copy waits too (non_blocking=False). The source is reshaped to
             # the destination's shape (the same elements, checked natively; pinlane copies
             # bytes in order where shapes differ, and copy_ would not broadcast them).
-            with ctx:
+            with on:
                 for i in left:
                     d = self._leaves[i]
                     d.copy_(srcs[i].reshape(d.shape), non_blocking=self._h2d)
+
+        with ctx:
+            # The native half checks every pair (torch's too) before anything is written.
+            _copied(
+                self, self._native.copy_from, srcs, stream=s, maybe_neg=maybe_neg, grad=grad,
+                torch_copies=torch_copies,
+            )
 
 
 class Pairs:

@@ -165,7 +165,12 @@ impl Targets {
     /// source or destination requires grad is left to torch too (its `copy_` records it
     /// for autograd), and a destination that is a leaf requiring grad is refused (torch's
     /// `copy_` refuses to write it in place), before anything is written.
-    #[pyo3(signature = (srcs, *, stream=None, maybe_neg=true, views=true, grad=false))]
+    /// `torch_copies`: called with those indices (when there are any) after every check
+    /// and before pinlane's pairs are queued, with the one-writer lock held: the caller's
+    /// copies of the pairs left to torch. A pair torch then refuses (autograd's rules for
+    /// views made under `no_grad` or by `split`) fails the call with pinlane's pairs
+    /// unwritten, and no other thread's copy runs beside them.
+    #[pyo3(signature = (srcs, *, stream=None, maybe_neg=true, views=true, grad=false, torch_copies=None))]
     #[allow(clippy::too_many_arguments)]
     fn copy_from<'py>(
         &self,
@@ -175,6 +180,7 @@ impl Targets {
         maybe_neg: bool,
         views: bool,
         grad: bool,
+        torch_copies: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Vec<usize>> {
         if srcs.len() != self.outs.len() {
             return Err(PyValueError::new_err(format!(
@@ -271,6 +277,9 @@ impl Targets {
                     device: Device::cuda(d),
                 }));
             }
+        }
+        if let Some(f) = torch_copies.filter(|_| !to_torch.is_empty()) {
+            f.call1((to_torch.clone(),))?;
         }
         let Some(device) = device.filter(|_| !ins.is_empty()) else {
             return Ok(to_torch);

@@ -666,3 +666,58 @@ def test_exit_gives_held_torch_tensors_back_first(torch, new_process):
     r = new_process(code)
     out = r.stdout + r.stderr
     assert r.stdout.split() == ["steps", "done", "exit", "ok", "in_use", "0"], out
+
+
+def test_a_pair_torch_refuses_leaves_pinlanes_pairs_unwritten(torch):
+    """Session 79 (a helper's review): the pairs left to torch were copied after
+    pinlane's, so one that torch's ``copy_`` refuses (autograd's rules: a view made under
+    ``no_grad`` of a tensor that requires grad, an output of ``split``) failed the call
+    with pinlane's pairs already written. Torch's pairs now run after every check and
+    before pinlane's are queued."""
+    for h2d in (True, False):
+        dev, src_dev = ("cuda", "cpu") if h2d else ("cpu", "cuda")
+        leaf = torch.zeros(8, device=dev, requires_grad=True)
+        with torch.no_grad():
+            view = leaf[:4]
+        other = torch.zeros(4, device=dev)
+        w = torch.ones(4, device=src_dev, requires_grad=True)
+        with pytest.raises(RuntimeError, match="no grad mode"):
+            pinlane.copy_into([other, view], [torch.ones(4, device=src_dev), w * 2])
+        torch.cuda.synchronize()
+        assert not other.any(), (h2d, other)
+        parts = list((torch.ones(8, device=dev, requires_grad=True) * 1).split(4))
+        with pytest.raises(RuntimeError, match="multiple views"):
+            pinlane.copy_into([other, parts[0]], [torch.ones(4, device=src_dev)] * 2)
+        torch.cuda.synchronize()
+        assert not other.any(), (h2d, other)
+
+
+def test_a_second_threads_copy_is_refused_while_torch_copies_the_first(torch):
+    """Session 79 (a helper's review): the one-writer lock of a ``Buffers`` was let go
+    when the native half returned, before the pairs left to torch were copied, so a
+    second thread's copy ran beside them and the destinations could mix both batches."""
+    import threading
+
+    src = torch.ones(1 << 16, dtype=torch.complex64, device="cuda")
+    bufs = pinlane.Buffers([torch.zeros(1 << 16, dtype=torch.complex64)])
+    bufs.copy_from([src])
+    torch.cuda.synchronize()
+    errors = []
+
+    def first():
+        try:
+            bufs.copy_from([src])  # torch's D2H copy waits behind the sleep below
+        except BaseException as e:  # noqa: BLE001 - checked below
+            errors.append(e)
+
+    torch.cuda._sleep(1_000_000_000)
+    t = threading.Thread(target=first)
+    t.start()
+    time.sleep(0.1)
+    try:
+        with pytest.raises(RuntimeError, match="another thread"):
+            bufs.copy_from([src])
+    finally:
+        t.join(30)
+    assert not t.is_alive() and not errors, errors
+    assert torch.equal(bufs._leaves[0], src.cpu())
