@@ -168,7 +168,7 @@ impl Targets {
     /// `torch_copies`: called with those indices (when there are any) after every check
     /// and before pinlane's pairs are queued, with the one-writer lock held: the caller's
     /// copies of the pairs left to torch. A pair torch then refuses (autograd's rules for
-    /// views made under `no_grad` or by `split`) fails the call with pinlane's pairs
+    /// views, such as the outputs of `split`) fails the call with pinlane's pairs
     /// unwritten, and no other thread's copy runs beside them.
     #[pyo3(signature = (srcs, *, stream=None, maybe_neg=true, views=true, grad=false, torch_copies=None))]
     #[allow(clippy::too_many_arguments)]
