@@ -159,7 +159,8 @@ def load_safetensors(
     in file order: a ``.safetensors`` file, a sharded checkpoint's index
     (``model.safetensors.index.json``, naming its shards), or a directory holding either.
 
-    * ``device``: ``None`` or ``"cuda"`` (``cuda:{LOCAL_RANK}``), ``"cuda:N"``, or an int.
+    * ``device``: ``None`` or ``"cuda"`` (``cuda:{LOCAL_RANK}``), ``"cuda:N"``, an int,
+      or a ``torch.device`` (``self.device`` in a ``LightningModule``).
     * ``names``: load only these tensors: an iterable of names (each in the checkpoint),
       or a predicate (any callable) called with each name in the checkpoint, in file
       order, e.g. ``names=lambda n: n.startswith("model.layers.0.")`` (only the headers
@@ -168,9 +169,13 @@ def load_safetensors(
       read in place (mapped) through pinlane's page-locked staging ring, so page-locked
       memory is bounded as for any transfer, and each tensor arrives zero-copy in torch.
     * The call returns once the bytes are on the device: the tensors are ready for work
-      on any stream. Their memory is freed, when torch lets them go, in order on torch's
-      current stream of the device at the time of the call.
-    * No CUDA: CPU tensors (copies of the file's bytes).
+      on any stream. Their memory is one device allocation, freed when torch lets go of
+      the last of them (one tensor kept, a norm's weight say, keeps the whole
+      checkpoint's memory), in order on torch's current stream of the device at the time
+      of the call.
+    * No CUDA: CPU tensors (copies of the file's bytes). A CUDA ``device`` asked for where
+      torch has CUDA and pinlane cannot use it (``cuda_available()`` false) is a
+      ``RuntimeError`` saying why, not CPU tensors.
     * A tensor of a dtype pinlane lacks (float8, complex, ...) is an error naming it:
       leave it out with ``names`` (and load it with ``safetensors`` if you need it).
 
@@ -179,17 +184,17 @@ def load_safetensors(
         ValueError: a malformed file or index (truncated, bad header, offsets or shapes
             that do not match, a missing shard), a name the checkpoint does not hold, a
             dtype pinlane lacks, or a bad ``device``.
-        RuntimeError: a copy failed (no tensor is returned).
+        RuntimeError: a copy failed (no tensor is returned), or pinlane cannot use the
+            CUDA ``device`` asked for.
         MemoryError: device memory ran out (after torch's cache, where it held device
             memory unused, gave it back and the load was tried once more).
         Exception: whatever a ``names`` predicate raises (nothing is loaded).
     """
     import torch
 
-    if isinstance(device, bool) or not (device is None or isinstance(device, (int, str))):
-        raise ValueError(f"device must be None, 'cuda', 'cuda:N' or an int, not {device!r}")
-    if isinstance(device, int):
-        device = f"cuda:{device}"
+    if isinstance(device, bool):
+        raise ValueError(f"device must be None, 'cuda', 'cuda:N', an int or a torch.device, not {device!r}")
+    device = _device_str(device)
     _native.check_device(device)
     if callable(names):
         pick = names
@@ -201,6 +206,14 @@ def load_safetensors(
     index = None
     if _torch_with_cuda() is not None:
         index = _native.default_device() if device in (None, "cuda") else int(device[5:])
+        if device is not None and not cuda_available():
+            # Asked for a GPU that torch sees and pinlane cannot use: CPU tensors would
+            # pass for the load asked for.
+            raise RuntimeError(
+                f"load_safetensors: pinlane cannot use CUDA here ({_native.unavailable_reason()}), "
+                f"so it cannot load onto {device}"
+            )
+
     def load():
         return _native.load_safetensors(os.fspath(path), probe=torch.empty(0), device=index, names=names)
 

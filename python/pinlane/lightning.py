@@ -16,24 +16,32 @@ or write the three lines yourself::
         return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
 pinlane moves to ``cuda:{LOCAL_RANK}``, the device Lightning gives each process under its
-launchers and ``torchrun``; the mixin hands any other device to Lightning's own hook.
+launchers and ``torchrun`` when it uses the first devices (with ``devices=[2, 3]`` the
+ranks run on ``cuda:2`` and ``cuda:3``: then every batch goes to Lightning's hook, and
+``pinlane.load_safetensors(path, self.device)`` names the device a load should use);
+the mixin hands any other device to Lightning's own hook, as it does everything when
+pinlane cannot use CUDA here (``pinlane.cuda_available()`` false).
 pinlane walks lists, tuples, namedtuples, dicts and dataclasses of torch tensors; other
 objects come back as they are. The mixin looks at the batch first and hands it to
 Lightning's hook when pinlane would give something else: when it holds an object whose
 class moves itself with ``.to()`` (a Hugging Face ``BatchEncoding``, a custom batch class,
 also one that is a list, dict or dataclass), a mapping that is not a ``dict``, a sequence
 that is not a ``list`` or ``tuple`` (a ``UserList``, a ``deque``), a dataclass with a
-field outside ``__init__`` (Lightning leaves those unmoved), or a tensor on a device other
-than the CPU and the target (another GPU). So the mixin's result is what Lightning's hook
+field outside ``__init__`` (Lightning leaves those unmoved) or with a
+``functools.cached_property`` value (Lightning's copy drops it, to be computed again on
+the device), a CPU tensor that is not contiguous (``channels_last``, a transposed view:
+Lightning's ``.to()`` keeps its strides, pinlane's outputs are contiguous), or a tensor
+on a device other than the CPU and the target (another GPU). So the mixin's result is what Lightning's hook
 gives, moved faster where it can be. The three lines above skip that look: use them only for
 batches of plain containers. Importing this module needs neither Lightning nor torch.
 """
 
 import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
 from itertools import repeat
 
-from . import _native, transfer_tensor_h2d
+from . import _native, cuda_available, transfer_tensor_h2d
 
 __all__ = ["PinlaneTransfer"]
 
@@ -54,7 +62,11 @@ class PinlaneTransfer:
                 import torch
 
                 index = torch.cuda.current_device()
-            if index == _native.default_device() and _pinlane_moves_all(batch, index):
+            if (
+                index == _native.default_device()
+                and cuda_available()
+                and _pinlane_moves_all(batch, index)
+            ):
                 return transfer_tensor_h2d(batch, num_caches=self.pinlane_num_caches)
         return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
@@ -64,8 +76,9 @@ def _pinlane_moves_all(batch, index):
     would: no object whose class moves itself with ``.to()`` but is not a tensor (a
     container of such a class included), no mapping that is not a ``dict`` and no
     sequence that is not a ``list`` or ``tuple``, no dataclass with a field outside
-    ``__init__``, no tensor on a device other than the CPU and ``cuda:{index}`` (pinlane
-    passes a CUDA tensor through; Lightning moves it)."""
+    ``__init__`` or a cached property's value, no CPU tensor that is not contiguous, no
+    tensor on a device other than the CPU and ``cuda:{index}`` (pinlane passes a CUDA
+    tensor through; Lightning moves it)."""
     import torch
 
     T = torch.Tensor
@@ -77,7 +90,8 @@ def _pinlane_moves_all(batch, index):
 
 
 def _here(t, index):
-    return t.is_cpu or t.is_cuda and t.get_device() == index
+    # A CPU tensor with other strides: Lightning's `.to()` keeps them, pinlane does not.
+    return t.is_cpu and t.is_contiguous() or t.is_cuda and t.get_device() == index
 
 
 def _walk(obj, T, index):
@@ -96,6 +110,9 @@ def _walk(obj, T, index):
     if isinstance(obj, Sequence) and not isinstance(obj, (str, bytes)):
         return False  # a UserList, a deque...: Lightning walks them, pinlane does not
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        cls = type(obj)
+        if any(isinstance(getattr(cls, k, None), functools.cached_property) for k in getattr(obj, "__dict__", ())):
+            return False  # Lightning's copy computes it again on the device; pinlane's keeps it
         fields = dataclasses.fields(obj)
         # Lightning leaves fields with init=False as they are; pinlane moves them.
         return all(f.init for f in fields) and all(_walk(getattr(obj, f.name), T, index) for f in fields)

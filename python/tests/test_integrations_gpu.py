@@ -46,6 +46,7 @@ def test_lightning_mixin_gives_what_lightnings_hook_gives(torch, monkeypatch):
             pytest.skip("Lightning is not installed")
     import collections
     import dataclasses
+    import functools
     import types
 
     import pinlane.lightning as pll
@@ -76,6 +77,17 @@ def test_lightning_mixin_gives_what_lightnings_hook_gives(torch, monkeypatch):
         def __post_init__(self):
             self.cache = self.x * 2
 
+    @dataclasses.dataclass
+    class Cached:  # Lightning's copy drops a cached property's value
+        x: torch.Tensor
+
+        @functools.cached_property
+        def m(self):
+            return self.x.mean()
+
+    cached = Cached(torch.arange(4, dtype=torch.float32))
+    cached.m  # noqa: B018 - computed (on the CPU) before the move
+
     class Plain(pll.PinlaneTransfer, pl.LightningModule):
         pass
 
@@ -97,6 +109,11 @@ def test_lightning_mixin_gives_what_lightnings_hook_gives(torch, monkeypatch):
         "a UserList": (collections.UserList([x]), False),
         "a field outside __init__": (Held(x), False),
         "a plain dataclass": ({"p": _plain_dataclass(x)}, True),
+        # Session 79 (a helper's review): strides Lightning's .to() keeps, and a cached
+        # property's value it drops, went to pinlane (contiguous outputs; the CPU value).
+        "channels_last": ({"x": torch.rand(2, 3, 4, 4).to(memory_format=torch.channels_last)}, False),
+        "a transposed view": ([x.t()], False),
+        "a cached property": ({"c": cached}, False),
     }
     if torch.cuda.device_count() > 1:
         other = torch.device("cuda", 1 - idx if idx < 2 else 0)
@@ -111,6 +128,12 @@ def test_lightning_mixin_gives_what_lightnings_hook_gives(torch, monkeypatch):
             want = pl.LightningModule.transfer_batch_to_device(module, batch, device, 0)
             assert bool(calls) == by_pinlane, (name, device)
             _same(got, want, name)
+    # Where pinlane cannot use CUDA (its driver probe failed while torch's worked), every
+    # batch goes to Lightning's hook (session 79: it came back unmoved).
+    monkeypatch.setattr(pll, "cuda_available", lambda: False)
+    calls.clear()
+    got = module.transfer_batch_to_device({"x": x}, target, 0)
+    assert not calls and got["x"].device == target
 
 
 def _plain_dataclass(x):
@@ -136,6 +159,7 @@ def _same(got, want, name):
     assert getattr(got, "via_to", None) == getattr(want, "via_to", None), name
     if isinstance(want, torch.Tensor):
         assert got.device == want.device and torch.equal(got, want), name
+        assert got.stride() == want.stride(), (name, got.stride(), want.stride())
     elif dataclasses.is_dataclass(want):
         for f in dataclasses.fields(want):
             _same(getattr(got, f.name), getattr(want, f.name), name)

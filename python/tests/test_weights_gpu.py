@@ -59,7 +59,9 @@ def test_loads_what_safetensors_loads(torch, tmp_path):
     s.synchronize()
     assert total == pytest.approx(sum(float(v.float().sum()) for v in want.values() if v.numel()), rel=1e-5)
     # The device forms, and a subset.
-    for dev, on in (("cuda", here), (here, here), ("cuda:0", "cuda:0"), (0, "cuda:0")):
+    forms = (("cuda", here), (here, here), ("cuda:0", "cuda:0"), (0, "cuda:0"),
+             (torch.device(here), here), (torch.device("cuda", 0), "cuda:0"))  # torch.device: session 79
+    for dev, on in forms:
         assert pinlane.load_safetensors(p, dev)["big"].device == torch.device(on), dev
     sub = pinlane.load_safetensors(str(p), names=["big", "layers.0.mask", "big"])
     assert list(sub) == [k for k in by_offset if k in ("big", "layers.0.mask")]
@@ -147,3 +149,16 @@ def test_without_a_device_the_tensors_are_host_copies(torch, tmp_path):
     assert keys == ["big"]
     with pytest.raises(ValueError, match="nothere"):
         pinlane._native.load_safetensors(str(p), probe=torch.empty(0), device=None, names=["nothere"])
+
+
+def test_a_cuda_device_pinlane_cannot_use_is_an_error_not_cpu_tensors(torch, tmp_path, monkeypatch):
+    """Session 79 (a helper's review): where torch has CUDA and pinlane cannot use it (its
+    driver probe failed), a load asked for on a CUDA device returned CPU tensors."""
+    from safetensors.torch import save_file
+
+    p = tmp_path / "model.safetensors"
+    save_file({"w": torch.ones(4)}, str(p))
+    monkeypatch.setattr(pinlane, "cuda_available", lambda: False)
+    for dev in ("cuda", "cuda:0", 0, torch.device("cuda", 0)):
+        with pytest.raises(RuntimeError, match="cannot use CUDA"):
+            pinlane.load_safetensors(p, dev)
