@@ -11,7 +11,8 @@ mod common;
 
 use pinlane::{
     transfer_tensor_d2h, transfer_tensor_d2h_into, transfer_tensor_h2d, transfer_tensor_h2d_into,
-    D2hOptions, DType, Error, IntoOptions, Location, Stream, Tensor, Value,
+    transfer_tensor_h2d_with, D2hOptions, DType, Error, H2dOptions, IntoOptions, Location, Stream,
+    Tensor, Value,
 };
 use proptest::prelude::*;
 
@@ -111,7 +112,7 @@ fn bad_pairs_are_refused_and_nothing_is_written() {
         common::tensor(DType::F32, &[64], 7),
         common::tensor(DType::U8, &[10], 8),
     ];
-    let (dst, buf, _) = destinations(&src, 0);
+    let (dst, buf, ranges) = destinations(&src, 0);
     let untouched = || check_buffer(&buf, &Vec::<Tensor>::new(), &[]);
     let opts = IntoOptions::default();
     let refuse = |s: &Vec<Tensor>, d: &Vec<Tensor>| transfer_tensor_h2d_into(s, d, &opts).err();
@@ -162,6 +163,23 @@ fn bad_pairs_are_refused_and_nothing_is_written() {
     let e = pinlane::H2dPairs::new(&src, &read_only).err().unwrap();
     assert!(e.to_string().contains("may not write"), "{e}");
     assert_eq!(untouched(), Ok(()));
+    // A pair with bytes on another device than the first is refused; an empty pair
+    // there writes nothing and binds nothing (session 79: it was refused too).
+    let other = |dims: &[usize], seed| {
+        let t = common::tensor(DType::U8, dims, seed);
+        let on1 = H2dOptions::default().device("cuda:1");
+        transfer_tensor_h2d_with(&vec![t], &on1).unwrap().remove(0)
+    };
+    let e = refuse(&src, &vec![dst[0].clone(), other(&[10], 9)]).unwrap();
+    assert!(e.to_string().contains("another pair's on cuda:0"), "{e}");
+    let empty = common::tensor(DType::U8, &[0], 1);
+    let with_empty = vec![empty.clone(), src[0].clone(), src[1].clone()];
+    let first_empty_on_1 = vec![other(&[0], 2), dst[0].clone(), dst[1].clone()];
+    transfer_tensor_h2d_into(&with_empty, &first_empty_on_1, &opts)
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(check_buffer(&buf, &src, &ranges), Ok(()));
 }
 
 /// Device destinations pinlane may write: its own memory, and another owner's taken as

@@ -24,9 +24,10 @@ pub struct IntoOptions {
 
 impl IntoOptions {
     /// The stream the copies are ordered on (its device must be the destinations' for
-    /// H2D, the sources' for D2H). Default: the calling thread's
+    /// H2D, the sources' for D2H). Default: H2D's copies go on the calling thread's
     /// [`current_stream`](crate::current_stream) of that device (the legacy default
-    /// stream unless one was set).
+    /// stream unless one was set); D2H's go on pinlane's own stream of the thread, ordered
+    /// after that current stream, and the call returns once the bytes are on the host.
     pub fn stream(mut self, s: Stream) -> Self {
         self.stream = Some(s);
         self
@@ -263,7 +264,7 @@ fn check_pairs<'a>(
 }
 
 /// What is wrong with one pair, if anything; the device side's device goes to `device`
-/// (the first pair's), which every other pair must share.
+/// (the first pair's with bytes), which every other pair with bytes must share.
 fn check_pair(src: &Tensor, dst: &Tensor, way: Way, device: &mut Option<usize>) -> Option<String> {
     let (dev_side, host_side, host_name) = match way {
         Way::H2d => (dst, src, "source"),
@@ -280,7 +281,10 @@ fn check_pair(src: &Tensor, dst: &Tensor, way: Way, device: &mut Option<usize>) 
             dev_side.location()
         ));
     };
-    if *device.get_or_insert(d.ordinal()) != d.ordinal() {
+    // An empty pair writes nothing anywhere, so its device binds nothing: the first
+    // pair with bytes names the call's device (session 79: an empty tensor on another
+    // device refused the call).
+    if dev_side.nbytes() > 0 && *device.get_or_insert(d.ordinal()) != d.ordinal() {
         return Some(format!(
             "the {dev_name} is on {d}, another pair's on cuda:{}",
             device.unwrap_or_default()
