@@ -10,7 +10,8 @@ mod common;
 
 use pinlane::driver::sim::SimConfig;
 use pinlane::{
-    memory_stats, transfer_tensor_h2d_with, DType, Error, H2dOptions, Prefetcher, Tensor,
+    memory_stats, transfer_tensor_d2h, transfer_tensor_h2d_into, transfer_tensor_h2d_with,
+    D2hOptions, DType, Device, Error, H2dOptions, IntoOptions, Prefetcher, Stream, Tensor,
 };
 use std::time::{Duration, Instant};
 
@@ -161,4 +162,43 @@ fn by_default_the_last_drop_of_a_to_pinned_buffer_waits_for_the_device() {
     let took = t0.elapsed();
     assert!(took >= Duration::from_millis(500), "dropped after {took:?}");
     busy.synchronize().unwrap();
+}
+
+#[test]
+fn a_copy_into_that_finds_no_slot_does_not_wait_for_the_callers_stream() {
+    // Session 79 (a helper's review): a copy into existing tensors that could not lease
+    // its first staging slot, having queued nothing, drained the caller's stream before
+    // it returned the error: a wait for all the caller's earlier work there, unbounded
+    // by default.
+    sim();
+    let _turn = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let d0 = Device::cuda(0);
+    let src = |seed| vec![common::tensor(DType::F32, &[1000], seed)];
+    let back = |t: &Vec<Tensor>| transfer_tensor_d2h(t, &D2hOptions::default()).unwrap();
+    let dst = |seed| transfer_tensor_h2d_with(&src(seed), &H2dOptions::default().num_caches(0));
+    let (d1, d2, d3) = (dst(1).unwrap(), dst(2).unwrap(), dst(3).unwrap());
+    // Both staging slots held by copies queued behind 1.5 s of another stream's work.
+    let held = Stream::new(d0).unwrap();
+    held.delay_async(Duration::from_millis(1500)).unwrap();
+    let on_held = IntoOptions::default().stream(held.clone());
+    let h1 = transfer_tensor_h2d_into(&src(4), &d1, &on_held).unwrap();
+    let h2 = transfer_tensor_h2d_into(&src(5), &d2, &on_held).unwrap();
+    // The caller's own stream, busy for 3 s with its earlier work.
+    let mine = Stream::new(d0).unwrap();
+    mine.delay_async(Duration::from_secs(3)).unwrap();
+    let t0 = Instant::now();
+    let r = transfer_tensor_h2d_into(&src(6), &d3, &IntoOptions::default().stream(mine.clone()));
+    let took = t0.elapsed();
+    assert!(
+        matches!(r, Err(Error::StagingExhausted { .. })),
+        "{:?}",
+        r.err()
+    );
+    // Before: it returned after the 3 s of `mine`.
+    assert!(took < Duration::from_millis(1500), "failed after {took:?}");
+    h1.wait().unwrap();
+    h2.wait().unwrap();
+    assert_eq!((back(&d1), back(&d2)), (src(4), src(5)));
+    assert_eq!(back(&d3), src(3), "nothing written");
+    mine.synchronize().unwrap();
 }

@@ -201,7 +201,17 @@ pub(super) fn run(
         (dsts, super::device_read_sources(pairs.iter().map(|p| p.0)))
     };
     if let Err(e) = submit(&mut call, &mut job, &plan, kernel, &stream) {
-        return Err(job.abort(e, keep));
+        // No slot for the first staged window, with no direct copy queued before it:
+        // nothing is on the stream, so the call does not wait for the caller's earlier
+        // work there (session 79: it drained the whole stream, for as long as that took).
+        let unqueued = plan.direct.is_empty()
+            && job.leases.is_empty()
+            && matches!(e, Error::StagingExhausted { .. });
+        return Err(if unqueued {
+            job.abort_unqueued(e, keep)
+        } else {
+            job.abort(e, keep)
+        });
     }
     super::trace::mark("submitted");
     completion::reap(stream.key());

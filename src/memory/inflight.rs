@@ -240,6 +240,30 @@ impl InFlight {
         self.abort_around(err, sources, &mut |wait| wait())
     }
 
+    /// [`InFlight::abort`] for a call that queued nothing on the stream, as its caller
+    /// knows (its first staging slot could not be leased, before any copy): with no slot
+    /// leased and no owner or output held either, there is nothing to drain, and the call
+    /// does not wait for the stream (a drain would wait for all the work queued there
+    /// before, a copy into existing tensors' caller's own stream: without
+    /// `Config::sync_wait`, as long as that work takes). Otherwise as `abort`.
+    pub(crate) fn abort_unqueued<S: Send + 'static>(
+        mut self,
+        err: Error,
+        sources: impl FnOnce() -> S,
+    ) -> Error {
+        let nothing = self.leases.is_empty()
+            && self.held.is_empty()
+            && self.fills.is_empty()
+            && self.device_fill.is_none()
+            && self.device_reads.is_none()
+            && self.end_flag.is_none();
+        if nothing {
+            self.done = true;
+            return err;
+        }
+        self.abort(err, sources)
+    }
+
     /// [`InFlight::abort`], with the drain's wait in the driver run inside `around_wait`
     /// (see [`run_around`]).
     pub(crate) fn abort_around<S: Send + 'static>(
