@@ -198,7 +198,35 @@ fn a_copy_into_that_finds_no_slot_does_not_wait_for_the_callers_stream() {
     assert!(took < Duration::from_millis(1500), "failed after {took:?}");
     h1.wait().unwrap();
     h2.wait().unwrap();
-    assert_eq!((back(&d1), back(&d2)), (src(4), src(5)));
-    assert_eq!(back(&d3), src(3), "nothing written");
+    // With a page-locked source large enough for a direct copy beside the staged one:
+    // refused the same way, with nothing written (before: the direct copy went first,
+    // and its destination was written).
+    let big = |seed| vec![common::tensor(DType::U8, &[5 << 20], seed)];
+    // (From page-locked memory: copied directly, no slot, which this runtime's slow
+    // slots would not give 5 MiB in time.)
+    let d4 = vec![big(7)[0].to_pinned_on(d0).unwrap()];
+    let d4 = transfer_tensor_h2d_with(&d4, &H2dOptions::default().num_caches(0)).unwrap();
+    let pinned = big(8)[0].to_pinned_on(d0).unwrap();
+    let held2 = Stream::new(d0).unwrap();
+    held2.delay_async(Duration::from_millis(1500)).unwrap();
+    let on_held2 = IntoOptions::default().stream(held2.clone());
+    let h1 = transfer_tensor_h2d_into(&src(4), &d1, &on_held2).unwrap();
+    let h2 = transfer_tensor_h2d_into(&src(5), &d2, &on_held2).unwrap();
+    let both_src = vec![pinned, src(6).remove(0)];
+    let both_dst = vec![d4[0].clone(), d3[0].clone()];
+    let r = transfer_tensor_h2d_into(
+        &both_src,
+        &both_dst,
+        &IntoOptions::default().stream(mine.clone()),
+    );
+    assert!(
+        matches!(r, Err(Error::StagingExhausted { .. })),
+        "{:?}",
+        r.err()
+    );
+    h1.wait().unwrap();
+    h2.wait().unwrap();
     mine.synchronize().unwrap();
+    assert_eq!(back(&d4), big(7), "the direct copy's destination written");
+    assert_eq!(back(&d3), src(3));
 }

@@ -201,12 +201,10 @@ pub(super) fn run(
         (dsts, super::device_read_sources(pairs.iter().map(|p| p.0)))
     };
     if let Err(e) = submit(&mut call, &mut job, &plan, kernel, &stream) {
-        // No slot for the first staged window, with no direct copy queued before it:
+        // No slot for the first staged window, leased before any copy (`submit`):
         // nothing is on the stream, so the call does not wait for the caller's earlier
         // work there (session 79: it drained the whole stream, for as long as that took).
-        let unqueued = plan.direct.is_empty()
-            && job.leases.is_empty()
-            && matches!(e, Error::StagingExhausted { .. });
+        let unqueued = job.leases.is_empty() && matches!(e, Error::StagingExhausted { .. });
         return Err(if unqueued {
             job.abort_unqueued(e, keep)
         } else {
@@ -375,6 +373,12 @@ fn submit(
     stream: &Stream,
 ) -> Result<()> {
     let (ctx, device) = (call.ctx, call.device);
+    // The first staging slot is leased before any copy is queued: a call that finds none
+    // fails with nothing written and nothing to drain (session 79: the direct copies went
+    // first, and a `StagingExhausted` left their destinations written).
+    if !plan.direct.is_empty() && needs_slot(plan, kernel.is_some()) {
+        super::lease_slots(call, job, 1)?;
+    }
     if !plan.direct.is_empty() {
         // SAFETY: the destinations were checked (device memory of `device`, not
         // overlapping) and, like the sources, are cloned into the call's owners, kept
@@ -389,6 +393,16 @@ fn submit(
         }
         _ if plan.staged_end > 0 => windows(call, job, plan, stream),
         _ => Ok(()),
+    }
+}
+
+/// Whether [`submit`] leases a staging slot for `plan` (`kernel`: the scatter kernel
+/// runs): as its `match` routes it.
+fn needs_slot(plan: &Plan, kernel: bool) -> bool {
+    if kernel && plan.one_slot && (plan.staged_end > 0 || !plan.mapped.is_empty()) {
+        !plan.scatter().slot_free()
+    } else {
+        plan.staged_end > 0
     }
 }
 
