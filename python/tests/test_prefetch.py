@@ -33,43 +33,39 @@ def test_an_error_from_the_source_comes_after_the_batches_before_it():
         next(it)
 
 
+def _counting(taken):
+    """A source of 100 batches that appends each to ``taken`` as it gives it."""
+    for i in range(100):
+        taken.append(i)
+        yield i
+
+
+def _settled(taken, n):
+    """``len(taken)`` once it reached ``n`` (or 5 s passed) and stayed 0.3 s more."""
+    deadline = time.monotonic() + 5
+    while len(taken) < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3)
+    return len(taken)
+
+
 def test_the_worker_stays_at_most_depth_batches_ahead():
     taken = []
-
-    def source():
-        for i in range(100):
-            taken.append(i)
-            yield i
-
-    it = pinlane.prefetch(source(), depth=2)
+    it = pinlane.prefetch(_counting(taken), depth=2)
     assert next(it) == 0
-    deadline = time.monotonic() + 5
-    while len(taken) < 3 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.3)
     # The one handed out, and `depth` moved ahead: no more (a worker blocked on a full
     # queue used to hold one more).
-    assert len(taken) == 1 + 2, taken
+    assert _settled(taken, 3) == 1 + 2, taken
     assert next(it) == 1
-    deadline = time.monotonic() + 5
-    while len(taken) < 4 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.3)
-    assert len(taken) == 2 + 2, taken
+    assert _settled(taken, 4) == 2 + 2, taken
     assert it.close()
 
 
 def test_close_lets_go_of_the_batches_ahead_and_asks_the_source_for_no_more():
     taken = []
-
-    def source():
-        for i in range(100):
-            taken.append(i)
-            yield i
-
     for _ in range(20):
         taken.clear()
-        it = pinlane.prefetch(source(), depth=1)
+        it = pinlane.prefetch(_counting(taken), depth=1)
         assert next(it) == 0
         time.sleep(0.05)
         n = len(taken)
