@@ -276,7 +276,7 @@ impl Config {
             c.drain_stores = parse_stores(n, &v)?;
         }
         if let Some((n, v)) = get("PINLANE_NT_COPY") {
-            c.streaming_stores = match v.as_str() {
+            c.streaming_stores = match v.trim() {
                 "0" => false,
                 "1" => true,
                 _ => return Err(invalid(n, &v, "expected 0 or 1")),
@@ -286,7 +286,7 @@ impl Config {
             c.pipeline_slots = parse(n, &v)?;
         }
         if let Some((n, v)) = get("PINLANE_D2H_SMALL") {
-            c.small_d2h = match v.as_str() {
+            c.small_d2h = match v.trim() {
                 "gather" => SmallD2h::Gather,
                 "batch" => SmallD2h::Batch,
                 "each" => SmallD2h::Each,
@@ -294,7 +294,7 @@ impl Config {
             };
         }
         if let Some((n, v)) = get("PINLANE_H2D_SMALL") {
-            c.small_h2d = match v.as_str() {
+            c.small_h2d = match v.trim() {
                 "kernel" => SmallH2d::Kernel,
                 "copy" => SmallH2d::Copy,
                 _ => return Err(invalid(n, &v, "expected kernel or copy")),
@@ -473,8 +473,9 @@ where
         .map_err(|e: T::Err| invalid(name, value, &e.to_string()))
 }
 
+/// A store choice (surrounding whitespace ignored, as for the numbers).
 fn parse_stores(name: &str, value: &str) -> Result<CopyStores> {
-    match value {
+    match value.trim() {
         "auto" => Ok(CopyStores::Auto),
         "cached" => Ok(CopyStores::Cached),
         "streaming" => Ok(CopyStores::Streaming),
@@ -502,12 +503,14 @@ mod tests {
             ("PINLANE_COPY_THREADS", "3"),
             ("PINLANE_PARALLEL_MIN", "10"),
             ("PINLANE_SPIN_US", "11"),
-            ("PINLANE_FILL_STORES", "cached"),
-            ("PINLANE_DRAIN_STORES", "streaming"),
-            ("PINLANE_NT_COPY", "0"),
-            ("PINLANE_PIPELINE_SLOTS", "2"),
-            ("PINLANE_D2H_SMALL", "each"),
-            ("PINLANE_H2D_SMALL", "copy"),
+            // The choices' surrounding whitespace is ignored, as the numbers' is
+            // (session 79: "0 " was an error for the choices alone).
+            ("PINLANE_FILL_STORES", " cached"),
+            ("PINLANE_DRAIN_STORES", "streaming\n"),
+            ("PINLANE_NT_COPY", "0 "),
+            ("PINLANE_PIPELINE_SLOTS", " 2"),
+            ("PINLANE_D2H_SMALL", "each "),
+            ("PINLANE_H2D_SMALL", "\tcopy"),
             ("PINLANE_SLOT_WAIT_MS", "12"),
             ("PINLANE_DROP_SYNC_WAIT_MS", "13"),
             ("PINLANE_SYNC_WAIT_MS", "14"),
