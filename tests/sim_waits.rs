@@ -11,7 +11,8 @@ mod common;
 use pinlane::driver::sim::SimConfig;
 use pinlane::{
     memory_stats, transfer_tensor_d2h, transfer_tensor_h2d_into, transfer_tensor_h2d_with,
-    D2hOptions, DType, Device, Error, H2dOptions, IntoOptions, Prefetcher, Stream, Tensor,
+    D2hOptions, DType, Device, Error, H2dOptions, HostOutput, IntoOptions, Prefetcher, Stream,
+    Tensor,
 };
 use std::time::{Duration, Instant};
 
@@ -229,4 +230,53 @@ fn a_copy_into_that_finds_no_slot_does_not_wait_for_the_callers_stream() {
     mine.synchronize().unwrap();
     assert_eq!(back(&d4), big(7), "the direct copy's destination written");
     assert_eq!(back(&d3), src(3));
+}
+
+#[test]
+fn a_d2h_that_finds_no_slot_does_not_wait_for_the_callers_stream() {
+    // Session 79 (a helper's review): a D2H whose staging slot could not be leased, having
+    // queued nothing, drained its copy stream, which waits for the caller's current
+    // stream: a wait for all the caller's earlier work there. Pageable outputs (staged)
+    // and page-locked ones of several small tensors (gathered through a slot).
+    sim();
+    let _turn = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let d0 = Device::cuda(0);
+    let small = |seed| common::tensor(DType::F32, &[1000], seed);
+    let on = |b: &Vec<Tensor>| {
+        transfer_tensor_h2d_with(b, &H2dOptions::default().num_caches(0)).unwrap()
+    };
+    let (d1, d2) = (on(&vec![small(1)]), on(&vec![small(2)]));
+    let host: Vec<Tensor> = (10..14).map(small).collect();
+    let dev = on(&host);
+    for output in [HostOutput::Pageable, HostOutput::Pinned] {
+        // Both staging slots held by copies queued behind 1.5 s of another stream's work.
+        let held = Stream::new(d0).unwrap();
+        held.delay_async(Duration::from_millis(1500)).unwrap();
+        let on_held = IntoOptions::default().stream(held.clone());
+        let h1 = transfer_tensor_h2d_into(&vec![small(3)], &d1, &on_held).unwrap();
+        let h2 = transfer_tensor_h2d_into(&vec![small(4)], &d2, &on_held).unwrap();
+        // The caller's current stream, busy for 3 s with its earlier work.
+        let mine = Stream::new(d0).unwrap();
+        mine.delay_async(Duration::from_secs(3)).unwrap();
+        let t0 = Instant::now();
+        let r = {
+            let _current = pinlane::set_current_stream(&mine);
+            transfer_tensor_d2h(&dev, &D2hOptions::default().output(output))
+        };
+        let took = t0.elapsed();
+        assert!(
+            matches!(r, Err(Error::StagingExhausted { .. })),
+            "{output:?}: {r:?}"
+        );
+        // Before: it returned after the 3 s of `mine`.
+        assert!(
+            took < Duration::from_millis(1500),
+            "{output:?}: failed after {took:?}"
+        );
+        h1.wait().unwrap();
+        h2.wait().unwrap();
+        mine.synchronize().unwrap();
+        let back = transfer_tensor_d2h(&dev, &D2hOptions::default().output(output)).unwrap();
+        assert_eq!(back, host, "{output:?}");
+    }
 }

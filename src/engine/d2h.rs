@@ -338,6 +338,15 @@ fn into_block<B: Batch>(
     (mode, while_copying, around): (Mode, WhileCopying<'_, B>, AroundWait<'_>),
 ) -> Result<(B, Option<Pending>)> {
     let l = out.layout;
+    // The gather's staging slot first, before the output is held or anything queued: a
+    // call that finds none has queued nothing and returns without waiting for the copy
+    // stream, which waits for the caller's stream (session 79: it drained it, waiting
+    // for all the caller's earlier work there).
+    if !l.batched && l.gather_n > 0 {
+        if let Err(e) = super::lease_slots(call, &mut job, 1) {
+            return Err(job.abort_unqueued(e, out.sources()));
+        }
+    }
     // Marked as being written before any view of it exists: the rebuild below is the
     // caller's code, and reads of the views are refused until the copies are proven done.
     job.hold_output(block, base, flag_at.map_or(l.end, |at| at + FLAG_ALIGN));
@@ -407,7 +416,8 @@ fn into_region(out: &Outputs, call: &mut Call, mut job: InFlight) -> Result<Host
     let l = out.layout;
     let mut region = HostRegion::take(&call.rt.host_pool, l.end);
     if let Err(e) = submit(call, &mut job, l, Dest::Region(&mut region)) {
-        return Err(job.abort(e, out.sources()));
+        // With no slot leased (the first lease failed), nothing was queued: no drain.
+        return Err(job.abort_unqueued(e, out.sources()));
     }
     job.finish(out.sources())?;
     super::trace::mark("synced");

@@ -240,12 +240,14 @@ impl InFlight {
         self.abort_around(err, sources, &mut |wait| wait())
     }
 
-    /// [`InFlight::abort`] for a call that queued nothing on the stream, as its caller
-    /// knows (its first staging slot could not be leased, before any copy): with no slot
-    /// leased and no owner or output held either, there is nothing to drain, and the call
-    /// does not wait for the stream (a drain would wait for all the work queued there
-    /// before, a copy into existing tensors' caller's own stream: without
-    /// `Config::sync_wait`, as long as that work takes). Otherwise as `abort`.
+    /// [`InFlight::abort`] without the drain where the job holds nothing: no slot
+    /// leased, no owner or output held, no mark. For a call whose copies all hold what
+    /// they touch here (the transfers': slots, outputs, gather buffers), that means
+    /// nothing was queued; a call whose copies' memory is held elsewhere (a copy into
+    /// existing tensors) calls it only where it knows it queued nothing. Then the call
+    /// does not wait for the stream: a drain would wait for all the work queued there
+    /// before (the caller's own, or what a D2H's copy stream waits for), without
+    /// `Config::sync_wait` as long as that takes. Otherwise as `abort`.
     pub(crate) fn abort_unqueued<S: Send + 'static>(
         mut self,
         err: Error,
