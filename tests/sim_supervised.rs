@@ -121,4 +121,37 @@ fn a_panicking_owner_neither_stops_the_completion_thread_nor_goes_unseen() {
             host(i)
         );
     }
+
+    // A retry that panics (the batch's own `visit`) loses none of the errors taken
+    // before it (session 79's review of the retry: the panic replaced them).
+    struct Fragile(Vec<Tensor>);
+    impl pinlane::Batch for Fragile {
+        fn visit<'a>(&'a self, _: &mut dyn FnMut(&'a Tensor)) {
+            panic!("a broken batch");
+        }
+        fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
+            Fragile(self.0.rebuild(f))
+        }
+    }
+    panic_on_the_completion_thread(&t);
+    let out: Vec<_> = Prefetcher::new(vec![Fragile(host(0))], 1, H2dOptions::default())
+        .unwrap()
+        .collect();
+    assert_eq!(out.len(), 2, "the recorded error, then the batch's panic");
+    assert!(
+        matches!(&out[0], Err(Error::Deferred(_))),
+        "{:?}",
+        out[0].as_ref().err()
+    );
+    assert!(
+        matches!(
+            &out[1],
+            Err(Error::Panicked {
+                thread: "prefetch",
+                ..
+            })
+        ),
+        "{:?}",
+        out[1].as_ref().err()
+    );
 }

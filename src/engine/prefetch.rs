@@ -158,28 +158,33 @@ fn work<B: Batch, I: Iterator<Item = B>>(
         // The batch's own code runs here too (its `Batch::visit` and `rebuild`, its drop
         // and its tensors' owners'): a panic there is that batch's error, in its place,
         // not the silent end of the stream that the worker's death would look like.
-        let moved = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let mut earlier = Vec::new();
-            let mut r = transfer_tensor_h2d_with(&batch, opts);
-            // An error recorded for the device by earlier work (`Error::Deferred`: an
-            // owner's drop somewhere) is no fault of this batch, which the transfer has
-            // not touched when it returns it: an item of its own, and the batch is moved
-            // again. Each try takes one such error, so the tries are bounded.
-            while matches!(r, Err(Error::Deferred(_))) && earlier.len() < DEFERRED_TRIES {
-                earlier.push(r);
-                r = transfer_tensor_h2d_with(&batch, opts);
+        let panicked = |panic: Box<dyn std::any::Any + Send>| Error::Panicked {
+            thread: "prefetch",
+            what: "moving a batch (its Batch::visit or rebuild, or its drop)",
+            message: crate::error::panic_message(&*panic),
+        };
+        // An error recorded for the device by earlier work (`Error::Deferred`: an owner's
+        // drop somewhere) is no fault of this batch, which the transfer has not touched
+        // when it returns it: an item of its own, and the batch is moved again. Each try
+        // takes one such error, so the tries are bounded; each runs under its own catch,
+        // so a panic in a retry loses none of the errors taken before it.
+        let mut earlier = Vec::new();
+        let mut item = loop {
+            let tried = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                transfer_tensor_h2d_with(&batch, opts)
+            }));
+            match tried {
+                Ok(Err(e @ Error::Deferred(_))) if earlier.len() < DEFERRED_TRIES => {
+                    earlier.push(Err(e));
+                }
+                Ok(r) => break r,
+                Err(panic) => break Err(panicked(panic)),
             }
-            drop(batch);
-            (earlier, r)
-        }));
-        let (earlier, item) = moved.unwrap_or_else(|panic| {
-            let e = Error::Panicked {
-                thread: "prefetch",
-                what: "moving a batch (its Batch::visit or rebuild, or its drop)",
-                message: crate::error::panic_message(&*panic),
-            };
-            (Vec::new(), Err(e))
-        });
+        };
+        let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(batch)));
+        if let Err(panic) = dropped {
+            item = Err(panicked(panic));
+        }
         for item in earlier.into_iter().chain(std::iter::once(item)) {
             if tx.send(item).is_err() {
                 return; // the consumer is gone
