@@ -90,8 +90,19 @@ def _pinlane_moves_all(batch, index):
 
 
 def _here(t, index):
-    # A CPU tensor with other strides: Lightning's `.to()` keeps them, pinlane does not.
-    return t.is_cpu and t.is_contiguous() or t.is_cuda and t.get_device() == index
+    # A CPU tensor with other strides than row-major ones, even where torch calls it
+    # contiguous (a one-channel `channels_last` image: torch ignores a size-1 dimension's
+    # stride): Lightning's `.to()` keeps them, pinlane's outputs are row-major.
+    return t.is_cpu and t.stride() == _row_major(t.shape) or t.is_cuda and t.get_device() == index
+
+
+def _row_major(shape):
+    """The strides torch gives a contiguous tensor of ``shape``."""
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
 
 
 def _walk(obj, T, index):

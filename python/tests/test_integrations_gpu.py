@@ -112,6 +112,8 @@ def test_lightning_mixin_gives_what_lightnings_hook_gives(torch, monkeypatch):
         # Session 79 (a helper's review): strides Lightning's .to() keeps, and a cached
         # property's value it drops, went to pinlane (contiguous outputs; the CPU value).
         "channels_last": ({"x": torch.rand(2, 3, 4, 4).to(memory_format=torch.channels_last)}, False),
+        # One channel: torch calls it contiguous (a size-1 dimension's stride is ignored).
+        "channels_last, one channel": ([torch.rand(2, 1, 4, 4).to(memory_format=torch.channels_last)], False),
         "a transposed view": ([x.t()], False),
         "a cached property": ({"c": cached}, False),
     }
