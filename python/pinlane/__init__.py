@@ -721,9 +721,10 @@ class Buffers:
             if copies:
                 ctx = torch.cuda.stream(stream)
         def torch_copies(left):
-            # The pairs left to torch, copied by the native half after every check and
-            # before pinlane's pairs are queued, under its one-writer lock: a pair torch's
-            # copy_ refuses (autograd's rules for views) leaves pinlane's pairs unwritten.
+            # The pairs left to torch, copied by the native half once pinlane's are queued,
+            # under its one-writer lock, so that no other thread's copy runs beside them.
+            # (After pinlane's: the engine's refusals, such as a stream being captured into
+            # a graph, come before torch has written anything.)
             if s is not None and not self._h2d and not waited:
                 # Pairs left to torch for autograd's sake: as above.
                 stream.wait_stream(torch.cuda.current_stream(stream.device))

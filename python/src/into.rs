@@ -165,11 +165,11 @@ impl Targets {
     /// source or destination requires grad is left to torch too (its `copy_` records it
     /// for autograd), and a destination that is a leaf requiring grad is refused (torch's
     /// `copy_` refuses to write it in place), before anything is written.
-    /// `torch_copies`: called with those indices (when there are any) after every check
-    /// and before pinlane's pairs are queued, with the one-writer lock held: the caller's
-    /// copies of the pairs left to torch. A pair torch then refuses (autograd's rules for
-    /// views, such as the outputs of `split`) fails the call with pinlane's pairs
-    /// unwritten, and no other thread's copy runs beside them.
+    /// `torch_copies`: called with those indices (when there are any) once pinlane's
+    /// pairs are queued (D2H: copied), with the one-writer lock still held: the caller's
+    /// copies of the pairs left to torch, so that no other thread's copy runs beside
+    /// them. A pair torch then refuses (autograd's rules for views, such as the outputs
+    /// of `split`) fails the call with torch's `RuntimeError`, pinlane's pairs written.
     #[pyo3(signature = (srcs, *, stream=None, maybe_neg=true, views=true, grad=false, torch_copies=None))]
     #[allow(clippy::too_many_arguments)]
     fn copy_from<'py>(
@@ -278,13 +278,15 @@ impl Targets {
                 }));
             }
         }
+        // pinlane's pairs first: the engine's own refusals (a capturing stream, bytes in
+        // flight, an earlier failure, no staging slot) then come before torch has written
+        // anything (a graph being captured would otherwise record torch's half).
+        if let Some(device) = device.filter(|_| !ins.is_empty()) {
+            self.run(py, &torch, &ins, &outs, device, stream, d2h_current, None)?;
+        }
         if let Some(f) = torch_copies.filter(|_| !to_torch.is_empty()) {
             f.call1((to_torch.clone(),))?;
         }
-        let Some(device) = device.filter(|_| !ins.is_empty()) else {
-            return Ok(to_torch);
-        };
-        self.run(py, &torch, &ins, &outs, device, stream, d2h_current, None)?;
         drop(temps);
         Ok(to_torch)
     }
