@@ -200,16 +200,17 @@ pub(super) fn run(
         let dsts: Vec<Tensor> = pairs.iter().map(|p| p.1.clone()).collect();
         (dsts, super::device_read_sources(pairs.iter().map(|p| p.0)))
     };
+    // The first staging slot before any copy is queued (the direct ones included): a
+    // call that finds none has written nothing and has nothing on the stream to drain,
+    // so it does not wait for the caller's earlier work there (session 79: the direct
+    // copies went first, and a failed lease drained the caller's whole stream).
+    if needs_slot(&plan, kernel.is_some()) {
+        if let Err(e) = super::lease_slots(&call, &mut job, 1) {
+            return Err(job.abort_unqueued(e, keep));
+        }
+    }
     if let Err(e) = submit(&mut call, &mut job, &plan, kernel, &stream) {
-        // No slot for the first staged window, leased before any copy (`submit`):
-        // nothing is on the stream, so the call does not wait for the caller's earlier
-        // work there (session 79: it drained the whole stream, for as long as that took).
-        let unqueued = job.leases.is_empty() && matches!(e, Error::StagingExhausted { .. });
-        return Err(if unqueued {
-            job.abort_unqueued(e, keep)
-        } else {
-            job.abort(e, keep)
-        });
+        return Err(job.abort(e, keep));
     }
     super::trace::mark("submitted");
     completion::reap(stream.key());
@@ -364,7 +365,8 @@ impl Plan<'_> {
     }
 }
 
-/// Queues every copy of `plan` on `stream` (`job`'s).
+/// Queues every copy of `plan` on `stream` (`job`'s), its first staging slot, where it
+/// needs one ([`needs_slot`]), leased already.
 fn submit(
     call: &mut Call,
     job: &mut InFlight,
@@ -373,12 +375,6 @@ fn submit(
     stream: &Stream,
 ) -> Result<()> {
     let (ctx, device) = (call.ctx, call.device);
-    // The first staging slot is leased before any copy is queued: a call that finds none
-    // fails with nothing written and nothing to drain (session 79: the direct copies went
-    // first, and a `StagingExhausted` left their destinations written).
-    if !plan.direct.is_empty() && needs_slot(plan, kernel.is_some()) {
-        super::lease_slots(call, job, 1)?;
-    }
     if !plan.direct.is_empty() {
         // SAFETY: the destinations were checked (device memory of `device`, not
         // overlapping) and, like the sources, are cloned into the call's owners, kept
@@ -396,8 +392,8 @@ fn submit(
     }
 }
 
-/// Whether [`submit`] leases a staging slot for `plan` (`kernel`: the scatter kernel
-/// runs): as its `match` routes it.
+/// Whether [`submit`] copies through a staging slot for `plan` (`kernel`: the scatter
+/// kernel runs): as its `match` routes it.
 fn needs_slot(plan: &Plan, kernel: bool) -> bool {
     if kernel && plan.one_slot && (plan.staged_end > 0 || !plan.mapped.is_empty()) {
         !plan.scatter().slot_free()
