@@ -151,8 +151,9 @@ def pair(dst, src, leaf_type):
     """The ``leaf_type`` leaves of ``dst`` and ``src`` at the same places, as two lists in
     ``dst``'s walk order. The two must have the same structure: sequences of the same
     lengths (namedtuples with the same fields, in the same order), dicts with the same
-    keys (paired by key, whatever their order), dataclasses of the same type; a ``leaf_type`` leaf in one must meet one in the other. Other leaves
-    are not compared. Raises ``ValueError`` naming the first place that differs."""
+    keys (paired by key, whatever their order), dataclasses of the same type; a
+    ``leaf_type`` leaf in one must meet one in the other. Other leaves are not compared.
+    Raises ``ValueError`` naming the first place that differs."""
     t = type(dst)
     # The common cases first, without the recursive walk: two flat lists, or two flat
     # dicts with the same keys, of leaves.

@@ -29,10 +29,10 @@ also one that is a list, dict or dataclass), a mapping that is not a ``dict``, a
 that is not a ``list`` or ``tuple`` (a ``UserList``, a ``deque``), a dataclass with a
 field outside ``__init__`` (Lightning leaves those unmoved) or with a
 ``functools.cached_property`` value (Lightning's copy drops it, to be computed again on
-the device), a CPU tensor that is not contiguous (``channels_last``, a transposed view:
-Lightning's ``.to()`` keeps its strides, pinlane's outputs are contiguous), or a tensor
-on a device other than the CPU and the target (another GPU). So the mixin's result is what Lightning's hook
-gives, moved faster where it can be. The three lines above skip that look: use them only for
+the device), a CPU tensor whose strides are not row-major (``channels_last``, also with
+one channel, a transposed view: Lightning's ``.to()`` keeps them, pinlane's outputs are
+row-major), or a tensor on a device other than the CPU and the target (another GPU). So
+the mixin's result is what Lightning's hook gives, moved faster where it can be. The three lines above skip that look: use them only for
 batches of plain containers. Importing this module needs neither Lightning nor torch.
 """
 
@@ -76,9 +76,9 @@ def _pinlane_moves_all(batch, index):
     would: no object whose class moves itself with ``.to()`` but is not a tensor (a
     container of such a class included), no mapping that is not a ``dict`` and no
     sequence that is not a ``list`` or ``tuple``, no dataclass with a field outside
-    ``__init__`` or a cached property's value, no CPU tensor that is not contiguous, no
-    tensor on a device other than the CPU and ``cuda:{index}`` (pinlane passes a CUDA
-    tensor through; Lightning moves it)."""
+    ``__init__`` or a cached property's value, no CPU tensor whose strides are not
+    row-major, no tensor on a device other than the CPU and ``cuda:{index}`` (pinlane
+    passes a CUDA tensor through; Lightning moves it)."""
     import torch
 
     T = torch.Tensor
@@ -122,7 +122,8 @@ def _walk(obj, T, index):
         return False  # a UserList, a deque...: Lightning walks them, pinlane does not
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         cls = type(obj)
-        if any(isinstance(getattr(cls, k, None), functools.cached_property) for k in getattr(obj, "__dict__", ())):
+        cached = (isinstance(getattr(cls, k, None), functools.cached_property) for k in getattr(obj, "__dict__", ()))
+        if any(cached):
             return False  # Lightning's copy computes it again on the device; pinlane's keeps it
         fields = dataclasses.fields(obj)
         # Lightning leaves fields with init=False as they are; pinlane moves them.
