@@ -598,47 +598,68 @@ fn d2h_overlapping_around_hands_outputs_over_first_and_waits_only_in_its_hook() 
     }
     #[cfg(feature = "test-util")]
     {
-        let newer: Vec<Tensor> = sizes
-            .iter()
-            .map(|&n| {
-                common::tensor(DType::U8, &[n], 7 + n as u64)
-                    .to_pinned()
-                    .unwrap()
-            })
-            .collect();
-        let producer = Stream::new(common::dev()).unwrap();
-        let _current = set_current_stream(&producer);
-        producer.delay_async(Duration::from_millis(20)).unwrap();
-        for (d, v) in on.iter().zip(&newer) {
-            // SAFETY: `v` and `d` live until the producer is synchronised below; the device
-            // bytes are read only by the D2H, ordered after the producer.
-            unsafe { d.overwrite_async(v, &producer) }.unwrap();
+        // Another test of this binary can stall this thread for the whole 20 ms outside
+        // the call's hook (session 80, on an H100: a fork of the process, or a driver call
+        // that serialises with the device, ran beside it), and the flag is then seen in
+        // time. A call that waits outside its hook does so in every try: up to 3 tries.
+        let mut tries = Vec::new();
+        for attempt in 0..3u64 {
+            let (hooks, in_hook) = d2h_around_behind_20_ms(&on, &sizes, attempt);
+            tries.push((hooks, in_hook));
+            // Most of the 20 ms (the call reaches the hook after its 50 us spin).
+            if hooks == 1 && in_hook >= Duration::from_millis(5) {
+                break;
+            }
         }
-        let (mut hooks, mut in_hook) = (0, Duration::ZERO);
-        let (back, ()) = transfer_tensor_d2h_overlapping_around(
-            &on,
-            &D2hOptions::default(),
-            |_| (),
-            |wait| {
-                hooks += 1;
-                let t = Instant::now();
-                wait();
-                in_hook += t.elapsed();
-            },
-        )
-        .unwrap();
-        assert_eq!(
-            back, newer,
-            "copied before the current stream's work was done"
-        );
-        assert_eq!(hooks, 1);
-        // Most of the 20 ms (the call reaches the hook after its 50 us spin).
+        let (hooks, in_hook) = *tries.last().unwrap();
+        assert_eq!(hooks, 1, "hooks and time in them, each try: {tries:?}");
         assert!(
             in_hook >= Duration::from_millis(5),
-            "waited {in_hook:?} in the hook"
+            "waited {in_hook:?} in the hook; each try: {tries:?}"
         );
-        producer.synchronize().unwrap();
     }
+}
+
+/// One `transfer_tensor_d2h_overlapping_around` of `on` while the current stream holds
+/// 20 ms of work and then writes new bytes into `on`: checks the bytes, and returns how
+/// often the hook ran and how long it took.
+#[cfg(feature = "test-util")]
+fn d2h_around_behind_20_ms(on: &Vec<Tensor>, sizes: &[usize], attempt: u64) -> (usize, Duration) {
+    let newer: Vec<Tensor> = sizes
+        .iter()
+        .map(|&n| {
+            common::tensor(DType::U8, &[n], 7 + attempt + n as u64)
+                .to_pinned()
+                .unwrap()
+        })
+        .collect();
+    let producer = Stream::new(common::dev()).unwrap();
+    let _current = set_current_stream(&producer);
+    producer.delay_async(Duration::from_millis(20)).unwrap();
+    for (d, v) in on.iter().zip(&newer) {
+        // SAFETY: `v` and `d` live until the producer is synchronised below; the device
+        // bytes are read only by the D2H, ordered after the producer.
+        unsafe { d.overwrite_async(v, &producer) }.unwrap();
+    }
+    let (mut hooks, mut in_hook) = (0, Duration::ZERO);
+    let (back, ()) = transfer_tensor_d2h_overlapping_around(
+        on,
+        &D2hOptions::default(),
+        |_| (),
+        |wait| {
+            hooks += 1;
+            let t = Instant::now();
+            wait();
+            in_hook += t.elapsed();
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        back, newer,
+        "copied before the current stream's work was done"
+    );
+    producer.synchronize().unwrap();
+    (hooks, in_hook)
 }
 
 #[test]
