@@ -246,10 +246,10 @@ fn dropping_an_unfinished_job_does_not_wait_forever() {
 fn an_unwound_job_past_its_bound_keeps_the_sources_as_well() {
     setup();
     let _turn = DROP_WAIT_TESTS.lock().unwrap_or_else(|p| p.into_inner());
-    let (s, job) = busy_job();
+    let (s, mut job) = busy_job();
     let source = std::sync::Arc::new(());
     let t0 = Instant::now();
-    job.unwind(|| source.clone());
+    job.unwind(|| source.clone(), true);
     crate::memory::waits::set_drop_wait(Duration::from_secs(60));
     assert!(
         t0.elapsed() < Duration::from_millis(1000),
@@ -269,8 +269,8 @@ fn an_unwound_job_past_its_bound_keeps_the_sources_as_well() {
         "and let go once proven done"
     );
     // With the stream idle, nothing is retained.
-    let job = InFlight::new(s.clone());
-    job.unwind(|| source.clone());
+    let mut job = InFlight::new(s.clone());
+    job.unwind(|| source.clone(), true);
     assert_eq!(std::sync::Arc::strong_count(&source), 1);
 }
 

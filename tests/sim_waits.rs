@@ -280,3 +280,88 @@ fn a_d2h_that_finds_no_slot_does_not_wait_for_the_callers_stream() {
         assert_eq!(back, host, "{output:?}");
     }
 }
+
+/// A batch whose `Batch::rebuild` panics (the test's): a caller's code that runs while a
+/// call's copies may.
+struct PanicsOnRebuild(Vec<Tensor>);
+
+impl pinlane::Batch for PanicsOnRebuild {
+    fn visit<'a>(&'a self, f: &mut dyn FnMut(&'a Tensor)) {
+        self.0.iter().for_each(f);
+    }
+    fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
+        self.0.iter().for_each(|t| drop(f(t)));
+        panic!("a panic in Batch::rebuild (expected by the test)")
+    }
+}
+
+/// A panic in the caller's code that runs while a D2H's copies may (its batch's
+/// `Batch::rebuild`, its `around_wait`), with the copies held past the drop bound (300 ms)
+/// behind 1 s of work on the caller's stream: the call keeps what they read, the source
+/// tensor and so its owner, until the stream is proven idle. Before session 80 only the
+/// memory the call held was kept: the unwinding caller's source, here the last view of
+/// another library's memory, let that memory go while the copy could still read it.
+#[test]
+fn a_panic_while_a_held_d2h_copies_keeps_its_source_until_the_copy_is_done() {
+    use pinlane::memory::retained::{retained_count, try_release};
+    use std::sync::{Arc, Mutex};
+    sim();
+    let _turn = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dev = Device::cuda(0);
+    for case in ["Batch::rebuild", "around_wait"] {
+        let host = common::tensor(DType::U8, &[8000], 71);
+        let producer = Stream::new(dev).unwrap();
+        let theirs = pinlane::transfer_tensor_h2d(&host).unwrap(); // "another library's"
+        let ptr = theirs.device_ptr(&producer).unwrap().ptr();
+        let dropped_on = Arc::new(Mutex::new(Vec::new()));
+        let owner = common::DropNames(dropped_on.clone(), theirs);
+        // SAFETY: `ptr` is 8000 bytes of cuda:0 memory that `owner` keeps alive (it holds
+        // the tensor), and nothing writes it.
+        let ext = unsafe { Tensor::from_device_ptr(ptr, dev, DType::U8, [8000], owner) }.unwrap();
+        let opts = D2hOptions::default().device(dev).stream(producer.clone());
+        // Warm: the thread's copy stream and the output pool set up.
+        assert_eq!(
+            transfer_tensor_d2h(&vec![ext.clone()], &opts).unwrap(),
+            vec![host.clone()]
+        );
+        producer.delay_async(Duration::from_millis(1000)).unwrap();
+        let retained_before = retained_count();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            if case == "Batch::rebuild" {
+                drop(transfer_tensor_d2h(
+                    &PanicsOnRebuild(vec![ext.clone()]),
+                    &opts,
+                ));
+            } else {
+                drop(pinlane::transfer_tensor_d2h_overlapping_around(
+                    &vec![ext.clone()],
+                    &opts,
+                    |_| (),
+                    |_| panic!("a panic in around_wait (expected by the test)"),
+                ));
+            }
+        }));
+        assert!(r.is_err(), "{case}: the panic unwinds out of the call");
+        drop(ext);
+        assert!(
+            dropped_on.lock().unwrap().is_empty(),
+            "{case}: the source was let go while its copy could still read it"
+        );
+        assert!(retained_count() > retained_before, "{case}: nothing kept");
+        producer.synchronize().unwrap();
+        // The copy runs after `producer`'s work, and each step of the simulator may take
+        // up to 400 ms: a release check proves its stream idle within 300 ms.
+        let t0 = Instant::now();
+        while retained_count() > retained_before && t0.elapsed() < Duration::from_secs(10) {
+            try_release();
+        }
+        // Its last drop may wait on the free thread for its lent use on `producer`.
+        pinlane::settle(Duration::from_secs(10)).unwrap();
+        assert_eq!(
+            dropped_on.lock().unwrap().len(),
+            1,
+            "{case}: let go once the stream was proven idle"
+        );
+        assert_eq!(retained_count(), retained_before, "{case}: all released");
+    }
+}

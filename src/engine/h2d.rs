@@ -145,11 +145,19 @@ pub(crate) fn transfer<B: Batch>(
         super::trace::mark("rebuilt");
         rebuilt
     };
-    let run = submit(&mut call, &consumer, &mut job, &src, &layout, rebuild);
     let keep_sources = || super::device_read_sources(order.iter().map(|&i| all[i]));
+    // The caller's `Batch::rebuild` runs inside, while copies may run: a panic in it is
+    // caught until `job` has kept what they use, the sources included, then resumed.
+    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        submit(&mut call, &consumer, &mut job, &src, &layout, rebuild)
+    }));
     let (alloc, rebuilt) = match run {
-        Ok(r) => r,
-        Err(e) => return Err(job.abort(e, keep_sources)),
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return Err(job.abort(e, keep_sources)),
+        Err(panic) => {
+            job.unwind(keep_sources, false);
+            std::panic::resume_unwind(panic)
+        }
     };
     super::trace::mark("submitted");
     let pending = match mode {

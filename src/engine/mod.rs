@@ -213,12 +213,13 @@ type WhileCopying<'h, B> = Option<&'h mut dyn FnMut(&B)>;
 fn run_while_copying<B, S: Send + 'static>(
     while_copying: &mut dyn FnMut(&B),
     rebuilt: &B,
-    job: InFlight,
+    mut job: InFlight,
     sources: impl FnOnce() -> S,
 ) -> InFlight {
     let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| while_copying(rebuilt)));
     if let Err(panic) = ran {
-        job.unwind(sources);
+        // `while_copying` runs once every copy is queued.
+        job.unwind(sources, true);
         std::panic::resume_unwind(panic);
     }
     trace::mark("handed over");

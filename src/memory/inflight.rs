@@ -8,6 +8,7 @@ use super::{DeviceFill, DeviceReads, DeviceView};
 use crate::driver::{ContextGuard, HostPtr, Stream};
 use crate::error::{Error, Result};
 use std::any::Any;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -178,9 +179,15 @@ impl InFlight {
         around_wait: AroundWait<'_>,
     ) -> Result<()> {
         self.settle();
-        // `done` only after the wait: a panic in `around_wait` (the caller's code) unwinds
-        // with it unset, so the drop proves the stream idle before anything goes.
-        let synced = self.synchronize(around_wait, true);
+        // A panic in `around_wait` (the caller's code) is caught until what the copies
+        // use, `sources()` included, is kept (`unwind`), then resumed.
+        let synced = match catch_unwind(AssertUnwindSafe(|| self.synchronize(around_wait, true))) {
+            Ok(s) => s,
+            Err(panic) => {
+                self.unwind(sources, true);
+                resume_unwind(panic)
+            }
+        };
         self.done = true;
         match synced {
             Ok(()) => Ok(()),
@@ -276,9 +283,16 @@ impl InFlight {
     ) -> Error {
         self.end_flag = None;
         self.settle();
-        // `done` only after the drain, as in `finish_around`. A copy may never have been
-        // queued: a device output stays marked.
-        let drained = self.synchronize(around_wait, false);
+        // A panic in `around_wait` is caught as in `finish_around`. A copy may never have
+        // been queued: a device output stays marked.
+        let drained = match catch_unwind(AssertUnwindSafe(|| self.synchronize(around_wait, false)))
+        {
+            Ok(d) => d,
+            Err(panic) => {
+                self.unwind(sources, false);
+                resume_unwind(panic)
+            }
+        };
         self.done = true;
         if drained.is_err() {
             self.retain(sources());
@@ -430,14 +444,20 @@ impl Drop for Detached {
 }
 
 impl InFlight {
-    /// For a call unwinding from its caller's panic while its copies may run (the
-    /// overlapping calls' `while_copying`, caught there and resumed after this): as the
-    /// drop does, but what cannot be proven idle within the drop bound is retained with
-    /// `sources()` too (clones of the sources the device copies still read), which the
-    /// unwinding caller would otherwise free.
-    pub(crate) fn unwind<S: Send + 'static>(mut self, sources: impl FnOnce() -> S) {
-        // `while_copying` runs once every copy is queued.
-        if !self.idle_within_drop_wait(true) {
+    /// For a call unwinding from a panic while its copies may run (the caller's code
+    /// there: the overlapping calls' `while_copying`, a `Batch::rebuild`, an
+    /// `around_wait`; caught there and resumed after this): as the drop does, but what
+    /// cannot be proven idle within the drop bound is retained with `sources()` too
+    /// (clones of the sources the device copies still read), which the unwinding caller
+    /// would otherwise free. `all_queued`: every copy of the call was queued (a device
+    /// output is then marked done once the stream is proven idle; otherwise it stays
+    /// marked).
+    pub(crate) fn unwind<S: Send + 'static>(
+        &mut self,
+        sources: impl FnOnce() -> S,
+        all_queued: bool,
+    ) {
+        if !self.idle_within_drop_wait(all_queued) {
             self.retain(sources());
         }
         self.done = true;
@@ -471,12 +491,13 @@ impl Drop for InFlight {
         if self.done {
             return;
         }
-        // Reached only on an unwind through a call (a user's `Batch::rebuild` that panics
-        // while the copies run): every other path calls finish, abort or unwind. So that no
-        // lease goes back to the arena with a copy still running, fills are settled first
-        // (the batch they read is still borrowed then); if the stream is not proven idle
-        // within the drop bound, everything held is retained (never freed early) and the
-        // drop returns.
+        // Reached only on an unwind that no call catches (the caller's code that runs while
+        // copies may, a `Batch::rebuild`, `while_copying` or `around_wait`, is caught and
+        // calls `unwind`, which keeps the sources too): every other path calls finish,
+        // abort or unwind. So that no lease goes back to the arena with a copy still
+        // running, fills are settled first (the batch they read is still borrowed then);
+        // if the stream is not proven idle within the drop bound, everything held is
+        // retained (never freed early) and the drop returns.
         if !self.idle_within_drop_wait(false) {
             self.retain(());
         }
