@@ -68,12 +68,17 @@ def _int_at_least(name, value, least):
     return value
 
 
-def _take_place(places, stop):
-    """Waits for a place ahead of the consumer (`places`, a semaphore of `depth`), unless
-    `stop` is set first; says whether it got one."""
-    while not stop.is_set():
-        if places.acquire(timeout=0.05):
-            return not stop.is_set()
+def _take_place(q, depth, taken, stop):
+    """Waits until fewer than `depth` moved batches wait in `q` (so that the one the
+    worker moves next makes at most `depth` ahead of the consumer), unless `stop` is set
+    first; says whether the worker may go on. `taken` is notified by the consumer as it
+    takes a batch; the wait also looks again every 50 ms, so a notification lost (an
+    interrupt between the consumer's `get` and its notify) only delays the worker."""
+    with taken:
+        while not stop.is_set():
+            if q.qsize() < depth:
+                return True
+            taken.wait(0.05)
     return False
 
 
@@ -86,14 +91,17 @@ def _drain(q):
             return
 
 
-def _work(source, stream, modes, q, places, stop, num_caches):
-    """The worker. It holds the queue, the places and the stop flag, not the `Prefetcher`,
-    so an iterator the caller drops without `close()` is collected, and its `__del__`
-    stops it. `modes`: the caller's (grad enabled, inference mode), or None without torch.
+def _work(source, stream, modes, q, depth, taken, stop, num_caches):
+    """The worker. It holds the queue, its condition and the stop flag, not the
+    `Prefetcher`, so an iterator the caller drops without `close()` is collected, and its
+    `__del__` stops it. `modes`: the caller's (grad enabled, inference mode), or None
+    without torch.
 
-    It takes a place before it asks the source for a batch, and the consumer gives the
-    place back when it takes the batch: at most `depth` moved batches are ahead of it,
-    and a stopped worker asks the source for nothing more."""
+    It asks the source for a batch only while fewer than `depth` moved batches wait in
+    the queue: with the one it moves, at most `depth` are ahead of the consumer, and a
+    stopped worker asks the source for nothing more. The bound is the queue's own length,
+    so nothing the consumer must give back can be lost (session 79's semaphore lost a
+    place to an interrupt between the consumer's `get` and its release)."""
     import contextlib
 
     from . import transfer_tensor_h2d
@@ -107,7 +115,7 @@ def _work(source, stream, modes, q, places, stop, num_caches):
             if modes is not None:
                 ctx.enter_context(torch.inference_mode(modes[1]))
                 ctx.enter_context(torch.set_grad_enabled(modes[0]))
-            while _take_place(places, stop):
+            while _take_place(q, depth, taken, stop):
                 batch = next(source, _DONE)
                 if batch is _DONE or stop.is_set():
                     break
@@ -138,14 +146,15 @@ class Prefetcher(Generic[T]):
         # there, as a blocking call on this thread would free them.
         stream = torch.cuda.current_stream(_native.default_device()) if torch else None
         modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled()) if torch else None
-        # Unbounded: `_places` bounds the batches in it (the end or an error takes none).
+        # Unbounded: the worker bounds the batches in it (`_take_place`; the end or an
+        # error is put past the bound).
         self._queue = queue.Queue()
-        self._places = threading.Semaphore(depth)
+        self._taken = threading.Condition()
         self._stop = threading.Event()
         self._finished = False
         self._thread = threading.Thread(
             target=_work,
-            args=(source, stream, modes, self._queue, self._places, self._stop, num_caches),
+            args=(source, stream, modes, self._queue, depth, self._taken, self._stop, num_caches),
             name="pinlane-prefetch-py", daemon=True,
         )
         self._thread.start()
@@ -175,7 +184,8 @@ class Prefetcher(Generic[T]):
                 # Raised here it would read as the end of the batches (PEP 479's case).
                 raise RuntimeError("pinlane.prefetch: moving a batch raised StopIteration") from item.exc
             raise item.exc
-        self._places.release()  # the worker may move one more
+        with self._taken:  # the worker may move one more
+            self._taken.notify()
         return item
 
     def close(self, timeout: float = 10.0) -> bool:

@@ -151,3 +151,33 @@ def test_close_from_another_thread_ends_a_waiting_next():
     with pytest.raises(StopIteration):
         next(it)  # was a RuntimeError once the worker had gone
     release.set()
+
+
+def test_an_interrupt_as_a_batch_is_taken_loses_no_place():
+    # A KeyboardInterrupt (a signal's handler) may land right after the queue gave the
+    # consumer its batch: that batch is lost with the interrupt, but the caller may catch
+    # it and go on. Before: the place it held was never given back, so at depth 1 the
+    # worker moved nothing more and the next `next()` waited for ever.
+    taken = []
+    it = pinlane.prefetch(_counting(taken), depth=1)
+    assert next(it) == 0
+    real_get = it._queue.get
+    interrupted = []
+
+    def get_then_interrupt(*args, **kwargs):
+        item = real_get(*args, **kwargs)
+        if not interrupted:
+            interrupted.append(item)
+            raise KeyboardInterrupt
+        return item
+
+    it._queue.get = get_then_interrupt
+    with pytest.raises(KeyboardInterrupt):
+        next(it)
+    assert interrupted == [1]
+    got = []
+    reader = threading.Thread(target=lambda: got.extend(next(it) for _ in range(3)), daemon=True)
+    reader.start()
+    reader.join(5)
+    assert got == [2, 3, 4], "the iteration went on after the interrupt"
+    assert it.close()
