@@ -296,7 +296,8 @@ impl pinlane::Batch for PanicsOnRebuild {
 }
 
 /// A panic in the caller's code that runs while a D2H's copies may (its batch's
-/// `Batch::rebuild`, its `around_wait`), with the copies held past the drop bound (300 ms)
+/// `Batch::rebuild`, its `around_wait` in the wait for its copies or in the drain of a
+/// call that failed after queueing one), with the copies held past the drop bound (300 ms)
 /// behind 1 s of work on the caller's stream: the call keeps what they read, the source
 /// tensor and so its owner, until the stream is proven idle. Before session 80 only the
 /// memory the call held was kept: the unwinding caller's source, here the last view of
@@ -308,7 +309,8 @@ fn a_panic_while_a_held_d2h_copies_keeps_its_source_until_the_copy_is_done() {
     sim();
     let _turn = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let dev = Device::cuda(0);
-    for case in ["Batch::rebuild", "around_wait"] {
+    use pinlane::driver::fault::{self, FaultKind};
+    for case in ["Batch::rebuild", "around_wait", "around_wait in a drain"] {
         let host = common::tensor(DType::U8, &[8000], 71);
         let producer = Stream::new(dev).unwrap();
         let theirs = pinlane::transfer_tensor_h2d(&host).unwrap(); // "another library's"
@@ -332,6 +334,19 @@ fn a_panic_while_a_held_d2h_copies_keeps_its_source_until_the_copy_is_done() {
                     &PanicsOnRebuild(vec![ext.clone()]),
                     &opts,
                 ));
+            } else if case == "around_wait in a drain" {
+                // The first copy queued, the second fails: the call drains the stream
+                // inside `around_wait` (`abort_around`), which panics.
+                let other = pinlane::transfer_tensor_h2d(&host).unwrap();
+                fault::inject(FaultKind::Copy, 2);
+                let r = pinlane::transfer_tensor_d2h_overlapping_around(
+                    &vec![ext.clone(), other],
+                    &opts,
+                    |_| (),
+                    |_| panic!("a panic in around_wait (expected by the test)"),
+                );
+                fault::clear();
+                drop(r);
             } else {
                 drop(pinlane::transfer_tensor_d2h_overlapping_around(
                     &vec![ext.clone()],
@@ -341,6 +356,7 @@ fn a_panic_while_a_held_d2h_copies_keeps_its_source_until_the_copy_is_done() {
                 ));
             }
         }));
+        fault::clear();
         assert!(r.is_err(), "{case}: the panic unwinds out of the call");
         drop(ext);
         assert!(
@@ -351,12 +367,13 @@ fn a_panic_while_a_held_d2h_copies_keeps_its_source_until_the_copy_is_done() {
         producer.synchronize().unwrap();
         // The copy runs after `producer`'s work, and each step of the simulator may take
         // up to 400 ms: a release check proves its stream idle within 300 ms.
+        // Its last drop, once released, may wait on the free thread for its lent use on
+        // `producer`: asked again until it ran.
         let t0 = Instant::now();
-        while retained_count() > retained_before && t0.elapsed() < Duration::from_secs(10) {
+        while dropped_on.lock().unwrap().is_empty() && t0.elapsed() < Duration::from_secs(10) {
             try_release();
+            std::thread::sleep(Duration::from_millis(10));
         }
-        // Its last drop may wait on the free thread for its lent use on `producer`.
-        pinlane::settle(Duration::from_secs(10)).unwrap();
         assert_eq!(
             dropped_on.lock().unwrap().len(),
             1,

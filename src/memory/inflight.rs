@@ -14,8 +14,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Everything one transfer call has queued copies against on `stream`: its staging slot
-/// leases, device allocations and page-locked output blocks. Ending it any way other than [`InFlight::finish`] or
-/// [`InFlight::abort`] is a bug; dropping it without either still synchronises first.
+/// leases, device allocations and page-locked output blocks. A call ends it with
+/// [`InFlight::finish`], [`InFlight::abort`] (or `abort_around`, `abort_unqueued`),
+/// [`InFlight::detach`] or, unwinding from a panic, [`InFlight::unwind`]; a drop without
+/// any of them (a bug, or a panic no call catches) still proves the stream idle first,
+/// within the drop bound, or retains what it holds.
 pub(crate) struct InFlight {
     stream: Stream,
     pub(crate) leases: Vec<SlotLease>,
@@ -34,7 +37,8 @@ pub(crate) struct InFlight {
     /// ([`InFlight::read_device`]): marked with its event by `detach`, the marks ended
     /// by its `Detached` once the copies are proven done.
     device_reads: Option<DeviceReads>,
-    /// Set once finish/abort has run, so Drop knows not to synchronise again.
+    /// Set once the job is ended (finish, abort, detach, unwind), so Drop knows not to
+    /// synchronise again.
     done: bool,
     /// A queued end flag ([`InFlight::end_flag`]): a word of a held output block the
     /// stream sets after the copies, and how long [`InFlight::finish`] spins for it
