@@ -7,15 +7,25 @@
 mod common;
 
 use pinlane::{
-    transfer_tensor_d2h, transfer_tensor_h2d, transfer_tensor_h2d_async, D2hOptions, DType,
-    H2dOptions, Tensor,
+    transfer_tensor_d2h, transfer_tensor_h2d, transfer_tensor_h2d_async, D2hOptions, DType, Device,
+    H2dOptions, Stream, Tensor,
 };
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Metadata, Subscriber};
+
+/// The simulated device, with a drop bound of 300 ms (a call whose copies are held longer
+/// keeps what they use instead of waiting).
+fn sim() {
+    common::sim_with(
+        || common::sim_runtime().drop_sync_wait(Duration::from_millis(300)),
+        common::sim_device,
+    );
+}
 
 #[derive(Clone, Debug)]
 struct Span {
@@ -100,7 +110,7 @@ impl Subscriber for Sub {
 
 #[test]
 fn every_call_is_a_span_with_its_phases_inside() {
-    common::sim();
+    sim();
     let _turn = serial();
     let rec = Arc::new(Recorder::default());
     let b = vec![
@@ -142,7 +152,7 @@ fn every_call_is_a_span_with_its_phases_inside() {
 
 #[test]
 fn nvtx_without_its_library_is_a_no_op_and_the_timer_still_works() {
-    common::sim();
+    sim();
     let _turn = serial();
     // CI has no libnvToolsExt; on a machine that has it, ranges are emitted instead.
     let loaded = pinlane::driver::nvtx_loaded();
@@ -158,4 +168,68 @@ fn nvtx_without_its_library_is_a_no_op_and_the_timer_still_works() {
     );
     assert!(marks.windows(2).all(|w| w[0].1 <= w[1].1));
     assert_eq!(transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap(), b);
+}
+
+/// A subscriber that panics when the phase span `since` is made.
+struct PanicsAt(&'static str);
+
+impl Subscriber for PanicsAt {
+    fn enabled(&self, _: &Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, attrs: &Attributes<'_>) -> Id {
+        let mut label = Label(String::new());
+        attrs.record(&mut label);
+        if attrs.metadata().name() == "pinlane.phase" && label.0 == self.0 {
+            panic!("a panicking subscriber (expected by the test)");
+        }
+        Id::from_u64(1)
+    }
+    fn record(&self, _: &Id, _: &Record<'_>) {}
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+    fn event(&self, _: &Event<'_>) {}
+    fn enter(&self, _: &Id) {}
+    fn exit(&self, _: &Id) {}
+}
+
+/// The subscriber is the caller's code, and a phase mark may come while the call's copies
+/// run: a subscriber that panics there (the phase after "copies queued" of a D2H held 1 s
+/// behind the caller's stream, past the 300 ms drop bound) panics out of the call once
+/// its copies are done, so nothing they read is let go early. Before session 80 the panic
+/// unwound from the mark, and the call's drop kept the memory but not the source (the
+/// call returned after the 300 ms bound).
+#[test]
+fn a_subscriber_that_panics_in_a_phase_panics_out_of_the_call_after_its_copies() {
+    sim();
+    let _turn = serial();
+    let dev = Device::cuda(0);
+    let host = vec![common::tensor(DType::U8, &[8000], 71)];
+    let on = transfer_tensor_h2d(&host).unwrap();
+    let producer = Stream::new(dev).unwrap();
+    let opts = D2hOptions::default().device(dev).stream(producer.clone());
+    assert_eq!(transfer_tensor_d2h(&on, &opts).unwrap(), host); // warm
+    producer.delay_async(Duration::from_millis(1000)).unwrap();
+    let t0 = Instant::now();
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        tracing::subscriber::with_default(PanicsAt("copies queued"), || {
+            transfer_tensor_d2h(&on, &opts)
+        })
+    }));
+    let took = t0.elapsed();
+    assert!(r.is_err(), "the subscriber's panic comes out of the call");
+    assert!(
+        took >= Duration::from_millis(900),
+        "it came out after {took:?}, before the copies were done"
+    );
+    // The thread's next calls are right, and traced again.
+    let rec = Arc::new(Recorder::default());
+    let back = tracing::subscriber::with_default(Sub(rec.clone()), || {
+        transfer_tensor_d2h(&on, &opts).unwrap()
+    });
+    assert_eq!(back, host);
+    assert!(rec.spans.lock().unwrap().len() >= 3);
+    assert_eq!(
+        rec.entered.load(Ordering::SeqCst),
+        rec.exited.load(Ordering::SeqCst)
+    );
 }

@@ -25,6 +25,13 @@ struct State {
     /// Open `tracing` spans: the call's, then the current phase's.
     #[cfg(feature = "tracing")]
     spans: Vec<tracing::span::EnteredSpan>,
+    /// A panic of the `tracing` subscriber (the caller's code) in a mark, which may come
+    /// while copies run: kept, and resumed when the call ends ([`end`]), where nothing
+    /// the call queued is in flight any more (in the rare call that unwinds for another
+    /// panic after it, at the end of the thread's next call). Until then the call makes
+    /// no more phase spans.
+    #[cfg(feature = "tracing")]
+    panicked: Option<Box<dyn std::any::Any + Send>>,
     /// Open NVTX ranges (call and phase) of this thread's calls.
     #[cfg(feature = "nvtx")]
     ranges: usize,
@@ -91,10 +98,23 @@ pub(crate) fn mark(label: &'static str) {
             marks.push((label, Instant::now()));
         }
         #[cfg(feature = "tracing")]
-        if s.spans.len() >= 2 {
-            drop(s.spans.pop()); // the phase that ends here
-            s.spans
-                .push(tracing::trace_span!("pinlane.phase", since = label).entered());
+        if s.spans.len() >= 2 && s.panicked.is_none() {
+            let State {
+                spans, panicked, ..
+            } = &mut *s;
+            let open = spans.len();
+            let next = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                drop(spans.pop()); // the phase that ends here
+                spans.push(tracing::trace_span!("pinlane.phase", since = label).entered());
+            }));
+            if let Err(panic) = next {
+                *panicked = Some(panic);
+                // In the phase's place, a span no subscriber sees: `end` closes two.
+                spans.truncate(open);
+                while spans.len() < open {
+                    spans.push(tracing::Span::none().entered());
+                }
+            }
         }
         #[cfg(feature = "nvtx")]
         if s.ranges >= 2 {
@@ -106,22 +126,39 @@ pub(crate) fn mark(label: &'static str) {
     });
 }
 
-/// The call ends (whatever its result).
+/// The call ends (whatever its result), with nothing it queued in flight any more: a
+/// panic its marks kept is resumed here.
 pub(crate) fn end() {
-    let _ = STATE.try_with(|s| {
+    let panicked = STATE.try_with(|s| {
         let mut s = s.borrow_mut();
         if let Some((t0, marks)) = s.timer.take() {
             s.last = Some(marks.into_iter().map(|(l, at)| (l, at - t0)).collect());
-        }
-        #[cfg(feature = "tracing")]
-        {
-            drop(s.spans.pop()); // the last phase
-            drop(s.spans.pop()); // the call
         }
         #[cfg(feature = "nvtx")]
         while s.ranges > 0 {
             crate::driver::nvtx::pop();
             s.ranges -= 1;
         }
+        close_spans(s)
     });
+    if let Ok(Some(panic)) = panicked {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+/// Closes the call's `tracing` spans (the subscriber's code, run here where nothing is in
+/// flight) and returns the panic a mark kept.
+#[cfg(feature = "tracing")]
+fn close_spans(mut s: std::cell::RefMut<'_, State>) -> Option<Box<dyn std::any::Any + Send>> {
+    let (phase, call) = (s.spans.pop(), s.spans.pop());
+    let panicked = s.panicked.take();
+    drop(s);
+    drop(phase);
+    drop(call);
+    panicked
+}
+
+#[cfg(not(feature = "tracing"))]
+fn close_spans(_: std::cell::RefMut<'_, State>) -> Option<Box<dyn std::any::Any + Send>> {
+    None
 }
