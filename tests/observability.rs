@@ -233,3 +233,56 @@ fn a_subscriber_that_panics_in_a_phase_panics_out_of_the_call_after_its_copies()
         rec.exited.load(Ordering::SeqCst)
     );
 }
+
+/// A subscriber that panics as the call's span and its last phase's (`synced`) close.
+#[derive(Default)]
+struct PanicsOnClose {
+    /// Each span's id with whether closing it panics.
+    spans: Mutex<Vec<(u64, bool)>>,
+    next: AtomicU64,
+}
+
+impl Subscriber for PanicsOnClose {
+    fn enabled(&self, _: &Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, attrs: &Attributes<'_>) -> Id {
+        let mut label = Label(String::new());
+        attrs.record(&mut label);
+        let id = self.next.fetch_add(1, Ordering::SeqCst) + 1;
+        let panics = attrs.metadata().name() == "pinlane.call" || label.0 == "synced";
+        self.spans.lock().unwrap().push((id, panics));
+        Id::from_u64(id)
+    }
+    fn record(&self, _: &Id, _: &Record<'_>) {}
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+    fn event(&self, _: &Event<'_>) {}
+    fn enter(&self, _: &Id) {}
+    fn exit(&self, id: &Id) {
+        let panics = self
+            .spans
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|&(i, p)| i == id.into_u64() && p);
+        if panics {
+            panic!("a subscriber that panics on closing (expected by the test)");
+        }
+    }
+}
+
+/// Both spans a call closes as it ends panic: the call panics once (before session 80's
+/// last change the second panic came while the first unwound, and the process aborted).
+#[test]
+fn a_subscriber_that_panics_closing_both_spans_panics_out_of_the_call_once() {
+    sim();
+    let _turn = serial();
+    let b = vec![common::tensor(DType::F32, &[500], 5)];
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        tracing::subscriber::with_default(PanicsOnClose::default(), || transfer_tensor_h2d(&b))
+    }));
+    assert!(r.is_err(), "the subscriber's panic comes out of the call");
+    // The thread's next call is right.
+    let on = transfer_tensor_h2d(&b).unwrap();
+    assert_eq!(transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap(), b);
+}

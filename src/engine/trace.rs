@@ -147,15 +147,17 @@ pub(crate) fn end() {
 }
 
 /// Closes the call's `tracing` spans (the subscriber's code, run here where nothing is in
-/// flight) and returns the panic a mark kept.
+/// flight) and returns the panic a mark kept, or else one of closing them (each closed
+/// under its own catch: a second panic while the first unwinds would abort).
 #[cfg(feature = "tracing")]
 fn close_spans(mut s: std::cell::RefMut<'_, State>) -> Option<Box<dyn std::any::Any + Send>> {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
     let (phase, call) = (s.spans.pop(), s.spans.pop());
     let panicked = s.panicked.take();
     drop(s);
-    drop(phase);
-    drop(call);
-    panicked
+    let phase = catch_unwind(AssertUnwindSafe(|| drop(phase)));
+    let call = catch_unwind(AssertUnwindSafe(|| drop(call)));
+    panicked.or(phase.err()).or(call.err())
 }
 
 #[cfg(not(feature = "tracing"))]
