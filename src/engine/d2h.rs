@@ -378,18 +378,13 @@ fn into_block<B: Batch>(
         Ok(v) => v,
         Err(e) => return Err(job.abort_around(e, out.sources(), around)),
     };
-    // The caller's `Batch::rebuild` runs while the copies may: a panic in it is caught
-    // until `job` has kept what they use, the sources included, then resumed.
-    let rebuilt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+    // The caller's `Batch::rebuild` runs while the copies may (all queued by now).
+    let rebuilt = job.guarded(out.sources(), true, |_| {
         rebuild(batch, out, views.map(Storage::Pinned))
-    }));
+    });
     let rebuilt = match rebuilt {
-        Ok(Ok(b)) => b,
-        Ok(Err(e)) => return Err(job.abort_around(e, out.sources(), around)),
-        Err(panic) => {
-            job.unwind(out.sources(), true);
-            std::panic::resume_unwind(panic)
-        }
+        Ok(b) => b,
+        Err(e) => return Err(job.abort_around(e, out.sources(), around)),
     };
     super::trace::mark("rebuilt");
     let pending = match mode {

@@ -146,18 +146,13 @@ pub(crate) fn transfer<B: Batch>(
         rebuilt
     };
     let keep_sources = || super::device_read_sources(order.iter().map(|&i| all[i]));
-    // The caller's `Batch::rebuild` runs inside, while copies may run: a panic in it is
-    // caught until `job` has kept what they use, the sources included, then resumed.
-    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        submit(&mut call, &consumer, &mut job, &src, &layout, rebuild)
-    }));
+    // The caller's `Batch::rebuild` runs inside, while copies may run (not all queued).
+    let run = job.guarded(keep_sources, false, |job| {
+        submit(&mut call, &consumer, job, &src, &layout, rebuild)
+    });
     let (alloc, rebuilt) = match run {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => return Err(job.abort(e, keep_sources)),
-        Err(panic) => {
-            job.unwind(keep_sources, false);
-            std::panic::resume_unwind(panic)
-        }
+        Ok(r) => r,
+        Err(e) => return Err(job.abort(e, keep_sources)),
     };
     super::trace::mark("submitted");
     let pending = match mode {

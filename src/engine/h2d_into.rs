@@ -204,12 +204,13 @@ pub(super) fn run(
     // call that finds none has written nothing and has nothing on the stream to drain,
     // so it does not wait for the caller's earlier work there (session 79: the direct
     // copies went first, and a failed lease drained the caller's whole stream).
-    if needs_slot(&plan, kernel.is_some()) {
+    let staged = Staged::of(&plan, kernel);
+    if staged.needs_slot() {
         if let Err(e) = super::lease_slots(&call, &mut job, 1) {
             return Err(job.abort_unqueued(e, keep));
         }
     }
-    if let Err(e) = submit(&mut call, &mut job, &plan, kernel, &stream) {
+    if let Err(e) = submit(&mut call, &mut job, &plan, staged, &stream) {
         return Err(job.abort(e, keep));
     }
     super::trace::mark("submitted");
@@ -365,13 +366,56 @@ impl Plan<'_> {
     }
 }
 
-/// Queues every copy of `plan` on `stream` (`job`'s), its first staging slot, where it
-/// needs one ([`needs_slot`]), leased already.
+/// How [`submit`] moves `plan`'s staged pieces and the page-locked sources the kernel
+/// reads in place (the direct copies aside): decided once, before anything is queued,
+/// so that the first staging slot is leased before any copy.
+#[derive(Clone, Copy)]
+enum Staged {
+    /// One kernel launch, through one staging slot unless `slot_free` (nothing staged,
+    /// and the descriptors fit the launch's parameters).
+    Kernel {
+        kernel: GatherKernel,
+        slot_free: bool,
+    },
+    /// Window by window through the staging ring.
+    Windows,
+    /// Nothing staged or read in place.
+    Nothing,
+}
+
+impl Staged {
+    /// `kernel`: the scatter kernel, where it can run.
+    fn of(plan: &Plan, kernel: Option<GatherKernel>) -> Staged {
+        match kernel {
+            Some(kernel) if plan.one_slot && (plan.staged_end > 0 || !plan.mapped.is_empty()) => {
+                Staged::Kernel {
+                    kernel,
+                    slot_free: plan.scatter().slot_free(),
+                }
+            }
+            _ if plan.staged_end > 0 => Staged::Windows,
+            _ => Staged::Nothing,
+        }
+    }
+
+    fn needs_slot(self) -> bool {
+        matches!(
+            self,
+            Staged::Kernel {
+                slot_free: false,
+                ..
+            } | Staged::Windows
+        )
+    }
+}
+
+/// Queues every copy of `plan` on `stream` (`job`'s) as `staged` routes it, its first
+/// staging slot, where it needs one, leased already.
 fn submit(
     call: &mut Call,
     job: &mut InFlight,
     plan: &Plan,
-    kernel: Option<GatherKernel>,
+    staged: Staged,
     stream: &Stream,
 ) -> Result<()> {
     let (ctx, device) = (call.ctx, call.device);
@@ -383,37 +427,28 @@ fn submit(
         call.stats.copies += unsafe { scatter::h2d_direct(ctx, &plan.direct, device, stream) }?;
         call.stats.direct_bytes += plan.direct.iter().map(|d| d.0.nbytes()).sum::<usize>();
     }
-    match kernel {
-        Some(k) if plan.one_slot && (plan.staged_end > 0 || !plan.mapped.is_empty()) => {
-            one_slot(call, job, plan, k, stream)
+    match staged {
+        Staged::Kernel { kernel, slot_free } => {
+            one_slot(call, job, plan, kernel, slot_free, stream)
         }
-        _ if plan.staged_end > 0 => windows(call, job, plan, stream),
-        _ => Ok(()),
+        Staged::Windows => windows(call, job, plan, stream),
+        Staged::Nothing => Ok(()),
     }
 }
 
-/// Whether [`submit`] copies through a staging slot for `plan` (`kernel`: the scatter
-/// kernel runs): as its `match` routes it.
-fn needs_slot(plan: &Plan, kernel: bool) -> bool {
-    if kernel && plan.one_slot && (plan.staged_end > 0 || !plan.mapped.is_empty()) {
-        !plan.scatter().slot_free()
-    } else {
-        plan.staged_end > 0
-    }
-}
-
-/// Everything small through one slot and one kernel launch; with nothing staged and few
-/// enough pieces for the launch's parameters (page-locked sources read in place: an
-/// in-place `Pairs` step), one launch and no slot.
+/// Everything small through one slot and one kernel launch; with `slot_free` (nothing
+/// staged and few enough pieces for the launch's parameters: page-locked sources read in
+/// place, an in-place `Pairs` step), one launch and no slot.
 fn one_slot(
     call: &mut Call,
     job: &mut InFlight,
     plan: &Plan,
     kernel: GatherKernel,
+    slot_free: bool,
     stream: &Stream,
 ) -> Result<()> {
     let work = plan.scatter();
-    if work.slot_free() {
+    if slot_free {
         // SAFETY: the mapped sources and the destinations are cloned into the call's
         // owners, kept until its event (recorded after this launch, on the same stream)
         // proves the copies done; the destinations were checked and are ordered by the

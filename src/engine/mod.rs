@@ -216,12 +216,8 @@ fn run_while_copying<B, S: Send + 'static>(
     mut job: InFlight,
     sources: impl FnOnce() -> S,
 ) -> InFlight {
-    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| while_copying(rebuilt)));
-    if let Err(panic) = ran {
-        // `while_copying` runs once every copy is queued.
-        job.unwind(sources, true);
-        std::panic::resume_unwind(panic);
-    }
+    // `while_copying` runs once every copy is queued.
+    job.guarded(sources, true, |_| while_copying(rebuilt));
     trace::mark("handed over");
     job
 }

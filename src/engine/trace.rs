@@ -109,9 +109,10 @@ pub(crate) fn mark(label: &'static str) {
             }));
             if let Err(panic) = next {
                 *panicked = Some(panic);
-                // In the phase's place, a span no subscriber sees: `end` closes two.
+                // The phase's span was closed, its successor not opened: in its place, a
+                // span no subscriber sees (`end` closes two).
                 spans.truncate(open);
-                while spans.len() < open {
+                if spans.len() < open {
                     spans.push(tracing::Span::none().entered());
                 }
             }

@@ -183,20 +183,16 @@ impl InFlight {
         around_wait: AroundWait<'_>,
     ) -> Result<()> {
         self.settle();
-        // A panic in `around_wait` (the caller's code) is caught until what the copies
-        // use, `sources()` included, is kept (`unwind`), then resumed.
-        let synced = match catch_unwind(AssertUnwindSafe(|| self.synchronize(around_wait, true))) {
-            Ok(s) => s,
-            Err(panic) => {
-                self.unwind(sources, true);
-                resume_unwind(panic)
-            }
-        };
+        // `around_wait` is the caller's code (`guarded`); `sources()` is made at most once,
+        // by whichever of the panic and the failure comes.
+        let mut sources = Some(sources);
+        let mut keep = || sources.take().map(|f| f());
+        let synced = self.guarded(&mut keep, true, |job| job.synchronize(around_wait, true));
         self.done = true;
         match synced {
             Ok(()) => Ok(()),
             Err(e) => {
-                self.retain(sources());
+                self.retain(keep());
                 Err(e)
             }
         }
@@ -287,19 +283,14 @@ impl InFlight {
     ) -> Error {
         self.end_flag = None;
         self.settle();
-        // A panic in `around_wait` is caught as in `finish_around`. A copy may never have
-        // been queued: a device output stays marked.
-        let drained = match catch_unwind(AssertUnwindSafe(|| self.synchronize(around_wait, false)))
-        {
-            Ok(d) => d,
-            Err(panic) => {
-                self.unwind(sources, false);
-                resume_unwind(panic)
-            }
-        };
+        // As in `finish_around`. A copy may never have been queued: a device output stays
+        // marked.
+        let mut sources = Some(sources);
+        let mut keep = || sources.take().map(|f| f());
+        let drained = self.guarded(&mut keep, false, |job| job.synchronize(around_wait, false));
         self.done = true;
         if drained.is_err() {
-            self.retain(sources());
+            self.retain(keep());
         }
         err
     }
@@ -448,6 +439,25 @@ impl Drop for Detached {
 }
 
 impl InFlight {
+    /// Runs `f` on the job: code that may panic while the copies may run (the caller's
+    /// `Batch::rebuild`, `while_copying`, or `around_wait` with the wait inside it). A
+    /// panic is caught until the job has kept what the copies use, `sources()` included
+    /// ([`InFlight::unwind`], with `all_queued`), then resumed.
+    pub(crate) fn guarded<T, S: Send + 'static>(
+        &mut self,
+        sources: impl FnOnce() -> S,
+        all_queued: bool,
+        f: impl FnOnce(&mut InFlight) -> T,
+    ) -> T {
+        match catch_unwind(AssertUnwindSafe(|| f(self))) {
+            Ok(t) => t,
+            Err(panic) => {
+                self.unwind(sources, all_queued);
+                resume_unwind(panic)
+            }
+        }
+    }
+
     /// For a call unwinding from a panic while its copies may run (the caller's code
     /// there: the overlapping calls' `while_copying`, a `Batch::rebuild`, an
     /// `around_wait`; caught there and resumed after this): as the drop does, but what
