@@ -170,26 +170,48 @@ fn nvtx_without_its_library_is_a_no_op_and_the_timer_still_works() {
     assert_eq!(transfer_tensor_d2h(&on, &D2hOptions::default()).unwrap(), b);
 }
 
-/// A subscriber that panics when the phase span `since` is made.
-struct PanicsAt(&'static str);
+/// A subscriber that panics where told: on making the phase span `at` (its `since`), or,
+/// with `closing`, on closing the call's span and its last phase's (`synced`).
+#[derive(Default)]
+struct Panics {
+    at: Option<&'static str>,
+    closing: bool,
+    /// Each span's id with whether closing it panics.
+    spans: Mutex<Vec<(u64, bool)>>,
+    next: AtomicU64,
+}
 
-impl Subscriber for PanicsAt {
+impl Subscriber for Panics {
     fn enabled(&self, _: &Metadata<'_>) -> bool {
         true
     }
     fn new_span(&self, attrs: &Attributes<'_>) -> Id {
         let mut label = Label(String::new());
         attrs.record(&mut label);
-        if attrs.metadata().name() == "pinlane.phase" && label.0 == self.0 {
-            panic!("a panicking subscriber (expected by the test)");
+        let phase = attrs.metadata().name() == "pinlane.phase";
+        if phase && self.at == Some(label.0.as_str()) {
+            panic!("a subscriber that panics making a span (expected by the test)");
         }
-        Id::from_u64(1)
+        let id = self.next.fetch_add(1, Ordering::SeqCst) + 1;
+        let closing_panics = self.closing && (!phase || label.0 == "synced");
+        self.spans.lock().unwrap().push((id, closing_panics));
+        Id::from_u64(id)
     }
     fn record(&self, _: &Id, _: &Record<'_>) {}
     fn record_follows_from(&self, _: &Id, _: &Id) {}
     fn event(&self, _: &Event<'_>) {}
     fn enter(&self, _: &Id) {}
-    fn exit(&self, _: &Id) {}
+    fn exit(&self, id: &Id) {
+        let panics = self
+            .spans
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|&(i, p)| i == id.into_u64() && p);
+        if panics {
+            panic!("a subscriber that panics closing a span (expected by the test)");
+        }
+    }
 }
 
 /// The subscriber is the caller's code, and a phase mark may come while the call's copies
@@ -211,9 +233,11 @@ fn a_subscriber_that_panics_in_a_phase_panics_out_of_the_call_after_its_copies()
     producer.delay_async(Duration::from_millis(1000)).unwrap();
     let t0 = Instant::now();
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        tracing::subscriber::with_default(PanicsAt("copies queued"), || {
-            transfer_tensor_d2h(&on, &opts)
-        })
+        let panics = Panics {
+            at: Some("copies queued"),
+            ..Panics::default()
+        };
+        tracing::subscriber::with_default(panics, || transfer_tensor_d2h(&on, &opts))
     }));
     let took = t0.elapsed();
     assert!(r.is_err(), "the subscriber's panic comes out of the call");
@@ -234,43 +258,6 @@ fn a_subscriber_that_panics_in_a_phase_panics_out_of_the_call_after_its_copies()
     );
 }
 
-/// A subscriber that panics as the call's span and its last phase's (`synced`) close.
-#[derive(Default)]
-struct PanicsOnClose {
-    /// Each span's id with whether closing it panics.
-    spans: Mutex<Vec<(u64, bool)>>,
-    next: AtomicU64,
-}
-
-impl Subscriber for PanicsOnClose {
-    fn enabled(&self, _: &Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, attrs: &Attributes<'_>) -> Id {
-        let mut label = Label(String::new());
-        attrs.record(&mut label);
-        let id = self.next.fetch_add(1, Ordering::SeqCst) + 1;
-        let panics = attrs.metadata().name() == "pinlane.call" || label.0 == "synced";
-        self.spans.lock().unwrap().push((id, panics));
-        Id::from_u64(id)
-    }
-    fn record(&self, _: &Id, _: &Record<'_>) {}
-    fn record_follows_from(&self, _: &Id, _: &Id) {}
-    fn event(&self, _: &Event<'_>) {}
-    fn enter(&self, _: &Id) {}
-    fn exit(&self, id: &Id) {
-        let panics = self
-            .spans
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|&(i, p)| i == id.into_u64() && p);
-        if panics {
-            panic!("a subscriber that panics on closing (expected by the test)");
-        }
-    }
-}
-
 /// Both spans a call closes as it ends panic: the call panics once (before session 80's
 /// last change the second panic came while the first unwound, and the process aborted).
 #[test]
@@ -279,7 +266,11 @@ fn a_subscriber_that_panics_closing_both_spans_panics_out_of_the_call_once() {
     let _turn = serial();
     let b = vec![common::tensor(DType::F32, &[500], 5)];
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        tracing::subscriber::with_default(PanicsOnClose::default(), || transfer_tensor_h2d(&b))
+        let panics = Panics {
+            closing: true,
+            ..Panics::default()
+        };
+        tracing::subscriber::with_default(panics, || transfer_tensor_h2d(&b))
     }));
     assert!(r.is_err(), "the subscriber's panic comes out of the call");
     // The thread's next call is right.
