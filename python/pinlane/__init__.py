@@ -235,6 +235,19 @@ _cuda_seen = False
 _Tensor = None
 
 
+class _NoForwardAD:
+    """``_fwad`` before torch is seen: no forward-mode AD level is open."""
+
+    _current_level = -1
+
+
+# torch's `torch.autograd.forward_ad` once `_cuda_seen` is set: its `_current_level` (a
+# module global, -1 with no `dual_level` open; torch opens one level at most) is read by
+# every call, one attribute load, to send batches that may carry tangents through the
+# walk, which asks each tensor (`_tangents`).
+_fwad = _NoForwardAD
+
+
 def _forget_cuda_in_child():
     """Runs in a child just forked: it cannot use the CUDA state, streams and copy threads
     it inherits (the driver's state does not survive a fork, and a lock a thread of the
@@ -242,9 +255,10 @@ def _forget_cuda_in_child():
     the child's next call through ``_torch_with_cuda``, where ``torch.cuda.init()`` raises
     torch's own error for a forked subprocess (torch was initialised in the parent
     whenever the flag was set), as a torch call there would."""
-    global _cuda_seen, _Tensor
+    global _cuda_seen, _Tensor, _fwad
     _cuda_seen = False
     _Tensor = None
+    _fwad = _NoForwardAD
 
 
 if hasattr(os, "register_at_fork"):  # POSIX; the wheels are Linux's
@@ -253,7 +267,7 @@ if hasattr(os, "register_at_fork"):  # POSIX; the wheels are Linux's
 
 def _torch_with_cuda():
     """torch, if the caller loaded it and both torch and pinlane see a GPU; else None."""
-    global _cuda_seen, _Tensor
+    global _cuda_seen, _Tensor, _fwad
     torch = sys.modules.get("torch")
     if torch is None:
         return None
@@ -264,6 +278,9 @@ def _torch_with_cuda():
         # says `is_pinned()` is False for page-locked memory (pinlane's D2H outputs), and
         # nothing else in these calls makes it (the current stream is asked in C).
         torch.cuda.init()
+        from torch.autograd import forward_ad
+
+        _fwad = forward_ad
         _Tensor = torch.Tensor
         _cuda_seen = True
     return torch
@@ -304,12 +321,14 @@ def transfer_tensor_h2d(batch: T, /, *, num_caches: int = 4) -> T:
       not make): to use them on another stream ``s``, make it torch's current stream for
       the call, or keep them referenced until ``s`` is done with them.
     * The thread keeps its last ``num_caches`` batches' device memory referenced.
-    * A tensor that requires grad, of a subclass whose class torch's ops keep
-      (torchvision's ``tv_tensors``; not ``nn.Parameter``) or that has a ``.to`` of its
-      own (a ``Parameter`` subclass that quantizes as it moves), whose dtype pinlane lacks
-      (complex, float8, ...), or that torch does not export (sparse and other layouts) is
-      moved by torch (``tensor.to(device)``, keeping autograd, class and metadata, on
-      torch's current stream).
+    * A tensor that requires grad or carries a forward-mode AD tangent (inside
+      ``torch.autograd.forward_ad.dual_level()``), of a subclass whose class torch's ops
+      keep (torchvision's ``tv_tensors``; not ``nn.Parameter``) or that has a ``.to`` of
+      its own (a ``Parameter`` subclass that quantizes as it moves), whose dtype pinlane
+      lacks (complex, float8, ...), or that torch does not export (sparse and other
+      layouts) is moved by torch (``tensor.to(device)``, keeping autograd, the tangent,
+      class and metadata, on torch's current stream). While a dual level is open, every
+      call asks each tensor for a tangent (about 1 us a tensor).
     * No CUDA (or torch not loaded): the batch is returned as is.
 
     Raises:
@@ -331,22 +350,24 @@ def transfer_tensor_h2d(batch: T, /, *, num_caches: int = 4) -> T:
         # list or tuple of one (a server's request), once torch and pinlane have seen a
         # GPU (before, `_Tensor` is None, which no type is): handed to the native half in
         # one positional call, with no Python call before it (each costs ~0.1 us of a
-        # ~10 us call).
+        # ~10 us call). Not while a forward-mode AD level is open: the walk then asks
+        # which tensors carry a tangent.
         t = type(batch)
-        if t is _Tensor:
-            if not batch.is_neg():
-                return _native.h2d_one(batch, num_caches)
-        elif (t is list or t is tuple) and len(batch) == 1:
-            one = batch[0]
-            if type(one) is _Tensor and not one.is_neg():
-                out = _native.h2d_one(one, num_caches)
-                return batch if out is one else ([out] if t is list else (out,))
-        if (t is dict or t is list or t is tuple) and _Tensor is not None:
-            # A flat dict, list or tuple of plain tensors (a training batch): walked,
-            # checked and rebuilt in the native half, in one call; None for any other.
-            out = _native.h2d_flat(batch, _Tensor, num_caches)
-            if out is not None:
-                return out
+        if _fwad._current_level < 0:
+            if t is _Tensor:
+                if not batch.is_neg():
+                    return _native.h2d_one(batch, num_caches)
+            elif (t is list or t is tuple) and len(batch) == 1:
+                one = batch[0]
+                if type(one) is _Tensor and not one.is_neg():
+                    out = _native.h2d_one(one, num_caches)
+                    return batch if out is one else ([out] if t is list else (out,))
+            if (t is dict or t is list or t is tuple) and _Tensor is not None:
+                # A flat dict, list or tuple of plain tensors (a training batch): walked,
+                # checked and rebuilt in the native half, in one call; None for any other.
+                out = _native.h2d_flat(batch, _Tensor, num_caches)
+                if out is not None:
+                    return out
         return _h2d_walked(batch, num_caches)
     except MemoryError:
         if not _torch_cache_given_back(None):
@@ -381,7 +402,9 @@ def _h2d_walked(batch, num_caches):
         return batch
     one = _single(batch, torch.Tensor)
     if one is not None:
-        out = _native.h2d([one], num_caches=num_caches, maybe_neg=one.is_neg())[0]
+        out = _native.h2d(
+            [one], num_caches=num_caches, maybe_neg=one.is_neg(), torch_moves=_tangents([one])
+        )[0]
         return _rewrapped(batch, one, out)
     tensors = flatten(batch, torch.Tensor)
     if not tensors:
@@ -394,8 +417,22 @@ def _h2d_walked(batch, num_caches):
         tensors,
         num_caches=num_caches,
         maybe_neg=any(map(torch.Tensor.is_neg, tensors)),
+        torch_moves=_tangents(tensors),
     )
     return rebuild(batch, torch.Tensor, outs)
+
+
+def _tangents(tensors):
+    """Which of ``tensors`` carry a forward-mode AD tangent, while a level is open
+    (``torch.autograd.forward_ad.dual_level``): torch moves those (its ``.to()`` moves the
+    tangent with the values, where pinlane's copy would drop it). ``None`` when no level
+    is open or no tensor carries one (outside a level none does: torch clears the
+    tangents as it closes one)."""
+    if _fwad._current_level < 0:
+        return None
+    unpack = _fwad.unpack_dual
+    flags = [unpack(t).tangent is not None for t in tensors]
+    return flags if any(flags) else None
 
 
 def _single(batch, T):
@@ -478,11 +515,12 @@ def transfer_tensor_d2h(
       within 50 us, a failed call's drain, the page-locked pool at its cap): under
       another busy Python thread it then waits for no switch interval.
     * A non-contiguous or negated tensor is first made a plain contiguous tensor on the
-      device, on torch's current stream; a tensor that requires grad, of a subclass whose
-      class torch's ops keep (not ``nn.Parameter``) or that has a ``.to`` of its own, whose
-      dtype pinlane lacks (complex,
-      float8, ...), or that torch does not export is moved by torch
-      (``tensor.to("cpu")``, keeping autograd, class and metadata). With
+      device, on torch's current stream; a tensor that requires grad or carries a
+      forward-mode AD tangent (inside ``torch.autograd.forward_ad.dual_level()``), of a
+      subclass whose class torch's ops keep (not ``nn.Parameter``) or that has a ``.to``
+      of its own, whose dtype pinlane lacks (complex, float8, ...), or that torch does not
+      export is moved by torch (``tensor.to("cpu")``, keeping autograd, the tangent, class
+      and metadata). With
       ``producer_event``, this torch-side work starts only once the event has completed
       (the call waits for it on the host first, for at most ``sync_wait_ms`` when
       ``configure`` set it: then a ``RuntimeError`` naming ``sync_wait``).
@@ -498,7 +536,8 @@ def transfer_tensor_d2h(
             included), or a copy failed.
         MemoryError: memory for the outputs ran out.
     """
-    if stream is None and producer_event is None and (device is None or type(device) is str):
+    if (stream is None and producer_event is None and (device is None or type(device) is str)
+            and _fwad._current_level < 0):
         # One plain tensor, alone or in a list or tuple of one: as in transfer_tensor_h2d.
         t = type(batch)
         if t is _Tensor:
@@ -527,13 +566,20 @@ def transfer_tensor_d2h(
     e = None if producer_event is None else _event_arg(torch, producer_event)
     one = _single(batch, torch.Tensor)
     if one is not None:
-        out = _native.d2h([one], device=dev, stream=s, event=e, maybe_neg=one.is_neg())[0]
+        out = _native.d2h(
+            [one], device=dev, stream=s, event=e, maybe_neg=one.is_neg(), torch_moves=_tangents([one])
+        )[0]
         return _rewrapped(batch, one, out)
     tensors = flatten(batch, torch.Tensor)
     if not tensors:
         return batch
     outs = _native.d2h(
-        tensors, device=dev, stream=s, event=e, maybe_neg=any(map(torch.Tensor.is_neg, tensors))
+        tensors,
+        device=dev,
+        stream=s,
+        event=e,
+        maybe_neg=any(map(torch.Tensor.is_neg, tensors)),
+        torch_moves=_tangents(tensors),
     )
     return rebuild(batch, torch.Tensor, outs)
 

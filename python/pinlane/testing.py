@@ -45,7 +45,8 @@ def _show(path):
 def first_difference(sent, back, path=""):
     """The first place where ``back`` differs from ``sent`` (nested containers of torch
     tensors and other leaves), as a message, or ``None``. Tensors are compared by dtype,
-    shape and bytes (wherever they are: a CUDA tensor is read back to compare);
+    shape, ``requires_grad``, bytes (wherever they are: a CUDA tensor is read back to
+    compare) and, inside a forward-mode AD ``dual_level``, their tangents;
     containers by type, length, keys or fields; other leaves by identity, as the
     transfers return them."""
     torch = _torch()
@@ -88,6 +89,18 @@ def _tensor_difference(torch, a, b, path):
         return f"{_show(path)}: dtype {b.dtype}, sent as {a.dtype}"
     if a.shape != b.shape:
         return f"{_show(path)}: shape {list(b.shape)}, sent as {list(a.shape)}"
+    if a.requires_grad != b.requires_grad:
+        return f"{_show(path)}: requires_grad {b.requires_grad}, sent as {a.requires_grad}"
+    fw = torch.autograd.forward_ad
+    if fw._current_level >= 0:  # a dual level is open (torch's module global, -1 if not)
+        ta, tb = fw.unpack_dual(a).tangent, fw.unpack_dual(b).tangent
+        if (ta is None) != (tb is None):
+            got, sent = ("no", "one") if tb is None else ("a", "none")
+            return f"{_show(path)}: {got} forward-mode AD tangent came back, {sent} was sent"
+        if ta is not None:
+            d = _tensor_difference(torch, ta, tb, f"{path} (its tangent)")
+            if d:
+                return d
     # torch's lazy negation and conjugation bits resolved (`view(uint8)` refuses them):
     # the values, as the transfers give them.
     x = a.detach().cpu().resolve_conj().resolve_neg().contiguous().reshape(-1)

@@ -191,8 +191,10 @@ pub(crate) fn check_device(device: Option<&str>) -> PyResult<()> {
 /// ([`Torch::host_view`]); false imports every tensor the usual way (for
 /// benches/py_overhead.py, which times both in one process). `handover`: false makes
 /// every batch's torch tensors after its copies (for benches/probes/h2d_handover_ab.py).
+/// `torch_moves`: one flag per tensor, true for a tensor torch must move (the Python half
+/// marks those carrying a forward-mode AD tangent, which pinlane's copy would drop).
 #[pyfunction]
-#[pyo3(signature = (tensors, *, num_caches, device=None, consumer_stream=None, min_run=torch::MIN_RUN, maybe_neg=true, views=true, handover=true))]
+#[pyo3(signature = (tensors, *, num_caches, device=None, consumer_stream=None, min_run=torch::MIN_RUN, maybe_neg=true, views=true, handover=true, torch_moves=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn h2d<'py>(
     py: Python<'py>,
@@ -204,8 +206,10 @@ pub(crate) fn h2d<'py>(
     maybe_neg: bool,
     views: bool,
     handover: bool,
+    torch_moves: Option<Vec<bool>>,
 ) -> PyResult<Vec<Bound<'py, PyAny>>> {
     let _split = split::start();
+    let forced = Forced::new(torch_moves, tensors.len())?;
     let Some(first) = tensors.first() else {
         return Ok(Vec::new());
     };
@@ -220,8 +224,13 @@ pub(crate) fn h2d<'py>(
     let dev = Device::cuda(device);
     let mut slots = Vec::with_capacity(tensors.len());
     let mut inputs = Vec::with_capacity(tensors.len());
-    for t in tensors {
-        slots.push(h2d_slot(&torch, t, dev, maybe_neg, views, &mut inputs)?);
+    for (i, t) in tensors.into_iter().enumerate() {
+        let slot = if forced.at(i) {
+            h2d_by_torch(t)?
+        } else {
+            h2d_slot(&torch, t, dev, maybe_neg, views, &mut inputs)?
+        };
+        slots.push(slot);
     }
     split::mark("imported");
     if inputs.is_empty() {
@@ -302,6 +311,7 @@ pub(crate) fn h2d_plain<'py>(
         false,
         true,
         true,
+        None,
     )
 }
 
@@ -313,6 +323,34 @@ fn only<'py>(out: Vec<Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyAny>> {
         _ => Err(PyRuntimeError::new_err(
             "pinlane: a one-tensor call did not give one output",
         )),
+    }
+}
+
+/// H2D of a tensor torch moves: by torch if it is on the host; otherwise returned as is.
+fn h2d_by_torch(t: Bound<'_, PyAny>) -> PyResult<Slot<'_>> {
+    Ok(match torch_device(&t)?.0.as_str() {
+        "cpu" => Slot::Torch(t),
+        _ => Slot::Same(t),
+    })
+}
+
+/// The Python half's `torch_moves` of a call of `len` tensors: whether torch must move
+/// the tensor at each place.
+struct Forced(Option<Vec<bool>>);
+
+impl Forced {
+    fn new(flags: Option<Vec<bool>>, len: usize) -> PyResult<Forced> {
+        match flags {
+            Some(f) if f.len() != len => Err(PyValueError::new_err(format!(
+                "pinlane: torch_moves has {} flags for {len} tensors",
+                f.len()
+            ))),
+            f => Ok(Forced(f)),
+        }
+    }
+
+    fn at(&self, i: usize) -> bool {
+        self.0.as_ref().is_some_and(|f| f[i])
     }
 }
 
@@ -329,12 +367,7 @@ fn h2d_slot<'py>(
     // a subclass whose class torch's `.to()` keeps ([`Torch::keeps_subclass`]), or will
     // not be exported (a sparse or other non-strided tensor); the rest of those stays as
     // it is.
-    let by_torch = |t: Bound<'py, PyAny>| -> PyResult<Slot<'py>> {
-        Ok(match torch_device(&t)?.0.as_str() {
-            "cpu" => Slot::Torch(t),
-            _ => Slot::Same(t),
-        })
-    };
+    let by_torch = h2d_by_torch;
     if requires_grad(&t)? || torch.keeps_subclass(&t)? {
         return by_torch(t);
     }
@@ -401,7 +434,7 @@ impl ProducerGate {
 /// ([`Torch::device_view`]); false imports every tensor the usual way (for
 /// benches/py_overhead.py).
 #[pyfunction]
-#[pyo3(signature = (tensors, *, device=None, stream=None, event=None, min_run=torch::MIN_RUN, maybe_neg=true, views=true))]
+#[pyo3(signature = (tensors, *, device=None, stream=None, event=None, min_run=torch::MIN_RUN, maybe_neg=true, views=true, torch_moves=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn d2h<'py>(
     py: Python<'py>,
@@ -412,8 +445,10 @@ pub(crate) fn d2h<'py>(
     min_run: usize,
     maybe_neg: bool,
     views: bool,
+    torch_moves: Option<Vec<bool>>,
 ) -> PyResult<Vec<Bound<'py, PyAny>>> {
     let _split = split::start();
+    let forced = Forced::new(torch_moves, tensors.len())?;
     if stream.is_some() && device.is_none() {
         return Err(to_py(pinlane::Error::StreamWithoutDevice));
     }
@@ -470,18 +505,23 @@ pub(crate) fn d2h<'py>(
     let mut slots = Vec::with_capacity(tensors.len());
     let mut inputs = Vec::with_capacity(tensors.len());
     let mut current: Option<usize> = None;
-    for t in tensors {
-        let before = &mut || gate.pass(py);
-        slots.push(d2h_slot(
-            &torch,
-            t,
-            dev,
-            maybe_neg,
-            views,
-            before,
-            &mut inputs,
-            &mut current,
-        )?);
+    for (i, t) in tensors.into_iter().enumerate() {
+        let slot = if forced.at(i) {
+            d2h_by_torch(t, dev)?
+        } else {
+            let before = &mut || gate.pass(py);
+            d2h_slot(
+                &torch,
+                t,
+                dev,
+                maybe_neg,
+                views,
+                before,
+                &mut inputs,
+                &mut current,
+            )?
+        };
+        slots.push(slot);
     }
     split::mark("imported");
     let before = &mut || gate.pass(py);
@@ -724,7 +764,26 @@ pub(crate) fn d2h_plain<'py>(
     tensors: Vec<Bound<'py, PyAny>>,
     device: Option<&str>,
 ) -> PyResult<Vec<Bound<'py, PyAny>>> {
-    d2h(py, tensors, device, None, None, torch::MIN_RUN, false, true)
+    d2h(
+        py,
+        tensors,
+        device,
+        None,
+        None,
+        torch::MIN_RUN,
+        false,
+        true,
+        None,
+    )
+}
+
+/// D2H from `dev` of a tensor torch moves: by torch if it is on `dev`; otherwise returned
+/// as is.
+fn d2h_by_torch(t: Bound<'_, PyAny>, dev: Device) -> PyResult<Slot<'_>> {
+    Ok(match torch_device(&t)? {
+        (ty, Some(n)) if ty == "cuda" && n == dev.ordinal() => Slot::Torch(t),
+        _ => Slot::Same(t),
+    })
 }
 
 /// What D2H from `dev` does with `t`; a tensor pinlane moves is pushed onto `inputs`,
@@ -744,12 +803,7 @@ fn d2h_slot<'py>(
     // one on the current stream, keeping autograd), is of a subclass whose class torch's
     // `.to()` keeps ([`Torch::keeps_subclass`]), or will not be exported (a sparse or
     // other non-strided tensor); the rest of those stays as it is.
-    let by_torch = |t: Bound<'py, PyAny>| -> PyResult<Slot<'py>> {
-        Ok(match torch_device(&t)? {
-            (ty, Some(n)) if ty == "cuda" && n == dev.ordinal() => Slot::Torch(t),
-            _ => Slot::Same(t),
-        })
-    };
+    let by_torch = |t| d2h_by_torch(t, dev);
     if requires_grad(&t)? || torch.keeps_subclass(&t)? {
         return by_torch(t);
     }

@@ -85,3 +85,26 @@ def test_a_batch_already_on_the_gpu_is_refused_not_compared_with_itself(torch):
 
     with pytest.raises(ValueError, match=r"\['x'\]\[1\] is on cuda"):
         assert_round_trip({"x": [torch.ones(2), torch.ones(4, device="cuda")]})
+
+
+def test_requires_grad_and_tangents_are_compared(torch):
+    # A transfer that dropped autograd (requires_grad) or a forward-mode AD tangent gave
+    # back the right bytes, and the comparison used to find no difference.
+    from torch.autograd import forward_ad as fwAD
+
+    from pinlane.testing import assert_round_trip, first_difference
+
+    w = torch.ones(3, requires_grad=True)
+    assert first_difference([w], [w.detach().clone()]) == "[0]: requires_grad False, sent as True"
+    assert first_difference([w], [w.detach().clone().requires_grad_()]) is None
+    x, dx = torch.arange(4.0), torch.full((4,), 0.5)
+    with fwAD.dual_level():
+        d = fwAD.make_dual(x, dx)
+        assert first_difference({"d": d}, {"d": x.clone()}) == (
+            "['d']: no forward-mode AD tangent came back, one was sent")
+        assert first_difference({"d": x}, {"d": d}) == "['d']: a forward-mode AD tangent came back, none was sent"
+        assert first_difference({"d": d}, {"d": fwAD.make_dual(x.clone(), dx * 2)}).startswith(
+            "['d'] (its tangent): byte 2 differs")
+        assert first_difference({"d": d}, {"d": fwAD.make_dual(x.clone(), dx.clone())}) is None
+        # pinlane's transfers move the tangent (torch moves such a tensor).
+        assert_round_trip({"d": d, "plain": torch.arange(5), "w": w})

@@ -616,6 +616,54 @@ def test_requires_grad_noncontiguous_and_complex_tensors(torch):
     assert torch.equal(back[2], z)
 
 
+def test_forward_ad_tangents_move_with_their_values(torch):
+    # Inside a dual level, a tensor carrying a tangent is moved by torch, whose `.to()`
+    # moves the tangent too; pinlane's own copy would drop it. Every shape of call: one
+    # tensor and a list of one (the short ways), a flat list and dict (the native walk),
+    # a nested batch (the Python walk); the plain tensors beside them still move.
+    from torch.autograd import forward_ad as fwAD
+
+    dev = torch.device("cuda", cuda_index(torch))
+    primal, tangent = pattern(torch, torch.float32, (6,), 1), pattern(torch, torch.float32, (6,), 2)
+    plain = pattern(torch, torch.float32, (5,), 3)
+
+    def tangent_of(t):
+        return fwAD.unpack_dual(t).tangent
+
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(primal, tangent)
+        # pinlane's own copy (what every call made of it before) gives the values alone.
+        raw = pinlane._native.h2d([dual], num_caches=4)[0]
+        assert torch.equal(raw.cpu(), primal) and tangent_of(raw) is None
+        for batch, pick in [
+            (dual, lambda b: b),
+            ([dual], lambda b: b[0]),
+            ((dual,), lambda b: b[0]),
+            ([plain, dual], lambda b: b[1]),
+            ({"p": plain, "d": dual}, lambda b: b["d"]),
+            ({"n": [plain, (dual, 3)]}, lambda b: b["n"][1][0]),
+        ]:
+            out = transfer_tensor_h2d(batch)
+            got = pick(out)
+            assert got.device == dev and torch.equal(got.cpu(), primal), batch
+            t = tangent_of(got)
+            assert t is not None and torch.equal(t.cpu(), tangent), f"H2D lost the tangent of {batch!r}"
+            back = pick(transfer_tensor_d2h(out))
+            assert not back.is_cuda and torch.equal(back, primal)
+            t = tangent_of(back)
+            assert t is not None and torch.equal(t, tangent), f"D2H lost the tangent of {batch!r}"
+            if isinstance(batch, list) and len(batch) == 2:
+                assert out[0].is_cuda and torch.equal(out[0].cpu(), plain)
+        # A level open but no tangent in the batch: pinlane moves it all.
+        out = transfer_tensor_h2d([plain, primal])
+        assert all(o.is_cuda for o in out) and tangent_of(out[0]) is None
+        with pytest.raises(ValueError, match="torch_moves"):
+            pinlane._native.h2d([plain], num_caches=4, torch_moves=[True, False])
+    # The level closed: the short ways again.
+    out = transfer_tensor_h2d(primal)
+    assert out.is_cuda and torch.equal(out.cpu(), primal)
+
+
 def test_device_errors(torch):
     dev = cuda_index(torch)
     x = torch.ones(2, device=torch.device("cuda", dev))
