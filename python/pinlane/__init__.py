@@ -606,7 +606,8 @@ def copy_into(dst: Any, src: Any, /, *, stream: torch.cuda.Stream | None = None)
       grad is copied by torch (``d.copy_(s)``), which records it for autograd, and a
       destination that is a leaf requiring grad, or a view of one, is a ``ValueError``
       (``copy_`` refuses to write one in place); under ``torch.no_grad()`` pinlane copies
-      them all, and it writes inference tensors as they are.
+      them all, and it writes inference tensors as they are. A source's forward-mode AD
+      tangent is not copied (the values are): copy a dual source with ``d.copy_(s)``.
     * Order: the copies run on ``stream`` (a ``torch.cuda.Stream`` of the CUDA side's
       device) or, by default, on torch's current stream there: after the work queued on
       it before the call, and before the work queued after (a graph replay, a kernel
