@@ -606,8 +606,9 @@ def copy_into(dst: Any, src: Any, /, *, stream: torch.cuda.Stream | None = None)
       grad is copied by torch (``d.copy_(s)``), which records it for autograd, and a
       destination that is a leaf requiring grad, or a view of one, is a ``ValueError``
       (``copy_`` refuses to write one in place); under ``torch.no_grad()`` pinlane copies
-      them all, and it writes inference tensors as they are. A source's forward-mode AD
-      tangent is not copied (the values are): copy a dual source with ``d.copy_(s)``.
+      them all, and it writes inference tensors as they are. Inside a forward-mode AD
+      ``dual_level``, a source carrying a tangent is a ``ValueError`` before anything is
+      written (pinlane would copy the values alone): copy it with ``d.copy_(s)``.
     * Order: the copies run on ``stream`` (a ``torch.cuda.Stream`` of the CUDA side's
       device) or, by default, on torch's current stream there: after the work queued on
       it before the call, and before the work queued after (a graph replay, a kernel
@@ -752,6 +753,15 @@ class Buffers:
                 "tensor of a dtype pinlane lacks, which torch's copy_ writes only under "
                 "torch.inference_mode()"
             )
+        if _fwad._current_level >= 0:
+            flags = _tangents(srcs)
+            if flags is not None:
+                # Refused before anything is written: pinlane copies values, and a dual
+                # destination is torch's copy_ to make.
+                raise ValueError(
+                    f"copy_into: pair {flags.index(True)}: the source carries a forward-mode AD "
+                    "tangent, which pinlane does not copy; copy it with dst.copy_(src)"
+                )
         maybe_neg = any(map(torch.Tensor.is_neg, srcs))
         grad = torch.is_grad_enabled()
         ctx = contextlib.nullcontext()

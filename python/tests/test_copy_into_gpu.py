@@ -427,6 +427,28 @@ def test_bad_input_is_refused_and_nothing_written(torch):
     assert int(buf.count_nonzero()) == 0
 
 
+def test_a_source_with_a_forward_ad_tangent_is_refused_and_nothing_written(torch):
+    # pinlane copies values: the tangent would be dropped without a word (torch's copy_
+    # makes the destination dual). Both ways, copy_into and Buffers; a level open with no
+    # tangent among the sources copies as ever.
+    from torch.autograd import forward_ad as fwAD
+
+    dst = [torch.zeros(8, device="cuda"), torch.zeros(4, device="cuda")]
+    host = [torch.zeros(8), torch.zeros(4)]
+    x, dx, y = torch.arange(8.0), torch.ones(8), torch.full((4,), 2.0)
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(x, dx)
+        with pytest.raises(ValueError, match="pair 0: the source carries a forward-mode AD tangent"):
+            pinlane.copy_into(dst, [dual, y])
+        with pytest.raises(ValueError, match="pair 1: the source carries"):
+            pinlane.Buffers(host).copy_from([dst[0], fwAD.make_dual(y.cuda(), y.cuda())])
+        torch.cuda.synchronize()
+        assert all(int(t.count_nonzero()) == 0 for t in dst + host)
+        pinlane.copy_into(dst, [x, y])
+        torch.cuda.synchronize()
+        assert torch.equal(dst[0].cpu(), x) and torch.equal(dst[1].cpu(), y)
+
+
 def test_buffers_check_once_and_copy_every_step(torch):
     buf = torch.zeros(8192, dtype=torch.uint8, device="cuda")
     dst = {"a": buf[:4096].view(torch.float32), "b": buf[4096:].view(torch.int64)}
