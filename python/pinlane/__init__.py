@@ -280,7 +280,10 @@ def _torch_with_cuda():
         torch.cuda.init()
         from torch.autograd import forward_ad
 
-        _fwad = forward_ad
+        # A private global of torch's (since 1.11): were a torch without it ever loaded,
+        # the calls would go on as before, without asking for tangents.
+        if isinstance(getattr(forward_ad, "_current_level", None), int):
+            _fwad = forward_ad
         _Tensor = torch.Tensor
         _cuda_seen = True
     return torch

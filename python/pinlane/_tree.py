@@ -8,8 +8,9 @@ fixed order; ``rebuild`` puts replacements back in that same order, making each 
 again with its own type:
 
 * a namedtuple comes back as the same namedtuple class, a defaultdict with the same
-  ``default_factory``, a dict subclass or dataclass with its other attributes (it is
-  copied with ``copy.copy``, then its items or fields are set);
+  ``default_factory``, a dict or list subclass or dataclass with its other attributes
+  (it is copied with ``copy.copy``, then its items or fields are set), a tuple subclass
+  made again from its items with its instance attributes (``__dict__``) copied over;
 * a container in which no leaf was replaced comes back as the same object, so a batch
   with nothing to move is returned as is.
 
@@ -118,10 +119,14 @@ def _rebuild(obj, leaf_type, it):
         items = [_rebuild(x, leaf_type, it) for x in obj]
         if all(a is b for a, b in zip(items, obj)):
             return obj
-        if isinstance(obj, tuple) and hasattr(t, "_fields"):  # a namedtuple
-            return t(*items)
         if isinstance(obj, tuple):
-            return t(items)
+            new = t(*items) if hasattr(t, "_fields") else t(items)  # a namedtuple: by field
+            # A subclass's own attributes, as a list or dict subclass keeps them (through
+            # copy.copy, which a tuple cannot take: its items are fixed at creation).
+            state = getattr(obj, "__dict__", None)
+            if state:
+                new.__dict__.update(state)
+            return new
         new = copy.copy(obj)  # a list subclass, with its attributes
         new[:] = items
         return new

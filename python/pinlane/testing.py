@@ -92,7 +92,7 @@ def _tensor_difference(torch, a, b, path):
     if a.requires_grad != b.requires_grad:
         return f"{_show(path)}: requires_grad {b.requires_grad}, sent as {a.requires_grad}"
     fw = torch.autograd.forward_ad
-    if fw._current_level >= 0:  # a dual level is open (torch's module global, -1 if not)
+    if getattr(fw, "_current_level", -1) >= 0:  # a dual level is open (torch's global)
         ta, tb = fw.unpack_dual(a).tangent, fw.unpack_dual(b).tangent
         if (ta is None) != (tb is None):
             got, sent = ("no", "one") if tb is None else ("a", "none")

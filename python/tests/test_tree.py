@@ -119,6 +119,29 @@ def test_namedtuple_defaultdict_and_dataclass_come_back_as_themselves():
     assert batch["p"] == Point(a, 3) and batch["c"].a is b  # the input is unchanged
 
 
+class Tagged(tuple):
+    """A tuple subclass whose instances carry attributes (a request id, say)."""
+
+
+class NamedTagged(Point):
+    """A namedtuple's subclass without __slots__: its instances carry attributes too."""
+
+
+def test_tuple_subclasses_keep_their_instance_attributes():
+    # Regression (session 81): a tuple subclass came back without its instance
+    # attributes (made again from its items alone), where list and dict subclasses keep
+    # theirs through copy.copy.
+    a, b = Leaf(1), Leaf(2)
+    t = Tagged([a, 2])
+    t.request = {"id": 7}
+    n = NamedTagged(b, 3)
+    n.source = "cam0"
+    out = rebuild([t, n], Leaf, ["A", "B"])
+    assert type(out[0]) is Tagged and tuple(out[0]) == ("A", 2) and out[0].request == {"id": 7}
+    assert type(out[1]) is NamedTagged and out[1] == ("B", 3) and out[1].source == "cam0"
+    assert tuple(t) == (a, 2) and n.x is b  # the input is unchanged
+
+
 def test_a_count_mismatch_is_an_error_not_a_wrong_batch():
     batch = [Leaf(1), Leaf(2)]
     with pytest.raises(ValueError, match="fewer"):
