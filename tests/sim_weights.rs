@@ -235,6 +235,10 @@ fn bad_files_are_typed_errors_before_any_copy() {
     // A shape that does not match its bytes; an unknown dtype (named).
     open_fails(&bad_offsets("[4, 300]", "[4, 301]"), F::Shape);
     assert!(open_fails(&bad_offsets("\"BF16\"", "\"F9\""), F::Header).contains("F9"));
+    // A name given twice at different ranges (the parser's JSON map keeps the last one):
+    // the first one's bytes are then a gap, refused, never one of the two picked.
+    let twice = open_fails(&bad_offsets("\"b\":", "\"a\":"), F::Offsets);
+    assert!(twice.contains("tensor \"a\""), "{twice}");
     // Shapes whose sizes overflow the parser's sums (8 tensors of 2^61 - 1 bytes, offsets
     // contiguous): an error, never a panic (the parser's debug build panics there).
     let huge = (1u64 << 61) - 1;
