@@ -433,9 +433,28 @@ def _tangents(tensors):
     tangents as it closes one)."""
     if _fwad._current_level < 0:
         return None
-    unpack = _fwad.unpack_dual
-    flags = [unpack(t).tangent is not None for t in tensors]
+    # Only a strided tensor of a floating or complex dtype can carry one (make_dual
+    # refuses others): the rest (token ids, sparse layouts) are not asked.
+    strided, unpack = sys.modules["torch"].strided, _fwad.unpack_dual
+    flags = [
+        t.layout == strided and (t.is_floating_point() or t.is_complex()) and unpack(t).tangent is not None
+        for t in tensors
+    ]
     return flags if any(flags) else None
+
+
+def _refuse_tangents(what, sources, destinations):
+    """``copy_into``'s (and ``Pairs``') refusal, inside an open forward-mode AD level, of
+    a pair whose source or destination carries a tangent: pinlane copies values, so a
+    source's tangent would be dropped and a destination's left stale, where torch's
+    ``copy_`` carries the one over the other."""
+    for side, tensors in (("source", sources), ("destination", destinations)):
+        flags = _tangents(tensors)
+        if flags is not None:
+            raise ValueError(
+                f"{what}: pair {flags.index(True)}: the {side} carries a forward-mode AD tangent, "
+                "which pinlane does not copy; copy the pair with dst.copy_(src)"
+            )
 
 
 def _single(batch, T):
@@ -610,8 +629,10 @@ def copy_into(dst: Any, src: Any, /, *, stream: torch.cuda.Stream | None = None)
       destination that is a leaf requiring grad, or a view of one, is a ``ValueError``
       (``copy_`` refuses to write one in place); under ``torch.no_grad()`` pinlane copies
       them all, and it writes inference tensors as they are. Inside a forward-mode AD
-      ``dual_level``, a source carrying a tangent is a ``ValueError`` before anything is
-      written (pinlane would copy the values alone): copy it with ``d.copy_(s)``.
+      ``dual_level``, a pair whose source or destination carries a tangent is a
+      ``ValueError`` before anything is written, whichever way it would be copied
+      (pinlane copies values: a source's tangent would be dropped, a destination's left
+      stale): copy such a pair with ``d.copy_(s)``. ``Pairs`` asks at every ``copy``.
     * Order: the copies run on ``stream`` (a ``torch.cuda.Stream`` of the CUDA side's
       device) or, by default, on torch's current stream there: after the work queued on
       it before the call, and before the work queued after (a graph replay, a kernel
@@ -635,8 +656,9 @@ def copy_into(dst: Any, src: Any, /, *, stream: torch.cuda.Stream | None = None)
     Raises:
         ValueError: the structures differ, a pair's dtypes or sizes differ, a tensor is
             on the wrong side (both on the CPU, say), a destination is not contiguous,
-            overlaps another or (under grad mode) is a leaf that requires grad, or
-            ``stream`` is on another device (nothing is written then).
+            overlaps another or (under grad mode) is a leaf that requires grad, a
+            source or destination carries a forward-mode AD tangent (inside a
+            ``dual_level``), or ``stream`` is on another device (nothing is written then).
         TypeError: ``stream`` is not a ``torch.cuda.Stream``.
         RuntimeError: a copy failed (destinations may be partly written) or there is no
             CUDA.
@@ -756,15 +778,8 @@ class Buffers:
                 "tensor of a dtype pinlane lacks, which torch's copy_ writes only under "
                 "torch.inference_mode()"
             )
-        if _fwad._current_level >= 0:
-            flags = _tangents(srcs)
-            if flags is not None:
-                # Refused before anything is written: pinlane copies values, and a dual
-                # destination is torch's copy_ to make.
-                raise ValueError(
-                    f"copy_into: pair {flags.index(True)}: the source carries a forward-mode AD "
-                    "tangent, which pinlane does not copy; copy it with dst.copy_(src)"
-                )
+        if _fwad._current_level >= 0:  # refused before anything is written
+            _refuse_tangents("copy_into", srcs, self._leaves)
         maybe_neg = any(map(torch.Tensor.is_neg, srcs))
         grad = torch.is_grad_enabled()
         ctx = contextlib.nullcontext()
@@ -871,8 +886,14 @@ class Pairs:
     def __init__(self, dst: Any, src: Any, /, *, in_place: bool = False) -> None:
         bufs = dst if isinstance(dst, Buffers) else Buffers(dst)
         self._torch = bufs._torch
-        self._native = _native.Pairs(bufs._native, bufs._sources(src), in_place=bool(in_place))
+        srcs = bufs._sources(src)
+        if _fwad._current_level >= 0:
+            _refuse_tangents("Pairs", srcs, bufs._leaves)
+        self._native = _native.Pairs(bufs._native, srcs, in_place=bool(in_place))
         self._written, self._bump = bufs._written, bufs._bump
+        # Asked again at each copy inside a dual level: a source written in place from a
+        # dual tensor carries a tangent from then on.
+        self._sides = (srcs, bufs._leaves)
 
     def __len__(self) -> int:
         return len(self._native)
@@ -881,5 +902,7 @@ class Pairs:
         """Copies every source, as it is now, into its destination, on ``stream`` (a
         ``torch.cuda.Stream`` of the CUDA side's device) or torch's current stream there:
         see ``copy_into``."""
+        if _fwad._current_level >= 0:
+            _refuse_tangents("Pairs", *self._sides)
         s = None if stream is None else _stream_arg(self._torch, stream)
         _copied(self, self._native.copy, stream=s, grad=self._torch.is_grad_enabled())

@@ -14,7 +14,8 @@ says exactly where anything differs.
 
 A difference is an ``AssertionError`` naming the way (H2D, or the round trip), the place
 in the batch (``["images"][3]``, ``.labels``), and what differs: the structure, the dtype,
-the shape, or the first differing byte with its element and both values. Needs torch;
+the shape, ``requires_grad``, a forward-mode AD tangent (inside a ``dual_level``), or the
+first differing byte with its element and both values. Needs torch;
 the strategies also need hypothesis (``pip install hypothesis``). Without a GPU the
 transfers return a batch as is, so ``assert_round_trip`` fails with a message saying so
 instead of passing a trip that moved nothing (``allow_no_gpu=True`` accepts that).
@@ -98,7 +99,7 @@ def _tensor_difference(torch, a, b, path):
             got, sent = ("no", "one") if tb is None else ("a", "none")
             return f"{_show(path)}: {got} forward-mode AD tangent came back, {sent} was sent"
         if ta is not None:
-            d = _tensor_difference(torch, ta, tb, f"{path} (its tangent)")
+            d = _tensor_difference(torch, ta, tb, f"{_show(path)} (its tangent)")
             if d:
                 return d
     # torch's lazy negation and conjugation bits resolved (`view(uint8)` refuses them):
@@ -130,7 +131,8 @@ def assert_round_trip(batch, device=None, *, allow_no_gpu=False):
     checks that every tensor arrived on the device (``cuda:{LOCAL_RANK}``) with the same
     bytes, moves it back with ``pinlane.transfer_tensor_d2h`` (from ``device``, default
     ``cuda:{LOCAL_RANK}``), checks that every tensor is on the host again, and compares
-    the result with ``batch``: structure, container types, dtypes, shapes, bytes, and the
+    the result with ``batch``: structure, container types, dtypes, shapes,
+    ``requires_grad``, bytes, tangents inside a forward-mode AD ``dual_level``, and the
     identity of the other leaves. Returns the batch that came back.
 
     Raises:

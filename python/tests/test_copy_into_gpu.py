@@ -427,10 +427,10 @@ def test_bad_input_is_refused_and_nothing_written(torch):
     assert int(buf.count_nonzero()) == 0
 
 
-def test_a_source_with_a_forward_ad_tangent_is_refused_and_nothing_written(torch):
+def test_a_pair_with_a_forward_ad_tangent_is_refused_and_nothing_written(torch):
     # pinlane copies values: the tangent would be dropped without a word (torch's copy_
-    # makes the destination dual). Both ways, copy_into and Buffers; a level open with no
-    # tangent among the sources copies as ever.
+    # makes the destination dual). Both ways, copy_into, Buffers and Pairs, a dual source
+    # or destination; a level open with no tangent in any pair copies as ever.
     from torch.autograd import forward_ad as fwAD
 
     dst = [torch.zeros(8, device="cuda"), torch.zeros(4, device="cuda")]
@@ -442,6 +442,19 @@ def test_a_source_with_a_forward_ad_tangent_is_refused_and_nothing_written(torch
             pinlane.copy_into(dst, [dual, y])
         with pytest.raises(ValueError, match="pair 1: the source carries"):
             pinlane.Buffers(host).copy_from([dst[0], fwAD.make_dual(y.cuda(), y.cuda())])
+        # A dual destination: its tangent would be left stale (torch's copy_ replaces it).
+        dual_dst = fwAD.make_dual(torch.zeros(4, device="cuda"), torch.ones(4, device="cuda"))
+        with pytest.raises(ValueError, match="pair 1: the destination carries"):
+            pinlane.copy_into([dst[0], dual_dst], [x, y])
+        # Pairs: refused when made, and at a copy once a bound source was written in place
+        # from a dual tensor (it carries a tangent from then on).
+        with pytest.raises(ValueError, match="Pairs: pair 0: the source carries"):
+            pinlane.Pairs(dst, [dual, y])
+        src = [torch.zeros(8), y.clone()]
+        step = pinlane.Pairs(dst, src)
+        src[0][:] = dual
+        with pytest.raises(ValueError, match="Pairs: pair 0: the source carries"):
+            step.copy()
         torch.cuda.synchronize()
         assert all(int(t.count_nonzero()) == 0 for t in dst + host)
         pinlane.copy_into(dst, [x, y])

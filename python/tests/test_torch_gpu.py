@@ -3,6 +3,7 @@ round trips of every dtype and of random nested batches, stream ordering both wa
 torch fallbacks, threads, errors."""
 
 import collections
+import contextlib
 import dataclasses
 import os
 import threading
@@ -654,14 +655,48 @@ def test_forward_ad_tangents_move_with_their_values(torch):
             assert t is not None and torch.equal(t, tangent), f"D2H lost the tangent of {batch!r}"
             if isinstance(batch, list) and len(batch) == 2:
                 assert out[0].is_cuda and torch.equal(out[0].cpu(), plain)
-        # A level open but no tangent in the batch: pinlane moves it all.
-        out = transfer_tensor_h2d([plain, primal])
+        # A level open but no tangent in the batch (an int64 and a sparse tensor beside,
+        # which cannot carry one and are not asked): pinlane moves the dense ones, with
+        # no tensor sent to torch, through the walk.
+        ids = torch.arange(7)
+        sparse = torch.eye(3).to_sparse()
+        with recording() as calls:
+            out = transfer_tensor_h2d([plain, primal, ids, sparse])
+            back = transfer_tensor_d2h(out[:3])
+        assert [c for c in calls if c[0] in ("h2d", "d2h")] == [("h2d", None), ("d2h", None)], calls
         assert all(o.is_cuda for o in out) and tangent_of(out[0]) is None
+        assert torch.equal(back[2], ids) and torch.equal(out[3].to_dense().cpu(), torch.eye(3))
         with pytest.raises(ValueError, match="torch_moves"):
             pinlane._native.h2d([plain], num_caches=4, torch_moves=[True, False])
     # The level closed: the short ways again.
-    out = transfer_tensor_h2d(primal)
-    assert out.is_cuda and torch.equal(out.cpu(), primal)
+    with recording() as calls:
+        out = transfer_tensor_h2d(primal)
+        back = transfer_tensor_d2h([out])
+    assert calls == [("h2d_one", None), ("d2h_one", None)], calls
+    assert out.is_cuda and torch.equal(out.cpu(), primal) and torch.equal(back[0], primal)
+
+
+@contextlib.contextmanager
+def recording():
+    """The native half's transfer calls made meanwhile, as (name, torch_moves)."""
+    native, calls = pinlane._native, []
+
+    class Recording:
+        def __getattr__(self, name):
+            fn = getattr(native, name)
+            if name not in ("h2d", "d2h", "h2d_one", "d2h_one", "h2d_flat", "d2h_flat"):
+                return fn
+
+            def call(*args, **kw):
+                calls.append((name, kw.get("torch_moves")))
+                return fn(*args, **kw)
+            return call
+
+    pinlane._native = Recording()
+    try:
+        yield calls
+    finally:
+        pinlane._native = native
 
 
 def test_device_errors(torch):
