@@ -342,7 +342,7 @@ impl Forced {
     fn new(flags: Option<Vec<bool>>, len: usize) -> PyResult<Forced> {
         match flags {
             Some(f) if f.len() != len => Err(PyValueError::new_err(format!(
-                "pinlane: torch_moves has {} flags for {len} tensors",
+                "pinlane: torch_moves has {} flag(s) for {len} tensor(s): one a tensor",
                 f.len()
             ))),
             f => Ok(Forced(f)),
