@@ -183,19 +183,30 @@ impl InFlight {
         around_wait: AroundWait<'_>,
     ) -> Result<()> {
         self.settle();
-        // `around_wait` is the caller's code (`guarded`); `sources()` is made at most once,
-        // by whichever of the panic and the failure comes.
+        self.end_keeping(sources, around_wait, true)
+    }
+
+    /// Ends the job with the stream synchronised (`all_queued`: every copy was queued;
+    /// else a drain, and a device output stays marked) inside `around_wait`, the caller's
+    /// code, run [`guarded`](InFlight::guarded). What the copies use is retained with
+    /// `sources()` when the synchronisation fails, as when the caller's code panics;
+    /// `sources()` is made at most once, by whichever comes.
+    fn end_keeping<S: Send + 'static>(
+        &mut self,
+        sources: impl FnOnce() -> S,
+        around_wait: AroundWait<'_>,
+        all_queued: bool,
+    ) -> Result<()> {
         let mut sources = Some(sources);
         let mut keep = || sources.take().map(|f| f());
-        let synced = self.guarded(&mut keep, true, |job| job.synchronize(around_wait, true));
+        let synced = self.guarded(&mut keep, all_queued, |job| {
+            job.synchronize(around_wait, all_queued)
+        });
         self.done = true;
-        match synced {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                self.retain(keep());
-                Err(e)
-            }
+        if synced.is_err() {
+            self.retain(keep());
         }
+        synced
     }
 
     /// Instead of synchronising, for a call that returns before its copies finish:
@@ -283,15 +294,9 @@ impl InFlight {
     ) -> Error {
         self.end_flag = None;
         self.settle();
-        // As in `finish_around`. A copy may never have been queued: a device output stays
-        // marked.
-        let mut sources = Some(sources);
-        let mut keep = || sources.take().map(|f| f());
-        let drained = self.guarded(&mut keep, false, |job| job.synchronize(around_wait, false));
-        self.done = true;
-        if drained.is_err() {
-            self.retain(keep());
-        }
+        // A copy may never have been queued: a device output stays marked. The drain's
+        // own failure is retained, not returned: `err` is the call's.
+        let _ = self.end_keeping(sources, around_wait, false);
         err
     }
 
