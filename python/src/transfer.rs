@@ -225,11 +225,7 @@ pub(crate) fn h2d<'py>(
     let mut slots = Vec::with_capacity(tensors.len());
     let mut inputs = Vec::with_capacity(tensors.len());
     for (i, t) in tensors.into_iter().enumerate() {
-        let slot = if forced.at(i) {
-            h2d_by_torch(t)?
-        } else {
-            h2d_slot(&torch, t, dev, maybe_neg, views, &mut inputs)?
-        };
+        let slot = h2d_slot(&torch, t, forced.at(i), dev, maybe_neg, views, &mut inputs)?;
         slots.push(slot);
     }
     split::mark("imported");
@@ -354,22 +350,23 @@ impl Forced {
     }
 }
 
-/// What H2D does with `t`; a tensor pinlane moves is pushed onto `inputs`.
+/// What H2D does with `t`; a tensor pinlane moves is pushed onto `inputs`. `forced`:
+/// the Python half's `torch_moves` flag for it (it carries a forward-mode AD tangent).
 fn h2d_slot<'py>(
     torch: &Torch,
     t: Bound<'py, PyAny>,
+    forced: bool,
     dev: Device,
     maybe_neg: bool,
     views: bool,
     inputs: &mut Vec<Tensor>,
 ) -> PyResult<Slot<'py>> {
-    // Torch moves what is on the host and either requires grad (keeping autograd), is of
-    // a subclass whose class torch's `.to()` keeps ([`Torch::keeps_subclass`]), or will
-    // not be exported (a sparse or other non-strided tensor); the rest of those stays as
-    // it is.
-    let by_torch = h2d_by_torch;
-    if requires_grad(&t)? || torch.keeps_subclass(&t)? {
-        return by_torch(t);
+    // Torch moves what is on the host and either is flagged, requires grad (keeping
+    // autograd), is of a subclass whose class torch's `.to()` keeps
+    // ([`Torch::keeps_subclass`]), or will not be exported (a sparse or other non-strided
+    // tensor); the rest of those stays as it is.
+    if forced || requires_grad(&t)? || torch.keeps_subclass(&t)? {
+        return h2d_by_torch(t);
     }
     if views && !maybe_neg {
         // The plain case (a compact CPU tensor staged by pinlane) without a managed
@@ -380,7 +377,7 @@ fn h2d_slot<'py>(
         }
     }
     let Ok((dl, _)) = torch.import(&t) else {
-        return by_torch(t);
+        return h2d_by_torch(t);
     };
     if !matches!(torch::kind(&dl), Kind::Host) {
         return Ok(Slot::Same(t));
@@ -506,21 +503,18 @@ pub(crate) fn d2h<'py>(
     let mut inputs = Vec::with_capacity(tensors.len());
     let mut current: Option<usize> = None;
     for (i, t) in tensors.into_iter().enumerate() {
-        let slot = if forced.at(i) {
-            d2h_by_torch(t, dev)?
-        } else {
-            let before = &mut || gate.pass(py);
-            d2h_slot(
-                &torch,
-                t,
-                dev,
-                maybe_neg,
-                views,
-                before,
-                &mut inputs,
-                &mut current,
-            )?
-        };
+        let before = &mut || gate.pass(py);
+        let slot = d2h_slot(
+            &torch,
+            t,
+            forced.at(i),
+            dev,
+            maybe_neg,
+            views,
+            before,
+            &mut inputs,
+            &mut current,
+        )?;
         slots.push(slot);
     }
     split::mark("imported");
@@ -788,10 +782,13 @@ fn d2h_by_torch(t: Bound<'_, PyAny>, dev: Device) -> PyResult<Slot<'_>> {
 
 /// What D2H from `dev` does with `t`; a tensor pinlane moves is pushed onto `inputs`,
 /// and torch's current stream on `dev` noted in `current` (from the first such tensor).
+/// `forced`: the Python half's `torch_moves` flag for it (it carries a forward-mode AD
+/// tangent).
 #[allow(clippy::too_many_arguments)]
 fn d2h_slot<'py>(
     torch: &Torch,
     t: Bound<'py, PyAny>,
+    forced: bool,
     dev: Device,
     maybe_neg: bool,
     views: bool,
@@ -799,12 +796,12 @@ fn d2h_slot<'py>(
     inputs: &mut Vec<Tensor>,
     current: &mut Option<usize>,
 ) -> PyResult<Slot<'py>> {
-    // Torch moves what is on `dev` and either requires grad (spdl copies these one by
-    // one on the current stream, keeping autograd), is of a subclass whose class torch's
-    // `.to()` keeps ([`Torch::keeps_subclass`]), or will not be exported (a sparse or
-    // other non-strided tensor); the rest of those stays as it is.
+    // Torch moves what is on `dev` and either is flagged, requires grad (spdl copies these
+    // one by one on the current stream, keeping autograd), is of a subclass whose class
+    // torch's `.to()` keeps ([`Torch::keeps_subclass`]), or will not be exported (a sparse
+    // or other non-strided tensor); the rest of those stays as it is.
     let by_torch = |t| d2h_by_torch(t, dev);
-    if requires_grad(&t)? || torch.keeps_subclass(&t)? {
+    if forced || requires_grad(&t)? || torch.keeps_subclass(&t)? {
         return by_torch(t);
     }
     if views && !maybe_neg {

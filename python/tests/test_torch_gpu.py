@@ -1113,25 +1113,11 @@ def test_one_plain_tensor_takes_the_short_way_with_the_general_results(torch):
     dev = cuda_index(torch)
     t = pattern(torch, torch.float32, (256,), 5)
     transfer_tensor_h2d([t])  # torch and pinlane have now seen the GPU
-    native = pinlane._native
-    taken = []
-
-    class Counted:
-        # The native half, counting its one-tensor calls.
-        def __getattr__(self, name):
-            if name in ("h2d_one", "d2h_one"):
-                taken.append(name)
-            return getattr(native, name)
-
     for batch in (t, [t], (t,)):
-        taken.clear()
-        pinlane._native = Counted()
-        try:
+        with recording() as calls:  # the native half's transfer calls, and only those
             d = transfer_tensor_h2d(batch, num_caches=2)
             h = transfer_tensor_d2h(d)
-        finally:
-            pinlane._native = native
-        assert taken == ["h2d_one", "d2h_one"], taken
+        assert [name for name, _ in calls] == ["h2d_one", "d2h_one"], calls
         assert type(h) is type(batch) and same(torch, h if type(h) is type(t) else h[0], t)
         d = transfer_tensor_h2d(batch, num_caches=2)
         one = d if type(batch) is type(t) else d[0]
