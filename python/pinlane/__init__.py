@@ -330,8 +330,11 @@ def transfer_tensor_h2d(batch: T, /, *, num_caches: int = 4) -> T:
       its own (a ``Parameter`` subclass that quantizes as it moves), whose dtype pinlane
       lacks (complex, float8, ...), or that torch does not export (sparse and other
       layouts) is moved by torch (``tensor.to(device)``, keeping autograd, the tangent,
-      class and metadata, on torch's current stream). While a dual level is open, every
-      call asks each tensor for a tangent (about 1 us a tensor).
+      class and metadata, on torch's current stream), before pinlane copies anything: a
+      move torch refuses (its out-of-memory error, a subclass's ``.to`` raising) fails
+      the call with that error, none of the call's device memory left in the thread's
+      ring. While a dual level is open, every call asks each tensor for a tangent (about
+      1 us a tensor).
     * No CUDA (or torch not loaded): the batch is returned as is.
 
     Raises:

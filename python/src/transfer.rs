@@ -22,6 +22,10 @@
 //! sub-byte integer types as 8-bit integers: 8-bit integers are asked their torch dtype
 //! ([`Torch::has_dtype`]), and those types go to torch too.
 //!
+//! H2D makes torch's moves before pinlane queues its copies, so that a move torch refuses
+//! fails the call with nothing of it kept in the thread's ring of recent batches; D2H
+//! makes them after (its outputs are host memory, which no ring keeps).
+//!
 //! D2H's `producer_event` orders pinlane's copies, but torch's own work on a device
 //! tensor (that resolving, and the fall-back `to("cpu")`) runs on torch's current stream,
 //! which does not wait for the event: before the first such work of a call, the call
@@ -61,7 +65,8 @@ const DIRECT_MIN_BYTES: usize = 1 << 20;
 enum Slot<'py> {
     /// Moved by pinlane: the index of its output in the transfer's result.
     Moved(usize),
-    /// Returned as the same object.
+    /// Returned as it is: the same object, or (H2D) torch's move of it, already made
+    /// ([`torch_moves_first`]).
     Same(Bound<'py, PyAny>),
     /// Moved by torch (`tensor.to(target)`).
     Torch(Bound<'py, PyAny>),
@@ -229,6 +234,7 @@ pub(crate) fn h2d<'py>(
         slots.push(slot);
     }
     split::mark("imported");
+    let slots = torch_moves_first(py, slots, &target)?;
     if inputs.is_empty() {
         return outputs(py, &torch, slots, &[], min_run, &target, &mut || Ok(()));
     }
@@ -320,6 +326,29 @@ fn only<'py>(out: Vec<Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyAny>> {
             "pinlane: a one-tensor call did not give one output",
         )),
     }
+}
+
+/// `slots` with the tensors torch moves already moved (`tensor.to(target)`), before
+/// pinlane queues a copy: a move torch refuses (its out-of-memory error, a subclass's own
+/// `.to` raising) then fails the call with nothing of it in the thread's ring of recent
+/// batches (which the call would otherwise fill with its own outputs, held for
+/// `num_caches` calls and never released for a retry after out-of-memory). A batch with
+/// none is returned as it is.
+fn torch_moves_first<'py>(
+    py: Python<'py>,
+    slots: Vec<Slot<'py>>,
+    target: &str,
+) -> PyResult<Vec<Slot<'py>>> {
+    if !slots.iter().any(|s| matches!(s, Slot::Torch(_))) {
+        return Ok(slots);
+    }
+    slots
+        .into_iter()
+        .map(|s| match s {
+            Slot::Torch(t) => Ok(Slot::Same(t.call_method1(intern!(py, "to"), (target,))?)),
+            s => Ok(s),
+        })
+        .collect()
 }
 
 /// H2D of a tensor torch moves: by torch if it is on the host; otherwise returned as is.

@@ -5,6 +5,7 @@ torch fallbacks, threads, errors."""
 import collections
 import contextlib
 import dataclasses
+import gc
 import os
 import threading
 import time
@@ -1362,6 +1363,56 @@ def test_tensor_subclasses_arrive_with_the_class_and_metadata_torch_gives_them(t
             check(got, src, mid, "cpu")
             # What pinlane moved is in its page-locked outputs; torch's .to("cpu") is not.
             assert got.is_pinned() == (type(mid) is torch.Tensor)
+
+
+def test_a_move_torch_refuses_fails_the_call_with_nothing_kept(torch):
+    """H2D makes torch's moves before pinlane copies: when torch refuses one (here a
+    subclass whose own ``.to`` raises, as torch's out-of-memory error would), the call
+    raises that error and the thread's ring of recent batches keeps nothing of it. Before
+    session 82 pinlane's copies ran first and the ring kept the failed call's outputs (4
+    MiB here) for ``num_caches`` calls. The ring is a thread's: a fresh thread starts with
+    none, and the control shows the measure sees a batch the ring keeps."""
+    dev = cuda_index(torch)
+
+    class Refusing(torch.Tensor):
+        def to(self, *args, **kwargs):
+            raise RuntimeError("refused by the subclass")
+
+    big = pattern(torch, torch.float32, (1 << 20,), 21)  # 4 MiB: a device block of its own
+    refusing = pattern(torch, torch.float32, (4,), 22).as_subclass(Refusing)
+    transfer_tensor_h2d([big])  # the device's pool is made
+
+    def used():
+        return pinlane.memory_stats()["devices"][dev]["used_bytes"]
+
+    got = {}
+
+    def run():
+        try:
+            gc.collect()  # earlier outputs freed before, not between, the readings
+            torch.cuda.synchronize()
+            before = used()
+            try:
+                transfer_tensor_h2d([big, refusing], num_caches=2)
+            except RuntimeError as e:
+                got["raised"] = str(e)
+            torch.cuda.synchronize()
+            got["failed"] = used() - before
+            out = transfer_tensor_h2d([big], num_caches=2)
+            assert same(torch, out[0], big)
+            del out  # the ring still holds its memory
+            torch.cuda.synchronize()
+            got["kept"] = used() - before
+        except BaseException as e:  # reported by the test's thread
+            got["error"] = repr(e)
+
+    th = threading.Thread(target=run)
+    th.start()
+    th.join(120)
+    assert not th.is_alive() and "error" not in got, got
+    assert "refused by the subclass" in got.get("raised", ""), got
+    assert got["kept"] >= 4 << 20, got
+    assert got["failed"] < 4 << 20, got
 
 
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
