@@ -28,14 +28,19 @@ class DLTensor(ctypes.Structure):
     ]
 
 
-def view_fn():
+def api_entry(offset):
+    """The address of the function at byte `offset` of torch's exchange API table: the
+    header (version, prev_api: 16 bytes), then allocator, managed_from, managed_to,
+    dltensor_from (offset 40), current_work_stream (48)."""
     get = ctypes.pythonapi.PyCapsule_GetPointer
     get.restype = ctypes.c_void_p
     get.argtypes = [ctypes.py_object, ctypes.c_char_p]
     api = get(torch.Tensor.__dlpack_c_exchange_api__, b"dlpack_exchange_api")
-    # Header (version, prev_api: 16 bytes), then allocator, managed_from, managed_to,
-    # dltensor_from (offset 40), current_work_stream.
-    addr = ctypes.c_void_p.from_address(api + 40).value
+    return ctypes.c_void_p.from_address(api + offset).value
+
+
+def view_fn():
+    addr = api_entry(40)
     return ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.POINTER(DLTensor))(addr)
 
 
