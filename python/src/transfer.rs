@@ -22,9 +22,10 @@
 //! sub-byte integer types as 8-bit integers: 8-bit integers are asked their torch dtype
 //! ([`Torch::has_dtype`]), and those types go to torch too.
 //!
-//! H2D makes torch's moves before pinlane queues its copies, so that a move torch refuses
-//! fails the call with nothing of it kept in the thread's ring of recent batches; D2H
-//! makes them after (its outputs are host memory, which no ring keeps).
+//! H2D makes torch's moves as it reads the batch, before pinlane queues its copies, so
+//! that a move torch refuses fails the call with nothing of it kept in the thread's ring
+//! of recent batches; D2H makes them after (its outputs are host memory, which no ring
+//! keeps).
 //!
 //! D2H's `producer_event` orders pinlane's copies, but torch's own work on a device
 //! tensor (that resolving, and the fall-back `to("cpu")`) runs on torch's current stream,
@@ -66,9 +67,9 @@ enum Slot<'py> {
     /// Moved by pinlane: the index of its output in the transfer's result.
     Moved(usize),
     /// Returned as it is: the same object, or (H2D) torch's move of it, already made
-    /// ([`torch_moves_first`]).
+    /// ([`torch_now`]).
     Same(Bound<'py, PyAny>),
-    /// Moved by torch (`tensor.to(target)`).
+    /// Moved by torch (`tensor.to(target)`) as the outputs are listed (D2H).
     Torch(Bound<'py, PyAny>),
 }
 
@@ -230,11 +231,19 @@ pub(crate) fn h2d<'py>(
     let mut slots = Vec::with_capacity(tensors.len());
     let mut inputs = Vec::with_capacity(tensors.len());
     for (i, t) in tensors.into_iter().enumerate() {
-        let slot = h2d_slot(&torch, t, forced.at(i), dev, maybe_neg, views, &mut inputs)?;
+        let slot = h2d_slot(
+            &torch,
+            t,
+            forced.at(i),
+            dev,
+            &target,
+            maybe_neg,
+            views,
+            &mut inputs,
+        )?;
         slots.push(slot);
     }
     split::mark("imported");
-    let slots = torch_moves_first(py, slots, &target)?;
     if inputs.is_empty() {
         return outputs(py, &torch, slots, &[], min_run, &target, &mut || Ok(()));
     }
@@ -328,35 +337,24 @@ fn only<'py>(out: Vec<Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyAny>> {
     }
 }
 
-/// `slots` with the tensors torch moves already moved (`tensor.to(target)`), before
-/// pinlane queues a copy: a move torch refuses (its out-of-memory error, a subclass's own
-/// `.to` raising) then fails the call with nothing of it in the thread's ring of recent
-/// batches (which the call would otherwise fill with its own outputs, held for
-/// `num_caches` calls and never released for a retry after out-of-memory). A batch with
-/// none is returned as it is.
-fn torch_moves_first<'py>(
-    py: Python<'py>,
-    slots: Vec<Slot<'py>>,
-    target: &str,
-) -> PyResult<Vec<Slot<'py>>> {
-    if !slots.iter().any(|s| matches!(s, Slot::Torch(_))) {
-        return Ok(slots);
+/// H2D of a tensor torch moves: by torch if it is on the host ([`torch_now`]); otherwise
+/// returned as is.
+fn h2d_by_torch<'py>(t: Bound<'py, PyAny>, target: &str) -> PyResult<Slot<'py>> {
+    match torch_device(&t)?.0.as_str() {
+        "cpu" => torch_now(t, target),
+        _ => Ok(Slot::Same(t)),
     }
-    slots
-        .into_iter()
-        .map(|s| match s {
-            Slot::Torch(t) => Ok(Slot::Same(t.call_method1(intern!(py, "to"), (target,))?)),
-            s => Ok(s),
-        })
-        .collect()
 }
 
-/// H2D of a tensor torch moves: by torch if it is on the host; otherwise returned as is.
-fn h2d_by_torch(t: Bound<'_, PyAny>) -> PyResult<Slot<'_>> {
-    Ok(match torch_device(&t)?.0.as_str() {
-        "cpu" => Slot::Torch(t),
-        _ => Slot::Same(t),
-    })
+/// A host tensor H2D leaves to torch, moved by it (`t.to(target)`) now, as the batch is
+/// read, before pinlane queues a copy: a move torch refuses (its out-of-memory error, a
+/// subclass's own `.to` raising) then fails the call with nothing of it in the thread's
+/// ring of recent batches (which the call would otherwise fill with its own outputs, held
+/// for `num_caches` calls and never released for a retry after out-of-memory).
+fn torch_now<'py>(t: Bound<'py, PyAny>, target: &str) -> PyResult<Slot<'py>> {
+    Ok(Slot::Same(
+        t.call_method1(intern!(t.py(), "to"), (target,))?,
+    ))
 }
 
 /// The Python half's `torch_moves` of a call of `len` tensors: whether torch must move
@@ -379,13 +377,16 @@ impl Forced {
     }
 }
 
-/// What H2D does with `t`; a tensor pinlane moves is pushed onto `inputs`. `forced`:
-/// the Python half's `torch_moves` flag for it (it carries a forward-mode AD tangent).
+/// What H2D onto `dev` (`target`, as torch names it) does with `t`; a tensor pinlane
+/// moves is pushed onto `inputs`. `forced`: the Python half's `torch_moves` flag for it
+/// (it carries a forward-mode AD tangent).
+#[allow(clippy::too_many_arguments)]
 fn h2d_slot<'py>(
     torch: &Torch,
     t: Bound<'py, PyAny>,
     forced: bool,
     dev: Device,
+    target: &str,
     maybe_neg: bool,
     views: bool,
     inputs: &mut Vec<Tensor>,
@@ -395,7 +396,7 @@ fn h2d_slot<'py>(
     // ([`Torch::keeps_subclass`]), or will not be exported (a sparse or other non-strided
     // tensor); the rest of those stays as it is.
     if forced || requires_grad(&t)? || torch.keeps_subclass(&t)? {
-        return h2d_by_torch(t);
+        return h2d_by_torch(t, target);
     }
     if views && !maybe_neg {
         // The plain case (a compact CPU tensor staged by pinlane) without a managed
@@ -406,13 +407,13 @@ fn h2d_slot<'py>(
         }
     }
     let Ok((dl, _)) = torch.import(&t) else {
-        return h2d_by_torch(t);
+        return h2d_by_torch(t, target);
     };
     if !matches!(torch::kind(&dl), Kind::Host) {
         return Ok(Slot::Same(t));
     }
     if !torch.has_dtype(&t, &dl)? {
-        return Ok(Slot::Torch(t));
+        return torch_now(t, target);
     }
     // On the host: torch's work there is synchronous, with nothing to wait for first. A
     // contiguous copy made here lives on in `dl` (the import holds its storage).
@@ -424,7 +425,7 @@ fn h2d_slot<'py>(
             Slot::Moved(inputs.len() - 1)
         }
         // pinlane cannot hold it (its import says why): torch moves it.
-        Err(_) => Slot::Torch(t),
+        Err(_) => torch_now(t, target)?,
     })
 }
 
