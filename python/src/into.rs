@@ -12,7 +12,7 @@
 
 use crate::errors::to_py;
 use crate::torch::{self, Kind, Managed, Torch};
-use crate::transfer::{readable, requires_grad, torch_device};
+use crate::transfer::{readable, requires_grad, settle, torch_device};
 use pinlane::{Device, H2dPairs, IntoOptions, RawStream, Stream, Tensor};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::intern;
@@ -285,6 +285,17 @@ impl Targets {
             self.run(py, &torch, &ins, &outs, device, stream, d2h_current, None)?;
         }
         if let Some(f) = torch_copies.filter(|_| !to_torch.is_empty()) {
+            // torch's D2H copies wait for their stream without a bound. pinlane's bounded
+            // wait for its own copies (queued after the same work) proves that work done;
+            // with no pair of pinlane's, the call waits for it here, bounded as pinlane's
+            // waits are: torch's current stream (where the sources were made) and the
+            // stream given, if any, which torch's copies then run on.
+            if let Some(device) = device.filter(|_| !self.h2d && ins.is_empty()) {
+                settle(py, torch.current_stream(py, device)?, device)?;
+                if let Some((raw, _)) = stream {
+                    settle(py, raw, device)?;
+                }
+            }
             f.call1((to_torch.clone(),))?;
         }
         drop(temps);

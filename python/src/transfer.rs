@@ -429,10 +429,33 @@ fn h2d_slot<'py>(
     })
 }
 
+/// Waits until the work queued so far on `raw` (a stream of `device`'s primary context:
+/// torch's current stream there, or a `torch.cuda.Stream` the caller holds) has run,
+/// bounded as pinlane's own waits are (`pinlane::wait_for_event`), with the GIL released.
+///
+/// For a call that leaves every tensor to torch's synchronous D2H copies: torch's own
+/// wait for the stream (`cudaStreamSynchronize`) has no bound. When pinlane copies some
+/// tensors too, its bounded wait for its copies, queued after that same work, already
+/// proves it done before torch's copies run.
+pub(crate) fn settle(py: Python<'_>, raw: usize, device: usize) -> PyResult<()> {
+    let dev = Device::cuda(device);
+    // SAFETY: as the callers promise, a stream of `device`'s primary context that stays
+    // alive for the whole call (torch never destroys its current streams; a caller's
+    // stream object is held by the Python half). The clone lives only in this function.
+    let stream = unsafe { Stream::from_raw(raw as RawStream, dev) }.map_err(to_py)?;
+    let done = Event::new(dev).map_err(to_py)?;
+    done.record(&stream).map_err(to_py)?;
+    py.detach(|| pinlane::wait_for_event(&done)).map_err(to_py)
+}
+
 /// D2H's wait for the producer event before torch-side work (see the module docs): the
-/// first `pass` synchronises with the event on the host, with the GIL released.
+/// first `pass` synchronises with the event on the host, with the GIL released; a `pass`
+/// after `settle` is set (a call in which pinlane copies nothing) also waits for that
+/// stream ([`settle`]), once.
 struct ProducerGate {
     event: Option<Event>,
+    /// `(raw stream, device)` to [`settle`] at the next `pass`, if any.
+    settle: Option<(usize, usize)>,
     passed: bool,
 }
 
@@ -447,6 +470,9 @@ impl ProducerGate {
                 py.detach(|| pinlane::wait_for_event(e)).map_err(to_py)?;
             }
             self.passed = true;
+        }
+        if let Some((raw, device)) = self.settle.take() {
+            settle(py, raw, device)?;
         }
         Ok(())
     }
@@ -507,6 +533,7 @@ pub(crate) fn d2h<'py>(
     }
     let mut gate = ProducerGate {
         event: None,
+        settle: None,
         passed: false,
     };
     if let Some((raw, on)) = event {
@@ -548,9 +575,15 @@ pub(crate) fn d2h<'py>(
         slots.push(slot);
     }
     split::mark("imported");
-    let before = &mut || gate.pass(py);
     if inputs.is_empty() {
-        return outputs(py, &torch, slots, &[], min_run, "cpu", before);
+        // Every tensor is torch's to move (`to("cpu")` on its current stream, which waits
+        // there without a bound): the gate waits for that stream first, bounded.
+        if slots.iter().any(|s| matches!(s, Slot::Torch(_))) {
+            gate.settle = Some((torch.current_stream(py, dev.ordinal())?, dev.ordinal()));
+        }
+        return outputs(py, &torch, slots, &[], min_run, "cpu", &mut || {
+            gate.pass(py)
+        });
     }
     // torch's current stream of the device: the spec's "caller's current stream".
     let raw_current = current.unwrap_or(0);
@@ -594,7 +627,7 @@ pub(crate) fn d2h<'py>(
     split::mark("inputs dropped");
     let exported = handed_or_now(py, &torch, exported, &moved, min_run)?;
     split::mark("exported");
-    outputs_from(py, slots, exported, "cpu", before)
+    outputs_from(py, slots, exported, "cpu", &mut || gate.pass(py))
 }
 
 /// Batches of at least this many bytes are handed to torch while their copies run, both

@@ -749,3 +749,50 @@ def test_a_second_threads_copy_is_refused_while_torch_copies_the_first(torch):
         t.join(30)
     assert not t.is_alive() and not errors, errors
     assert torch.equal(bufs._leaves[0], src.cpu())
+
+
+def test_a_call_that_leaves_every_tensor_to_torch_waits_with_the_bound(torch, new_process):
+    """A D2H call whose tensors all go to torch (a dtype pinlane lacks; one that requires
+    grad) waits for the work before it bounded by ``sync_wait`` as pinlane's own waits
+    are: before the fix torch's synchronous copy waited for its stream without a bound
+    (here ~1 s of sleep, against a 100 ms bound), and returned. ``copy_into`` on torch's
+    current stream and on a stream given, and ``transfer_tensor_d2h``; each times out
+    with the destination unwritten and the stream still busy. Its own process: the
+    setting comes before the first transfer."""
+    code = (
+        "import torch, pinlane\n"
+        "pinlane.configure(sync_wait_ms=100)\n"
+        "src = torch.ones(4096, dtype=torch.complex64, device='cuda')\n"
+        "host = torch.zeros(4096, dtype=torch.complex64)\n"
+        "pinlane.copy_into([torch.zeros(4)], [torch.ones(4, device='cuda')])  # loads the kernels\n"
+        "pinlane.copy_into([host], [src])\n"
+        "assert torch.equal(host, src.cpu())\n"
+        "side = torch.cuda.Stream()\n"
+        "grad = torch.ones(4096, device='cuda', requires_grad=True)\n"
+        "cases = {\n"
+        "    'current': (torch.cuda.current_stream(), lambda: pinlane.copy_into([host], [src])),\n"
+        "    'given': (side, lambda: pinlane.copy_into([host], [src], stream=side)),\n"
+        "    'd2h': (torch.cuda.current_stream(), lambda: pinlane.transfer_tensor_d2h([grad])),\n"
+        "}\n"
+        "for name, (on, call) in cases.items():\n"
+        "    host.zero_()\n"
+        "    torch.cuda.synchronize()\n"
+        "    with torch.cuda.stream(on):\n"
+        "        torch.cuda._sleep(2_000_000_000)\n"
+        "    try:\n"
+        "        call()\n"
+        "        outcome = 'returned'\n"
+        "    except RuntimeError as e:\n"
+        "        outcome = 'timeout' if 'sync_wait' in str(e) else repr(e)\n"
+        "    busy = not on.query()\n"
+        "    unwritten = int(host.count_nonzero()) == 0\n"
+        "    torch.cuda.synchronize()\n"
+        "    print(name, outcome, busy, unwritten, flush=True)\n"
+    )
+    r = new_process(code)
+    out = r.stdout + r.stderr
+    assert r.stdout.split() == [
+        "current", "timeout", "True", "True",
+        "given", "timeout", "True", "True",
+        "d2h", "timeout", "True", "True",
+    ], out
