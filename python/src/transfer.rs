@@ -32,7 +32,10 @@
 //! which does not wait for the event: before the first such work of a call, the call
 //! waits on the host until the event has completed (a wait the call would make anyway:
 //! it returns only after copies that wait for the same event), bounded as the engine's
-//! own wait is (`Config::sync_wait`).
+//! own wait is (`Config::sync_wait`). A D2H call that leaves every tensor to torch also
+//! waits there, with that bound, for torch's current stream before torch's first
+//! `to("cpu")` ([`settle`]), since torch's own wait for it has none; where pinlane copies
+//! some tensors, its bounded wait for them comes first and covers the same work.
 //!
 //! Copies run with the GIL released. The outputs of a batch of 1 MiB or more are made
 //! while its copies run (`while_copying` of `pinlane::transfer_tensor_h2d_overlapping` and
