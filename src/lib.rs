@@ -74,8 +74,8 @@ pub use layout::Shape;
 pub use location::Location;
 pub use memory::DevicePtrGuard;
 pub use runtime::{
-    memory_stats, runtime, trim, wait_for_event, warm_up, DevicePoolStats, MemoryStats, PoolStats,
-    Runtime,
+    memory_stats, runtime, sync_wait, trim, wait_for_event, warm_up, DevicePoolStats, MemoryStats,
+    PoolStats, Runtime,
 };
 pub use tensor::Tensor;
 

@@ -552,6 +552,20 @@ pub fn wait_for_event(event: &crate::Event) -> Result<()> {
     crate::memory::arena::wait_for(event)
 }
 
+/// The bound [`wait_for_event`] and pinlane's blocking calls wait with now: the installed
+/// runtime's [`Config::sync_wait`]; `None` when it sets none, or before a runtime is
+/// installed (it makes none). For code beside pinlane's calls that would take a bounded
+/// wait of its own only where there is a bound, as the Python package does before
+/// torch's own synchronous copies.
+///
+/// ```
+/// // No runtime installed with a bound: waits are as long as the work takes.
+/// assert_eq!(pinlane::sync_wait(), None);
+/// ```
+pub fn sync_wait() -> Option<std::time::Duration> {
+    crate::memory::waits::sync_wait()
+}
+
 /// [`Runtime::warm_up`] of the process's runtime.
 ///
 /// # Errors

@@ -89,3 +89,27 @@ fn with_a_bound_the_frees_a_caller_causes_do_not_wait_for_a_busy_device() {
     );
     busy.synchronize().unwrap();
 }
+
+#[test]
+fn the_bound_in_force_is_the_installed_runtimes() {
+    // `pinlane::sync_wait()`: what code beside pinlane's calls reads to decide whether to
+    // take a bounded wait of its own (the Python package before torch's copies). The
+    // doctest shows `None` with no runtime installed; here the runtime sets 200 ms, and
+    // `wait_for_event` waits with that bound.
+    sim();
+    assert_eq!(pinlane::sync_wait(), Some(Duration::from_millis(200)));
+    let d0 = Device::cuda(0);
+    let busy = Stream::new(d0).unwrap();
+    busy.delay_async(Duration::from_secs(2)).unwrap();
+    let done = pinlane::Event::new(d0).unwrap();
+    done.record(&busy).unwrap();
+    let t0 = Instant::now();
+    let r = pinlane::wait_for_event(&done);
+    assert!(matches!(r, Err(Error::SyncTimeout { .. })), "{r:?}");
+    assert!(
+        t0.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        t0.elapsed()
+    );
+    busy.synchronize().unwrap();
+}

@@ -548,9 +548,9 @@ def transfer_tensor_d2h(
       and metadata). With
       ``producer_event``, this torch-side work starts only once the event has completed
       (the call waits for it on the host first, for at most ``sync_wait_ms`` when
-      ``configure`` set it: then a ``RuntimeError`` naming ``sync_wait``). A call whose
-      tensors all go to torch waits, with that bound, for torch's current stream before
-      torch's copies (whose own wait has no bound).
+      ``configure`` set it: then a ``RuntimeError`` naming ``sync_wait``). With that
+      setting, a call whose tensors all go to torch first waits, with that bound, for
+      torch's current stream (torch's own wait in its copies has none).
     * No CUDA (or torch not loaded): the batch is returned as is.
 
     Raises:
@@ -657,10 +657,11 @@ def copy_into(dst: Any, src: Any, /, *, stream: torch.cuda.Stream | None = None)
       read by the device after the call returns, as with ``copy_(non_blocking=True)``, and
       torch does not keep it for that: keep it (in particular one of pinlane's D2H
       outputs, whose memory pinlane reuses) until the stream has passed the copies.
-      CUDA to CPU, torch's copies wait for the stream: when every pair is torch's, the
-      call first waits for torch's current stream and ``stream`` bounded by
-      ``configure(sync_wait_ms=...)`` (then a ``RuntimeError`` naming ``sync_wait``, with
-      nothing written), as pinlane's own wait for its pairs is.
+      CUDA to CPU, torch's copies wait for the stream with no bound: when every pair is
+      torch's and ``configure(sync_wait_ms=...)`` set a bound, the call first waits for
+      torch's current stream and ``stream``, each with that bound (then a
+      ``RuntimeError`` naming ``sync_wait``, with nothing written), as pinlane's own wait
+      for its pairs is bounded.
 
     Raises:
         ValueError: the structures differ, a pair's dtypes or sizes differ, a tensor is

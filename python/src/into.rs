@@ -12,7 +12,7 @@
 
 use crate::errors::to_py;
 use crate::torch::{self, Kind, Managed, Torch};
-use crate::transfer::{readable, requires_grad, settle, torch_device};
+use crate::transfer::{bounded_wait_for_stream, readable, requires_grad, torch_device};
 use pinlane::{Device, H2dPairs, IntoOptions, RawStream, Stream, Tensor};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::intern;
@@ -290,10 +290,12 @@ impl Targets {
             // with no pair of pinlane's, the call waits for it here, bounded as pinlane's
             // waits are: torch's current stream (where the sources were made) and the
             // stream given, if any, which torch's copies then run on.
+            // (Each wait has the bound: the two may take twice it.)
             if let Some(device) = device.filter(|_| !self.h2d && ins.is_empty()) {
-                settle(py, torch.current_stream(py, device)?, device)?;
-                if let Some((raw, _)) = stream {
-                    settle(py, raw, device)?;
+                let current = torch.current_stream(py, device)?;
+                bounded_wait_for_stream(py, current, device)?;
+                if let Some((raw, _)) = stream.filter(|&(raw, _)| raw != current) {
+                    bounded_wait_for_stream(py, raw, device)?;
                 }
             }
             f.call1((to_torch.clone(),))?;

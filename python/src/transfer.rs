@@ -32,10 +32,11 @@
 //! which does not wait for the event: before the first such work of a call, the call
 //! waits on the host until the event has completed (a wait the call would make anyway:
 //! it returns only after copies that wait for the same event), bounded as the engine's
-//! own wait is (`Config::sync_wait`). A D2H call that leaves every tensor to torch also
-//! waits there, with that bound, for torch's current stream before torch's first
-//! `to("cpu")` ([`settle`]), since torch's own wait for it has none; where pinlane copies
-//! some tensors, its bounded wait for them comes first and covers the same work.
+//! own wait is (`Config::sync_wait`). Where that setting gives a bound, a D2H call that
+//! leaves every tensor to torch also waits there, with it, for torch's current stream
+//! before torch's first `to("cpu")` ([`bounded_wait_for_stream`]), since torch's own wait
+//! for that stream has none; where pinlane copies some tensors, its bounded wait for them
+//! comes first and covers the same work.
 //!
 //! Copies run with the GIL released. The outputs of a batch of 1 MiB or more are made
 //! while its copies run (`while_copying` of `pinlane::transfer_tensor_h2d_overlapping` and
@@ -440,12 +441,26 @@ fn h2d_slot<'py>(
 /// wait for the stream (`cudaStreamSynchronize`) has no bound. When pinlane copies some
 /// tensors too, its bounded wait for its copies, queued after that same work, already
 /// proves it done before torch's copies run.
-pub(crate) fn settle(py: Python<'_>, raw: usize, device: usize) -> PyResult<()> {
+///
+/// Nothing is waited for where there is no bound (`pinlane::sync_wait()` is `None`, the
+/// default: torch's own wait is then as long as this one would be, and this one would
+/// cost an event and a release of the GIL a call), nor for a stream pinlane cannot take
+/// (`Stream::from_raw` refuses another context's stream and the per-thread handle, which
+/// torch's copies use as before).
+pub(crate) fn bounded_wait_for_stream(py: Python<'_>, raw: usize, device: usize) -> PyResult<()> {
+    if pinlane::sync_wait().is_none() {
+        return Ok(());
+    }
     let dev = Device::cuda(device);
-    // SAFETY: as the callers promise, a stream of `device`'s primary context that stays
-    // alive for the whole call (torch never destroys its current streams; a caller's
-    // stream object is held by the Python half). The clone lives only in this function.
-    let stream = unsafe { Stream::from_raw(raw as RawStream, dev) }.map_err(to_py)?;
+    // SAFETY: as the callers promise, a stream of `device`'s primary context (or the
+    // legacy or per-thread handle, which `from_raw` checks) that stays alive for the whole
+    // call: torch's current stream of `device` (one of torch's own streams, never
+    // destroyed, or an `ExternalStream` its owner keeps current, so alive, for the call),
+    // or a `torch.cuda.Stream` the Python half holds for the call. The clone lives only in
+    // this function.
+    let Ok(stream) = (unsafe { Stream::from_raw(raw as RawStream, dev) }) else {
+        return Ok(());
+    };
     let done = Event::new(dev).map_err(to_py)?;
     done.record(&stream).map_err(to_py)?;
     py.detach(|| pinlane::wait_for_event(&done)).map_err(to_py)
@@ -453,12 +468,13 @@ pub(crate) fn settle(py: Python<'_>, raw: usize, device: usize) -> PyResult<()> 
 
 /// D2H's wait for the producer event before torch-side work (see the module docs): the
 /// first `pass` synchronises with the event on the host, with the GIL released; a `pass`
-/// after `settle` is set (a call in which pinlane copies nothing) also waits for that
-/// stream ([`settle`]), once.
+/// after `then_stream` is set (a call in which pinlane copies nothing) also waits for that
+/// stream ([`bounded_wait_for_stream`]), once.
 struct ProducerGate {
     event: Option<Event>,
-    /// `(raw stream, device)` to [`settle`] at the next `pass`, if any.
-    settle: Option<(usize, usize)>,
+    /// `(raw stream, device)` to wait for ([`bounded_wait_for_stream`]) at the next
+    /// `pass`, if any.
+    then_stream: Option<(usize, usize)>,
     passed: bool,
 }
 
@@ -474,8 +490,8 @@ impl ProducerGate {
             }
             self.passed = true;
         }
-        if let Some((raw, device)) = self.settle.take() {
-            settle(py, raw, device)?;
+        if let Some((raw, device)) = self.then_stream.take() {
+            bounded_wait_for_stream(py, raw, device)?;
         }
         Ok(())
     }
@@ -536,7 +552,7 @@ pub(crate) fn d2h<'py>(
     }
     let mut gate = ProducerGate {
         event: None,
-        settle: None,
+        then_stream: None,
         passed: false,
     };
     if let Some((raw, on)) = event {
@@ -582,7 +598,7 @@ pub(crate) fn d2h<'py>(
         // Every tensor is torch's to move (`to("cpu")` on its current stream, which waits
         // there without a bound): the gate waits for that stream first, bounded.
         if slots.iter().any(|s| matches!(s, Slot::Torch(_))) {
-            gate.settle = Some((torch.current_stream(py, dev.ordinal())?, dev.ordinal()));
+            gate.then_stream = Some((torch.current_stream(py, dev.ordinal())?, dev.ordinal()));
         }
         return outputs(py, &torch, slots, &[], min_run, "cpu", &mut || {
             gate.pass(py)
