@@ -12,7 +12,7 @@
 
 use crate::errors::to_py;
 use crate::torch::{self, Kind, Managed, Torch};
-use crate::transfer::{bounded_wait_for_stream, readable, requires_grad, torch_device};
+use crate::transfer::{bounded_wait_before_torch, readable, requires_grad, torch_device};
 use pinlane::{Device, H2dPairs, IntoOptions, RawStream, Stream, Tensor};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::intern;
@@ -287,16 +287,11 @@ impl Targets {
         if let Some(f) = torch_copies.filter(|_| !to_torch.is_empty()) {
             // torch's D2H copies wait for their stream without a bound. pinlane's bounded
             // wait for its own copies (queued after the same work) proves that work done;
-            // with no pair of pinlane's, the call waits for it here, bounded as pinlane's
-            // waits are: torch's current stream (where the sources were made) and the
-            // stream given, if any, which torch's copies then run on.
-            // (Each wait has the bound: the two may take twice it.)
+            // with no pair of pinlane's, the call waits for it here, bounded: torch's
+            // current stream (where the sources were made) and the stream given, if any,
+            // which torch's copies then run on (each wait has the bound).
             if let Some(device) = device.filter(|_| !self.h2d && ins.is_empty()) {
-                let current = torch.current_stream(py, device)?;
-                bounded_wait_for_stream(py, current, device)?;
-                if let Some((raw, _)) = stream.filter(|&(raw, _)| raw != current) {
-                    bounded_wait_for_stream(py, raw, device)?;
-                }
+                bounded_wait_before_torch(py, &torch, device, stream.map(|(raw, _)| raw))?;
             }
             f.call1((to_torch.clone(),))?;
         }

@@ -34,7 +34,7 @@
 //! it returns only after copies that wait for the same event), bounded as the engine's
 //! own wait is (`Config::sync_wait`). Where that setting gives a bound, a D2H call that
 //! leaves every tensor to torch also waits there, with it, for torch's current stream
-//! before torch's first `to("cpu")` ([`bounded_wait_for_stream`]), since torch's own wait
+//! before torch's first `to("cpu")` ([`bounded_wait_before_torch`]), since torch's own wait
 //! for that stream has none; where pinlane copies some tensors, its bounded wait for them
 //! comes first and covers the same work.
 //!
@@ -433,48 +433,52 @@ fn h2d_slot<'py>(
     })
 }
 
-/// Waits until the work queued so far on `raw` (a stream of `device`'s primary context:
-/// torch's current stream there, or a `torch.cuda.Stream` the caller holds) has run,
-/// bounded as pinlane's own waits are (`pinlane::wait_for_event`), with the GIL released.
-///
-/// For a call that leaves every tensor to torch's synchronous D2H copies: torch's own
-/// wait for the stream (`cudaStreamSynchronize`) has no bound. When pinlane copies some
-/// tensors too, its bounded wait for its copies, queued after that same work, already
-/// proves it done before torch's copies run.
+/// Before torch's synchronous D2H copies, in a call where pinlane copies none of the
+/// tensors: waits until the work queued so far on torch's current stream of `device`, and
+/// on `stream` (a `torch.cuda.Stream` the Python half holds for the call, if any and
+/// another), has run, each bounded as pinlane's own waits are (`pinlane::wait_for_event`),
+/// with the GIL released. torch's own wait for its stream (`cudaStreamSynchronize`) has
+/// no bound; where pinlane copies some tensors, its bounded wait for them, queued after
+/// the same work, already comes first.
 ///
 /// Nothing is waited for where there is no bound (`pinlane::sync_wait()` is `None`, the
-/// default: torch's own wait is then as long as this one would be, and this one would
-/// cost an event and a release of the GIL a call), nor for a stream pinlane cannot take
-/// (`Stream::from_raw` refuses another context's stream and the per-thread handle, which
-/// torch's copies use as before).
-pub(crate) fn bounded_wait_for_stream(py: Python<'_>, raw: usize, device: usize) -> PyResult<()> {
+/// default: torch's own wait is then as long as this one would be, which would cost an
+/// event and a release of the GIL a call), nor on a stream pinlane cannot take
+/// (`Stream::from_raw` refuses another context's stream and the per-thread handle): torch
+/// waits for those as before.
+pub(crate) fn bounded_wait_before_torch(
+    py: Python<'_>,
+    torch: &Torch,
+    device: usize,
+    stream: Option<usize>,
+) -> PyResult<()> {
     if pinlane::sync_wait().is_none() {
         return Ok(());
     }
     let dev = Device::cuda(device);
-    // SAFETY: as the callers promise, a stream of `device`'s primary context (or the
-    // legacy or per-thread handle, which `from_raw` checks) that stays alive for the whole
-    // call: torch's current stream of `device` (one of torch's own streams, never
-    // destroyed, or an `ExternalStream` its owner keeps current, so alive, for the call),
-    // or a `torch.cuda.Stream` the Python half holds for the call. The clone lives only in
-    // this function.
-    let Ok(stream) = (unsafe { Stream::from_raw(raw as RawStream, dev) }) else {
-        return Ok(());
-    };
-    let done = Event::new(dev).map_err(to_py)?;
-    done.record(&stream).map_err(to_py)?;
-    py.detach(|| pinlane::wait_for_event(&done)).map_err(to_py)
+    let current = torch.current_stream(py, device)?;
+    for raw in std::iter::once(current).chain(stream.filter(|&s| s != current)) {
+        // SAFETY: a stream of `device`'s primary context (or the legacy or per-thread
+        // handle, which `from_raw` checks) that stays alive for the whole call: torch's
+        // current stream of `device` (one of torch's own streams, never destroyed, or an
+        // `ExternalStream` its owner keeps current, so alive, for the call), or the
+        // caller's `torch.cuda.Stream`, held by the Python half for the call. The clone
+        // lives only in this loop.
+        let Ok(s) = (unsafe { Stream::from_raw(raw as RawStream, dev) }) else {
+            continue;
+        };
+        let done = Event::new(dev).map_err(to_py)?;
+        done.record(&s).map_err(to_py)?;
+        py.detach(|| pinlane::wait_for_event(&done))
+            .map_err(to_py)?;
+    }
+    Ok(())
 }
 
 /// D2H's wait for the producer event before torch-side work (see the module docs): the
-/// first `pass` synchronises with the event on the host, with the GIL released; a `pass`
-/// after `then_stream` is set (a call in which pinlane copies nothing) also waits for that
-/// stream ([`bounded_wait_for_stream`]), once.
+/// first `pass` synchronises with the event on the host, with the GIL released.
 struct ProducerGate {
     event: Option<Event>,
-    /// `(raw stream, device)` to wait for ([`bounded_wait_for_stream`]) at the next
-    /// `pass`, if any.
-    then_stream: Option<(usize, usize)>,
     passed: bool,
 }
 
@@ -489,9 +493,6 @@ impl ProducerGate {
                 py.detach(|| pinlane::wait_for_event(e)).map_err(to_py)?;
             }
             self.passed = true;
-        }
-        if let Some((raw, device)) = self.then_stream.take() {
-            bounded_wait_for_stream(py, raw, device)?;
         }
         Ok(())
     }
@@ -552,7 +553,6 @@ pub(crate) fn d2h<'py>(
     }
     let mut gate = ProducerGate {
         event: None,
-        then_stream: None,
         passed: false,
     };
     if let Some((raw, on)) = event {
@@ -596,9 +596,10 @@ pub(crate) fn d2h<'py>(
     split::mark("imported");
     if inputs.is_empty() {
         // Every tensor is torch's to move (`to("cpu")` on its current stream, which waits
-        // there without a bound): the gate waits for that stream first, bounded.
+        // there without a bound): after the producer event, that stream, bounded.
         if slots.iter().any(|s| matches!(s, Slot::Torch(_))) {
-            gate.then_stream = Some((torch.current_stream(py, dev.ordinal())?, dev.ordinal()));
+            gate.pass(py)?;
+            bounded_wait_before_torch(py, &torch, dev.ordinal(), None)?;
         }
         return outputs(py, &torch, slots, &[], min_run, "cpu", &mut || {
             gate.pass(py)
