@@ -36,7 +36,9 @@
 //! leaves every tensor to torch also waits there, with it, for torch's current stream
 //! before torch's first `to("cpu")` ([`bounded_wait_before_torch`]), since torch's own wait
 //! for that stream has none; where pinlane copies some tensors, its bounded wait for them
-//! comes first and covers the same work.
+//! comes first and covers the same work. H2D's moves by torch wait for that stream too
+//! (`non_blocking=False`), before pinlane queues anything: where a bound is set, the
+//! call's first such move waits with it first ([`TorchMoves`]).
 //!
 //! Copies run with the GIL released. The outputs of a batch of 1 MiB or more are made
 //! while its copies run (`while_copying` of `pinlane::transfer_tensor_h2d_overlapping` and
@@ -71,7 +73,7 @@ enum Slot<'py> {
     /// Moved by pinlane: the index of its output in the transfer's result.
     Moved(usize),
     /// Returned as it is: the same object, or (H2D) torch's move of it, already made
-    /// ([`torch_now`]).
+    /// ([`TorchMoves::now`]).
     Same(Bound<'py, PyAny>),
     /// Moved by torch (`tensor.to(target)`) as the outputs are listed (D2H).
     Torch(Bound<'py, PyAny>),
@@ -234,13 +236,18 @@ pub(crate) fn h2d<'py>(
     let dev = Device::cuda(device);
     let mut slots = Vec::with_capacity(tensors.len());
     let mut inputs = Vec::with_capacity(tensors.len());
+    let mut moves = TorchMoves {
+        torch: &torch,
+        device,
+        target: &target,
+        waited: false,
+    };
     for (i, t) in tensors.into_iter().enumerate() {
         let slot = h2d_slot(
-            &torch,
+            &mut moves,
             t,
             forced.at(i),
             dev,
-            &target,
             maybe_neg,
             views,
             &mut inputs,
@@ -341,24 +348,44 @@ fn only<'py>(out: Vec<Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyAny>> {
     }
 }
 
-/// H2D of a tensor torch moves: by torch if it is on the host ([`torch_now`]); otherwise
-/// returned as is.
-fn h2d_by_torch<'py>(t: Bound<'py, PyAny>, target: &str) -> PyResult<Slot<'py>> {
+/// H2D of a tensor torch moves: by torch if it is on the host ([`TorchMoves::now`]);
+/// otherwise returned as is.
+fn h2d_by_torch<'py>(moves: &mut TorchMoves<'_>, t: Bound<'py, PyAny>) -> PyResult<Slot<'py>> {
     match torch_device(&t)?.0.as_str() {
-        "cpu" => torch_now(t, target),
+        "cpu" => moves.now(t),
         _ => Ok(Slot::Same(t)),
     }
 }
 
-/// A host tensor H2D leaves to torch, moved by it (`t.to(target)`) now, as the batch is
-/// read, before pinlane queues a copy: a move torch refuses (its out-of-memory error, a
+/// The host tensors an H2D call leaves to torch, moved by it (`t.to(target)`) as the batch
+/// is read, before pinlane queues a copy: a move torch refuses (its out-of-memory error, a
 /// subclass's own `.to` raising) then fails the call with nothing of it in the thread's
 /// ring of recent batches (which the call would otherwise fill with its own outputs, held
 /// for `num_caches` calls and never released for a retry after out-of-memory).
-fn torch_now<'py>(t: Bound<'py, PyAny>, target: &str) -> PyResult<Slot<'py>> {
-    Ok(Slot::Same(
-        t.call_method1(intern!(t.py(), "to"), (target,))?,
-    ))
+///
+/// torch's move (`non_blocking=False`) waits for torch's current stream of the device
+/// without a bound: where `Config::sync_wait` sets one, the call's first move waits for
+/// that stream with it before ([`bounded_wait_before_torch`]), so that past the bound the
+/// call fails with nothing moved and nothing queued.
+struct TorchMoves<'a> {
+    torch: &'a Torch,
+    device: usize,
+    target: &'a str,
+    waited: bool,
+}
+
+impl TorchMoves<'_> {
+    /// torch's move of host tensor `t`, made now.
+    fn now<'py>(&mut self, t: Bound<'py, PyAny>) -> PyResult<Slot<'py>> {
+        let py = t.py();
+        if !self.waited {
+            bounded_wait_before_torch(py, self.torch, self.device, None)?;
+            self.waited = true;
+        }
+        Ok(Slot::Same(
+            t.call_method1(intern!(py, "to"), (self.target,))?,
+        ))
+    }
 }
 
 /// The Python half's `torch_moves` of a call of `len` tensors: whether torch must move
@@ -381,26 +408,25 @@ impl Forced {
     }
 }
 
-/// What H2D onto `dev` (`target`, as torch names it) does with `t`; a tensor pinlane
-/// moves is pushed onto `inputs`. `forced`: the Python half's `torch_moves` flag for it
-/// (it carries a forward-mode AD tangent).
-#[allow(clippy::too_many_arguments)]
+/// What H2D onto `dev` does with `t`: a tensor pinlane moves is pushed onto `inputs`; one
+/// torch moves is moved by `moves` (onto the same device). `forced`: the Python half's
+/// `torch_moves` flag for it (it carries a forward-mode AD tangent).
 fn h2d_slot<'py>(
-    torch: &Torch,
+    moves: &mut TorchMoves<'_>,
     t: Bound<'py, PyAny>,
     forced: bool,
     dev: Device,
-    target: &str,
     maybe_neg: bool,
     views: bool,
     inputs: &mut Vec<Tensor>,
 ) -> PyResult<Slot<'py>> {
+    let torch = moves.torch;
     // Torch moves what is on the host and either is flagged, requires grad (keeping
     // autograd), is of a subclass whose class torch's `.to()` keeps
     // ([`Torch::keeps_subclass`]), or will not be exported (a sparse or other non-strided
     // tensor); the rest of those stays as it is.
     if forced || requires_grad(&t)? || torch.keeps_subclass(&t)? {
-        return h2d_by_torch(t, target);
+        return h2d_by_torch(moves, t);
     }
     if views && !maybe_neg {
         // The plain case (a compact CPU tensor staged by pinlane) without a managed
@@ -411,13 +437,13 @@ fn h2d_slot<'py>(
         }
     }
     let Ok((dl, _)) = torch.import(&t) else {
-        return h2d_by_torch(t, target);
+        return h2d_by_torch(moves, t);
     };
     if !matches!(torch::kind(&dl), Kind::Host) {
         return Ok(Slot::Same(t));
     }
     if !torch.has_dtype(&t, &dl)? {
-        return torch_now(t, target);
+        return moves.now(t);
     }
     // On the host: torch's work there is synchronous, with nothing to wait for first. A
     // contiguous copy made here lives on in `dl` (the import holds its storage).
@@ -429,7 +455,7 @@ fn h2d_slot<'py>(
             Slot::Moved(inputs.len() - 1)
         }
         // pinlane cannot hold it (its import says why): torch moves it.
-        Err(_) => torch_now(t, target)?,
+        Err(_) => moves.now(t)?,
     })
 }
 

@@ -1045,6 +1045,58 @@ def test_the_producer_events_wait_before_torch_work_is_bounded_by_sync_wait(torc
     assert r.stdout.split() == ["timeout", "True", "True", "True"], out
 
 
+def test_h2d_moves_by_torch_wait_with_the_bound(torch, new_process):
+    """With ``sync_wait`` set, an H2D call whose batch holds a host tensor torch moves (one
+    that requires grad, a dtype pinlane lacks) waits for torch's current stream bounded by
+    it before torch's first move: torch's ``t.to(device)`` (``non_blocking=False``) waits
+    for that stream without a bound, and before session 84 the call waited for the whole
+    ~1 s of sleep (the limit is 100 ms) and returned. Each case must time out while the
+    stream is still busy; a batch that also holds a tensor pinlane moves (``mixed``) too,
+    with nothing queued. Once the stream is idle the same calls give the right values.
+    Its own process: the setting comes before the first transfer, and a first transfer
+    each way (loading pinlane's kernels, which waits for the device without a bound)
+    comes before the sleep."""
+    code = (
+        "import torch, pinlane\n"
+        "pinlane.configure(sync_wait_ms=100)\n"
+        f"dev = torch.device('cuda', {cuda_index(torch)})\n"
+        "torch.cuda.set_device(dev)\n"
+        "plain = torch.arange(4096, dtype=torch.float32)\n"
+        "pinlane.transfer_tensor_d2h(pinlane.transfer_tensor_h2d([plain]))\n"
+        "grad = torch.full((4096,), 3.0, requires_grad=True)\n"
+        "cplx = torch.full((4096,), 2 + 1j, dtype=torch.complex64)\n"
+        "cases = {\n"
+        "    'grad': lambda: pinlane.transfer_tensor_h2d([grad]),\n"
+        "    'complex': lambda: pinlane.transfer_tensor_h2d([cplx]),\n"
+        "    'mixed': lambda: pinlane.transfer_tensor_h2d({'a': plain, 'g': grad}),\n"
+        "}\n"
+        "for name, call in cases.items():\n"
+        "    torch.cuda.synchronize(dev)\n"
+        "    on = torch.cuda.current_stream(dev)\n"
+        "    torch.cuda._sleep(2_000_000_000)\n"
+        "    try:\n"
+        "        call()\n"
+        "        outcome = 'returned'\n"
+        "    except RuntimeError as e:\n"
+        "        outcome = 'timeout' if 'sync_wait' in str(e) else repr(e)\n"
+        "    busy = not on.query()\n"
+        "    torch.cuda.synchronize(dev)\n"
+        "    print(name, outcome, busy, flush=True)\n"
+        "out = pinlane.transfer_tensor_h2d({'a': plain, 'g': grad, 'c': cplx})\n"
+        "print(out['g'].requires_grad, out['g'].device == dev,\n"
+        "      torch.equal(out['a'].cpu(), plain), torch.equal(out['g'].detach().cpu(), grad.detach()),\n"
+        "      torch.equal(out['c'].cpu(), cplx), flush=True)\n"
+    )
+    r = new_process(code)
+    out = r.stdout + r.stderr
+    assert r.stdout.split() == [
+        "grad", "timeout", "True",
+        "complex", "timeout", "True",
+        "mixed", "timeout", "True",
+        "True", "True", "True", "True", "True",
+    ], out
+
+
 def test_d2h_waits_for_the_producer_event_before_resolving_a_view(torch):
     # Strided and negated views are made plain on torch's current stream, which does not
     # wait for producer_event (issue 25, hole 3); with and without a custom stream.
