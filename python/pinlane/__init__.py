@@ -325,7 +325,8 @@ def transfer_tensor_h2d(batch: T, /, *, num_caches: int = 4) -> T:
       the call, or keep them referenced until ``s`` is done with them.
     * The thread keeps its last ``num_caches`` batches' device memory referenced.
     * A tensor that requires grad or carries a forward-mode AD tangent (inside
-      ``torch.autograd.forward_ad.dual_level()``), of a subclass whose class torch's ops
+      ``torch.autograd.forward_ad.dual_level()``, or a ``torch.func`` transform's:
+      ``jvp``, ``grad``, ``vmap``), of a subclass whose class torch's ops
       keep (torchvision's ``tv_tensors``; not ``nn.Parameter``) or that has a ``.to`` of
       its own (a ``Parameter`` subclass that quantizes as it moves), whose dtype pinlane
       lacks (complex, float8, ...), or that torch does not export (sparse and other
@@ -543,7 +544,8 @@ def transfer_tensor_d2h(
       another busy Python thread it then waits for no switch interval.
     * A non-contiguous or negated tensor is first made a plain contiguous tensor on the
       device, on torch's current stream; a tensor that requires grad or carries a
-      forward-mode AD tangent (inside ``torch.autograd.forward_ad.dual_level()``), of a
+      forward-mode AD tangent (inside ``torch.autograd.forward_ad.dual_level()``, or a
+      ``torch.func`` transform's: ``jvp``, ``grad``, ``vmap``), of a
       subclass whose class torch's ops keep (not ``nn.Parameter``) or that has a ``.to``
       of its own, whose dtype pinlane lacks (complex, float8, ...), or that torch does not
       export is moved by torch (``tensor.to("cpu")``, keeping autograd, the tangent, class

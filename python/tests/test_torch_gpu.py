@@ -677,6 +677,40 @@ def test_forward_ad_tangents_move_with_their_values(torch):
     assert out.is_cuda and torch.equal(out.cpu(), primal) and torch.equal(back[0], primal)
 
 
+def test_torch_func_transforms_keep_what_they_track(torch):
+    """Inside ``torch.func``'s transforms (``jvp``, ``grad``, ``vmap``) the tensors a
+    function sees are torch's wrappers (a tangent, a gradient tape, a batch dimension
+    over the real tensor). torch does not export them through its exchange API, so
+    pinlane leaves them to torch's ``.to()``, which keeps what the transform tracks: the
+    tangent, the gradient and the batch. Had pinlane copied the memory under the wrapper,
+    ``jvp`` would see no tangent, ``grad`` no path to the input, and ``vmap`` the whole
+    batch as one tensor. Every shape of call (one tensor, a list, a dict), both ways."""
+    dev = torch.device("cuda", cuda_index(torch))
+    # Small integers and halves: exact on both sides, whatever order a sum takes.
+    x = torch.arange(1.0, 7.0).reshape(2, 3)
+    tan = torch.arange(6.0).reshape(2, 3) / 2
+    xd, tand = x.to(dev), tan.to(dev)
+    for wrap, unwrap in [
+        (lambda a: a, lambda b: b),
+        (lambda a: [a], lambda b: b[0]),
+        (lambda a: {"k": a}, lambda b: b["k"]),
+    ]:
+        out, jv = torch.func.jvp(lambda a: unwrap(transfer_tensor_h2d(wrap(a))) * 3, (x,), (tan,))
+        assert out.device == dev and jv.device == dev
+        assert torch.equal(out.cpu(), x * 3) and torch.equal(jv.cpu(), tan * 3)
+        out, jv = torch.func.jvp(lambda a: unwrap(transfer_tensor_d2h(wrap(a))) * 3, (xd,), (tand,))
+        assert out.device.type == "cpu" and jv.device.type == "cpu"
+        assert torch.equal(out, (xd * 3).cpu()) and torch.equal(jv, (tand * 3).cpu())
+        g = torch.func.grad(lambda a: (unwrap(transfer_tensor_h2d(wrap(a))) ** 2).sum())(x)
+        assert torch.equal(g, 2 * x)
+        g = torch.func.grad(lambda a: (unwrap(transfer_tensor_d2h(wrap(a))) ** 2).sum())(xd)
+        assert g.device == dev and torch.equal(g.cpu(), (2 * xd).cpu())
+        v = torch.func.vmap(lambda a: unwrap(transfer_tensor_h2d(wrap(a))).sum())(x)
+        assert v.device == dev and torch.equal(v.cpu(), x.sum(1))
+        v = torch.func.vmap(lambda a: unwrap(transfer_tensor_d2h(wrap(a))).sum())(xd)
+        assert v.device.type == "cpu" and torch.equal(v, xd.sum(1).cpu())
+
+
 @contextlib.contextmanager
 def recording():
     """The native half's transfer calls made meanwhile, as (name, torch_moves)."""
