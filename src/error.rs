@@ -409,9 +409,11 @@ pub enum Error {
     /// A blocking call's copies did not finish within
     /// [`Config::sync_wait`](crate::config::Config::sync_wait): what they use is held in
     /// the retained registry until they do (never freed early); the call's input is
-    /// unchanged. The Python package's D2H also returns it when a `producer_event` it
-    /// waits for before torch-side work does not complete in time (nothing is queued
-    /// then).
+    /// unchanged. The Python package also returns it, with nothing queued, where it
+    /// waits with the same bound before torch's own synchronous copies: for D2H's
+    /// `producer_event` before torch-side work, for torch's current stream before the
+    /// copies of a D2H call that leaves every tensor to torch, and before an H2D call's
+    /// moves by torch.
     #[error(
         "the device did not finish the work the call waits for within {waited_ms} ms (sync_wait)"
     )]

@@ -325,26 +325,30 @@ def transfer_tensor_h2d(batch: T, /, *, num_caches: int = 4) -> T:
       the call, or keep them referenced until ``s`` is done with them.
     * The thread keeps its last ``num_caches`` batches' device memory referenced.
     * A tensor that requires grad or carries a forward-mode AD tangent (inside
-      ``torch.autograd.forward_ad.dual_level()``, or a ``torch.func`` transform's:
-      ``jvp``, ``grad``, ``vmap``), of a subclass whose class torch's ops
+      ``torch.autograd.forward_ad.dual_level()``), of a subclass whose class torch's ops
       keep (torchvision's ``tv_tensors``; not ``nn.Parameter``) or that has a ``.to`` of
       its own (a ``Parameter`` subclass that quantizes as it moves), whose dtype pinlane
       lacks (complex, float8, ...), or that torch does not export (sparse and other
-      layouts) is moved by torch (``tensor.to(device)``, keeping autograd, the tangent,
-      class and metadata, on torch's current stream), before pinlane copies anything: a
+      layouts; the wrappers a ``torch.func`` transform, ``jvp``, ``grad`` or ``vmap``,
+      hands its function) is moved by torch (``tensor.to(device)``, keeping autograd, the
+      tangent, the batch dimension, class and metadata, on torch's current stream),
+      before pinlane copies anything: a
       move torch refuses (its out-of-memory error, a subclass's ``.to`` raising) fails
       the call with that error, none of the call's device memory left in the thread's
       ring. torch's move waits for that stream; with ``configure(sync_wait_ms=...)``
       set, the call first waits for it with that bound (a ``RuntimeError`` naming
-      ``sync_wait`` past it, nothing moved or queued). While a dual level is open, every
+      ``sync_wait`` past it, nothing moved or queued; set by ``PINLANE_SYNC_WAIT_MS``
+      alone, the bound holds once pinlane's runtime exists, from its first transfer). While a dual level is open, every
       call asks each tensor for a tangent (about 1 us a tensor).
     * No CUDA (or torch not loaded): the batch is returned as is.
 
     Raises:
         ValueError: ``num_caches`` is not an int >= 0, or ``LOCAL_RANK`` is not an
             integer.
-        RuntimeError: ``LOCAL_RANK`` is an integer that names no device, or a copy
-            failed (nothing of the batch is changed).
+        RuntimeError: ``LOCAL_RANK`` is an integer that names no device, a copy failed
+            (nothing of the batch is changed), or, with ``sync_wait_ms`` set, the work on
+            torch's current stream that a move by torch waits for outlasted it (the
+            message names ``sync_wait``).
         MemoryError: device memory ran out: after pinlane's own cached memory, and torch's
             (``torch.cuda.empty_cache()``, where it held device memory unused), was given
             back and the batch tried once more, as torch's own ``.to()`` does.
@@ -544,12 +548,12 @@ def transfer_tensor_d2h(
       another busy Python thread it then waits for no switch interval.
     * A non-contiguous or negated tensor is first made a plain contiguous tensor on the
       device, on torch's current stream; a tensor that requires grad or carries a
-      forward-mode AD tangent (inside ``torch.autograd.forward_ad.dual_level()``, or a
-      ``torch.func`` transform's: ``jvp``, ``grad``, ``vmap``), of a
+      forward-mode AD tangent (inside ``torch.autograd.forward_ad.dual_level()``), of a
       subclass whose class torch's ops keep (not ``nn.Parameter``) or that has a ``.to``
       of its own, whose dtype pinlane lacks (complex, float8, ...), or that torch does not
-      export is moved by torch (``tensor.to("cpu")``, keeping autograd, the tangent, class
-      and metadata). With
+      export (the wrappers a ``torch.func`` transform, ``jvp``, ``grad`` or ``vmap``,
+      hands its function, among others) is moved by torch (``tensor.to("cpu")``, keeping
+      autograd, the tangent, the batch dimension, class and metadata). With
       ``producer_event``, this torch-side work starts only once the event has completed
       (the call waits for it on the host first, for at most ``sync_wait_ms`` when
       ``configure`` set it: then a ``RuntimeError`` naming ``sync_wait``). With that

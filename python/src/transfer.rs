@@ -80,7 +80,8 @@ enum Slot<'py> {
 }
 
 /// Runs once before the first torch-side work on a tensor the call reads (see the
-/// module docs): D2H waits for its producer event there; H2D has nothing to wait for.
+/// module docs): D2H waits for its producer event there; H2D has no producer event (its
+/// moves by torch wait in [`TorchMoves::now`]).
 pub(crate) type BeforeTorch<'a> = &'a mut dyn FnMut() -> PyResult<()>;
 
 /// The outputs, in input order: pinlane's, handed to torch; the same objects; torch's
@@ -459,19 +460,23 @@ fn h2d_slot<'py>(
     })
 }
 
-/// Before torch's synchronous D2H copies, in a call where pinlane copies none of the
-/// tensors: waits until the work queued so far on torch's current stream of `device`, and
-/// on `stream` (a `torch.cuda.Stream` the Python half holds for the call, if any and
-/// another), has run, each bounded as pinlane's own waits are (`pinlane::wait_for_event`),
-/// with the GIL released. torch's own wait for its stream (`cudaStreamSynchronize`) has
-/// no bound; where pinlane copies some tensors, its bounded wait for them, queued after
-/// the same work, already comes first.
+/// Before torch's synchronous copies: waits until the work queued so far on torch's
+/// current stream of `device`, and on `stream` (a `torch.cuda.Stream` the Python half
+/// holds for the call, if any and another), has run, each bounded as pinlane's own waits
+/// are (`pinlane::wait_for_event`), with the GIL released, since torch's own wait for its
+/// stream (`cudaStreamSynchronize`) has no bound. Two callers: a D2H call (or `copy_into`
+/// from CUDA) where pinlane copies none of the tensors, before torch's first `to("cpu")`
+/// / `copy_` (where pinlane copies some, its bounded wait for them, queued after the same
+/// work, already comes first); and H2D, once a call before torch's first move of a host
+/// tensor ([`TorchMoves::now`]), whatever pinlane copies (its copies are queued after
+/// torch's moves).
 ///
-/// Nothing is waited for where there is no bound (`pinlane::sync_wait()` is `None`, the
-/// default: torch's own wait is then as long as this one would be, which would cost an
-/// event and a release of the GIL a call), nor on a stream pinlane cannot take
-/// (`Stream::from_raw` refuses another context's stream and the per-thread handle): torch
-/// waits for those as before.
+/// Nothing is waited for where there is no bound (`pinlane::sync_wait()` is `None`: the
+/// default, and also before pinlane's runtime exists, which `configure` or the process's
+/// first transfer by pinlane makes; torch's own wait is then as long as this one would
+/// be, which would cost an event and a release of the GIL a call), nor on a stream
+/// pinlane cannot take (`Stream::from_raw` refuses another context's stream and the
+/// per-thread handle): torch waits for those as before.
 pub(crate) fn bounded_wait_before_torch(
     py: Python<'_>,
     torch: &Torch,
