@@ -336,9 +336,7 @@ def transfer_tensor_h2d(batch: T, /, *, num_caches: int = 4) -> T:
       subclass's ``.to`` raising) fails the call with that error, none of the call's
       device memory left in the thread's ring. torch's move waits for that stream; with
       ``configure(sync_wait_ms=...)`` set, the call first waits for it with that bound
-      (a ``RuntimeError`` naming ``sync_wait`` past it, nothing moved or queued; set by
-      ``PINLANE_SYNC_WAIT_MS`` alone, the bound holds once pinlane's runtime exists,
-      from its first transfer).
+      (a ``RuntimeError`` naming ``sync_wait`` past it, nothing moved or queued).
       While a dual level is open, every call asks each tensor for a tangent (about 1 us
       a tensor).
     * No CUDA (or torch not loaded): the batch is returned as is.
