@@ -664,11 +664,13 @@ def copy_into(dst: Any, src: Any, /, *, stream: torch.cuda.Stream | None = None)
       read by the device after the call returns, as with ``copy_(non_blocking=True)``, and
       torch does not keep it for that: keep it (in particular one of pinlane's D2H
       outputs, whose memory pinlane reuses) until the stream has passed the copies.
-      CUDA to CPU, torch's copies wait for the stream with no bound: when every pair is
-      torch's and ``configure(sync_wait_ms=...)`` set a bound, the call first waits for
-      torch's current stream and ``stream``, each with that bound (then a
-      ``RuntimeError`` naming ``sync_wait``, with nothing written), as pinlane's own wait
-      for its pairs is bounded.
+      CUDA to CPU, torch's copies wait for the stream with no bound: when pinlane copies
+      no bytes (every pair torch's, or pinlane's pairs all empty) and
+      ``configure(sync_wait_ms=...)`` set a bound, the call first waits for torch's
+      current stream and ``stream``, each with that bound (then a ``RuntimeError`` naming
+      ``sync_wait``, with nothing written), as pinlane's own wait for its pairs is
+      bounded. CPU to CUDA, torch's copy of a pageable source may wait for the stream
+      (the driver may, to stage it) with no bound, and pinlane does not wait first.
 
     Raises:
         ValueError: the structures differ, a pair's dtypes or sizes differ, a tensor is
@@ -687,10 +689,15 @@ def _copied(dst, copy, *args, **kwargs):
     """``copy(*args, **kwargs)``, then the version counters of ``dst``'s destinations
     bumped (a ``Buffers`` or ``Pairs``: ``_bump`` and ``_written``), as torch's ``copy_``
     bumps them; also when the copy failed, since the destinations may be partly written
-    then (a refusal, with nothing written, is a ``ValueError`` or ``TypeError``)."""
+    then. Only a refusal, with nothing written, is a ``ValueError`` or ``TypeError``: any
+    other exception (a ``RuntimeError``, a ``MemoryError``, a ``KeyboardInterrupt`` in
+    torch's copies of the pairs left to it, after pinlane's were written) bumps them, so
+    that autograd never takes written memory for unchanged."""
     try:
         out = copy(*args, **kwargs)
-    except (RuntimeError, MemoryError):
+    except (ValueError, TypeError):
+        raise
+    except BaseException:
         if dst._bump is not None:
             dst._bump(dst._written)
         raise

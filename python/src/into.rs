@@ -278,19 +278,23 @@ impl Targets {
                 }));
             }
         }
+        // Whether pinlane copies anything: the engine leaves empty pairs out, and a call
+        // whose pairs are all empty queues nothing and waits for nothing.
+        let copies = ins.iter().any(|t| t.nbytes() > 0);
         // pinlane's pairs first: the engine's own refusals (a capturing stream, bytes in
         // flight, an earlier failure, no staging slot) then come before torch has written
         // anything (a graph being captured would otherwise record torch's half).
-        if let Some(device) = device.filter(|_| !ins.is_empty()) {
+        if let Some(device) = device.filter(|_| copies) {
             self.run(py, &torch, &ins, &outs, device, stream, d2h_current, None)?;
         }
         if let Some(f) = torch_copies.filter(|_| !to_torch.is_empty()) {
             // torch's D2H copies wait for their stream without a bound. pinlane's bounded
             // wait for its own copies (queued after the same work) proves that work done;
-            // with no pair of pinlane's, the call waits for it here, bounded: torch's
-            // current stream (where the sources were made) and the stream given, if any,
-            // which torch's copies then run on (each wait has the bound).
-            if let Some(device) = device.filter(|_| !self.h2d && ins.is_empty()) {
+            // where pinlane copies no bytes (no pair of its own, or only empty ones), the
+            // call waits for it here, bounded: torch's current stream (where the sources
+            // were made) and the stream given, if any, which torch's copies then run on
+            // (each wait has the bound).
+            if let Some(device) = device.filter(|_| !self.h2d && !copies) {
                 bounded_wait_before_torch(py, &torch, device, stream.map(|(raw, _)| raw))?;
             }
             f.call1((to_torch.clone(),))?;

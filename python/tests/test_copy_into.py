@@ -71,3 +71,41 @@ def test_copy_into_without_torch_or_cuda_is_an_error(monkeypatch):
         pinlane.copy_into([], [])
     with pytest.raises(RuntimeError, match="torch with a CUDA device"):
         pinlane.Pairs([], [])
+
+
+class _Dst:
+    """What ``_copied`` needs of a ``Buffers`` or ``Pairs``: the bump and what it bumps."""
+
+    def __init__(self):
+        self.bumped = []
+        self._written = ["d0", "d1"]
+        self._bump = self.bumped.append
+
+
+@pytest.mark.parametrize(
+    "exc, bumps",
+    [
+        (ValueError("refused"), False),
+        (TypeError("refused"), False),
+        (RuntimeError("failed part way"), True),
+        (MemoryError(), True),
+        (KeyboardInterrupt(), True),
+        (OSError("anything else"), True),
+    ],
+)
+def test_a_copy_that_may_have_written_bumps_the_versions_whatever_ends_it(exc, bumps):
+    # A refusal writes nothing; anything else may end a call after pinlane's pairs were
+    # written (a KeyboardInterrupt in torch's copies of the pairs left to it), and then
+    # the destinations' version counters must move, as torch's copy_ moves them.
+    from pinlane import _copied
+
+    def copy():
+        raise exc
+
+    dst = _Dst()
+    with pytest.raises(type(exc)):
+        _copied(dst, copy)
+    assert dst.bumped == ([["d0", "d1"]] if bumps else [])
+    dst = _Dst()
+    assert _copied(dst, lambda x: x + 1, 1) == 2
+    assert dst.bumped == [["d0", "d1"]]

@@ -757,8 +757,11 @@ def test_a_call_that_leaves_every_tensor_to_torch_waits_with_the_bound(torch, ne
     are: before the fix torch's synchronous copy waited for its stream without a bound
     (here ~1 s of sleep, against a 100 ms bound), and returned. ``copy_into`` on torch's
     current stream and on a stream given, and ``transfer_tensor_d2h``; each times out
-    with the destination unwritten and the stream still busy. Its own process: the
-    setting comes before the first transfer."""
+    with the destination unwritten and the stream still busy. Also ``copy_into`` where
+    pinlane's only pair is empty (the engine queues nothing for it, so it waits for
+    nothing: before session 85's fix the call then skipped the bounded wait too, and
+    torch's copy waited without a bound). Its own process: the setting comes before the
+    first transfer."""
     code = (
         "import torch, pinlane\n"
         "pinlane.configure(sync_wait_ms=100)\n"
@@ -773,6 +776,8 @@ def test_a_call_that_leaves_every_tensor_to_torch_waits_with_the_bound(torch, ne
         "    'current': (torch.cuda.current_stream(), lambda: pinlane.copy_into([host], [src])),\n"
         "    'given': (side, lambda: pinlane.copy_into([host], [src], stream=side)),\n"
         "    'd2h': (torch.cuda.current_stream(), lambda: pinlane.transfer_tensor_d2h([grad])),\n"
+        "    'empty': (torch.cuda.current_stream(),\n"
+        "              lambda: pinlane.copy_into([torch.zeros(0), host], [torch.zeros(0, device='cuda'), src])),\n"
         "}\n"
         "for name, (on, call) in cases.items():\n"
         "    host.zero_()\n"
@@ -795,4 +800,5 @@ def test_a_call_that_leaves_every_tensor_to_torch_waits_with_the_bound(torch, ne
         "current", "timeout", "True", "True",
         "given", "timeout", "True", "True",
         "d2h", "timeout", "True", "True",
+        "empty", "timeout", "True", "True",
     ], out
