@@ -278,13 +278,14 @@ impl Targets {
                 }));
             }
         }
-        // Whether pinlane copies anything: the engine leaves empty pairs out, and a call
+        // Whether pinlane copies anything: the engine checks every pair (empty ones too:
+        // a dtype that differs is still refused) but leaves empty pairs out, and a call
         // whose pairs are all empty queues nothing and waits for nothing.
         let copies = ins.iter().any(|t| t.nbytes() > 0);
         // pinlane's pairs first: the engine's own refusals (a capturing stream, bytes in
         // flight, an earlier failure, no staging slot) then come before torch has written
         // anything (a graph being captured would otherwise record torch's half).
-        if let Some(device) = device.filter(|_| copies) {
+        if let Some(device) = device.filter(|_| !ins.is_empty()) {
             self.run(py, &torch, &ins, &outs, device, stream, d2h_current, None)?;
         }
         if let Some(f) = torch_copies.filter(|_| !to_torch.is_empty()) {
