@@ -114,6 +114,44 @@ fn a_slot_lease_dropped_past_its_bound_is_retained_then_returned() {
     assert!(arena.lease(&ctx, false).unwrap().is_some());
 }
 
+/// `release_finished`'s limit bounds the whole call, however many streams hold retained
+/// owners: with four streams busy well past it, the call returns within about the limit
+/// (session 85: the limit was each stream's, four times it here, so `settle` and
+/// `shutdown`, which pass what is left of their timeouts, could run past them), and the
+/// owners are released once their streams are done.
+#[test]
+fn releasing_finished_owners_waits_its_limit_in_all() {
+    setup();
+    struct Flag(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+    impl Drop for Flag {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    let dropped = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let streams: Vec<Stream> = (0..4)
+        .map(|_| Stream::new(Device::cuda(0)).unwrap())
+        .collect();
+    for s in &streams {
+        s.delay_async(Duration::from_millis(1500)).unwrap();
+        crate::memory::retained::retain(s.clone(), Box::new(Flag(dropped.clone())), 0);
+    }
+    let t0 = Instant::now();
+    crate::memory::retained::release_finished(Duration::from_millis(100));
+    let took = t0.elapsed();
+    assert!(took < Duration::from_millis(300), "returned after {took:?}");
+    assert_eq!(
+        dropped.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "released early"
+    );
+    for s in &streams {
+        s.synchronize().unwrap();
+    }
+    crate::memory::retained::release_finished(Duration::from_millis(100));
+    assert_eq!(dropped.load(std::sync::atomic::Ordering::SeqCst), 4);
+}
+
 #[test]
 fn batched_copies_refuse_mismatched_arrays_and_the_legacy_stream() {
     setup();

@@ -158,13 +158,16 @@ fn drop_released(released: Vec<Entry>) {
 }
 
 /// Releases, without blocking, the entries whose stream has finished all the work queued
-/// on it so far (an event recorded now completes within `limit`): what a call waiting
-/// for a staging slot does, since a blocking synchronisation could wait forever on a
-/// hung device.
+/// on it so far (an event recorded now completes within what is left of `limit`, which
+/// bounds the whole call, however many streams hold entries): what a call waiting for a
+/// staging slot does, since a blocking synchronisation could wait forever on a hung
+/// device. (Session 85: `limit` was each stream's, so `settle` and `shutdown` could run
+/// past their timeouts by a multiple of it.)
 pub(crate) fn release_finished(limit: std::time::Duration) {
     if nothing_retained() {
         return;
     }
+    let deadline = crate::driver::deadline_after(limit);
     let mut streams: Vec<Stream> = Vec::new();
     for e in lock().iter() {
         if let Proof::Stream(s) = &e.proof {
@@ -175,7 +178,8 @@ pub(crate) fn release_finished(limit: std::time::Duration) {
     }
     for s in streams {
         let before = position();
-        if s.idle_within(limit) {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if s.idle_within(left) {
             release_proven(&s, before);
         }
     }
