@@ -117,7 +117,8 @@ fn a_slot_lease_dropped_past_its_bound_is_retained_then_returned() {
 /// `release_finished`'s limit bounds the whole call, however many streams hold retained
 /// owners: with four streams busy well past it, the call returns within about the limit
 /// (session 85: the limit was each stream's, four times it here, so `settle` and
-/// `shutdown`, which pass what is left of their timeouts, could run past them), and the
+/// `shutdown`, which pass what is left of their timeouts, could run past them), an idle
+/// stream's owner after theirs is released in the same call, and the busy streams'
 /// owners are released once their streams are done.
 #[test]
 fn releasing_finished_owners_waits_its_limit_in_all() {
@@ -136,6 +137,9 @@ fn releasing_finished_owners_waits_its_limit_in_all() {
         s.delay_async(Duration::from_millis(1500)).unwrap();
         crate::memory::retained::retain(s.clone(), Box::new(Flag(dropped.clone())), 0);
     }
+    let idle_dropped = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let idle = Stream::new(Device::cuda(0)).unwrap();
+    crate::memory::retained::retain(idle.clone(), Box::new(Flag(idle_dropped.clone())), 0);
     let t0 = Instant::now();
     crate::memory::retained::release_finished(Duration::from_millis(100));
     let took = t0.elapsed();
@@ -144,6 +148,11 @@ fn releasing_finished_owners_waits_its_limit_in_all() {
         dropped.load(std::sync::atomic::Ordering::SeqCst),
         0,
         "released early"
+    );
+    assert_eq!(
+        idle_dropped.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the idle stream's owner was kept"
     );
     for s in &streams {
         s.synchronize().unwrap();

@@ -158,11 +158,13 @@ fn drop_released(released: Vec<Entry>) {
 }
 
 /// Releases, without blocking, the entries whose stream has finished all the work queued
-/// on it so far (an event recorded now completes within what is left of `limit`, which
-/// bounds the whole call, however many streams hold entries): what a call waiting for a
-/// staging slot does, since a blocking synchronisation could wait forever on a hung
-/// device. (Session 85: `limit` was each stream's, so `settle` and `shutdown` could run
-/// past their timeouts by a multiple of it.)
+/// on it so far (an event recorded now on each such stream completes within `limit`):
+/// what a call waiting for a staging slot does, since a blocking synchronisation could
+/// wait forever on a hung device. `limit` bounds the whole call, however many streams
+/// hold entries: their events are asked in turn until all are done or it has passed, so
+/// a busy stream neither holds the call past it nor keeps an idle one from being released
+/// (session 85: `limit` was each stream's, so `settle` and `shutdown` could run past their
+/// timeouts by a multiple of it).
 pub(crate) fn release_finished(limit: std::time::Duration) {
     if nothing_retained() {
         return;
@@ -176,12 +178,36 @@ pub(crate) fn release_finished(limit: std::time::Duration) {
             }
         }
     }
-    for s in streams {
-        let before = position();
+    // Every entry pushed before this point was queued before the events recorded below.
+    let before = position();
+    // A stream whose event cannot be made or recorded is not proven idle: its entries stay.
+    let mut pending: Vec<(Stream, Event)> = streams
+        .into_iter()
+        .filter_map(|s| {
+            let ev = Event::new(s.device()).ok()?;
+            ev.record(&s).ok()?;
+            Some((s, ev))
+        })
+        .collect();
+    loop {
+        pending.retain(|(s, ev)| match ev.query() {
+            Ok(true) => {
+                release_proven(s, before);
+                false
+            }
+            Ok(false) => true,
+            // Not proven: its entries stay, as for a stream still busy.
+            Err(_) => false,
+        });
         let left = deadline.saturating_duration_since(std::time::Instant::now());
-        if s.idle_within(left) {
-            release_proven(&s, before);
+        let Some((_, ev)) = pending.first() else {
+            break;
+        };
+        if left.is_zero() {
+            break;
         }
+        // A nap on one of them (its own polling, at most 1 ms), then all are asked again.
+        let _ = ev.done_within(left.min(std::time::Duration::from_millis(1)));
     }
     release_completed(|e| e.query() == Ok(true));
 }
