@@ -278,10 +278,6 @@ impl Targets {
                 }));
             }
         }
-        // Whether pinlane copies anything: the engine checks every pair (empty ones too:
-        // a dtype that differs is still refused) but leaves empty pairs out, and a call
-        // whose pairs are all empty queues nothing and waits for nothing.
-        let copies = ins.iter().any(|t| t.nbytes() > 0);
         // pinlane's pairs first: the engine's own refusals (a capturing stream, bytes in
         // flight, an earlier failure, no staging slot) then come before torch has written
         // anything (a graph being captured would otherwise record torch's half).
@@ -294,7 +290,10 @@ impl Targets {
             // where pinlane copies no bytes (no pair of its own, or only empty ones), the
             // call waits for it here, bounded: torch's current stream (where the sources
             // were made) and the stream given, if any, which torch's copies then run on
-            // (each wait has the bound).
+            // (each wait has the bound). The engine checks every pair, empty ones too (a
+            // dtype that differs is still refused), but leaves empty pairs out: a call
+            // whose pairs are all empty queues nothing and waits for nothing.
+            let copies = ins.iter().any(|t| t.nbytes() > 0);
             if let Some(device) = device.filter(|_| !self.h2d && !copies) {
                 bounded_wait_before_torch(py, &torch, device, stream.map(|(raw, _)| raw))?;
             }
