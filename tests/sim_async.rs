@@ -342,6 +342,10 @@ fn faults_at_every_kind_and_position_under_the_async_calls() {
             let down = transfer_tensor_d2h_async(&on, &D2hOptions::default());
             down.expect("only bad input fails the call").wait()
         };
+        // Device blocks kept by an earlier test (`Config::small_device_blocks`) would serve
+        // the first calls without an allocation, and `Alloc` would never fire.
+        pinlane::trim().unwrap();
+        assert_eq!(memory_stats().kept_device_block_bytes, 0);
         let mut total = 0;
         for kind in [
             FaultKind::Alloc,
@@ -385,6 +389,58 @@ fn faults_at_every_kind_and_position_under_the_async_calls() {
             total += fired;
         }
         eprintln!("async fault sweep: {total} faults injected");
+    })
+    .join()
+    .unwrap();
+}
+
+/// A non-blocking call that fails while queueing returns a handle holding the error;
+/// dropped unwaited, the handle records it for the device's next call on the thread, as
+/// a handle whose copies failed does (session 86: it was lost). Taken by `wait()`, or
+/// handed out by `batch_for`, it is not recorded again.
+#[test]
+fn a_call_that_failed_while_queueing_and_is_dropped_unwaited_loses_no_error() {
+    common::sim();
+    let _turn = serial();
+    std::thread::spawn(|| {
+        let b = batch(43);
+        let on = transfer_tensor_h2d(&b).unwrap();
+        let seen_next = |what: &str| match transfer_tensor_h2d(&b) {
+            Err(Error::Deferred(e)) => assert!(injected(&e), "{what}: {e}"),
+            other => panic!("{what}: the dropped handle's error was lost: {other:?}"),
+        };
+        // H2D and D2H, each dropped unwaited: the next call on the device reports it, once.
+        fault::inject(FaultKind::Copy, 1);
+        drop(transfer_tensor_h2d_async(&b, &H2dOptions::default()).unwrap());
+        assert!(!fault::armed(), "the fault fired inside the call");
+        seen_next("h2d");
+        assert_eq!(
+            transfer_tensor_d2h(&transfer_tensor_h2d(&b).unwrap(), &D2hOptions::default()).unwrap(),
+            b,
+            "once"
+        );
+        fault::inject(FaultKind::Copy, 1);
+        drop(transfer_tensor_d2h_async(&on, &D2hOptions::default()).unwrap());
+        assert!(!fault::armed(), "the fault fired inside the call");
+        seen_next("d2h");
+        // Waited, or handed out by `batch_for`: reported there, not again.
+        fault::inject(FaultKind::Copy, 1);
+        let e = transfer_tensor_h2d_async(&b, &H2dOptions::default())
+            .unwrap()
+            .wait()
+            .unwrap_err();
+        assert!(injected(&e), "{e}");
+        fault::inject(FaultKind::Copy, 1);
+        let h = transfer_tensor_h2d_async(&b, &H2dOptions::default()).unwrap();
+        let lent = Stream::new(Device::cuda(0)).unwrap();
+        assert!(injected(&h.batch_for(&lent).unwrap_err()));
+        drop(h);
+        assert_eq!(
+            transfer_tensor_d2h(&transfer_tensor_h2d(&b).unwrap(), &D2hOptions::default()).unwrap(),
+            b,
+            "nothing recorded twice"
+        );
+        assert_eq!(retained_bytes(), 0);
     })
     .join()
     .unwrap();

@@ -800,7 +800,10 @@ fn run() {
 ///   that waits on it ([`Event::wait_on`]) runs after them, without the host waiting;
 ///   [`Transfer::batch_for`] does that and lends the device batch for work queued there.
 /// * Dropping (or forgetting) a handle before its copies finish is safe: pinlane keeps
-///   what the copies use until they are done, then frees it.
+///   what the copies use until they are done, then frees it. A failure nobody took from
+///   the handle (the copies', or the call's while queueing them) is not lost: it is
+///   recorded for the device's next call ([`Error::Deferred`]; which thread's call sees
+///   it: [`crate::driver::deferred`]).
 ///
 /// [`transfer_tensor_h2d_async`]: crate::transfer_tensor_h2d_async
 /// [`transfer_tensor_d2h_async`]: crate::transfer_tensor_d2h_async
@@ -809,7 +812,19 @@ pub struct Transfer<B> {
     batch: Option<B>,
     pending: Option<Pending>,
     /// A failure while queueing (drained already), delivered by `wait()`.
-    failed: Option<Error>,
+    failed: Option<Failed>,
+}
+
+/// A non-blocking call's failure while queueing, kept by its handle: delivered by
+/// `wait()` (or `.await`, `wait_timeout`), else recorded for the device's next call when
+/// the handle drops, as [`Pending`]'s drop records a failure of the copies: a handle
+/// dropped unwaited loses no error (session 86; before, this one was lost).
+struct Failed {
+    error: Error,
+    /// The call's device (`None` without one: nowhere to record).
+    device: Option<usize>,
+    /// [`Transfer::batch_for`] returned it already: nothing to record.
+    seen: AtomicBool,
 }
 
 // The handle never pins its batch: moving it is always fine.
@@ -821,12 +836,21 @@ impl<B> Drop for Transfer<B> {
     /// a lock a parent's thread held at the fork (as [`Transfer::wait`] forgets the handle
     /// there; session 64: after `wait_timeout` or `.await` gave `Error::ForkedChild`, the
     /// handle was still dropped).
+    ///
+    /// A handle whose call failed while queueing, dropped before its error was handed
+    /// out, records the error for the device's next call (on this thread, as a failure of
+    /// the copies already known when a handle drops is).
     fn drop(&mut self) {
         // A handle with copies in flight can only be the parent's (a child's calls are
         // refused before they queue any); a ready one may be the child's own.
         if self.pending.is_some() && crate::driver::fork::marked() {
             std::mem::forget(self.pending.take());
             std::mem::forget(self.batch.take());
+        }
+        if let Some(f) = self.failed.take() {
+            if let (Some(device), false) = (f.device, f.seen.load(Ordering::Relaxed)) {
+                crate::driver::deferred::record(device, f.error);
+            }
         }
     }
 }
@@ -850,13 +874,18 @@ impl<B> Transfer<B> {
         }
     }
 
-    /// A transfer that failed while its copies were being queued (they were drained, and
-    /// retained if the drain failed, as in a blocking call): `wait()` returns `e`.
-    pub(crate) fn failed(e: Error) -> Transfer<B> {
+    /// A transfer on `device` that failed while its copies were being queued (they were
+    /// drained, and retained if the drain failed, as in a blocking call): `wait()`
+    /// returns `e`; dropped before that, the handle records it for the device.
+    pub(crate) fn failed(e: Error, device: Option<usize>) -> Transfer<B> {
         Transfer {
             batch: None,
             pending: None,
-            failed: Some(e),
+            failed: Some(Failed {
+                error: e,
+                device,
+                seen: AtomicBool::new(false),
+            }),
         }
     }
 
@@ -908,8 +937,9 @@ impl<B> Transfer<B> {
     where
         B: crate::batch::Batch,
     {
-        if let Some(e) = &self.failed {
-            return Err(e.clone());
+        if let Some(f) = &self.failed {
+            f.seen.store(true, Ordering::Relaxed);
+            return Err(f.error.clone());
         }
         let Some(batch) = self.batch.as_ref() else {
             return Err(taken());
@@ -1020,8 +1050,8 @@ impl<B> Transfer<B> {
 
     /// The result, once done.
     fn take(&mut self) -> Result<B> {
-        if let Some(e) = self.failed.take() {
-            return Err(e);
+        if let Some(f) = self.failed.take() {
+            return Err(f.error);
         }
         let r = match &self.pending {
             None => Ok(()),

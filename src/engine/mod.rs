@@ -41,6 +41,7 @@ pub use thread_state::{cached_batches, current_stream, set_current_stream, Curre
 pub use trace::{last_trace, trace_next_call};
 
 use crate::batch::Batch;
+use crate::device::DeviceSpec;
 use crate::driver::ContextGuard;
 use crate::error::{Error, Result};
 use crate::memory::InFlight;
@@ -254,19 +255,32 @@ pub fn transfer_tensor_h2d_async<B: Batch>(batch: &B, opts: &H2dOptions) -> Resu
     trace::start("h2d_async");
     let r = h2d::transfer(batch, opts, Mode::Async, None);
     trace::end();
-    handle(r)
+    handle(r, &opts.device)
 }
 
-/// The handle of a non-blocking call: bad input is the call's error; a failure while
-/// queueing copies (already drained) comes from the handle, as a failure of the copies
-/// themselves does.
-fn handle<B>(r: Result<(B, Option<completion::Pending>)>) -> Result<Transfer<B>> {
+/// The handle of a non-blocking call on the device `spec` names: bad input is the call's
+/// error; a failure while queueing copies (already drained) comes from the handle, as a
+/// failure of the copies themselves does.
+fn handle<B>(
+    r: Result<(B, Option<completion::Pending>)>,
+    spec: &DeviceSpec,
+) -> Result<Transfer<B>> {
     match r {
         Ok((b, Some(p))) => Ok(Transfer::pending(b, p)),
         Ok((b, None)) => Ok(Transfer::ready(b)),
-        Err(e @ (Error::Driver { .. } | Error::StagingExhausted { .. })) => Ok(Transfer::failed(e)),
+        Err(e @ (Error::Driver { .. } | Error::StagingExhausted { .. })) => {
+            Ok(Transfer::failed(e, ordinal_of(spec)))
+        }
         Err(e) => Err(e),
     }
+}
+
+/// The ordinal of the device `spec` names, as a call resolves it; `None` without a driver
+/// or for a spec that names no device here. For recording an error no call returns
+/// ([`crate::driver::deferred`]) where only the options are at hand.
+fn ordinal_of(spec: &DeviceSpec) -> Option<usize> {
+    let info = crate::driver::available()?;
+    spec.resolve(info.device_count).ok().map(|d| d.ordinal())
 }
 
 /// [`transfer_tensor_d2h`] without waiting: returns once every copy is queued (after the
@@ -284,7 +298,7 @@ pub fn transfer_tensor_d2h_async<B: Batch>(batch: &B, opts: &D2hOptions) -> Resu
     trace::start("d2h_async");
     let r = d2h::transfer(batch, opts, Mode::Async, d2h::Overlap::none());
     trace::end();
-    handle(r)
+    handle(r, opts.device.as_ref().unwrap_or(&DeviceSpec::LocalRank))
 }
 
 /// Copies the tensors of `batch` that are on the chosen CUDA device to new host tensors
