@@ -14,6 +14,14 @@ use pinlane::{
 use std::sync::mpsc;
 use std::time::Duration;
 
+/// The tests take turns: what pinlane's threads record is kept for the device, process-
+/// wide, so one test's recorded panic would be another's next call's error.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// `t.wait()` on another thread, given `limit`: `None` if it has not returned by then.
 fn wait_within<B: Send + 'static>(t: Transfer<B>, limit: Duration) -> Option<pinlane::Result<B>> {
     let (tx, rx) = mpsc::channel();
@@ -67,6 +75,7 @@ fn panic_on_the_completion_thread(t: &Tensor) {
 #[test]
 fn a_panicking_owner_neither_stops_the_completion_thread_nor_goes_unseen() {
     common::sim();
+    let _turn = serial();
     let t = common::tensor(DType::F32, &[1000], 3);
     panic_on_the_completion_thread(&t);
     // The next call for the device, on another thread, reports the panic once.
@@ -154,4 +163,45 @@ fn a_panicking_owner_neither_stops_the_completion_thread_nor_goes_unseen() {
         "{:?}",
         out[1].as_ref().err()
     );
+}
+
+/// A prefetcher dropped while the error its worker's transfer met (one recorded for the
+/// device by earlier work) waits unreceived in its queue: the error goes back to the
+/// record, and the dropping thread's next call on the device reports it (session 86:
+/// before, it was dropped with the queue, and nobody saw it).
+#[test]
+fn a_prefetcher_dropped_with_an_earlier_error_unreceived_loses_none() {
+    common::sim();
+    let _turn = serial();
+    let t = common::tensor(DType::F32, &[1000], 5);
+    panic_on_the_completion_thread(&t);
+    let (asked_tx, asked) = mpsc::channel();
+    let mut first = true;
+    let source = std::iter::from_fn(move || {
+        if std::mem::take(&mut first) {
+            return Some(vec![common::tensor(DType::F32, &[64], 20)]);
+        }
+        // The worker asks again only once the error and the batch are queued.
+        let _ = asked_tx.send(());
+        None
+    });
+    let p = Prefetcher::new(source, 3, H2dOptions::default()).unwrap();
+    asked
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the worker moved the batch");
+    drop(p);
+    match transfer_tensor_h2d(&t) {
+        Err(Error::Deferred(e)) => assert!(
+            matches!(
+                *e,
+                Error::Panicked {
+                    thread: "completion",
+                    ..
+                }
+            ),
+            "{e:?}"
+        ),
+        other => panic!("the earlier error was lost with the queue: {other:?}"),
+    }
+    assert!(transfer_tensor_h2d(&t).is_ok(), "reported once");
 }

@@ -87,6 +87,49 @@ fn a_prefetcher_whose_source_is_stuck_drops_within_its_limit() {
     );
 }
 
+/// A source stuck past the drop's limit that then panics: the worker, detached by the
+/// drop, finds nobody to send the panic to, and records it for the device's next call on
+/// any thread (session 86: before, it was dropped unseen).
+#[test]
+fn a_prefetchers_source_that_panics_after_the_drop_gave_up_is_not_lost() {
+    sim();
+    let _turn = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let (entered_tx, entered) = std::sync::mpsc::channel();
+    let source = (0..).map(move |i: usize| {
+        if i == 1 {
+            let _ = entered_tx.send(());
+            std::thread::sleep(Duration::from_millis(700)); // past the 300 ms drop wait
+            panic!("the decoder gave up late");
+        }
+        vec![Tensor::scalar(i as u32)]
+    });
+    let mut p = Prefetcher::new(source, 1, H2dOptions::default()).unwrap();
+    assert!(p.next().unwrap().is_ok());
+    entered
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the worker asks for the second batch");
+    let t0 = Instant::now();
+    drop(p);
+    assert!(
+        t0.elapsed() < Duration::from_millis(650),
+        "the drop gave up first"
+    );
+    let t0 = Instant::now();
+    let seen = loop {
+        if let Some(e) = pinlane::driver::deferred::take(Device::cuda(0)) {
+            break Some(e);
+        }
+        if t0.elapsed() > Duration::from_secs(5) {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    match seen {
+        Some(Error::Worker { reason }) => assert!(reason.contains("gave up late"), "{reason}"),
+        other => panic!("the source's panic was not kept for the device: {other:?}"),
+    }
+}
+
 /// Counts its drops.
 struct Owner(
     std::sync::Arc<std::sync::atomic::AtomicUsize>,

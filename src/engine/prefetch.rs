@@ -3,6 +3,7 @@
 
 use super::{transfer_tensor_h2d_with, H2dOptions};
 use crate::batch::Batch;
+use crate::device::DeviceSpec;
 use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
@@ -30,6 +31,10 @@ use std::thread::JoinHandle;
 ///   moving (or waits for the source to give the one it is asking for), drops what it
 ///   holds and exits, and the drop returns after it. A panic in the source iterator ends
 ///   the stream with [`Error::Worker`] at its place.
+/// * **Errors nobody takes**: dropped before the consumer took them, an error recorded
+///   by earlier work ([`Error::Deferred`]) goes back to be reported by the device's next
+///   call, and so does a panic of the source or of a batch's code; a batch's own failure
+///   is dropped with the batch.
 ///
 /// ```
 /// use pinlane::{H2dOptions, Prefetcher, Tensor};
@@ -48,6 +53,8 @@ pub struct Prefetcher<B> {
     rx: Option<Receiver<Result<B>>>,
     stop: Arc<AtomicBool>,
     worker: Option<JoinHandle<()>>,
+    /// The transfers' device, where errors nobody took are recorded ([`unreceived`]).
+    device: DeviceSpec,
 }
 
 impl<B: Batch + Send + 'static> Prefetcher<B> {
@@ -83,6 +90,7 @@ impl<B: Batch + Send + 'static> Prefetcher<B> {
         let (tx, rx) = mpsc::sync_channel(depth - 1);
         let stop = Arc::new(AtomicBool::new(false));
         let iter = batches.into_iter();
+        let device = opts.device.clone();
         let worker = {
             let stop = stop.clone();
             std::thread::Builder::new()
@@ -109,6 +117,7 @@ impl<B: Batch + Send + 'static> Prefetcher<B> {
             rx: Some(rx),
             stop,
             worker: Some(worker),
+            device,
         })
     }
 }
@@ -122,12 +131,37 @@ fn report<B>(opts: &H2dOptions, tx: &SyncSender<Result<B>>, panic: &(dyn std::an
         what: "dropping the source or a batch it gave",
         message: crate::error::panic_message(panic),
     };
-    if let Err(mpsc::SendError(Err(e))) = tx.send(Err(e)) {
-        let device =
-            crate::driver::available().and_then(|info| opts.device.resolve(info.device_count).ok());
-        if let Some(d) = device {
-            crate::driver::deferred::record(d.ordinal(), e);
+    send(&opts.device, tx, Err(e));
+}
+
+/// Sends `item` to the consumer: `false` if it is gone, and then an error the item holds
+/// is kept as [`unreceived`] says.
+fn send<B>(device: &DeviceSpec, tx: &SyncSender<Result<B>>, item: Result<B>) -> bool {
+    match tx.send(item) {
+        Ok(()) => true,
+        Err(mpsc::SendError(item)) => {
+            if let Err(e) = item {
+                unreceived(device, e);
+            }
+            false
         }
+    }
+}
+
+/// An error the consumer will not take (it dropped the prefetcher before receiving it):
+/// one recorded for the device by earlier work and taken by a transfer of the worker's
+/// ([`Error::Deferred`]: somebody else's error) goes back to the record, and a panic of
+/// user code (the source's, a batch's) is recorded as one (what `report` does), each for
+/// the device's next call (session 86: before, both were dropped with the channel). A
+/// batch's own failure goes with the batch nobody asked for.
+fn unreceived(device: &DeviceSpec, e: Error) {
+    let e = match e {
+        Error::Deferred(earlier) => *earlier,
+        e @ (Error::Panicked { .. } | Error::Worker { .. }) => e,
+        _ => return,
+    };
+    if let Some(d) = super::ordinal_of(device) {
+        crate::driver::deferred::record(d, e);
     }
 }
 
@@ -146,9 +180,10 @@ fn work<B: Batch, I: Iterator<Item = B>>(
             Ok(None) => return,
             Err(panic) => {
                 let reason = crate::error::panic_message(&*panic);
-                let _ = tx.send(Err(Error::Worker {
+                let e = Error::Worker {
                     reason: format!("the source iterator panicked: {reason}"),
-                }));
+                };
+                send(&opts.device, tx, Err(e));
                 return;
             }
         };
@@ -185,9 +220,16 @@ fn work<B: Batch, I: Iterator<Item = B>>(
         if let Err(panic) = dropped {
             item = Err(panicked(panic));
         }
-        for item in earlier.into_iter().chain(std::iter::once(item)) {
-            if tx.send(item).is_err() {
-                return; // the consumer is gone
+        let mut items = earlier.into_iter().chain(std::iter::once(item));
+        while let Some(item) = items.next() {
+            if !send(&opts.device, tx, item) {
+                // The consumer is gone: what it will not take is kept or dropped here.
+                for item in items {
+                    if let Err(e) = item {
+                        unreceived(&opts.device, e);
+                    }
+                }
+                return;
             }
         }
     }
@@ -236,19 +278,38 @@ impl<B> Drop for Prefetcher<B> {
             return;
         }
         self.stop.store(true, Ordering::Release);
-        // Dropping the receiver fails the worker's pending send, and drops the batches
-        // waiting in the channel.
-        drop(self.rx.take());
-        let Some(w) = self.worker.take() else { return };
+        let Some(rx) = self.rx.take() else { return };
+        // What waits in the channel, and what the worker still sends (the batch it is
+        // moving), is received here until it exits: batches are dropped, and errors
+        // nobody will take now are kept as `unreceived` says (on this thread: its next
+        // call on the device sees them). Receiving unblocks a worker waiting to send.
+        let drain = |rx: &Receiver<Result<B>>| {
+            for item in rx.try_iter() {
+                if let Err(e) = item {
+                    unreceived(&self.device, e);
+                }
+            }
+        };
+        let Some(w) = self.worker.take() else {
+            drain(&rx);
+            return;
+        };
         // The process's setting, read without the runtime (after a `shutdown`, asking
         // for it would set a new one up, inside a drop).
         let limit = crate::memory::waits::drop_wait();
         let mut patience = super::patience::Patience::new(limit);
-        while !w.is_finished() {
+        loop {
+            drain(&rx);
+            if w.is_finished() {
+                break;
+            }
             if patience.pause().is_err() {
-                return; // detached: it sees `stop` (or a closed channel) and exits
+                // Detached: dropping the receiver fails its next send (what that holds
+                // is kept by the worker), and it sees `stop` and exits.
+                return;
             }
         }
+        drain(&rx);
         // The worker catches the source's panics; a panic elsewhere in it has been
         // reported by the thread already, and Drop must not panic.
         let _ = w.join();
