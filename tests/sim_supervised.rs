@@ -205,3 +205,56 @@ fn a_prefetcher_dropped_with_an_earlier_error_unreceived_loses_none() {
     }
     assert!(transfer_tensor_h2d(&t).is_ok(), "reported once");
 }
+
+/// A batch the consumer did not take, whose own drop panics (user code), dropped by the
+/// prefetcher's drop: the panic is caught and kept for the device's next call, as the
+/// worker keeps its own, instead of unwinding out of the drop (session 86).
+#[test]
+fn a_prefetcher_dropping_an_untaken_batch_that_panics_keeps_the_panic() {
+    common::sim();
+    let _turn = serial();
+    struct Bomb(Vec<Tensor>, bool);
+    impl pinlane::Batch for Bomb {
+        fn visit<'a>(&'a self, f: &mut dyn FnMut(&'a Tensor)) {
+            self.0.visit(f)
+        }
+        fn rebuild(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
+            Bomb(self.0.rebuild(f), true) // the device batch is armed, the host one not
+        }
+    }
+    impl Drop for Bomb {
+        fn drop(&mut self) {
+            if self.1 {
+                panic!("the device batch's drop panicked on purpose");
+            }
+        }
+    }
+    let (asked_tx, asked) = mpsc::channel();
+    let mut first = true;
+    let source = std::iter::from_fn(move || {
+        if std::mem::take(&mut first) {
+            return Some(Bomb(vec![common::tensor(DType::F32, &[64], 21)], false));
+        }
+        let _ = asked_tx.send(());
+        None
+    });
+    let p = Prefetcher::new(source, 2, H2dOptions::default()).unwrap();
+    asked
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the worker moved the batch");
+    let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(p)));
+    assert!(dropped.is_ok(), "the batch's panic unwound out of the drop");
+    let t = common::tensor(DType::F32, &[16], 22);
+    match transfer_tensor_h2d(&t) {
+        Err(Error::Deferred(e)) => match *e {
+            Error::Panicked {
+                thread, message, ..
+            } => {
+                assert_eq!(thread, "prefetch");
+                assert!(message.contains("on purpose"), "{message}");
+            }
+            other => panic!("deferred {other:?}, not the panic"),
+        },
+        other => panic!("the panic was not kept: {other:?}"),
+    }
+}

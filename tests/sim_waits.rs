@@ -54,6 +54,11 @@ fn a_call_whose_slots_stay_busy_fails_within_its_limit() {
         0,
         "drained, nothing retained"
     );
+    // The same from a non-blocking call: its handle holds the error, and dropped unwaited
+    // it records nothing for the next call (contention, not a failure of the device's).
+    let h = pinlane::transfer_tensor_h2d_async(&big, &opts).unwrap();
+    assert!(matches!(h.wait(), Err(Error::StagingExhausted { .. })));
+    drop(pinlane::transfer_tensor_h2d_async(&big, &opts).unwrap());
     // One slot's worth still moves, exactly.
     let small = vec![common::tensor(DType::F32, &[1000], 10)];
     let on = transfer_tensor_h2d_with(&small, &opts).unwrap();
@@ -103,6 +108,9 @@ fn a_prefetchers_source_that_panics_after_the_drop_gave_up_is_not_lost() {
         }
         vec![Tensor::scalar(i as u32)]
     });
+    // An error another test left for the device would be taken first below, and the
+    // one-per-device record would then drop the source's.
+    while pinlane::driver::deferred::take(Device::cuda(0)).is_some() {}
     let mut p = Prefetcher::new(source, 1, H2dOptions::default()).unwrap();
     assert!(p.next().unwrap().is_ok());
     entered

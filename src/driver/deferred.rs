@@ -101,14 +101,7 @@ pub(crate) fn catch_user_panic(device: usize, what: &'static str, f: impl FnOnce
 /// `device`, or in user code pinlane ran on its own threads).
 pub(crate) fn record(device: usize, err: Error) {
     if is_background_thread() {
-        BACKGROUND_ERRORS.fetch_add(1, Ordering::Relaxed);
-        let mut on = lock_on_device();
-        if on.iter().any(|(d, _)| *d == device) {
-            DROPPED.fetch_add(1, Ordering::Relaxed);
-        } else {
-            on.push((device, err));
-            ANY_ON_DEVICE.store(true, Ordering::Release);
-        }
+        record_for_device(device, err);
         return;
     }
     let kept = PENDING.try_with(|p| {
@@ -122,6 +115,20 @@ pub(crate) fn record(device: usize, err: Error) {
     });
     if kept != Ok(true) {
         DROPPED.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Records an error of pinlane's own threads for the next call on `device` on any thread,
+/// whichever thread records it: one such a thread raised that another thread hands back
+/// (a prefetcher's worker's error its consumer dropped unreceived).
+pub(crate) fn record_for_device(device: usize, err: Error) {
+    BACKGROUND_ERRORS.fetch_add(1, Ordering::Relaxed);
+    let mut on = lock_on_device();
+    if on.iter().any(|(d, _)| *d == device) {
+        DROPPED.fetch_add(1, Ordering::Relaxed);
+    } else {
+        on.push((device, err));
+        ANY_ON_DEVICE.store(true, Ordering::Release);
     }
 }
 

@@ -800,10 +800,10 @@ fn run() {
 ///   that waits on it ([`Event::wait_on`]) runs after them, without the host waiting;
 ///   [`Transfer::batch_for`] does that and lends the device batch for work queued there.
 /// * Dropping (or forgetting) a handle before its copies finish is safe: pinlane keeps
-///   what the copies use until they are done, then frees it. A failure nobody took from
-///   the handle (the copies', or the call's while queueing them) is not lost: it is
-///   recorded for the device's next call ([`Error::Deferred`]; which thread's call sees
-///   it: [`crate::driver::deferred`]).
+///   what the copies use until they are done, then frees it. A driver's failure that a
+///   dropped (not forgotten) handle held or would have held (the copies', or the call's
+///   while queueing them) is not lost: it is recorded for the device's next call
+///   ([`Error::Deferred`]; which thread's call sees it: [`crate::driver::deferred`]).
 ///
 /// [`transfer_tensor_h2d_async`]: crate::transfer_tensor_h2d_async
 /// [`transfer_tensor_d2h_async`]: crate::transfer_tensor_d2h_async
@@ -816,12 +816,14 @@ pub struct Transfer<B> {
 }
 
 /// A non-blocking call's failure while queueing, kept by its handle: delivered by
-/// `wait()` (or `.await`, `wait_timeout`), else recorded for the device's next call when
-/// the handle drops, as [`Pending`]'s drop records a failure of the copies: a handle
-/// dropped unwaited loses no error (session 86; before, this one was lost).
+/// `wait()` (or `.await`, `wait_timeout`), else, for a driver's failure, recorded for the
+/// device's next call when the handle drops, as [`Pending`]'s drop records a failure of
+/// the copies: a handle dropped unwaited loses no error (session 86; before, this one
+/// was lost).
 struct Failed {
     error: Error,
-    /// The call's device (`None` without one: nowhere to record).
+    /// Where to record it: the call's device; `None` for nowhere (no device, or an error
+    /// that is no failure of the device's: a staging slot's wait given up).
     device: Option<usize>,
     /// [`Transfer::batch_for`] returned it already: nothing to record.
     seen: AtomicBool,

@@ -268,9 +268,11 @@ fn handle<B>(
     match r {
         Ok((b, Some(p))) => Ok(Transfer::pending(b, p)),
         Ok((b, None)) => Ok(Transfer::ready(b)),
-        Err(e @ (Error::Driver { .. } | Error::StagingExhausted { .. })) => {
-            Ok(Transfer::failed(e, ordinal_of(spec)))
-        }
+        // Dropped unwaited, the handle records a driver's failure for the device's next
+        // call; not a staging slot's wait given up (contention, nothing failed: the
+        // device's next call has no reason to fail for it).
+        Err(e @ Error::Driver { .. }) => Ok(Transfer::failed(e, ordinal_of(spec))),
+        Err(e @ Error::StagingExhausted { .. }) => Ok(Transfer::failed(e, None)),
         Err(e) => Err(e),
     }
 }

@@ -28,13 +28,13 @@ use std::thread::JoinHandle;
 ///   usable on any stream; give [`H2dOptions::consumer_stream`] so that its memory is
 ///   freed in order on the stream that uses it.
 /// * **Stopping**: dropping the prefetcher stops the worker: it finishes the batch it is
-///   moving (or waits for the source to give the one it is asking for), drops what it
-///   holds and exits, and the drop returns after it. A panic in the source iterator ends
-///   the stream with [`Error::Worker`] at its place.
+///   moving (or waits for the source to give the one it is asking for) and exits, and
+///   the drop returns after it; the batches moved and not taken are dropped. A panic in
+///   the source iterator ends the stream with [`Error::Worker`] at its place.
 /// * **Errors nobody takes**: dropped before the consumer took them, an error recorded
 ///   by earlier work ([`Error::Deferred`]) goes back to be reported by the device's next
-///   call, and so does a panic of the source or of a batch's code; a batch's own failure
-///   is dropped with the batch.
+///   call on any thread, and so does a panic of the source or of a batch's code; a
+///   batch's own failure is dropped with the batch.
 ///
 /// ```
 /// use pinlane::{H2dOptions, Prefetcher, Tensor};
@@ -106,7 +106,7 @@ impl<B: Batch + Send + 'static> Prefetcher<B> {
                         // User code `work` runs outside its own catches: the source's
                         // drop, a batch dropped unmoved or unsent (session 64: the panic
                         // went unreported).
-                        report(&opts, &tx, &*panic);
+                        report(&opts, &tx, &stop, &*panic);
                     }
                 })
                 .map_err(|e| Error::Worker {
@@ -125,27 +125,41 @@ impl<B: Batch + Send + 'static> Prefetcher<B> {
 /// A panic on the worker outside a batch's move (the source's drop, a batch dropped
 /// unmoved or unsent): an error after the batches already sent, if the consumer still
 /// listens, else kept for the device's next call.
-fn report<B>(opts: &H2dOptions, tx: &SyncSender<Result<B>>, panic: &(dyn std::any::Any + Send)) {
+fn report<B>(
+    opts: &H2dOptions,
+    tx: &SyncSender<Result<B>>,
+    stop: &AtomicBool,
+    panic: &(dyn std::any::Any + Send),
+) {
     let e = Error::Panicked {
         thread: "prefetch",
         what: "dropping the source or a batch it gave",
         message: crate::error::panic_message(panic),
     };
-    send(&opts.device, tx, Err(e));
+    send(&opts.device, tx, stop, Err(e));
 }
 
-/// Sends `item` to the consumer: `false` if it is gone, and then an error the item holds
-/// is kept as [`unreceived`] says.
-fn send<B>(device: &DeviceSpec, tx: &SyncSender<Result<B>>, item: Result<B>) -> bool {
-    match tx.send(item) {
-        Ok(()) => true,
-        Err(mpsc::SendError(item)) => {
-            if let Err(e) = item {
-                unreceived(device, e);
-            }
-            false
+/// Sends `item` to the consumer: `false` if it is gone or going (`stop`: its drop may
+/// have received for the last time), and then an error the item holds is kept as
+/// [`unreceived`] says.
+fn send<B>(
+    device: &DeviceSpec,
+    tx: &SyncSender<Result<B>>,
+    stop: &AtomicBool,
+    item: Result<B>,
+) -> bool {
+    let unsent = if stop.load(Ordering::Acquire) {
+        item
+    } else {
+        match tx.send(item) {
+            Ok(()) => return true,
+            Err(mpsc::SendError(item)) => item,
         }
+    };
+    if let Err(e) = unsent {
+        unreceived(device, e);
     }
+    false
 }
 
 /// An error the consumer will not take (it dropped the prefetcher before receiving it):
@@ -153,7 +167,9 @@ fn send<B>(device: &DeviceSpec, tx: &SyncSender<Result<B>>, item: Result<B>) -> 
 /// ([`Error::Deferred`]: somebody else's error) goes back to the record, and a panic of
 /// user code (the source's, a batch's) is recorded as one (what `report` does), each for
 /// the device's next call (session 86: before, both were dropped with the channel). A
-/// batch's own failure goes with the batch nobody asked for.
+/// batch's own failure goes with the batch nobody asked for. Kept for the device's next
+/// call on any thread, whichever thread finds it: they are the worker's, a thread of
+/// pinlane's, and the one it took came from the device's record.
 fn unreceived(device: &DeviceSpec, e: Error) {
     let e = match e {
         Error::Deferred(earlier) => *earlier,
@@ -161,7 +177,21 @@ fn unreceived(device: &DeviceSpec, e: Error) {
         _ => return,
     };
     if let Some(d) = super::ordinal_of(device) {
-        crate::driver::deferred::record(d, e);
+        crate::driver::deferred::record_for_device(d, e);
+    }
+}
+
+/// Drops a batch nobody took, on the thread dropping the prefetcher: a panic in its code
+/// is caught and kept for the device's next call, as the worker keeps its own.
+fn drop_batch<B>(device: Option<usize>, batch: B) {
+    let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(batch)));
+    if let (Err(panic), Some(d)) = (dropped, device) {
+        let e = Error::Panicked {
+            thread: "prefetch",
+            what: "dropping a batch the consumer did not take",
+            message: crate::error::panic_message(&*panic),
+        };
+        crate::driver::deferred::record_for_device(d, e);
     }
 }
 
@@ -183,7 +213,7 @@ fn work<B: Batch, I: Iterator<Item = B>>(
                 let e = Error::Worker {
                     reason: format!("the source iterator panicked: {reason}"),
                 };
-                send(&opts.device, tx, Err(e));
+                send(&opts.device, tx, stop, Err(e));
                 return;
             }
         };
@@ -222,7 +252,7 @@ fn work<B: Batch, I: Iterator<Item = B>>(
         }
         let mut items = earlier.into_iter().chain(std::iter::once(item));
         while let Some(item) = items.next() {
-            if !send(&opts.device, tx, item) {
+            if !send(&opts.device, tx, stop, item) {
                 // The consumer is gone: what it will not take is kept or dropped here.
                 for item in items {
                     if let Err(e) = item {
@@ -279,14 +309,16 @@ impl<B> Drop for Prefetcher<B> {
         }
         self.stop.store(true, Ordering::Release);
         let Some(rx) = self.rx.take() else { return };
-        // What waits in the channel, and what the worker still sends (the batch it is
-        // moving), is received here until it exits: batches are dropped, and errors
-        // nobody will take now are kept as `unreceived` says (on this thread: its next
-        // call on the device sees them). Receiving unblocks a worker waiting to send.
+        // What waits in the channel, and what the worker sent before it saw `stop`, is
+        // received here until it exits (which unblocks a worker waiting to send): errors
+        // nobody will take now are kept as `unreceived` says, and batches are dropped,
+        // their code's panics caught and kept as the worker's would be.
+        let device = super::ordinal_of(&self.device);
         let drain = |rx: &Receiver<Result<B>>| {
             for item in rx.try_iter() {
-                if let Err(e) = item {
-                    unreceived(&self.device, e);
+                match item {
+                    Err(e) => unreceived(&self.device, e),
+                    Ok(batch) => drop_batch(device, batch),
                 }
             }
         };
@@ -298,21 +330,21 @@ impl<B> Drop for Prefetcher<B> {
         // for it would set a new one up, inside a drop).
         let limit = crate::memory::waits::drop_wait();
         let mut patience = super::patience::Patience::new(limit);
-        loop {
+        while !w.is_finished() {
             drain(&rx);
-            if w.is_finished() {
-                break;
-            }
             if patience.pause().is_err() {
-                // Detached: dropping the receiver fails its next send (what that holds
-                // is kept by the worker), and it sees `stop` and exits.
+                // Detached: what it sent so far is received here; from now on it keeps
+                // what it would send (it sees `stop`; dropping the receiver fails a send
+                // begun before), and it exits when the source's `next()` returns.
+                drain(&rx);
                 return;
             }
         }
-        drain(&rx);
         // The worker catches the source's panics; a panic elsewhere in it has been
-        // reported by the thread already, and Drop must not panic.
+        // reported by the thread already, and Drop must not panic. Joined first: its
+        // last sends are then seen by the drain.
         let _ = w.join();
+        drain(&rx);
     }
 }
 
