@@ -1015,6 +1015,45 @@ fn a_panic_in_around_wait_unwinds_and_the_next_calls_are_right() {
     }
 }
 
+/// Into pageable outputs the whole copy runs inside `around_wait`; one that unwinds
+/// before it runs that part has queued nothing, and its call returns (unwinding) without
+/// waiting for the caller's stream, which the copy stream was ordered after (session 86:
+/// the unrun part's job was dropped, and its drop waited for the stream, here 2 s, up to
+/// `Config::drop_sync_wait`).
+#[test]
+fn a_panic_in_around_wait_before_a_pageable_copy_does_not_wait_for_the_stream() {
+    common::sim();
+    let b = vec![common::tensor(DType::F32, &[6_000], 94)];
+    let on = transfer_tensor_h2d(&b).unwrap();
+    let pageable = D2hOptions::default().output(HostOutput::Pageable);
+    let busy = Stream::new(D0).unwrap();
+    let t0 = std::time::Instant::now();
+    let r = {
+        let _current = pinlane::set_current_stream(&busy);
+        busy.delay_async(std::time::Duration::from_secs(2)).unwrap();
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            transfer_tensor_d2h_overlapping_around(
+                &on,
+                &pageable,
+                |_| (),
+                |_| panic!("a panic in around_wait (expected by the test)"),
+            )
+        }))
+    };
+    let took = t0.elapsed();
+    assert!(r.is_err(), "the panic unwinds out of the call");
+    assert!(
+        took < std::time::Duration::from_secs(1),
+        "unwound after {took:?}"
+    );
+    assert_eq!(
+        pinlane::memory::retained::retained_bytes(),
+        0,
+        "nothing held"
+    );
+    assert_eq!(transfer_tensor_d2h(&on, &pageable).unwrap(), b);
+}
+
 #[test]
 fn a_panic_in_while_copying_unwinds_and_frees_nothing_the_copies_still_write() {
     common::sim();

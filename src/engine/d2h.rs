@@ -112,7 +112,6 @@ pub(crate) fn transfer<B: Batch>(
     };
 
     super::trace::mark("planned");
-    let job = InFlight::new(stream);
     let mut call = Call::new(&ctx, device, &rt, picked.len(), sizes.iter().sum());
     let layout = Layout {
         views: &views,
@@ -140,13 +139,17 @@ pub(crate) fn transfer<B: Batch>(
         Some((block, base)) => {
             let at = (&block, base, flag_at);
             let hooks = (mode, overlap.while_copying, around);
-            into_block(batch, &out, &mut call, job, at, hooks)?
+            into_block(batch, &out, &mut call, InFlight::new(stream), at, hooks)?
         }
         // The copies through staging slots wait for the slots and the copies along the
         // way: all of it runs inside `around`, the rebuild (the caller's `Batch` code)
-        // after it.
+        // after it. The job is made there too: an `around` that unwinds before it runs
+        // the part leaves no job to drop, whose drop would wait for the copy stream, and
+        // so for the caller's stream, with nothing queued (session 86).
         None => {
-            let region = memory::run_around(around, || into_region(&out, &mut call, job))?;
+            let region = memory::run_around(around, || {
+                into_region(&out, &mut call, InFlight::new(stream))
+            })?;
             (region_rebuilt(batch, &out, region)?, None)
         }
     };
