@@ -528,11 +528,18 @@ fn shown_thread(thread: &str) -> String {
 }
 
 /// A caught panic's message (`panic!` with a literal or a formatted string), for errors
-/// that report user code that panicked on pinlane's threads.
-pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
+/// that report user code that panicked on pinlane's threads. Takes the payload and drops
+/// it: a payload is user code too (`panic_any` of a value whose drop panics,
+/// rust-lang/rust#86027), so a panic in its drop is caught and that second payload
+/// forgotten, not let unwind out of the catch that caught the first (session 86).
+pub(crate) fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    let message = payload
         .downcast_ref::<&str>()
         .map(|s| (*s).to_string())
         .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".into())
+        .unwrap_or_else(|| "a panic without a message".into());
+    if let Err(again) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(payload))) {
+        std::mem::forget(again);
+    }
+    message
 }

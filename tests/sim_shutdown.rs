@@ -233,4 +233,40 @@ fn shutdown_gives_everything_back_and_the_next_call_starts_afresh() {
     move_batches(7);
     drop(rt);
     pinlane::shutdown(Duration::from_secs(10)).unwrap();
+
+    // 8. Work the free thread runs while `shutdown` stops it may hand it more: ending a
+    //    registration there (`sync_wait` is set, by 7's configuration) drops its owner,
+    //    which frees a `to_pinned` block, a free for the free thread, which `shutdown` had
+    //    taken off by then, so a new one started. `shutdown` waits for that one too
+    //    (session 86: it returned with it running, and the block's free still to come).
+    struct Slow(Vec<u8>, #[allow(dead_code)] pinlane::Tensor);
+    impl AsRef<[u8]> for Slow {
+        fn as_ref(&self) -> &[u8] {
+            &self.0
+        }
+    }
+    impl Drop for Slow {
+        fn drop(&mut self) {
+            std::thread::sleep(Duration::from_millis(300)); // shutdown has begun by then
+        }
+    }
+    let block = common::tensor(DType::F32, &[1024], 8).to_pinned().unwrap();
+    let owner = Slow(vec![0; 4096], block);
+    let registered = pinlane::Tensor::from_owner(owner, DType::U8, [4096])
+        .unwrap()
+        .register_pinned(Device::cuda(0))
+        .unwrap();
+    pinlane::shutdown(Duration::from_secs(10)).unwrap(); // no runtime from here on
+    drop(registered); // ends on the free thread: unregistered, then the owner's drop
+    pinlane::shutdown(Duration::from_secs(10)).unwrap();
+    assert_eq!(page_locked_bytes(), Some(0), "the block's free");
+    if linux {
+        let t0 = std::time::Instant::now();
+        let mut left = pinlane_threads();
+        while !left.is_empty() && t0.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(1));
+            left = pinlane_threads();
+        }
+        assert_eq!(left, Vec::<String>::new(), "a free thread left running");
+    }
 }

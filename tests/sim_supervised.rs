@@ -44,6 +44,14 @@ impl Drop for PanickingOwner {
 /// holds the last reference to it), then checks that the call still came back right:
 /// the panic is recorded for the device's next call.
 fn panic_on_the_completion_thread(t: &Tensor) {
+    panic_on_the_completion_thread_with(t, PanickingOwner);
+}
+
+/// [`panic_on_the_completion_thread`] with the owner `owner` makes of the tensor it keeps.
+fn panic_on_the_completion_thread_with<O: Send + Sync + 'static>(
+    t: &Tensor,
+    owner: impl FnOnce(Tensor) -> O,
+) {
     let dev = Device::cuda(0);
     let theirs = transfer_tensor_h2d(t).unwrap(); // "another library's" device memory
     let lent = Stream::legacy(dev).unwrap();
@@ -53,8 +61,7 @@ fn panic_on_the_completion_thread(t: &Tensor) {
     // SAFETY: `ptr` is the 4000 bytes of cuda:0 memory `theirs` holds, kept alive by the
     // owner, and nothing writes it.
     let ext =
-        unsafe { Tensor::from_device_ptr(ptr, dev, DType::F32, [1000], PanickingOwner(theirs)) }
-            .unwrap();
+        unsafe { Tensor::from_device_ptr(ptr, dev, DType::F32, [1000], owner(theirs)) }.unwrap();
     let errors_before = memory_stats().background_errors;
     let slow = Stream::new(dev).unwrap();
     let pending = {
@@ -256,5 +263,39 @@ fn a_prefetcher_dropping_an_untaken_batch_that_panics_keeps_the_panic() {
             other => panic!("deferred {other:?}, not the panic"),
         },
         other => panic!("the panic was not kept: {other:?}"),
+    }
+}
+
+/// An owner whose `Drop` panics with a payload whose own drop panics (`panic_any`; rust-
+/// lang/rust#86027): dropping that payload after the catch unwound out of it and stopped
+/// the completion thread, its handles woken with `Error::Worker`. The payload's panic is
+/// caught too now, and the owner's is kept as any other (session 86).
+#[test]
+fn an_owner_panicking_with_a_payload_that_panics_when_dropped_is_kept_too() {
+    common::sim();
+    let _turn = serial();
+    struct Bomb;
+    impl Drop for Bomb {
+        fn drop(&mut self) {
+            panic!("the payload's drop panicked on purpose");
+        }
+    }
+    struct BombOwner(#[allow(dead_code)] Tensor);
+    impl Drop for BombOwner {
+        fn drop(&mut self) {
+            std::panic::panic_any(Bomb);
+        }
+    }
+    let t = common::tensor(DType::F32, &[1000], 6);
+    panic_on_the_completion_thread_with(&t, BombOwner);
+    let seen = std::thread::spawn(move || transfer_tensor_h2d(&t))
+        .join()
+        .unwrap();
+    match seen {
+        Err(Error::Deferred(e)) => match *e {
+            Error::Panicked { thread, .. } => assert_eq!(thread, "completion"),
+            other => panic!("deferred {other:?}, not the panic"),
+        },
+        other => panic!("the panic was not reported: {other:?}"),
     }
 }

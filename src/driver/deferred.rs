@@ -91,7 +91,7 @@ pub(crate) fn catch_user_panic(device: usize, what: &'static str, f: impl FnOnce
         Error::Panicked {
             thread: background_name().unwrap_or("caller"),
             what,
-            message: crate::error::panic_message(&*panic),
+            message: crate::error::panic_message(panic),
         },
     );
     false

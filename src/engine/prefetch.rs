@@ -106,7 +106,7 @@ impl<B: Batch + Send + 'static> Prefetcher<B> {
                         // User code `work` runs outside its own catches: the source's
                         // drop, a batch dropped unmoved or unsent (session 64: the panic
                         // went unreported).
-                        report(&opts, &tx, &stop, &*panic);
+                        report(&opts, &tx, &stop, panic);
                     }
                 })
                 .map_err(|e| Error::Worker {
@@ -129,7 +129,7 @@ fn report<B>(
     opts: &H2dOptions,
     tx: &SyncSender<Result<B>>,
     stop: &AtomicBool,
-    panic: &(dyn std::any::Any + Send),
+    panic: Box<dyn std::any::Any + Send>,
 ) {
     let e = Error::Panicked {
         thread: "prefetch",
@@ -189,7 +189,7 @@ fn drop_batch<B>(device: Option<usize>, batch: B) {
         let e = Error::Panicked {
             thread: "prefetch",
             what: "dropping a batch the consumer did not take",
-            message: crate::error::panic_message(&*panic),
+            message: crate::error::panic_message(panic),
         };
         crate::driver::deferred::record_for_device(d, e);
     }
@@ -209,7 +209,7 @@ fn work<B: Batch, I: Iterator<Item = B>>(
             Ok(Some(b)) => b,
             Ok(None) => return,
             Err(panic) => {
-                let reason = crate::error::panic_message(&*panic);
+                let reason = crate::error::panic_message(panic);
                 let e = Error::Worker {
                     reason: format!("the source iterator panicked: {reason}"),
                 };
@@ -226,7 +226,7 @@ fn work<B: Batch, I: Iterator<Item = B>>(
         let panicked = |panic: Box<dyn std::any::Any + Send>| Error::Panicked {
             thread: "prefetch",
             what: "moving a batch (its Batch::visit or rebuild, or its drop)",
-            message: crate::error::panic_message(&*panic),
+            message: crate::error::panic_message(panic),
         };
         // An error recorded for the device by earlier work (`Error::Deferred`: an owner's
         // drop somewhere) is no fault of this batch, which the transfer has not touched

@@ -201,7 +201,7 @@ impl Job {
                 unsafe { self.work.copy_piece(i, self.stores) }
             }));
             if let Err(panic) = copied {
-                let _ = self.panicked.set(crate::error::panic_message(&*panic));
+                let _ = self.panicked.set(crate::error::panic_message(panic));
             }
             // Order the (possibly non-temporal) stores above before the Release below.
             store_fence();

@@ -168,7 +168,7 @@ fn run(job: Job) {
                         op: "freeing page-locked memory",
                         reason: format!(
                             "the free panicked ({})",
-                            crate::error::panic_message(&*panic)
+                            crate::error::panic_message(panic)
                         ),
                     },
                 );
@@ -225,13 +225,22 @@ pub(crate) fn runs_done_by(deadline: std::time::Instant) -> bool {
 /// Lets the reaper thread free what it was given and exit; waits up to `limit` for that
 /// and says whether it happened (no thread running counts). A later free starts a new
 /// thread. For [`Runtime::shutdown`](crate::runtime::Runtime::shutdown).
+///
+/// A job the exiting thread runs may hand over work of its own (an owner's drop there
+/// frees a `to_pinned` block: a free of pinlane's own, for the free thread), which starts
+/// a new thread once this one is taken off: that one is let finish and waited for too,
+/// until none is left (session 86: before, `shutdown` returned with it running).
 pub(crate) fn quiesce(limit: Duration) -> bool {
-    let reaper = REAPER.lock().unwrap_or_else(|p| p.into_inner()).take();
-    match reaper {
-        None => true,
-        Some(Reaper { tx, exited }) => {
-            drop(tx); // the thread's loop ends after the frees already queued
-            exited.recv_timeout(limit).is_ok()
+    let deadline = driver::deadline_after(limit);
+    loop {
+        let reaper = REAPER.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let Some(Reaper { tx, exited }) = reaper else {
+            return true;
+        };
+        drop(tx); // the thread's loop ends after the frees already queued
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if exited.recv_timeout(left).is_err() {
+            return false;
         }
     }
 }
