@@ -37,6 +37,20 @@ fn pinlane_threads() -> Vec<String> {
         .collect()
 }
 
+/// [`pinlane_threads`] once the list is empty, or after 2 s. A thread whose work has
+/// finished can still be listed for a moment (shutdown sees it finished, the kernel
+/// removes its entry a little later): 1 run in 12 of this test failed on that before it
+/// looked again.
+fn pinlane_threads_left() -> Vec<String> {
+    let t0 = std::time::Instant::now();
+    let mut left = pinlane_threads();
+    while !left.is_empty() && t0.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(1));
+        left = pinlane_threads();
+    }
+    left
+}
+
 fn batch(seed: u64) -> Vec<pinlane::Tensor> {
     vec![
         common::tensor(DType::F32, &[300_000], seed), // 1.2 MiB: staged, by the copy threads
@@ -106,17 +120,8 @@ fn shutdown_gives_everything_back_and_the_next_call_starts_afresh() {
         "page-locked memory left after shutdown"
     );
     if linux {
-        // The copy threads are stopped; the completion and free threads exited too. A
-        // thread whose work has finished can still be listed for a moment (shutdown sees
-        // it finished, the kernel removes its entry a little later): 1 run in 12 of this
-        // test failed on that before it looked again.
-        let t0 = std::time::Instant::now();
-        let mut left = pinlane_threads();
-        while !left.is_empty() && t0.elapsed() < Duration::from_secs(2) {
-            std::thread::sleep(Duration::from_millis(1));
-            left = pinlane_threads();
-        }
-        assert_eq!(left, Vec::<String>::new());
+        // The copy threads are stopped; the completion and free threads exited too.
+        assert_eq!(pinlane_threads_left(), Vec::<String>::new());
     }
 
     // 2. The next call makes a new default runtime, of the same configuration.
@@ -261,12 +266,10 @@ fn shutdown_gives_everything_back_and_the_next_call_starts_afresh() {
     pinlane::shutdown(Duration::from_secs(10)).unwrap();
     assert_eq!(page_locked_bytes(), Some(0), "the block's free");
     if linux {
-        let t0 = std::time::Instant::now();
-        let mut left = pinlane_threads();
-        while !left.is_empty() && t0.elapsed() < Duration::from_secs(2) {
-            std::thread::sleep(Duration::from_millis(1));
-            left = pinlane_threads();
-        }
-        assert_eq!(left, Vec::<String>::new(), "a free thread left running");
+        assert_eq!(
+            pinlane_threads_left(),
+            Vec::<String>::new(),
+            "a free thread left running"
+        );
     }
 }
