@@ -65,10 +65,11 @@ fn panic_on_the_completion_thread_with<O: Send + Sync + 'static>(
     let errors_before = memory_stats().background_errors;
     let slow = Stream::new(dev).unwrap();
     let pending = {
-        // The copy waits 50 ms behind the current stream: the call's job holds the last
-        // reference to `ext`, so the owner drops (and panics) on the completion thread.
+        // The copy waits 500 ms behind the current stream (long enough that a loaded
+        // machine still finds it pending below): the call's job holds the last reference
+        // to `ext`, so the owner drops (and panics) on the completion thread.
         let _current = set_current_stream(&slow);
-        slow.delay_async(Duration::from_millis(50)).unwrap();
+        slow.delay_async(Duration::from_millis(500)).unwrap();
         transfer_tensor_d2h_async(&vec![ext], &D2hOptions::default()).unwrap()
     };
     assert!(!pending.is_ready());

@@ -100,10 +100,12 @@ fn a_prefetchers_source_that_panics_after_the_drop_gave_up_is_not_lost() {
     sim();
     let _turn = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let (entered_tx, entered) = std::sync::mpsc::channel();
+    let (release, released) = std::sync::mpsc::channel::<()>();
     let source = (0..).map(move |i: usize| {
         if i == 1 {
             let _ = entered_tx.send(());
-            std::thread::sleep(Duration::from_millis(700)); // past the 300 ms drop wait
+            // Stuck until the drop has given up on the worker (its wait is 300 ms).
+            let _ = released.recv_timeout(Duration::from_secs(20));
             panic!("the decoder gave up late");
         }
         vec![Tensor::scalar(i as u32)]
@@ -119,9 +121,10 @@ fn a_prefetchers_source_that_panics_after_the_drop_gave_up_is_not_lost() {
     let t0 = Instant::now();
     drop(p);
     assert!(
-        t0.elapsed() < Duration::from_millis(650),
-        "the drop gave up first"
+        t0.elapsed() < Duration::from_secs(3),
+        "the drop gave up on the worker"
     );
+    release.send(()).unwrap(); // now the source panics, with nobody to send it to
     let t0 = Instant::now();
     let seen = loop {
         if let Some(e) = pinlane::driver::deferred::take(Device::cuda(0)) {

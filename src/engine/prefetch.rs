@@ -185,13 +185,17 @@ fn unreceived(device: &DeviceSpec, e: Error) {
 /// is caught and kept for the device's next call, as the worker keeps its own.
 fn drop_batch<B>(device: Option<usize>, batch: B) {
     let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(batch)));
-    if let (Err(panic), Some(d)) = (dropped, device) {
-        let e = Error::Panicked {
-            thread: "prefetch",
-            what: "dropping a batch the consumer did not take",
-            message: crate::error::panic_message(panic),
-        };
-        crate::driver::deferred::record_for_device(d, e);
+    if let Err(panic) = dropped {
+        // The payload is dropped under its own catch, device or not.
+        let message = crate::error::panic_message(panic);
+        if let Some(d) = device {
+            let e = Error::Panicked {
+                thread: "prefetch",
+                what: "dropping a batch the consumer did not take",
+                message,
+            };
+            crate::driver::deferred::record_for_device(d, e);
+        }
     }
 }
 

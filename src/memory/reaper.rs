@@ -79,6 +79,14 @@ impl Drop for Counted {
 struct Reaper {
     tx: Sender<Job>,
     exited: Receiver<()>,
+    /// Started by work of the free thread itself (a job's owner drop freeing a block),
+    /// not by another thread: [`quiesce`] waits for such a one too.
+    by_free_thread: bool,
+}
+
+thread_local! {
+    /// Whether this thread is the free thread.
+    static ON_FREE_THREAD: Cell<bool> = const { Cell::new(false) };
 }
 
 /// The running reaper thread, if any: started on first use, and again after [`quiesce`].
@@ -134,7 +142,7 @@ fn send_or_run(mut job: Job) {
         let mut r = REAPER.lock().unwrap_or_else(|p| p.into_inner());
         for _ in 0..2 {
             if r.is_none() {
-                *r = start();
+                *r = start(ON_FREE_THREAD.try_with(Cell::get).unwrap_or(false));
             }
             let Some(reaper) = r.as_ref() else { break };
             match reaper.tx.send(job) {
@@ -229,20 +237,26 @@ pub(crate) fn runs_done_by(deadline: std::time::Instant) -> bool {
 /// A job the exiting thread runs may hand over work of its own (an owner's drop there
 /// frees a `to_pinned` block: a free of pinlane's own, for the free thread), which starts
 /// a new thread once this one is taken off: that one is let finish and waited for too,
-/// until none is left (session 86: before, `shutdown` returned with it running).
+/// until none is left (session 86: before, `shutdown` returned with it running). One
+/// that another thread's free started meanwhile is left running, as before: other
+/// threads' calls are not interrupted, and waiting for them could take the whole limit.
 pub(crate) fn quiesce(limit: Duration) -> bool {
     let deadline = driver::deadline_after(limit);
-    loop {
-        let reaper = REAPER.lock().unwrap_or_else(|p| p.into_inner()).take();
-        let Some(Reaper { tx, exited }) = reaper else {
-            return true;
-        };
+    let mut reaper = REAPER.lock().unwrap_or_else(|p| p.into_inner()).take();
+    while let Some(Reaper { tx, exited, .. }) = reaper {
         drop(tx); // the thread's loop ends after the frees already queued
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         if exited.recv_timeout(left).is_err() {
             return false;
         }
+        let mut r = REAPER.lock().unwrap_or_else(|p| p.into_inner());
+        reaper = if r.as_ref().is_some_and(|n| n.by_free_thread) {
+            r.take()
+        } else {
+            None
+        };
     }
+    true
 }
 
 /// Frees that failed on the reaper thread so far.
@@ -250,7 +264,7 @@ pub(crate) fn failed() -> usize {
     FAILED.load(Ordering::Relaxed)
 }
 
-fn start() -> Option<Reaper> {
+fn start(by_free_thread: bool) -> Option<Reaper> {
     let (tx, rx) = channel::<Job>();
     let (done, exited) = channel::<()>();
     std::thread::Builder::new()
@@ -258,13 +272,18 @@ fn start() -> Option<Reaper> {
         .spawn(move || {
             // No call runs here: errors recorded while freeing go to the device.
             driver::deferred::mark_background_thread("free");
+            let _ = ON_FREE_THREAD.try_with(|f| f.set(true));
             for job in rx {
                 run(job);
             }
             let _ = done.send(());
         })
         .ok()
-        .map(|_| Reaper { tx, exited })
+        .map(|_| Reaper {
+            tx,
+            exited,
+            by_free_thread,
+        })
 }
 
 /// Frees a pinned allocation under the context it was allocated under, on this thread
