@@ -68,7 +68,7 @@ pub(crate) fn mark_background_thread(name: &'static str) {
 }
 
 /// The calling thread's name if it is one of pinlane's own (see the module docs).
-fn background_name() -> Option<&'static str> {
+pub(crate) fn background_name() -> Option<&'static str> {
     BACKGROUND.try_with(Cell::get).ok().flatten()
 }
 

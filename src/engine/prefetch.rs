@@ -157,7 +157,7 @@ fn send<B>(
         }
     };
     if let Err(e) = unsent {
-        unreceived(device, e);
+        unreceived(super::ordinal_of(device), e);
     }
     false
 }
@@ -170,13 +170,13 @@ fn send<B>(
 /// batch's own failure goes with the batch nobody asked for. Kept for the device's next
 /// call on any thread, whichever thread finds it: they are the worker's, a thread of
 /// pinlane's, and the one it took came from the device's record.
-fn unreceived(device: &DeviceSpec, e: Error) {
+fn unreceived(device: Option<usize>, e: Error) {
     let e = match e {
         Error::Deferred(earlier) => *earlier,
         e @ (Error::Panicked { .. } | Error::Worker { .. }) => e,
         _ => return,
     };
-    if let Some(d) = super::ordinal_of(device) {
+    if let Some(d) = device {
         crate::driver::deferred::record_for_device(d, e);
     }
 }
@@ -258,9 +258,10 @@ fn work<B: Batch, I: Iterator<Item = B>>(
         while let Some(item) = items.next() {
             if !send(&opts.device, tx, stop, item) {
                 // The consumer is gone: what it will not take is kept or dropped here.
+                let device = super::ordinal_of(&opts.device);
                 for item in items {
                     if let Err(e) = item {
-                        unreceived(&opts.device, e);
+                        unreceived(device, e);
                     }
                 }
                 return;
@@ -321,7 +322,7 @@ impl<B> Drop for Prefetcher<B> {
         let drain = |rx: &Receiver<Result<B>>| {
             for item in rx.try_iter() {
                 match item {
-                    Err(e) => unreceived(&self.device, e),
+                    Err(e) => unreceived(device, e),
                     Ok(batch) => drop_batch(device, batch),
                 }
             }

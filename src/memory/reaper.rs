@@ -84,11 +84,6 @@ struct Reaper {
     by_free_thread: bool,
 }
 
-thread_local! {
-    /// Whether this thread is the free thread.
-    static ON_FREE_THREAD: Cell<bool> = const { Cell::new(false) };
-}
-
 /// The running reaper thread, if any: started on first use, and again after [`quiesce`].
 static REAPER: Mutex<Option<Reaper>> = Mutex::new(None);
 /// Frees that failed on the reaper thread (nobody to return them to).
@@ -142,7 +137,8 @@ fn send_or_run(mut job: Job) {
         let mut r = REAPER.lock().unwrap_or_else(|p| p.into_inner());
         for _ in 0..2 {
             if r.is_none() {
-                *r = start(ON_FREE_THREAD.try_with(Cell::get).unwrap_or(false));
+                // The free thread's own mark (`start` names it so).
+                *r = start(driver::deferred::background_name() == Some("free"));
             }
             let Some(reaper) = r.as_ref() else { break };
             match reaper.tx.send(job) {
@@ -272,7 +268,6 @@ fn start(by_free_thread: bool) -> Option<Reaper> {
         .spawn(move || {
             // No call runs here: errors recorded while freeing go to the device.
             driver::deferred::mark_background_thread("free");
-            let _ = ON_FREE_THREAD.try_with(|f| f.set(true));
             for job in rx {
                 run(job);
             }
