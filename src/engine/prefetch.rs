@@ -3,7 +3,6 @@
 
 use super::{transfer_tensor_h2d_with, H2dOptions};
 use crate::batch::Batch;
-use crate::device::DeviceSpec;
 use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
@@ -50,11 +49,47 @@ use std::thread::JoinHandle;
 /// ```
 pub struct Prefetcher<B> {
     /// `None` once dropped (so the worker's sends fail and it exits).
-    rx: Option<Receiver<Result<B>>>,
+    rx: Option<Receiver<Parcel<B>>>,
     stop: Arc<AtomicBool>,
     worker: Option<JoinHandle<()>>,
-    /// The transfers' device, where errors nobody took are recorded ([`unreceived`]).
-    device: DeviceSpec,
+}
+
+/// An item on its way to the consumer, with the device where an error nobody takes is
+/// kept. Dropped unopened (not sent, drained by the prefetcher's drop, or left in the
+/// channel when its receiver drops, on whichever thread that is), it keeps its error as
+/// [`unreceived`] says and drops its batch as [`drop_batch`] does: no path that lets go of
+/// an item loses an error or lets a batch's panic unwind (session 87: a send completed
+/// after a drop that gave up on the worker had drained for the last time left its item to
+/// the channel's own drop, which did neither).
+struct Parcel<B> {
+    /// `None` once opened.
+    item: Option<Result<B>>,
+    /// The transfers' device, resolved once by the worker.
+    device: Option<usize>,
+}
+
+impl<B> Parcel<B> {
+    fn new(item: Result<B>, device: Option<usize>) -> Parcel<B> {
+        Parcel {
+            item: Some(item),
+            device,
+        }
+    }
+
+    /// The item, taken by the consumer (its error is then the consumer's).
+    fn open(mut self) -> Option<Result<B>> {
+        self.item.take()
+    }
+}
+
+impl<B> Drop for Parcel<B> {
+    fn drop(&mut self) {
+        match self.item.take() {
+            Some(Err(e)) => unreceived(self.device, e),
+            Some(Ok(batch)) => drop_batch(self.device, batch),
+            None => {}
+        }
+    }
 }
 
 impl<B: Batch + Send + 'static> Prefetcher<B> {
@@ -90,7 +125,6 @@ impl<B: Batch + Send + 'static> Prefetcher<B> {
         let (tx, rx) = mpsc::sync_channel(depth - 1);
         let stop = Arc::new(AtomicBool::new(false));
         let iter = batches.into_iter();
-        let device = opts.device.clone();
         let worker = {
             let stop = stop.clone();
             std::thread::Builder::new()
@@ -99,14 +133,15 @@ impl<B: Batch + Send + 'static> Prefetcher<B> {
                     // Errors raised where no call returns them (owners' drops, the cache
                     // ring's at exit) go to the device's next call on any thread.
                     crate::driver::deferred::mark_background_thread("prefetch");
+                    let device = super::ordinal_of(&opts.device);
                     let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        work(iter, &opts, &tx, &stop)
+                        work(iter, &opts, device, &tx, &stop)
                     }));
                     if let Err(panic) = run {
                         // User code `work` runs outside its own catches: the source's
-                        // drop, a batch dropped unmoved or unsent (session 64: the panic
-                        // went unreported).
-                        report(&opts, &tx, &stop, panic);
+                        // drop, a host batch dropped unmoved (session 64: the panic went
+                        // unreported).
+                        report(device, &tx, &stop, panic);
                     }
                 })
                 .map_err(|e| Error::Worker {
@@ -117,17 +152,16 @@ impl<B: Batch + Send + 'static> Prefetcher<B> {
             rx: Some(rx),
             stop,
             worker: Some(worker),
-            device,
         })
     }
 }
 
-/// A panic on the worker outside a batch's move (the source's drop, a batch dropped
-/// unmoved or unsent): an error after the batches already sent, if the consumer still
-/// listens, else kept for the device's next call.
+/// A panic on the worker outside a batch's move (the source's drop, a host batch dropped
+/// unmoved): an error after the batches already sent, if the consumer still listens,
+/// else kept for the device's next call.
 fn report<B>(
-    opts: &H2dOptions,
-    tx: &SyncSender<Result<B>>,
+    device: Option<usize>,
+    tx: &SyncSender<Parcel<B>>,
     stop: &AtomicBool,
     panic: Box<dyn std::any::Any + Send>,
 ) {
@@ -136,30 +170,14 @@ fn report<B>(
         what: "dropping the source or a batch it gave",
         message: crate::error::panic_message(panic),
     };
-    send(&opts.device, tx, stop, Err(e));
+    send(tx, stop, Parcel::new(Err(e), device));
 }
 
-/// Sends `item` to the consumer: `false` if it is gone or going (`stop`: its drop may
-/// have received for the last time), and then an error the item holds is kept as
-/// [`unreceived`] says.
-fn send<B>(
-    device: &DeviceSpec,
-    tx: &SyncSender<Result<B>>,
-    stop: &AtomicBool,
-    item: Result<B>,
-) -> bool {
-    let unsent = if stop.load(Ordering::Acquire) {
-        item
-    } else {
-        match tx.send(item) {
-            Ok(()) => return true,
-            Err(mpsc::SendError(item)) => item,
-        }
-    };
-    if let Err(e) = unsent {
-        unreceived(super::ordinal_of(device), e);
-    }
-    false
+/// Sends `parcel` to the consumer: `false` if it is gone or going (`stop`: its drop may
+/// have received for the last time), and then the parcel is dropped here (which keeps
+/// its error, see [`Parcel`]).
+fn send<B>(tx: &SyncSender<Parcel<B>>, stop: &AtomicBool, parcel: Parcel<B>) -> bool {
+    !stop.load(Ordering::Acquire) && tx.send(parcel).is_ok()
 }
 
 /// An error the consumer will not take (it dropped the prefetcher before receiving it):
@@ -204,7 +222,8 @@ fn drop_batch<B>(device: Option<usize>, batch: B) {
 fn work<B: Batch, I: Iterator<Item = B>>(
     mut iter: I,
     opts: &H2dOptions,
-    tx: &SyncSender<Result<B>>,
+    device: Option<usize>,
+    tx: &SyncSender<Parcel<B>>,
     stop: &AtomicBool,
 ) {
     while !stop.load(Ordering::Acquire) {
@@ -217,7 +236,7 @@ fn work<B: Batch, I: Iterator<Item = B>>(
                 let e = Error::Worker {
                     reason: format!("the source iterator panicked: {reason}"),
                 };
-                send(&opts.device, tx, stop, Err(e));
+                send(tx, stop, Parcel::new(Err(e), device));
                 return;
             }
         };
@@ -254,16 +273,15 @@ fn work<B: Batch, I: Iterator<Item = B>>(
         if let Err(panic) = dropped {
             item = Err(panicked(panic));
         }
-        let mut items = earlier.into_iter().chain(std::iter::once(item));
-        while let Some(item) = items.next() {
-            if !send(&opts.device, tx, stop, item) {
-                // The consumer is gone: what it will not take is kept or dropped here.
-                let device = super::ordinal_of(&opts.device);
-                for item in items {
-                    if let Err(e) = item {
-                        unreceived(device, e);
-                    }
-                }
+        let mut parcels = earlier
+            .into_iter()
+            .chain(std::iter::once(item))
+            .map(|item| Parcel::new(item, device));
+        while let Some(parcel) = parcels.next() {
+            if !send(tx, stop, parcel) {
+                // The consumer is gone: what it will not take is kept or dropped here,
+                // each as a parcel (the map makes them).
+                parcels.for_each(drop);
                 return;
             }
         }
@@ -295,7 +313,7 @@ impl<B> Iterator for Prefetcher<B> {
             std::mem::forget(self.rx.take());
             return Some(Err(e));
         }
-        rx.recv().ok()
+        rx.recv().ok().and_then(Parcel::open)
     }
 }
 
@@ -315,18 +333,9 @@ impl<B> Drop for Prefetcher<B> {
         self.stop.store(true, Ordering::Release);
         let Some(rx) = self.rx.take() else { return };
         // What waits in the channel, and what the worker sent before it saw `stop`, is
-        // received here until it exits (which unblocks a worker waiting to send): errors
-        // nobody will take now are kept as `unreceived` says, and batches are dropped,
-        // their code's panics caught and kept as the worker's would be.
-        let device = super::ordinal_of(&self.device);
-        let drain = |rx: &Receiver<Result<B>>| {
-            for item in rx.try_iter() {
-                match item {
-                    Err(e) => unreceived(device, e),
-                    Ok(batch) => drop_batch(device, batch),
-                }
-            }
-        };
+        // received here until it exits (which unblocks a worker waiting to send), and
+        // dropped: a parcel keeps its error and catches its batch's panic (`Parcel`).
+        let drain = |rx: &Receiver<Parcel<B>>| rx.try_iter().for_each(drop);
         let Some(w) = self.worker.take() else {
             drain(&rx);
             return;
@@ -340,7 +349,9 @@ impl<B> Drop for Prefetcher<B> {
             if patience.pause().is_err() {
                 // Detached: what it sent so far is received here; from now on it keeps
                 // what it would send (it sees `stop`; dropping the receiver fails a send
-                // begun before), and it exits when the source's `next()` returns.
+                // begun before, and drops a parcel a send that passed `stop` before the
+                // drop set it left in the channel), and it exits when the source's
+                // `next()` returns.
                 drain(&rx);
                 return;
             }
@@ -358,5 +369,66 @@ impl<B> std::fmt::Debug for Prefetcher<B> {
         f.debug_struct("Prefetcher")
             .field("running", &self.worker.is_some())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::Device;
+    use crate::driver::deferred;
+
+    /// Device ordinals no other test records for (the records are process-wide).
+    const DEVICE: usize = 87;
+
+    struct Bomb;
+    impl Drop for Bomb {
+        fn drop(&mut self) {
+            panic!("the batch's drop panicked on purpose");
+        }
+    }
+
+    fn earlier() -> Error {
+        Error::Deferred(Box::new(Error::StreamWithoutDevice))
+    }
+
+    /// What a send that passed `stop` just before a drop that gave up on the worker puts
+    /// in the channel after the drop's last drain: the channel's own drop lets go of it.
+    #[test]
+    fn parcels_the_channel_drops_keep_their_errors_and_catch_their_panics() {
+        let (tx, rx) = mpsc::sync_channel(2);
+        assert!(tx.send(Parcel::new(Ok(Bomb), Some(DEVICE))).is_ok());
+        assert!(tx
+            .send(Parcel::new(Err(earlier()), Some(DEVICE + 1)))
+            .is_ok());
+        let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            drop(rx);
+            drop(tx);
+        }));
+        assert!(
+            dropped.is_ok(),
+            "a batch's panic unwound out of the channel's drop"
+        );
+        match deferred::take(Device::cuda(DEVICE)) {
+            Some(Error::Panicked {
+                thread: "prefetch",
+                message,
+                ..
+            }) => assert!(message.contains("on purpose"), "{message}"),
+            other => panic!("the batch's panic was not kept: {other:?}"),
+        }
+        assert_eq!(
+            deferred::take(Device::cuda(DEVICE + 1)),
+            Some(Error::StreamWithoutDevice),
+            "the earlier error went back to the device's record"
+        );
+    }
+
+    /// A parcel the consumer opened is the consumer's: nothing is kept for it.
+    #[test]
+    fn an_opened_parcel_keeps_nothing() {
+        let p = Parcel::<Bomb>::new(Err(earlier()), Some(DEVICE + 2));
+        assert_eq!(p.open().map(|r| r.err()), Some(Some(earlier())));
+        assert_eq!(deferred::take(Device::cuda(DEVICE + 2)), None);
     }
 }
