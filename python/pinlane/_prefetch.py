@@ -47,7 +47,10 @@ def prefetch(batches: Iterable[T], *, depth: int = 1, num_caches: int = 4) -> Pr
       worker and lets go of the batches it moved ahead: it waits up to ``timeout`` seconds
       (10 by default) for the worker to leave the source; a worker still inside the
       source's ``next()`` then is left to finish on its own (it is a daemon thread, lets
-      go of that batch and asks the source for no other).
+      go of that batch and asks the source for no other). An error that nobody took then
+      is dropped, but for one recorded by earlier work on the device (an error a pinlane
+      call met before it touched the batch, raised in the batch's place): that one goes
+      back to be raised by the device's next pinlane call on any thread.
 
     Example::
 
@@ -82,11 +85,22 @@ def _take_place(q, depth, taken, stop):
     return False
 
 
+def _unreceived(item):
+    """Lets go of `item`, which nobody will take (the prefetcher is closed): an error
+    recorded by earlier work that a transfer raised (somebody else's error, which the
+    transfer took from the device's record) is given back for the device's next call on
+    any thread, as the Rust ``Prefetcher`` does (session 87: before, it was lost)."""
+    if isinstance(item, _Failure):
+        from . import _native
+
+        _native.put_back_unreceived(item.exc)
+
+
 def _drain(q):
-    """Lets go of every batch waiting in `q`."""
+    """Lets go of every batch waiting in `q`, and of an error nobody took (`_unreceived`)."""
     while True:
         try:
-            q.get_nowait()
+            _unreceived(q.get_nowait())
         except queue.Empty:
             return
 
@@ -127,7 +141,10 @@ def _work(source, stream, modes, q, depth, taken, stop, num_caches):
         # (a DataLoader's workers) for as long as the caller keeps the exception.
         source = batch = None  # noqa: F841
     if stop.is_set():
-        _drain(q)  # closed: nothing moved stays behind in the queue
+        # Closed: nothing moved stays behind in the queue, and an error of the worker's
+        # own nobody will take is let go of as one in the queue is.
+        _unreceived(end)
+        _drain(q)
     else:
         q.put(end)
 

@@ -9,12 +9,64 @@
 
 use pinlane::{CheckpointFault, Error};
 use pyo3::exceptions::{PyMemoryError, PyOSError, PyRuntimeError, PyValueError};
-use pyo3::PyErr;
+use pyo3::prelude::*;
+use std::sync::{Mutex, PoisonError};
 
-/// The Python exception for a pinlane error, its message pinlane's.
+/// The attribute of an exception that holds the pinlane error recorded by earlier work
+/// ([`Error::Deferred`]) that the call raised, as an [`Unreceived`].
+const UNRECEIVED: &str = "_pinlane_unreceived";
+
+/// The error inside an [`Error::Deferred`] a call raised, kept on its exception so that a
+/// worker whose consumer will not take the exception can give it back for the device's
+/// next call ([`put_back_unreceived`]) instead of losing somebody else's error.
+#[pyclass(frozen)]
+pub(crate) struct Unreceived(Mutex<Option<Error>>);
+
+/// The Python exception for a pinlane error, its message pinlane's; one for an
+/// [`Error::Deferred`] holds the error inside it (see [`Unreceived`]).
 pub(crate) fn to_py(e: Error) -> PyErr {
+    let err = exception(&e);
+    match e {
+        Error::Deferred(inner) => Python::attach(|py| {
+            let held = Py::new(py, Unreceived(Mutex::new(Some(*inner))))
+                .and_then(|u| err.value(py).setattr(UNRECEIVED, u));
+            // Without it the exception is the same; only a give-back would find nothing.
+            drop(held);
+            err
+        }),
+        _ => err,
+    }
+}
+
+/// Gives the pinlane error that `exc` holds (see [`Unreceived`]; taken once) back for the
+/// next call on the default device (`cuda:{LOCAL_RANK}`, the device `pinlane.prefetch`
+/// moves to) on any thread: for an exception nobody will take (the prefetch worker's,
+/// after `close()`). Says whether there was one to give back.
+#[pyfunction]
+pub(crate) fn put_back_unreceived(exc: &Bound<'_, PyAny>) -> bool {
+    let Ok(held) = exc.getattr(UNRECEIVED) else {
+        return false;
+    };
+    let Ok(held) = held.cast::<Unreceived>() else {
+        return false;
+    };
+    let taken = held
+        .get()
+        .0
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take();
+    let (Some(e), Ok(device)) = (taken, crate::local_rank_device()) else {
+        return false;
+    };
+    pinlane::driver::deferred::put_back(device, e);
+    true
+}
+
+/// The exception for `e`, its message pinlane's.
+fn exception(e: &Error) -> PyErr {
     let msg = e.to_string();
-    match &e {
+    match e {
         Error::InvalidDevice { .. }
         | Error::StreamWithoutDevice
         | Error::StreamDeviceMismatch { .. }

@@ -181,3 +181,77 @@ def test_an_interrupt_as_a_batch_is_taken_loses_no_place():
     reader.join(5)
     assert got == [2, 3, 4], "the iteration went on after the interrupt"
     assert it.close()
+
+
+def _giving_back(monkeypatch):
+    """The exceptions `prefetch` gives back for the device's next call, in order (the
+    native half's `put_back_unreceived` replaced by a recorder)."""
+    given = []
+    monkeypatch.setattr(pinlane._native, "put_back_unreceived", given.append)
+    return given
+
+
+def _earlier_error():
+    """What a pinlane call raises for an error recorded on the device by earlier work:
+    an exception holding that error (here a stand-in for the native object)."""
+    err = RuntimeError("a driver error recorded by earlier work")
+    err._pinlane_unreceived = object()
+    return err
+
+
+@pytest.mark.parametrize("when", ["met while closing", "queued, never taken"])
+def test_an_earlier_error_nobody_took_is_given_back(monkeypatch, when):
+    # Somebody else's error, taken from the device's record by the worker's transfer: a
+    # consumer that closes the prefetcher before taking it must not make it vanish (the
+    # Rust Prefetcher keeps it the same way). Before: dropped with the queue.
+    given = _giving_back(monkeypatch)
+    err = _earlier_error()
+    moving, made, its = threading.Event(), threading.Event(), []
+
+    def transfer(batch, **kw):
+        if batch == 1:
+            if when == "met while closing":
+                moving.set()
+                assert made.wait(5)
+                assert its[0]._stop.wait(5)  # the consumer closes while this one moves
+            raise err
+        return batch
+
+    monkeypatch.setattr(pinlane, "transfer_tensor_h2d", transfer)
+    it = pinlane.prefetch(range(5), depth=2)
+    its.append(it)
+    made.set()
+    assert next(it) == 0
+    if when == "met while closing":
+        assert moving.wait(5)
+    else:
+        it._thread.join(5)  # the worker put the error in the queue and ended
+        assert not it._thread.is_alive()
+        assert given == []  # the consumer may still take it
+    assert it.close()
+    assert given == [err]
+
+
+def test_an_error_the_consumer_took_is_not_given_back(monkeypatch):
+    given = _giving_back(monkeypatch)
+    err = _earlier_error()
+
+    def transfer(batch, **kw):
+        if batch == 1:
+            raise err
+        return batch
+
+    monkeypatch.setattr(pinlane, "transfer_tensor_h2d", transfer)
+    it = pinlane.prefetch(range(5))
+    assert next(it) == 0
+    with pytest.raises(RuntimeError, match="earlier work"):
+        next(it)
+    assert it.close()
+    assert given == []
+
+
+def test_the_native_give_back_finds_nothing_in_other_exceptions():
+    # An exception no pinlane call raised for an earlier error (the source's, a stand-in
+    # whose holder is no native object) holds nothing to give back.
+    assert pinlane._native.put_back_unreceived(RuntimeError("the source's")) is False
+    assert pinlane._native.put_back_unreceived(_earlier_error()) is False

@@ -160,6 +160,27 @@ pub fn take(device: Device) -> Option<Error> {
     Some(e)
 }
 
+/// Gives back an error the caller will not handle, for the next transfer call on
+/// `device` on any thread: one that a call returned as [`Error::Deferred`] (the error
+/// inside it is kept) or that [`take`] gave, taken by a worker whose consumer has gone
+/// (the Python package's `prefetch` after `close()`). It is kept as an error of pinlane's
+/// own threads is; if one is kept for `device` already, it is counted as not kept
+/// ([`dropped_count`]).
+///
+/// ```
+/// use pinlane::{driver::deferred, Device, Error};
+/// let taken = Error::Deferred(Box::new(Error::StreamWithoutDevice));
+/// deferred::put_back(Device::cuda(3), taken);
+/// assert_eq!(deferred::take(Device::cuda(3)), Some(Error::StreamWithoutDevice));
+/// ```
+pub fn put_back(device: Device, err: Error) {
+    let err = match err {
+        Error::Deferred(inner) => *inner,
+        e => e,
+    };
+    record_for_device(device.ordinal(), err);
+}
+
 /// How many errors were not kept (see the module docs), process-wide.
 pub fn dropped_count() -> usize {
     DROPPED.load(Ordering::Relaxed)
