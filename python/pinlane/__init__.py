@@ -219,9 +219,10 @@ def load_safetensors(
 
     try:
         keys, tensors = load()
-    except MemoryError:
-        # As transfer_tensor_h2d: torch's unused cache given back, then once more.
-        if index is None or not _torch_cache_given_back(index):
+    except MemoryError as e:
+        # As transfer_tensor_h2d: torch's unused cache given back, then once more (not
+        # for an error recorded by earlier work: `_earlier`).
+        if _earlier(e) or index is None or not _torch_cache_given_back(index):
             raise
         keys, tensors = load()
     return dict(zip(keys, tensors))
@@ -350,7 +351,9 @@ def transfer_tensor_h2d(batch: T, /, *, num_caches: int = 4) -> T:
             message names ``sync_wait``).
         MemoryError: device memory ran out: after pinlane's own cached memory, and torch's
             (``torch.cuda.empty_cache()``, where it held device memory unused), was given
-            back and the batch tried once more, as torch's own ``.to()`` does.
+            back and the batch tried once more, as torch's own ``.to()`` does; or an
+            out-of-memory error recorded on the device by earlier work (an owner's drop),
+            which the call raises before it touches the batch, untried.
     """
     if type(num_caches) is not int or num_caches < 0:  # the check's call only for a bad one
         num_caches = _num_caches(num_caches)
@@ -381,10 +384,18 @@ def transfer_tensor_h2d(batch: T, /, *, num_caches: int = 4) -> T:
                 if out is not None:
                     return out
         return _h2d_walked(batch, num_caches)
-    except MemoryError:
-        if not _torch_cache_given_back(None):
+    except MemoryError as e:
+        if _earlier(e) or not _torch_cache_given_back(None):
             raise
     return _h2d_walked(batch, num_caches)
+
+
+def _earlier(e):
+    """Whether ``e`` is an error recorded on the device by earlier work (an owner's drop
+    somewhere) that the call met before it touched the batch: it is raised as it is, never
+    retried, since a retry that succeeds would lose it (session 87: an earlier
+    out-of-memory error was retried after ``empty_cache()`` and vanished)."""
+    return hasattr(e, "_pinlane_unreceived")
 
 
 def _torch_cache_given_back(device):
@@ -824,18 +835,25 @@ class Buffers:
             # under its one-writer lock, so that no other thread's copy runs beside them.
             # (After pinlane's: the engine's refusals, such as a stream being captured into
             # a graph, come before torch has written anything.)
-            if s is not None and not self._h2d and not waited:
-                # Pairs left to torch for autograd's sake: as above.
-                stream.wait_stream(torch.cuda.current_stream(stream.device))
-            on = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
-            # Under the caller's grad mode, as copy_ records them. D2H returns with the bytes
-            # there: torch's copy waits too (non_blocking=False). The source is reshaped to
-            # the destination's shape (the same elements, checked natively; pinlane copies
-            # bytes in order where shapes differ, and copy_ would not broadcast them).
-            with on:
-                for i in left:
-                    d = self._leaves[i]
-                    d.copy_(srcs[i].reshape(d.shape), non_blocking=self._h2d)
+            try:
+                if s is not None and not self._h2d and not waited:
+                    # Pairs left to torch for autograd's sake: as above.
+                    stream.wait_stream(torch.cuda.current_stream(stream.device))
+                on = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+                # Under the caller's grad mode, as copy_ records them. D2H returns with the
+                # bytes there: torch's copy waits too (non_blocking=False). The source is
+                # reshaped to the destination's shape (the same elements, checked natively;
+                # pinlane copies bytes in order where shapes differ, and copy_ would not
+                # broadcast them).
+                with on:
+                    for i in left:
+                        d = self._leaves[i]
+                        d.copy_(srcs[i].reshape(d.shape), non_blocking=self._h2d)
+            except (ValueError, TypeError) as e:
+                # pinlane's pairs are written by now: not a refusal, which `_copied` takes a
+                # ValueError or TypeError for (no version bump). A tensor subclass whose
+                # `__torch_function__` gives up raises TypeError here (session 87).
+                raise RuntimeError(f"copy_into: torch's copy of a pair failed after pinlane's were written: {e}") from e
 
         with ctx:
             # The native half checks every pair (torch's too) before anything is written.

@@ -147,6 +147,9 @@ def _work(source, stream, modes, q, depth, taken, stop, num_caches):
         _drain(q)
     else:
         q.put(end)
+        if stop.is_set():
+            # Stopped as it was put: a `__del__` may have drained the queue before it.
+            _drain(q)
 
 
 class Prefetcher(Generic[T]):
@@ -228,3 +231,9 @@ class Prefetcher(Generic[T]):
         stop = getattr(self, "_stop", None)
         if stop is not None:
             stop.set()
+            # Dropped without `close()` (a `for` loop left with `break`): what the worker
+            # left in the queue is let go of as `close()` would (session 87: an error
+            # recorded by earlier work waiting there was lost). Not at the interpreter's
+            # exit, when no call is left to report it to.
+            if not sys.is_finalizing():
+                _drain(self._queue)

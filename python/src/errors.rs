@@ -50,13 +50,18 @@ pub(crate) fn put_back_unreceived(exc: &Bound<'_, PyAny>) -> bool {
     let Ok(held) = held.cast::<Unreceived>() else {
         return false;
     };
+    // The device first: a `LOCAL_RANK` that names no device now leaves the error on the
+    // exception (which the caller still holds) rather than taken and dropped.
+    let Ok(device) = crate::local_rank_device() else {
+        return false;
+    };
     let taken = held
         .get()
         .0
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .take();
-    let (Some(e), Ok(device)) = (taken, crate::local_rank_device()) else {
+    let Some(e) = taken else {
         return false;
     };
     pinlane::driver::deferred::put_back(device, e);

@@ -720,6 +720,34 @@ def test_a_pair_torch_refuses_is_torchs_error_after_pinlanes_pairs(torch):
         assert torch.equal(other.cpu(), torch.ones(4)), (h2d, other)
 
 
+def test_a_typeerror_in_torchs_pairs_after_pinlanes_still_bumps_the_versions(torch):
+    """Session 87 (a helper's review): ``_copied`` takes a ``ValueError`` or ``TypeError``
+    for a refusal with nothing written, and bumps no version counter; one raised in
+    torch's copy of a pair left to it (here a subclass whose ``__torch_function__`` gives
+    up on ``copy_``) comes after pinlane's pairs are written, so their destinations kept
+    stale versions and autograd took them for unchanged. It is a ``RuntimeError`` now,
+    and they are bumped."""
+
+    class Refusing(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            if func is torch.Tensor.copy_:
+                raise TypeError("copy_ refused on purpose")
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    for h2d in (True, False):
+        dev, src_dev = ("cuda", "cpu") if h2d else ("cpu", "cuda")
+        other, dst = torch.zeros(4, device=dev), torch.zeros(4, device=dev)
+        # Requires grad: under grad mode autograd records the pair, so torch copies it.
+        src = (torch.ones(4, device=src_dev, requires_grad=True) * 2).as_subclass(Refusing)
+        v = other._version
+        with pytest.raises(RuntimeError, match="on purpose"):
+            pinlane.copy_into([other, dst], [torch.ones(4, device=src_dev), src])
+        torch.cuda.synchronize()
+        assert torch.equal(other.cpu(), torch.ones(4)), (h2d, other)  # pinlane's pair
+        assert other._version > v, (h2d, "pinlane's destination kept its version")
+
+
 def test_a_second_threads_copy_is_refused_while_torch_copies_the_first(torch):
     """Session 79 (a helper's review): the one-writer lock of a ``Buffers`` was let go
     when the native half returned, before the pairs left to torch were copied, so a

@@ -78,3 +78,24 @@ def test_h2d_raises_when_torch_gave_nothing_back_or_the_retry_fails(monkeypatch,
     with pytest.raises(MemoryError):
         pinlane.transfer_tensor_h2d({"a": object()})
     assert len(calls) == tries
+
+
+def test_h2d_raises_an_earlier_out_of_memory_error_untried(monkeypatch):
+    # An out-of-memory error recorded on the device by earlier work (an owner's drop), met
+    # by the call before it touched the batch: the native exception holds it. A retry that
+    # succeeded would lose it for good (session 87), so it is raised at once.
+    calls, given = [], []
+
+    def walked(batch, num_caches):
+        calls.append(num_caches)
+        if len(calls) == 1:
+            e = MemoryError("earlier work: CUDA_ERROR_OUT_OF_MEMORY (stand-in)")
+            e._pinlane_unreceived = object()
+            raise e
+        return {"moved": batch}
+
+    monkeypatch.setattr(pinlane, "_h2d_walked", walked)
+    monkeypatch.setattr(pinlane, "_torch_cache_given_back", lambda d: given.append(d) or True)
+    with pytest.raises(MemoryError, match="earlier work"):
+        pinlane.transfer_tensor_h2d({"a": object()})
+    assert calls == [4] and given == []
