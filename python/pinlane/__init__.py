@@ -395,7 +395,7 @@ def _earlier(e):
     somewhere) that the call met before it touched the batch: it is raised as it is, never
     retried, since a retry that succeeds would lose it (session 87: an earlier
     out-of-memory error was retried after ``empty_cache()`` and vanished)."""
-    return hasattr(e, "_pinlane_unreceived")
+    return getattr(e, _native.UNRECEIVED, None) is not None
 
 
 def _torch_cache_given_back(device):
@@ -830,11 +830,12 @@ class Buffers:
                 waited = True
             if copies:
                 ctx = torch.cuda.stream(stream)
-        def torch_copies(left):
+        def torch_copies(left, written):
             # The pairs left to torch, copied by the native half once pinlane's are queued,
             # under its one-writer lock, so that no other thread's copy runs beside them.
             # (After pinlane's: the engine's refusals, such as a stream being captured into
             # a graph, come before torch has written anything.)
+            done = False  # whether torch wrote a pair
             try:
                 if s is not None and not self._h2d and not waited:
                     # Pairs left to torch for autograd's sake: as above.
@@ -849,11 +850,15 @@ class Buffers:
                     for i in left:
                         d = self._leaves[i]
                         d.copy_(srcs[i].reshape(d.shape), non_blocking=self._h2d)
+                        done = True
             except (ValueError, TypeError) as e:
-                # pinlane's pairs are written by now: not a refusal, which `_copied` takes a
-                # ValueError or TypeError for (no version bump). A tensor subclass whose
-                # `__torch_function__` gives up raises TypeError here (session 87).
-                raise RuntimeError(f"copy_into: torch's copy of a pair failed after pinlane's were written: {e}") from e
+                if not (written or done):
+                    raise  # nothing written: a refusal
+                # Some pairs are written by now (pinlane's, or torch's before this one): not
+                # a refusal, which `_copied` takes a ValueError or TypeError for (no version
+                # bump). A tensor subclass whose `__torch_function__` gives up on `copy_`
+                # raises TypeError here (session 87).
+                raise RuntimeError(f"copy_into: a pair's copy by torch failed after others were written: {e}") from e
 
         with ctx:
             # The native half checks every pair (torch's too) before anything is written.

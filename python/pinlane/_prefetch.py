@@ -17,10 +17,12 @@ _DONE = object()
 
 
 class _Failure:
-    """An exception raised on the worker thread, handed to the consumer."""
+    """An exception raised on the worker thread, handed to the consumer; `moving`:
+    raised by the worker's own transfer (not the source's)."""
 
-    def __init__(self, exc):
+    def __init__(self, exc, moving=False):
         self.exc = exc
+        self.moving = moving
 
 
 def prefetch(batches: Iterable[T], *, depth: int = 1, num_caches: int = 4) -> Prefetcher[T]:
@@ -90,7 +92,9 @@ def _unreceived(item):
     recorded by earlier work that a transfer raised (somebody else's error, which the
     transfer took from the device's record) is given back for the device's next call on
     any thread, as the Rust ``Prefetcher`` does (session 87: before, it was lost)."""
-    if isinstance(item, _Failure):
+    if isinstance(item, _Failure) and item.moving:
+        # Only the worker's own transfer's, on the device the worker moves to (the
+        # source's own pinlane calls may have gone to any device).
         from . import _native
 
         _native.put_back_unreceived(item.exc)
@@ -121,6 +125,7 @@ def _work(source, stream, modes, q, depth, taken, stop, num_caches):
     from . import transfer_tensor_h2d
 
     end = _DONE
+    moving = False
     try:
         torch = sys.modules.get("torch")
         with contextlib.ExitStack() as ctx:
@@ -133,13 +138,16 @@ def _work(source, stream, modes, q, depth, taken, stop, num_caches):
                 batch = next(source, _DONE)
                 if batch is _DONE or stop.is_set():
                     break
-                q.put(transfer_tensor_h2d(batch, num_caches=num_caches))
-                batch = None
+                moving = True
+                moved = transfer_tensor_h2d(batch, num_caches=num_caches)
+                moving = False
+                q.put(moved)
+                batch = moved = None
     except BaseException as e:  # noqa: BLE001 - handed to the consumer, raised there
-        end = _Failure(e)
+        end = _Failure(e, moving)
         # The exception's traceback holds this frame: let go of the source and the batch
         # (a DataLoader's workers) for as long as the caller keeps the exception.
-        source = batch = None  # noqa: F841
+        source = batch = moved = None  # noqa: F841
     if stop.is_set():
         # Closed: nothing moved stays behind in the queue, and an error of the worker's
         # own nobody will take is let go of as one in the queue is.
@@ -235,5 +243,7 @@ class Prefetcher(Generic[T]):
             # left in the queue is let go of as `close()` would (session 87: an error
             # recorded by earlier work waiting there was lost). Not at the interpreter's
             # exit, when no call is left to report it to.
-            if not sys.is_finalizing():
+            # Nor on the worker's own thread (a collection it set off): it may hold the
+            # queue's lock there, and drains once it sees the stop anyway.
+            if not sys.is_finalizing() and threading.current_thread() is not self._thread:
                 _drain(self._queue)

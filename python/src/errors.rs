@@ -14,13 +14,24 @@ use std::sync::{Mutex, PoisonError};
 
 /// The attribute of an exception that holds the pinlane error recorded by earlier work
 /// ([`Error::Deferred`]) that the call raised, as an [`Unreceived`].
-const UNRECEIVED: &str = "_pinlane_unreceived";
+/// `_native.UNRECEIVED`, which the Python half asks for.
+pub(crate) const UNRECEIVED: &str = "_pinlane_unreceived";
 
 /// The error inside an [`Error::Deferred`] a call raised, kept on its exception so that a
 /// worker whose consumer will not take the exception can give it back for the device's
 /// next call ([`put_back_unreceived`]) instead of losing somebody else's error.
 #[pyclass(frozen)]
 pub(crate) struct Unreceived(Mutex<Option<Error>>);
+
+#[pymethods]
+impl Unreceived {
+    /// Pickled or deep-copied (the exception's `__dict__` with it: multiprocessing, torch
+    /// elastic's error files), it becomes `None`: the error stays with this process's
+    /// exception, and the copy can still be pickled.
+    fn __reduce__<'py>(&self, py: Python<'py>) -> (Bound<'py, pyo3::types::PyType>, ()) {
+        (py.None().into_bound(py).get_type(), ())
+    }
+}
 
 /// The Python exception for a pinlane error, its message pinlane's; one for an
 /// [`Error::Deferred`] holds the error inside it (see [`Unreceived`]).

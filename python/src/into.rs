@@ -165,8 +165,9 @@ impl Targets {
     /// source or destination requires grad is left to torch too (its `copy_` records it
     /// for autograd), and a destination that is a leaf requiring grad is refused (torch's
     /// `copy_` refuses to write it in place), before anything is written.
-    /// `torch_copies`: called with those indices (when there are any) once pinlane's
-    /// pairs are queued (D2H: copied), with the one-writer lock still held: the caller's
+    /// `torch_copies`: called with those indices (when there are any) and whether
+    /// pinlane wrote bytes of its own pairs, once they are queued (D2H: copied), with the
+    /// one-writer lock still held: the caller's
     /// copies of the pairs left to torch, so that no other thread's copy runs beside
     /// them. A pair torch then refuses (autograd's rules for views, such as the outputs
     /// of `split`) fails the call with torch's `RuntimeError`, pinlane's pairs written.
@@ -297,7 +298,7 @@ impl Targets {
             if let Some(device) = device.filter(|_| !self.h2d && !copies) {
                 bounded_wait_before_torch(py, &torch, device, stream.map(|(raw, _)| raw))?;
             }
-            f.call1((to_torch.clone(),))?;
+            f.call1((to_torch.clone(), copies))?;
         }
         drop(temps);
         Ok(to_torch)

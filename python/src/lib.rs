@@ -232,6 +232,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(unavailable_reason, m)?)?;
     m.add_function(wrap_pyfunction!(default_device, m)?)?;
     m.add_function(wrap_pyfunction!(errors::put_back_unreceived, m)?)?;
+    m.add("UNRECEIVED", errors::UNRECEIVED)?;
     m.add_function(wrap_pyfunction!(trim, m)?)?;
     m.add_function(wrap_pyfunction!(trace_next_call, m)?)?;
     m.add_function(wrap_pyfunction!(last_trace, m)?)?;

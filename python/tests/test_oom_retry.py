@@ -90,7 +90,7 @@ def test_h2d_raises_an_earlier_out_of_memory_error_untried(monkeypatch):
         calls.append(num_caches)
         if len(calls) == 1:
             e = MemoryError("earlier work: CUDA_ERROR_OUT_OF_MEMORY (stand-in)")
-            e._pinlane_unreceived = object()
+            setattr(e, pinlane._native.UNRECEIVED, object())
             raise e
         return {"moved": batch}
 

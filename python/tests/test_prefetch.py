@@ -195,7 +195,7 @@ def _earlier_error():
     """What a pinlane call raises for an error recorded on the device by earlier work:
     an exception holding that error (here a stand-in for the native object)."""
     err = RuntimeError("a driver error recorded by earlier work")
-    err._pinlane_unreceived = object()
+    setattr(err, pinlane._native.UNRECEIVED, object())
     return err
 
 
@@ -254,6 +254,22 @@ def test_an_error_the_consumer_took_is_not_given_back(monkeypatch):
     assert next(it) == 0
     with pytest.raises(RuntimeError, match="earlier work"):
         next(it)
+    assert it.close()
+    assert given == []
+
+
+def test_an_earlier_error_the_source_raised_is_not_given_back(monkeypatch):
+    # The source's own pinlane calls may have gone to any device: only the worker's
+    # transfers' errors are given back (for the device it moves to).
+    given = _giving_back(monkeypatch)
+
+    def source():
+        yield 0
+        raise _earlier_error()
+
+    it = pinlane.prefetch(source(), depth=2)
+    assert next(it) == 0
+    it._thread.join(5)
     assert it.close()
     assert given == []
 

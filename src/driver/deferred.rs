@@ -123,6 +123,12 @@ pub(crate) fn record(device: usize, err: Error) {
 /// (a prefetcher's worker's error its consumer dropped unreceived).
 pub(crate) fn record_for_device(device: usize, err: Error) {
     BACKGROUND_ERRORS.fetch_add(1, Ordering::Relaxed);
+    keep_for_device(device, err);
+}
+
+/// Keeps `err` for the next call on `device` on any thread, unless one is kept there
+/// already (then it is counted as not kept).
+fn keep_for_device(device: usize, err: Error) {
     let mut on = lock_on_device();
     if on.iter().any(|(d, _)| *d == device) {
         DROPPED.fetch_add(1, Ordering::Relaxed);
@@ -164,13 +170,15 @@ pub fn take(device: Device) -> Option<Error> {
 /// `device` on any thread: one that a call returned as [`Error::Deferred`] (the error
 /// inside it is kept) or that [`take`] gave, taken by a worker whose consumer has gone
 /// (the Python package's `prefetch` after `close()`). It is kept as an error of pinlane's
-/// own threads is; if one is kept for `device` already, it is counted as not kept
-/// ([`dropped_count`]).
+/// own threads is, and not counted again by [`background_count`] (it is no new error); if
+/// one is kept for `device` already, it is counted as not kept ([`dropped_count`]).
 ///
 /// ```
 /// use pinlane::{driver::deferred, Device, Error};
 /// let taken = Error::Deferred(Box::new(Error::StreamWithoutDevice));
+/// let counted = deferred::background_count();
 /// deferred::put_back(Device::cuda(3), taken);
+/// assert_eq!(deferred::background_count(), counted); // no new error
 /// assert_eq!(deferred::take(Device::cuda(3)), Some(Error::StreamWithoutDevice));
 /// ```
 pub fn put_back(device: Device, err: Error) {
@@ -178,7 +186,7 @@ pub fn put_back(device: Device, err: Error) {
         Error::Deferred(inner) => *inner,
         e => e,
     };
-    record_for_device(device.ordinal(), err);
+    keep_for_device(device.ordinal(), err);
 }
 
 /// How many errors were not kept (see the module docs), process-wide.

@@ -3,6 +3,7 @@
 
 use super::{transfer_tensor_h2d_with, H2dOptions};
 use crate::batch::Batch;
+use crate::device::Device;
 use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
@@ -189,13 +190,14 @@ fn send<B>(tx: &SyncSender<Parcel<B>>, stop: &AtomicBool, parcel: Parcel<B>) -> 
 /// call on any thread, whichever thread finds it: they are the worker's, a thread of
 /// pinlane's, and the one it took came from the device's record.
 fn unreceived(device: Option<usize>, e: Error) {
-    let e = match e {
-        Error::Deferred(earlier) => *earlier,
-        e @ (Error::Panicked { .. } | Error::Worker { .. }) => e,
-        _ => return,
-    };
-    if let Some(d) = device {
-        crate::driver::deferred::record_for_device(d, e);
+    let Some(d) = device else { return };
+    match e {
+        // Given back, not counted again as an error of pinlane's threads.
+        Error::Deferred(earlier) => crate::driver::deferred::put_back(Device::cuda(d), *earlier),
+        e @ (Error::Panicked { .. } | Error::Worker { .. }) => {
+            crate::driver::deferred::record_for_device(d, e)
+        }
+        _ => {}
     }
 }
 
@@ -375,7 +377,6 @@ impl<B> std::fmt::Debug for Prefetcher<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::Device;
     use crate::driver::deferred;
 
     /// Device ordinals no other test records for (the records are process-wide).
