@@ -119,6 +119,11 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuMemcpyHtoDAsync_v2",
     "cuMemcpyDtoHAsync_v2",
     "cuMemGetInfo_v2",
+    "cuStreamIsCapturing",
+    "cuPointerGetAttributes",
+    "cuModuleLoadData",
+    "cuModuleGetFunction",
+    "cuLaunchKernel",
 ];
 
 static STATUS: OnceLock<std::result::Result<DriverInfo, String>> = OnceLock::new();
@@ -186,15 +191,20 @@ fn probe() -> &'static std::result::Result<DriverInfo, String> {
         return MIDWAY
             .get_or_init(|| Err("this process was forked while its parent set CUDA up".into()));
     }
-    STATUS.get_or_init(|| {
-        // From here on the process may have driver state a forked child cannot use.
+    // From here on the process may have driver state a forked child cannot use: watched
+    // before `STATUS` is marked as being set up, so that no child forked while it is can
+    // go unmarked (it would wait for ever for a set-up whose thread is not in it: session
+    // 87, after a review; inside `get_or_init` a window was left before the watch).
+    if STATUS.get().is_none() {
         fork::watch();
-        let status = set_up();
-        if status.is_err() {
-            fork::unwatch();
-        }
-        status
-    })
+    }
+    let status = STATUS.get_or_init(set_up);
+    if status.is_err() {
+        // No driver state: children need not be refused (one forked since is, and finds
+        // no driver either).
+        fork::unwatch();
+    }
+    status
 }
 
 /// The driver's status, computed once by [`probe`].

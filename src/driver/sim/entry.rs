@@ -256,6 +256,7 @@ impl Sim {
         lock(&self.seen).events_created += 1;
         let ev = Arc::new(SimEvent {
             gens: Mutex::new((0, 0)),
+            fault: Mutex::new(None),
             changed: Condvar::new(),
         });
         // SAFETY: out-pointer per the driver contract; released by cuEventDestroy.
@@ -293,7 +294,9 @@ impl Sim {
         while gens.1 < g {
             gens = ev.changed.wait(gens).unwrap_or_else(|p| p.into_inner());
         }
-        OK
+        drop(gens);
+        let fault = *lock(&ev.fault);
+        fault.unwrap_or(OK)
     }
 
     pub(crate) unsafe fn cuEventQuery(&self, e: sys::CUevent) -> CUresult {
@@ -301,7 +304,9 @@ impl Sim {
         let ev = unsafe { self.event(e) };
         let gens = lock(&ev.gens);
         if gens.1 >= gens.0 {
-            OK
+            drop(gens);
+            let fault = *lock(&ev.fault);
+            fault.unwrap_or(OK)
         } else {
             CUresult::CUDA_ERROR_NOT_READY
         }

@@ -49,9 +49,9 @@ pub(super) struct Progress {
     pub(super) submitted: u64,
     pub(super) done: u64,
     pub(super) error: Option<CUresult>,
-    /// Whether an operation of the stream has failed: unlike `error`, which a
-    /// synchronisation takes, it stays (flags are never written after a fault).
-    pub(super) faulted: bool,
+    /// The first error of the stream: unlike `error`, which a synchronisation takes, it
+    /// stays (nothing but records and waits runs after a fault).
+    pub(super) fault: Option<CUresult>,
 }
 
 pub(super) struct StreamState {
@@ -91,6 +91,11 @@ pub(crate) struct SimStream {
 pub(crate) struct SimEvent {
     pub(super) gens: Mutex<(u64, u64)>,
     pub(super) changed: Condvar,
+    /// The error of a stream that had faulted when it reached a record of this event:
+    /// from then on `cuEventQuery` and `cuEventSynchronize` return it, as a real device's
+    /// sticky error is returned by every call (session 87: the simulated event reported
+    /// success, so no path that learns completion from an event saw a fault).
+    pub(super) fault: Mutex<Option<CUresult>>,
 }
 
 impl Sim {
@@ -139,16 +144,23 @@ impl Sim {
                         std::thread::sleep(Duration::from_nanos(rng % (max + 1)));
                     }
                     // The real device runs nothing after a fault: a flag written after
-                    // a failed copy would claim the copy done.
-                    let res = match op {
-                        Op::WriteValue { .. } if lock(&st.progress).faulted => Ok(()),
-                        op => self.run(op),
+                    // a failed copy would claim the copy done, and host functions are not
+                    // called (cuLaunchHostFunc: not in the event of an error in the
+                    // context); an event recorded then completes with the error.
+                    let fault = lock(&st.progress).fault;
+                    let res = match (op, fault) {
+                        (Op::WriteValue { .. } | Op::Host(..), Some(_)) => Ok(()),
+                        (Op::Signal(ev, g), Some(e)) => {
+                            lock(&ev.fault).get_or_insert(e);
+                            self.run(Op::Signal(ev, g))
+                        }
+                        (op, _) => self.run(op),
                     };
                     let mut p = lock(&st.progress);
                     p.done += 1;
                     if let Err(e) = res {
                         p.error.get_or_insert(e);
-                        p.faulted = true;
+                        p.fault.get_or_insert(e);
                     }
                     st.changed.notify_all();
                 }
@@ -239,7 +251,13 @@ impl Sim {
                 while gens.1 < g {
                     gens = ev.changed.wait(gens).unwrap_or_else(|p| p.into_inner());
                 }
-                Ok(())
+                drop(gens);
+                // A fault reached through the event is this stream's too (the context's
+                // sticky error, on a real device).
+                match *lock(&ev.fault) {
+                    Some(e) => Err(e),
+                    None => Ok(()),
+                }
             }
             Op::WriteValue { addr, value } => {
                 let mem = lock(&self.mem);
