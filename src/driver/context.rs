@@ -64,13 +64,19 @@ static RELEASE_THRESHOLD: AtomicU64 = AtomicU64::new(u64::MAX);
 
 /// Sets the release threshold that pools made from now on get; see
 /// [`apply_pool_release_threshold`] for those made already.
+///
+/// SeqCst, as is the load: with the SeqCst fence [`handles`] makes after publishing a
+/// device's handles, either the caller's [`apply_pool_release_threshold`] finds that
+/// device's pool, or [`handles`] reads this value and sets it itself (session 87: a pool
+/// made while a configuration was installed could keep the old threshold).
 pub(crate) fn set_pool_release_threshold(bytes: u64) {
-    RELEASE_THRESHOLD.store(bytes, Ordering::Relaxed);
+    RELEASE_THRESHOLD.store(bytes, Ordering::SeqCst);
+    std::sync::atomic::fence(Ordering::SeqCst);
 }
 
 /// The release threshold in force.
 pub(crate) fn pool_release_threshold() -> u64 {
-    RELEASE_THRESHOLD.load(Ordering::Relaxed)
+    RELEASE_THRESHOLD.load(Ordering::SeqCst)
 }
 
 /// The handles of the devices whose handles were made, without making any.
@@ -175,6 +181,7 @@ pub(crate) fn handles(device: usize) -> Result<DeviceHandles> {
     if let Some(h) = slot.handles.get() {
         return Ok(*h); // another thread made them while this one waited
     }
+    let asked = pool_release_threshold();
     let h = create(device)?;
     // Module loading waits for every stream of the context: do it now, with the context's
     // creation, and never on a later transfer's path. The kernel's lock is taken before
@@ -187,6 +194,13 @@ pub(crate) fn handles(device: usize) -> Result<DeviceHandles> {
     let h = *slot.handles.get_or_init(|| h);
     drop(creating);
     load_gather_locked(slot, device, h.ctx, &loading);
+    // A threshold set while the pool was made, by a caller whose apply did not find the
+    // pool yet (see `set_pool_release_threshold`), is set here.
+    std::sync::atomic::fence(Ordering::SeqCst);
+    if pool_release_threshold() != asked {
+        let _guard = push(h.ctx, device)?;
+        set_release_threshold(h.pool.0)?;
+    }
     Ok(h)
 }
 
