@@ -84,6 +84,7 @@ route! {
     fn cuDeviceGet(d: *mut sys::CUdevice, ordinal: c_int);
     fn cuDeviceGetAttribute(v: *mut c_int, attr: sys::CUdevice_attribute, d: sys::CUdevice);
     fn cuDevicePrimaryCtxRetain(ctx: *mut sys::CUcontext, d: sys::CUdevice);
+    fn cuDevicePrimaryCtxRelease_v2(d: sys::CUdevice);
     fn cuCtxGetCurrent(ctx: *mut sys::CUcontext);
     fn cuCtxPushCurrent_v2(ctx: sys::CUcontext);
     fn cuCtxPopCurrent_v2(ctx: *mut sys::CUcontext);
@@ -106,6 +107,7 @@ route! {
     fn cuMemHostUnregister(p: *mut c_void);
     fn cuPointerGetAttributes(n: c_uint, attrs: *mut sys::CUpointer_attribute, data: *mut *mut c_void, ptr: sys::CUdeviceptr);
     fn cuMemPoolCreate(pool: *mut sys::CUmemoryPool, props: *const sys::CUmemPoolProps);
+    fn cuMemPoolDestroy(pool: sys::CUmemoryPool);
     fn cuMemPoolSetAttribute(pool: sys::CUmemoryPool, attr: sys::CUmemPool_attribute, v: *mut c_void);
     fn cuMemPoolGetAttribute(pool: sys::CUmemoryPool, attr: sys::CUmemPool_attribute, v: *mut c_void);
     fn cuMemPoolTrimTo(pool: sys::CUmemoryPool, keep: usize);

@@ -263,9 +263,20 @@ fn create(device: usize) -> Result<DeviceHandles> {
         )
     }?;
     let ctx = Handle(ctx);
-    let pool = {
-        let _guard = push(ctx, device)?;
-        create_pool(dev)?
+    // Popped before the release below, if it comes to that.
+    let made = push(ctx, device).and_then(|_guard| create_pool(dev));
+    let pool = match made {
+        Ok(pool) => pool,
+        Err(e) => {
+            // The retain given back: the next call retries from the start, and a retry
+            // per call must not retain once more each time (session 87, a review).
+            // SAFETY: `dev` is the device whose primary context was retained above, once,
+            // and nothing made under it is kept (a pool that failed was destroyed).
+            let released = unsafe { super::api::cuDevicePrimaryCtxRelease_v2(dev) };
+            // The error returned is the set-up's; a failed release only keeps the retain.
+            let _ = released;
+            return Err(e);
+        }
     };
     // Unified addressing makes memory from cuMemHostAlloc readable by kernels at its host
     // address; the second attribute extends that to cuMemHostRegister'd ranges (mapped).
@@ -323,7 +334,14 @@ fn create_pool(dev: sys::CUdevice) -> Result<Handle<sys::CUmemoryPool>> {
             super::api::cuMemPoolCreate(&mut pool, &props),
         )
     }?;
-    set_release_threshold(pool)?;
+    if let Err(e) = set_release_threshold(pool) {
+        // SAFETY: the pool was made just now, and nothing was allocated from it; its
+        // device's context is current.
+        let destroyed = unsafe { super::api::cuMemPoolDestroy(pool) };
+        // The error returned is the threshold's; a failed destroy only keeps the pool.
+        let _ = destroyed;
+        return Err(e);
+    }
     Ok(Handle(pool))
 }
 

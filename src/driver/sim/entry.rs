@@ -58,12 +58,27 @@ impl Sim {
         ctx: *mut sys::CUcontext,
         d: sys::CUdevice,
     ) -> CUresult {
-        if let Some(u) = lock(&self.seen).context_used.get_mut(d as usize) {
+        let mut seen = lock(&self.seen);
+        if let Some(u) = seen.context_used.get_mut(d as usize) {
             *u = true;
+        }
+        if let Some(n) = seen.context_retains.get_mut(d as usize) {
+            *n += 1;
         }
         // SAFETY: out-pointer per the driver contract.
         unsafe { *ctx = ctx_handle(d as usize) };
         OK
+    }
+
+    pub(crate) unsafe fn cuDevicePrimaryCtxRelease_v2(&self, d: sys::CUdevice) -> CUresult {
+        match lock(&self.seen).context_retains.get_mut(d as usize) {
+            Some(n) if *n > 0 => {
+                *n -= 1;
+                OK
+            }
+            // Released more often than retained (or no such device): the driver refuses.
+            _ => CUresult::CUDA_ERROR_INVALID_CONTEXT,
+        }
     }
 
     pub(crate) unsafe fn cuCtxGetCurrent(&self, ctx: *mut sys::CUcontext) -> CUresult {
@@ -461,6 +476,16 @@ impl Sim {
         let d = unsafe { (*props).location.id } as usize;
         // SAFETY: out-pointer per the driver contract.
         unsafe { *pool = (POOL + 16 * d) as sys::CUmemoryPool };
+        lock(&self.seen).pools_live += 1;
+        OK
+    }
+
+    pub(crate) unsafe fn cuMemPoolDestroy(&self, _pool: sys::CUmemoryPool) -> CUresult {
+        let mut seen = lock(&self.seen);
+        if seen.pools_live == 0 {
+            return CUresult::CUDA_ERROR_INVALID_VALUE;
+        }
+        seen.pools_live -= 1;
         OK
     }
 

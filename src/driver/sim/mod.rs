@@ -248,6 +248,10 @@ pub(crate) struct Sim {
 pub struct Activity {
     /// Per device: whether its primary context was retained or made current.
     pub context_used: Vec<bool>,
+    /// Per device: retains of its primary context not released yet.
+    pub context_retains: Vec<usize>,
+    /// Memory pools made (`cuMemPoolCreate`) and not destroyed yet.
+    pub pools_live: usize,
     /// Per device: page-locked host allocations made while its context was current.
     pub host_allocs: Vec<usize>,
     /// Per device: device allocations made on it.
@@ -401,6 +405,7 @@ impl Sim {
             parked: Mutex::new(None),
             seen: Mutex::new(Activity {
                 context_used: vec![false; devices],
+                context_retains: vec![0; devices],
                 host_allocs: vec![0; devices],
                 device_allocs: vec![0; devices],
                 ..Activity::default()
