@@ -1,7 +1,7 @@
 //! A fault the device meets while it runs a transfer's copies (an address no allocation
 //! covers: `CUDA_ERROR_ILLEGAL_ADDRESS`), on the simulated device, which now behaves as a
-//! real one there (session 87): nothing but records and waits runs on the stream after
-//! the fault, so host functions are not called and no flag is written, and an event
+//! real one there (session 87): no copy, kernel, flag write or host function runs on the
+//! stream after the fault, every synchronisation of it returns the error, and an event
 //! recorded after it completes with the error, which `cuEventQuery` and
 //! `cuEventSynchronize` return. Before, the simulated event reported success and host
 //! functions still ran, so no path that learns completion from an event or a host

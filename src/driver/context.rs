@@ -1,7 +1,8 @@
 //! Primary contexts and device memory pools, one of each per device, made once.
 //!
 //! pinlane uses each device's primary context (the one the CUDA runtime and PyTorch use),
-//! retained once and never released: it lives as long as the process. Driver calls are
+//! retained once and never released once its handles are made: it lives as long as the
+//! process (a set-up that fails part way gives its retain and pool back). Driver calls are
 //! made with it current through a [`ContextGuard`], which pushes it only when another
 //! context (or none) is current and pops it again, so a caller's own current context is
 //! left as it was.
@@ -181,8 +182,7 @@ pub(crate) fn handles(device: usize) -> Result<DeviceHandles> {
     if let Some(h) = slot.handles.get() {
         return Ok(*h); // another thread made them while this one waited
     }
-    let asked = pool_release_threshold();
-    let h = create(device)?;
+    let (h, set) = create(device)?;
     // Module loading waits for every stream of the context: do it now, with the context's
     // creation, and never on a later transfer's path. The kernel's lock is taken before
     // the handles are published, so a thread that finds them and asks for the kernel
@@ -194,12 +194,16 @@ pub(crate) fn handles(device: usize) -> Result<DeviceHandles> {
     let h = *slot.handles.get_or_init(|| h);
     drop(creating);
     load_gather_locked(slot, device, h.ctx, &loading);
-    // A threshold set while the pool was made, by a caller whose apply did not find the
-    // pool yet (see `set_pool_release_threshold`), is set here.
+    drop(loading);
+    // A threshold set after the pool took `set`, by a caller whose apply did not find the
+    // pool yet (see `set_pool_release_threshold`), is set here. The handles are out:
+    // failing now would fail this one call for a setting, so the error goes to the
+    // device's next call instead.
     std::sync::atomic::fence(Ordering::SeqCst);
-    if pool_release_threshold() != asked {
-        let _guard = push(h.ctx, device)?;
-        set_release_threshold(h.pool.0)?;
+    if pool_release_threshold() != set {
+        if let Err(e) = push(h.ctx, device).and_then(|_guard| set_release_threshold(h.pool.0)) {
+            super::deferred::record(device, e);
+        }
     }
     Ok(h)
 }
@@ -245,7 +249,8 @@ pub fn gather_unavailable_reason(device: crate::device::Device) -> Option<String
 }
 
 /// Retains `device`'s primary context and makes pinlane's pool on it.
-fn create(device: usize) -> Result<DeviceHandles> {
+/// The device's handles, and the release threshold its pool was given.
+fn create(device: usize) -> Result<(DeviceHandles, u64)> {
     let mut dev: sys::CUdevice = 0;
     // SAFETY: out-pointer to a live local; `device` is below the device count.
     unsafe {
@@ -264,17 +269,20 @@ fn create(device: usize) -> Result<DeviceHandles> {
     }?;
     let ctx = Handle(ctx);
     // Popped before the release below, if it comes to that.
-    let made = push(ctx, device).and_then(|_guard| create_pool(dev));
-    let pool = match made {
-        Ok(pool) => pool,
+    let made = push(ctx, device).and_then(|_guard| create_pool(dev, device));
+    let (pool, set) = match made {
+        Ok(made) => made,
         Err(e) => {
             // The retain given back: the next call retries from the start, and a retry
             // per call must not retain once more each time (session 87, a review).
-            // SAFETY: `dev` is the device whose primary context was retained above, once,
-            // and nothing made under it is kept (a pool that failed was destroyed).
+            // SAFETY: `dev` is the device whose primary context was retained above, once;
+            // pinlane keeps nothing of it (the guard is popped; a pool belongs to the
+            // device, not the context).
             let released = unsafe { super::api::cuDevicePrimaryCtxRelease_v2(dev) };
-            // The error returned is the set-up's; a failed release only keeps the retain.
-            let _ = released;
+            // The error returned is the set-up's; a failed release, for the next call.
+            if let Err(r) = check("cuDevicePrimaryCtxRelease", released) {
+                super::deferred::record(device, r);
+            }
             return Err(e);
         }
     };
@@ -292,11 +300,12 @@ fn create(device: usize) -> Result<DeviceHandles> {
         let res = unsafe { super::api::cuDeviceGetAttribute(&mut v, attr, dev) };
         check("cuDeviceGetAttribute", res).is_ok() && v == 1
     });
-    Ok(DeviceHandles {
+    let handles = DeviceHandles {
         ctx,
         pool,
         host_mapped,
-    })
+    };
+    Ok((handles, set))
 }
 
 /// Whether kernels on `device` can read pinlane's page-locked host memory (from
@@ -318,7 +327,8 @@ pub(crate) fn warm_up(device: usize) -> Result<()> {
     handles(device).map(|_| ())
 }
 
-fn create_pool(dev: sys::CUdevice) -> Result<Handle<sys::CUmemoryPool>> {
+/// `device`'s (`dev`'s) pool, and the release threshold it was given.
+fn create_pool(dev: sys::CUdevice, device: usize) -> Result<(Handle<sys::CUmemoryPool>, u64)> {
     // SAFETY: CUmemPoolProps is a plain C struct for which all-zero is the documented
     // "no options" value; the fields we need are set below.
     let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
@@ -334,18 +344,23 @@ fn create_pool(dev: sys::CUdevice) -> Result<Handle<sys::CUmemoryPool>> {
             super::api::cuMemPoolCreate(&mut pool, &props),
         )
     }?;
-    if let Err(e) = set_release_threshold(pool) {
-        // SAFETY: the pool was made just now, and nothing was allocated from it; its
-        // device's context is current.
-        let destroyed = unsafe { super::api::cuMemPoolDestroy(pool) };
-        // The error returned is the threshold's; a failed destroy only keeps the pool.
-        let _ = destroyed;
-        return Err(e);
+    match set_release_threshold(pool) {
+        Ok(set) => Ok((Handle(pool), set)),
+        Err(e) => {
+            // SAFETY: the pool was made just now, and nothing was allocated from it; its
+            // device's context is current.
+            let destroyed = unsafe { super::api::cuMemPoolDestroy(pool) };
+            // The error returned is the threshold's; a failed destroy, for the next call.
+            if let Err(d) = check("cuMemPoolDestroy", destroyed) {
+                super::deferred::record(device, d);
+            }
+            Err(e)
+        }
     }
-    Ok(Handle(pool))
 }
 
-fn set_release_threshold(pool: sys::CUmemoryPool) -> Result<()> {
+/// Sets the release threshold in force on `pool`, and says which it set.
+fn set_release_threshold(pool: sys::CUmemoryPool) -> Result<u64> {
     super::fault_point(super::FaultKindTag::PoolAttribute, "cuMemPoolSetAttribute")?;
     let mut threshold: u64 = pool_release_threshold();
     // SAFETY: RELEASE_THRESHOLD takes a pointer to a u64, which `threshold` is; the pool
@@ -359,7 +374,8 @@ fn set_release_threshold(pool: sys::CUmemoryPool) -> Result<()> {
                 (&mut threshold as *mut u64).cast(),
             ),
         )
-    }
+    }?;
+    Ok(threshold)
 }
 
 /// Makes `device`'s primary context current until the guard drops.

@@ -186,8 +186,9 @@ impl Sim {
         lock(&self.seen).stream_syncs += 1;
         // SAFETY: the handle is valid (contract).
         let st = unsafe { self.stream(s) };
-        let mut p = st.state.wait_queued();
-        p.error.take().unwrap_or(OK)
+        let p = st.state.wait_queued();
+        // Sticky, as a real device's error: every later synchronisation returns it too.
+        p.fault.unwrap_or(OK)
     }
 
     /// `cuStreamGetId`: the stream's id, unique for the process's life.
@@ -230,7 +231,8 @@ impl Sim {
         if g == 0 {
             return OK; // never recorded: nothing to wait for
         }
-        Self::submit(&st, Op::Wait(ev, g))
+        let device = st.device;
+        Self::submit(&st, Op::Wait(ev, g, device))
     }
 
     pub(crate) unsafe fn cuStreamIsCapturing(
@@ -311,7 +313,7 @@ impl Sim {
         }
         drop(gens);
         let fault = *lock(&ev.fault);
-        fault.unwrap_or(OK)
+        fault.map_or(OK, |(e, _)| e)
     }
 
     pub(crate) unsafe fn cuEventQuery(&self, e: sys::CUevent) -> CUresult {
@@ -321,7 +323,7 @@ impl Sim {
         if gens.1 >= gens.0 {
             drop(gens);
             let fault = *lock(&ev.fault);
-            fault.unwrap_or(OK)
+            fault.map_or(OK, |(e, _)| e)
         } else {
             CUresult::CUDA_ERROR_NOT_READY
         }

@@ -19,7 +19,8 @@ pub(super) enum Op {
     },
     Free(u64),
     Signal(Arc<SimEvent>, u64),
-    Wait(Arc<SimEvent>, u64),
+    /// The event, the generation, the waiting stream's device.
+    Wait(Arc<SimEvent>, u64, usize),
     /// A host function (`cuLaunchHostFunc`).
     Host(unsafe extern "C" fn(*mut c_void), HostPtr<c_void>),
     /// The gather kernel: its descriptors read from memory when it runs, or copied from
@@ -48,9 +49,8 @@ pub(super) enum Pieces {
 pub(super) struct Progress {
     pub(super) submitted: u64,
     pub(super) done: u64,
-    pub(super) error: Option<CUresult>,
-    /// The first error of the stream: unlike `error`, which a synchronisation takes, it
-    /// stays (nothing but records and waits runs after a fault).
+    /// The first error of the stream, returned by every synchronisation from then on
+    /// (sticky, as a real device's); after it only records, waits and frees run.
     pub(super) fault: Option<CUresult>,
 }
 
@@ -95,7 +95,9 @@ pub(crate) struct SimEvent {
     /// from then on `cuEventQuery` and `cuEventSynchronize` return it, as a real device's
     /// sticky error is returned by every call (session 87: the simulated event reported
     /// success, so no path that learns completion from an event saw a fault).
-    pub(super) fault: Mutex<Option<CUresult>>,
+    /// With the device of the faulted stream: a stream of another device that waits on the
+    /// event does not fault (a sticky error is its context's).
+    pub(super) fault: Mutex<Option<(CUresult, usize)>>,
 }
 
 impl Sim {
@@ -149,9 +151,17 @@ impl Sim {
                     // context); an event recorded then completes with the error.
                     let fault = lock(&st.progress).fault;
                     let res = match (op, fault) {
-                        (Op::WriteValue { .. } | Op::Host(..), Some(_)) => Ok(()),
+                        // Nothing that touches memory or runs user code; frees still
+                        // run (the simulator's bookkeeping of a context that is dead).
+                        (
+                            Op::WriteValue { .. }
+                            | Op::Host(..)
+                            | Op::Copy { .. }
+                            | Op::Gather { .. },
+                            Some(_),
+                        ) => Ok(()),
                         (Op::Signal(ev, g), Some(e)) => {
-                            lock(&ev.fault).get_or_insert(e);
+                            lock(&ev.fault).get_or_insert((e, device));
                             self.run(Op::Signal(ev, g))
                         }
                         (op, _) => self.run(op),
@@ -159,7 +169,6 @@ impl Sim {
                     let mut p = lock(&st.progress);
                     p.done += 1;
                     if let Err(e) = res {
-                        p.error.get_or_insert(e);
                         p.fault.get_or_insert(e);
                     }
                     st.changed.notify_all();
@@ -246,17 +255,17 @@ impl Sim {
                 ev.changed.notify_all();
                 Ok(())
             }
-            Op::Wait(ev, g) => {
+            Op::Wait(ev, g, device) => {
                 let mut gens = lock(&ev.gens);
                 while gens.1 < g {
                     gens = ev.changed.wait(gens).unwrap_or_else(|p| p.into_inner());
                 }
                 drop(gens);
-                // A fault reached through the event is this stream's too (the context's
-                // sticky error, on a real device).
+                // A fault reached through the event is this stream's too if it is of the
+                // same device (the context's sticky error, on a real device).
                 match *lock(&ev.fault) {
-                    Some(e) => Err(e),
-                    None => Ok(()),
+                    Some((e, on)) if on == device => Err(e),
+                    _ => Ok(()),
                 }
             }
             Op::WriteValue { addr, value } => {
