@@ -187,7 +187,8 @@ impl Event {
         Ok(())
     }
 
-    /// Blocks until the work recorded before the event has finished.
+    /// Blocks until the work recorded before the event has finished: the driver's own
+    /// wait, with no bound (pinlane's own waits use `Config::sync_wait` instead).
     ///
     /// # Errors
     /// The driver's error for a failed wait (the failure of any work the event covers).

@@ -178,7 +178,9 @@ impl Stream {
         self.inner.owned
     }
 
-    /// Blocks until all work queued on the stream has finished.
+    /// Blocks until all work queued on the stream has finished: the driver's own wait,
+    /// with no bound (a kernel that never ends, or work waiting on an event nobody
+    /// records, keeps it waiting; pinlane's own waits use `Config::sync_wait` instead).
     ///
     /// # Errors
     /// The driver's error: a failure of any work queued on the stream (the stream's copies
