@@ -137,8 +137,8 @@ fn send_or_run(mut job: Job) {
         let mut r = REAPER.lock().unwrap_or_else(|p| p.into_inner());
         for _ in 0..2 {
             if r.is_none() {
-                // The free thread's own mark (`start` names it so).
-                *r = start(driver::deferred::background_name() == Some("free"));
+                // The free thread's own mark (`start` gives it).
+                *r = start(driver::deferred::background_name() == Some(FREE_THREAD));
             }
             let Some(reaper) = r.as_ref() else { break };
             match reaper.tx.send(job) {
@@ -260,6 +260,10 @@ pub(crate) fn failed() -> usize {
     FAILED.load(Ordering::Relaxed)
 }
 
+/// The free thread's name among pinlane's own threads (`mark_background_thread`), by
+/// which `send_or_run` knows it.
+const FREE_THREAD: &str = "free";
+
 fn start(by_free_thread: bool) -> Option<Reaper> {
     let (tx, rx) = channel::<Job>();
     let (done, exited) = channel::<()>();
@@ -267,7 +271,7 @@ fn start(by_free_thread: bool) -> Option<Reaper> {
         .name("pinlane-free".into())
         .spawn(move || {
             // No call runs here: errors recorded while freeing go to the device.
-            driver::deferred::mark_background_thread("free");
+            driver::deferred::mark_background_thread(FREE_THREAD);
             for job in rx {
                 run(job);
             }
