@@ -20,9 +20,18 @@ use std::time::{Duration, Instant};
 type WriteValue =
     unsafe extern "C" fn(sys::CUstream, sys::CUdeviceptr, u32, c_uint) -> sys::CUresult;
 
-/// Set when the driver failed a write (unsupported, say): later calls wait in the driver,
-/// which reports a stream's own errors.
+/// Set when the driver refused a write as such ([`refuses`]): later calls wait in the
+/// driver, which reports a stream's own errors.
 static REFUSED: AtomicBool = AtomicBool::new(false);
+
+/// Whether a failed write means the driver will not take end flags at all: the call or
+/// its arguments are unsupported. Any other error (a context's sticky fault, no memory,
+/// a stream being captured) belongs to one call or one device, and turning flags off
+/// for every device of the process on it would slow them all for good.
+fn refuses(res: sys::CUresult) -> bool {
+    use sys::CUresult::*;
+    matches!(res, CUDA_ERROR_NOT_SUPPORTED | CUDA_ERROR_INVALID_VALUE)
+}
 
 fn entry() -> Option<WriteValue> {
     static E: OnceLock<Option<WriteValue>> = OnceLock::new();
@@ -88,7 +97,7 @@ pub(crate) unsafe fn queue_write(
     // caller's obligation; flags 0 is the default write, ordered after prior work with a
     // memory barrier.
     let res = unsafe { write(stream.raw(), word as sys::CUdeviceptr, value, 0) };
-    if res != sys::CUresult::CUDA_SUCCESS {
+    if refuses(res) {
         // Not retried on every call: the driver's wait is as correct, a little slower.
         REFUSED.store(true, Ordering::Relaxed);
     }
@@ -136,8 +145,19 @@ pub(crate) unsafe fn spin_until(word: *mut u32, value: u32, limit: Duration) -> 
 
 #[cfg(test)]
 mod tests {
-    use super::spin_until;
+    use super::{refuses, spin_until};
+    use cudarc::driver::sys::CUresult;
     use std::time::Duration;
+
+    #[test]
+    fn only_an_unsupported_write_turns_end_flags_off() {
+        assert!(refuses(CUresult::CUDA_ERROR_NOT_SUPPORTED));
+        assert!(refuses(CUresult::CUDA_ERROR_INVALID_VALUE));
+        // One device's sticky fault, or a passing shortage, keeps flags for the others.
+        assert!(!refuses(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS));
+        assert!(!refuses(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
+        assert!(!refuses(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED));
+    }
 
     #[test]
     fn the_spin_sees_a_word_set_by_another_thread_and_gives_up_on_one_never_set() {

@@ -92,7 +92,8 @@ impl InFlight {
         // (`hold_output`) until the stream is proven past the write: the flag seen, or a
         // synchronisation, and on a failed one the block is retained with the rest; only
         // this write changes it (obligation 1). An error leaves the wait to the driver,
-        // which reports the stream's own errors (a failed write turns flags off).
+        // which reports the stream's own errors (a write the driver refuses
+        // as unsupported turns flags off for the process).
         if let Ok(true) = unsafe { crate::driver::flag::queue_write(ctx, &self.stream, word, 1) } {
             self.end_flag = Some((HostPtr(word), spin));
         }
