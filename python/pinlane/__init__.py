@@ -173,9 +173,10 @@ def load_safetensors(
       the last of them (one tensor kept, a norm's weight say, keeps the whole
       checkpoint's memory), in order on torch's current stream of the device at the time
       of the call.
-    * No CUDA: CPU tensors (copies of the file's bytes). A CUDA ``device`` asked for where
-      torch has CUDA and pinlane cannot use it (``cuda_available()`` false) is a
-      ``RuntimeError`` saying why, not CPU tensors.
+    * No CUDA (torch has none): CPU tensors (copies of the file's bytes), whatever
+      ``device`` says, as the transfers return a batch as is there. A CUDA ``device``
+      asked for where torch has CUDA and pinlane cannot use it (``cuda_available()``
+      false) is a ``RuntimeError`` saying why, not CPU tensors.
     * A tensor of a dtype pinlane lacks (float8, complex, ...) is an error naming it:
       leave it out with ``names`` (and load it with ``safetensors`` if you need it).
 
@@ -206,13 +207,14 @@ def load_safetensors(
     index = None
     if _torch_with_cuda() is not None:
         index = _native.default_device() if device in (None, "cuda") else int(device[5:])
-        if device is not None and not cuda_available():
-            # Asked for a GPU that torch sees and pinlane cannot use: CPU tensors would
-            # pass for the load asked for.
-            raise RuntimeError(
-                f"load_safetensors: pinlane cannot use CUDA here ({_native.unavailable_reason()}), "
-                f"so it cannot load onto {device}"
-            )
+    elif device is not None and not cuda_available() and torch.cuda.is_available():
+        # Asked for a GPU that torch sees and pinlane cannot use: CPU tensors would pass
+        # for the load asked for. (`_torch_with_cuda` is None whenever pinlane sees no
+        # device, so this cannot be asked inside its branch: session 79's check was.)
+        raise RuntimeError(
+            f"load_safetensors: pinlane cannot use CUDA here ({_native.unavailable_reason()}), "
+            f"so it cannot load onto {device}"
+        )
 
     def load():
         return _native.load_safetensors(os.fspath(path), probe=torch.empty(0), device=index, names=names)

@@ -5,6 +5,7 @@ onto the device, and the same checks hold on the tensors' bytes."""
 
 import json
 import struct
+import sys
 
 import pytest
 
@@ -92,3 +93,35 @@ def test_a_predicate_over_a_sharded_checkpoint(tmp_path):
         assert list(got) == [n for n in order if n.endswith(".w")]
         for k, t in got.items():
             assert _bytes(t) == TENSORS[k][2], k
+
+
+def test_a_cuda_device_pinlane_cannot_use_is_an_error_where_torch_has_cuda(tmp_path, monkeypatch):
+    """Session 88 (a helper's review): session 79's check sat inside the branch taken only
+    when pinlane sees a device, so a process whose driver probe failed, with torch seeing
+    CUDA, got CPU tensors for ``device="cuda:0"``. No GPU needed: torch is stood in for,
+    and pinlane is made to see no device (as a failed probe leaves it)."""
+    import types
+
+    torch_cuda = {"is": True}
+    stand_in = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(is_available=lambda: torch_cuda["is"]),
+        empty=lambda *a, **k: None,
+    )
+    monkeypatch.setitem(sys.modules, "torch", stand_in)
+    monkeypatch.setattr(pinlane._native, "device_count", lambda: 0)
+    monkeypatch.setattr(pinlane, "_cuda_seen", False)
+    loaded = []
+    monkeypatch.setattr(pinlane._native, "load_safetensors", lambda *a, **k: loaded.append(k) or ([], []))
+    p = tmp_path / "m.safetensors"
+    _write(p, TENSORS)
+    for dev in ("cuda", "cuda:0", 0, "cuda:3"):
+        with pytest.raises(RuntimeError, match="cannot use CUDA"):
+            pinlane.load_safetensors(p, dev)
+    assert loaded == []
+    # No device asked for: host copies, as documented (the native load, device None).
+    assert pinlane.load_safetensors(p) == {}
+    assert loaded[-1]["device"] is None
+    # torch without CUDA: host copies whatever the device says.
+    torch_cuda["is"] = False
+    assert pinlane.load_safetensors(p, "cuda:0") == {}
+    assert loaded[-1]["device"] is None

@@ -153,12 +153,15 @@ def test_without_a_device_the_tensors_are_host_copies(torch, tmp_path):
 
 def test_a_cuda_device_pinlane_cannot_use_is_an_error_not_cpu_tensors(torch, tmp_path, monkeypatch):
     """Session 79 (a helper's review): where torch has CUDA and pinlane cannot use it (its
-    driver probe failed), a load asked for on a CUDA device returned CPU tensors."""
+    driver probe failed), a load asked for on a CUDA device returned CPU tensors. Session
+    88: pinlane is made to see no device, as a failed probe leaves it (session 79's form
+    stood in for ``cuda_available`` alone, which the failing path never asked)."""
     from safetensors.torch import save_file
 
     p = tmp_path / "model.safetensors"
     save_file({"w": torch.ones(4)}, str(p))
-    monkeypatch.setattr(pinlane, "cuda_available", lambda: False)
+    monkeypatch.setattr(pinlane._native, "device_count", lambda: 0)
+    monkeypatch.setattr(pinlane, "_cuda_seen", False)
     for dev in ("cuda", "cuda:0", 0, torch.device("cuda", 0)):
         with pytest.raises(RuntimeError, match="cannot use CUDA"):
             pinlane.load_safetensors(p, dev)

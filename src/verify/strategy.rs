@@ -37,16 +37,27 @@ pub fn dtype() -> impl Strategy<Value = DType> {
 }
 
 /// Shapes of rank 0 to `max_rank` (0-dim and zero-size ones included) with at most
-/// `max_elems` elements.
+/// `max_elems` elements. A 0-dim shape holds one element, so with `max_elems` 0 the
+/// shapes are zero-size ones of rank 1 or more (`max_rank` 0 as well: `[]`, the only
+/// shape of rank 0).
 pub fn shape(max_rank: usize, max_elems: usize) -> impl Strategy<Value = Vec<usize>> {
     let side = (max_elems.max(1) as f64)
         .powf(1.0 / max_rank.max(1) as f64)
         .ceil() as usize;
     proptest::collection::vec(0..=side.max(1), 0..=max_rank).prop_map(move |mut dims| {
-        // Shrink the largest dimension until the shape fits the element budget.
-        while dims.iter().product::<usize>() > max_elems {
-            if let Some(d) = dims.iter_mut().max() {
-                *d -= 1;
+        // Shrink the largest dimension until the shape fits the element budget (a product
+        // past `usize` does not).
+        let over = |dims: &[usize]| {
+            dims.iter()
+                .try_fold(1usize, |n, &d| n.checked_mul(d))
+                .is_none_or(|n| n > max_elems)
+        };
+        while over(&dims) {
+            match dims.iter_mut().max() {
+                Some(d) => *d -= 1,
+                // 0-dim, one element over a budget of 0: zero-size instead, where it may be.
+                None if max_rank > 0 => dims.push(0),
+                None => break,
             }
         }
         dims
@@ -137,5 +148,41 @@ mod tests {
             zero_dim && empty,
             "0-dim and zero-size shapes are generated"
         );
+    }
+
+    /// Session 88 (a helper's review): a budget of 0 looped for ever on a 0-dim draw. (A
+    /// budget of `usize::MAX` could overflow the product, a panic in debug builds, but
+    /// only on the draw of every side at its largest: checked, not provoked, here.)
+    #[test]
+    fn shapes_at_the_budgets_edges_end_and_fit() {
+        // On a thread of its own, so that a loop that never ends fails the test instead of
+        // hanging it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut runner = TestRunner::deterministic();
+            let mut drawn = Vec::new();
+            for _ in 0..200 {
+                drawn.push(shape(3, 0).new_tree(&mut runner).unwrap().current());
+                drawn.push(shape(0, 0).new_tree(&mut runner).unwrap().current());
+                drawn.push(
+                    shape(2, usize::MAX)
+                        .new_tree(&mut runner)
+                        .unwrap()
+                        .current(),
+                );
+            }
+            let _ = tx.send(drawn);
+        });
+        let drawn = rx
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("600 shapes drawn within a minute");
+        for three in drawn.chunks(3) {
+            let s = &three[0];
+            assert!(!s.is_empty() && s.len() <= 3 && s.contains(&0), "{s:?}");
+            assert!(three[1].is_empty(), "{:?}", three[1]);
+            let s = &three[2];
+            let n = s.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+            assert!(s.len() <= 2 && n.is_some(), "{s:?}");
+        }
     }
 }
