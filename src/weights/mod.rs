@@ -56,6 +56,12 @@
 //!   FIFO or a device in their place is refused before it is read), and an index holds at
 //!   most 64 MiB.
 
+// safetensors stores little-endian bytes, and tensors hold native ones: on a big-endian
+// host every multi-byte value would arrive swapped, with no error. CUDA hosts are all
+// little-endian; a build for another stops here rather than load wrong values.
+#[cfg(target_endian = "big")]
+compile_error!("pinlane's `weights` feature needs a little-endian target (safetensors bytes are read as native)");
+
 mod checkpoint;
 mod load;
 
