@@ -168,8 +168,9 @@ impl Targets {
     /// `torch_copies`: called with those indices (when there are any) and whether
     /// pinlane wrote bytes of its own pairs, once they are queued (D2H: copied), with the
     /// one-writer lock still held: the caller's copies of the pairs left to torch, so that
-    /// no other thread's copy runs beside them. A pair torch then refuses (autograd's rules for views, such as the outputs
-    /// of `split`) fails the call with torch's `RuntimeError`, pinlane's pairs written.
+    /// no other thread's copy runs beside them. A pair torch then refuses (autograd's rules
+    /// for views, such as the outputs of `split`) fails the call with torch's
+    /// `RuntimeError`, pinlane's pairs written.
     #[pyo3(signature = (srcs, *, stream=None, maybe_neg=true, views=true, grad=false, torch_copies=None))]
     #[allow(clippy::too_many_arguments)]
     fn copy_from<'py>(

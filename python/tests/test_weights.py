@@ -6,6 +6,7 @@ onto the device, and the same checks hold on the tensors' bytes."""
 import json
 import struct
 import sys
+import types
 
 import pytest
 
@@ -100,8 +101,6 @@ def test_a_cuda_device_pinlane_cannot_use_is_an_error_where_torch_has_cuda(tmp_p
     when pinlane sees a device, so a process whose driver probe failed, with torch seeing
     CUDA, got CPU tensors for ``device="cuda:0"``. No GPU needed: torch is stood in for,
     and pinlane is made to see no device (as a failed probe leaves it)."""
-    import types
-
     torch_cuda = {"is": True}
     stand_in = types.SimpleNamespace(
         cuda=types.SimpleNamespace(is_available=lambda: torch_cuda["is"]),

@@ -312,8 +312,7 @@ impl Sim {
             gens = ev.changed.wait(gens).unwrap_or_else(|p| p.into_inner());
         }
         drop(gens);
-        let fault = *lock(&ev.fault);
-        fault.map_or(OK, |(e, _)| e)
+        ev.outcome()
     }
 
     pub(crate) unsafe fn cuEventQuery(&self, e: sys::CUevent) -> CUresult {
@@ -322,8 +321,7 @@ impl Sim {
         let gens = lock(&ev.gens);
         if gens.1 >= gens.0 {
             drop(gens);
-            let fault = *lock(&ev.fault);
-            fault.map_or(OK, |(e, _)| e)
+            ev.outcome()
         } else {
             CUresult::CUDA_ERROR_NOT_READY
         }

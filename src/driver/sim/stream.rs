@@ -100,6 +100,13 @@ pub(crate) struct SimEvent {
     pub(super) fault: Mutex<Option<(CUresult, usize)>>,
 }
 
+impl SimEvent {
+    /// What a completed event answers: the fault its record met, or success.
+    pub(super) fn outcome(&self) -> CUresult {
+        lock(&self.fault).map_or(CUresult::CUDA_SUCCESS, |(e, _)| e)
+    }
+}
+
 impl Sim {
     /// Waits until every stream of `device` has run what was queued on it before this
     /// call: what `cuMemFreeHost` does (measured on the H200: a free waited 1.5 s for
